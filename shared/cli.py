@@ -1,0 +1,238 @@
+"""The ``agentpost`` command. Core commands live here; process kinds, channels and extra command groups
+are found through entry points, so ``shared`` never imports ``workers``, ``adapters`` or ``scheduler``:
+
+- ``agentpost.processes``: ``name = "module:function"``, ``function(runtime_home: Path | None) -> None``
+  runs one process kind in the foreground (``agentpost run NAME``);
+- ``agentpost.channels``: channel plugin classes; ``agentpost run NAME`` calls ``cls.run_process(home)``;
+- ``agentpost.commands``: ``register(app: typer.Typer) -> None`` adds commands or groups.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from importlib.metadata import entry_points
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from shared.queue import QueueError
+from shared.runtime import Runtime, open_runtime
+from shared.settings import SettingsError, default_home, write_starter_settings
+
+app = typer.Typer(
+    name="agentpost",
+    help="Run AI coding agents from chat: one durable queue, a processor, and channel adapters.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+queue_app = typer.Typer(help="Inspect the message queue.", no_args_is_help=True)
+dead_app = typer.Typer(help="List, retry and delete dead letters.", no_args_is_help=True)
+app.add_typer(queue_app, name="queue")
+app.add_typer(dead_app, name="dead")
+
+console = Console()
+err_console = Console(stderr=True)
+
+JsonFlag = Annotated[bool, typer.Option("--json", help="Print JSON for scripts instead of a table.")]
+
+
+def fail(message: str, code: int = 1) -> typer.Exit:
+    """Print an error in red and return the exit to raise."""
+    err_console.print(f"[bold red]error:[/] {escape(message)}", highlight=False)
+    return typer.Exit(code)
+
+
+@app.callback()
+def _main(
+    home: Annotated[
+        Path | None,
+        typer.Option("--home", envvar="AGENTPOST_HOME", help="agentpost's folder (default ~/.agentpost)."),
+    ] = None,
+) -> None:
+    if home is not None:
+        os.environ["AGENTPOST_HOME"] = str(home.expanduser())
+
+
+@contextmanager
+def runtime() -> Iterator[Runtime]:
+    """Open settings, database and queue, turning expected errors into clear messages."""
+    try:
+        rt = open_runtime()
+    except SettingsError as exc:
+        raise fail(str(exc), 2) from None
+    except Exception as exc:  # a database that cannot be opened is an operator problem, not a traceback
+        raise fail(f"cannot open the database: {exc}", 2) from None
+    try:
+        yield rt
+    except QueueError as exc:
+        raise fail(str(exc)) from None
+    finally:
+        rt.close()
+
+
+def print_json(data: Any) -> None:
+    sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
+
+
+@app.command()
+def init(force: Annotated[bool, typer.Option(help="Overwrite an existing settings file.")] = False) -> None:
+    """Write a commented starter settings.toml with one default agent, and create the database."""
+    home = default_home()
+    try:
+        path = write_starter_settings(home, force=force)
+    except SettingsError as exc:
+        raise fail(str(exc)) from None
+    with runtime() as rt:
+        console.print(f"wrote [bold]{path}[/]")
+        console.print(f"database: {rt.settings.database_url}")
+
+
+@app.command()
+def send(
+    text: Annotated[str, typer.Argument(help="The message. '@agent ...' or '@team ...' routes it.")],
+    agent: Annotated[str | None, typer.Option(help="Send to this agent or team.")] = None,
+    channel: Annotated[str, typer.Option(help="Channel to reply on.")] = "cli",
+    sender: Annotated[str, typer.Option(help="Sender name.")] = "cli",
+    sender_id: Annotated[str, typer.Option(help="Sender id on the channel.")] = "",
+    conversation: Annotated[str, typer.Option(help="Conversation (chat) address to reply to.")] = "",
+    message_id: Annotated[str | None, typer.Option("--id", help="Use this message id (prefix_xxxxxxxx).")] = None,
+) -> None:
+    """Queue a message and print its id."""
+    with runtime() as rt:
+        result = rt.queue.enqueue_message(
+            channel,
+            sender,
+            text,
+            sender_id=sender_id,
+            agent=agent,
+            conversation=conversation,
+            message_id=message_id,
+        )
+        if result.duplicate:
+            raise fail(f"message id {result.message_id} is already queued; nothing was added")
+        print(result.message_id)
+
+
+@queue_app.command("status")
+def queue_status(as_json: JsonFlag = False) -> None:
+    """Message counts per status, and responses waiting for delivery."""
+    with runtime() as rt:
+        status = rt.queue.queue_status()
+    if as_json:
+        print_json(status)
+        return
+    table = Table("status", "count", title="queue")
+    for key, value in status.items():
+        table.add_row(key, str(value))
+    console.print(table)
+
+
+@queue_app.command("agents")
+def queue_agents(as_json: JsonFlag = False) -> None:
+    """Pending and processing messages per agent."""
+    with runtime() as rt:
+        depths = rt.queue.agent_queue_depths()
+    if as_json:
+        print_json(depths)
+        return
+    table = Table("agent", "pending", "processing", title="agents")
+    for row in depths:
+        table.add_row(row["agent"], str(row["pending"]), str(row["processing"]))
+    console.print(table)
+
+
+@dead_app.command("list")
+def dead_list(
+    as_json: JsonFlag = False, limit: Annotated[int, typer.Option(min=1, help="How many to show.")] = 50
+) -> None:
+    """Dead letters, newest first."""
+    with runtime() as rt:
+        dead = rt.queue.list_dead(limit)
+    if as_json:
+        print_json([m.as_dict() for m in dead])
+        return
+    if not dead:
+        console.print("no dead letters")
+        return
+    table = Table("id", "message id", "agent", "attempts", "retried", "last error", "message", title="dead letters")
+    for m in dead:
+        table.add_row(
+            str(m.id), m.message_id, m.agent, str(m.retry_count), str(m.manual_retries),
+            (m.last_error or "")[:60], m.message[:40],
+        )
+    console.print(table)
+
+
+@dead_app.command("retry")
+def dead_retry(ref: Annotated[str, typer.Argument(help="Row id or message id of the dead letter.")]) -> None:
+    """Put a dead letter back in the queue (within its manual-retry budget)."""
+    with runtime() as rt:
+        m = rt.queue.retry_dead(ref)
+    console.print(f"{m.message_id} is pending again (manual retry {m.manual_retries} of "
+                  f"{rt.queue.config.manual_retry_budget})")
+
+
+@dead_app.command("delete")
+def dead_delete(ref: Annotated[str, typer.Argument(help="Row id or message id of the dead letter.")]) -> None:
+    """Delete a dead letter for good."""
+    with runtime() as rt:
+        m = rt.queue.delete_dead(ref)
+    console.print(f"deleted dead letter {m.message_id}")
+
+
+def _process_kinds() -> dict[str, Callable[[Path | None], None]]:
+    kinds: dict[str, Callable[[Path | None], None]] = {}
+    for ep in entry_points(group="agentpost.processes"):
+        kinds[ep.name] = ep.load()
+    for ep in entry_points(group="agentpost.channels"):
+        if ep.name not in kinds:
+            kinds[ep.name] = _channel_runner(ep.name, ep.load)
+    return kinds
+
+
+def _channel_runner(name: str, load: Callable[[], Any]) -> Callable[[Path | None], None]:
+    def run(home: Path | None) -> None:
+        load().run_process(home)
+
+    run.__doc__ = f"channel adapter {name}"
+    return run
+
+
+@app.command("run")
+def run(kind: Annotated[str, typer.Argument(help="Which process: processor, web, scheduler or a channel.")]) -> None:
+    """Run one agentpost process in the foreground (systemd and supervisor call this)."""
+    kinds = _process_kinds()
+    if kind not in kinds:
+        known = ", ".join(sorted(kinds)) or "none installed"
+        raise fail(f"unknown process kind {kind!r} (available: {known})", 2)
+    try:
+        kinds[kind](None)
+    except SettingsError as exc:
+        raise fail(str(exc), 2) from None
+    except KeyboardInterrupt:
+        pass
+
+
+def _load_plugins() -> None:
+    for ep in entry_points(group="agentpost.commands"):
+        register = ep.load()
+        register(app)
+
+
+def main() -> None:
+    """Console-script entry point."""
+    _load_plugins()
+    app()
+
+
+if __name__ == "__main__":
+    main()

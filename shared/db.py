@@ -1,0 +1,264 @@
+"""The database: one SQLite file in WAL mode, or PostgreSQL, behind the same small interface.
+
+Hot paths use the driver connection directly (one per thread) with SQL written once in
+:mod:`shared.queue`; SQLAlchemy/SQLModel creates the schema and serves ad-hoc reads.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sqlite3
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Protocol
+
+import psycopg
+from sqlalchemy import Engine, create_engine, event, inspect
+from sqlalchemy.pool import NullPool
+
+from shared.clock import now_ms
+from shared.dialect import (
+    EVENT_APPEND_LOCK_KEY,
+    NOTIFY_CHANNEL,
+    Dialect,
+    dialect_for_url,
+    libpq_url,
+    sqlalchemy_url,
+    sqlite_path,
+)
+from shared.models import SCHEMA_VERSION, metadata
+
+Row = dict[str, Any]
+Params = Mapping[str, Any]
+
+
+class DBAPICursor(Protocol):
+    description: Any
+    rowcount: int
+
+    def execute(self, sql: Any, params: Any = ..., /) -> Any: ...
+    def fetchall(self) -> Sequence[Sequence[Any]]: ...
+    def fetchone(self) -> Sequence[Any] | None: ...
+
+
+class DBAPIConnection(Protocol):
+    def cursor(self) -> Any: ...
+    def close(self) -> None: ...
+
+
+class Tx:
+    """One open transaction on one connection. Collects change signals to send at commit."""
+
+    def __init__(self, db: Database, cursor: DBAPICursor) -> None:
+        self.db = db
+        self.dialect = db.dialect
+        self._cur = cursor
+        self.signals: set[str] = set()
+        self._event_lock_taken = False
+
+    def execute(self, sql: str, params: Params | Sequence[Any] = ()) -> DBAPICursor:
+        """Run one statement (``:name`` parameters)."""
+        self._cur.execute(self.dialect.sql(sql), params)
+        return self._cur
+
+    def executemany(self, sql: str, params: Sequence[Params]) -> None:
+        """Run one statement once per parameter set."""
+        self._cur.executemany(self.dialect.sql(sql), params)
+
+    def rows(self, sql: str, params: Params | Sequence[Any] = ()) -> list[Row]:
+        """Run a statement and return its rows as dicts."""
+        cur = self.execute(sql, params)
+        if cur.description is None:
+            return []
+        names = [d[0] for d in cur.description]
+        return [dict(zip(names, r, strict=True)) for r in cur.fetchall()]
+
+    def one(self, sql: str, params: Params | Sequence[Any] = ()) -> Row | None:
+        found = self.rows(sql, params)
+        return found[0] if found else None
+
+    def scalar(self, sql: str, params: Params | Sequence[Any] = ()) -> Any:
+        row = self.execute(sql, params).fetchone()
+        return None if row is None else row[0]
+
+    def signal(self, kind: str) -> None:
+        """Wake other processes (and this one) once this transaction commits."""
+        if kind not in self.signals:
+            self.signals.add(kind)
+            if not self.dialect.is_sqlite:
+                # NOTIFY is delivered at commit and dropped on rollback, exactly like the change it reports.
+                self._cur.execute("SELECT pg_notify(%s, %s)", (NOTIFY_CHANNEL, kind))
+
+    def lock_event_order(self) -> None:
+        """On PostgreSQL, serialise event appends until commit so cursor order is commit order."""
+        if not self._event_lock_taken and not self.dialect.is_sqlite:
+            self._cur.execute("SELECT pg_advisory_xact_lock(%s)", (EVENT_APPEND_LOCK_KEY,))
+        self._event_lock_taken = True
+
+
+class Database:
+    """A shared database. Thread-safe: each thread gets its own driver connection."""
+
+    def __init__(self, url: str, *, busy_timeout_ms: int = 30_000) -> None:
+        self.url = url
+        self.dialect: Dialect = dialect_for_url(url)
+        self.busy_timeout_ms = busy_timeout_ms
+        self._local = threading.local()
+        self._all: list[Any] = []
+        self._all_lock = threading.Lock()
+        self._commit_listeners: list[Callable[[set[str]], None]] = []
+        self._engine: Engine | None = None
+        if self.dialect.is_sqlite:
+            Path(sqlite_path(url)).parent.mkdir(parents=True, exist_ok=True)
+
+    # -- connections -------------------------------------------------------------------------------
+    def _open(self) -> Any:
+        if self.dialect.is_sqlite:
+            conn = sqlite3.connect(
+                sqlite_path(self.url),
+                timeout=self.busy_timeout_ms / 1000,
+                isolation_level=None,
+                check_same_thread=False,
+            )
+            configure_sqlite(conn, self.busy_timeout_ms)
+            return conn
+        return psycopg.connect(libpq_url(self.url), autocommit=True)
+
+    def connection(self) -> Any:
+        """This thread's driver connection (opened on first use)."""
+        conn = getattr(self._local, "conn", None)
+        if conn is None:
+            conn = self._open()
+            self._local.conn = conn
+            with self._all_lock:
+                self._all.append(conn)
+        return conn
+
+    def on_commit(self, listener: Callable[[set[str]], None]) -> None:
+        """Call ``listener(signals)`` after each commit that raised change signals in this process."""
+        self._commit_listeners.append(listener)
+
+    @contextlib.contextmanager
+    def transaction(self, *, write: bool = True) -> Iterator[Tx]:
+        """A transaction: ``BEGIN IMMEDIATE`` for SQLite writes, so a writer never fails on upgrade."""
+        conn = self.connection()
+        cur = conn.cursor()
+        begin = self.dialect.begin_write if write else "BEGIN"
+        self._begin(cur, begin)
+        tx = Tx(self, cur)
+        try:
+            yield tx
+        except BaseException:
+            with contextlib.suppress(Exception):
+                cur.execute("ROLLBACK")
+            raise
+        cur.execute("COMMIT")
+        if tx.signals:
+            for listener in self._commit_listeners:
+                listener(tx.signals)
+
+    def _begin(self, cur: Any, begin: str) -> None:
+        # The busy timeout covers ordinary waits; this loop covers the rare SQLITE_BUSY that SQLite returns
+        # without waiting (a WAL checkpoint or recovery in another process), so "locked" never escapes.
+        deadline = time.monotonic() + self.busy_timeout_ms / 1000
+        while True:
+            try:
+                cur.execute(begin)
+                return
+            except sqlite3.OperationalError as exc:
+                if "locked" not in str(exc) and "busy" not in str(exc):
+                    raise
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.005)
+
+    def read(self, sql: str, params: Params | Sequence[Any] = ()) -> list[Row]:
+        """A single read statement outside any explicit transaction (autocommit snapshot)."""
+        cur = self.connection().cursor()
+        cur.execute(self.dialect.sql(sql), params)
+        if cur.description is None:
+            return []
+        names = [d[0] for d in cur.description]
+        return [dict(zip(names, r, strict=True)) for r in cur.fetchall()]
+
+    def read_scalar(self, sql: str, params: Params | Sequence[Any] = ()) -> Any:
+        cur = self.connection().cursor()
+        cur.execute(self.dialect.sql(sql), params)
+        row = cur.fetchone()
+        return None if row is None else row[0]
+
+    # -- schema ------------------------------------------------------------------------------------
+    @property
+    def engine(self) -> Engine:
+        """A SQLAlchemy engine for schema work and ad-hoc SQLModel sessions."""
+        if self._engine is None:
+            engine = create_engine(sqlalchemy_url(self.url), poolclass=NullPool)
+            if self.dialect.is_sqlite:
+                busy = self.busy_timeout_ms
+
+                @event.listens_for(engine, "connect")
+                def _on_connect(dbapi_conn: Any, _record: Any) -> None:
+                    configure_sqlite(dbapi_conn, busy)
+
+            self._engine = engine
+        return self._engine
+
+    def create_schema(self) -> int:
+        """Create every table and index that is missing, and record the schema version. Idempotent.
+
+        Returns the schema version now recorded. Refuses a database written by a newer agentpost.
+        """
+        for attempt in range(5):
+            try:
+                metadata().create_all(self.engine)
+                break
+            except Exception as exc:  # another process created the same table between check and create
+                if "already exists" not in str(exc) or attempt == 4:
+                    raise
+        with self.transaction() as tx:
+            current = tx.scalar("SELECT MAX(version) FROM schema_version")
+            if current is not None and int(current) > SCHEMA_VERSION:
+                raise RuntimeError(
+                    f"the database has schema version {current}, newer than this agentpost "
+                    f"({SCHEMA_VERSION}); upgrade agentpost"
+                )
+            if current is None or int(current) < SCHEMA_VERSION:
+                tx.execute(
+                    "INSERT INTO schema_version (version, applied_at) VALUES (:v, :t)",
+                    {"v": SCHEMA_VERSION, "t": now_ms()},
+                )
+        return SCHEMA_VERSION
+
+    def table_names(self) -> list[str]:
+        return sorted(inspect(self.engine).get_table_names())
+
+    def close(self) -> None:
+        """Close every connection this object opened (in any thread)."""
+        with self._all_lock:
+            conns, self._all = self._all, []
+        for conn in conns:
+            with contextlib.suppress(Exception):
+                conn.close()
+        self._local = threading.local()
+        if self._engine is not None:
+            self._engine.dispose()
+            self._engine = None
+
+
+def configure_sqlite(conn: Any, busy_timeout_ms: int) -> None:
+    """WAL, ``synchronous=NORMAL`` (durable across process crashes; a power cut may lose the last
+    commits) and a busy timeout, on every SQLite connection we open."""
+    conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout_ms)}")
+    conn.execute("PRAGMA journal_mode = WAL")
+    conn.execute("PRAGMA synchronous = NORMAL")
+    conn.execute("PRAGMA temp_store = MEMORY")
+
+
+def open_database(url: str, *, busy_timeout_ms: int = 30_000, create: bool = True) -> Database:
+    """Open (and by default create the schema of) the database at ``url``."""
+    db = Database(url, busy_timeout_ms=busy_timeout_ms)
+    if create:
+        db.create_schema()
+    return db

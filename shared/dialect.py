@@ -1,0 +1,81 @@
+"""Every difference between SQLite and PostgreSQL that the queue cares about, in one place.
+
+Queue operations are written once, as SQL with ``:name`` parameters; a :class:`Dialect` turns that into what
+the driver wants and supplies the few clauses that differ (row locking, change signals, event ordering).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import Literal
+
+# One advisory-lock key for all event appends on PostgreSQL: holding it until commit makes the order in
+# which transactions take event ids the order in which they commit, so cursors never skip a late commit.
+EVENT_APPEND_LOCK_KEY = 0x61676E74  # "agnt"
+NOTIFY_CHANNEL = "agentpost"
+
+_PARAM_RE = re.compile(r"(?<![:\w]):([A-Za-z_][A-Za-z0-9_]*)")
+
+
+@lru_cache(maxsize=512)
+def _to_pyformat(sql: str) -> str:
+    return _PARAM_RE.sub(r"%(\1)s", sql.replace("%", "%%"))
+
+
+@dataclass(frozen=True)
+class Dialect:
+    """What one database engine needs that the other does not."""
+
+    name: Literal["sqlite", "postgresql"]
+    #: Appended to the ``SELECT`` inside a claim, so concurrent claimers skip each other's rows.
+    skip_locked: str = field(default="")
+    #: How a write transaction starts: SQLite takes the write lock up front so no reader upgrades later.
+    begin_write: str = "BEGIN"
+
+    def sql(self, text: str) -> str:
+        """Translate ``:name`` parameters to the driver's style (cached)."""
+        return text if self.name == "sqlite" else _to_pyformat(text)
+
+    @property
+    def is_sqlite(self) -> bool:
+        return self.name == "sqlite"
+
+
+SQLITE = Dialect(name="sqlite", skip_locked="", begin_write="BEGIN IMMEDIATE")
+POSTGRESQL = Dialect(name="postgresql", skip_locked=" FOR UPDATE SKIP LOCKED", begin_write="BEGIN")
+
+
+def dialect_for_url(url: str) -> Dialect:
+    """The dialect of a database URL (``sqlite:///path`` or ``postgresql://...``)."""
+    scheme = url.split(":", 1)[0].lower()
+    if scheme.startswith("sqlite"):
+        return SQLITE
+    if scheme.startswith(("postgresql", "postgres")):
+        return POSTGRESQL
+    raise ValueError(f"unsupported database URL {url!r}: use sqlite:///path or postgresql://...")
+
+
+def sqlalchemy_url(url: str) -> str:
+    """The URL SQLAlchemy needs: PostgreSQL through psycopg 3."""
+    scheme, rest = url.split("://", 1)
+    if scheme in ("postgresql", "postgres"):
+        return "postgresql+psycopg://" + rest
+    return url
+
+
+def libpq_url(url: str) -> str:
+    """The URL psycopg needs (no SQLAlchemy driver suffix)."""
+    scheme, rest = url.split("://", 1)
+    return "postgresql://" + rest if scheme.startswith("postgres") else url
+
+
+def sqlite_path(url: str) -> str:
+    """The file path of a ``sqlite:///`` URL (``:memory:`` is refused: processes must share a file)."""
+    if not url.startswith("sqlite:///"):
+        raise ValueError(f"SQLite URL must look like sqlite:///path/to/file.db, got {url!r}")
+    path = url[len("sqlite:///") :]
+    if not path or path == ":memory:":
+        raise ValueError("SQLite needs a file: several processes share it")
+    return path

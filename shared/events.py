@@ -1,0 +1,401 @@
+"""The durable event log (seed 001): append, read from a cursor, ack, subscribe, cleanup.
+
+Cursors are strings to clients and integers inside: the SQL driver's cursor is the event row id, assigned in
+commit order (SQLite has one writer at a time; PostgreSQL appends hold an advisory lock until commit), so a
+reader that has seen cursor N has seen every event that committed before it. Queue operations append their
+events with :func:`append_event` inside the transaction of the state change they report.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from shared.clock import now_ms
+from shared.db import Database, Tx
+
+ALL_TOPICS = "*"
+PRUNED_SCOPE = "events.pruned"
+
+
+@dataclass(frozen=True)
+class EventEntry:
+    """One event as a reader sees it."""
+
+    cursor: str
+    topic: str
+    type: str
+    payload: dict[str, Any]
+    created_at: int
+    message_id: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "cursor": self.cursor,
+            "topic": self.topic,
+            "type": self.type,
+            "payload": self.payload,
+            "created_at": self.created_at,
+            "message_id": self.message_id,
+        }
+
+
+class CursorExpired(Exception):
+    """The reader's cursor is older than the retained log: events after it were cleaned up."""
+
+    def __init__(self, cursor: str, retained_after: str) -> None:
+        super().__init__(f"cursor {cursor} is older than the retained log (events up to {retained_after} removed)")
+        self.cursor = cursor
+        self.retained_after = retained_after
+
+
+Handler = Callable[[EventEntry], None]
+Unsubscribe = Callable[[], None]
+
+
+class EventLog(Protocol):
+    """A durable event queue with cursors (seed 001's ``EventQueue``)."""
+
+    def append(self, topic: str, type: str, payload: dict[str, Any], *, message_id: str | None = None) -> str:
+        """Append one event; returns its cursor."""
+        ...
+
+    def read(self, topic: str | None, after: str | None = None, limit: int = 100) -> list[EventEntry]:
+        """Events of ``topic`` (``None``: every topic) after ``after``, oldest first.
+
+        Raises :class:`CursorExpired` when events after ``after`` have been cleaned up.
+        """
+        ...
+
+    def ack(self, consumer: str, topic: str, cursor: str) -> None:
+        """Record that ``consumer`` has processed ``topic`` up to ``cursor`` (never moves backwards)."""
+        ...
+
+    def subscribe(self, topic: str | None, handler: Handler, *, after: str | None = None) -> Unsubscribe:
+        """Call ``handler`` for each event after ``after`` (default: from now on), in order."""
+        ...
+
+    def cleanup(self, *, ttl_ms: int, max_per_topic: int) -> int:
+        """Drop events past their TTL, or past the per-topic cap once every durable consumer has acked
+        them. Returns how many were removed."""
+        ...
+
+    def last_cursor(self) -> str:
+        """The newest cursor (``"0"`` for an empty log)."""
+        ...
+
+    def close(self) -> None: ...
+
+
+def _cursor_int(cursor: str | None) -> int:
+    if cursor is None or cursor == "":
+        return 0
+    try:
+        value = int(cursor)
+    except ValueError:
+        raise ValueError(f"invalid cursor {cursor!r}: cursors are the strings this log handed out") from None
+    if value < 0:
+        raise ValueError(f"invalid cursor {cursor!r}")
+    return value
+
+
+# -- SQL ------------------------------------------------------------------------------------------------
+_INSERT_EVENT = (
+    "INSERT INTO events (topic, type, message_id, payload, created_at) "
+    "VALUES (:topic, :type, :message_id, :payload, :created_at)"
+)
+
+
+@dataclass
+class PendingEvent:
+    """An event to append inside a queue transaction."""
+
+    type: str
+    payload: dict[str, Any] = field(default_factory=dict)
+    message_id: str | None = None
+    topic: str = "queue"
+
+
+def append_events(tx: Tx, events: Sequence[PendingEvent], created_at: int | None = None) -> None:
+    """Append events in the caller's transaction, so they commit (or vanish) with the change they report."""
+    if not events:
+        return
+    tx.lock_event_order()
+    ts = now_ms() if created_at is None else created_at
+    params = [
+        {
+            "topic": e.topic,
+            "type": e.type,
+            "message_id": e.message_id,
+            "payload": json.dumps(e.payload, separators=(",", ":"), default=str),
+            "created_at": ts,
+        }
+        for e in events
+    ]
+    if len(params) == 1:
+        tx.execute(_INSERT_EVENT, params[0])
+    else:
+        tx.executemany(_INSERT_EVENT, params)
+    tx.signal("events")
+
+
+def _entry(row: dict[str, Any]) -> EventEntry:
+    return EventEntry(
+        cursor=str(row["id"]),
+        topic=row["topic"],
+        type=row["type"],
+        payload=json.loads(row["payload"]),
+        created_at=int(row["created_at"]),
+        message_id=row["message_id"],
+    )
+
+
+class SqlEventLog:
+    """The event log in the shared database (SQLite or PostgreSQL)."""
+
+    def __init__(self, db: Database, wait: Callable[[float], None] | None = None) -> None:
+        """``wait(timeout)`` blocks until the database may have changed (see :mod:`shared.wake`)."""
+        self.db = db
+        self._wait = wait
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+
+    def append(self, topic: str, type: str, payload: dict[str, Any], *, message_id: str | None = None) -> str:
+        with self.db.transaction() as tx:
+            append_events(tx, [PendingEvent(type=type, payload=payload, message_id=message_id, topic=topic)])
+            if tx.dialect.is_sqlite:
+                cursor = tx.scalar("SELECT last_insert_rowid()")
+            else:
+                cursor = tx.scalar("SELECT lastval()")
+        return str(cursor)
+
+    def pruned_through(self, topic: str | None) -> int:
+        """The highest cursor removed by cleanup for ``topic`` (or any topic)."""
+        value = self.db.read_scalar(
+            "SELECT value FROM kv WHERE scope = :s AND key = :k",
+            {"s": PRUNED_SCOPE, "k": topic or ALL_TOPICS},
+        )
+        return int(value) if value else 0
+
+    def read(self, topic: str | None, after: str | None = None, limit: int = 100) -> list[EventEntry]:
+        after_id = _cursor_int(after)
+        limit = max(1, min(int(limit), 10_000))
+        if after is not None and after_id < self.pruned_through(topic):
+            raise CursorExpired(str(after_id), str(self.pruned_through(topic)))
+        if topic is None:
+            rows = self.db.read(
+                "SELECT * FROM events WHERE id > :after ORDER BY id LIMIT :limit",
+                {"after": after_id, "limit": limit},
+            )
+        else:
+            rows = self.db.read(
+                "SELECT * FROM events WHERE topic = :topic AND id > :after ORDER BY id LIMIT :limit",
+                {"topic": topic, "after": after_id, "limit": limit},
+            )
+        return [_entry(r) for r in rows]
+
+    def ack(self, consumer: str, topic: str, cursor: str) -> None:
+        value = _cursor_int(cursor)
+        now = now_ms()
+        with self.db.transaction() as tx:
+            tx.execute(
+                "INSERT INTO event_consumers (consumer, topic, cursor, updated_at) "
+                "VALUES (:c, :t, :v, :now) ON CONFLICT (consumer, topic) DO UPDATE "
+                "SET cursor = excluded.cursor, updated_at = excluded.updated_at "
+                "WHERE event_consumers.cursor < excluded.cursor",
+                {"c": consumer, "t": topic, "v": value, "now": now},
+            )
+
+    def consumer_cursor(self, consumer: str, topic: str) -> str | None:
+        value = self.db.read_scalar(
+            "SELECT cursor FROM event_consumers WHERE consumer = :c AND topic = :t", {"c": consumer, "t": topic}
+        )
+        return None if value is None else str(value)
+
+    def last_cursor(self) -> str:
+        return str(self.db.read_scalar("SELECT COALESCE(MAX(id), 0) FROM events"))
+
+    def subscribe(self, topic: str | None, handler: Handler, *, after: str | None = None) -> Unsubscribe:
+        position = [_cursor_int(after) if after is not None else int(self.last_cursor())]
+        stopped = threading.Event()
+
+        def loop() -> None:
+            while not stopped.is_set() and not self._stop.is_set():
+                try:
+                    batch = self.read(topic, str(position[0]), 500)
+                except CursorExpired:
+                    batch = self.read(topic, None, 500)
+                for entry in batch:
+                    handler(entry)
+                    position[0] = int(entry.cursor)
+                if len(batch) < 500 and not stopped.is_set():
+                    if self._wait is not None:
+                        self._wait(0.5)
+                    else:
+                        stopped.wait(0.05)
+
+        thread = threading.Thread(target=loop, name=f"events-subscribe-{topic}", daemon=True)
+        thread.start()
+        self._threads.append(thread)
+
+        def unsubscribe() -> None:
+            stopped.set()
+
+        return unsubscribe
+
+    def cleanup(self, *, ttl_ms: int, max_per_topic: int) -> int:
+        now = now_ms()
+        removed = 0
+        with self.db.transaction() as tx:
+            cutoff = now - ttl_ms
+            ttl_max = tx.scalar("SELECT MAX(id) FROM events WHERE created_at < :cut", {"cut": cutoff})
+            if ttl_max is not None:
+                # TTL wins over unacked consumers: an abandoned consumer must not keep the log forever.
+                for t in tx.rows(
+                    "SELECT topic, MAX(id) AS m FROM events WHERE created_at < :cut GROUP BY topic", {"cut": cutoff}
+                ):
+                    _record_pruned(tx, t["topic"], int(t["m"]), now)
+                _record_pruned(tx, ALL_TOPICS, int(ttl_max), now)
+                removed += tx.execute("DELETE FROM events WHERE created_at < :cut", {"cut": cutoff}).rowcount
+            for t in tx.rows(
+                "SELECT topic, COUNT(*) AS n FROM events GROUP BY topic HAVING COUNT(*) > :cap", {"cap": max_per_topic}
+            ):
+                topic = t["topic"]
+                excess = int(t["n"]) - max_per_topic
+                boundary = tx.scalar(
+                    "SELECT id FROM events WHERE topic = :t ORDER BY id LIMIT 1 OFFSET :o",
+                    {"t": topic, "o": excess - 1},
+                )
+                floor = tx.scalar("SELECT MIN(cursor) FROM event_consumers WHERE topic = :t", {"t": topic})
+                if floor is not None:
+                    boundary = min(int(boundary), int(floor))
+                if boundary is None or int(boundary) <= 0:
+                    continue
+                n = tx.execute(
+                    "DELETE FROM events WHERE topic = :t AND id <= :b", {"t": topic, "b": int(boundary)}
+                ).rowcount
+                if n:
+                    _record_pruned(tx, topic, int(boundary), now)
+                    _record_pruned(tx, ALL_TOPICS, int(boundary), now)
+                    removed += n
+        return removed
+
+    def close(self) -> None:
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(timeout=2)
+        self._threads.clear()
+
+
+def _record_pruned(tx: Tx, topic: str, cursor: int, now: int) -> None:
+    tx.execute(
+        "INSERT INTO kv (scope, key, value, updated_at) VALUES (:s, :k, :v, :now) "
+        "ON CONFLICT (scope, key) DO UPDATE SET value = excluded.value, updated_at = excluded.updated_at "
+        "WHERE CAST(kv.value AS BIGINT) < CAST(excluded.value AS BIGINT)",
+        {"s": PRUNED_SCOPE, "k": topic, "v": str(cursor), "now": now},
+    )
+
+
+# -- memory -----------------------------------------------------------------------------------------------
+class MemoryEventLog:
+    """An in-process event log with the same semantics, for tests and single-process tools."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._events: list[EventEntry] = []
+        self._next = 1
+        self._acks: dict[tuple[str, str], int] = {}
+        self._pruned: dict[str, int] = {}
+        self._subs: list[tuple[str | None, Handler]] = []
+
+    def append(self, topic: str, type: str, payload: dict[str, Any], *, message_id: str | None = None) -> str:
+        with self._lock:
+            entry = EventEntry(str(self._next), topic, type, dict(payload), now_ms(), message_id)
+            self._next += 1
+            self._events.append(entry)
+            subs = [h for t, h in self._subs if t is None or t == topic]
+        for handler in subs:
+            handler(entry)
+        return entry.cursor
+
+    def read(self, topic: str | None, after: str | None = None, limit: int = 100) -> list[EventEntry]:
+        after_id = _cursor_int(after)
+        limit = max(1, min(int(limit), 10_000))
+        with self._lock:
+            pruned = self._pruned.get(topic or ALL_TOPICS, 0)
+            if after is not None and after_id < pruned:
+                raise CursorExpired(str(after_id), str(pruned))
+            found = [
+                e for e in self._events if int(e.cursor) > after_id and (topic is None or e.topic == topic)
+            ]
+        return found[:limit]
+
+    def ack(self, consumer: str, topic: str, cursor: str) -> None:
+        value = _cursor_int(cursor)
+        with self._lock:
+            key = (consumer, topic)
+            self._acks[key] = max(self._acks.get(key, 0), value)
+
+    def consumer_cursor(self, consumer: str, topic: str) -> str | None:
+        with self._lock:
+            value = self._acks.get((consumer, topic))
+        return None if value is None else str(value)
+
+    def last_cursor(self) -> str:
+        with self._lock:
+            return str(self._next - 1)
+
+    def subscribe(self, topic: str | None, handler: Handler, *, after: str | None = None) -> Unsubscribe:
+        backlog = self.read(topic, after, 10_000) if after is not None else []
+        for entry in backlog:
+            handler(entry)
+        item = (topic, handler)
+        with self._lock:
+            self._subs.append(item)
+
+        def unsubscribe() -> None:
+            with self._lock:
+                if item in self._subs:
+                    self._subs.remove(item)
+
+        return unsubscribe
+
+    def cleanup(self, *, ttl_ms: int, max_per_topic: int) -> int:
+        cutoff = now_ms() - ttl_ms
+        with self._lock:
+            before = len(self._events)
+            dropped = [e for e in self._events if e.created_at < cutoff]
+            keep = [e for e in self._events if e.created_at >= cutoff]
+            by_topic: dict[str, list[EventEntry]] = {}
+            for e in keep:
+                by_topic.setdefault(e.topic, []).append(e)
+            for topic, entries in by_topic.items():
+                excess = len(entries) - max_per_topic
+                if excess <= 0:
+                    continue
+                boundary = int(entries[excess - 1].cursor)
+                floors = [v for (_, t), v in self._acks.items() if t == topic]
+                if floors:
+                    boundary = min(boundary, min(floors))
+                dropped.extend(e for e in entries if int(e.cursor) <= boundary)
+            gone = {e.cursor for e in dropped}
+            self._events = [e for e in self._events if e.cursor not in gone]
+            for e in dropped:
+                self._pruned[e.topic] = max(self._pruned.get(e.topic, 0), int(e.cursor))
+                self._pruned[ALL_TOPICS] = max(self._pruned.get(ALL_TOPICS, 0), int(e.cursor))
+            return before - len(self._events)
+
+    def close(self) -> None:
+        with self._lock:
+            self._subs.clear()
+
+
+def entries_by_type(entries: Iterable[EventEntry]) -> dict[str, list[EventEntry]]:
+    """Group events by type (handy for trace views and tests)."""
+    out: dict[str, list[EventEntry]] = {}
+    for e in entries:
+        out.setdefault(e.type, []).append(e)
+    return out

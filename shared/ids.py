@@ -1,0 +1,59 @@
+"""Message ids: a descriptive prefix, an underscore and 8 lowercase alphanumerics (seed 000)."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import secrets
+import string
+
+ALPHABET = string.ascii_lowercase + string.digits
+
+#: The prefixes seed 000 names, plus the ones agentpost adds for its own sources.
+KNOWN_PREFIXES = frozenset(
+    {
+        "api",
+        "cli",
+        "web",
+        "discord",
+        "telegram",
+        "whatsapp",
+        "internal",
+        "chat",
+        "chatroom",
+        "chatroom_batch",
+        "proactive",
+        "heartbeat",
+        "schedule",
+        "notice",
+    }
+)
+
+MESSAGE_ID_RE = re.compile(r"^[a-z][a-z0-9_]{0,39}_[a-z0-9]{8}$")
+_PREFIX_RE = re.compile(r"^[a-z][a-z0-9_]{0,39}$")
+
+
+def new_id(prefix: str) -> str:
+    """A fresh random id such as ``api_x9y8z7w6``."""
+    if not _PREFIX_RE.match(prefix):
+        raise ValueError(f"id prefix {prefix!r} must be lowercase letters, digits or '_'")
+    return prefix + "_" + "".join(secrets.choice(ALPHABET) for _ in range(8))
+
+
+def derived_id(prefix: str, *parts: str) -> str:
+    """A deterministic id from ``parts``, so the same logical message (a heartbeat slot, a platform
+    update) always gets the same id and the queue's uniqueness refuses it a second time."""
+    if not _PREFIX_RE.match(prefix):
+        raise ValueError(f"id prefix {prefix!r} must be lowercase letters, digits or '_'")
+    digest = hashlib.blake2b("\x1f".join(parts).encode(), digest_size=16).digest()
+    number = int.from_bytes(digest, "big")
+    chars = []
+    for _ in range(8):
+        number, rem = divmod(number, len(ALPHABET))
+        chars.append(ALPHABET[rem])
+    return prefix + "_" + "".join(chars)
+
+
+def is_message_id(value: str) -> bool:
+    """True when ``value`` has the ``prefix_xxxxxxxx`` shape."""
+    return bool(MESSAGE_ID_RE.match(value))

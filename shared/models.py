@@ -1,0 +1,243 @@
+"""The tables, declared once with SQLModel. Timestamps are epoch milliseconds; JSON columns hold text.
+
+Indexes follow the queries: claims read only the partial index of pending rows, so a million finished rows
+cost a claim nothing.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import BigInteger, Column, Index, Integer, MetaData, Text, text
+from sqlmodel import Field, SQLModel
+
+SCHEMA_VERSION = 1
+
+
+def _big(nullable: bool = False, default: int | None = 0) -> Column[int]:
+    return Column(
+        BigInteger, nullable=nullable, server_default=None if default is None else text(str(default))
+    )
+
+
+class Message(SQLModel, table=True):
+    """An incoming message: ``pending → processing → completed | dead``."""
+
+    __tablename__ = "messages"
+    __table_args__ = (
+        Index(
+            "ix_messages_pending",
+            "agent",
+            "available_at",
+            "id",
+            sqlite_where=text("status = 'pending'"),
+            postgresql_where=text("status = 'pending'"),
+        ),
+        Index(
+            "ix_messages_processing",
+            "lease_until",
+            sqlite_where=text("status = 'processing'"),
+            postgresql_where=text("status = 'processing'"),
+        ),
+        Index("ix_messages_status_updated", "status", "updated_at"),
+        Index("ux_messages_external", "channel", "external_id", unique=True),
+        Index("ix_messages_conversation", "agent", "conversation", "status"),
+    )
+
+    id: int | None = Field(default=None, sa_column=Column(Integer, primary_key=True, autoincrement=True))
+    message_id: str = Field(sa_column=Column(Text, nullable=False, unique=True))
+    channel: str = Field(sa_column=Column(Text, nullable=False))
+    sender: str = Field(default="", sa_column=Column(Text, nullable=False, server_default=""))
+    sender_id: str = Field(default="", sa_column=Column(Text, nullable=False, server_default=""))
+    message: str = Field(sa_column=Column(Text, nullable=False))
+    agent: str = Field(sa_column=Column(Text, nullable=False))
+    from_agent: str | None = Field(default=None, sa_column=Column(Text, nullable=True))
+    status: str = Field(default="pending", sa_column=Column(Text, nullable=False, server_default="pending"))
+    retry_count: int = Field(default=0, sa_column=Column(Integer, nullable=False, server_default="0"))
+    manual_retries: int = Field(default=0, sa_column=Column(Integer, nullable=False, server_default="0"))
+    last_error: str | None = Field(default=None, sa_column=Column(Text, nullable=True))
+    created_at: int = Field(sa_column=_big())
+    updated_at: int = Field(sa_column=_big())
+    conversation: str = Field(default="", sa_column=Column(Text, nullable=False, server_default=""))
+    meta: str = Field(default="{}", sa_column=Column("metadata", Text, nullable=False, server_default="{}"))
+    available_at: int = Field(default=0, sa_column=_big())
+    claimed_by: str | None = Field(default=None, sa_column=Column(Text, nullable=True))
+    lease_until: int | None = Field(default=None, sa_column=_big(nullable=True, default=None))
+    hops: int = Field(default=0, sa_column=Column(Integer, nullable=False, server_default="0"))
+    external_id: str | None = Field(default=None, sa_column=Column(Text, nullable=True))
+
+
+class Response(SQLModel, table=True):
+    """An outgoing reply: ``pending → delivering → acked``; ``delivered`` counts chunks already sent."""
+
+    __tablename__ = "responses"
+    __table_args__ = (
+        Index(
+            "ix_responses_open",
+            "channel",
+            "id",
+            sqlite_where=text("status <> 'acked'"),
+            postgresql_where=text("status <> 'acked'"),
+        ),
+        Index("ix_responses_status_acked", "status", "acked_at"),
+        Index("ix_responses_message", "message_id"),
+    )
+
+    id: int | None = Field(default=None, sa_column=Column(Integer, primary_key=True, autoincrement=True))
+    message_id: str = Field(sa_column=Column(Text, nullable=False))
+    channel: str = Field(sa_column=Column(Text, nullable=False))
+    sender: str = Field(default="", sa_column=Column(Text, nullable=False, server_default=""))
+    sender_id: str = Field(default="", sa_column=Column(Text, nullable=False, server_default=""))
+    message: str = Field(sa_column=Column(Text, nullable=False))
+    original_message: str = Field(default="", sa_column=Column(Text, nullable=False, server_default=""))
+    agent: str = Field(default="", sa_column=Column(Text, nullable=False, server_default=""))
+    files: str = Field(default="[]", sa_column=Column(Text, nullable=False, server_default="[]"))
+    meta: str = Field(default="{}", sa_column=Column("metadata", Text, nullable=False, server_default="{}"))
+    status: str = Field(default="pending", sa_column=Column(Text, nullable=False, server_default="pending"))
+    created_at: int = Field(sa_column=_big())
+    updated_at: int = Field(sa_column=_big())
+    acked_at: int | None = Field(default=None, sa_column=_big(nullable=True, default=None))
+    conversation: str = Field(default="", sa_column=Column(Text, nullable=False, server_default=""))
+    claimed_by: str | None = Field(default=None, sa_column=Column(Text, nullable=True))
+    lease_until: int | None = Field(default=None, sa_column=_big(nullable=True, default=None))
+    delivered: int = Field(default=0, sa_column=Column(Integer, nullable=False, server_default="0"))
+
+
+class ChatMessage(SQLModel, table=True):
+    """A post in a team's chat room (append-only)."""
+
+    __tablename__ = "chat_messages"
+    __table_args__ = (Index("ix_chat_messages_team", "team_id", "id"),)
+
+    id: int | None = Field(default=None, sa_column=Column(Integer, primary_key=True, autoincrement=True))
+    team_id: str = Field(sa_column=Column(Text, nullable=False))
+    from_agent: str = Field(sa_column=Column(Text, nullable=False))
+    message: str = Field(sa_column=Column(Text, nullable=False))
+    created_at: int = Field(sa_column=_big())
+
+
+class AgentMessage(SQLModel, table=True):
+    """One user or assistant turn of an agent (append-only history)."""
+
+    __tablename__ = "agent_messages"
+    __table_args__ = (Index("ix_agent_messages_agent", "agent_id", "id"),)
+
+    id: int | None = Field(default=None, sa_column=Column(Integer, primary_key=True, autoincrement=True))
+    agent_id: str = Field(sa_column=Column(Text, nullable=False))
+    role: str = Field(sa_column=Column(Text, nullable=False))
+    channel: str = Field(default="", sa_column=Column(Text, nullable=False, server_default=""))
+    sender: str = Field(default="", sa_column=Column(Text, nullable=False, server_default=""))
+    message_id: str = Field(default="", sa_column=Column(Text, nullable=False, server_default=""))
+    content: str = Field(sa_column=Column(Text, nullable=False))
+    created_at: int = Field(sa_column=_big())
+
+
+class Event(SQLModel, table=True):
+    """The durable event log (seed 001): ``id`` is the cursor, assigned in commit order."""
+
+    __tablename__ = "events"
+    __table_args__ = (
+        Index("ix_events_topic", "topic", "id"),
+        Index("ix_events_message", "message_id"),
+        Index("ix_events_created", "created_at"),
+    )
+
+    id: int | None = Field(default=None, sa_column=Column(Integer, primary_key=True, autoincrement=True))
+    topic: str = Field(sa_column=Column(Text, nullable=False))
+    type: str = Field(sa_column=Column(Text, nullable=False))
+    message_id: str | None = Field(default=None, sa_column=Column(Text, nullable=True))
+    payload: str = Field(default="{}", sa_column=Column(Text, nullable=False, server_default="{}"))
+    created_at: int = Field(sa_column=_big())
+
+
+class EventConsumer(SQLModel, table=True):
+    """A durable consumer's acknowledged cursor per topic."""
+
+    __tablename__ = "event_consumers"
+
+    consumer: str = Field(sa_column=Column(Text, primary_key=True))
+    topic: str = Field(sa_column=Column(Text, primary_key=True))
+    cursor: int = Field(sa_column=_big())
+    updated_at: int = Field(sa_column=_big())
+
+
+class AgentLease(SQLModel, table=True):
+    """Who runs an agent right now; ``stop_requested`` and ``paused_until`` steer it through the database."""
+
+    __tablename__ = "agent_leases"
+
+    agent: str = Field(sa_column=Column(Text, primary_key=True))
+    holder: str | None = Field(default=None, sa_column=Column(Text, nullable=True))
+    lease_until: int = Field(default=0, sa_column=_big())
+    acquired_at: int = Field(default=0, sa_column=_big())
+    paused_until: int = Field(default=0, sa_column=_big())
+    stop_requested: str = Field(default="", sa_column=Column(Text, nullable=False, server_default=""))
+    note: str = Field(default="", sa_column=Column(Text, nullable=False, server_default=""))
+
+
+class Pairing(SQLModel, table=True):
+    """A chat sender's pairing with a channel: a one-time code an operator approves."""
+
+    __tablename__ = "pairings"
+    __table_args__ = (
+        Index("ux_pairings_sender", "channel", "sender_id", unique=True),
+        Index("ix_pairings_code", "code"),
+    )
+
+    id: int | None = Field(default=None, sa_column=Column(Integer, primary_key=True, autoincrement=True))
+    channel: str = Field(sa_column=Column(Text, nullable=False))
+    sender_id: str = Field(sa_column=Column(Text, nullable=False))
+    sender: str = Field(default="", sa_column=Column(Text, nullable=False, server_default=""))
+    code: str = Field(sa_column=Column(Text, nullable=False))
+    status: str = Field(default="pending", sa_column=Column(Text, nullable=False, server_default="pending"))
+    created_at: int = Field(sa_column=_big())
+    approved_at: int | None = Field(default=None, sa_column=_big(nullable=True, default=None))
+
+
+class AgentSession(SQLModel, table=True):
+    """The provider's session id for one agent's conversation (``session_scope = conversation``)."""
+
+    __tablename__ = "sessions"
+
+    agent: str = Field(sa_column=Column(Text, primary_key=True))
+    conversation: str = Field(sa_column=Column(Text, primary_key=True))
+    session_id: str = Field(default="", sa_column=Column(Text, nullable=False, server_default=""))
+    updated_at: int = Field(sa_column=_big())
+
+
+class KeyValue(SQLModel, table=True):
+    """Small durable state of a process kind: a chat's sticky agent, a channel's offset, a busy policy."""
+
+    __tablename__ = "kv"
+
+    scope: str = Field(sa_column=Column(Text, primary_key=True))
+    key: str = Field(sa_column=Column(Text, primary_key=True))
+    value: str = Field(sa_column=Column(Text, nullable=False))
+    updated_at: int = Field(sa_column=_big())
+
+
+class SchemaVersion(SQLModel, table=True):
+    """Which schema version this database has, so later releases can migrate it."""
+
+    __tablename__ = "schema_version"
+
+    version: int = Field(sa_column=Column(Integer, primary_key=True, autoincrement=False))
+    applied_at: int = Field(sa_column=_big())
+
+
+def metadata() -> MetaData:
+    """The metadata that holds every agentpost table."""
+    return SQLModel.metadata
+
+
+TABLE_NAMES = (
+    "messages",
+    "responses",
+    "chat_messages",
+    "agent_messages",
+    "events",
+    "event_consumers",
+    "agent_leases",
+    "pairings",
+    "sessions",
+    "kv",
+    "schema_version",
+)

@@ -1,0 +1,993 @@
+"""Every queue operation, implemented once for SQLite and PostgreSQL (seed 000's names, in snake_case).
+
+Messages move ``pending → processing → completed | dead``; responses ``pending → delivering → acked``.
+Each operation is one transaction that also appends the events reporting it and signals waiting processes.
+Workers hold leases (renewed while they run), and every write a worker makes is fenced by
+``claimed_by``: a worker whose lease expired and whose messages were taken over cannot complete them twice.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from shared.clock import now_ms
+from shared.db import Database, Row, Tx
+from shared.events import PendingEvent, append_events
+from shared.ids import is_message_id, new_id
+from shared.routing import AGENT_NAME_RE, Team, resolve_route
+from shared.settings import Settings
+
+#: Channels whose messages come from agentpost itself: nobody to tell about a dead letter there.
+INTERNAL_CHANNELS = frozenset({"internal", "chat", "chatroom", "heartbeat", "schedule"})
+MAX_MESSAGE_CHARS = 200_000
+CHANNEL_RE = AGENT_NAME_RE
+
+
+class QueueError(Exception):
+    """Base of the errors a queue operation raises on purpose."""
+
+
+class InvalidInput(QueueError, ValueError):
+    """The request is malformed; nothing was changed."""
+
+
+class NotFound(QueueError, LookupError):
+    """No row matches the id given; nothing was changed."""
+
+
+class RetryBudgetExhausted(QueueError):
+    """A dead letter was retried by hand as often as the budget allows."""
+
+
+class LeaseLost(QueueError):
+    """The worker no longer holds the messages it tried to complete (its lease expired)."""
+
+
+@dataclass(frozen=True)
+class QueueConfig:
+    """Tuning of the queue; every value comes from ``[queue]`` in the settings."""
+
+    max_retries: int = 5
+    manual_retry_budget: int = 3
+    lease_ms: int = 30_000
+    backoff_base_ms: int = 2_000
+    backoff_max_ms: int = 300_000
+    max_hops: int = 8
+
+
+@dataclass(frozen=True)
+class Directory:
+    """Which agents and teams exist, for routing."""
+
+    agents: frozenset[str]
+    teams: Mapping[str, Team]
+    default_agent: str
+
+    @classmethod
+    def single(cls, *agents: str) -> Directory:
+        """A directory of plain agents, the first being the default (handy in tests and tools)."""
+        return cls(agents=frozenset(agents), teams={}, default_agent=agents[0])
+
+
+@dataclass(frozen=True)
+class QueuedMessage:
+    """A row of ``messages``."""
+
+    id: int
+    message_id: str
+    channel: str
+    sender: str
+    sender_id: str
+    message: str
+    agent: str
+    from_agent: str | None
+    status: str
+    retry_count: int
+    manual_retries: int
+    last_error: str | None
+    created_at: int
+    updated_at: int
+    conversation: str
+    metadata: dict[str, Any]
+    available_at: int
+    claimed_by: str | None
+    lease_until: int | None
+    hops: int
+    external_id: str | None
+
+    @classmethod
+    def from_row(cls, row: Row) -> QueuedMessage:
+        data = dict(row)
+        data["metadata"] = json.loads(data.pop("metadata") or "{}")
+        return cls(**data)
+
+    @property
+    def conversation_key(self) -> tuple[str, str]:
+        """Messages with the same key belong to one chat (and are batched into one run)."""
+        return (self.channel, self.conversation or self.sender_id or self.sender)
+
+    def as_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+@dataclass(frozen=True)
+class QueuedResponse:
+    """A row of ``responses``."""
+
+    id: int
+    message_id: str
+    channel: str
+    sender: str
+    sender_id: str
+    message: str
+    original_message: str
+    agent: str
+    files: list[str]
+    metadata: dict[str, Any]
+    status: str
+    created_at: int
+    updated_at: int
+    acked_at: int | None
+    conversation: str
+    claimed_by: str | None
+    lease_until: int | None
+    delivered: int
+
+    @classmethod
+    def from_row(cls, row: Row) -> QueuedResponse:
+        data = dict(row)
+        data["files"] = json.loads(data.pop("files") or "[]")
+        data["metadata"] = json.loads(data.pop("metadata") or "{}")
+        return cls(**data)
+
+    def as_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+@dataclass(frozen=True)
+class EnqueueResult:
+    """What :meth:`Queue.enqueue_message` did. ``duplicate`` means the id was already queued."""
+
+    message_id: str
+    agent: str
+    duplicate: bool
+    id: int | None
+
+
+@dataclass(frozen=True)
+class MessageDraft:
+    """A message to enqueue together with a completion (handoffs, chat-room deliveries)."""
+
+    channel: str
+    sender: str
+    message: str
+    agent: str
+    prefix: str
+    from_agent: str | None = None
+    sender_id: str = ""
+    conversation: str = ""
+    metadata: Mapping[str, Any] = field(default_factory=dict)
+    hops: int = 0
+
+
+@dataclass(frozen=True)
+class ResponseDraft:
+    """The reply that completes a group. Unset routing fields default to the group's first message."""
+
+    message: str
+    files: Sequence[str] = ()
+    metadata: Mapping[str, Any] = field(default_factory=dict)
+    channel: str | None = None
+    sender: str | None = None
+    sender_id: str | None = None
+    conversation: str | None = None
+
+
+@dataclass(frozen=True)
+class AgentTurn:
+    """One line of ``agent_messages`` history."""
+
+    agent_id: str
+    role: str
+    content: str
+    channel: str = ""
+    sender: str = ""
+    message_id: str = ""
+
+
+@dataclass(frozen=True)
+class ChatPost:
+    """One post to a team's chat room."""
+
+    team_id: str
+    from_agent: str
+    message: str
+
+
+@dataclass(frozen=True)
+class FailOutcome:
+    """Which messages went back to ``pending`` and which became dead letters."""
+
+    retried: list[str]
+    dead: list[str]
+    next_attempt_at: int | None
+
+
+@dataclass(frozen=True)
+class CompleteOutcome:
+    response_id: int | None
+    followups: list[str]
+    refused_followups: int
+
+
+def _in(name: str, values: Sequence[Any]) -> tuple[str, dict[str, Any]]:
+    keys = [f"{name}{i}" for i in range(len(values))]
+    return "(" + ", ".join(":" + k for k in keys) + ")", dict(zip(keys, values, strict=True))
+
+
+def _json(value: Any) -> str:
+    try:
+        return json.dumps(value, separators=(",", ":"))
+    except (TypeError, ValueError) as exc:
+        raise InvalidInput(f"metadata must be JSON: {exc}") from None
+
+
+def group_by_conversation(messages: Iterable[QueuedMessage]) -> list[list[QueuedMessage]]:
+    """Group claimed messages by chat, oldest first; the first of each group is its primary message."""
+    groups: dict[tuple[str, str], list[QueuedMessage]] = {}
+    for m in sorted(messages, key=lambda m: m.id):
+        groups.setdefault(m.conversation_key, []).append(m)
+    return sorted(groups.values(), key=lambda g: g[0].id)
+
+
+_MESSAGE_COLUMNS = (
+    "message_id, channel, sender, sender_id, message, agent, from_agent, status, retry_count, "
+    "created_at, updated_at, conversation, metadata, available_at, hops, external_id"
+)
+_INSERT_MESSAGE = (
+    f"INSERT INTO messages ({_MESSAGE_COLUMNS}) VALUES (:message_id, :channel, :sender, :sender_id, "
+    ":message, :agent, :from_agent, 'pending', 0, :now, :now, :conversation, :metadata, :available_at, "
+    ":hops, :external_id) ON CONFLICT DO NOTHING RETURNING id"
+)
+_INSERT_RESPONSE = (
+    "INSERT INTO responses (message_id, channel, sender, sender_id, message, original_message, agent, files, "
+    "metadata, status, created_at, updated_at, conversation, delivered) VALUES (:message_id, :channel, "
+    ":sender, :sender_id, :message, :original_message, :agent, :files, :metadata, 'pending', :now, :now, "
+    ":conversation, 0) RETURNING id"
+)
+
+
+class Queue:
+    """The queue operations over one :class:`~shared.db.Database`."""
+
+    def __init__(self, db: Database, config: QueueConfig | None = None, directory: Directory | None = None) -> None:
+        self.db = db
+        self.config = config or QueueConfig()
+        self.directory = directory or Directory.single("assistant")
+        self._sql_claim = (
+            "UPDATE messages SET status = 'processing', claimed_by = :worker, lease_until = :lease, "
+            "updated_at = :now WHERE id IN (SELECT id FROM messages WHERE status = 'pending' AND agent = :agent "
+            f"AND available_at <= :now ORDER BY id{db.dialect.skip_locked}) RETURNING *"
+        )
+        self._sql_claim_responses = (
+            "UPDATE responses SET status = 'delivering', claimed_by = :worker, lease_until = :lease, "
+            "updated_at = :now WHERE id IN (SELECT id FROM responses WHERE status <> 'acked' AND channel = :channel "
+            "AND (status = 'pending' OR lease_until < :now) ORDER BY id LIMIT :limit"
+            f"{db.dialect.skip_locked}) RETURNING *"
+        )
+
+    @classmethod
+    def from_settings(cls, settings: Settings, db: Database) -> Queue:
+        q = settings.queue
+        config = QueueConfig(
+            max_retries=q.max_retries,
+            manual_retry_budget=q.manual_retry_budget,
+            lease_ms=int(q.lease_seconds * 1000),
+            backoff_base_ms=int(q.backoff_base_seconds * 1000),
+            backoff_max_ms=int(q.backoff_max_seconds * 1000),
+            max_hops=q.max_hops,
+        )
+        directory = Directory(
+            agents=frozenset(settings.agents), teams=dict(settings.teams), default_agent=q.default_agent
+        )
+        return cls(db, config, directory)
+
+    # -- enqueue -----------------------------------------------------------------------------------------
+    def _draft_params(
+        self,
+        *,
+        channel: str,
+        sender: str,
+        message: str,
+        sender_id: str,
+        message_id: str | None,
+        agent: str | None,
+        from_agent: str | None,
+        conversation: str,
+        metadata: Mapping[str, Any] | None,
+        hops: int,
+        external_id: str | None,
+        available_at: int | None,
+        prefix: str | None,
+        now: int,
+    ) -> tuple[dict[str, Any], bool]:
+        if not isinstance(message, str) or not message.strip():
+            raise InvalidInput("message is empty")
+        if len(message) > MAX_MESSAGE_CHARS:
+            raise InvalidInput(f"message is longer than {MAX_MESSAGE_CHARS} characters")
+        if not isinstance(channel, str) or not CHANNEL_RE.match(channel):
+            raise InvalidInput(f"channel {channel!r} must match {CHANNEL_RE.pattern}")
+        if message_id is not None and not is_message_id(message_id):
+            raise InvalidInput(f"message id {message_id!r} must look like prefix_xxxxxxxx (8 lowercase a-z0-9)")
+        if hops < 0:
+            raise InvalidInput("hops must be zero or more")
+        directory = self.directory
+        if agent is not None:
+            if not AGENT_NAME_RE.match(agent):
+                raise InvalidInput(f"agent name {agent!r} must match {AGENT_NAME_RE.pattern}")
+            if agent not in directory.agents and agent not in directory.teams:
+                known = ", ".join(sorted(directory.agents | set(directory.teams)))
+                raise InvalidInput(f"unknown agent or team {agent!r} (known: {known})")
+        route = resolve_route(message, directory.agents, directory.teams, directory.default_agent, agent)
+        params = {
+            "message_id": message_id or new_id(prefix or channel),
+            "channel": channel,
+            "sender": sender or "",
+            "sender_id": sender_id or "",
+            "message": message,
+            "agent": route.agent,
+            "from_agent": from_agent,
+            "conversation": conversation or "",
+            "metadata": _json(dict(metadata or {})),
+            "available_at": now if available_at is None else available_at,
+            "hops": hops,
+            "external_id": external_id,
+            "now": now,
+        }
+        return params, route.explicit
+
+    def _insert_message(self, tx: Tx, params: dict[str, Any], explicit: bool) -> int | None:
+        new_row = tx.scalar(_INSERT_MESSAGE, params)
+        if new_row is None:
+            return None
+        events = [
+            PendingEvent(
+                "message_received",
+                {"channel": params["channel"], "sender": params["sender"], "agent": params["agent"]},
+                params["message_id"],
+            )
+        ]
+        if explicit:
+            events.append(PendingEvent("agent_routed", {"agent": params["agent"]}, params["message_id"]))
+        append_events(tx, events, params["now"])
+        tx.signal("messages")
+        return int(new_row)
+
+    def enqueue_message(
+        self,
+        channel: str,
+        sender: str,
+        message: str,
+        *,
+        sender_id: str = "",
+        message_id: str | None = None,
+        agent: str | None = None,
+        from_agent: str | None = None,
+        conversation: str = "",
+        metadata: Mapping[str, Any] | None = None,
+        hops: int = 0,
+        external_id: str | None = None,
+        available_at: int | None = None,
+        prefix: str | None = None,
+    ) -> EnqueueResult:
+        """Queue one incoming message as ``pending`` and wake the processor.
+
+        Routing: ``agent`` (an agent or team name) if given, else a leading ``@agent``/``@team`` mention,
+        else the default agent; the text is kept intact. A ``message_id`` or ``(channel, external_id)``
+        that is already queued is reported as ``duplicate`` and changes nothing.
+        Raises :class:`InvalidInput` (nothing changed) for an empty message or a bad name or id.
+        """
+        now = now_ms()
+        params, explicit = self._draft_params(
+            channel=channel,
+            sender=sender,
+            message=message,
+            sender_id=sender_id,
+            message_id=message_id,
+            agent=agent,
+            from_agent=from_agent,
+            conversation=conversation,
+            metadata=metadata,
+            hops=hops,
+            external_id=external_id,
+            available_at=available_at,
+            prefix=prefix,
+            now=now,
+        )
+        with self.db.transaction() as tx:
+            row_id = self._insert_message(tx, params, explicit)
+            if row_id is None:
+                existing = tx.one(
+                    "SELECT id, message_id, agent FROM messages WHERE message_id = :m OR "
+                    "(channel = :c AND external_id = :e)",
+                    {"m": params["message_id"], "c": channel, "e": external_id},
+                )
+                if existing is not None:
+                    return EnqueueResult(existing["message_id"], existing["agent"], True, int(existing["id"]))
+        return EnqueueResult(params["message_id"], params["agent"], row_id is None, row_id)
+
+    # -- claim ------------------------------------------------------------------------------------------
+    def agents_with_pending(self, now: int | None = None) -> list[str]:
+        """Agents with at least one message available now (read-only, takes no write lock)."""
+        rows = self.db.read(
+            "SELECT DISTINCT agent FROM messages WHERE status = 'pending' AND available_at <= :now",
+            {"now": now_ms() if now is None else now},
+        )
+        return sorted(r["agent"] for r in rows)
+
+    def next_available_at(self) -> int | None:
+        """When the earliest pending message becomes available (for sleeping through a backoff)."""
+        value = self.db.read_scalar("SELECT MIN(available_at) FROM messages WHERE status = 'pending'")
+        return None if value is None else int(value)
+
+    def claim_all_pending_messages(self, agent: str, worker: str, *, lease_ms: int | None = None) -> list[QueuedMessage]:
+        """Take the agent's lease and claim every available pending message of that agent, oldest first.
+
+        Returns ``[]`` (changing nothing) when another worker holds the agent, the agent is paused, or
+        nothing is available. The caller keeps the agent lease until :meth:`release_agent`.
+        """
+        now = now_ms()
+        probe = self.db.read_scalar(
+            "SELECT 1 FROM messages WHERE status = 'pending' AND agent = :agent AND available_at <= :now LIMIT 1",
+            {"agent": agent, "now": now},
+        )
+        if probe is None:
+            return []
+        lease = now + (lease_ms or self.config.lease_ms)
+        with self.db.transaction() as tx:
+            if not self._take_agent(tx, agent, worker, now, lease):
+                return []
+            rows = tx.rows(self._sql_claim, {"worker": worker, "lease": lease, "now": now, "agent": agent})
+            if not rows:
+                self._release_agent(tx, agent, worker)
+                return []
+            claimed = sorted((QueuedMessage.from_row(r) for r in rows), key=lambda m: m.id)
+            append_events(
+                tx,
+                [
+                    PendingEvent(
+                        "message_claimed",
+                        {"agent": agent, "worker": worker, "message_ids": [m.message_id for m in claimed]},
+                        claimed[0].message_id,
+                    )
+                ],
+                now,
+            )
+        return claimed
+
+    def _take_agent(self, tx: Tx, agent: str, worker: str, now: int, lease: int) -> bool:
+        holder = tx.scalar(
+            "INSERT INTO agent_leases (agent, holder, lease_until, acquired_at, paused_until, stop_requested, note) "
+            "VALUES (:agent, :worker, :lease, :now, 0, '', '') ON CONFLICT (agent) DO UPDATE SET "
+            "holder = excluded.holder, lease_until = excluded.lease_until, acquired_at = CASE WHEN "
+            "agent_leases.holder = excluded.holder THEN agent_leases.acquired_at ELSE excluded.acquired_at END "
+            "WHERE agent_leases.paused_until <= :now AND (agent_leases.holder IS NULL OR "
+            "agent_leases.holder = excluded.holder OR agent_leases.lease_until < :now) RETURNING holder",
+            {"agent": agent, "worker": worker, "lease": lease, "now": now},
+        )
+        return holder == worker
+
+    @staticmethod
+    def _release_agent(tx: Tx, agent: str, worker: str) -> None:
+        tx.execute(
+            "UPDATE agent_leases SET holder = NULL, lease_until = 0 WHERE agent = :agent AND holder = :worker",
+            {"agent": agent, "worker": worker},
+        )
+
+    def release_agent(self, agent: str, worker: str) -> None:
+        """Give up the agent lease (after the worker's last group of that agent is done)."""
+        with self.db.transaction() as tx:
+            self._release_agent(tx, agent, worker)
+
+    def agent_holder(self, agent: str) -> str | None:
+        """The worker holding the agent's lease now, if any."""
+        row = self.db.read(
+            "SELECT holder, lease_until FROM agent_leases WHERE agent = :a", {"a": agent}
+        )
+        if not row or row[0]["holder"] is None or int(row[0]["lease_until"]) < now_ms():
+            return None
+        return str(row[0]["holder"])
+
+    def renew_leases(
+        self, worker: str, message_ids: Sequence[str], *, agent: str | None = None, lease_ms: int | None = None
+    ) -> int:
+        """Extend the leases of messages (and the agent) a live worker is still running.
+
+        Returns how many messages are still held; fewer than asked means the worker lost some.
+        """
+        now = now_ms()
+        lease = now + (lease_ms or self.config.lease_ms)
+        held = 0
+        with self.db.transaction() as tx:
+            if message_ids:
+                clause, params = _in("m", list(message_ids))
+                held = tx.execute(
+                    "UPDATE messages SET lease_until = :lease WHERE status = 'processing' AND claimed_by = :worker "
+                    f"AND message_id IN {clause}",
+                    {"lease": lease, "worker": worker, **params},
+                ).rowcount
+            if agent is not None:
+                tx.execute(
+                    "UPDATE agent_leases SET lease_until = :lease WHERE agent = :agent AND holder = :worker",
+                    {"lease": lease, "agent": agent, "worker": worker},
+                )
+        return held
+
+    # -- complete / fail ---------------------------------------------------------------------------------
+    def _take_group(self, tx: Tx, message_ids: Sequence[str], worker: str) -> list[Row]:
+        if not message_ids:
+            raise InvalidInput("no message ids given")
+        clause, params = _in("m", list(message_ids))
+        rows = tx.rows(
+            f"SELECT * FROM messages WHERE message_id IN {clause} AND status = 'processing' AND claimed_by = :worker",
+            {"worker": worker, **params},
+        )
+        if len(rows) != len(set(message_ids)):
+            raise LeaseLost(
+                f"worker {worker} no longer holds {len(set(message_ids)) - len(rows)} of {len(message_ids)} messages"
+            )
+        rows.sort(key=lambda r: int(r["id"]))
+        return rows
+
+    def complete_messages(
+        self,
+        message_ids: Sequence[str],
+        worker: str,
+        response: ResponseDraft | str | None,
+        *,
+        followups: Sequence[MessageDraft] = (),
+        chat_posts: Sequence[ChatPost] = (),
+        history: Sequence[AgentTurn] = (),
+    ) -> CompleteOutcome:
+        """Complete a claimed group and, in the same transaction, enqueue its response, its handoffs,
+        chat-room posts and history. Handoffs beyond ``max_hops`` are refused (an event says so).
+
+        Raises :class:`LeaseLost` (changing nothing) when the worker no longer holds every message.
+        """
+        now = now_ms()
+        with self.db.transaction() as tx:
+            rows = self._take_group(tx, message_ids, worker)
+            clause, params = _in("m", [r["message_id"] for r in rows])
+            tx.execute(
+                "UPDATE messages SET status = 'completed', updated_at = :now, lease_until = NULL "
+                f"WHERE message_id IN {clause}",
+                {"now": now, **params},
+            )
+            primary = rows[0]
+            ids = [r["message_id"] for r in rows]
+            response_id: int | None = None
+            events: list[PendingEvent] = []
+            if response is not None:
+                draft = ResponseDraft(message=response) if isinstance(response, str) else response
+                response_id = self._insert_response(tx, primary, draft, now)
+                events.append(
+                    PendingEvent(
+                        "response_ready",
+                        {"message_ids": ids, "response_id": response_id, "agent": primary["agent"],
+                         "channel": draft.channel or primary["channel"]},
+                        primary["message_id"],
+                    )
+                )
+            else:
+                events.append(PendingEvent("message_completed", {"message_ids": ids}, primary["message_id"]))
+            queued: list[str] = []
+            refused = 0
+            for draft_msg in followups:
+                if draft_msg.hops > self.config.max_hops:
+                    refused += 1
+                    events.append(
+                        PendingEvent(
+                            "chain_handoff_refused",
+                            {"to": draft_msg.agent, "hops": draft_msg.hops, "max_hops": self.config.max_hops},
+                            primary["message_id"],
+                        )
+                    )
+                    continue
+                mid = self._insert_draft(tx, draft_msg, now)
+                if mid is not None:
+                    queued.append(mid)
+                    events.append(
+                        PendingEvent(
+                            "chain_handoff",
+                            {"from": draft_msg.from_agent, "to": draft_msg.agent, "message_id": mid,
+                             "hops": draft_msg.hops},
+                            primary["message_id"],
+                        )
+                    )
+            for post in chat_posts:
+                tx.execute(
+                    "INSERT INTO chat_messages (team_id, from_agent, message, created_at) "
+                    "VALUES (:team, :agent, :message, :now)",
+                    {"team": post.team_id, "agent": post.from_agent, "message": post.message, "now": now},
+                )
+            for turn in history:
+                tx.execute(
+                    "INSERT INTO agent_messages (agent_id, role, channel, sender, message_id, content, created_at) "
+                    "VALUES (:agent, :role, :channel, :sender, :mid, :content, :now)",
+                    {"agent": turn.agent_id, "role": turn.role, "channel": turn.channel, "sender": turn.sender,
+                     "mid": turn.message_id, "content": turn.content, "now": now},
+                )
+            append_events(tx, events, now)
+            tx.signal("responses")
+        return CompleteOutcome(response_id, queued, refused)
+
+    def _insert_draft(self, tx: Tx, draft: MessageDraft, now: int) -> str | None:
+        params = {
+            "message_id": new_id(draft.prefix),
+            "channel": draft.channel,
+            "sender": draft.sender,
+            "sender_id": draft.sender_id,
+            "message": draft.message,
+            "agent": draft.agent,
+            "from_agent": draft.from_agent,
+            "conversation": draft.conversation,
+            "metadata": _json(dict(draft.metadata)),
+            "available_at": now,
+            "hops": draft.hops,
+            "external_id": None,
+            "now": now,
+        }
+        return params["message_id"] if self._insert_message(tx, params, False) is not None else None
+
+    def _insert_response(self, tx: Tx, primary: Row, draft: ResponseDraft, now: int) -> int:
+        return int(
+            tx.scalar(
+                _INSERT_RESPONSE,
+                {
+                    "message_id": primary["message_id"],
+                    "channel": draft.channel or primary["channel"],
+                    "sender": primary["sender"] if draft.sender is None else draft.sender,
+                    "sender_id": primary["sender_id"] if draft.sender_id is None else draft.sender_id,
+                    "message": draft.message,
+                    "original_message": primary["message"],
+                    "agent": primary["agent"],
+                    "files": _json(list(draft.files)),
+                    "metadata": _json(dict(draft.metadata)),
+                    "conversation": primary["conversation"] if draft.conversation is None else draft.conversation,
+                    "now": now,
+                },
+            )
+        )
+
+    def backoff_ms(self, attempt: int) -> int:
+        """Exponential backoff with jitter for the given failed-attempt count (1-based)."""
+        ceiling = min(self.config.backoff_max_ms, self.config.backoff_base_ms * (2 ** max(0, attempt - 1)))
+        # Jitter in [50%, 100%] keeps a herd of failures from retrying in lockstep but never retries early.
+        return int(ceiling * (0.5 + random.random() / 2))
+
+    def fail_messages(
+        self,
+        message_ids: Sequence[str],
+        worker: str,
+        error: str,
+        *,
+        count_attempt: bool = True,
+        retry_after_ms: int | None = None,
+    ) -> FailOutcome:
+        """Fail a claimed group: back to ``pending`` after a backoff, or ``dead`` at ``max_retries``.
+
+        When messages die, the sender is told once, briefly, with a notice response. With
+        ``count_attempt=False`` (a rate limit) the attempt is not counted and ``retry_after_ms`` sets the wait.
+        Raises :class:`LeaseLost` (changing nothing) when the worker no longer holds every message.
+        """
+        now = now_ms()
+        error = (error or "unknown error")[:2000]
+        with self.db.transaction() as tx:
+            rows = self._take_group(tx, message_ids, worker)
+            outcome = self._fail_rows(tx, rows, error, now, count_attempt, retry_after_ms)
+        return outcome
+
+    def _fail_rows(
+        self, tx: Tx, rows: list[Row], error: str, now: int, count_attempt: bool, retry_after_ms: int | None
+    ) -> FailOutcome:
+        retried: list[str] = []
+        dead: list[Row] = []
+        next_at: int | None = None
+        events: list[PendingEvent] = []
+        for row in rows:
+            attempts = int(row["retry_count"]) + (1 if count_attempt else 0)
+            if count_attempt and attempts >= self.config.max_retries:
+                tx.execute(
+                    "UPDATE messages SET status = 'dead', retry_count = :n, last_error = :err, updated_at = :now, "
+                    "lease_until = NULL WHERE id = :id",
+                    {"n": attempts, "err": error, "now": now, "id": row["id"]},
+                )
+                dead.append(row)
+                events.append(PendingEvent("message_dead", {"attempts": attempts, "error": error}, row["message_id"]))
+                continue
+            wait = retry_after_ms if retry_after_ms is not None else self.backoff_ms(max(attempts, 1))
+            at = now + max(0, wait)
+            next_at = at if next_at is None else min(next_at, at)
+            tx.execute(
+                "UPDATE messages SET status = 'pending', retry_count = :n, last_error = :err, updated_at = :now, "
+                "available_at = :at, lease_until = NULL, claimed_by = NULL WHERE id = :id",
+                {"n": attempts, "err": error, "now": now, "at": at, "id": row["id"]},
+            )
+            retried.append(row["message_id"])
+            events.append(
+                PendingEvent(
+                    "message_failed",
+                    {"attempts": attempts, "error": error, "retry_at": at, "counted": count_attempt},
+                    row["message_id"],
+                )
+            )
+        self._notify_dead(tx, dead, error, now, events)
+        append_events(tx, events, now)
+        tx.signal("messages")
+        return FailOutcome(retried, [r["message_id"] for r in dead], next_at)
+
+    def _notify_dead(self, tx: Tx, dead: list[Row], error: str, now: int, events: list[PendingEvent]) -> None:
+        # One brief notice per chat, never the raw error dressed up as an answer.
+        told: set[tuple[str, str]] = set()
+        for row in dead:
+            key = (row["channel"], row["conversation"] or row["sender_id"] or row["sender"])
+            if row["channel"] in INTERNAL_CHANNELS or key in told:
+                continue
+            told.add(key)
+            short = error.strip().splitlines()[0][:200] if error.strip() else "unknown error"
+            notice = ResponseDraft(
+                message=(
+                    f"Sorry — I couldn't process your message after {int(row['retry_count']) + 1} attempts "
+                    f"({short}). It is kept as dead letter {row['message_id']} for an operator to retry."
+                ),
+                metadata={"kind": "dead_notice"},
+            )
+            rid = self._insert_response(tx, row, notice, now)
+            events.append(PendingEvent("dead_notice_queued", {"response_id": rid}, row["message_id"]))
+        if told:
+            tx.signal("responses")
+
+    def recover_stale_messages(self, now: int | None = None) -> FailOutcome:
+        """Return messages whose worker's lease expired to ``pending`` (counting an attempt), or ``dead`` at
+        the limit; free expired agent leases. A live worker renews its leases and is never touched."""
+        now = now_ms() if now is None else now
+        probe = self.db.read_scalar(
+            "SELECT 1 FROM messages WHERE status = 'processing' AND lease_until < :now LIMIT 1", {"now": now}
+        )
+        if probe is None:
+            return FailOutcome([], [], None)
+        with self.db.transaction() as tx:
+            rows = tx.rows(
+                "SELECT * FROM messages WHERE status = 'processing' AND lease_until < :now ORDER BY id",
+                {"now": now},
+            )
+            if not rows:
+                return FailOutcome([], [], None)
+            workers = sorted({str(r["claimed_by"]) for r in rows})
+            tx.execute(
+                "UPDATE agent_leases SET holder = NULL, lease_until = 0 WHERE holder IS NOT NULL AND lease_until < :now",
+                {"now": now},
+            )
+            outcome = self._fail_rows(
+                tx, rows, f"interrupted: the lease of worker {', '.join(workers)} expired", now, True, 0
+            )
+        return outcome
+
+    # -- responses ---------------------------------------------------------------------------------------
+    def claim_responses_for_channel(
+        self, channel: str, worker: str, *, limit: int = 10, lease_ms: int | None = None
+    ) -> list[QueuedResponse]:
+        """Claim up to ``limit`` undelivered responses of a channel (also ones whose deliverer died)."""
+        now = now_ms()
+        probe = self.db.read_scalar(
+            "SELECT 1 FROM responses WHERE status <> 'acked' AND channel = :channel "
+            "AND (status = 'pending' OR lease_until < :now) LIMIT 1",
+            {"channel": channel, "now": now},
+        )
+        if probe is None:
+            return []
+        lease = now + (lease_ms or self.config.lease_ms)
+        with self.db.transaction() as tx:
+            rows = tx.rows(
+                self._sql_claim_responses,
+                {"worker": worker, "lease": lease, "now": now, "channel": channel, "limit": max(1, limit)},
+            )
+        return sorted((QueuedResponse.from_row(r) for r in rows), key=lambda r: r.id)
+
+    def mark_chunk_delivered(self, response_id: int, worker: str, chunk_index: int, *, lease_ms: int | None = None) -> bool:
+        """Record that chunk ``chunk_index`` (0-based) was sent, so a restart resumes after it.
+
+        Returns False when the worker no longer holds the response or the chunk was already recorded.
+        """
+        now = now_ms()
+        with self.db.transaction() as tx:
+            n = tx.execute(
+                "UPDATE responses SET delivered = :next, lease_until = :lease, updated_at = :now WHERE id = :id "
+                "AND claimed_by = :worker AND status = 'delivering' AND delivered = :index",
+                {"next": chunk_index + 1, "lease": now + (lease_ms or self.config.lease_ms), "now": now,
+                 "id": response_id, "worker": worker, "index": chunk_index},
+            ).rowcount
+            if n:
+                mid = tx.scalar("SELECT message_id FROM responses WHERE id = :id", {"id": response_id})
+                append_events(
+                    tx, [PendingEvent("chunk_delivered", {"response_id": response_id, "chunk": chunk_index}, mid)], now
+                )
+        return bool(n)
+
+    def ack_response(self, response_id: int, worker: str | None = None) -> bool:
+        """Mark a response delivered. With ``worker``, only if that worker holds it. Idempotent."""
+        now = now_ms()
+        fence = " AND claimed_by = :worker" if worker is not None else ""
+        with self.db.transaction() as tx:
+            row = tx.one(
+                f"UPDATE responses SET status = 'acked', acked_at = :now, updated_at = :now, lease_until = NULL "
+                f"WHERE id = :id AND status <> 'acked'{fence} RETURNING message_id",
+                {"now": now, "id": response_id, "worker": worker},
+            )
+            if row is None:
+                exists = tx.scalar("SELECT status FROM responses WHERE id = :id", {"id": response_id})
+                if exists is None:
+                    raise NotFound(f"no response with id {response_id}")
+                return exists == "acked" and worker is None
+            append_events(tx, [PendingEvent("response_acked", {"response_id": response_id}, row["message_id"])], now)
+        return True
+
+    def enqueue_response(
+        self,
+        channel: str,
+        sender: str,
+        message: str,
+        *,
+        sender_id: str = "",
+        conversation: str = "",
+        agent: str = "",
+        files: Sequence[str] = (),
+        metadata: Mapping[str, Any] | None = None,
+        message_id: str | None = None,
+    ) -> QueuedResponse:
+        """Queue an outgoing message nobody asked for (a proactive message, a progress note)."""
+        if not isinstance(message, str) or not message.strip():
+            raise InvalidInput("message is empty")
+        if not CHANNEL_RE.match(channel or ""):
+            raise InvalidInput(f"channel {channel!r} must match {CHANNEL_RE.pattern}")
+        if agent and not AGENT_NAME_RE.match(agent):
+            raise InvalidInput(f"agent name {agent!r} must match {AGENT_NAME_RE.pattern}")
+        now = now_ms()
+        primary = {
+            "message_id": message_id or new_id("proactive"),
+            "channel": channel,
+            "sender": sender,
+            "sender_id": sender_id,
+            "message": "",
+            "agent": agent,
+            "conversation": conversation,
+        }
+        with self.db.transaction() as tx:
+            rid = self._insert_response(
+                tx, primary, ResponseDraft(message=message, files=files, metadata=metadata or {}), now
+            )
+            append_events(tx, [PendingEvent("response_ready", {"response_id": rid, "proactive": True},
+                                            primary["message_id"])], now)
+            tx.signal("responses")
+            row = tx.one("SELECT * FROM responses WHERE id = :id", {"id": rid})
+        assert row is not None
+        return QueuedResponse.from_row(row)
+
+    # -- dead letters ------------------------------------------------------------------------------------
+    def _dead_where(self, ref: int | str) -> tuple[str, dict[str, Any]]:
+        if isinstance(ref, int) or (isinstance(ref, str) and ref.isdigit()):
+            return "id = :ref", {"ref": int(ref)}
+        if isinstance(ref, str) and is_message_id(ref):
+            return "message_id = :ref", {"ref": ref}
+        raise InvalidInput(f"{ref!r} is neither a row id nor a message id")
+
+    def list_dead(self, limit: int = 100, offset: int = 0) -> list[QueuedMessage]:
+        """Dead letters, newest first."""
+        rows = self.db.read(
+            "SELECT * FROM messages WHERE status = 'dead' ORDER BY updated_at DESC, id DESC LIMIT :l OFFSET :o",
+            {"l": max(1, min(limit, 10_000)), "o": max(0, offset)},
+        )
+        return [QueuedMessage.from_row(r) for r in rows]
+
+    def retry_dead(self, ref: int | str) -> QueuedMessage:
+        """Put a dead letter back to ``pending`` with fresh attempts, within the manual-retry budget.
+
+        Raises :class:`NotFound` for an unknown id and :class:`RetryBudgetExhausted` past the budget.
+        """
+        where, params = self._dead_where(ref)
+        now = now_ms()
+        with self.db.transaction() as tx:
+            row = tx.one(f"SELECT * FROM messages WHERE status = 'dead' AND {where}", params)
+            if row is None:
+                raise NotFound(f"no dead letter {ref}")
+            if int(row["manual_retries"]) >= self.config.manual_retry_budget:
+                raise RetryBudgetExhausted(
+                    f"dead letter {row['message_id']} was already retried {row['manual_retries']} times "
+                    f"(budget {self.config.manual_retry_budget}); delete it or archive it"
+                )
+            updated = tx.one(
+                "UPDATE messages SET status = 'pending', retry_count = 0, manual_retries = manual_retries + 1, "
+                "available_at = :now, updated_at = :now, claimed_by = NULL, lease_until = NULL WHERE id = :id "
+                "RETURNING *",
+                {"now": now, "id": row["id"]},
+            )
+            append_events(tx, [PendingEvent("message_retried", {"manual_retries": int(row["manual_retries"]) + 1},
+                                            row["message_id"])], now)
+            tx.signal("messages")
+        assert updated is not None
+        return QueuedMessage.from_row(updated)
+
+    def delete_dead(self, ref: int | str) -> QueuedMessage:
+        """Delete one dead letter for good. Raises :class:`NotFound` for an unknown id."""
+        where, params = self._dead_where(ref)
+        now = now_ms()
+        with self.db.transaction() as tx:
+            row = tx.one(f"DELETE FROM messages WHERE status = 'dead' AND {where} RETURNING *", params)
+            if row is None:
+                raise NotFound(f"no dead letter {ref}")
+            append_events(tx, [PendingEvent("message_deleted", {}, row["message_id"])], now)
+        return QueuedMessage.from_row(row)
+
+    # -- views -------------------------------------------------------------------------------------------
+    def queue_status(self) -> dict[str, int]:
+        """Counts of messages per status and of undelivered responses."""
+        counts = {"pending": 0, "processing": 0, "completed": 0, "dead": 0}
+        for r in self.db.read("SELECT status, COUNT(*) AS n FROM messages GROUP BY status"):
+            counts[r["status"]] = int(r["n"])
+        responses = {"responses_pending": 0, "responses_delivering": 0}
+        for r in self.db.read(
+            "SELECT status, COUNT(*) AS n FROM responses WHERE status <> 'acked' GROUP BY status"
+        ):
+            responses[f"responses_{r['status']}"] = int(r["n"])
+        return counts | responses
+
+    def agent_queue_depths(self) -> list[dict[str, Any]]:
+        """Pending and processing counts per agent (every configured agent listed)."""
+        depths = {a: {"agent": a, "pending": 0, "processing": 0} for a in sorted(self.directory.agents)}
+        for r in self.db.read(
+            "SELECT agent, status, COUNT(*) AS n FROM messages WHERE status IN ('pending', 'processing') "
+            "GROUP BY agent, status"
+        ):
+            depths.setdefault(r["agent"], {"agent": r["agent"], "pending": 0, "processing": 0})[r["status"]] = int(
+                r["n"]
+            )
+        return list(depths.values())
+
+    def list_processing(self) -> list[QueuedMessage]:
+        rows = self.db.read("SELECT * FROM messages WHERE status = 'processing' ORDER BY id")
+        return [QueuedMessage.from_row(r) for r in rows]
+
+    def list_responses(self, limit: int = 20, channel: str | None = None, pending_only: bool = False) -> list[QueuedResponse]:
+        where = []
+        params: dict[str, Any] = {"l": max(1, min(limit, 1000))}
+        if channel is not None:
+            where.append("channel = :channel")
+            params["channel"] = channel
+        if pending_only:
+            where.append("status <> 'acked'")
+        clause = ("WHERE " + " AND ".join(where)) if where else ""
+        order = "ASC" if pending_only else "DESC"
+        rows = self.db.read(f"SELECT * FROM responses {clause} ORDER BY id {order} LIMIT :l", params)
+        return [QueuedResponse.from_row(r) for r in rows]
+
+    def get_message(self, message_id: str) -> QueuedMessage | None:
+        rows = self.db.read("SELECT * FROM messages WHERE message_id = :m", {"m": message_id})
+        return QueuedMessage.from_row(rows[0]) if rows else None
+
+    def prune(self, *, completed_older_ms: int = 86_400_000, acked_older_ms: int = 86_400_000) -> dict[str, int]:
+        """Delete completed messages and acked responses older than the given ages. Never touches pending,
+        processing or dead rows."""
+        now = now_ms()
+        with self.db.transaction() as tx:
+            responses = tx.execute(
+                "DELETE FROM responses WHERE status = 'acked' AND acked_at < :cut", {"cut": now - acked_older_ms}
+            ).rowcount
+            messages = tx.execute(
+                "DELETE FROM messages WHERE status = 'completed' AND updated_at < :cut",
+                {"cut": now - completed_older_ms},
+            ).rowcount
+        return {"messages": messages, "responses": responses}

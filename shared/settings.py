@@ -1,0 +1,291 @@
+"""Settings: ``$AGENTPOST_HOME/settings.toml`` validated into typed models, with environment overrides.
+
+Every error names the file and the dotted key that is wrong, so an operator can fix it without reading code.
+Sections that belong to one process kind (``channels``, ``scheduler``, ...) are kept as raw tables here and
+validated by that process through :meth:`Settings.section`, so `shared` needs no knowledge of them.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from shared.routing import AGENT_NAME_RE, Team
+
+DEFAULT_API_PORT = 3777
+SETTINGS_FILE = "settings.toml"
+
+M = TypeVar("M", bound=BaseModel)
+
+
+class SettingsError(Exception):
+    """Raised for settings that cannot be used; the message names the file and the key."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class DatabaseSettings(_Strict):
+    """Where the one shared database lives. Empty means ``sqlite:///$AGENTPOST_HOME/agentpost.db``."""
+
+    url: str = ""
+    busy_timeout_ms: int = Field(default=30_000, ge=0)
+
+
+class ApiSettings(_Strict):
+    host: str = "127.0.0.1"
+    port: int = Field(default=DEFAULT_API_PORT, ge=1, le=65535)
+    token: str = ""
+
+
+class QueueSettings(_Strict):
+    default_agent: str = "assistant"
+    max_retries: int = Field(default=5, ge=1, le=100)
+    manual_retry_budget: int = Field(default=3, ge=0, le=100)
+    lease_seconds: float = Field(default=30.0, gt=0)
+    backoff_base_seconds: float = Field(default=2.0, ge=0)
+    backoff_max_seconds: float = Field(default=300.0, ge=0)
+    max_hops: int = Field(default=8, ge=0, le=64)
+    poll_interval_seconds: float = Field(default=5.0, gt=0)
+    wake_interval_ms: int = Field(default=20, ge=1, le=5_000)
+
+
+class EventSettings(_Strict):
+    driver: Literal["sql", "memory", "redis"] = "sql"
+    ttl_hours: float = Field(default=72.0, gt=0)
+    max_per_topic: int = Field(default=100_000, ge=100)
+    redis_url: str = "redis://127.0.0.1:6379/0"
+
+
+class AgentSettings(_Strict):
+    """One agent: which CLI runs it and how."""
+
+    name: str = ""
+    provider: Literal["claude", "codex", "command"] = "claude"
+    model: str = ""
+    fallback_model: str = ""
+    system_prompt: str = ""
+    permission_mode: Literal["default", "acceptEdits", "bypassPermissions", "dontAsk", "plan"] = "acceptEdits"
+    session_scope: Literal["agent", "conversation"] = "agent"
+    timeout_seconds: float = Field(default=1800.0, gt=0)
+    command: list[str] = Field(default_factory=list)
+    workspace: str = ""
+    env: dict[str, str] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _command_needs_argv(self) -> AgentSettings:
+        if self.provider == "command" and not self.command:
+            raise ValueError("provider 'command' needs a non-empty 'command' argv list")
+        return self
+
+
+class TeamSettings(_Strict):
+    name: str = ""
+    agents: list[str]
+    leader: str
+
+    @model_validator(mode="after")
+    def _leader_in_team(self) -> TeamSettings:
+        for agent in self.agents:
+            if not AGENT_NAME_RE.match(agent):
+                raise ValueError(f"agent name {agent!r} must match {AGENT_NAME_RE.pattern}")
+        if self.leader not in self.agents:
+            raise ValueError(f"leader {self.leader!r} is not one of the team's agents {self.agents}")
+        return self
+
+
+class SettingsFile(_Strict):
+    """The validated shape of settings.toml (environment overrides not yet applied)."""
+
+    database: DatabaseSettings = DatabaseSettings()
+    api: ApiSettings = ApiSettings()
+    queue: QueueSettings = QueueSettings()
+    events: EventSettings = EventSettings()
+    agents: dict[str, AgentSettings] = Field(default_factory=dict)
+    teams: dict[str, TeamSettings] = Field(default_factory=dict)
+    workspace_dir: str = ""
+    # Owned by the process kinds that read them; validated there through Settings.section().
+    processor: dict[str, Any] = Field(default_factory=dict)
+    channels: dict[str, Any] = Field(default_factory=dict)
+    scheduler: dict[str, Any] = Field(default_factory=dict)
+    heartbeats: dict[str, Any] = Field(default_factory=dict)
+    schedules: list[dict[str, Any]] = Field(default_factory=list)
+
+    @field_validator("agents", "teams")
+    @classmethod
+    def _names_are_valid(cls, value: dict[str, Any]) -> dict[str, Any]:
+        for name in value:
+            if not AGENT_NAME_RE.match(name):
+                raise ValueError(f"name {name!r} must match {AGENT_NAME_RE.pattern}")
+        return value
+
+    @model_validator(mode="after")
+    def _cross_checks(self) -> SettingsFile:
+        for team_name, team in self.teams.items():
+            if team_name in self.agents:
+                raise ValueError(f"team {team_name!r} has the same name as an agent")
+            for agent in team.agents:
+                if self.agents and agent not in self.agents:
+                    raise ValueError(f"team {team_name!r} names unknown agent {agent!r}")
+        return self
+
+
+class Settings:
+    """Settings in force for this process: the file, then the environment on top."""
+
+    def __init__(self, home: Path, data: SettingsFile, path: Path, env: Mapping[str, str]) -> None:
+        self.home = home
+        self.path = path
+        self.file = data
+        self._env = env
+        self.database_url = env.get("AGENTPOST_DATABASE_URL") or data.database.url or default_sqlite_url(home)
+        port_text = env.get("AGENTPOST_API_PORT")
+        port = data.api.port
+        if port_text:
+            try:
+                port = int(port_text)
+            except ValueError:
+                raise SettingsError(f"environment AGENTPOST_API_PORT={port_text!r} is not a port number") from None
+            if not 1 <= port <= 65535:
+                raise SettingsError(f"environment AGENTPOST_API_PORT={port} is outside 1..65535")
+        self.api = ApiSettings(
+            host=env.get("AGENTPOST_API_HOST") or data.api.host,
+            port=port,
+            token=env.get("AGENTPOST_API_TOKEN", data.api.token),
+        )
+        self.events = data.events.model_copy(
+            update={"redis_url": env.get("AGENTPOST_REDIS_URL") or data.events.redis_url}
+        )
+        self.queue = data.queue
+        self.agents: dict[str, AgentSettings] = dict(data.agents) or {
+            data.queue.default_agent: AgentSettings(name="Assistant")
+        }
+        if self.queue.default_agent not in self.agents:
+            raise SettingsError(
+                f"{path}: queue.default_agent = {self.queue.default_agent!r} is not an agent "
+                f"(known: {', '.join(sorted(self.agents))})"
+            )
+        self.teams = {
+            name: Team(name=name, agents=tuple(t.agents), leader=t.leader) for name, t in data.teams.items()
+        }
+        self.workspace_dir = Path(data.workspace_dir).expanduser() if data.workspace_dir else home / "workspace"
+
+    @property
+    def env(self) -> Mapping[str, str]:
+        """The environment these settings were read with (secrets come from here)."""
+        return self._env
+
+    def section(self, name: str, model: type[M]) -> M:
+        """Validate one process-owned section (``processor``, ``channels``, ...) into ``model``."""
+        raw = getattr(self.file, name)
+        try:
+            return model.model_validate(raw)
+        except ValidationError as exc:
+            raise SettingsError(_describe(exc, self.path, prefix=name)) from None
+
+    def workspace(self, agent: str) -> Path:
+        """The working folder of one agent."""
+        configured = self.agents[agent].workspace if agent in self.agents else ""
+        return Path(configured).expanduser() if configured else self.workspace_dir / agent
+
+
+def default_home(env: Mapping[str, str] | None = None) -> Path:
+    """``$AGENTPOST_HOME``, or ``~/.agentpost``."""
+    env = os.environ if env is None else env
+    home = env.get("AGENTPOST_HOME")
+    return Path(home).expanduser() if home else Path.home() / ".agentpost"
+
+
+def default_sqlite_url(home: Path) -> str:
+    return f"sqlite:///{home / 'agentpost.db'}"
+
+
+def _describe(exc: ValidationError, path: Path, prefix: str = "") -> str:
+    lines = []
+    for err in exc.errors():
+        key = ".".join(str(p) for p in err["loc"])
+        if prefix:
+            key = f"{prefix}.{key}" if key else prefix
+        message = err["msg"]
+        if err["type"] == "extra_forbidden":
+            message = "unknown key (check its spelling)"
+        lines.append(f"{key or '(top level)'}: {message}")
+    return f"invalid settings in {path}:\n  " + "\n  ".join(lines)
+
+
+def load_settings(home: Path | None = None, env: Mapping[str, str] | None = None) -> Settings:
+    """Read and validate the settings of ``home`` (default: :func:`default_home`).
+
+    A missing file means all defaults. Raises :class:`SettingsError` naming the file and key on bad input.
+    """
+    env = dict(os.environ) if env is None else dict(env)
+    home = home or default_home(env)
+    path = home / SETTINGS_FILE
+    raw: dict[str, Any] = {}
+    if path.exists():
+        try:
+            raw = tomllib.loads(path.read_text(encoding="utf-8"))
+        except tomllib.TOMLDecodeError as exc:
+            raise SettingsError(f"{path} is not valid TOML: {exc}") from None
+        except OSError as exc:
+            raise SettingsError(f"cannot read {path}: {exc.strerror}") from None
+    try:
+        data = SettingsFile.model_validate(raw)
+    except ValidationError as exc:
+        raise SettingsError(_describe(exc, path)) from None
+    return Settings(home=home, data=data, path=path, env=env)
+
+
+STARTER_SETTINGS = """\
+# agentpost settings. Every key is optional; the values shown are the defaults unless noted.
+# Environment overrides: AGENTPOST_HOME, AGENTPOST_DATABASE_URL, AGENTPOST_API_PORT, AGENTPOST_API_TOKEN.
+
+[database]
+# Empty: a SQLite file beside this one (agentpost.db). For several hosts use PostgreSQL:
+# url = "postgresql://user@dbhost/agentpost"
+url = ""
+
+[api]
+host = "127.0.0.1"     # the web API refuses a non-loopback address unless a token is set
+port = 3777
+token = ""             # better set AGENTPOST_API_TOKEN in the environment
+
+[queue]
+default_agent = "assistant"   # messages that name no known agent go here
+max_retries = 5               # failed attempts before a message becomes a dead letter
+manual_retry_budget = 3       # how often an operator may retry one dead letter
+lease_seconds = 30            # renewed while an agent runs; a dead worker's messages return after this
+max_hops = 8                  # agent-to-agent handoffs allowed in one chain
+
+# One block per agent. Names: lowercase letters, digits, '-' and '_', up to 32 characters.
+[agents.assistant]
+name = "Assistant"
+provider = "claude"           # claude | codex | command
+model = ""                    # empty: the CLI's default model
+permission_mode = "acceptEdits"
+session_scope = "agent"       # agent: one conversation per agent; conversation: one per chat
+timeout_seconds = 1800
+
+# A team routes '@team ...' to its leader; members hand work to each other with [@name: ...].
+# [teams.dev]
+# agents = ["assistant", "reviewer"]
+# leader = "assistant"
+"""
+
+
+def write_starter_settings(home: Path, *, force: bool = False) -> Path:
+    """Write the commented starter settings file; refuses to overwrite unless ``force``."""
+    home.mkdir(parents=True, exist_ok=True)
+    path = home / SETTINGS_FILE
+    if path.exists() and not force:
+        raise SettingsError(f"{path} already exists (use --force to overwrite it)")
+    tmp = path.with_suffix(".toml.tmp")
+    tmp.write_text(STARTER_SETTINGS, encoding="utf-8")
+    os.replace(tmp, path)
+    return path

@@ -1,0 +1,159 @@
+"""Wake-ups across processes: learn cheaply that the database changed, then run the real query.
+
+- SQLite: a dedicated read-only connection polls ``PRAGMA data_version`` (a shared-memory read, no disk I/O,
+  no lock); its value changes whenever another connection commits.
+- PostgreSQL: ``LISTEN agentpost``; writers ``NOTIFY`` inside their transaction.
+- Writes made through this process's :class:`~shared.db.Database` wake it directly.
+- Always: callers pass a timeout (the 5 s fallback poll), so a lost signal costs latency, never work.
+
+Waiting is generation-based: read :attr:`Waker.generation`, look for work, then ``wait(gen, timeout)``;
+a change that lands between the look and the wait is not missed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import sqlite3
+import threading
+import time
+from typing import Any
+
+import psycopg
+
+from shared.db import Database, configure_sqlite
+from shared.dialect import NOTIFY_CHANNEL, libpq_url, sqlite_path
+
+
+class Waker:
+    """One per process: a background thread that turns database changes into a generation bump."""
+
+    def __init__(self, db: Database, *, interval_ms: int = 20) -> None:
+        self.db = db
+        self.interval = interval_ms / 1000
+        self._cond = threading.Condition()
+        self._generation = 0
+        self._async_waiters: set[tuple[asyncio.AbstractEventLoop, asyncio.Event]] = set()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._conn: Any = None
+        self.last_kinds: set[str] = set()
+        db.on_commit(self._local_commit)
+
+    @property
+    def generation(self) -> int:
+        """A counter that grows each time a change is noticed."""
+        return self._generation
+
+    def start(self) -> Waker:
+        if self._thread is None:
+            target = self._poll_sqlite if self.db.dialect.is_sqlite else self._listen_postgres
+            self._thread = threading.Thread(target=target, name="agentpost-waker", daemon=True)
+            self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=3)
+            self._thread = None
+        if self._conn is not None:
+            with contextlib.suppress(Exception):
+                self._conn.close()
+            self._conn = None
+        self.notify()
+
+    def __enter__(self) -> Waker:
+        return self.start()
+
+    def __exit__(self, *_: object) -> None:
+        self.stop()
+
+    def notify(self, kinds: set[str] | None = None) -> None:
+        """Bump the generation and wake every waiter (thread or coroutine)."""
+        with self._cond:
+            self._generation += 1
+            if kinds:
+                self.last_kinds = set(kinds)
+            self._cond.notify_all()
+            waiters = list(self._async_waiters)
+        for loop, event in waiters:
+            with contextlib.suppress(RuntimeError):  # the loop may have closed meanwhile
+                loop.call_soon_threadsafe(event.set)
+
+    def _local_commit(self, kinds: set[str]) -> None:
+        self.notify(kinds)
+
+    def wait(self, since: int, timeout: float) -> int:
+        """Block until the generation differs from ``since`` or ``timeout`` seconds pass; returns it."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while self._generation == since and not self._stop.is_set():
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    break
+                self._cond.wait(remaining)
+            return self._generation
+
+    def wait_for_change(self, timeout: float) -> None:
+        """Wait for the next change after now (for simple loops that re-query anyway)."""
+        self.wait(self._generation, timeout)
+
+    async def wait_async(self, since: int, timeout: float) -> int:
+        """The coroutine form of :meth:`wait` (asyncio backend)."""
+        if self._generation != since:
+            return self._generation
+        loop = asyncio.get_running_loop()
+        event = asyncio.Event()
+        item = (loop, event)
+        with self._cond:
+            if self._generation != since:
+                return self._generation
+            self._async_waiters.add(item)
+        try:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(event.wait(), timeout)
+        finally:
+            with self._cond:
+                self._async_waiters.discard(item)
+        return self._generation
+
+    # -- SQLite ------------------------------------------------------------------------------------------
+    def _poll_sqlite(self) -> None:
+        conn = sqlite3.connect(sqlite_path(self.db.url), isolation_level=None, check_same_thread=False)
+        configure_sqlite(conn, self.db.busy_timeout_ms)
+        self._conn = conn
+        last = conn.execute("PRAGMA data_version").fetchone()[0]
+        while not self._stop.wait(self.interval):
+            try:
+                current = conn.execute("PRAGMA data_version").fetchone()[0]
+            except sqlite3.Error:
+                continue
+            if current != last:
+                last = current
+                self.notify()
+
+    # -- PostgreSQL --------------------------------------------------------------------------------------
+    def _listen_postgres(self) -> None:
+        while not self._stop.is_set():
+            try:
+                conn = psycopg.connect(libpq_url(self.db.url), autocommit=True)
+            except psycopg.Error:
+                self._stop.wait(1.0)
+                continue
+            self._conn = conn
+            try:
+                conn.execute(f"LISTEN {NOTIFY_CHANNEL}")
+                # After (re)connecting we may have missed notifications: wake everyone once.
+                self.notify()
+                while not self._stop.is_set():
+                    kinds = {n.payload for n in conn.notifies(timeout=0.5, stop_after=64)}
+                    if kinds:
+                        self.notify(kinds)
+            except psycopg.Error:
+                if not self._stop.is_set():
+                    self._stop.wait(0.5)
+            finally:
+                with contextlib.suppress(Exception):
+                    conn.close()
+                self._conn = None

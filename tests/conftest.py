@@ -1,0 +1,99 @@
+"""Shared fixtures: a fresh database per test, on a SQLite file or on the PostgreSQL server of this machine.
+
+``AGENTPOST_TEST_PG_URL`` names a PostgreSQL server database to connect to for administration (default: the
+local server's ``postgres`` database); each test session creates its own database there and drops it after.
+In CI (``CI=true``) a missing server fails the run instead of skipping.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from shared.db import Database, open_database
+from shared.models import TABLE_NAMES
+from shared.queue import Directory, Queue, QueueConfig
+
+ADMIN_PG_URL = os.environ.get("AGENTPOST_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
+REDIS_URL = os.environ.get("AGENTPOST_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+
+def _unavailable(what: str, exc: Exception) -> None:
+    if IN_CI:
+        pytest.fail(f"{what} is required in CI but unavailable: {exc}")
+    pytest.skip(f"{what} unavailable: {exc}")
+
+
+def _with_db(url: str, name: str) -> str:
+    base, _, _ = url.rpartition("/")
+    return f"{base}/{name}"
+
+
+@pytest.fixture(scope="session")
+def pg_server_url() -> Iterator[str]:
+    """A PostgreSQL database created for this test session (dropped at the end)."""
+    name = f"agentpost_test_{secrets.token_hex(4)}"
+    try:
+        with psycopg.connect(ADMIN_PG_URL, autocommit=True, connect_timeout=5) as conn:
+            conn.execute(f'CREATE DATABASE "{name}"')
+    except psycopg.Error as exc:
+        _unavailable("PostgreSQL", exc)
+    url = _with_db(ADMIN_PG_URL, name)
+    open_database(url).close()
+    yield url
+    with psycopg.connect(ADMIN_PG_URL, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def reset_postgres(url: str) -> None:
+    with psycopg.connect(url, autocommit=True) as conn:
+        tables = ", ".join(t for t in TABLE_NAMES if t != "schema_version")
+        conn.execute(f"TRUNCATE {tables} RESTART IDENTITY")
+
+
+@pytest.fixture
+def pg_url(pg_server_url: str) -> str:
+    """The session's PostgreSQL database, emptied for this test."""
+    reset_postgres(pg_server_url)
+    return pg_server_url
+
+
+@pytest.fixture
+def sqlite_url(tmp_path: Path) -> str:
+    return f"sqlite:///{tmp_path / 'agentpost.db'}"
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
+def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A fresh, empty database URL: once on SQLite, once on PostgreSQL."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'agentpost.db'}"
+    url: str = request.getfixturevalue("pg_url")
+    return url
+
+
+@pytest.fixture
+def db(db_url: str) -> Iterator[Database]:
+    database = open_database(db_url)
+    yield database
+    database.close()
+
+
+@pytest.fixture
+def queue(db: Database) -> Queue:
+    """A queue with agents ``alpha`` (default), ``beta`` and ``gamma`` and a team ``dev`` led by beta."""
+    from shared.routing import Team
+
+    directory = Directory(
+        agents=frozenset({"alpha", "beta", "gamma"}),
+        teams={"dev": Team(name="dev", agents=("beta", "gamma"), leader="beta")},
+        default_agent="alpha",
+    )
+    config = QueueConfig(backoff_base_ms=1000, backoff_max_ms=60_000, lease_ms=30_000)
+    return Queue(db, config, directory)

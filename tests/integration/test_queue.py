@@ -1,0 +1,297 @@
+"""Every queue operation, on a SQLite file and on the PostgreSQL server."""
+
+from __future__ import annotations
+
+import pytest
+
+from shared.clock import now_ms
+from shared.events import SqlEventLog
+from shared.queue import (
+    AgentTurn,
+    ChatPost,
+    InvalidInput,
+    LeaseLost,
+    MessageDraft,
+    NotFound,
+    Queue,
+    ResponseDraft,
+    RetryBudgetExhausted,
+    group_by_conversation,
+)
+
+pytestmark = pytest.mark.integration
+
+
+def _types(queue: Queue, message_id: str) -> list[str]:
+    return [e.type for e in SqlEventLog(queue.db).read(None, None, 1000) if e.message_id == message_id]
+
+
+def _make_available(queue: Queue) -> None:
+    with queue.db.transaction() as tx:
+        tx.execute("UPDATE messages SET available_at = 0 WHERE status = 'pending'")
+
+
+def test_enqueue_routes_and_records_events(queue: Queue) -> None:
+    plain = queue.enqueue_message("cli", "ann", "hello there")
+    mention = queue.enqueue_message("cli", "ann", "@gamma please look")
+    team = queue.enqueue_message("cli", "ann", "@dev build it")
+    unknown = queue.enqueue_message("cli", "ann", "@nobody hi")
+    explicit = queue.enqueue_message("api", "ann", "text", agent="gamma")
+    assert [plain.agent, mention.agent, team.agent, unknown.agent, explicit.agent] == [
+        "alpha", "gamma", "beta", "alpha", "gamma",
+    ]
+    assert plain.message_id.startswith("cli_") and len(plain.message_id) == 12
+    stored = queue.get_message(team.message_id)
+    assert stored is not None and stored.message == "@dev build it" and stored.status == "pending"
+    assert _types(queue, mention.message_id) == ["message_received", "agent_routed"]
+    assert _types(queue, plain.message_id) == ["message_received"]
+
+
+def test_enqueue_rejects_bad_input_and_changes_nothing(queue: Queue) -> None:
+    for kwargs in (
+        {"message": ""},
+        {"message": "   \n"},
+        {"message": "x", "agent": "Bad Name"},
+        {"message": "x", "agent": "-dash"},
+        {"message": "x", "agent": "a" * 33},
+        {"message": "x", "agent": "unknown"},
+        {"message": "x", "message_id": "not-an-id"},
+        {"message": "x", "channel": "Bad Channel"},
+    ):
+        args = {"channel": "cli", "sender": "s", **kwargs}
+        with pytest.raises(InvalidInput):
+            queue.enqueue_message(args.pop("channel"), args.pop("sender"), args.pop("message"), **args)
+    assert queue.queue_status()["pending"] == 0
+    assert SqlEventLog(queue.db).read(None) == []
+
+
+def test_duplicate_message_id_and_external_id_are_reported_once(queue: Queue) -> None:
+    first = queue.enqueue_message("cli", "s", "one", message_id="cli_abcdefgh")
+    again = queue.enqueue_message("cli", "s", "@gamma two", message_id="cli_abcdefgh")
+    assert not first.duplicate and again.duplicate
+    assert again.agent == "alpha" and again.id == first.id
+    ext1 = queue.enqueue_message("telegram", "s", "hi", external_id="update-7")
+    ext2 = queue.enqueue_message("telegram", "s", "hi", external_id="update-7")
+    assert ext2.duplicate and ext2.message_id == ext1.message_id
+    assert queue.queue_status()["pending"] == 2
+
+
+def test_claim_takes_all_of_one_agent_in_order_under_its_lease(queue: Queue) -> None:
+    ids = [queue.enqueue_message("cli", "s", f"m{i}", conversation="c").message_id for i in range(3)]
+    other = queue.enqueue_message("cli", "s", "@beta x").message_id
+    claimed = queue.claim_all_pending_messages("alpha", "w1")
+    assert [m.message_id for m in claimed] == ids
+    assert all(m.status == "processing" and m.claimed_by == "w1" and m.lease_until for m in claimed)
+    assert queue.agent_holder("alpha") == "w1"
+    # Another worker can neither claim the agent's new messages nor take its lease.
+    queue.enqueue_message("cli", "s", "late")
+    assert queue.claim_all_pending_messages("alpha", "w2") == []
+    assert [m.message_id for m in queue.claim_all_pending_messages("beta", "w2")] == [other]
+    assert queue.claim_all_pending_messages("gamma", "w1") == []
+    assert queue.agent_holder("gamma") is None
+
+
+def test_claim_respects_backoff_and_releases_when_empty(queue: Queue) -> None:
+    queue.enqueue_message("cli", "s", "later", available_at=now_ms() + 60_000)
+    assert queue.agents_with_pending() == []
+    assert queue.claim_all_pending_messages("alpha", "w1") == []
+    assert queue.next_available_at() is not None
+    assert queue.agent_holder("alpha") is None
+
+
+def test_complete_enqueues_response_followups_posts_and_history_atomically(queue: Queue) -> None:
+    a = queue.enqueue_message("telegram", "ann", "first", sender_id="u1", conversation="chat-1").message_id
+    b = queue.enqueue_message("telegram", "ann", "second", sender_id="u1", conversation="chat-1").message_id
+    claimed = queue.claim_all_pending_messages("alpha", "w1")
+    out = queue.complete_messages(
+        [m.message_id for m in claimed],
+        "w1",
+        ResponseDraft(message="answer", files=["/tmp/x.txt"], metadata={"k": 1}),
+        followups=[
+            MessageDraft(channel="internal", sender="alpha", message="help", agent="beta", prefix="internal",
+                         from_agent="alpha", hops=1),
+            MessageDraft(channel="internal", sender="alpha", message="too deep", agent="gamma", prefix="internal",
+                         from_agent="alpha", hops=9),
+        ],
+        chat_posts=[ChatPost("dev", "alpha", "hello room")],
+        history=[AgentTurn("alpha", "user", "first"), AgentTurn("alpha", "assistant", "answer")],
+    )
+    assert out.response_id is not None and len(out.followups) == 1 and out.refused_followups == 1
+    assert queue.get_message(a).status == "completed"  # type: ignore[union-attr]
+    assert queue.get_message(b).status == "completed"  # type: ignore[union-attr]
+    [resp] = queue.list_responses(pending_only=True)
+    assert (resp.message, resp.channel, resp.conversation, resp.sender_id) == ("answer", "telegram", "chat-1", "u1")
+    assert resp.files == ["/tmp/x.txt"] and resp.metadata == {"k": 1} and resp.message_id == a
+    handoff = queue.get_message(out.followups[0])
+    assert handoff is not None and handoff.agent == "beta" and handoff.hops == 1 and handoff.from_agent == "alpha"
+    assert queue.db.read_scalar("SELECT COUNT(*) FROM chat_messages") == 1
+    assert queue.db.read_scalar("SELECT COUNT(*) FROM agent_messages") == 2
+    types = _types(queue, a)
+    assert "response_ready" in types and "chain_handoff" in types and "chain_handoff_refused" in types
+
+
+def test_complete_is_fenced_by_the_claim(queue: Queue) -> None:
+    mid = queue.enqueue_message("cli", "s", "x").message_id
+    queue.claim_all_pending_messages("alpha", "w1")
+    with pytest.raises(LeaseLost):
+        queue.complete_messages([mid], "w2", "stolen")
+    recovered = queue.recover_stale_messages(now=now_ms() + 60_000)
+    assert recovered.retried == [mid]
+    with pytest.raises(LeaseLost):
+        queue.complete_messages([mid], "w1", "too late")
+    assert queue.list_responses() == []
+    with pytest.raises(InvalidInput):
+        queue.complete_messages([], "w1", "x")
+
+
+def test_fail_backs_off_then_dies_with_one_notice(queue: Queue) -> None:
+    ids = [queue.enqueue_message("cli", "s", f"m{i}", conversation="c").message_id for i in range(2)]
+    before = now_ms()
+    for attempt in range(1, 5):
+        claimed = queue.claim_all_pending_messages("alpha", "w1")
+        assert [m.message_id for m in claimed] == ids
+        out = queue.fail_messages(ids, "w1", "exit 1: boom")
+        assert out.retried == ids and out.dead == []
+        msg = queue.get_message(ids[0])
+        assert msg is not None and msg.retry_count == attempt and msg.last_error == "exit 1: boom"
+        # exponential with jitter in [50%, 100%] of base * 2^(n-1)
+        delay = msg.available_at - msg.updated_at
+        assert 500 * 2 ** (attempt - 1) <= delay <= 1000 * 2 ** (attempt - 1)
+        assert queue.claim_all_pending_messages("alpha", "w1") == []
+        _make_available(queue)
+    claimed = queue.claim_all_pending_messages("alpha", "w1")
+    out = queue.fail_messages(ids, "w1", "exit 1: boom")
+    assert out.dead == ids and out.retried == []
+    assert {m.message_id for m in queue.list_dead()} == set(ids)
+    notices = queue.list_responses(pending_only=True)
+    assert len(notices) == 1 and notices[0].metadata == {"kind": "dead_notice"}
+    assert "boom" in notices[0].message and "couldn't process" in notices[0].message
+    assert now_ms() >= before
+
+
+def test_rate_limit_failure_does_not_count_an_attempt(queue: Queue) -> None:
+    mid = queue.enqueue_message("cli", "s", "x").message_id
+    queue.claim_all_pending_messages("alpha", "w1")
+    out = queue.fail_messages([mid], "w1", "429 rate limited", count_attempt=False, retry_after_ms=5_000)
+    msg = queue.get_message(mid)
+    assert msg is not None and msg.retry_count == 0 and msg.status == "pending"
+    assert out.next_attempt_at is not None and msg.available_at >= now_ms() + 3_000
+
+
+def test_renew_extends_leases_and_reports_lost_ones(queue: Queue) -> None:
+    mid = queue.enqueue_message("cli", "s", "x").message_id
+    [m] = queue.claim_all_pending_messages("alpha", "w1", lease_ms=1_000)
+    assert queue.renew_leases("w1", [mid], agent="alpha", lease_ms=120_000) == 1
+    renewed = queue.get_message(mid)
+    assert renewed is not None and renewed.lease_until is not None and renewed.lease_until > m.lease_until  # type: ignore[operator]
+    assert queue.recover_stale_messages(now=now_ms() + 60_000).retried == []
+    assert queue.renew_leases("w2", [mid]) == 0
+
+
+def test_recover_counts_an_attempt_and_kills_at_the_limit(queue: Queue) -> None:
+    mid = queue.enqueue_message("cli", "s", "x").message_id
+    for attempt in range(1, 6):
+        assert queue.claim_all_pending_messages("alpha", f"w{attempt}", lease_ms=1)
+        out = queue.recover_stale_messages(now=now_ms() + 10)
+        _make_available(queue)
+        msg = queue.get_message(mid)
+        assert msg is not None and msg.retry_count == attempt
+        if attempt < 5:
+            assert out.retried == [mid] and msg.status == "pending" and "interrupted" in (msg.last_error or "")
+            assert queue.agent_holder("alpha") is None
+        else:
+            assert out.dead == [mid] and msg.status == "dead"
+
+
+def test_response_delivery_claims_chunks_and_acks(queue: Queue) -> None:
+    mid = queue.enqueue_message("discord", "s", "x", conversation="chan").message_id
+    queue.claim_all_pending_messages("alpha", "w1")
+    rid = queue.complete_messages([mid], "w1", "reply").response_id
+    assert queue.claim_responses_for_channel("telegram", "d1") == []
+    [r] = queue.claim_responses_for_channel("discord", "d1", lease_ms=1)
+    assert r.id == rid and r.status == "delivering" and r.delivered == 0
+    assert queue.mark_chunk_delivered(r.id, "d1", 0, lease_ms=1)
+    assert not queue.mark_chunk_delivered(r.id, "d1", 0, lease_ms=1)  # recorded once
+    # The deliverer dies; after its lease expires another one resumes at the next chunk.
+    import time
+
+    deadline = time.monotonic() + 5
+    taken = []
+    while not taken and time.monotonic() < deadline:
+        taken = queue.claim_responses_for_channel("discord", "d2")
+    assert [t.delivered for t in taken] == [1]
+    assert not queue.mark_chunk_delivered(r.id, "d1", 1)
+    assert queue.mark_chunk_delivered(r.id, "d2", 1)
+    assert not queue.ack_response(r.id, "d1")
+    assert queue.ack_response(r.id, "d2")
+    assert queue.ack_response(r.id)  # idempotent without a worker
+    assert queue.claim_responses_for_channel("discord", "d2") == []
+    with pytest.raises(NotFound):
+        queue.ack_response(999_999)
+    assert "response_acked" in _types(queue, mid) and "chunk_delivered" in _types(queue, mid)
+
+
+def test_two_deliverers_never_get_the_same_response(queue: Queue) -> None:
+    for i in range(6):
+        queue.enqueue_response("web", "s", f"r{i}")
+    first = queue.claim_responses_for_channel("web", "d1", limit=4)
+    second = queue.claim_responses_for_channel("web", "d2", limit=4)
+    assert len(first) == 4 and len(second) == 2
+    assert not {r.id for r in first} & {r.id for r in second}
+
+
+def test_dead_letters_list_retry_budget_and_delete(queue: Queue) -> None:
+    queue.config.__dict__  # frozen dataclass: budget comes from the fixture (3)
+    mid = queue.enqueue_message("cli", "s", "x").message_id
+    for _ in range(queue.config.max_retries):
+        _make_available(queue)
+        queue.claim_all_pending_messages("alpha", "w")
+        queue.fail_messages([mid], "w", "err")
+    [dead] = queue.list_dead()
+    for n in range(1, queue.config.manual_retry_budget + 1):
+        again = queue.retry_dead(dead.id if n % 2 else dead.message_id)
+        assert again.status == "pending" and again.retry_count == 0 and again.manual_retries == n
+        queue.claim_all_pending_messages("alpha", "w")
+        with queue.db.transaction() as tx:
+            tx.execute("UPDATE messages SET status = 'dead' WHERE message_id = :m", {"m": mid})
+    with pytest.raises(RetryBudgetExhausted):
+        queue.retry_dead(mid)
+    with pytest.raises(NotFound):
+        queue.retry_dead(424242)
+    with pytest.raises(NotFound):
+        queue.delete_dead("cli_zzzzzzzz")
+    with pytest.raises(InvalidInput):
+        queue.delete_dead("../etc")
+    assert queue.delete_dead(mid).message_id == mid
+    assert queue.list_dead() == [] and queue.get_message(mid) is None
+
+
+def test_status_depths_processing_and_prune(queue: Queue) -> None:
+    done = queue.enqueue_message("cli", "s", "x").message_id
+    queue.enqueue_message("cli", "s", "@beta y")
+    queue.claim_all_pending_messages("alpha", "w")
+    queue.complete_messages([done], "w", "ok")
+    queue.claim_all_pending_messages("beta", "w")
+    assert queue.queue_status() == {
+        "pending": 0, "processing": 1, "completed": 1, "dead": 0,
+        "responses_pending": 1, "responses_delivering": 0,
+    }
+    depths = {d["agent"]: (d["pending"], d["processing"]) for d in queue.agent_queue_depths()}
+    assert depths == {"alpha": (0, 0), "beta": (0, 1), "gamma": (0, 0)}
+    assert [m.agent for m in queue.list_processing()] == ["beta"]
+    [r] = queue.claim_responses_for_channel("cli", "d")
+    queue.ack_response(r.id)
+    assert queue.prune() == {"messages": 0, "responses": 0}  # younger than 24 h
+    assert queue.prune(completed_older_ms=-1, acked_older_ms=-1) == {"messages": 1, "responses": 1}
+    assert queue.queue_status()["processing"] == 1
+
+
+def test_group_by_conversation_keeps_primary_first() -> None:
+    from shared.queue import QueuedMessage
+
+    def msg(i: int, conv: str) -> QueuedMessage:
+        return QueuedMessage(i, f"cli_{i:08d}", "cli", "s", "", "t", "a", None, "processing", 0, 0, None, 0, 0,
+                             conv, {}, 0, None, None, 0, None)
+
+    groups = group_by_conversation([msg(3, "b"), msg(1, "a"), msg(2, "b"), msg(4, "a")])
+    assert [[m.id for m in g] for g in groups] == [[1, 4], [2, 3]]
