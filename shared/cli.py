@@ -189,12 +189,24 @@ def dead_delete(ref: Annotated[str, typer.Argument(help="Row id or message id of
     console.print(f"deleted dead letter {m.message_id}")
 
 
+def _load(ep: Any) -> Any | None:
+    # A plugin that fails to import must not take the whole CLI down with it: say which one and go on.
+    try:
+        return ep.load()
+    except (ImportError, AttributeError) as exc:
+        if os.environ.get("AGENTPOST_DEBUG_PLUGINS"):
+            err_console.print(f"[yellow]warning:[/] plugin {escape(ep.value)} did not load: {escape(str(exc))}")
+        return None
+
+
 def _process_kinds() -> dict[str, Callable[[Path | None], None]]:
     kinds: dict[str, Callable[[Path | None], None]] = {}
     for ep in entry_points(group="agentpost.processes"):
-        kinds[ep.name] = ep.load()
+        target = _load(ep)
+        if target is not None:
+            kinds[ep.name] = target
     for ep in entry_points(group="agentpost.channels"):
-        if ep.name not in kinds:
+        if ep.name not in kinds and _load(ep) is not None:
             kinds[ep.name] = _channel_runner(ep.name, ep.load)
     return kinds
 
@@ -224,8 +236,9 @@ def run(kind: Annotated[str, typer.Argument(help="Which process: processor, web,
 
 def _load_plugins() -> None:
     for ep in entry_points(group="agentpost.commands"):
-        register = ep.load()
-        register(app)
+        register = _load(ep)
+        if register is not None:
+            register(app)
 
 
 def main() -> None:

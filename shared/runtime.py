@@ -51,4 +51,6 @@ def open_runtime(home: Path | None = None, env: Mapping[str, str] | None = None)
     settings = load_settings(home, env)
     db = open_database(settings.database_url, busy_timeout_ms=settings.file.database.busy_timeout_ms)
     queue = Queue.from_settings(settings, db)
-    return Runtime(settings=settings, db=db, queue=queue, events=SqlEventLog(db))
+    rt = Runtime(settings=settings, db=db, queue=queue, events=SqlEventLog(db))
+    rt.events = SqlEventLog(db, wait=lambda timeout: rt.waker.wait_for_change(timeout))
+    return rt
