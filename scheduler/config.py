@@ -1,0 +1,227 @@
+"""The settings sections the scheduler owns: ``[scheduler]``, ``[heartbeats.<agent>]`` and ``[[schedules]]``.
+
+They are validated here (``Settings.section``) so `shared` needs no knowledge of them; every error names the
+dotted key. Every interval and age the scheduler uses is one of these settings.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from datetime import datetime, timedelta
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from apscheduler.triggers.base import BaseTrigger
+from apscheduler.triggers.cron import CronTrigger
+from apscheduler.triggers.date import DateTrigger
+from apscheduler.triggers.interval import IntervalTrigger
+from pydantic import BaseModel, ConfigDict, Field, RootModel, field_validator, model_validator
+
+from shared.routing import AGENT_NAME_RE
+from shared.settings import Settings, SettingsError
+
+#: Interval heartbeats count their slots from this instant, so every scheduler process computes the same
+#: slot times (and therefore the same message ids) no matter when it started.
+EPOCH = datetime(1970, 1, 1, tzinfo=ZoneInfo("UTC"))
+
+DEFAULT_HEARTBEAT_PROMPT = (
+    "Heartbeat: check on your pending tasks and report anything that needs attention. Keep it brief."
+)
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class SchedulerConfig(_Strict):
+    """``[scheduler]``: how often each maintenance job runs and the ages it acts on."""
+
+    timezone: str = "UTC"
+    recover_interval_seconds: float = Field(default=60.0, gt=0)
+    prune_interval_seconds: float = Field(default=60.0, gt=0)
+    completed_max_age_hours: float = Field(default=24.0, gt=0)
+    acked_max_age_hours: float = Field(default=24.0, gt=0)
+    events_cleanup_interval_seconds: float = Field(default=300.0, gt=0)
+    dlq_archive_interval_seconds: float = Field(default=3600.0, gt=0)
+    dlq_archive_age_hours: float = Field(default=168.0, ge=0)
+    dlq_archive_batch: int = Field(default=500, ge=1, le=100_000)
+    #: Channels no adapter delivers (the processor answers heartbeats and schedules there); their replies
+    #: are acknowledged after this age so they do not pile up, and recorded in the event log.
+    unserved_channels: list[str] = Field(default_factory=lambda: ["heartbeat", "schedule"])
+    unserved_response_age_seconds: float = Field(default=3600.0, ge=0)
+    #: A scheduler that starts (or restarts) fires the latest slot missed within this window, once.
+    catchup_seconds: float = Field(default=300.0, ge=0)
+    misfire_grace_seconds: float = Field(default=30.0, gt=0)
+    default_heartbeat_prompt: str = DEFAULT_HEARTBEAT_PROMPT
+    #: What `agentpost queue audit` compares the measured peak with (messages per second one SQLite file
+    #: handles on this machine class; set it from your own `make bench` run).
+    audit_sqlite_capacity_per_second: float = Field(default=1000.0, gt=0)
+
+    @field_validator("timezone")
+    @classmethod
+    def _known_zone(cls, value: str) -> str:
+        zone(value)
+        return value
+
+    @field_validator("unserved_channels")
+    @classmethod
+    def _channel_names(cls, value: list[str]) -> list[str]:
+        for name in value:
+            if not AGENT_NAME_RE.match(name):
+                raise ValueError(f"channel name {name!r} must match {AGENT_NAME_RE.pattern}")
+        return value
+
+    @model_validator(mode="after")
+    def _catchup_within_dedupe_window(self) -> SchedulerConfig:
+        # A slot is refused a second time only while its message is still in the table; completed messages
+        # are pruned after completed_max_age_hours, so catching up further back could fire a slot twice.
+        if self.catchup_seconds >= self.completed_max_age_hours * 3600:
+            raise ValueError("catchup_seconds must be shorter than completed_max_age_hours")
+        return self
+
+
+def zone(name: str) -> ZoneInfo:
+    """A time zone by IANA name (``UTC``, ``Europe/Berlin``), or a ValueError naming it."""
+    try:
+        return ZoneInfo(name)
+    except (ZoneInfoNotFoundError, ValueError):
+        raise ValueError(
+            f"unknown time zone {name!r} (use an IANA name such as 'UTC' or 'Europe/Berlin')"
+        ) from None
+
+
+def _check_cron(expr: str) -> str:
+    try:
+        CronTrigger.from_crontab(expr, timezone="UTC")
+    except ValueError as exc:
+        raise ValueError(f"invalid cron expression {expr!r}: {exc}") from None
+    return expr
+
+
+class HeartbeatConfig(_Strict):
+    """``[heartbeats.<agent>]``: every ``interval`` seconds or on a ``cron`` expression (exactly one)."""
+
+    interval: float | None = Field(default=None, gt=0)
+    cron: str | None = None
+    enabled: bool = True
+
+    @field_validator("cron")
+    @classmethod
+    def _cron(cls, value: str | None) -> str | None:
+        return None if value is None else _check_cron(value)
+
+    @model_validator(mode="after")
+    def _one_timing(self) -> HeartbeatConfig:
+        if (self.interval is None) == (self.cron is None):
+            raise ValueError("set exactly one of 'interval' (seconds) or 'cron'")
+        return self
+
+
+class Heartbeats(RootModel[dict[str, HeartbeatConfig]]):
+    """All ``[heartbeats.*]`` tables, keyed by agent name."""
+
+
+class ScheduleConfig(_Strict):
+    """One ``[[schedules]]`` entry: a message to an agent on a ``cron`` expression or once ``at`` a time."""
+
+    name: str = ""
+    agent: str
+    message: str = Field(min_length=1)
+    cron: str | None = None
+    at: datetime | None = None
+    enabled: bool = True
+
+    @field_validator("cron")
+    @classmethod
+    def _cron(cls, value: str | None) -> str | None:
+        return None if value is None else _check_cron(value)
+
+    @model_validator(mode="after")
+    def _one_timing(self) -> ScheduleConfig:
+        if (self.cron is None) == (self.at is None):
+            raise ValueError("set exactly one of 'cron' or 'at' (a one-off date and time)")
+        if not AGENT_NAME_RE.match(self.agent):
+            raise ValueError(f"agent name {self.agent!r} must match {AGENT_NAME_RE.pattern}")
+        return self
+
+    @property
+    def key(self) -> str:
+        """A stable identity for slot ids: the name, else a digest of what the entry does."""
+        if self.name:
+            return self.name
+        what = "\x1f".join(
+            [self.agent, self.cron or "", self.at.isoformat() if self.at else "", self.message]
+        )
+        return "auto-" + hashlib.blake2b(what.encode(), digest_size=6).hexdigest()
+
+
+class Schedules(RootModel[list[ScheduleConfig]]):
+    """The ``[[schedules]]`` array."""
+
+
+def load_scheduler_config(settings: Settings) -> SchedulerConfig:
+    return settings.section("scheduler", SchedulerConfig)
+
+
+def load_heartbeats(settings: Settings) -> dict[str, HeartbeatConfig]:
+    """The heartbeats, checked against the configured agents (an unknown agent is a settings error)."""
+    beats = settings.section("heartbeats", Heartbeats).root
+    for agent in beats:
+        if agent not in settings.agents:
+            raise SettingsError(
+                f"invalid settings in {settings.path}:\n  heartbeats.{agent}: unknown agent "
+                f"(known: {', '.join(sorted(settings.agents))})"
+            )
+    return beats
+
+
+def load_schedules(settings: Settings) -> list[ScheduleConfig]:
+    """The user schedules, checked against the configured agents and teams; names must be unique."""
+    entries = settings.section("schedules", Schedules).root
+    seen: set[str] = set()
+    for i, entry in enumerate(entries):
+        if entry.agent not in settings.agents and entry.agent not in settings.teams:
+            raise SettingsError(
+                f"invalid settings in {settings.path}:\n  schedules.{i}.agent: unknown agent or team {entry.agent!r}"
+            )
+        if entry.key in seen:
+            raise SettingsError(
+                f"invalid settings in {settings.path}:\n  schedules.{i}: two schedules are the same "
+                f"({entry.key!r}); give them different names"
+            )
+        seen.add(entry.key)
+    return entries
+
+
+def heartbeat_trigger(beat: HeartbeatConfig, tz: ZoneInfo) -> BaseTrigger:
+    """The APScheduler trigger of a heartbeat; interval slots are aligned to the epoch."""
+    if beat.cron is not None:
+        return CronTrigger.from_crontab(beat.cron, timezone=tz)
+    assert beat.interval is not None
+    return IntervalTrigger(seconds=beat.interval, start_date=EPOCH, timezone=tz)
+
+
+def schedule_trigger(entry: ScheduleConfig, tz: ZoneInfo) -> BaseTrigger:
+    """The APScheduler trigger of a user schedule; a naive ``at`` is read in the scheduler's time zone."""
+    if entry.cron is not None:
+        return CronTrigger.from_crontab(entry.cron, timezone=tz)
+    assert entry.at is not None
+    at = entry.at if entry.at.tzinfo is not None else entry.at.replace(tzinfo=tz)
+    return DateTrigger(run_date=at, timezone=tz)
+
+
+def latest_fire_time(
+    trigger: BaseTrigger, after: datetime, until: datetime, *, limit: int = 100_000
+) -> datetime | None:
+    """The latest time ``trigger`` fires in ``(after, until]``, or None (missed slots are coalesced)."""
+    current = trigger.get_next_fire_time(None, after + timedelta(microseconds=1))
+    found: datetime | None = None
+    for _ in range(limit):
+        if current is None or current > until:
+            break
+        if current > after:
+            found = current
+        nxt = trigger.get_next_fire_time(current, current)
+        if nxt is None or nxt <= current:
+            break
+        current = nxt
+    return found

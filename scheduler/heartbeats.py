@@ -1,0 +1,83 @@
+"""Heartbeats: a periodic prompt to each configured agent, read from ``heartbeat.md`` in its workspace.
+
+The message goes to channel ``heartbeat`` from sender ``System``; its id is derived from the agent and the
+slot, so a slot fires once even with several schedulers running.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from pathlib import Path
+
+from scheduler.config import HeartbeatConfig, SchedulerConfig, heartbeat_trigger, zone
+from scheduler.timed import Fired, TimedJob
+from shared.ids import derived_id
+from shared.queue import Queue
+from shared.settings import Settings
+
+CHANNEL = "heartbeat"
+SENDER = "System"
+PROMPT_FILE = "heartbeat.md"
+
+
+def heartbeat_prompt(settings: Settings, agent: str, default: str) -> str:
+    """The agent's ``heartbeat.md`` (read at each slot, so edits apply without a restart), else ``default``."""
+    path: Path = settings.workspace(agent) / PROMPT_FILE
+    try:
+        text = path.read_text(encoding="utf-8").strip()
+    except (FileNotFoundError, NotADirectoryError):
+        return default
+    except (OSError, UnicodeDecodeError):
+        return default
+    return text or default
+
+
+def fire_heartbeat(
+    queue: Queue, settings: Settings, config: SchedulerConfig, agent: str, slot: datetime
+) -> Fired:
+    """Enqueue the heartbeat of ``agent`` for ``slot`` (a duplicate if that slot was fired already)."""
+    slot_text = slot.isoformat()
+    message_id = derived_id("heartbeat", agent, slot_text)
+    result = queue.enqueue_message(
+        CHANNEL,
+        SENDER,
+        heartbeat_prompt(settings, agent, config.default_heartbeat_prompt),
+        sender_id="system",
+        message_id=message_id,
+        agent=agent,
+        conversation=f"heartbeat:{agent}",
+        metadata={"kind": "heartbeat", "slot": slot_text},
+    )
+    return Fired(
+        job=f"heartbeat:{agent}", slot=slot, message_id=result.message_id, duplicate=result.duplicate
+    )
+
+
+def heartbeat_jobs(
+    queue: Queue,
+    settings: Settings,
+    config: SchedulerConfig,
+    beats: dict[str, HeartbeatConfig],
+    *,
+    start: datetime,
+) -> list[TimedJob]:
+    """One :class:`TimedJob` per enabled heartbeat."""
+    tz = zone(config.timezone)
+    jobs = []
+    for agent, beat in sorted(beats.items()):
+        if not beat.enabled:
+            continue
+
+        def fire(slot: datetime, agent: str = agent) -> Fired:
+            return fire_heartbeat(queue, settings, config, agent, slot)
+
+        jobs.append(
+            TimedJob(
+                f"heartbeat:{agent}",
+                heartbeat_trigger(beat, tz),
+                fire,
+                start=start,
+                catchup=timedelta(seconds=config.catchup_seconds),
+            )
+        )
+    return jobs

@@ -1,0 +1,109 @@
+"""Maintenance jobs. Each is a plain function over the runtime, callable directly (tests, `run-once`) and
+safe when two schedulers run it at once: every one is a single idempotent transaction or a sequence of them.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from scheduler.config import SchedulerConfig
+from shared.clock import now_ms
+from shared.db import Database
+from shared.events import PendingEvent, SqlEventLog, append_events
+from shared.queue import Queue
+from shared.settings import EventSettings
+
+log = logging.getLogger("agentpost.scheduler")
+
+
+@dataclass(frozen=True)
+class UnservedResult:
+    """Responses acknowledged because no adapter serves their channel."""
+
+    acked: int
+    response_ids: list[int]
+
+
+def recover_expired_leases(queue: Queue) -> dict[str, int]:
+    """Return messages whose worker's lease expired to ``pending`` (or ``dead`` at the retry limit)."""
+    outcome = queue.recover_stale_messages()
+    if outcome.retried or outcome.dead:
+        log.info(
+            "recovered %d message(s) with expired leases, %d became dead letters",
+            len(outcome.retried),
+            len(outcome.dead),
+        )
+    return {"retried": len(outcome.retried), "dead": len(outcome.dead)}
+
+
+def prune_finished(queue: Queue, config: SchedulerConfig) -> dict[str, int]:
+    """Delete completed messages and acked responses older than their configured ages."""
+    result = queue.prune(
+        completed_older_ms=int(config.completed_max_age_hours * 3_600_000),
+        acked_older_ms=int(config.acked_max_age_hours * 3_600_000),
+    )
+    if result["messages"] or result["responses"]:
+        log.info(
+            "pruned %d completed message(s) and %d acked response(s)", result["messages"], result["responses"]
+        )
+    return result
+
+
+def ack_unserved_responses(
+    db: Database, config: SchedulerConfig, *, now: int | None = None
+) -> UnservedResult:
+    """Acknowledge replies waiting on channels no adapter serves (heartbeat, schedule) once they are older
+    than ``unserved_response_age_seconds``, recording each reply's text in the event log; pruning then
+    removes them like any acked response. A reply another process is delivering right now is left alone."""
+    channels = list(config.unserved_channels)
+    if not channels:
+        return UnservedResult(0, [])
+    now = now_ms() if now is None else now
+    cut = now - int(config.unserved_response_age_seconds * 1000)
+    keys = [f"c{i}" for i in range(len(channels))]
+    clause = ", ".join(":" + k for k in keys)
+    params: dict[str, Any] = {"cut": cut, "now": now, **dict(zip(keys, channels, strict=True))}
+    where = (
+        f"channel IN ({clause}) AND status <> 'acked' AND created_at <= :cut "
+        "AND (status = 'pending' OR lease_until IS NULL OR lease_until < :now)"
+    )
+    probe = db.read_scalar(f"SELECT 1 FROM responses WHERE {where} LIMIT 1", params)
+    if probe is None:
+        return UnservedResult(0, [])
+    with db.transaction() as tx:
+        rows = tx.rows(
+            f"UPDATE responses SET status = 'acked', acked_at = :now, updated_at = :now, lease_until = NULL, "
+            f"claimed_by = 'scheduler' WHERE {where} RETURNING id, message_id, channel, agent, message",
+            params,
+        )
+        append_events(
+            tx,
+            [
+                PendingEvent(
+                    "response_unserved",
+                    {
+                        "response_id": r["id"],
+                        "channel": r["channel"],
+                        "agent": r["agent"],
+                        "reply": str(r["message"])[:4000],
+                    },
+                    r["message_id"],
+                )
+                for r in rows
+            ],
+            now,
+        )
+    ids = sorted(int(r["id"]) for r in rows)
+    if ids:
+        log.info("acknowledged %d reply(ies) on unserved channels %s", len(ids), ", ".join(channels))
+    return UnservedResult(len(ids), ids)
+
+
+def clean_events(events: SqlEventLog, settings: EventSettings) -> int:
+    """Drop events past their TTL or past the per-topic cap (once every durable consumer acked them)."""
+    removed = events.cleanup(ttl_ms=int(settings.ttl_hours * 3_600_000), max_per_topic=settings.max_per_topic)
+    if removed:
+        log.info("cleaned %d event(s) from the event log", removed)
+    return removed

@@ -1,0 +1,193 @@
+"""The scheduler process (`agentpost run scheduler`): APScheduler running the maintenance jobs, the
+heartbeats and the user schedules against the shared database.
+
+Every job is also a method of :class:`SchedulerService` that tests and tools call directly;
+:meth:`SchedulerService.run_once` runs them all once (the run-until-idle mode). Two schedulers may run at
+once: maintenance jobs are idempotent transactions and timed messages fire once per slot.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import sys
+import threading
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from apscheduler.schedulers.background import BackgroundScheduler
+from apscheduler.triggers.interval import IntervalTrigger
+
+from scheduler import dlq, jobs
+from scheduler.config import (
+    SchedulerConfig,
+    load_heartbeats,
+    load_schedules,
+    load_scheduler_config,
+    zone,
+)
+from scheduler.heartbeats import heartbeat_jobs
+from scheduler.schedules import schedule_jobs
+from scheduler.timed import Fired, TimedJob
+from shared.runtime import Runtime, open_runtime
+
+log = logging.getLogger("agentpost.scheduler")
+
+
+@dataclass
+class RunReport:
+    """What one pass of every job did (see :meth:`SchedulerService.run_once`)."""
+
+    recovered: dict[str, int] = field(default_factory=dict)
+    pruned: dict[str, int] = field(default_factory=dict)
+    unserved: int = 0
+    events_removed: int = 0
+    archived: int = 0
+    fired: list[Fired] = field(default_factory=list)
+
+
+class SchedulerService:
+    """The scheduler's jobs over one runtime."""
+
+    def __init__(self, rt: Runtime, *, start: datetime | None = None) -> None:
+        self.rt = rt
+        self.config: SchedulerConfig = load_scheduler_config(rt.settings)
+        start = start or datetime.now(UTC)
+        self.timed: list[TimedJob] = heartbeat_jobs(
+            rt.queue, rt.settings, self.config, load_heartbeats(rt.settings), start=start
+        ) + schedule_jobs(rt.queue, self.config, load_schedules(rt.settings), start=start)
+        self.dlq_dir = dlq.dlq_dir(rt.settings)
+
+    # -- the jobs, each callable directly ------------------------------------------------------------------
+    def recover(self) -> dict[str, int]:
+        return jobs.recover_expired_leases(self.rt.queue)
+
+    def prune(self) -> tuple[dict[str, int], int]:
+        """Acknowledge stale replies on unserved channels, then prune finished rows."""
+        unserved = jobs.ack_unserved_responses(self.rt.db, self.config)
+        return jobs.prune_finished(self.rt.queue, self.config), unserved.acked
+
+    def clean_events(self) -> int:
+        return jobs.clean_events(self.rt.events, self.rt.settings.events)
+
+    def archive(self) -> dlq.ArchiveResult:
+        result = dlq.archive_dead_letters(
+            self.rt.db,
+            self.dlq_dir,
+            older_than_ms=int(self.config.dlq_archive_age_hours * 3_600_000),
+            batch=self.config.dlq_archive_batch,
+        )
+        if result.archived or result.already_in_file:
+            log.info(
+                "archived %d dead letter(s) to %s (%d were already in the file)",
+                result.archived,
+                ", ".join(result.files),
+                result.already_in_file,
+            )
+        return result
+
+    def fire_due(self, now: datetime | None = None) -> list[Fired]:
+        """Fire every heartbeat and schedule whose latest slot up to ``now`` has not been looked at."""
+        now = now or datetime.now(UTC)
+        fired = []
+        for job in self.timed:
+            result = job.run(now)
+            if result is not None:
+                fired.append(result)
+        return fired
+
+    def run_once(self, now: datetime | None = None) -> RunReport:
+        """Run every job once, in order (the run-until-idle mode tests use)."""
+        report = RunReport()
+        report.recovered = self.recover()
+        report.pruned, report.unserved = self.prune()
+        report.events_removed = self.clean_events()
+        report.archived = self.archive().archived
+        report.fired = self.fire_due(now)
+        return report
+
+    # -- the APScheduler process ------------------------------------------------------------------------------
+    def build(self) -> BackgroundScheduler:
+        """An APScheduler with every job added (not started)."""
+        tz = zone(self.config.timezone)
+        sched = BackgroundScheduler(
+            timezone=tz,
+            job_defaults={
+                "coalesce": True,
+                "max_instances": 1,
+                "misfire_grace_time": int(self.config.misfire_grace_seconds),
+            },
+        )
+        now = datetime.now(UTC)
+        periodic: list[tuple[str, float, Any]] = [
+            ("recover", self.config.recover_interval_seconds, self.recover),
+            ("prune", self.config.prune_interval_seconds, self.prune),
+            ("events", self.config.events_cleanup_interval_seconds, self.clean_events),
+            ("dlq-archive", self.config.dlq_archive_interval_seconds, self.archive),
+        ]
+        for name, seconds, func in periodic:
+            sched.add_job(
+                _guarded(name, func),
+                IntervalTrigger(seconds=seconds, timezone=tz),
+                id=name,
+                name=name,
+                next_run_time=now,
+            )
+        for job in self.timed:
+            sched.add_job(
+                _guarded(job.name, lambda job=job: job.run(datetime.now(UTC))),
+                job.trigger,
+                id=job.name,
+                name=job.name,
+            )
+        return sched
+
+    def serve(self, stop: threading.Event) -> None:
+        """Run until ``stop`` is set: catch up missed slots, then let APScheduler run the jobs."""
+        self.rt.events.append(
+            "scheduler",
+            "scheduler_start",
+            {"heartbeats_and_schedules": [j.name for j in self.timed]},
+        )
+        _guarded("catch-up", self.fire_due)()
+        sched = self.build()
+        sched.start()
+        log.info("scheduler running: %s", ", ".join(j.id for j in sched.get_jobs()))
+        try:
+            stop.wait()
+        finally:
+            sched.shutdown(wait=True)
+            log.info("scheduler stopped")
+
+
+def _guarded(name: str, func: Any) -> Any:
+    # A job that fails (the database briefly unreachable, say) is logged and tried again at its next run;
+    # it never takes the scheduler down.
+    def run() -> Any:
+        try:
+            return func()
+        except Exception:
+            log.exception("job %s failed; it runs again at its next time", name)
+            return None
+
+    run.__name__ = f"job_{name}"
+    return run
+
+
+def main(home: Path | None = None) -> None:
+    """Entry point of `agentpost run scheduler`: run until SIGTERM or SIGINT."""
+    logging.basicConfig(
+        level=logging.INFO, stream=sys.stderr, format="%(asctime)s scheduler %(levelname)s %(message)s"
+    )
+    logging.getLogger("apscheduler").setLevel(logging.WARNING)
+    stop = threading.Event()
+
+    def on_signal(signum: int, _frame: object) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    with open_runtime(home) as rt:
+        SchedulerService(rt).serve(stop)
