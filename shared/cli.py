@@ -104,7 +104,9 @@ def send(
     sender: Annotated[str, typer.Option(help="Sender name.")] = "cli",
     sender_id: Annotated[str, typer.Option(help="Sender id on the channel.")] = "",
     conversation: Annotated[str, typer.Option(help="Conversation (chat) address to reply to.")] = "",
-    message_id: Annotated[str | None, typer.Option("--id", help="Use this message id (prefix_xxxxxxxx).")] = None,
+    message_id: Annotated[
+        str | None, typer.Option("--id", help="Use this message id (prefix_xxxxxxxx).")
+    ] = None,
 ) -> None:
     """Queue a message and print its id."""
     with runtime() as rt:
@@ -163,11 +165,18 @@ def dead_list(
     if not dead:
         console.print("no dead letters")
         return
-    table = Table("id", "message id", "agent", "attempts", "retried", "last error", "message", title="dead letters")
+    table = Table(
+        "id", "message id", "agent", "attempts", "retried", "last error", "message", title="dead letters"
+    )
     for m in dead:
         table.add_row(
-            str(m.id), m.message_id, m.agent, str(m.retry_count), str(m.manual_retries),
-            (m.last_error or "")[:60], m.message[:40],
+            str(m.id),
+            m.message_id,
+            m.agent,
+            str(m.retry_count),
+            str(m.manual_retries),
+            (m.last_error or "")[:60],
+            m.message[:40],
         )
     console.print(table)
 
@@ -177,8 +186,10 @@ def dead_retry(ref: Annotated[str, typer.Argument(help="Row id or message id of 
     """Put a dead letter back in the queue (within its manual-retry budget)."""
     with runtime() as rt:
         m = rt.queue.retry_dead(ref)
-    console.print(f"{m.message_id} is pending again (manual retry {m.manual_retries} of "
-                  f"{rt.queue.config.manual_retry_budget})")
+    console.print(
+        f"{m.message_id} is pending again (manual retry {m.manual_retries} of "
+        f"{rt.queue.config.manual_retry_budget})"
+    )
 
 
 @dead_app.command("delete")
@@ -195,7 +206,9 @@ def _load(ep: Any) -> Any | None:
         return ep.load()
     except (ImportError, AttributeError) as exc:
         if os.environ.get("AGENTPOST_DEBUG_PLUGINS"):
-            err_console.print(f"[yellow]warning:[/] plugin {escape(ep.value)} did not load: {escape(str(exc))}")
+            err_console.print(
+                f"[yellow]warning:[/] plugin {escape(ep.value)} did not load: {escape(str(exc))}"
+            )
         return None
 
 
@@ -220,7 +233,9 @@ def _channel_runner(name: str, load: Callable[[], Any]) -> Callable[[Path | None
 
 
 @app.command("run")
-def run(kind: Annotated[str, typer.Argument(help="Which process: processor, web, scheduler or a channel.")]) -> None:
+def run(
+    kind: Annotated[str, typer.Argument(help="Which process: processor, web, scheduler or a channel.")],
+) -> None:
     """Run one agentpost process in the foreground (systemd and supervisor call this)."""
     kinds = _process_kinds()
     if kind not in kinds:

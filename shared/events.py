@@ -47,7 +47,9 @@ class CursorExpired(Exception):
     """The reader's cursor is older than the retained log: events after it were cleaned up."""
 
     def __init__(self, cursor: str, retained_after: str) -> None:
-        super().__init__(f"cursor {cursor} is older than the retained log (events up to {retained_after} removed)")
+        super().__init__(
+            f"cursor {cursor} is older than the retained log (events up to {retained_after} removed)"
+        )
         self.cursor = cursor
         self.retained_after = retained_after
 
@@ -211,7 +213,8 @@ class SqlEventLog:
 
     def consumer_cursor(self, consumer: str, topic: str) -> str | None:
         value = self.db.read_scalar(
-            "SELECT cursor FROM event_consumers WHERE consumer = :c AND topic = :t", {"c": consumer, "t": topic}
+            "SELECT cursor FROM event_consumers WHERE consumer = :c AND topic = :t",
+            {"c": consumer, "t": topic},
         )
         return None if value is None else str(value)
 
@@ -255,13 +258,15 @@ class SqlEventLog:
             if ttl_max is not None:
                 # TTL wins over unacked consumers: an abandoned consumer must not keep the log forever.
                 for t in tx.rows(
-                    "SELECT topic, MAX(id) AS m FROM events WHERE created_at < :cut GROUP BY topic", {"cut": cutoff}
+                    "SELECT topic, MAX(id) AS m FROM events WHERE created_at < :cut GROUP BY topic",
+                    {"cut": cutoff},
                 ):
                     _record_pruned(tx, t["topic"], int(t["m"]), now)
                 _record_pruned(tx, ALL_TOPICS, int(ttl_max), now)
                 removed += tx.execute("DELETE FROM events WHERE created_at < :cut", {"cut": cutoff}).rowcount
             for t in tx.rows(
-                "SELECT topic, COUNT(*) AS n FROM events GROUP BY topic HAVING COUNT(*) > :cap", {"cap": max_per_topic}
+                "SELECT topic, COUNT(*) AS n FROM events GROUP BY topic HAVING COUNT(*) > :cap",
+                {"cap": max_per_topic},
             ):
                 topic = t["topic"]
                 excess = int(t["n"]) - max_per_topic

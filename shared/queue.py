@@ -264,7 +264,9 @@ _INSERT_RESPONSE = (
 class Queue:
     """The queue operations over one :class:`~shared.db.Database`."""
 
-    def __init__(self, db: Database, config: QueueConfig | None = None, directory: Directory | None = None) -> None:
+    def __init__(
+        self, db: Database, config: QueueConfig | None = None, directory: Directory | None = None
+    ) -> None:
         self.db = db
         self.config = config or QueueConfig()
         self.directory = directory or Directory.single("assistant")
@@ -322,7 +324,9 @@ class Queue:
         if not isinstance(channel, str) or not CHANNEL_RE.match(channel):
             raise InvalidInput(f"channel {channel!r} must match {CHANNEL_RE.pattern}")
         if message_id is not None and not is_message_id(message_id):
-            raise InvalidInput(f"message id {message_id!r} must look like prefix_xxxxxxxx (8 lowercase a-z0-9)")
+            raise InvalidInput(
+                f"message id {message_id!r} must look like prefix_xxxxxxxx (8 lowercase a-z0-9)"
+            )
         if hops < 0:
             raise InvalidInput("hops must be zero or more")
         directory = self.directory
@@ -434,7 +438,9 @@ class Queue:
         value = self.db.read_scalar("SELECT MIN(available_at) FROM messages WHERE status = 'pending'")
         return None if value is None else int(value)
 
-    def claim_all_pending_messages(self, agent: str, worker: str, *, lease_ms: int | None = None) -> list[QueuedMessage]:
+    def claim_all_pending_messages(
+        self, agent: str, worker: str, *, lease_ms: int | None = None
+    ) -> list[QueuedMessage]:
         """Take the agent's lease and claim every available pending message of that agent, oldest first.
 
         Returns ``[]`` (changing nothing) when another worker holds the agent, the agent is paused, or
@@ -479,7 +485,7 @@ class Queue:
             "agent_leases.holder = excluded.holder OR agent_leases.lease_until < :now) RETURNING holder",
             {"agent": agent, "worker": worker, "lease": lease, "now": now},
         )
-        return holder == worker
+        return bool(holder == worker)
 
     @staticmethod
     def _release_agent(tx: Tx, agent: str, worker: str) -> None:
@@ -495,15 +501,18 @@ class Queue:
 
     def agent_holder(self, agent: str) -> str | None:
         """The worker holding the agent's lease now, if any."""
-        row = self.db.read(
-            "SELECT holder, lease_until FROM agent_leases WHERE agent = :a", {"a": agent}
-        )
+        row = self.db.read("SELECT holder, lease_until FROM agent_leases WHERE agent = :a", {"a": agent})
         if not row or row[0]["holder"] is None or int(row[0]["lease_until"]) < now_ms():
             return None
         return str(row[0]["holder"])
 
     def renew_leases(
-        self, worker: str, message_ids: Sequence[str], *, agent: str | None = None, lease_ms: int | None = None
+        self,
+        worker: str,
+        message_ids: Sequence[str],
+        *,
+        agent: str | None = None,
+        lease_ms: int | None = None,
     ) -> int:
         """Extend the leases of messages (and the agent) a live worker is still running.
 
@@ -577,8 +586,12 @@ class Queue:
                 events.append(
                     PendingEvent(
                         "response_ready",
-                        {"message_ids": ids, "response_id": response_id, "agent": primary["agent"],
-                         "channel": draft.channel or primary["channel"]},
+                        {
+                            "message_ids": ids,
+                            "response_id": response_id,
+                            "agent": primary["agent"],
+                            "channel": draft.channel or primary["channel"],
+                        },
                         primary["message_id"],
                     )
                 )
@@ -603,8 +616,12 @@ class Queue:
                     events.append(
                         PendingEvent(
                             "chain_handoff",
-                            {"from": draft_msg.from_agent, "to": draft_msg.agent, "message_id": mid,
-                             "hops": draft_msg.hops},
+                            {
+                                "from": draft_msg.from_agent,
+                                "to": draft_msg.agent,
+                                "message_id": mid,
+                                "hops": draft_msg.hops,
+                            },
                             primary["message_id"],
                         )
                     )
@@ -618,8 +635,15 @@ class Queue:
                 tx.execute(
                     "INSERT INTO agent_messages (agent_id, role, channel, sender, message_id, content, created_at) "
                     "VALUES (:agent, :role, :channel, :sender, :mid, :content, :now)",
-                    {"agent": turn.agent_id, "role": turn.role, "channel": turn.channel, "sender": turn.sender,
-                     "mid": turn.message_id, "content": turn.content, "now": now},
+                    {
+                        "agent": turn.agent_id,
+                        "role": turn.role,
+                        "channel": turn.channel,
+                        "sender": turn.sender,
+                        "mid": turn.message_id,
+                        "content": turn.content,
+                        "now": now,
+                    },
                 )
             append_events(tx, events, now)
             tx.signal("responses")
@@ -641,7 +665,8 @@ class Queue:
             "external_id": None,
             "now": now,
         }
-        return params["message_id"] if self._insert_message(tx, params, False) is not None else None
+        message_id = str(params["message_id"])
+        return message_id if self._insert_message(tx, params, False) is not None else None
 
     def _insert_response(self, tx: Tx, primary: Row, draft: ResponseDraft, now: int) -> int:
         return int(
@@ -657,7 +682,9 @@ class Queue:
                     "agent": primary["agent"],
                     "files": _json(list(draft.files)),
                     "metadata": _json(dict(draft.metadata)),
-                    "conversation": primary["conversation"] if draft.conversation is None else draft.conversation,
+                    "conversation": primary["conversation"]
+                    if draft.conversation is None
+                    else draft.conversation,
                     "now": now,
                 },
             )
@@ -707,7 +734,9 @@ class Queue:
                     {"n": attempts, "err": error, "now": now, "id": row["id"]},
                 )
                 dead.append(row)
-                events.append(PendingEvent("message_dead", {"attempts": attempts, "error": error}, row["message_id"]))
+                events.append(
+                    PendingEvent("message_dead", {"attempts": attempts, "error": error}, row["message_id"])
+                )
                 continue
             wait = retry_after_ms if retry_after_ms is not None else self.backoff_ms(max(attempts, 1))
             at = now + max(0, wait)
@@ -798,7 +827,9 @@ class Queue:
             )
         return sorted((QueuedResponse.from_row(r) for r in rows), key=lambda r: r.id)
 
-    def mark_chunk_delivered(self, response_id: int, worker: str, chunk_index: int, *, lease_ms: int | None = None) -> bool:
+    def mark_chunk_delivered(
+        self, response_id: int, worker: str, chunk_index: int, *, lease_ms: int | None = None
+    ) -> bool:
         """Record that chunk ``chunk_index`` (0-based) was sent, so a restart resumes after it.
 
         Returns False when the worker no longer holds the response or the chunk was already recorded.
@@ -808,13 +839,25 @@ class Queue:
             n = tx.execute(
                 "UPDATE responses SET delivered = :next, lease_until = :lease, updated_at = :now WHERE id = :id "
                 "AND claimed_by = :worker AND status = 'delivering' AND delivered = :index",
-                {"next": chunk_index + 1, "lease": now + (lease_ms or self.config.lease_ms), "now": now,
-                 "id": response_id, "worker": worker, "index": chunk_index},
+                {
+                    "next": chunk_index + 1,
+                    "lease": now + (lease_ms or self.config.lease_ms),
+                    "now": now,
+                    "id": response_id,
+                    "worker": worker,
+                    "index": chunk_index,
+                },
             ).rowcount
             if n:
                 mid = tx.scalar("SELECT message_id FROM responses WHERE id = :id", {"id": response_id})
                 append_events(
-                    tx, [PendingEvent("chunk_delivered", {"response_id": response_id, "chunk": chunk_index}, mid)], now
+                    tx,
+                    [
+                        PendingEvent(
+                            "chunk_delivered", {"response_id": response_id, "chunk": chunk_index}, mid
+                        )
+                    ],
+                    now,
                 )
         return bool(n)
 
@@ -833,7 +876,9 @@ class Queue:
                 if exists is None:
                     raise NotFound(f"no response with id {response_id}")
                 return exists == "acked" and worker is None
-            append_events(tx, [PendingEvent("response_acked", {"response_id": response_id}, row["message_id"])], now)
+            append_events(
+                tx, [PendingEvent("response_acked", {"response_id": response_id}, row["message_id"])], now
+            )
         return True
 
     def enqueue_response(
@@ -870,8 +915,15 @@ class Queue:
             rid = self._insert_response(
                 tx, primary, ResponseDraft(message=message, files=files, metadata=metadata or {}), now
             )
-            append_events(tx, [PendingEvent("response_ready", {"response_id": rid, "proactive": True},
-                                            primary["message_id"])], now)
+            append_events(
+                tx,
+                [
+                    PendingEvent(
+                        "response_ready", {"response_id": rid, "proactive": True}, primary["message_id"]
+                    )
+                ],
+                now,
+            )
             tx.signal("responses")
             row = tx.one("SELECT * FROM responses WHERE id = :id", {"id": rid})
         assert row is not None
@@ -915,8 +967,17 @@ class Queue:
                 "RETURNING *",
                 {"now": now, "id": row["id"]},
             )
-            append_events(tx, [PendingEvent("message_retried", {"manual_retries": int(row["manual_retries"]) + 1},
-                                            row["message_id"])], now)
+            append_events(
+                tx,
+                [
+                    PendingEvent(
+                        "message_retried",
+                        {"manual_retries": int(row["manual_retries"]) + 1},
+                        row["message_id"],
+                    )
+                ],
+                now,
+            )
             tx.signal("messages")
         assert updated is not None
         return QueuedMessage.from_row(updated)
@@ -952,16 +1013,18 @@ class Queue:
             "SELECT agent, status, COUNT(*) AS n FROM messages WHERE status IN ('pending', 'processing') "
             "GROUP BY agent, status"
         ):
-            depths.setdefault(r["agent"], {"agent": r["agent"], "pending": 0, "processing": 0})[r["status"]] = int(
-                r["n"]
-            )
+            depths.setdefault(r["agent"], {"agent": r["agent"], "pending": 0, "processing": 0})[
+                r["status"]
+            ] = int(r["n"])
         return list(depths.values())
 
     def list_processing(self) -> list[QueuedMessage]:
         rows = self.db.read("SELECT * FROM messages WHERE status = 'processing' ORDER BY id")
         return [QueuedMessage.from_row(r) for r in rows]
 
-    def list_responses(self, limit: int = 20, channel: str | None = None, pending_only: bool = False) -> list[QueuedResponse]:
+    def list_responses(
+        self, limit: int = 20, channel: str | None = None, pending_only: bool = False
+    ) -> list[QueuedResponse]:
         where = []
         params: dict[str, Any] = {"l": max(1, min(limit, 1000))}
         if channel is not None:
@@ -978,13 +1041,16 @@ class Queue:
         rows = self.db.read("SELECT * FROM messages WHERE message_id = :m", {"m": message_id})
         return QueuedMessage.from_row(rows[0]) if rows else None
 
-    def prune(self, *, completed_older_ms: int = 86_400_000, acked_older_ms: int = 86_400_000) -> dict[str, int]:
+    def prune(
+        self, *, completed_older_ms: int = 86_400_000, acked_older_ms: int = 86_400_000
+    ) -> dict[str, int]:
         """Delete completed messages and acked responses older than the given ages. Never touches pending,
         processing or dead rows."""
         now = now_ms()
         with self.db.transaction() as tx:
             responses = tx.execute(
-                "DELETE FROM responses WHERE status = 'acked' AND acked_at < :cut", {"cut": now - acked_older_ms}
+                "DELETE FROM responses WHERE status = 'acked' AND acked_at < :cut",
+                {"cut": now - acked_older_ms},
             ).rowcount
             messages = tx.execute(
                 "DELETE FROM messages WHERE status = 'completed' AND updated_at < :cut",

@@ -151,7 +151,9 @@ class Settings:
             try:
                 port = int(port_text)
             except ValueError:
-                raise SettingsError(f"environment AGENTPOST_API_PORT={port_text!r} is not a port number") from None
+                raise SettingsError(
+                    f"environment AGENTPOST_API_PORT={port_text!r} is not a port number"
+                ) from None
             if not 1 <= port <= 65535:
                 raise SettingsError(f"environment AGENTPOST_API_PORT={port} is outside 1..65535")
         self.api = ApiSettings(
@@ -174,7 +176,9 @@ class Settings:
         self.teams = {
             name: Team(name=name, agents=tuple(t.agents), leader=t.leader) for name, t in data.teams.items()
         }
-        self.workspace_dir = Path(data.workspace_dir).expanduser() if data.workspace_dir else home / "workspace"
+        self.workspace_dir = (
+            Path(data.workspace_dir).expanduser() if data.workspace_dir else home / "workspace"
+        )
 
     @property
     def env(self) -> Mapping[str, str]:

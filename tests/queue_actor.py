@@ -28,7 +28,11 @@ def producer(args: argparse.Namespace) -> int:
     for i in range(args.count):
         agent = agents[i % len(agents)]
         queue.enqueue_message(
-            "cli", args.tag, f"{args.tag}:{i:06d} " + "x" * 80, agent=agent, conversation=f"{args.tag}-{agent}"
+            "cli",
+            args.tag,
+            f"{args.tag}:{i:06d} " + "x" * 80,
+            agent=agent,
+            conversation=f"{args.tag}-{agent}",
         )
     db.close()
     return 0
@@ -39,7 +43,7 @@ def consumer(args: argparse.Namespace) -> int:
     db = open_database(args.url, create=False)
     queue = Queue(db, QueueConfig(lease_ms=int(args.lease_ms)), Directory.single(*agents))
     waker = Waker(db, interval_ms=5).start()
-    log = Path(args.log).open("a", buffering=1)
+    log = Path(args.log).open("a", buffering=1)  # noqa: SIM115 - open for the life of the process
     stop_file = Path(args.stop_file) if args.stop_file else None
     idle_since = time.monotonic()
     while True:
@@ -53,7 +57,9 @@ def consumer(args: argparse.Namespace) -> int:
             worked = True
             start = time.monotonic()
             ids = [m.message_id for m in claimed]
-            log.write(json.dumps({"event": "claimed", "agent": agent, "ids": ids, "worker": args.worker}) + "\n")
+            log.write(
+                json.dumps({"event": "claimed", "agent": agent, "ids": ids, "worker": args.worker}) + "\n"
+            )
             if args.hold_seconds:
                 time.sleep(args.hold_seconds)  # simulates an agent run while holding the claim
             end = time.monotonic()
@@ -61,8 +67,15 @@ def consumer(args: argparse.Namespace) -> int:
             queue.release_agent(agent, args.worker)
             log.write(
                 json.dumps(
-                    {"event": "completed", "agent": agent, "ids": ids, "start": start, "end": end,
-                     "worker": args.worker, "texts": [m.message.split(" ")[0] for m in claimed]}
+                    {
+                        "event": "completed",
+                        "agent": agent,
+                        "ids": ids,
+                        "start": start,
+                        "end": end,
+                        "worker": args.worker,
+                        "texts": [m.message.split(" ")[0] for m in claimed],
+                    }
                 )
                 + "\n"
             )

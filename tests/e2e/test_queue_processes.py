@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import signal
@@ -56,7 +57,18 @@ def test_four_producers_two_consumers_ten_thousand_messages(
     logs = [tmp_path / "c1.log", tmp_path / "c2.log"]
     agents = ",".join(AGENTS)
     consumers = [
-        _spawn("consumer", url, "--agents", agents, "--worker", f"c{i}", "--log", str(log), "--stop-file", str(stop))
+        _spawn(
+            "consumer",
+            url,
+            "--agents",
+            agents,
+            "--worker",
+            f"c{i}",
+            "--log",
+            str(log),
+            "--stop-file",
+            str(stop),
+        )
         for i, log in enumerate(logs, start=1)
     ]
     producers = [
@@ -95,7 +107,7 @@ def test_four_producers_two_consumers_ten_thousand_messages(
         by_agent[e["agent"]].append((e["start"], e["end"], e["worker"]))
     for agent, spans in by_agent.items():
         spans.sort()
-        for (s1, e1, w1), (s2, _e2, w2) in zip(spans, spans[1:], strict=False):
+        for (_s1, e1, w1), (s2, _e2, w2) in itertools.pairwise(spans):
             assert s2 >= e1 or w1 == w2, f"{agent} held by {w1} and {w2} at once"
     db.close()
 
@@ -111,8 +123,19 @@ def test_consumer_killed_holding_claims_loses_nothing(
     ids = [queue.enqueue_message("cli", "s", f"job {i}", conversation="c").message_id for i in range(3)]
     victim_log = tmp_path / "victim.log"
     victim = _spawn(
-        "consumer", url, "--agents", "a1", "--worker", "victim", "--log", str(victim_log),
-        "--hold-seconds", "60", "--lease-ms", "1500", stderr=subprocess.DEVNULL,
+        "consumer",
+        url,
+        "--agents",
+        "a1",
+        "--worker",
+        "victim",
+        "--log",
+        str(victim_log),
+        "--hold-seconds",
+        "60",
+        "--lease-ms",
+        "1500",
+        stderr=subprocess.DEVNULL,
     )
     _wait_until(lambda: "claimed" in (victim_log.read_text() if victim_log.exists() else ""), 30, "the claim")
     assert {m.status for m in map(queue.get_message, ids) if m} == {"processing"}
@@ -123,7 +146,16 @@ def test_consumer_killed_holding_claims_loses_nothing(
     stop = tmp_path / "stop"
     rescuer_log = tmp_path / "rescuer.log"
     rescuer = _spawn(
-        "consumer", url, "--agents", "a1", "--worker", "rescuer", "--log", str(rescuer_log), "--stop-file", str(stop)
+        "consumer",
+        url,
+        "--agents",
+        "a1",
+        "--worker",
+        "rescuer",
+        "--log",
+        str(rescuer_log),
+        "--stop-file",
+        str(stop),
     )
     _wait_until(lambda: queue.queue_status()["completed"] == 3, 60, "the rescue")
     stop.touch()

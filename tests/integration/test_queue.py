@@ -38,7 +38,11 @@ def test_enqueue_routes_and_records_events(queue: Queue) -> None:
     unknown = queue.enqueue_message("cli", "ann", "@nobody hi")
     explicit = queue.enqueue_message("api", "ann", "text", agent="gamma")
     assert [plain.agent, mention.agent, team.agent, unknown.agent, explicit.agent] == [
-        "alpha", "gamma", "beta", "alpha", "gamma",
+        "alpha",
+        "gamma",
+        "beta",
+        "alpha",
+        "gamma",
     ]
     assert plain.message_id.startswith("cli_") and len(plain.message_id) == 12
     stored = queue.get_message(team.message_id)
@@ -108,10 +112,24 @@ def test_complete_enqueues_response_followups_posts_and_history_atomically(queue
         "w1",
         ResponseDraft(message="answer", files=["/tmp/x.txt"], metadata={"k": 1}),
         followups=[
-            MessageDraft(channel="internal", sender="alpha", message="help", agent="beta", prefix="internal",
-                         from_agent="alpha", hops=1),
-            MessageDraft(channel="internal", sender="alpha", message="too deep", agent="gamma", prefix="internal",
-                         from_agent="alpha", hops=9),
+            MessageDraft(
+                channel="internal",
+                sender="alpha",
+                message="help",
+                agent="beta",
+                prefix="internal",
+                from_agent="alpha",
+                hops=1,
+            ),
+            MessageDraft(
+                channel="internal",
+                sender="alpha",
+                message="too deep",
+                agent="gamma",
+                prefix="internal",
+                from_agent="alpha",
+                hops=9,
+            ),
         ],
         chat_posts=[ChatPost("dev", "alpha", "hello room")],
         history=[AgentTurn("alpha", "user", "first"), AgentTurn("alpha", "assistant", "answer")],
@@ -120,10 +138,20 @@ def test_complete_enqueues_response_followups_posts_and_history_atomically(queue
     assert queue.get_message(a).status == "completed"  # type: ignore[union-attr]
     assert queue.get_message(b).status == "completed"  # type: ignore[union-attr]
     [resp] = queue.list_responses(pending_only=True)
-    assert (resp.message, resp.channel, resp.conversation, resp.sender_id) == ("answer", "telegram", "chat-1", "u1")
+    assert (resp.message, resp.channel, resp.conversation, resp.sender_id) == (
+        "answer",
+        "telegram",
+        "chat-1",
+        "u1",
+    )
     assert resp.files == ["/tmp/x.txt"] and resp.metadata == {"k": 1} and resp.message_id == a
     handoff = queue.get_message(out.followups[0])
-    assert handoff is not None and handoff.agent == "beta" and handoff.hops == 1 and handoff.from_agent == "alpha"
+    assert (
+        handoff is not None
+        and handoff.agent == "beta"
+        and handoff.hops == 1
+        and handoff.from_agent == "alpha"
+    )
     assert queue.db.read_scalar("SELECT COUNT(*) FROM chat_messages") == 1
     assert queue.db.read_scalar("SELECT COUNT(*) FROM agent_messages") == 2
     types = _types(queue, a)
@@ -197,7 +225,9 @@ def test_recover_counts_an_attempt_and_kills_at_the_limit(queue: Queue) -> None:
         msg = queue.get_message(mid)
         assert msg is not None and msg.retry_count == attempt
         if attempt < 5:
-            assert out.retried == [mid] and msg.status == "pending" and "interrupted" in (msg.last_error or "")
+            assert (
+                out.retried == [mid] and msg.status == "pending" and "interrupted" in (msg.last_error or "")
+            )
             assert queue.agent_holder("alpha") is None
         else:
             assert out.dead == [mid] and msg.status == "dead"
@@ -241,7 +271,6 @@ def test_two_deliverers_never_get_the_same_response(queue: Queue) -> None:
 
 
 def test_dead_letters_list_retry_budget_and_delete(queue: Queue) -> None:
-    queue.config.__dict__  # frozen dataclass: budget comes from the fixture (3)
     mid = queue.enqueue_message("cli", "s", "x").message_id
     for _ in range(queue.config.max_retries):
         _make_available(queue)
@@ -273,8 +302,12 @@ def test_status_depths_processing_and_prune(queue: Queue) -> None:
     queue.complete_messages([done], "w", "ok")
     queue.claim_all_pending_messages("beta", "w")
     assert queue.queue_status() == {
-        "pending": 0, "processing": 1, "completed": 1, "dead": 0,
-        "responses_pending": 1, "responses_delivering": 0,
+        "pending": 0,
+        "processing": 1,
+        "completed": 1,
+        "dead": 0,
+        "responses_pending": 1,
+        "responses_delivering": 0,
     }
     depths = {d["agent"]: (d["pending"], d["processing"]) for d in queue.agent_queue_depths()}
     assert depths == {"alpha": (0, 0), "beta": (0, 1), "gamma": (0, 0)}
@@ -290,8 +323,29 @@ def test_group_by_conversation_keeps_primary_first() -> None:
     from shared.queue import QueuedMessage
 
     def msg(i: int, conv: str) -> QueuedMessage:
-        return QueuedMessage(i, f"cli_{i:08d}", "cli", "s", "", "t", "a", None, "processing", 0, 0, None, 0, 0,
-                             conv, {}, 0, None, None, 0, None)
+        return QueuedMessage(
+            i,
+            f"cli_{i:08d}",
+            "cli",
+            "s",
+            "",
+            "t",
+            "a",
+            None,
+            "processing",
+            0,
+            0,
+            None,
+            0,
+            0,
+            conv,
+            {},
+            0,
+            None,
+            None,
+            0,
+            None,
+        )
 
     groups = group_by_conversation([msg(3, "b"), msg(1, "a"), msg(2, "b"), msg(4, "a")])
     assert [[m.id for m in g] for g in groups] == [[1, 4], [2, 3]]

@@ -75,6 +75,8 @@ def test_an_idle_waiting_process_costs_under_two_percent_of_a_core(
 ) -> None:
     url = f"sqlite:///{tmp_path / 'w.db'}" if backend == "sqlite" else request.getfixturevalue("pg_url")
     open_database(url).close()
-    out = subprocess.run([sys.executable, "-c", IDLE, url], check=True, capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-c", IDLE, url], check=True, capture_output=True, text=True, timeout=60
+    )
     share = float(out.stdout.strip())
     assert share < 0.02, f"idle waker used {share:.2%} of a core"
