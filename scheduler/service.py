@@ -24,8 +24,8 @@ from scheduler import dlq, jobs
 from scheduler.config import (
     SchedulerConfig,
     load_heartbeats,
-    load_schedules,
     load_scheduler_config,
+    load_schedules,
     zone,
 )
 from scheduler.heartbeats import heartbeat_jobs
