@@ -8,241 +8,64 @@ Workers hold leases (renewed while they run), and every write a worker makes is 
 
 from __future__ import annotations
 
-import json
 import random
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from shared.clock import now_ms
 from shared.db import Database, Row, Tx
 from shared.events import PendingEvent, append_events
 from shared.ids import is_message_id, new_id
-from shared.routing import AGENT_NAME_RE, Team, resolve_route
+from shared.queue_admin import AdminOps
+from shared.queue_delivery import ResponseOps
+from shared.queue_types import (
+    CHANNEL_RE,
+    INTERNAL_CHANNELS,
+    MAX_MESSAGE_CHARS,
+    AgentTurn,
+    ChatPost,
+    CompleteOutcome,
+    Directory,
+    EnqueueResult,
+    FailOutcome,
+    InvalidInput,
+    LeaseLost,
+    MessageDraft,
+    NotFound,
+    QueueConfig,
+    QueuedMessage,
+    QueuedResponse,
+    QueueError,
+    ResponseDraft,
+    RetryBudgetExhausted,
+    group_by_conversation,
+)
+from shared.queue_types import sql_in as _in
+from shared.queue_types import to_json as _json
+from shared.routing import AGENT_NAME_RE, resolve_route
 from shared.settings import Settings
 
-#: Channels whose messages come from agentpost itself: nobody to tell about a dead letter there.
-INTERNAL_CHANNELS = frozenset({"internal", "chat", "chatroom", "heartbeat", "schedule"})
-MAX_MESSAGE_CHARS = 200_000
-CHANNEL_RE = AGENT_NAME_RE
-
-
-class QueueError(Exception):
-    """Base of the errors a queue operation raises on purpose."""
-
-
-class InvalidInput(QueueError, ValueError):
-    """The request is malformed; nothing was changed."""
-
-
-class NotFound(QueueError, LookupError):
-    """No row matches the id given; nothing was changed."""
-
-
-class RetryBudgetExhausted(QueueError):
-    """A dead letter was retried by hand as often as the budget allows."""
-
-
-class LeaseLost(QueueError):
-    """The worker no longer holds the messages it tried to complete (its lease expired)."""
-
-
-@dataclass(frozen=True)
-class QueueConfig:
-    """Tuning of the queue; every value comes from ``[queue]`` in the settings."""
-
-    max_retries: int = 5
-    manual_retry_budget: int = 3
-    lease_ms: int = 30_000
-    backoff_base_ms: int = 2_000
-    backoff_max_ms: int = 300_000
-    max_hops: int = 8
-
-
-@dataclass(frozen=True)
-class Directory:
-    """Which agents and teams exist, for routing."""
-
-    agents: frozenset[str]
-    teams: Mapping[str, Team]
-    default_agent: str
-
-    @classmethod
-    def single(cls, *agents: str) -> Directory:
-        """A directory of plain agents, the first being the default (handy in tests and tools)."""
-        return cls(agents=frozenset(agents), teams={}, default_agent=agents[0])
-
-
-@dataclass(frozen=True)
-class QueuedMessage:
-    """A row of ``messages``."""
-
-    id: int
-    message_id: str
-    channel: str
-    sender: str
-    sender_id: str
-    message: str
-    agent: str
-    from_agent: str | None
-    status: str
-    retry_count: int
-    manual_retries: int
-    last_error: str | None
-    created_at: int
-    updated_at: int
-    conversation: str
-    metadata: dict[str, Any]
-    available_at: int
-    claimed_by: str | None
-    lease_until: int | None
-    hops: int
-    external_id: str | None
-
-    @classmethod
-    def from_row(cls, row: Row) -> QueuedMessage:
-        data = dict(row)
-        data["metadata"] = json.loads(data.pop("metadata") or "{}")
-        return cls(**data)
-
-    @property
-    def conversation_key(self) -> tuple[str, str]:
-        """Messages with the same key belong to one chat (and are batched into one run)."""
-        return (self.channel, self.conversation or self.sender_id or self.sender)
-
-    def as_dict(self) -> dict[str, Any]:
-        return dict(self.__dict__)
-
-
-@dataclass(frozen=True)
-class QueuedResponse:
-    """A row of ``responses``."""
-
-    id: int
-    message_id: str
-    channel: str
-    sender: str
-    sender_id: str
-    message: str
-    original_message: str
-    agent: str
-    files: list[str]
-    metadata: dict[str, Any]
-    status: str
-    created_at: int
-    updated_at: int
-    acked_at: int | None
-    conversation: str
-    claimed_by: str | None
-    lease_until: int | None
-    delivered: int
-
-    @classmethod
-    def from_row(cls, row: Row) -> QueuedResponse:
-        data = dict(row)
-        data["files"] = json.loads(data.pop("files") or "[]")
-        data["metadata"] = json.loads(data.pop("metadata") or "{}")
-        return cls(**data)
-
-    def as_dict(self) -> dict[str, Any]:
-        return dict(self.__dict__)
-
-
-@dataclass(frozen=True)
-class EnqueueResult:
-    """What :meth:`Queue.enqueue_message` did. ``duplicate`` means the id was already queued."""
-
-    message_id: str
-    agent: str
-    duplicate: bool
-    id: int | None
-
-
-@dataclass(frozen=True)
-class MessageDraft:
-    """A message to enqueue together with a completion (handoffs, chat-room deliveries)."""
-
-    channel: str
-    sender: str
-    message: str
-    agent: str
-    prefix: str
-    from_agent: str | None = None
-    sender_id: str = ""
-    conversation: str = ""
-    metadata: Mapping[str, Any] = field(default_factory=dict)
-    hops: int = 0
-
-
-@dataclass(frozen=True)
-class ResponseDraft:
-    """The reply that completes a group. Unset routing fields default to the group's first message."""
-
-    message: str
-    files: Sequence[str] = ()
-    metadata: Mapping[str, Any] = field(default_factory=dict)
-    channel: str | None = None
-    sender: str | None = None
-    sender_id: str | None = None
-    conversation: str | None = None
-
-
-@dataclass(frozen=True)
-class AgentTurn:
-    """One line of ``agent_messages`` history."""
-
-    agent_id: str
-    role: str
-    content: str
-    channel: str = ""
-    sender: str = ""
-    message_id: str = ""
-
-
-@dataclass(frozen=True)
-class ChatPost:
-    """One post to a team's chat room."""
-
-    team_id: str
-    from_agent: str
-    message: str
-
-
-@dataclass(frozen=True)
-class FailOutcome:
-    """Which messages went back to ``pending`` and which became dead letters."""
-
-    retried: list[str]
-    dead: list[str]
-    next_attempt_at: int | None
-
-
-@dataclass(frozen=True)
-class CompleteOutcome:
-    response_id: int | None
-    followups: list[str]
-    refused_followups: int
-
-
-def _in(name: str, values: Sequence[Any]) -> tuple[str, dict[str, Any]]:
-    keys = [f"{name}{i}" for i in range(len(values))]
-    return "(" + ", ".join(":" + k for k in keys) + ")", dict(zip(keys, values, strict=True))
-
-
-def _json(value: Any) -> str:
-    try:
-        return json.dumps(value, separators=(",", ":"))
-    except (TypeError, ValueError) as exc:
-        raise InvalidInput(f"metadata must be JSON: {exc}") from None
-
-
-def group_by_conversation(messages: Iterable[QueuedMessage]) -> list[list[QueuedMessage]]:
-    """Group claimed messages by chat, oldest first; the first of each group is its primary message."""
-    groups: dict[tuple[str, str], list[QueuedMessage]] = {}
-    for m in sorted(messages, key=lambda m: m.id):
-        groups.setdefault(m.conversation_key, []).append(m)
-    return sorted(groups.values(), key=lambda g: g[0].id)
-
+__all__ = [
+    "INTERNAL_CHANNELS",
+    "AgentTurn",
+    "ChatPost",
+    "CompleteOutcome",
+    "Directory",
+    "EnqueueResult",
+    "FailOutcome",
+    "InvalidInput",
+    "LeaseLost",
+    "MessageDraft",
+    "NotFound",
+    "Queue",
+    "QueueConfig",
+    "QueueError",
+    "QueuedMessage",
+    "QueuedResponse",
+    "ResponseDraft",
+    "RetryBudgetExhausted",
+    "group_by_conversation",
+]
 
 _MESSAGE_COLUMNS = (
     "message_id, channel, sender, sender_id, message, agent, from_agent, status, retry_count, "
@@ -253,15 +76,9 @@ _INSERT_MESSAGE = (
     ":message, :agent, :from_agent, 'pending', 0, :now, :now, :conversation, :metadata, :available_at, "
     ":hops, :external_id) ON CONFLICT DO NOTHING RETURNING id"
 )
-_INSERT_RESPONSE = (
-    "INSERT INTO responses (message_id, channel, sender, sender_id, message, original_message, agent, files, "
-    "metadata, status, created_at, updated_at, conversation, delivered) VALUES (:message_id, :channel, "
-    ":sender, :sender_id, :message, :original_message, :agent, :files, :metadata, 'pending', :now, :now, "
-    ":conversation, 0) RETURNING id"
-)
 
 
-class Queue:
+class Queue(ResponseOps, AdminOps):
     """The queue operations over one :class:`~shared.db.Database`."""
 
     def __init__(
@@ -668,28 +485,6 @@ class Queue:
         message_id = str(params["message_id"])
         return message_id if self._insert_message(tx, params, False) is not None else None
 
-    def _insert_response(self, tx: Tx, primary: Row, draft: ResponseDraft, now: int) -> int:
-        return int(
-            tx.scalar(
-                _INSERT_RESPONSE,
-                {
-                    "message_id": primary["message_id"],
-                    "channel": draft.channel or primary["channel"],
-                    "sender": primary["sender"] if draft.sender is None else draft.sender,
-                    "sender_id": primary["sender_id"] if draft.sender_id is None else draft.sender_id,
-                    "message": draft.message,
-                    "original_message": primary["message"],
-                    "agent": primary["agent"],
-                    "files": _json(list(draft.files)),
-                    "metadata": _json(dict(draft.metadata)),
-                    "conversation": primary["conversation"]
-                    if draft.conversation is None
-                    else draft.conversation,
-                    "now": now,
-                },
-            )
-        )
-
     def backoff_ms(self, attempt: int) -> int:
         """Exponential backoff with jitter for the given failed-attempt count (1-based)."""
         ceiling = min(self.config.backoff_max_ms, self.config.backoff_base_ms * (2 ** max(0, attempt - 1)))
@@ -805,255 +600,3 @@ class Queue:
                 tx, rows, f"interrupted: the lease of worker {', '.join(workers)} expired", now, True, 0
             )
         return outcome
-
-    # -- responses ---------------------------------------------------------------------------------------
-    def claim_responses_for_channel(
-        self, channel: str, worker: str, *, limit: int = 10, lease_ms: int | None = None
-    ) -> list[QueuedResponse]:
-        """Claim up to ``limit`` undelivered responses of a channel (also ones whose deliverer died)."""
-        now = now_ms()
-        probe = self.db.read_scalar(
-            "SELECT 1 FROM responses WHERE status <> 'acked' AND channel = :channel "
-            "AND (status = 'pending' OR lease_until < :now) LIMIT 1",
-            {"channel": channel, "now": now},
-        )
-        if probe is None:
-            return []
-        lease = now + (lease_ms or self.config.lease_ms)
-        with self.db.transaction() as tx:
-            rows = tx.rows(
-                self._sql_claim_responses,
-                {"worker": worker, "lease": lease, "now": now, "channel": channel, "limit": max(1, limit)},
-            )
-        return sorted((QueuedResponse.from_row(r) for r in rows), key=lambda r: r.id)
-
-    def mark_chunk_delivered(
-        self, response_id: int, worker: str, chunk_index: int, *, lease_ms: int | None = None
-    ) -> bool:
-        """Record that chunk ``chunk_index`` (0-based) was sent, so a restart resumes after it.
-
-        Returns False when the worker no longer holds the response or the chunk was already recorded.
-        """
-        now = now_ms()
-        with self.db.transaction() as tx:
-            n = tx.execute(
-                "UPDATE responses SET delivered = :next, lease_until = :lease, updated_at = :now WHERE id = :id "
-                "AND claimed_by = :worker AND status = 'delivering' AND delivered = :index",
-                {
-                    "next": chunk_index + 1,
-                    "lease": now + (lease_ms or self.config.lease_ms),
-                    "now": now,
-                    "id": response_id,
-                    "worker": worker,
-                    "index": chunk_index,
-                },
-            ).rowcount
-            if n:
-                mid = tx.scalar("SELECT message_id FROM responses WHERE id = :id", {"id": response_id})
-                append_events(
-                    tx,
-                    [
-                        PendingEvent(
-                            "chunk_delivered", {"response_id": response_id, "chunk": chunk_index}, mid
-                        )
-                    ],
-                    now,
-                )
-        return bool(n)
-
-    def ack_response(self, response_id: int, worker: str | None = None) -> bool:
-        """Mark a response delivered. With ``worker``, only if that worker holds it. Idempotent."""
-        now = now_ms()
-        fence = " AND claimed_by = :worker" if worker is not None else ""
-        with self.db.transaction() as tx:
-            row = tx.one(
-                f"UPDATE responses SET status = 'acked', acked_at = :now, updated_at = :now, lease_until = NULL "
-                f"WHERE id = :id AND status <> 'acked'{fence} RETURNING message_id",
-                {"now": now, "id": response_id, "worker": worker},
-            )
-            if row is None:
-                exists = tx.scalar("SELECT status FROM responses WHERE id = :id", {"id": response_id})
-                if exists is None:
-                    raise NotFound(f"no response with id {response_id}")
-                return exists == "acked" and worker is None
-            append_events(
-                tx, [PendingEvent("response_acked", {"response_id": response_id}, row["message_id"])], now
-            )
-        return True
-
-    def enqueue_response(
-        self,
-        channel: str,
-        sender: str,
-        message: str,
-        *,
-        sender_id: str = "",
-        conversation: str = "",
-        agent: str = "",
-        files: Sequence[str] = (),
-        metadata: Mapping[str, Any] | None = None,
-        message_id: str | None = None,
-    ) -> QueuedResponse:
-        """Queue an outgoing message nobody asked for (a proactive message, a progress note)."""
-        if not isinstance(message, str) or not message.strip():
-            raise InvalidInput("message is empty")
-        if not CHANNEL_RE.match(channel or ""):
-            raise InvalidInput(f"channel {channel!r} must match {CHANNEL_RE.pattern}")
-        if agent and not AGENT_NAME_RE.match(agent):
-            raise InvalidInput(f"agent name {agent!r} must match {AGENT_NAME_RE.pattern}")
-        now = now_ms()
-        primary = {
-            "message_id": message_id or new_id("proactive"),
-            "channel": channel,
-            "sender": sender,
-            "sender_id": sender_id,
-            "message": "",
-            "agent": agent,
-            "conversation": conversation,
-        }
-        with self.db.transaction() as tx:
-            rid = self._insert_response(
-                tx, primary, ResponseDraft(message=message, files=files, metadata=metadata or {}), now
-            )
-            append_events(
-                tx,
-                [
-                    PendingEvent(
-                        "response_ready", {"response_id": rid, "proactive": True}, primary["message_id"]
-                    )
-                ],
-                now,
-            )
-            tx.signal("responses")
-            row = tx.one("SELECT * FROM responses WHERE id = :id", {"id": rid})
-        assert row is not None
-        return QueuedResponse.from_row(row)
-
-    # -- dead letters ------------------------------------------------------------------------------------
-    def _dead_where(self, ref: int | str) -> tuple[str, dict[str, Any]]:
-        if isinstance(ref, int) or (isinstance(ref, str) and ref.isdigit()):
-            return "id = :ref", {"ref": int(ref)}
-        if isinstance(ref, str) and is_message_id(ref):
-            return "message_id = :ref", {"ref": ref}
-        raise InvalidInput(f"{ref!r} is neither a row id nor a message id")
-
-    def list_dead(self, limit: int = 100, offset: int = 0) -> list[QueuedMessage]:
-        """Dead letters, newest first."""
-        rows = self.db.read(
-            "SELECT * FROM messages WHERE status = 'dead' ORDER BY updated_at DESC, id DESC LIMIT :l OFFSET :o",
-            {"l": max(1, min(limit, 10_000)), "o": max(0, offset)},
-        )
-        return [QueuedMessage.from_row(r) for r in rows]
-
-    def retry_dead(self, ref: int | str) -> QueuedMessage:
-        """Put a dead letter back to ``pending`` with fresh attempts, within the manual-retry budget.
-
-        Raises :class:`NotFound` for an unknown id and :class:`RetryBudgetExhausted` past the budget.
-        """
-        where, params = self._dead_where(ref)
-        now = now_ms()
-        with self.db.transaction() as tx:
-            row = tx.one(f"SELECT * FROM messages WHERE status = 'dead' AND {where}", params)
-            if row is None:
-                raise NotFound(f"no dead letter {ref}")
-            if int(row["manual_retries"]) >= self.config.manual_retry_budget:
-                raise RetryBudgetExhausted(
-                    f"dead letter {row['message_id']} was already retried {row['manual_retries']} times "
-                    f"(budget {self.config.manual_retry_budget}); delete it or archive it"
-                )
-            updated = tx.one(
-                "UPDATE messages SET status = 'pending', retry_count = 0, manual_retries = manual_retries + 1, "
-                "available_at = :now, updated_at = :now, claimed_by = NULL, lease_until = NULL WHERE id = :id "
-                "RETURNING *",
-                {"now": now, "id": row["id"]},
-            )
-            append_events(
-                tx,
-                [
-                    PendingEvent(
-                        "message_retried",
-                        {"manual_retries": int(row["manual_retries"]) + 1},
-                        row["message_id"],
-                    )
-                ],
-                now,
-            )
-            tx.signal("messages")
-        assert updated is not None
-        return QueuedMessage.from_row(updated)
-
-    def delete_dead(self, ref: int | str) -> QueuedMessage:
-        """Delete one dead letter for good. Raises :class:`NotFound` for an unknown id."""
-        where, params = self._dead_where(ref)
-        now = now_ms()
-        with self.db.transaction() as tx:
-            row = tx.one(f"DELETE FROM messages WHERE status = 'dead' AND {where} RETURNING *", params)
-            if row is None:
-                raise NotFound(f"no dead letter {ref}")
-            append_events(tx, [PendingEvent("message_deleted", {}, row["message_id"])], now)
-        return QueuedMessage.from_row(row)
-
-    # -- views -------------------------------------------------------------------------------------------
-    def queue_status(self) -> dict[str, int]:
-        """Counts of messages per status and of undelivered responses."""
-        counts = {"pending": 0, "processing": 0, "completed": 0, "dead": 0}
-        for r in self.db.read("SELECT status, COUNT(*) AS n FROM messages GROUP BY status"):
-            counts[r["status"]] = int(r["n"])
-        responses = {"responses_pending": 0, "responses_delivering": 0}
-        for r in self.db.read(
-            "SELECT status, COUNT(*) AS n FROM responses WHERE status <> 'acked' GROUP BY status"
-        ):
-            responses[f"responses_{r['status']}"] = int(r["n"])
-        return counts | responses
-
-    def agent_queue_depths(self) -> list[dict[str, Any]]:
-        """Pending and processing counts per agent (every configured agent listed)."""
-        depths = {a: {"agent": a, "pending": 0, "processing": 0} for a in sorted(self.directory.agents)}
-        for r in self.db.read(
-            "SELECT agent, status, COUNT(*) AS n FROM messages WHERE status IN ('pending', 'processing') "
-            "GROUP BY agent, status"
-        ):
-            depths.setdefault(r["agent"], {"agent": r["agent"], "pending": 0, "processing": 0})[
-                r["status"]
-            ] = int(r["n"])
-        return list(depths.values())
-
-    def list_processing(self) -> list[QueuedMessage]:
-        rows = self.db.read("SELECT * FROM messages WHERE status = 'processing' ORDER BY id")
-        return [QueuedMessage.from_row(r) for r in rows]
-
-    def list_responses(
-        self, limit: int = 20, channel: str | None = None, pending_only: bool = False
-    ) -> list[QueuedResponse]:
-        where = []
-        params: dict[str, Any] = {"l": max(1, min(limit, 1000))}
-        if channel is not None:
-            where.append("channel = :channel")
-            params["channel"] = channel
-        if pending_only:
-            where.append("status <> 'acked'")
-        clause = ("WHERE " + " AND ".join(where)) if where else ""
-        order = "ASC" if pending_only else "DESC"
-        rows = self.db.read(f"SELECT * FROM responses {clause} ORDER BY id {order} LIMIT :l", params)
-        return [QueuedResponse.from_row(r) for r in rows]
-
-    def get_message(self, message_id: str) -> QueuedMessage | None:
-        rows = self.db.read("SELECT * FROM messages WHERE message_id = :m", {"m": message_id})
-        return QueuedMessage.from_row(rows[0]) if rows else None
-
-    def prune(
-        self, *, completed_older_ms: int = 86_400_000, acked_older_ms: int = 86_400_000
-    ) -> dict[str, int]:
-        """Delete completed messages and acked responses older than the given ages. Never touches pending,
-        processing or dead rows."""
-        now = now_ms()
-        with self.db.transaction() as tx:
-            responses = tx.execute(
-                "DELETE FROM responses WHERE status = 'acked' AND acked_at < :cut",
-                {"cut": now - acked_older_ms},
-            ).rowcount
-            messages = tx.execute(
-                "DELETE FROM messages WHERE status = 'completed' AND updated_at < :cut",
-                {"cut": now - completed_older_ms},
-            ).rowcount
-        return {"messages": messages, "responses": responses}

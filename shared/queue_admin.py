@@ -1,0 +1,149 @@
+"""Operator views and repairs: dead letters, counts per status and agent, pruning."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from shared.clock import now_ms
+from shared.events import PendingEvent, append_events
+from shared.ids import is_message_id
+from shared.queue_types import (
+    InvalidInput,
+    NotFound,
+    QueuedMessage,
+    QueuedResponse,
+    QueueState,
+    RetryBudgetExhausted,
+)
+
+
+class AdminOps(QueueState):
+    """Dead-letter, view and pruning operations of :class:`shared.queue.Queue`."""
+
+    def _dead_where(self, ref: int | str) -> tuple[str, dict[str, Any]]:
+        if isinstance(ref, int) or (isinstance(ref, str) and ref.isdigit()):
+            return "id = :ref", {"ref": int(ref)}
+        if isinstance(ref, str) and is_message_id(ref):
+            return "message_id = :ref", {"ref": ref}
+        raise InvalidInput(f"{ref!r} is neither a row id nor a message id")
+
+    def list_dead(self, limit: int = 100, offset: int = 0) -> list[QueuedMessage]:
+        """Dead letters, newest first."""
+        rows = self.db.read(
+            "SELECT * FROM messages WHERE status = 'dead' ORDER BY updated_at DESC, id DESC LIMIT :l OFFSET :o",
+            {"l": max(1, min(limit, 10_000)), "o": max(0, offset)},
+        )
+        return [QueuedMessage.from_row(r) for r in rows]
+
+    def retry_dead(self, ref: int | str) -> QueuedMessage:
+        """Put a dead letter back to ``pending`` with fresh attempts, within the manual-retry budget.
+
+        Raises :class:`NotFound` for an unknown id and :class:`RetryBudgetExhausted` past the budget.
+        """
+        where, params = self._dead_where(ref)
+        now = now_ms()
+        with self.db.transaction() as tx:
+            row = tx.one(f"SELECT * FROM messages WHERE status = 'dead' AND {where}", params)
+            if row is None:
+                raise NotFound(f"no dead letter {ref}")
+            if int(row["manual_retries"]) >= self.config.manual_retry_budget:
+                raise RetryBudgetExhausted(
+                    f"dead letter {row['message_id']} was already retried {row['manual_retries']} times "
+                    f"(budget {self.config.manual_retry_budget}); delete it or archive it"
+                )
+            updated = tx.one(
+                "UPDATE messages SET status = 'pending', retry_count = 0, manual_retries = manual_retries + 1, "
+                "available_at = :now, updated_at = :now, claimed_by = NULL, lease_until = NULL WHERE id = :id "
+                "RETURNING *",
+                {"now": now, "id": row["id"]},
+            )
+            append_events(
+                tx,
+                [
+                    PendingEvent(
+                        "message_retried",
+                        {"manual_retries": int(row["manual_retries"]) + 1},
+                        row["message_id"],
+                    )
+                ],
+                now,
+            )
+            tx.signal("messages")
+        assert updated is not None
+        return QueuedMessage.from_row(updated)
+
+    def delete_dead(self, ref: int | str) -> QueuedMessage:
+        """Delete one dead letter for good. Raises :class:`NotFound` for an unknown id."""
+        where, params = self._dead_where(ref)
+        now = now_ms()
+        with self.db.transaction() as tx:
+            row = tx.one(f"DELETE FROM messages WHERE status = 'dead' AND {where} RETURNING *", params)
+            if row is None:
+                raise NotFound(f"no dead letter {ref}")
+            append_events(tx, [PendingEvent("message_deleted", {}, row["message_id"])], now)
+        return QueuedMessage.from_row(row)
+
+    # -- views -------------------------------------------------------------------------------------------
+    def queue_status(self) -> dict[str, int]:
+        """Counts of messages per status and of undelivered responses."""
+        counts = {"pending": 0, "processing": 0, "completed": 0, "dead": 0}
+        for r in self.db.read("SELECT status, COUNT(*) AS n FROM messages GROUP BY status"):
+            counts[r["status"]] = int(r["n"])
+        responses = {"responses_pending": 0, "responses_delivering": 0}
+        for r in self.db.read(
+            "SELECT status, COUNT(*) AS n FROM responses WHERE status <> 'acked' GROUP BY status"
+        ):
+            responses[f"responses_{r['status']}"] = int(r["n"])
+        return counts | responses
+
+    def agent_queue_depths(self) -> list[dict[str, Any]]:
+        """Pending and processing counts per agent (every configured agent listed)."""
+        depths = {a: {"agent": a, "pending": 0, "processing": 0} for a in sorted(self.directory.agents)}
+        for r in self.db.read(
+            "SELECT agent, status, COUNT(*) AS n FROM messages WHERE status IN ('pending', 'processing') "
+            "GROUP BY agent, status"
+        ):
+            depths.setdefault(r["agent"], {"agent": r["agent"], "pending": 0, "processing": 0})[
+                r["status"]
+            ] = int(r["n"])
+        return list(depths.values())
+
+    def list_processing(self) -> list[QueuedMessage]:
+        rows = self.db.read("SELECT * FROM messages WHERE status = 'processing' ORDER BY id")
+        return [QueuedMessage.from_row(r) for r in rows]
+
+    def list_responses(
+        self, limit: int = 20, channel: str | None = None, pending_only: bool = False
+    ) -> list[QueuedResponse]:
+        where = []
+        params: dict[str, Any] = {"l": max(1, min(limit, 1000))}
+        if channel is not None:
+            where.append("channel = :channel")
+            params["channel"] = channel
+        if pending_only:
+            where.append("status <> 'acked'")
+        clause = ("WHERE " + " AND ".join(where)) if where else ""
+        order = "ASC" if pending_only else "DESC"
+        rows = self.db.read(f"SELECT * FROM responses {clause} ORDER BY id {order} LIMIT :l", params)
+        return [QueuedResponse.from_row(r) for r in rows]
+
+    def get_message(self, message_id: str) -> QueuedMessage | None:
+        rows = self.db.read("SELECT * FROM messages WHERE message_id = :m", {"m": message_id})
+        return QueuedMessage.from_row(rows[0]) if rows else None
+
+    def prune(
+        self, *, completed_older_ms: int = 86_400_000, acked_older_ms: int = 86_400_000
+    ) -> dict[str, int]:
+        """Delete completed messages and acked responses older than the given ages. Never touches pending,
+        processing or dead rows."""
+        now = now_ms()
+        with self.db.transaction() as tx:
+            responses = tx.execute(
+                "DELETE FROM responses WHERE status = 'acked' AND acked_at < :cut",
+                {"cut": now - acked_older_ms},
+            ).rowcount
+            messages = tx.execute(
+                "DELETE FROM messages WHERE status = 'completed' AND updated_at < :cut",
+                {"cut": now - completed_older_ms},
+            ).rowcount
+        return {"messages": messages, "responses": responses}

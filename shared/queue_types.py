@@ -1,0 +1,241 @@
+"""The records, errors and configuration the queue operations take and return."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from shared.db import Database, Row
+from shared.routing import AGENT_NAME_RE, Team
+
+#: Channels whose messages come from agentpost itself: nobody to tell about a dead letter there.
+INTERNAL_CHANNELS = frozenset({"internal", "chat", "chatroom", "heartbeat", "schedule"})
+MAX_MESSAGE_CHARS = 200_000
+CHANNEL_RE = AGENT_NAME_RE
+
+
+class QueueError(Exception):
+    """Base of the errors a queue operation raises on purpose."""
+
+
+class InvalidInput(QueueError, ValueError):
+    """The request is malformed; nothing was changed."""
+
+
+class NotFound(QueueError, LookupError):
+    """No row matches the id given; nothing was changed."""
+
+
+class RetryBudgetExhausted(QueueError):
+    """A dead letter was retried by hand as often as the budget allows."""
+
+
+class LeaseLost(QueueError):
+    """The worker no longer holds the messages it tried to complete (its lease expired)."""
+
+
+@dataclass(frozen=True)
+class QueueConfig:
+    """Tuning of the queue; every value comes from ``[queue]`` in the settings."""
+
+    max_retries: int = 5
+    manual_retry_budget: int = 3
+    lease_ms: int = 30_000
+    backoff_base_ms: int = 2_000
+    backoff_max_ms: int = 300_000
+    max_hops: int = 8
+
+
+@dataclass(frozen=True)
+class Directory:
+    """Which agents and teams exist, for routing."""
+
+    agents: frozenset[str]
+    teams: Mapping[str, Team]
+    default_agent: str
+
+    @classmethod
+    def single(cls, *agents: str) -> Directory:
+        """A directory of plain agents, the first being the default (handy in tests and tools)."""
+        return cls(agents=frozenset(agents), teams={}, default_agent=agents[0])
+
+
+@dataclass(frozen=True)
+class QueuedMessage:
+    """A row of ``messages``."""
+
+    id: int
+    message_id: str
+    channel: str
+    sender: str
+    sender_id: str
+    message: str
+    agent: str
+    from_agent: str | None
+    status: str
+    retry_count: int
+    manual_retries: int
+    last_error: str | None
+    created_at: int
+    updated_at: int
+    conversation: str
+    metadata: dict[str, Any]
+    available_at: int
+    claimed_by: str | None
+    lease_until: int | None
+    hops: int
+    external_id: str | None
+
+    @classmethod
+    def from_row(cls, row: Row) -> QueuedMessage:
+        data = dict(row)
+        data["metadata"] = json.loads(data.pop("metadata") or "{}")
+        return cls(**data)
+
+    @property
+    def conversation_key(self) -> tuple[str, str]:
+        """Messages with the same key belong to one chat (and are batched into one run)."""
+        return (self.channel, self.conversation or self.sender_id or self.sender)
+
+    def as_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+@dataclass(frozen=True)
+class QueuedResponse:
+    """A row of ``responses``."""
+
+    id: int
+    message_id: str
+    channel: str
+    sender: str
+    sender_id: str
+    message: str
+    original_message: str
+    agent: str
+    files: list[str]
+    metadata: dict[str, Any]
+    status: str
+    created_at: int
+    updated_at: int
+    acked_at: int | None
+    conversation: str
+    claimed_by: str | None
+    lease_until: int | None
+    delivered: int
+
+    @classmethod
+    def from_row(cls, row: Row) -> QueuedResponse:
+        data = dict(row)
+        data["files"] = json.loads(data.pop("files") or "[]")
+        data["metadata"] = json.loads(data.pop("metadata") or "{}")
+        return cls(**data)
+
+    def as_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+@dataclass(frozen=True)
+class EnqueueResult:
+    """What :meth:`Queue.enqueue_message` did. ``duplicate`` means the id was already queued."""
+
+    message_id: str
+    agent: str
+    duplicate: bool
+    id: int | None
+
+
+@dataclass(frozen=True)
+class MessageDraft:
+    """A message to enqueue together with a completion (handoffs, chat-room deliveries)."""
+
+    channel: str
+    sender: str
+    message: str
+    agent: str
+    prefix: str
+    from_agent: str | None = None
+    sender_id: str = ""
+    conversation: str = ""
+    metadata: Mapping[str, Any] = field(default_factory=dict)
+    hops: int = 0
+
+
+@dataclass(frozen=True)
+class ResponseDraft:
+    """The reply that completes a group. Unset routing fields default to the group's first message."""
+
+    message: str
+    files: Sequence[str] = ()
+    metadata: Mapping[str, Any] = field(default_factory=dict)
+    channel: str | None = None
+    sender: str | None = None
+    sender_id: str | None = None
+    conversation: str | None = None
+
+
+@dataclass(frozen=True)
+class AgentTurn:
+    """One line of ``agent_messages`` history."""
+
+    agent_id: str
+    role: str
+    content: str
+    channel: str = ""
+    sender: str = ""
+    message_id: str = ""
+
+
+@dataclass(frozen=True)
+class ChatPost:
+    """One post to a team's chat room."""
+
+    team_id: str
+    from_agent: str
+    message: str
+
+
+@dataclass(frozen=True)
+class FailOutcome:
+    """Which messages went back to ``pending`` and which became dead letters."""
+
+    retried: list[str]
+    dead: list[str]
+    next_attempt_at: int | None
+
+
+@dataclass(frozen=True)
+class CompleteOutcome:
+    response_id: int | None
+    followups: list[str]
+    refused_followups: int
+
+
+def sql_in(name: str, values: Sequence[Any]) -> tuple[str, dict[str, Any]]:
+    keys = [f"{name}{i}" for i in range(len(values))]
+    return "(" + ", ".join(":" + k for k in keys) + ")", dict(zip(keys, values, strict=True))
+
+
+def to_json(value: Any) -> str:
+    try:
+        return json.dumps(value, separators=(",", ":"))
+    except (TypeError, ValueError) as exc:
+        raise InvalidInput(f"metadata must be JSON: {exc}") from None
+
+
+def group_by_conversation(messages: Iterable[QueuedMessage]) -> list[list[QueuedMessage]]:
+    """Group claimed messages by chat, oldest first; the first of each group is its primary message."""
+    groups: dict[tuple[str, str], list[QueuedMessage]] = {}
+    for m in sorted(messages, key=lambda m: m.id):
+        groups.setdefault(m.conversation_key, []).append(m)
+    return sorted(groups.values(), key=lambda g: g[0].id)
+
+
+class QueueState:
+    """What every part of the queue shares: the database, the tuning and the directory of agents."""
+
+    db: Database
+    config: QueueConfig
+    directory: Directory
