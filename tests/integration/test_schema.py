@@ -1,0 +1,50 @@
+"""Schema creation: every table, idempotent, versioned, and refused when written by a newer release."""
+
+from __future__ import annotations
+
+import pytest
+
+from shared.db import open_database
+from shared.models import SCHEMA_VERSION, TABLE_NAMES
+
+pytestmark = pytest.mark.integration
+
+
+def test_schema_is_complete_idempotent_and_versioned(db_url: str) -> None:
+    db = open_database(db_url)
+    assert set(TABLE_NAMES) <= set(db.table_names())
+    assert db.create_schema() == SCHEMA_VERSION
+    open_database(db_url).close()
+    assert db.read_scalar("SELECT COUNT(*) FROM schema_version") == 1
+    assert db.read_scalar("SELECT MAX(version) FROM schema_version") == SCHEMA_VERSION
+    db.close()
+
+
+def test_a_newer_schema_is_refused(db_url: str) -> None:
+    db = open_database(db_url)
+    with db.transaction() as tx:
+        tx.execute("INSERT INTO schema_version (version, applied_at) VALUES (:v, 0)", {"v": SCHEMA_VERSION + 1})
+    with pytest.raises(RuntimeError, match="newer than this agentpost"):
+        db.create_schema()
+    db.close()
+
+
+def test_sqlite_runs_in_wal_with_normal_sync(sqlite_url: str) -> None:
+    db = open_database(sqlite_url)
+    assert db.read_scalar("PRAGMA journal_mode") == "wal"
+    assert db.read_scalar("PRAGMA synchronous") == 1  # NORMAL
+    assert int(db.read_scalar("PRAGMA busy_timeout")) >= 1000
+    db.close()
+
+
+def test_claims_use_the_partial_pending_index(sqlite_url: str) -> None:
+    db = open_database(sqlite_url)
+    plan = " ".join(
+        str(r["detail"])
+        for r in db.read(
+            "EXPLAIN QUERY PLAN SELECT id FROM messages WHERE status = 'pending' AND agent = 'a' "
+            "AND available_at <= 5 ORDER BY id"
+        )
+    )
+    assert "ix_messages_pending" in plan, plan
+    db.close()
