@@ -2,8 +2,8 @@
 
 The processor records the CLI's session id after each successful run, so the next run of the same agent
 (``session_scope = "agent"``, key ``""``) or the same chat (``session_scope = "conversation"``, key
-``"channel:conversation"``) continues that conversation. With no id recorded, the next
-run starts a fresh conversation (a reset blanks the id). Channel adapters' ``/reset`` and ``agentpost agent reset`` both call
+``"channel:conversation"``) continues that conversation. With no id recorded, the next run starts a fresh
+conversation (a reset blanks the id). Channel adapters' ``/reset`` and ``agentpost agent reset`` both call
 :func:`clear_sessions`, so a reset is durable and reaches the processor through the database alone.
 """
 

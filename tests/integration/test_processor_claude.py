@@ -1,0 +1,276 @@
+"""The processor with the real Claude Code CLI (``node_modules/.bin/claude``) against the fake Messages API.
+
+Each test writes a home folder (SQLite file or PostgreSQL), enqueues messages through the queue, runs a
+processor until the queue is idle, and checks the rows and events it left, and what the fake API received.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from shared.runtime import Runtime
+from shared.sessions import clear_sessions, get_session
+from tests.fakes.anthropic_api import ApiError, Computed, FakeAnthropic, Text, last_user_text
+from tests.fakes.claude_env import claude_binary, claude_env
+from tests.processor_support import count, event_types, make_home, open_home, run_idle, wait_for
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _cli_installed() -> None:
+    claude_binary()  # a clear FileNotFoundError (run `npm ci`) rather than every test failing obscurely
+
+
+@pytest.fixture
+def api() -> Iterator[FakeAnthropic]:
+    with FakeAnthropic() as fake:
+        yield fake
+
+
+def _env(api: FakeAnthropic, tmp_path: Path) -> dict[str, str]:
+    home = tmp_path / "user-home"
+    home.mkdir(exist_ok=True)
+    # The processor finds the CLI in the project's node_modules; PATH deliberately does not have it.
+    return claude_env(api.base_url, home, max_retries=0)
+
+
+def _home(tmp_path: Path, db_url: str, **agents: dict[str, object]) -> Path:
+    agents = agents or {"coder": {}}
+    return make_home(
+        tmp_path, db_url, {n: {"provider": "claude", "timeout_seconds": 30, **a} for n, a in agents.items()}
+    )
+
+
+def _responses(rt: Runtime) -> list[dict[str, object]]:
+    return [dict(r) for r in rt.db.read("SELECT * FROM responses ORDER BY id")]
+
+
+def test_reply_reaches_responses_with_events_and_history(
+    tmp_path: Path, db_url: str, api: FakeAnthropic
+) -> None:
+    api.add_rule("what is 2+2", Text("It is 4."))
+    home = _home(tmp_path, db_url, coder={"model": "claude-test-model", "system_prompt": "Be terse."})
+    with open_home(home) as rt:
+        sent = rt.queue.enqueue_message(
+            "telegram", "ann", "what is 2+2", sender_id="42", conversation="chat-7"
+        )
+        stats = run_idle(rt, env=_env(api, tmp_path))
+        assert stats.invocations == 1
+        (resp,) = _responses(rt)
+        assert resp["message"] == "It is 4."
+        assert (resp["channel"], resp["sender_id"], resp["conversation"]) == ("telegram", "42", "chat-7")
+        assert resp["message_id"] == sent.message_id
+        assert rt.queue.get_message(sent.message_id).status == "completed"  # type: ignore[union-attr]
+        types = event_types(rt, sent.message_id)
+        for expected in (
+            "message_received",
+            "message_claimed",
+            "chain_step_start",
+            "agent_progress",
+            "chain_step_done",
+            "response_ready",
+        ):
+            assert expected in types, (expected, types)
+        assert (
+            types.index("chain_step_start") < types.index("agent_progress") < types.index("chain_step_done")
+        )
+        turns = rt.db.read("SELECT role, content FROM agent_messages WHERE agent_id = 'coder' ORDER BY id")
+        assert [(t["role"], t["content"]) for t in turns] == [
+            ("user", "what is 2+2"),
+            ("assistant", "It is 4."),
+        ]
+        workspace = rt.settings.workspace("coder")
+        assert (workspace / "AGENTS.md").exists() and (workspace / "heartbeat.md").exists()
+    (request,) = api.main_requests()
+    assert request.body["model"] == "claude-test-model"
+    assert "Be terse." in str(request.body.get("system"))
+    assert request.last_user_text == "what is 2+2"
+
+
+def test_continue_then_reset_starts_a_new_conversation(
+    tmp_path: Path, sqlite_url: str, api: FakeAnthropic
+) -> None:
+    api.add_rule(
+        None, Computed(lambda body: f"turns={sum(1 for m in body['messages'] if m['role'] == 'user')}")
+    )
+    home = _home(tmp_path, sqlite_url)
+    env = _env(api, tmp_path)
+    with open_home(home) as rt:
+        rt.queue.enqueue_message("cli", "me", "first")
+        run_idle(rt, env=env)
+        assert get_session(rt.db, "coder") is not None
+        rt.queue.enqueue_message("cli", "me", "second")
+        run_idle(rt, env=env)
+        clear_sessions(rt.db, "coder")
+        assert get_session(rt.db, "coder") is None
+        rt.queue.enqueue_message("cli", "me", "third")
+        run_idle(rt, env=env)
+        replies = [r["message"] for r in _responses(rt)]
+    turns = [r.user_turns for r in api.main_requests()]
+    assert turns == [1, 2, 1], turns  # -c carried the first turn into the second; the reset dropped both
+    assert replies[2] == "turns=1"
+
+
+def test_conversation_scope_resumes_per_chat(tmp_path: Path, sqlite_url: str, api: FakeAnthropic) -> None:
+    home = _home(tmp_path, sqlite_url, coder={"session_scope": "conversation"})
+    env = _env(api, tmp_path)
+    with open_home(home) as rt:
+        rt.queue.enqueue_message("discord", "a", "hello from A", conversation="A")
+        rt.queue.enqueue_message("discord", "b", "hello from B", conversation="B")
+        run_idle(rt, env=env)
+        rt.queue.enqueue_message("discord", "a", "again from A", conversation="A")
+        run_idle(rt, env=env)
+        assert get_session(rt.db, "coder", "discord:A") != get_session(rt.db, "coder", "discord:B")
+    by_text = {r.last_user_text: r.user_turns for r in api.main_requests()}
+    assert by_text == {"hello from A": 1, "hello from B": 1, "again from A": 2}
+
+
+def test_handoff_reaches_teammate_and_answer_goes_to_the_user(
+    tmp_path: Path, sqlite_url: str, api: FakeAnthropic
+) -> None:
+    api.add_rule("build the thing", Text("On it. [@reviewer: please review the plan]"))
+    api.add_rule("please review the plan", Text("Reviewed: looks good."))
+    home = make_home(
+        tmp_path,
+        sqlite_url,
+        {"lead": {"provider": "claude"}, "reviewer": {"provider": "claude"}},
+        teams={"dev": {"agents": ["lead", "reviewer"], "leader": "lead"}},
+    )
+    with open_home(home) as rt:
+        sent = rt.queue.enqueue_message(
+            "telegram", "ann", "@dev build the thing", sender_id="42", conversation="c1"
+        )
+        assert sent.agent == "lead"
+        stats = run_idle(rt, env=_env(api, tmp_path))
+        assert stats.invocations == 2
+        responses = _responses(rt)
+        assert [r["message"] for r in responses] == [
+            "On it. → @reviewer: please review the plan",
+            "Reviewed: looks good.",
+        ]
+        assert all(
+            (r["channel"], r["sender_id"], r["conversation"]) == ("telegram", "42", "c1") for r in responses
+        )
+        internal = rt.db.read("SELECT * FROM messages WHERE channel = 'internal'")
+        assert len(internal) == 1 and internal[0]["agent"] == "reviewer" and internal[0]["hops"] == 1
+        assert internal[0]["from_agent"] == "lead" and internal[0]["status"] == "completed"
+        assert "chain_handoff" in event_types(rt, sent.message_id)
+    reviewer_request = next(r for r in api.main_requests() if "please review" in r.last_user_text)
+    assert "@lead" in reviewer_request.last_user_text and "On it." in reviewer_request.last_user_text
+
+
+def test_handoff_loop_stops_at_the_hop_limit(tmp_path: Path, sqlite_url: str, api: FakeAnthropic) -> None:
+    # Each agent hands straight back to the other: ping -> pong -> ping -> (refused).
+    api.add_rule(
+        None,
+        Computed(
+            lambda body: "[@ping: ping]" if "teammate @ping" in last_user_text(body) else "[@pong: ping]"
+        ),
+    )
+    home = make_home(
+        tmp_path,
+        sqlite_url,
+        {"ping": {"provider": "claude"}, "pong": {"provider": "claude"}},
+        teams={"table": {"agents": ["ping", "pong"], "leader": "ping"}},
+        queue={"max_hops": 2},
+    )
+    with open_home(home) as rt:
+        rt.queue.enqueue_message("cli", "me", "ping")
+        stats = run_idle(rt, env=_env(api, tmp_path))
+        hops = sorted(int(r["hops"]) for r in rt.db.read("SELECT hops FROM messages"))
+        assert hops == [0, 1, 2]  # the third handoff (hops 3) was refused
+        assert stats.invocations == 3
+        assert count(rt, "SELECT COUNT(*) FROM events WHERE type = 'chain_handoff_refused'") == 1
+        assert count(rt, "SELECT COUNT(*) FROM messages WHERE status <> 'completed'") == 0
+
+
+def test_api_error_retries_with_backoff_then_dead_with_one_notice(
+    tmp_path: Path, sqlite_url: str, api: FakeAnthropic
+) -> None:
+    api.add_rule("explode", ApiError("scripted failure"))
+    home = _home(tmp_path, sqlite_url)
+    with open_home(home) as rt:
+        sent = rt.queue.enqueue_message("whatsapp", "bo", "explode", sender_id="555")
+        started = time.monotonic()
+        stats = run_idle(rt, env=_env(api, tmp_path), include_delayed=True)
+        assert time.monotonic() - started < 30
+        assert stats.invocations == 3  # max_retries = 3 in the test settings
+        msg = rt.queue.get_message(sent.message_id)
+        assert msg is not None and msg.status == "dead" and msg.retry_count == 3
+        assert "scripted failure" in (msg.last_error or "")
+        (notice,) = _responses(rt)  # one brief notice, never the error as an answer
+        assert notice["metadata"] and "dead_notice" in str(notice["metadata"])
+        assert notice["sender_id"] == "555" and "API Error" not in notice["message"].split("(")[0]
+        failed = rt.db.read("SELECT payload FROM events WHERE type = 'message_failed' ORDER BY id")
+        assert len(failed) == 2
+        assert count(rt, "SELECT COUNT(*) FROM events WHERE type = 'chain_step_start'") == 3
+    assert (
+        api.main_requests()
+    )  # the CLI itself re-sends a 400 a few times within one run; runs are counted above
+
+
+def test_timeout_kills_the_cli_and_its_process_group(
+    tmp_path: Path, sqlite_url: str, api: FakeAnthropic
+) -> None:
+    api.add_rule("slow", Text("too late", delay=60))
+    home = _home(tmp_path, sqlite_url, coder={"timeout_seconds": 2})
+    with open_home(home) as rt:
+        sent = rt.queue.enqueue_message("cli", "me", "slow please")
+        started = time.monotonic()
+        run_idle(rt, env=_env(api, tmp_path))
+        assert time.monotonic() - started < 15
+        done = rt.db.read("SELECT payload FROM events WHERE type = 'chain_step_done'")
+        assert '"timed_out":true' in done[0]["payload"]
+        pid = int(re.search(r'"pid":(\d+)', done[0]["payload"]).group(1))  # type: ignore[union-attr]
+        msg = rt.queue.get_message(sent.message_id)
+        assert msg is not None and msg.status == "pending" and "timed out" in (msg.last_error or "")
+        assert count(rt, "SELECT COUNT(*) FROM responses") == 0
+    wait_for(lambda: _group_gone(pid), 5, f"process group {pid} to be gone")
+
+
+def _group_gone(pgid: int) -> bool:
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[2]) == pgid and fields[0] != "Z":
+                return False
+    return True
+
+
+def test_send_file_inside_workspace_is_attached_and_outside_refused(
+    tmp_path: Path, sqlite_url: str, api: FakeAnthropic
+) -> None:
+    api.add_rule("report", Text("Here it is.\n[send_file: report.txt]\n[send_file: /etc/passwd]"))
+    home = _home(tmp_path, sqlite_url)
+    with open_home(home) as rt:
+        workspace = rt.settings.workspace("coder")
+        workspace.mkdir(parents=True)
+        (workspace / "report.txt").write_text("numbers")
+        rt.queue.enqueue_message("cli", "me", "send the report")
+        run_idle(rt, env=_env(api, tmp_path))
+        (resp,) = _responses(rt)
+        assert resp["message"] == "Here it is."
+        assert resp["files"] == f'["{workspace.resolve() / "report.txt"}"]'
+        refused = rt.db.read("SELECT payload FROM events WHERE type = 'send_file_refused'")
+        assert len(refused) == 1 and "/etc/passwd" in refused[0]["payload"]
+
+
+def test_missing_cli_is_a_clear_failure(tmp_path: Path, sqlite_url: str, api: FakeAnthropic) -> None:
+    home = _home(tmp_path, sqlite_url, coder={"command": [str(tmp_path / "no-such-claude")]})
+    with open_home(home) as rt:
+        sent = rt.queue.enqueue_message("cli", "me", "hi")
+        run_idle(rt, env=_env(api, tmp_path))
+        msg = rt.queue.get_message(sent.message_id)
+        assert msg is not None and msg.status == "pending"
+        assert "no-such-claude" in (msg.last_error or "") and "not an executable" in (msg.last_error or "")
+    assert os.path.exists(claude_binary())

@@ -1,0 +1,493 @@
+"""Agent providers: how one agent CLI is started, what its output means, and when a run has failed.
+
+One small interface, :class:`AgentProvider`, and three implementations:
+
+- ``claude``: ``claude -p --output-format stream-json --verbose [-c | --resume ID] [--model M]
+  [--fallback-model F] [--append-system-prompt S] [--permission-mode P]`` in the agent's workspace. The
+  prompt goes on stdin, not in argv: a message that starts with ``-`` can then never be read as an option,
+  and a 200 k-character message stays clear of the kernel's per-argument limit.
+- ``codex``: ``codex exec --json [resume ID] -`` (prompt on stdin); JSONL events.
+- ``command``: any other CLI from an argv template (``{prompt}``, ``{workspace}``, ``{agent}``,
+  ``{session}``, ``{model}``); without ``{prompt}`` the prompt goes on stdin. Its stdout is the reply.
+
+Never a shell: argv lists only. Every run gets its own session and process group (so a timeout or a
+shutdown kills the CLI *and* everything it started) and is launched through :mod:`workers.launch`, which
+makes the CLI die with the processor, so a crashed processor leaves no agent running behind its lease.
+A run fails on a non-zero exit, a timeout or a reported error; an error is never returned as a reply.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import anyio
+from anyio.abc import ByteReceiveStream, Process
+
+from shared.settings import AgentSettings
+
+#: Called with each piece of assistant text as it streams out.
+ProgressFn = Callable[[str], Awaitable[None]]
+
+_LAUNCHER = Path(__file__).with_name("launch.py")
+_REPO_ROOT = Path(__file__).resolve().parents[1]
+_STDERR_KEEP = 8_000
+_MAX_LINE = 64 * 1024 * 1024
+
+
+class ProviderError(Exception):
+    """A run could not even start (the CLI is missing, the template is broken)."""
+
+
+@dataclass(frozen=True)
+class RunRequest:
+    """Everything one invocation needs."""
+
+    agent: str
+    settings: AgentSettings
+    workspace: Path
+    prompt: str
+    system_prompt: str = ""
+    # The recorded session to continue (None: start a fresh conversation). Claude continues the
+    # workspace's latest conversation with -c for session_scope = agent, and --resume ID per chat.
+    session_id: str | None = None
+    env: Mapping[str, str] = field(default_factory=dict)  # the child's whole environment
+    timeout: float = 1800.0
+    orphan_guard: bool = True
+    on_spawn: Callable[[int], None] | None = None  # told the CLI's pid (= its process group id)
+
+
+@dataclass
+class RunResult:
+    """What a run produced. ``ok`` is False for every kind of failure; ``text`` is then empty."""
+
+    ok: bool
+    text: str = ""
+    error: str = ""
+    session_id: str | None = None
+    exit_code: int | None = None
+    duration_ms: int = 0
+    timed_out: bool = False
+    rate_limited: bool = False
+    pid: int | None = None
+    argv: list[str] = field(default_factory=list)
+
+
+class AgentProvider(Protocol):
+    """One kind of agent CLI."""
+
+    name: str
+
+    def argv(self, request: RunRequest) -> list[str]:
+        """The argv of one run (raises :class:`ProviderError` when the CLI cannot be found)."""
+        ...
+
+    async def run(self, request: RunRequest, progress: ProgressFn) -> RunResult:
+        """Run the CLI once; stream assistant text to ``progress``; never raise for a failed run."""
+        ...
+
+
+# -- locating binaries ---------------------------------------------------------------------------------
+def find_binary(name: str, request: RunRequest, env_var: str) -> str:
+    """Find a CLI: the agent's ``command[0]``, then ``$env_var``, then ``PATH``, then ``node_modules/.bin``
+    of the project (and of the current folder). The error names every place that was looked at."""
+    looked: list[str] = []
+    if request.settings.command:
+        candidate = request.settings.command[0]
+        found = (
+            shutil.which(candidate, path=request.env.get("PATH")) if os.sep not in candidate else candidate
+        )
+        if found and os.access(found, os.X_OK):
+            return found
+        raise ProviderError(
+            f"agent {request.agent!r}: agents.{request.agent}.command[0] = {candidate!r} is not an executable"
+        )
+    looked.append(f"agents.{request.agent}.command (unset)")
+    from_env = request.env.get(env_var) or os.environ.get(env_var)
+    if from_env:
+        if os.access(from_env, os.X_OK):
+            return from_env
+        raise ProviderError(f"{env_var}={from_env!r} is not an executable file")
+    looked.append(f"${env_var} (unset)")
+    on_path = shutil.which(name, path=request.env.get("PATH", os.environ.get("PATH")))
+    if on_path:
+        return on_path
+    looked.append("PATH")
+    for root in (_REPO_ROOT, Path.cwd()):
+        candidate_path = root / "node_modules" / ".bin" / name
+        if os.access(candidate_path, os.X_OK):
+            return str(candidate_path)
+        looked.append(str(candidate_path))
+    raise ProviderError(
+        f"the {name!r} CLI was not found for agent {request.agent!r} (looked in: {', '.join(looked)}); "
+        f"install it (for Claude Code: `npm ci` in {_REPO_ROOT}) or set {env_var}"
+    )
+
+
+# -- the shared subprocess runner ----------------------------------------------------------------------
+@dataclass
+class StreamState:
+    """What a provider has learned from the output so far."""
+
+    text_parts: list[str] = field(default_factory=list)
+    final_text: str | None = None
+    error: str | None = None
+    session_id: str | None = None
+    rate_limited: bool = False
+
+
+def kill_group(pgid: int, sig: int = signal.SIGKILL) -> None:
+    """Signal a whole process group, ignoring one that is already gone."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)
+
+
+class CliProvider:
+    """Base of the subprocess providers: start, stream, time out, kill the group, judge the result."""
+
+    name = "cli"
+    stdin_prompt = True
+
+    def argv(self, request: RunRequest) -> list[str]:
+        raise NotImplementedError
+
+    def parse_line(self, line: str, state: StreamState) -> list[str]:
+        """Update ``state`` from one stdout line; return assistant text to report as progress."""
+        raise NotImplementedError
+
+    def finish(self, state: StreamState, exit_code: int, stderr: str) -> RunResult:
+        """Judge a run that exited by itself."""
+        if state.error is not None:
+            return RunResult(
+                ok=False, error=state.error, exit_code=exit_code, rate_limited=state.rate_limited
+            )
+        if exit_code != 0:
+            detail = stderr.strip().splitlines()[-1] if stderr.strip() else "no error output"
+            return RunResult(
+                ok=False, error=f"{self.name} exited with code {exit_code}: {detail}", exit_code=exit_code
+            )
+        text = state.final_text if state.final_text is not None else "".join(state.text_parts)
+        return RunResult(ok=True, text=text.strip(), exit_code=exit_code)
+
+    async def run(self, request: RunRequest, progress: ProgressFn) -> RunResult:
+        started = time.monotonic()
+        try:
+            argv = self.argv(request)
+        except ProviderError as exc:
+            return RunResult(ok=False, error=str(exc))
+        launch = argv
+        if request.orphan_guard and sys.platform.startswith("linux"):
+            launch = [sys.executable, "-I", "-S", str(_LAUNCHER), str(os.getpid()), *argv]
+        request.workspace.mkdir(parents=True, exist_ok=True)
+        try:
+            process = await anyio.open_process(
+                launch,
+                stdin=subprocess.PIPE if self.stdin_prompt else subprocess.DEVNULL,
+                cwd=str(request.workspace),
+                env=dict(request.env),
+                start_new_session=True,
+            )
+        except OSError as exc:
+            return RunResult(ok=False, error=f"cannot start {argv[0]}: {exc.strerror or exc}", argv=argv)
+        if request.on_spawn is not None:
+            request.on_spawn(process.pid)
+        state = StreamState()
+        stderr_tail = bytearray()
+        result: RunResult | None = None
+        try:
+            with anyio.move_on_after(request.timeout) as scope:
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(self._feed_stdin, process, request.prompt)
+                    stdout_done, stderr_done = anyio.Event(), anyio.Event()
+                    tg.start_soon(_drain, process.stderr, stderr_tail, stderr_done)
+
+                    async def read() -> None:
+                        await self._read_stdout(process, state, progress)
+                        stdout_done.set()
+
+                    tg.start_soon(read)
+                    await process.wait()
+                    # A background child may keep the pipes open after the CLI exited: read what is left
+                    # for a moment, then stop listening instead of waiting for the timeout.
+                    with anyio.move_on_after(2):
+                        await stdout_done.wait()
+                    with anyio.move_on_after(0.5):
+                        await stderr_done.wait()
+                    tg.cancel_scope.cancel()
+            if scope.cancelled_caught:
+                kill_group(process.pid)
+                result = RunResult(
+                    ok=False,
+                    timed_out=True,
+                    error=f"timed out after {request.timeout:g} s (agents.{request.agent}.timeout_seconds); "
+                    "the CLI and its process group were killed",
+                )
+            else:
+                result = self.finish(
+                    state, int(process.returncode or 0), stderr_tail.decode(errors="replace")
+                )
+        finally:
+            if process.returncode is None:
+                # Cancelled from outside (shutdown, lost lease) or timed out: nothing of the run may survive.
+                kill_group(process.pid, signal.SIGTERM)
+                with anyio.CancelScope(shield=True), anyio.move_on_after(2):
+                    await process.wait()
+                kill_group(process.pid)
+                with anyio.CancelScope(shield=True), anyio.move_on_after(2):
+                    await process.wait()
+            elif result is not None and result.timed_out:
+                kill_group(process.pid)
+            with contextlib.suppress(Exception), anyio.CancelScope(shield=True):
+                await process.aclose()
+        result.session_id = result.session_id or state.session_id
+        result.exit_code = process.returncode if result.exit_code is None else result.exit_code
+        result.duration_ms = int((time.monotonic() - started) * 1000)
+        result.pid = process.pid
+        result.argv = argv
+        return result
+
+    async def _feed_stdin(self, process: Process, prompt: str) -> None:
+        if process.stdin is None:
+            return
+        with contextlib.suppress(anyio.BrokenResourceError, anyio.ClosedResourceError):
+            await process.stdin.send(prompt.encode())
+        with contextlib.suppress(Exception):
+            await process.stdin.aclose()
+
+    async def _read_stdout(self, process: Process, state: StreamState, progress: ProgressFn) -> None:
+        assert process.stdout is not None
+        buffer = bytearray()
+        while True:
+            try:
+                chunk = await process.stdout.receive()
+            except (anyio.EndOfStream, anyio.ClosedResourceError, anyio.BrokenResourceError):
+                break
+            buffer += chunk
+            while True:
+                cut = buffer.find(b"\n")
+                if cut < 0:
+                    break
+                line = bytes(buffer[:cut]).decode(errors="replace")
+                del buffer[: cut + 1]
+                await self._handle(line, state, progress)
+            if len(buffer) > _MAX_LINE:
+                await self._handle(bytes(buffer).decode(errors="replace"), state, progress)
+                buffer.clear()
+        if buffer:
+            await self._handle(bytes(buffer).decode(errors="replace"), state, progress)
+
+    async def _handle(self, line: str, state: StreamState, progress: ProgressFn) -> None:
+        for text in self.parse_line(line, state):
+            if text.strip():
+                await progress(text)
+
+
+async def _drain(stream: ByteReceiveStream | None, tail: bytearray, done: anyio.Event) -> None:
+    # Read stderr continuously so a chatty CLI never blocks on a full pipe; keep only the end.
+    try:
+        while stream is not None:
+            try:
+                chunk = await stream.receive()
+            except (anyio.EndOfStream, anyio.ClosedResourceError, anyio.BrokenResourceError):
+                return
+            tail += chunk
+            if len(tail) > _STDERR_KEEP:
+                del tail[: len(tail) - _STDERR_KEEP]
+    finally:
+        done.set()
+
+
+def _json_line(line: str) -> dict[str, Any] | None:
+    line = line.strip()
+    if not line.startswith("{"):
+        return None
+    try:
+        value = json.loads(line)
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None
+
+
+# -- claude --------------------------------------------------------------------------------------------
+class ClaudeProvider(CliProvider):
+    """Claude Code in print mode with ``stream-json`` output."""
+
+    name = "claude"
+
+    def argv(self, request: RunRequest) -> list[str]:
+        s = request.settings
+        argv = [find_binary("claude", request, "AGENTPOST_CLAUDE_BIN"), *s.command[1:]]
+        argv += ["-p", "--output-format", "stream-json", "--verbose"]
+        if request.session_id and s.session_scope == "conversation":
+            argv += ["--resume", request.session_id]
+        elif request.session_id:
+            argv.append("-c")
+        if s.model:
+            argv += ["--model", s.model]
+        if s.fallback_model:
+            argv += ["--fallback-model", s.fallback_model]
+        if request.system_prompt:
+            argv += ["--append-system-prompt", request.system_prompt]
+        if s.permission_mode != "default":
+            argv += ["--permission-mode", s.permission_mode]
+        return argv
+
+    def parse_line(self, line: str, state: StreamState) -> list[str]:
+        event = _json_line(line)
+        if event is None:
+            return []
+        kind = event.get("type")
+        if isinstance(event.get("session_id"), str) and event["session_id"]:
+            state.session_id = event["session_id"]
+        if kind == "assistant":
+            message = event.get("message") or {}
+            if event.get("is_api_error_message") or event.get("error"):
+                return []  # the CLI's synthetic error text: never progress, never the answer
+            texts = [
+                block.get("text", "")
+                for block in message.get("content") or []
+                if isinstance(block, dict) and block.get("type") == "text"
+            ]
+            state.text_parts.extend(texts)
+            return texts
+        if kind == "result":
+            result = event.get("result")
+            if event.get("is_error") or event.get("subtype") not in (None, "success"):
+                status = event.get("api_error_status")
+                state.rate_limited = status == 429
+                detail = result if isinstance(result, str) and result else str(event.get("subtype"))
+                state.error = (
+                    f"claude reported an error ({event.get('terminal_reason') or 'error'}): {detail}"
+                )
+            else:
+                state.final_text = result if isinstance(result, str) else ""
+        return []
+
+    def finish(self, state: StreamState, exit_code: int, stderr: str) -> RunResult:
+        if state.error is None and exit_code == 0 and state.final_text is None:
+            return RunResult(ok=False, error="claude exited without a result line", exit_code=exit_code)
+        return super().finish(state, exit_code, stderr)
+
+
+# -- codex ---------------------------------------------------------------------------------------------
+class CodexProvider(CliProvider):
+    """OpenAI Codex CLI in ``exec --json`` mode (JSONL events; the last agent message is the reply)."""
+
+    name = "codex"
+
+    def argv(self, request: RunRequest) -> list[str]:
+        s = request.settings
+        argv = [
+            find_binary("codex", request, "AGENTPOST_CODEX_BIN"),
+            *s.command[1:],
+            "exec",
+            "--json",
+            "--skip-git-repo-check",
+        ]
+        if s.model:
+            argv += ["--model", s.model]
+        if s.permission_mode == "bypassPermissions":
+            argv.append("--dangerously-bypass-approvals-and-sandbox")
+        elif s.permission_mode in ("acceptEdits", "dontAsk"):
+            argv.append("--full-auto")
+        else:
+            argv += ["--sandbox", "read-only"]
+        if request.session_id:
+            argv += ["resume", request.session_id]
+        argv.append("-")
+        return argv
+
+    def parse_line(self, line: str, state: StreamState) -> list[str]:
+        event = _json_line(line)
+        if event is None:
+            return []
+        kind = event.get("type")
+        if kind == "thread.started" and isinstance(event.get("thread_id"), str):
+            state.session_id = event["thread_id"]
+        elif kind == "item.completed":
+            item = event.get("item") or {}
+            if item.get("type") == "agent_message" and isinstance(item.get("text"), str):
+                state.final_text = item["text"]
+                return [item["text"]]
+        elif kind == "turn.failed":
+            error = event.get("error") or {}
+            state.error = f"codex turn failed: {error.get('message', 'unknown error')}"
+        elif kind == "error":
+            state.error = f"codex error: {event.get('message', 'unknown error')}"
+        return []
+
+
+# -- any command ---------------------------------------------------------------------------------------
+class CommandProvider(CliProvider):
+    """Any CLI from ``agents.NAME.command``: stdout is the reply; a non-zero exit is a failure."""
+
+    name = "command"
+
+    def argv(self, request: RunRequest) -> list[str]:
+        template = request.settings.command
+        if not template:
+            raise ProviderError(f"agents.{request.agent}.command is empty")
+        values = {
+            "prompt": request.prompt,
+            "workspace": str(request.workspace),
+            "agent": request.agent,
+            "session": request.session_id or "",
+            "model": request.settings.model,
+        }
+        argv = []
+        for part in template:
+            try:
+                argv.append(part.format_map(values))
+            except (KeyError, IndexError, ValueError) as exc:
+                raise ProviderError(
+                    f"agents.{request.agent}.command: bad placeholder in {part!r} ({exc}); "
+                    "use {prompt}, {workspace}, {agent}, {session}, {model} and {{ }} for braces"
+                ) from None
+        self.stdin_prompt = not any("{prompt}" in part for part in template)
+        first = argv[0]
+        if os.sep not in first:
+            found = shutil.which(first, path=request.env.get("PATH", os.environ.get("PATH")))
+            if found is None:
+                raise ProviderError(f"agents.{request.agent}.command[0] = {first!r} is not on PATH")
+            argv[0] = found
+        return argv
+
+    def parse_line(self, line: str, state: StreamState) -> list[str]:
+        state.text_parts.append(line + "\n")
+        return [line]
+
+
+def provider_for(kind: str) -> CliProvider:
+    """A fresh provider of the given kind (providers keep per-run state, so one per run)."""
+    providers: dict[str, type[CliProvider]] = {
+        "claude": ClaudeProvider,
+        "codex": CodexProvider,
+        "command": CommandProvider,
+    }
+    try:
+        return providers[kind]()
+    except KeyError:
+        raise ProviderError(f"unknown provider {kind!r} (known: {', '.join(sorted(providers))})") from None
+
+
+def child_env(
+    base: Mapping[str, str], agent: AgentSettings, extra: Sequence[tuple[str, str]] = ()
+) -> dict[str, str]:
+    """The CLI's environment: the processor's, then the agent's ``env``; ``IS_SANDBOX=1`` when running as
+    root with permission bypass (the CLI refuses that otherwise)."""
+    env = dict(base)
+    env.update(agent.env)
+    env.update(dict(extra))
+    if agent.permission_mode == "bypassPermissions" and hasattr(os, "geteuid") and os.geteuid() == 0:
+        env.setdefault("IS_SANDBOX", "1")
+    return env

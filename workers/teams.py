@@ -1,0 +1,177 @@
+"""Teams: what a reply's tags turn into — handoffs, chat-room posts, and where the answer goes.
+
+A reply may carry ``[@teammate: text]`` / ``[@a,b: text]`` (handoffs) and ``[#team: text]`` (a chat-room
+post). :func:`plan_reply` turns one reply into everything the processor commits *in the same transaction*
+as the completion (see :meth:`shared.queue.Queue.complete_messages`):
+
+- **Handoffs** become ``internal_`` messages to each named teammate with ``hops + 1``. The text outside the
+  tags is the *shared context* and goes to every target, followed by the part directed at that target.
+  Only agents that share a team with the sender are reachable; other names are ignored with a reason.
+  The queue refuses drafts past ``max_hops`` and logs ``chain_handoff_refused``.
+- **Chat-room posts** are stored in ``chat_messages`` and delivered as one ``chat_`` message to every
+  other member of the team (the sender must be a member).
+- **Where a teammate's answer goes** (the decision): users must see the final answers, so every internal
+  message carries the *origin* of the chain in its metadata (channel, sender, sender id, conversation and
+  message id of the user's message that started it, copied unchanged along the chain). When an agent
+  answers an internal or chat message that has an origin, its reply is sent to that original chat as a
+  response addressed with the origin's routing fields (and ``metadata.from_agent``), so the user sees the
+  leader's reply and then each teammate's answer. A chain without an origin (e.g. an internal message
+  enqueued by hand) keeps its answer in the history only.
+- Users never see raw tags: the reply text is shown through ``render_for_user`` (``→ @b: text``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from shared.queue import AgentTurn, ChatPost, MessageDraft, QueuedMessage, ResponseDraft
+from shared.routing import HandoffTag, parse_handoff_tags, render_for_user
+from shared.settings import Settings
+
+#: Channels whose messages come from another agent (their answers go to the chain's origin).
+AGENT_CHANNELS = frozenset({"internal", "chat", "chatroom"})
+
+EMPTY_REPLY = "(the agent finished without a reply)"
+
+
+@dataclass
+class ReplyPlan:
+    """Everything one reply becomes."""
+
+    response: ResponseDraft | None
+    followups: list[MessageDraft] = field(default_factory=list)
+    chat_posts: list[ChatPost] = field(default_factory=list)
+    history: list[AgentTurn] = field(default_factory=list)
+    ignored: list[dict[str, str]] = field(default_factory=list)  # tags that went nowhere, with the reason
+
+
+def origin_of(message: QueuedMessage) -> dict[str, Any] | None:
+    """The user message a chain started from: the message itself, or the origin an internal one carries."""
+    if message.channel in AGENT_CHANNELS:
+        origin = message.metadata.get("origin")
+        return dict(origin) if isinstance(origin, dict) and origin.get("channel") else None
+    return {
+        "channel": message.channel,
+        "sender": message.sender,
+        "sender_id": message.sender_id,
+        "conversation": message.conversation,
+        "message_id": message.message_id,
+    }
+
+
+def _shared_context(reply: str, tags: Sequence[HandoffTag]) -> str:
+    parts, pos = [], 0
+    for tag in tags:
+        parts.append(reply[pos : tag.start])
+        pos = tag.end
+    parts.append(reply[pos:])
+    return "\n".join(line.rstrip() for line in "".join(parts).strip().splitlines()).strip()
+
+
+def _chain_key(origin: dict[str, Any] | None, fallback: QueuedMessage) -> str:
+    # Internal messages of one chat batch together (the queue groups by channel + conversation).
+    if origin is None:
+        return f"{fallback.channel}:{fallback.conversation or fallback.sender_id or fallback.sender}"
+    return (
+        f"{origin['channel']}:{origin.get('conversation') or origin.get('sender_id') or origin.get('sender')}"
+    )
+
+
+def plan_reply(
+    settings: Settings,
+    agent: str,
+    group: Sequence[QueuedMessage],
+    reply: str,
+    files: Sequence[str] = (),
+    metadata: dict[str, Any] | None = None,
+) -> ReplyPlan:
+    """Turn ``agent``'s ``reply`` to ``group`` (primary first) into response, handoffs, posts and history."""
+    primary = group[0]
+    origin = origin_of(primary)
+    hops = max(m.hops for m in group) + 1
+    chain = _chain_key(origin, primary)
+    member_of = {name: team for name, team in settings.teams.items() if agent in team.agents}
+    reachable = {a: name for name, team in member_of.items() for a in team.agents if a != agent}
+    tags = parse_handoff_tags(reply)
+    shared = _shared_context(reply, tags)
+    plan = ReplyPlan(response=None)
+    base_meta = {"origin": origin, "chain_from": primary.message_id}
+
+    for tag in tags:
+        if not tag.text:
+            plan.ignored.append({"tag": "".join(tag.targets), "reason": "empty tag"})
+            continue
+        if tag.kind == "team":
+            team_name = tag.targets[0]
+            if team_name not in member_of:
+                reason = "unknown team" if team_name not in settings.teams else f"@{agent} is not a member"
+                plan.ignored.append({"tag": f"#{team_name}", "reason": reason})
+                continue
+            plan.chat_posts.append(ChatPost(team_id=team_name, from_agent=agent, message=tag.text))
+            for member in settings.teams[team_name].agents:
+                if member == agent:
+                    continue
+                plan.followups.append(
+                    MessageDraft(
+                        channel="chat",
+                        prefix="chat",
+                        sender=agent,
+                        sender_id=agent,
+                        message=f"[#{team_name} chat room, from @{agent}]:\n{tag.text}",
+                        agent=member,
+                        from_agent=agent,
+                        conversation=f"#{team_name}",
+                        metadata={**base_meta, "team": team_name},
+                        hops=hops,
+                    )
+                )
+            continue
+        for target in tag.targets:
+            if target == agent:
+                plan.ignored.append({"tag": f"@{target}", "reason": "an agent cannot hand off to itself"})
+                continue
+            if target not in reachable:
+                reason = "unknown agent" if target not in settings.agents else "not a teammate"
+                plan.ignored.append({"tag": f"@{target}", "reason": reason})
+                continue
+            body = f"[Message from teammate @{agent}]:\n"
+            if shared:
+                body += f"{shared}\n\n------\n\nDirected to you:\n"
+            body += tag.text
+            plan.followups.append(
+                MessageDraft(
+                    channel="internal",
+                    prefix="internal",
+                    sender=agent,
+                    sender_id=agent,
+                    message=body,
+                    agent=target,
+                    from_agent=agent,
+                    conversation=chain,
+                    metadata={**base_meta, "team": reachable[target]},
+                    hops=hops,
+                )
+            )
+
+    shown = render_for_user(reply).strip()
+    meta = {"agent": agent, **(metadata or {})}
+    if primary.channel in AGENT_CHANNELS:
+        if origin is not None and (shown or files):
+            plan.response = ResponseDraft(
+                message=shown or "(file attached)",
+                files=list(files),
+                metadata={**meta, "from_agent": agent, "via": primary.channel},
+                channel=origin["channel"],
+                sender=origin.get("sender", ""),
+                sender_id=origin.get("sender_id", ""),
+                conversation=origin.get("conversation", ""),
+            )
+    else:
+        plan.response = ResponseDraft(message=shown or EMPTY_REPLY, files=list(files), metadata=meta)
+
+    for m in group:
+        plan.history.append(AgentTurn(agent, "user", m.message, m.channel, m.sender, m.message_id))
+    plan.history.append(AgentTurn(agent, "assistant", reply, primary.channel, agent, primary.message_id))
+    return plan
