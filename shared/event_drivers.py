@@ -18,7 +18,15 @@ from collections.abc import Callable
 from typing import Any
 
 from shared.db import Database
-from shared.events import CursorExpired, EventEntry, EventLog, Handler, MemoryEventLog, SqlEventLog, Unsubscribe
+from shared.events import (
+    CursorExpired,
+    EventEntry,
+    EventLog,
+    Handler,
+    MemoryEventLog,
+    SqlEventLog,
+    Unsubscribe,
+)
 from shared.events_redis import RedisEventLog
 from shared.settings import Settings
 
@@ -62,7 +70,9 @@ class RelayedEventLog:
     """The ``redis`` driver as agentpost runs it: writes and acks go to SQL (and acks to Redis too), reads
     come from Redis after the relay caught up."""
 
-    def __init__(self, sql: SqlEventLog, target: RedisEventLog, wait: Callable[[float], None] | None = None) -> None:
+    def __init__(
+        self, sql: SqlEventLog, target: RedisEventLog, wait: Callable[[float], None] | None = None
+    ) -> None:
         self.sql = sql
         self.redis = target
         self.relay = SqlToRedisRelay(sql, target)
@@ -147,7 +157,9 @@ def redis_prefix(settings: Settings) -> str:
     return f"agentpost:{digest}"
 
 
-def open_event_log(settings: Settings, db: Database, *, wait: Callable[[float], None] | None = None) -> EventLog:
+def open_event_log(
+    settings: Settings, db: Database, *, wait: Callable[[float], None] | None = None
+) -> EventLog:
     """The event log ``events.driver`` names, over ``db``. ``wait(timeout)`` blocks until the database may
     have changed (pass ``runtime.waker.wait_for_change``). ``memory`` is only useful inside one process."""
     driver = settings.events.driver

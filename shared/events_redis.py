@@ -146,7 +146,9 @@ class RedisEventLog:
         return self._topic_prefix + topic
 
     @staticmethod
-    def _args(topic: str, type: str, payload: dict[str, Any], message_id: str | None, created_at: int) -> list[Any]:
+    def _args(
+        topic: str, type: str, payload: dict[str, Any], message_id: str | None, created_at: int
+    ) -> list[Any]:
         body = json.dumps(payload, separators=(",", ":"), default=str)
         return [topic, type, message_id or "", body, created_at]
 
@@ -164,7 +166,9 @@ class RedisEventLog:
         pipe = self.client.pipeline(transaction=False)
         for e in entries:
             args = [*self._args(e.topic, e.type, e.payload, e.message_id, e.created_at), str(int(e.cursor))]
-            self._copy(keys=[self._seq, self._all, self._topic_key(e.topic), self._topics], args=args, client=pipe)
+            self._copy(
+                keys=[self._seq, self._all, self._topic_key(e.topic), self._topics], args=args, client=pipe
+            )
         return sum(int(r) for r in pipe.execute())
 
     def mark_pruned_through(self, cursor: str) -> None:
@@ -180,7 +184,9 @@ class RedisEventLog:
         after_id = _cursor_int(after)
         limit = max(1, min(int(limit), 10_000))
         key = self._all if topic is None else self._topic_key(topic)
-        raw = cast(list[tuple[str, dict[str, str]]], self.client.xrange(key, f"{after_id + 1}-0", "+", count=limit))
+        raw = cast(
+            list[tuple[str, dict[str, str]]], self.client.xrange(key, f"{after_id + 1}-0", "+", count=limit)
+        )
         if after is not None:
             # Checked after the read: a cleanup records its watermark together with its deletions.
             pruned = self.pruned_through(topic)
@@ -204,7 +210,9 @@ class RedisEventLog:
         stopped = threading.Event()
         key = self._all if topic is None else self._topic_key(topic)
         # A blocking XREAD holds its connection: give the subscriber its own.
-        conn = redis.Redis(connection_pool=redis.ConnectionPool(**self.client.connection_pool.connection_kwargs))
+        conn = redis.Redis(
+            connection_pool=redis.ConnectionPool(**self.client.connection_pool.connection_kwargs)
+        )
 
         def loop() -> None:
             try:
@@ -253,7 +261,9 @@ class RedisEventLog:
         start = "-"
         done = False
         while not done:
-            page = cast(list[tuple[str, dict[str, str]]], self.client.xrange(self._all, start, "+", count=1000))
+            page = cast(
+                list[tuple[str, dict[str, str]]], self.client.xrange(self._all, start, "+", count=1000)
+            )
             if not page:
                 break
             for entry_id, fields in page:
@@ -269,12 +279,14 @@ class RedisEventLog:
         # Per-topic cap, but never past what a durable consumer has not acked yet.
         for topic in sorted(cast(set[str], self.client.smembers(self._topics))):
             key = self._topic_key(topic)
-            excess = int(cast(int, self.client.xlen(key))) - max_per_topic
+            excess = int(self.client.xlen(key)) - max_per_topic
             if excess <= 0:
                 continue
             head = cast(list[tuple[str, dict[str, str]]], self.client.xrange(key, "-", "+", count=excess))
             boundary = int(head[-1][0].split("-", 1)[0])
-            floors = [int(v) for v in cast(dict[str, str], self.client.hgetall(self._acks_prefix + topic)).values()]
+            floors = [
+                int(v) for v in cast(dict[str, str], self.client.hgetall(self._acks_prefix + topic)).values()
+            ]
             if floors:
                 boundary = min(boundary, min(floors))
             ids = [int(i.split("-", 1)[0]) for i, _ in head if int(i.split("-", 1)[0]) <= boundary]

@@ -1,0 +1,1 @@
+"""Channel adapter plugins and the web adapter, each its own process."""

@@ -1,0 +1,523 @@
+"""The HTTP API, live streams and dashboard as one FastAPI application over an open runtime.
+
+Endpoint names and shapes follow seed 000 (request fields in camelCase, rows with their column names). Every
+error is a JSON object ``{"error": "..."}`` with a 4xx status, and a failed request changes nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager, suppress
+from pathlib import Path
+from typing import Annotated, Any
+
+import anyio.to_thread
+from fastapi import APIRouter, Depends, FastAPI, Query, Request, WebSocket
+from fastapi import Path as PathParam
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import FileResponse, JSONResponse, PlainTextResponse, Response
+from fastapi.staticfiles import StaticFiles
+from pydantic import BaseModel, ConfigDict, Field
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from shared.clock import now_ms
+from shared.events import ALL_TOPICS, CursorExpired, EventLog, PendingEvent, append_events
+from shared.ids import MESSAGE_ID_RE
+from shared.queue import (
+    MAX_MESSAGE_CHARS,
+    InvalidInput,
+    LeaseLost,
+    NotFound,
+    QueueError,
+    RetryBudgetExhausted,
+)
+from shared.runtime import Runtime
+
+from .auth import bearer_token, host_header_is_loopback, token_matches
+from .metrics import Metrics
+from .stream import EventStreamResponse, StreamLimits, StreamStats, entry_json, valid_cursor
+from .websocket import serve_websocket
+
+log = logging.getLogger("agentpost.web")
+
+STATIC_DIR = Path(__file__).parent / "static"
+#: Request bodies larger than this are refused with 413 (a message may hold 200,000 characters of UTF-8).
+DEFAULT_MAX_BODY_BYTES = 1_048_576
+NAME_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,31}$"
+CURSOR_PATTERN = r"^[0-9]{1,19}$"
+TOPIC_PATTERN = r"^[A-Za-z0-9_.:*-]{1,100}$"
+CONSUMER_PATTERN = r"^[A-Za-z0-9_.:-]{1,100}$"
+
+DeadRef = Annotated[str, PathParam(pattern=r"^([0-9]{1,18}|" + MESSAGE_ID_RE.pattern[1:-1] + ")$")]
+TeamName = Annotated[str, PathParam(pattern=NAME_PATTERN)]
+
+
+# -- request bodies --------------------------------------------------------------------------------------
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="ignore", str_strip_whitespace=False)
+
+
+class MessageIn(_Body):
+    """``POST /api/message``: queue a message (seed 000's fields)."""
+
+    message: str = Field(min_length=1, max_length=MAX_MESSAGE_CHARS)
+    agent: str | None = Field(default=None, pattern=NAME_PATTERN)
+    sender: str = Field(default="web", max_length=200)
+    senderId: str = Field(default="", max_length=200)
+    channel: str = Field(default="web", pattern=NAME_PATTERN)
+    messageId: str | None = Field(default=None, pattern=MESSAGE_ID_RE.pattern)
+    conversation: str = Field(default="", max_length=500)
+
+
+class ProactiveIn(_Body):
+    """``POST /api/responses``: send a message nobody asked for."""
+
+    channel: str = Field(pattern=NAME_PATTERN)
+    message: str = Field(min_length=1, max_length=MAX_MESSAGE_CHARS)
+    sender: str = Field(default="", max_length=200)
+    senderId: str = Field(default="", max_length=200)
+    conversation: str = Field(default="", max_length=500)
+    agent: str = Field(default="", max_length=32)
+    files: list[Annotated[str, Field(max_length=4096)]] = Field(default_factory=list, max_length=10)
+
+
+class ChatPostIn(_Body):
+    """``POST /api/chatroom/{team}``: a user's post to a team's chat room."""
+
+    message: str = Field(min_length=1, max_length=MAX_MESSAGE_CHARS)
+    sender: str = Field(default="web", max_length=200)
+
+
+class EventAckIn(_Body):
+    """``POST /api/events/ack``: a durable consumer's progress."""
+
+    consumer: str = Field(pattern=CONSUMER_PATTERN)
+    topic: str = Field(pattern=TOPIC_PATTERN)
+    cursor: str = Field(pattern=CURSOR_PATTERN)
+
+
+# -- errors ----------------------------------------------------------------------------------------------
+class ApiError(Exception):
+    """An error answered as ``{"error": message, ...extra}`` with ``status``."""
+
+    def __init__(self, status: int, message: str, **extra: Any) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.extra = extra
+
+
+def _error(status: int, message: str, **extra: Any) -> JSONResponse:
+    return JSONResponse({"error": message, **extra}, status_code=status)
+
+
+_QUEUE_STATUS: list[tuple[type[QueueError], int]] = [
+    (NotFound, 404),
+    (RetryBudgetExhausted, 409),
+    (LeaseLost, 409),
+    (InvalidInput, 400),
+]
+
+
+def _describe_validation(exc: RequestValidationError) -> tuple[int, str, list[dict[str, Any]]]:
+    details = []
+    for err in exc.errors():
+        if err.get("type") == "json_invalid":
+            return 400, "malformed JSON in the request body", []
+        loc = [str(p) for p in err.get("loc", ()) if p != "body"]
+        details.append({"field": ".".join(loc) or "body", "problem": err.get("msg", "invalid")})
+    summary = "; ".join(f"{d['field']}: {d['problem']}" for d in details) or "invalid request"
+    return 422, summary, details
+
+
+class BodyLimit:
+    """Refuse request bodies over ``limit`` bytes with 413, whether or not a Content-Length was sent."""
+
+    def __init__(self, app: ASGIApp, limit: int) -> None:
+        self.app = app
+        self.limit = limit
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = dict(scope.get("headers") or [])
+        length = headers.get(b"content-length")
+        if length is not None:
+            if not length.isdigit():
+                await _error(400, "invalid Content-Length")(scope, receive, send)
+                return
+            if int(length) > self.limit:
+                await _error(413, f"request body is larger than {self.limit} bytes")(scope, receive, send)
+                return
+        seen = 0
+        started = False
+        too_large = False
+
+        async def limited_receive() -> Message:
+            nonlocal seen, too_large
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > self.limit:
+                    too_large = True
+                    raise _TooLarge
+            return message
+
+        async def tracking_send(message: Message) -> None:
+            nonlocal started
+            if too_large:
+                return  # the framework's answer to the aborted read is replaced by the 413 below
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
+        with suppress(_TooLarge):
+            await self.app(scope, limited_receive, tracking_send)
+        if too_large and not started:
+            await _error(413, f"request body is larger than {self.limit} bytes")(scope, receive, send)
+
+
+class _TooLarge(Exception):
+    pass
+
+
+# -- the application ---------------------------------------------------------------------------------------
+def create_app(
+    runtime: Runtime,
+    *,
+    events: EventLog | None = None,
+    limits: StreamLimits | None = None,
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+) -> FastAPI:
+    """Build the web adapter over ``runtime``. ``events`` overrides the event log read by streams (the Redis
+    driver, say); by default the runtime's SQL log is used."""
+    settings = runtime.settings
+    queue = runtime.queue
+    db = runtime.db
+    event_log: EventLog = events if events is not None else runtime.events
+    limits = limits or StreamLimits()
+    stats = StreamStats()
+    metrics = Metrics(queue, event_log, stats)
+    token = settings.api.token
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        runtime.waker  # noqa: B018 - start the change signal before the first stream needs it
+        await anyio.to_thread.run_sync(metrics.start)
+        yield
+
+    app = FastAPI(
+        title="agentpost",
+        version="0.1.0",
+        description="Queue, stream and steer AI coding agents.",
+        lifespan=lifespan,
+        docs_url=None,
+        redoc_url=None,
+    )
+    app.state.runtime = runtime
+    app.state.events = event_log
+    app.state.stream_stats = stats
+    app.state.limits = limits
+
+    async def guard(request: Request) -> None:
+        """Token check for every ``/api`` route (also used by the stream, which accepts ``?token=``)."""
+        if token:
+            given = bearer_token(request.headers) or request.query_params.get("token")
+            if not token_matches(given, token):
+                raise ApiError(401, "missing or wrong API token (send Authorization: Bearer <token>)")
+        elif not host_header_is_loopback(request.headers):
+            raise ApiError(403, "without an API token the API answers only requests addressed to loopback")
+
+    api = APIRouter(prefix="/api", dependencies=[Depends(guard)])
+
+    async def run(fn: Any, *args: Any, **kwargs: Any) -> Any:
+        return await anyio.to_thread.run_sync(lambda: fn(*args, **kwargs))
+
+    # -- messages ----------------------------------------------------------------------------------------
+    @api.post("/message", status_code=201, summary="Queue a message")
+    async def post_message(body: MessageIn) -> dict[str, Any]:
+        result = await run(
+            queue.enqueue_message,
+            body.channel,
+            body.sender,
+            body.message,
+            sender_id=body.senderId,
+            message_id=body.messageId,
+            agent=body.agent,
+            conversation=body.conversation,
+        )
+        if result.duplicate:
+            raise ApiError(
+                409,
+                f"message id {result.message_id} is already queued",
+                messageId=result.message_id,
+                agent=result.agent,
+                duplicate=True,
+            )
+        return {"messageId": result.message_id, "agent": result.agent, "duplicate": False}
+
+    @api.get("/queue/status", summary="Messages per status and undelivered responses")
+    async def queue_status() -> dict[str, int]:
+        status: dict[str, int] = await run(queue.queue_status)
+        return status
+
+    @api.get("/queue/agents", summary="Pending and processing messages per agent")
+    async def queue_agents() -> list[dict[str, Any]]:
+        depths: list[dict[str, Any]] = await run(queue.agent_queue_depths)
+        return depths
+
+    @api.get("/queue/processing", summary="Messages being processed now")
+    async def queue_processing() -> list[dict[str, Any]]:
+        return [m.as_dict() for m in await run(queue.list_processing)]
+
+    @api.get("/queue/dead", summary="Dead letters, newest first")
+    async def queue_dead(
+        limit: Annotated[int, Query(ge=1, le=1000)] = 100, offset: Annotated[int, Query(ge=0, le=10**9)] = 0
+    ) -> list[dict[str, Any]]:
+        return [m.as_dict() for m in await run(queue.list_dead, limit, offset)]
+
+    @api.post("/queue/dead/{ref}/retry", summary="Retry a dead letter (row id or message id)")
+    async def retry_dead(ref: DeadRef) -> dict[str, Any]:
+        row = await run(queue.retry_dead, ref)
+        return {"ok": True, "message": row.as_dict()}
+
+    @api.delete("/queue/dead/{ref}", summary="Delete a dead letter for good")
+    async def delete_dead(ref: DeadRef) -> dict[str, Any]:
+        row = await run(queue.delete_dead, ref)
+        return {"ok": True, "messageId": row.message_id}
+
+    # -- responses ---------------------------------------------------------------------------------------
+    @api.get("/responses", summary="Recent responses, newest first")
+    async def responses(
+        limit: Annotated[int, Query(ge=1, le=1000)] = 20,
+        channel: Annotated[str | None, Query(pattern=NAME_PATTERN)] = None,
+    ) -> list[dict[str, Any]]:
+        return [r.as_dict() for r in await run(queue.list_responses, limit, channel)]
+
+    @api.get("/responses/pending", summary="Undelivered responses of one channel, oldest first")
+    async def responses_pending(
+        channel: Annotated[str, Query(pattern=NAME_PATTERN)],
+        conversation: Annotated[str | None, Query(max_length=500)] = None,
+        limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+    ) -> list[dict[str, Any]]:
+        if conversation is None:
+            return [r.as_dict() for r in await run(queue.list_responses, limit, channel, True)]
+        rows = await run(
+            db.read,
+            "SELECT id FROM responses WHERE channel = :c AND conversation = :v AND status <> 'acked' "
+            "ORDER BY id LIMIT :l",
+            {"c": channel, "v": conversation, "l": limit},
+        )
+        wanted = {int(r["id"]) for r in rows}
+        pending = await run(queue.list_responses, 1000, channel, True)
+        return [r.as_dict() for r in pending if r.id in wanted]
+
+    @api.post("/responses/{response_id}/ack", summary="Mark a response delivered")
+    async def ack_response(response_id: Annotated[int, PathParam(ge=1, le=2**62)]) -> dict[str, Any]:
+        changed = await run(queue.ack_response, response_id)
+        return {"ok": True, "acked": bool(changed)}
+
+    @api.post("/responses", status_code=201, summary="Queue a proactive message")
+    async def post_response(body: ProactiveIn) -> dict[str, Any]:
+        row = await run(
+            queue.enqueue_response,
+            body.channel,
+            body.sender,
+            body.message,
+            sender_id=body.senderId,
+            conversation=body.conversation,
+            agent=body.agent,
+            files=body.files,
+        )
+        return {"ok": True, "response": row.as_dict()}
+
+    # -- agents, teams, chat rooms -------------------------------------------------------------------------
+    @api.get("/agents", summary="Configured agents")
+    async def agents() -> list[dict[str, Any]]:
+        return [
+            {
+                "id": name,
+                "name": a.name or name,
+                "provider": a.provider,
+                "model": a.model,
+                "sessionScope": a.session_scope,
+                "default": name == settings.queue.default_agent,
+            }
+            for name, a in sorted(settings.agents.items())
+        ]
+
+    @api.get("/teams", summary="Configured teams")
+    async def teams() -> list[dict[str, Any]]:
+        return [
+            {"id": name, "agents": list(t.agents), "leader": t.leader}
+            for name, t in sorted(settings.teams.items())
+        ]
+
+    def known_team(team: str) -> None:
+        if team not in settings.teams:
+            raise ApiError(404, f"no team {team!r} (known: {', '.join(sorted(settings.teams)) or 'none'})")
+
+    @api.get("/chatroom/{team}", summary="A team chat room's posts, oldest first")
+    async def chatroom(
+        team: TeamName,
+        after: Annotated[int, Query(ge=0, le=2**62)] = 0,
+        limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+    ) -> list[dict[str, Any]]:
+        known_team(team)
+        rows: list[dict[str, Any]] = await run(
+            db.read,
+            "SELECT * FROM chat_messages WHERE team_id = :t AND id > :a ORDER BY id LIMIT :l",
+            {"t": team, "a": after, "l": limit},
+        )
+        return rows
+
+    @api.post("/chatroom/{team}", status_code=201, summary="Post to a team chat room (every member is told)")
+    async def post_chatroom(team: TeamName, body: ChatPostIn) -> dict[str, Any]:
+        known_team(team)
+        members = settings.teams[team].agents
+        text = f"[Chat room #{team} — {body.sender or 'user'}]: {body.message}"
+
+        def post() -> dict[str, Any]:
+            queued = [
+                queue.enqueue_message(
+                    "chatroom", body.sender, text, agent=agent, prefix="chatroom", conversation=f"team:{team}"
+                ).message_id
+                for agent in members
+            ]
+            with db.transaction() as tx:
+                row_id = tx.scalar(
+                    "INSERT INTO chat_messages (team_id, from_agent, message, created_at) "
+                    "VALUES (:t, :f, :m, :now) RETURNING id",
+                    {"t": team, "f": f"user:{body.sender}", "m": body.message, "now": now_ms()},
+                )
+                append_events(
+                    tx, [PendingEvent("chatroom_post", {"team": team, "id": row_id, "queued": queued})]
+                )
+            return {"ok": True, "id": int(row_id), "queued": queued}
+
+        result: dict[str, Any] = await run(post)
+        return result
+
+    # -- events --------------------------------------------------------------------------------------------
+    def parse_topic(topic: str | None) -> str | None:
+        return None if topic in (None, "", ALL_TOPICS) else topic
+
+    @api.get("/events", summary="A page of events after a cursor")
+    async def events_page(
+        after: Annotated[str | None, Query(pattern=CURSOR_PATTERN)] = None,
+        topic: Annotated[str | None, Query(pattern=TOPIC_PATTERN)] = None,
+        limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+    ) -> dict[str, Any]:
+        try:
+            batch = await run(event_log.read, parse_topic(topic), after, limit)
+        except CursorExpired as exc:
+            raise ApiError(410, str(exc), reset=True, retainedAfter=exc.retained_after) from None
+        cursor = batch[-1].cursor if batch else (after or "0")
+        return {"events": [json.loads(entry_json(e)) for e in batch], "cursor": cursor}
+
+    @api.post("/events/ack", summary="Record a durable consumer's cursor")
+    async def events_ack(body: EventAckIn) -> dict[str, Any]:
+        await run(event_log.ack, body.consumer, body.topic, body.cursor)
+        return {"ok": True}
+
+    @api.get(
+        "/events/stream",
+        summary="Live events as server-sent events (replay from Last-Event-ID or ?after=, then live)",
+        response_class=Response,
+    )
+    async def events_stream(
+        request: Request,
+        after: Annotated[str | None, Query(pattern=CURSOR_PATTERN)] = None,
+        topic: Annotated[str | None, Query(pattern=TOPIC_PATTERN)] = None,
+    ) -> Any:
+        header = request.headers.get("last-event-id")
+        try:
+            cursor = valid_cursor(header) if header else valid_cursor(after)
+        except ValueError as exc:
+            raise ApiError(400, str(exc)) from None
+        if stats.clients >= limits.max_clients:
+            raise ApiError(503, "too many stream clients; retry later")
+        return EventStreamResponse(event_log, runtime.waker, parse_topic(topic), cursor, limits, stats)
+
+    app.include_router(api)
+
+    @app.websocket("/api/events/ws")
+    async def events_ws(websocket: WebSocket) -> None:
+        if token:
+            given = bearer_token(websocket.headers) or websocket.query_params.get("token")
+            if not token_matches(given, token):
+                await websocket.close(code=4401, reason="missing or wrong API token")
+                return
+        elif not host_header_is_loopback(websocket.headers):
+            await websocket.close(code=4403, reason="loopback only without an API token")
+            return
+        await serve_websocket(websocket, event_log, runtime.waker, limits, stats)
+
+    # -- health, metrics, dashboard ----------------------------------------------------------------------
+    @app.get("/healthz", summary="Liveness and database reachability")
+    async def healthz() -> JSONResponse:
+        try:
+            await run(db.read_scalar, "SELECT 1")
+        except Exception as exc:  # an unreachable database is what this endpoint exists to report
+            return _error(503, f"database unreachable: {type(exc).__name__}")
+        return JSONResponse({"ok": True, "database": db.dialect.name})
+
+    @app.get("/metrics", summary="Prometheus metrics", response_class=PlainTextResponse)
+    async def metrics_endpoint(request: Request) -> PlainTextResponse:
+        if token and not token_matches(bearer_token(request.headers), token):
+            raise ApiError(401, "missing or wrong API token (send Authorization: Bearer <token>)")
+        text: str = await run(metrics.render)
+        return PlainTextResponse(text, media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    @app.get("/", include_in_schema=False)
+    async def dashboard() -> FileResponse:
+        return FileResponse(STATIC_DIR / "index.html", headers=_PAGE_HEADERS)
+
+    app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
+
+    # -- error handlers ------------------------------------------------------------------------------------
+    @app.exception_handler(ApiError)
+    async def on_api_error(_: Request, exc: ApiError) -> JSONResponse:
+        return _error(exc.status, exc.message, **exc.extra)
+
+    @app.exception_handler(QueueError)
+    async def on_queue_error(_: Request, exc: QueueError) -> JSONResponse:
+        for kind, status in _QUEUE_STATUS:
+            if isinstance(exc, kind):
+                return _error(status, str(exc))
+        return _error(409, str(exc))
+
+    @app.exception_handler(RequestValidationError)
+    async def on_validation(_: Request, exc: RequestValidationError) -> JSONResponse:
+        status, message, details = _describe_validation(exc)
+        return _error(status, message, details=details) if details else _error(status, message)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def on_http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        message = exc.detail if isinstance(exc.detail, str) else "request failed"
+        if exc.status_code == 404 and message == "Not Found":
+            message = "no such endpoint"
+        return JSONResponse({"error": message}, status_code=exc.status_code, headers=exc.headers)
+
+    @app.exception_handler(Exception)
+    async def on_unexpected(_: Request, exc: Exception) -> JSONResponse:
+        log.exception("unexpected error")
+        return _error(500, f"internal error ({type(exc).__name__}); see the server log")
+
+    app.add_middleware(BodyLimit, limit=max_body_bytes)
+    return app
+
+
+_PAGE_HEADERS = {
+    "content-security-policy": (
+        "default-src 'self'; script-src 'self'; style-src 'self'; connect-src 'self'; img-src 'self' data:; "
+        "frame-ancestors 'none'; base-uri 'none'; form-action 'self'"
+    ),
+    "x-content-type-options": "nosniff",
+    "referrer-policy": "no-referrer",
+    "cache-control": "no-cache",
+}

@@ -1,0 +1,58 @@
+"""``agentpost run web``: serve the web adapter with uvicorn on ``settings.api`` (default 127.0.0.1:3777)."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import uvicorn
+
+from shared.event_drivers import open_event_log
+from shared.runtime import open_runtime
+
+from .app import create_app
+from .auth import check_bind
+
+log = logging.getLogger("agentpost.web")
+
+
+def main(home: Path | None = None) -> None:
+    """Run the web process in the foreground until interrupted.
+
+    Raises :class:`~shared.settings.SettingsError` for unusable settings, including a non-loopback
+    ``api.host`` without an API token.
+    """
+    runtime = open_runtime(home)
+    try:
+        api = runtime.settings.api
+        check_bind(api.host, api.token)
+        if runtime.settings.events.driver == "sql":
+            events = runtime.events
+        else:
+            events = open_event_log(runtime.settings, runtime.db, wait=runtime.waker.wait_for_change)
+        app = create_app(runtime, events=events)
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        log.info(
+            "agentpost web on http://%s:%d (events: %s)", api.host, api.port, runtime.settings.events.driver
+        )
+        config = uvicorn.Config(
+            app,
+            host=api.host,
+            port=api.port,
+            log_level="info",
+            access_log=False,
+            # Open event streams never end on their own: give them a moment, then close them.
+            timeout_graceful_shutdown=2,
+            ws="websockets-sansio",
+            proxy_headers=False,
+            server_header=False,
+        )
+        uvicorn.Server(config).run()
+        if events is not runtime.events:
+            events.close()
+    finally:
+        runtime.close()
+
+
+if __name__ == "__main__":
+    main(None)

@@ -1,0 +1,225 @@
+"""The live event stream: replay from a cursor, then follow the log, with no gap and no duplicate.
+
+How it stays loss-free: a follower never keeps its own copy of "live" events. It reads the durable log from
+the last cursor it sent, page by page, until a read comes back short; then it waits for the process's change
+signal (:class:`~shared.wake.Waker`) and reads again from that same cursor. Cursors are assigned in commit
+order, so a read after cursor N returns every event that committed after N — including those appended while
+the client was replaying — and nothing it already has.
+
+How a slow client is contained: events are pulled from the log at the client's pace, so nothing queues up in
+memory for it — at most one page plus the transport's write buffer (uvicorn pauses writing at 64 KiB). A client
+that accepts nothing for ``send_timeout`` seconds is cut off; it reconnects with ``Last-Event-ID`` and resumes.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import anyio
+import anyio.to_thread
+
+from shared.events import CursorExpired, EventEntry
+
+log = logging.getLogger("agentpost.web.stream")
+
+Send = Callable[[dict[str, Any]], Awaitable[None]]
+Receive = Callable[[], Awaitable[dict[str, Any]]]
+
+
+class ReadableLog(Protocol):
+    """The part of an event log a follower needs."""
+
+    def read(self, topic: str | None, after: str | None = None, limit: int = 100) -> list[EventEntry]: ...
+
+    def last_cursor(self) -> str: ...
+
+
+class ChangeSignal(Protocol):
+    """The part of :class:`~shared.wake.Waker` a follower needs."""
+
+    @property
+    def generation(self) -> int: ...
+
+    async def wait_async(self, since: int, timeout: float) -> int: ...
+
+
+@dataclass(frozen=True)
+class StreamLimits:
+    """Tuning of live streams."""
+
+    page_size: int = 200
+    #: A client that takes no data for this long is disconnected (it can resume from its cursor).
+    send_timeout: float = 10.0
+    #: Seconds of silence after which a keep-alive comment is sent.
+    heartbeat: float = 15.0
+    #: Concurrent stream clients per process; more are refused with 503.
+    max_clients: int = 256
+
+
+@dataclass
+class StreamStats:
+    """Counters for /metrics."""
+
+    clients: int = 0
+    connections_total: int = 0
+    events_sent_total: int = 0
+    slow_disconnects_total: int = 0
+    resets_total: int = 0
+    by_transport: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Reset:
+    """The client's cursor is older than the retained log; it continues from ``retained_after``."""
+
+    cursor: str
+    retained_after: str
+
+
+#: What a follower yields: a page of events, a reset notice, or ``None`` for "nothing new lately".
+Item = list[EventEntry] | Reset | None
+
+
+def valid_cursor(value: str | None) -> str | None:
+    """Return the cursor if it has the shape this log hands out (a non-negative integer), else raise."""
+    if value is None or value == "":
+        return None
+    if not value.isascii() or not value.isdigit() or len(value) > 19:
+        raise ValueError(f"invalid cursor {value!r}: cursors are the decimal ids this server hands out")
+    return str(int(value))
+
+
+async def follow(
+    events: ReadableLog,
+    signal: ChangeSignal,
+    topic: str | None,
+    after: str | None,
+    limits: StreamLimits,
+) -> AsyncIterator[Item]:
+    """Yield pages of events after ``after`` (``None``: from now on), forever, in cursor order."""
+    cursor = after if after is not None else await anyio.to_thread.run_sync(events.last_cursor)
+    while True:
+        # Take the generation before reading: a change that lands between the read and the wait is seen.
+        generation = signal.generation
+        try:
+            batch = await anyio.to_thread.run_sync(events.read, topic, cursor, limits.page_size)
+        except CursorExpired as exc:
+            yield Reset(cursor, exc.retained_after)
+            cursor = exc.retained_after
+            continue
+        if batch:
+            cursor = batch[-1].cursor
+            yield batch
+            if len(batch) >= limits.page_size:
+                continue
+        if await signal.wait_async(generation, limits.heartbeat) == generation:
+            yield None
+
+
+def entry_json(entry: EventEntry) -> str:
+    """The JSON body of one event as clients see it (also the payload of a WebSocket ``queue_entry``)."""
+    return json.dumps(
+        {
+            "cursor": entry.cursor,
+            "topic": entry.topic,
+            "type": entry.type,
+            "messageId": entry.message_id,
+            "payload": entry.payload,
+            "createdAt": entry.created_at,
+        },
+        separators=(",", ":"),
+        default=str,
+    )
+
+
+def sse_frames(item: Item) -> bytes:
+    """Encode one follower item as server-sent events: every event carries ``id:`` (its cursor)."""
+    if item is None:
+        return b": keep-alive\n\n"
+    if isinstance(item, Reset):
+        body = json.dumps({"cursor": item.cursor, "retainedAfter": item.retained_after})
+        return f"event: reset\nid: {item.retained_after}\ndata: {body}\n\n".encode()
+    return "".join(f"id: {e.cursor}\ndata: {entry_json(e)}\n\n" for e in item).encode()
+
+
+class EventStreamResponse:
+    """An ASGI response that streams the log as SSE, stops when the client leaves, and cuts off a client
+    that accepts nothing for ``limits.send_timeout`` seconds."""
+
+    def __init__(
+        self,
+        events: ReadableLog,
+        signal: ChangeSignal,
+        topic: str | None,
+        after: str | None,
+        limits: StreamLimits,
+        stats: StreamStats,
+    ) -> None:
+        self.events = events
+        self.signal = signal
+        self.topic = topic
+        self.after = after
+        self.limits = limits
+        self.stats = stats
+
+    async def __call__(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 200,
+                "headers": [
+                    (b"content-type", b"text/event-stream; charset=utf-8"),
+                    (b"cache-control", b"no-cache"),
+                    (b"x-accel-buffering", b"no"),
+                ],
+            }
+        )
+        self.stats.clients += 1
+        self.stats.connections_total += 1
+        completed = False
+        try:
+            async with anyio.create_task_group() as tg:
+
+                async def watch_disconnect() -> None:
+                    while (await receive())["type"] != "http.disconnect":
+                        pass
+                    tg.cancel_scope.cancel()
+
+                tg.start_soon(watch_disconnect)
+                completed = await self._pump(send)
+                tg.cancel_scope.cancel()
+        finally:
+            self.stats.clients -= 1
+        if completed:
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    async def _pump(self, send: Send) -> bool:
+        # The first frame tells EventSource how soon to reconnect after a cut.
+        if not await self._send(send, b"retry: 1000\n\n"):
+            return False
+        async for item in follow(self.events, self.signal, self.topic, self.after, self.limits):
+            if isinstance(item, Reset):
+                self.stats.resets_total += 1
+            if not await self._send(send, sse_frames(item)):
+                return False
+            if isinstance(item, list):
+                self.stats.events_sent_total += len(item)
+        return True
+
+    async def _send(self, send: Send, body: bytes) -> bool:
+        try:
+            with anyio.fail_after(self.limits.send_timeout):
+                await send({"type": "http.response.body", "body": body, "more_body": True})
+        except TimeoutError:
+            # Returning without finishing the body makes the server close the connection; the client's
+            # cursor (the last id it received) is all it needs to resume.
+            self.stats.slow_disconnects_total += 1
+            log.warning(
+                "event stream client accepted nothing for %.1fs: disconnecting it", self.limits.send_timeout
+            )
+            return False
+        return True

@@ -1,0 +1,157 @@
+"""``/api/events/ws``: seed 001's subscription protocol over a WebSocket.
+
+Client → server (JSON text frames):
+
+- ``{"type": "queue_subscribe", "topic": "queue", "afterCursor": "41"}`` — replay after the cursor, then
+  live (``topic`` ``"*"`` or missing: every topic; ``afterCursor`` missing: from now on);
+- ``{"type": "queue_ack", "topic": "queue", "cursor": "57", "consumer": "dash"}`` — record progress;
+- ``{"type": "queue_unsubscribe", "topic": "queue"}``.
+
+Server → client: ``{"type": "queue_entry", "topic", "cursor", "entry": {...}}``, ``{"type": "queue_reset",
+"topic", "cursor", "retainedAfter"}`` when a cursor is older than the retained log, ``queue_subscribed`` /
+``queue_unsubscribed`` / ``queue_acked`` confirmations and ``{"type": "error", "error": "..."}``.
+
+Each subscription follows the log like the SSE stream (see :mod:`adapters.web.stream`); a client that does not
+take its frames for ``send_timeout`` seconds is closed with code 1013 and resumes from its last cursor.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+import anyio
+import anyio.to_thread
+from starlette.websockets import WebSocket, WebSocketDisconnect
+
+from shared.events import ALL_TOPICS, EventLog
+
+from .stream import ChangeSignal, Reset, StreamLimits, StreamStats, entry_json, follow, valid_cursor
+
+log = logging.getLogger("agentpost.web.ws")
+
+MAX_FRAME_BYTES = 64 * 1024
+MAX_SUBSCRIPTIONS = 16
+
+
+class _TooSlow(Exception):
+    pass
+
+
+class _Gone(Exception):
+    pass
+
+
+async def serve_websocket(
+    websocket: WebSocket, events: EventLog, signal: ChangeSignal, limits: StreamLimits, stats: StreamStats
+) -> None:
+    """Run one WebSocket connection until the client leaves (or is too slow)."""
+    await websocket.accept()
+    stats.clients += 1
+    stats.connections_total += 1
+    send_lock = anyio.Lock()
+    subscriptions: dict[str, anyio.CancelScope] = {}
+
+    async def send(data: dict[str, Any]) -> None:
+        async with send_lock:
+            try:
+                with anyio.fail_after(limits.send_timeout):
+                    await websocket.send_text(json.dumps(data, separators=(",", ":")))
+            except TimeoutError:
+                stats.slow_disconnects_total += 1
+                raise _TooSlow from None
+            except (WebSocketDisconnect, RuntimeError, OSError):
+                raise _Gone from None
+
+    async def run_subscription(topic_key: str, after: str | None, scope: anyio.CancelScope) -> None:
+        topic = None if topic_key == ALL_TOPICS else topic_key
+        with scope:
+            async for item in follow(events, signal, topic, after, limits):
+                if item is None:
+                    continue
+                if isinstance(item, Reset):
+                    stats.resets_total += 1
+                    await send(
+                        {
+                            "type": "queue_reset",
+                            "topic": topic_key,
+                            "cursor": item.cursor,
+                            "retainedAfter": item.retained_after,
+                        }
+                    )
+                    continue
+                for entry in item:
+                    await send(
+                        {
+                            "type": "queue_entry",
+                            "topic": topic_key,
+                            "cursor": entry.cursor,
+                            "entry": json.loads(entry_json(entry)),
+                        }
+                    )
+                stats.events_sent_total += len(item)
+
+    try:
+        async with anyio.create_task_group() as tg:
+            while True:
+                try:
+                    raw = await websocket.receive_text()
+                except (WebSocketDisconnect, RuntimeError, KeyError):
+                    break
+                if len(raw) > MAX_FRAME_BYTES:
+                    await send({"type": "error", "error": f"frame larger than {MAX_FRAME_BYTES} bytes"})
+                    continue
+                try:
+                    msg = json.loads(raw)
+                    if not isinstance(msg, dict):
+                        raise ValueError("a frame must be a JSON object")
+                    kind = msg.get("type")
+                    topic_key = str(msg.get("topic") or ALL_TOPICS)
+                    if len(topic_key) > 100:
+                        raise ValueError("topic too long")
+                    if kind == "queue_subscribe":
+                        after = valid_cursor(_opt_str(msg.get("afterCursor")))
+                        if topic_key in subscriptions:
+                            raise ValueError(f"already subscribed to {topic_key!r}; unsubscribe first")
+                        if len(subscriptions) >= MAX_SUBSCRIPTIONS:
+                            raise ValueError(f"at most {MAX_SUBSCRIPTIONS} subscriptions per connection")
+                        scope = anyio.CancelScope()
+                        subscriptions[topic_key] = scope
+                        await send({"type": "queue_subscribed", "topic": topic_key})
+                        tg.start_soon(run_subscription, topic_key, after, scope)
+                    elif kind == "queue_unsubscribe":
+                        found = subscriptions.pop(topic_key, None)
+                        if found is not None:
+                            found.cancel()
+                        await send({"type": "queue_unsubscribed", "topic": topic_key})
+                    elif kind == "queue_ack":
+                        cursor = valid_cursor(_opt_str(msg.get("cursor")))
+                        if cursor is None:
+                            raise ValueError("queue_ack needs a cursor")
+                        consumer = str(msg.get("consumer") or "ws")[:100]
+                        await anyio.to_thread.run_sync(events.ack, consumer, topic_key, cursor)
+                        await send({"type": "queue_acked", "topic": topic_key, "cursor": cursor})
+                    else:
+                        raise ValueError(f"unknown message type {kind!r}")
+                except (ValueError, TypeError) as exc:
+                    await send({"type": "error", "error": str(exc)})
+            tg.cancel_scope.cancel()
+    except* _TooSlow:
+        log.warning("websocket client accepted nothing for %.1fs: closing it", limits.send_timeout)
+        with anyio.move_on_after(1):
+            await websocket.close(code=1013, reason="too slow: reconnect and resume from your last cursor")
+    except* _Gone:
+        pass  # the client left while we were sending to it
+    finally:
+        stats.clients -= 1
+
+
+def _opt_str(value: Any) -> str | None:
+    if value is None:
+        return None
+    if isinstance(value, int) and not isinstance(value, bool):
+        return str(value)
+    if not isinstance(value, str):
+        raise ValueError("cursors are strings")
+    return value
