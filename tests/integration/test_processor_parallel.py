@@ -1,0 +1,127 @@
+"""Concurrency of the processor, with the ``command`` provider running a scripted CLI that logs its runs.
+
+The scripted CLI (see ``tests/processor_support.py``) writes start/end lines with its pid and the time, so the
+tests judge overlap and invocation counts from what really ran, not from the processor's own bookkeeping.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from pathlib import Path
+
+import anyio
+import pytest
+
+from tests.processor_support import (
+    agent_script,
+    command_agent,
+    count,
+    make_home,
+    open_home,
+    overlapping,
+    read_invocations,
+    run_idle,
+    wait_for,
+)
+from workers.processor import Processor
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
+
+
+def _env(log: Path) -> dict[str, str]:
+    return {"PATH": os.environ.get("PATH", ""), "AGENT_LOG": str(log)}
+
+
+def test_two_agents_run_in_parallel_and_each_one_run_at_a_time(tmp_path: Path, sqlite_url: str) -> None:
+    script, log = agent_script(tmp_path), tmp_path / "runs.log"
+    home = make_home(tmp_path, sqlite_url, {"alpha": command_agent(script), "beta": command_agent(script)})
+    with open_home(home) as rt:
+        for agent in ("alpha", "beta"):
+            for chat in range(5):  # five chats: five groups, so five runs of about one second each
+                rt.queue.enqueue_message(
+                    "api", "u", f"job sleep=1 chat{chat}", agent=agent, conversation=f"c{chat}"
+                )
+        started = time.monotonic()
+        stats = run_idle(rt, env=_env(log))
+        elapsed = time.monotonic() - started
+        assert count(rt, "SELECT COUNT(*) FROM messages WHERE status = 'completed'") == 10
+        assert count(rt, "SELECT COUNT(*) FROM responses") == 10
+    runs = read_invocations(log)
+    assert stats.invocations == 10 and len(runs) == 10
+    for agent in ("alpha", "beta"):
+        mine = [r for r in runs if r.agent == agent]
+        assert len(mine) == 5 and not overlapping(mine), f"{agent} ran twice at once"
+    assert overlapping(runs), "the two agents never ran at the same time"
+    assert 4.5 <= elapsed < 8.0, f"10 one-second runs of two agents took {elapsed:.1f} s (want ~5, not 10)"
+
+
+def test_burst_to_a_busy_agent_becomes_at_most_two_runs(tmp_path: Path, sqlite_url: str) -> None:
+    script, log = agent_script(tmp_path), tmp_path / "runs.log"
+    home = make_home(tmp_path, sqlite_url, {"solo": command_agent(script)})
+    with open_home(home) as rt:
+        first = rt.queue.enqueue_message("telegram", "ann", "one sleep=1.5", sender_id="7", conversation="c")
+        processor = Processor(rt, env=_env(log))
+        ids = [first.message_id]
+
+        def send_rest() -> None:
+            # Wait until the first run is really under way, then send four more to the same chat.
+            wait_for(lambda: read_invocations(log), 10, "the first run to start")
+            for n in range(2, 6):
+                ids.append(
+                    rt.queue.enqueue_message(
+                        "telegram", "ann", f"msg {n}", sender_id="7", conversation="c"
+                    ).message_id
+                )
+
+        sender = threading.Thread(target=send_rest)
+        sender.start()
+        anyio.run(lambda: processor.run_until_idle(timeout=30))
+        sender.join()
+        runs = read_invocations(log)
+        assert len(runs) <= 2 and processor.stats.invocations == len(runs)
+        assert len(ids) == 5
+        for mid in ids:
+            msg = rt.queue.get_message(mid)
+            assert msg is not None and msg.status == "completed", (mid, msg and msg.status)
+        responses = rt.db.read("SELECT message_id, message FROM responses ORDER BY id")
+        assert len(responses) == len(runs) == 2
+        assert "msg 2" in runs[1].prompt and "msg 5" in runs[1].prompt  # the four arrived as one batch
+
+
+def test_timeout_kills_children_of_the_cli(tmp_path: Path, sqlite_url: str) -> None:
+    script, log = agent_script(tmp_path), tmp_path / "runs.log"
+    home = make_home(tmp_path, sqlite_url, {"solo": command_agent(script, timeout_seconds=1.5)})
+    with open_home(home) as rt:
+        sent = rt.queue.enqueue_message("cli", "me", "spawn sleep=30")
+        run_idle(rt, env=_env(log))
+        msg = rt.queue.get_message(sent.message_id)
+        assert msg is not None and msg.status == "pending" and "timed out" in (msg.last_error or "")
+    child = int(Path(str(log) + ".child").read_text())
+    wait_for(lambda: _dead(child), 5, f"child {child} of the CLI to be killed")
+    (run,) = read_invocations(log)
+    assert run.end is None  # killed mid-sleep, never reached its end line
+
+
+def test_failing_command_retries_then_dies_with_one_notice(tmp_path: Path, db_url: str) -> None:
+    script, log = agent_script(tmp_path), tmp_path / "runs.log"
+    home = make_home(tmp_path, db_url, {"solo": command_agent(script)})
+    with open_home(home) as rt:
+        sent = rt.queue.enqueue_message("discord", "ann", "fail", sender_id="9", conversation="room")
+        run_idle(rt, env=_env(log), include_delayed=True)
+        msg = rt.queue.get_message(sent.message_id)
+        assert msg is not None and msg.status == "dead"
+        assert "exited with code 3" in (msg.last_error or "") and "something broke" in (msg.last_error or "")
+        notices = rt.db.read("SELECT * FROM responses")
+        assert len(notices) == 1 and notices[0]["conversation"] == "room"
+        assert "something broke" not in notices[0]["message"].split("(")[0]
+    assert len(read_invocations(log)) == 3
+
+
+def _dead(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return True
+    return state == "Z"
