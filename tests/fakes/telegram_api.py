@@ -1,0 +1,943 @@
+"""A small, faithful fake of the Telegram Bot API for end-to-end tests.
+
+The fake listens on ``127.0.0.1`` on a free port and answers the subset of the Bot API that agentpost's
+Telegram adapter uses, in the shape the real server does: every call is ``POST /bot{token}/{method}``
+(form-encoded, or multipart when a file is attached), values arrive as strings, and every reply is
+``{"ok": true, "result": ...}`` or ``{"ok": false, "error_code": N, "description": "..."}`` with the
+HTTP status equal to ``error_code``.
+
+Point python-telegram-bot at it with::
+
+    Application.builder().token(fake.token)
+        .base_url(fake.base_url).base_file_url(fake.base_file_url)
+
+Tests drive it from the other side: :meth:`FakeTelegram.push_text` and :meth:`FakeTelegram.push_document`
+enqueue updates for ``getUpdates``; :attr:`FakeTelegram.sent` holds what the bot successfully did in chats,
+:attr:`FakeTelegram.calls` every request it made, and the ``wait_*`` helpers block on a condition variable
+with a deadline instead of sleeping.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import json
+import re
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from types import TracebackType
+from typing import Any, Literal
+from urllib.parse import parse_qsl, unquote, urlsplit
+
+JSON = dict[str, Any]
+
+#: Methods whose successful calls are visible to the user and so are recorded in ``sent``.
+OUTGOING_METHODS = frozenset(
+    {"sendMessage", "editMessageText", "sendDocument", "sendChatAction", "setMyCommands"}
+)
+
+_CHAT_ACTIONS = frozenset(
+    {
+        "typing",
+        "upload_photo",
+        "record_video",
+        "upload_video",
+        "record_voice",
+        "upload_voice",
+        "upload_document",
+        "choose_sticker",
+        "find_location",
+        "record_video_note",
+        "upload_video_note",
+    }
+)
+_MARKDOWN_MODES = frozenset({"markdown", "markdownv2"})
+_JSON_PARAMS = frozenset(
+    {
+        "reply_parameters",
+        "reply_markup",
+        "entities",
+        "caption_entities",
+        "commands",
+        "allowed_updates",
+        "scope",
+    }
+)
+_COMMAND_RE = re.compile(r"^[a-z0-9_]{1,32}$")
+_MENTION_RE = re.compile(r"(?<![\w@])@[A-Za-z][A-Za-z0-9_]{2,31}")
+_BOT_COMMAND_RE = re.compile(r"(?<!\S)/[A-Za-z0-9_]{1,32}(?:@[A-Za-z][A-Za-z0-9_]{2,31})?")
+_METHOD_PATH_RE = re.compile(r"^/bot(?P<token>[^/]+)/(?P<method>[A-Za-z]+)/?$")
+_FILE_PATH_RE = re.compile(r"^/file/bot(?P<token>[^/]+)/(?P<path>.+)$")
+
+
+def utf16_len(text: str) -> int:
+    """Return the length of ``text`` in UTF-16 code units, the unit Telegram counts offsets and limits in."""
+    return len(text.encode("utf-16-le")) // 2
+
+
+class TelegramApiError(Exception):
+    """An error answer of the Bot API: raised inside the fake, turned into a ``{"ok": false}`` reply."""
+
+    def __init__(self, error_code: int, description: str, parameters: JSON | None = None) -> None:
+        super().__init__(description)
+        self.error_code = error_code
+        self.description = description
+        self.parameters = parameters
+
+    def to_json(self) -> JSON:
+        """Render the error as the Bot API's reply body."""
+        body: JSON = {"ok": False, "error_code": self.error_code, "description": self.description}
+        if self.parameters:
+            body["parameters"] = self.parameters
+        return body
+
+
+@dataclass(frozen=True)
+class UploadedFile:
+    """One file part of a multipart request."""
+
+    field: str
+    filename: str
+    content_type: str
+    data: bytes
+
+
+@dataclass
+class TelegramCall:
+    """One request the client made, with the fake's answer.
+
+    ``params`` holds the form values as sent (strings); JSON-valued parameters such as
+    ``reply_parameters`` are decoded. ``result`` is the ``result`` of a successful reply, ``error`` the
+    body of a failed one.
+    """
+
+    method: str
+    params: dict[str, Any]
+    files: dict[str, UploadedFile] = field(default_factory=dict)
+    result: Any = None
+    error: JSON | None = None
+    at: float = field(default_factory=time.monotonic)
+
+    @property
+    def ok(self) -> bool:
+        """Whether the fake answered the call successfully."""
+        return self.error is None
+
+    @property
+    def chat_id(self) -> int | str | None:
+        """The ``chat_id`` parameter, as an int when numeric."""
+        raw = self.params.get("chat_id")
+        if raw is None:
+            return None
+        text = str(raw)
+        return int(text) if re.fullmatch(r"-?\d+", text) else text
+
+    @property
+    def text(self) -> str | None:
+        """The ``text`` parameter (sendMessage, editMessageText)."""
+        value = self.params.get("text")
+        return None if value is None else str(value)
+
+    @property
+    def caption(self) -> str | None:
+        """The ``caption`` parameter (sendDocument)."""
+        value = self.params.get("caption")
+        return None if value is None else str(value)
+
+    @property
+    def parse_mode(self) -> str | None:
+        """The ``parse_mode`` parameter, or None for plain text."""
+        value = self.params.get("parse_mode")
+        return None if value is None else str(value)
+
+    @property
+    def reply_to_message_id(self) -> int | None:
+        """The message replied to, from ``reply_parameters`` or the legacy ``reply_to_message_id``."""
+        reply = self.params.get("reply_parameters")
+        if isinstance(reply, dict) and "message_id" in reply:
+            return int(reply["message_id"])
+        legacy = self.params.get("reply_to_message_id")
+        return None if legacy is None else int(legacy)
+
+    @property
+    def document(self) -> UploadedFile | None:
+        """The uploaded ``document`` file part, if any."""
+        return self.files.get("document")
+
+
+@dataclass
+class _StoredFile:
+    file_id: str
+    file_unique_id: str
+    file_path: str
+    filename: str
+    mime_type: str
+    data: bytes
+
+
+def _parse_content_disposition(value: str) -> dict[str, str]:
+    params: dict[str, str] = {}
+    for item in value.split(";")[1:]:
+        key, _, raw = item.strip().partition("=")
+        key = key.strip().lower()
+        raw = raw.strip()
+        if key.endswith("*"):
+            # RFC 5987: charset'lang'percent-encoded
+            charset, _, rest = raw.partition("'")
+            _, _, encoded = rest.partition("'")
+            params[key[:-1]] = unquote(encoded, encoding=charset or "utf-8")
+        else:
+            if len(raw) >= 2 and raw[0] == raw[-1] == '"':
+                raw = raw[1:-1].replace('\\"', '"')
+            params.setdefault(key, raw)
+    return params
+
+
+def parse_form_body(content_type: str, body: bytes) -> tuple[dict[str, str], dict[str, UploadedFile]]:
+    """Parse a form-encoded or multipart/form-data body into (fields, files)."""
+    media_type, _, rest = content_type.partition(";")
+    media_type = media_type.strip().lower()
+    if media_type == "multipart/form-data":
+        match = re.search(r'boundary="?([^";]+)"?', rest)
+        if match is None:
+            raise TelegramApiError(400, "Bad Request: multipart boundary is missing")
+        delimiter = b"--" + match.group(1).encode("latin-1")
+        fields: dict[str, str] = {}
+        files: dict[str, UploadedFile] = {}
+        for chunk in body.split(delimiter)[1:]:
+            if chunk.startswith(b"--"):
+                break
+            chunk = chunk.removeprefix(b"\r\n").removesuffix(b"\r\n")
+            head, _, data = chunk.partition(b"\r\n\r\n")
+            headers: dict[str, str] = {}
+            for line in head.decode("utf-8", "replace").split("\r\n"):
+                name, _, value = line.partition(":")
+                headers[name.strip().lower()] = value.strip()
+            disposition = _parse_content_disposition(headers.get("content-disposition", ""))
+            name = disposition.get("name", "")
+            if "filename" in disposition:
+                files[name] = UploadedFile(
+                    field=name,
+                    filename=disposition["filename"],
+                    content_type=headers.get("content-type", "application/octet-stream"),
+                    data=data,
+                )
+            else:
+                fields[name] = data.decode("utf-8")
+        return fields, files
+    if media_type == "application/json":
+        decoded = json.loads(body or b"{}")
+        return {k: v if isinstance(v, str) else json.dumps(v) for k, v in decoded.items()}, {}
+    return dict(parse_qsl(body.decode("utf-8"), keep_blank_values=True)), {}
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    fake: FakeTelegram
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # Clients (PTB on shutdown) drop long-poll connections; that is normal, not an error to print.
+        return
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: _Server
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, format: str, *args: Any) -> None:
+        return
+
+    def _read_body(self) -> bytes:
+        if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
+            chunks: list[bytes] = []
+            while True:
+                size = int(self.rfile.readline().strip().split(b";")[0], 16)
+                if size == 0:
+                    self.rfile.readline()
+                    return b"".join(chunks)
+                chunks.append(self.rfile.read(size))
+                self.rfile.readline()
+        length = int(self.headers.get("Content-Length") or 0)
+        return self.rfile.read(length) if length else b""
+
+    def _reply(self, status: int, body: bytes, content_type: str) -> None:
+        try:
+            self.send_response(status)
+            self.send_header("Content-Type", content_type)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+        except (BrokenPipeError, ConnectionResetError):
+            self.close_connection = True
+
+    def _dispatch(self, verb: str) -> None:
+        url = urlsplit(self.path)
+        body = self._read_body() if verb == "POST" else b""
+        fake = self.server.fake
+        file_match = _FILE_PATH_RE.match(url.path)
+        if verb == "GET" and file_match:
+            # PTB percent-encodes the download URL (the token's ":" arrives as %3A).
+            token, path = unquote(file_match["token"]), unquote(file_match["path"])
+            status, data, content_type = fake._download(token, path)
+            self._reply(status, data, content_type)
+            return
+        method_match = _METHOD_PATH_RE.match(url.path)
+        if method_match is None:
+            payload = TelegramApiError(404, "Not Found").to_json()
+            self._reply(404, json.dumps(payload).encode(), "application/json")
+            return
+        try:
+            fields, files = parse_form_body(self.headers.get("Content-Type", ""), body)
+        except (ValueError, TelegramApiError) as exc:
+            status, payload = 400, TelegramApiError(400, f"Bad Request: {exc}").to_json()
+        else:
+            fields.update(dict(parse_qsl(url.query, keep_blank_values=True)))
+            status, payload = fake._call(
+                unquote(method_match["token"]), method_match["method"], fields, files
+            )
+        self._reply(status, json.dumps(payload).encode(), "application/json")
+
+    def do_POST(self) -> None:
+        self._dispatch("POST")
+
+    def do_GET(self) -> None:
+        self._dispatch("GET")
+
+
+class FakeTelegram:
+    """A fake Telegram Bot API server running in a background thread on ``127.0.0.1``.
+
+    Use it as a context manager (or call :meth:`start` and :meth:`close`). Thread-safe: the test thread
+    pushes updates while the server threads answer the client.
+
+    Set :attr:`reject_markdown` to make every ``Markdown``/``MarkdownV2`` text or caption fail with the real
+    ``400 Bad Request: can't parse entities`` error, to exercise a plain-text fallback.
+    """
+
+    def __init__(
+        self, token: str = "123456789:AAFakeTokenForAgentpostTests", bot_username: str = "agentpost_bot"
+    ) -> None:
+        if not re.fullmatch(r"\d+:[A-Za-z0-9_-]+", token):
+            raise ValueError("a bot token looks like '<bot id>:<secret>'")
+        self.token = token
+        self.bot_username = bot_username
+        self.bot_id = int(token.split(":", 1)[0])
+        self.reject_markdown = False
+        self._cond = threading.Condition()
+        self._closed = False
+        self._updates: list[JSON] = []
+        self._update_ids = itertools.count(100_000_001)
+        self._confirmed_offset = 0
+        self._poll_generation = 0
+        self._waiting_pollers = 0
+        self._chats: dict[int, JSON] = {}
+        self._messages: dict[tuple[int, int], JSON] = {}
+        self._message_ids: dict[int, itertools.count[int]] = {}
+        self._files: dict[str, _StoredFile] = {}
+        self._file_numbers = itertools.count(1)
+        self._failures: dict[str, list[TelegramApiError]] = {}
+        self._sent: list[TelegramCall] = []
+        self._calls: list[TelegramCall] = []
+        self.commands: list[JSON] = []
+        self._server: _Server | None = None
+        self._thread: threading.Thread | None = None
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def start(self) -> FakeTelegram:
+        """Bind a free port and serve in a daemon thread."""
+        server = _Server(("127.0.0.1", 0), _Handler)
+        server.fake = self
+        self._server = server
+        self._thread = threading.Thread(target=server.serve_forever, name="fake-telegram", daemon=True)
+        self._thread.start()
+        return self
+
+    def close(self) -> None:
+        """Release waiting long polls and stop the server."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+    def __enter__(self) -> FakeTelegram:
+        return self.start()
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    @property
+    def url(self) -> str:
+        """Root URL of the fake, ``http://127.0.0.1:PORT``."""
+        if self._server is None:
+            raise RuntimeError("the fake is not started")
+        host, port = self._server.server_address[:2]
+        return f"http://{host!s}:{port}"
+
+    @property
+    def base_url(self) -> str:
+        """Value for PTB's ``base_url`` (the token is appended by PTB)."""
+        return f"{self.url}/bot"
+
+    @property
+    def base_file_url(self) -> str:
+        """Value for PTB's ``base_file_url`` (the token is appended by PTB)."""
+        return f"{self.url}/file/bot"
+
+    # ------------------------------------------------------------------ test-side API
+
+    @property
+    def bot_user(self) -> JSON:
+        """The bot's User object, as getMe returns it."""
+        return {
+            "id": self.bot_id,
+            "is_bot": True,
+            "first_name": "Agentpost",
+            "username": self.bot_username,
+            "can_join_groups": True,
+            "can_read_all_group_messages": False,
+            "supports_inline_queries": False,
+            "can_connect_to_business": False,
+            "has_main_web_app": False,
+        }
+
+    def add_chat(
+        self,
+        chat_id: int,
+        chat_type: Literal["private", "group", "supergroup"] = "private",
+        *,
+        title: str | None = None,
+        username: str | None = None,
+        first_name: str | None = None,
+    ) -> JSON:
+        """Make a chat known to the fake, as pushing a message does; unknown chats give 'chat not found'."""
+        if chat_type == "private":
+            chat: JSON = {"id": chat_id, "type": "private", "first_name": first_name or username or "User"}
+            if username:
+                chat["username"] = username
+        else:
+            chat = {"id": chat_id, "type": chat_type, "title": title or f"Group {chat_id}"}
+        with self._cond:
+            self._chats.setdefault(chat_id, chat)
+            return dict(self._chats[chat_id])
+
+    def push_text(
+        self,
+        chat_id: int,
+        text: str,
+        *,
+        user_id: int | None = None,
+        username: str | None = "alice",
+        first_name: str = "Alice",
+        chat_type: Literal["private", "group", "supergroup"] = "private",
+        chat_title: str | None = None,
+        entities: list[JSON] | None = None,
+        reply_to_message_id: int | None = None,
+    ) -> JSON:
+        """Enqueue an Update carrying a text message from a user and return it.
+
+        In a private chat the user id defaults to the chat id, as in Telegram. When ``entities`` is None
+        the fake derives ``mention`` (``@name``) and ``bot_command`` (``/cmd``) entities from the text with
+        UTF-16 offsets, as the real server does.
+        """
+        message = self._user_message(
+            chat_id, user_id, username, first_name, chat_type, chat_title, reply_to_message_id
+        )
+        message["text"] = text
+        found = _derive_entities(text) if entities is None else entities
+        if found:
+            message["entities"] = found
+        return self._enqueue(message)
+
+    def push_document(
+        self,
+        chat_id: int,
+        filename: str,
+        data: bytes,
+        *,
+        mime_type: str = "application/octet-stream",
+        caption: str | None = None,
+        user_id: int | None = None,
+        username: str | None = "alice",
+        first_name: str = "Alice",
+        chat_type: Literal["private", "group", "supergroup"] = "private",
+        chat_title: str | None = None,
+    ) -> JSON:
+        """Enqueue an Update carrying a document (downloadable through getFile) and return it."""
+        message = self._user_message(chat_id, user_id, username, first_name, chat_type, chat_title, None)
+        stored = self._store_file(filename, mime_type, data)
+        message["document"] = _document_json(stored)
+        if caption is not None:
+            message["caption"] = caption
+            entities = _derive_entities(caption)
+            if entities:
+                message["caption_entities"] = entities
+        return self._enqueue(message)
+
+    def fail_next(
+        self,
+        method: str,
+        *,
+        error_code: int = 400,
+        description: str = "Bad Request: injected failure",
+        retry_after: int | None = None,
+        times: int = 1,
+    ) -> None:
+        """Make the next ``times`` calls of ``method`` fail with the given Bot API error."""
+        parameters = {"retry_after": retry_after} if retry_after is not None else None
+        with self._cond:
+            queue = self._failures.setdefault(method.lower(), [])
+            queue.extend(TelegramApiError(error_code, description, parameters) for _ in range(times))
+
+    def rate_limit_next(self, method: str, *, retry_after: int = 1, times: int = 1) -> None:
+        """Make the next ``times`` calls of ``method`` fail with 429 Too Many Requests and ``retry_after``."""
+        self.fail_next(
+            method,
+            error_code=429,
+            description=f"Too Many Requests: retry after {retry_after}",
+            retry_after=retry_after,
+            times=times,
+        )
+
+    @property
+    def sent(self) -> list[TelegramCall]:
+        """Successful user-visible calls (see :data:`OUTGOING_METHODS`), oldest first (a copy)."""
+        with self._cond:
+            return list(self._sent)
+
+    @property
+    def calls(self) -> list[TelegramCall]:
+        """Every request the client made, successful or not, oldest first (a copy)."""
+        with self._cond:
+            return list(self._calls)
+
+    @property
+    def confirmed_offset(self) -> int:
+        """The highest ``offset`` the client has passed to getUpdates (updates below it are dropped)."""
+        with self._cond:
+            return self._confirmed_offset
+
+    @property
+    def pending_updates(self) -> list[JSON]:
+        """Updates not yet confirmed by the client (a copy)."""
+        with self._cond:
+            return list(self._updates)
+
+    def message(self, chat_id: int, message_id: int) -> JSON | None:
+        """The current state of a message the fake knows (pushed or sent), or None."""
+        with self._cond:
+            found = self._messages.get((chat_id, message_id))
+            return None if found is None else dict(found)
+
+    def wait_for(self, predicate: Callable[[TelegramCall], bool], timeout: float = 5.0) -> TelegramCall:
+        """Block until a record in :attr:`sent` matches ``predicate`` and return the first match."""
+        return self._wait_record(self._sent, predicate, timeout, "sent")
+
+    def wait_for_call(self, predicate: Callable[[TelegramCall], bool], timeout: float = 5.0) -> TelegramCall:
+        """Block until a record in :attr:`calls` (including failed calls) matches ``predicate``."""
+        return self._wait_record(self._calls, predicate, timeout, "calls")
+
+    async def wait_for_async(
+        self, predicate: Callable[[TelegramCall], bool], timeout: float = 5.0
+    ) -> TelegramCall:
+        """:meth:`wait_for` for async tests: waits in a worker thread so the event loop keeps running."""
+        return await asyncio.to_thread(self.wait_for, predicate, timeout)
+
+    def wait_for_offset(self, offset: int, timeout: float = 5.0) -> int:
+        """Block until the client has confirmed ``offset`` (or a higher one); return the confirmed offset."""
+        self._wait_state(lambda: self._confirmed_offset >= offset, timeout, f"confirmed offset >= {offset}")
+        return self.confirmed_offset
+
+    def wait_for_poller(self, timeout: float = 5.0) -> None:
+        """Block until a getUpdates long poll is parked on the server waiting for updates."""
+        self._wait_state(lambda: self._waiting_pollers > 0, timeout, "a waiting getUpdates long poll")
+
+    # ------------------------------------------------------------------ internals: waiting
+
+    def _wait_state(self, ready: Callable[[], bool], timeout: float, what: str) -> None:
+        with self._cond:
+            if not self._cond.wait_for(ready, timeout=timeout):
+                raise TimeoutError(f"fake Telegram: timed out after {timeout}s waiting for {what}")
+
+    def _wait_record(
+        self,
+        records: list[TelegramCall],
+        predicate: Callable[[TelegramCall], bool],
+        timeout: float,
+        name: str,
+    ) -> TelegramCall:
+        found: list[TelegramCall] = []
+
+        def ready() -> bool:
+            for record in records:
+                if predicate(record):
+                    found.append(record)
+                    return True
+            return False
+
+        with self._cond:
+            if not self._cond.wait_for(ready, timeout=timeout):
+                seen = [(r.method, r.chat_id, r.text or r.caption, r.error) for r in records]
+                raise TimeoutError(
+                    f"fake Telegram: no matching record in {name} after {timeout}s; saw {seen}"
+                )
+        return found[0]
+
+    # ------------------------------------------------------------------ internals: state
+
+    def _next_message_id(self, chat_id: int) -> int:
+        counter = self._message_ids.setdefault(chat_id, itertools.count(1))
+        return next(counter)
+
+    def _user_message(
+        self,
+        chat_id: int,
+        user_id: int | None,
+        username: str | None,
+        first_name: str,
+        chat_type: Literal["private", "group", "supergroup"],
+        chat_title: str | None,
+        reply_to_message_id: int | None,
+    ) -> JSON:
+        if chat_type == "private":
+            if user_id is not None and user_id != chat_id:
+                raise ValueError("in a private chat the user id is the chat id")
+            user_id = chat_id
+        elif user_id is None:
+            raise ValueError("a group message needs a user_id")
+        chat = self.add_chat(chat_id, chat_type, title=chat_title, username=username, first_name=first_name)
+        sender: JSON = {"id": user_id, "is_bot": False, "first_name": first_name, "language_code": "en"}
+        if username:
+            sender["username"] = username
+        with self._cond:
+            message: JSON = {
+                "message_id": self._next_message_id(chat_id),
+                "from": sender,
+                "chat": chat,
+                "date": int(time.time()),
+            }
+            if reply_to_message_id is not None:
+                replied = self._messages.get((chat_id, reply_to_message_id))
+                if replied is None:
+                    raise ValueError(f"message {reply_to_message_id} is unknown in chat {chat_id}")
+                message["reply_to_message"] = _without_reply(replied)
+        return message
+
+    def _enqueue(self, message: JSON) -> JSON:
+        with self._cond:
+            self._messages[(message["chat"]["id"], message["message_id"])] = message
+            update = {"update_id": next(self._update_ids), "message": message}
+            self._updates.append(update)
+            self._cond.notify_all()
+            return update
+
+    def _store_file(self, filename: str, mime_type: str, data: bytes) -> _StoredFile:
+        with self._cond:
+            number = next(self._file_numbers)
+            suffix = filename.rsplit(".", 1)[1] if "." in filename else "bin"
+            stored = _StoredFile(
+                file_id=f"BQACAgQAAxkBAAI{number:06d}fake{self.bot_id}",
+                file_unique_id=f"AgAD{number:06d}",
+                file_path=f"documents/file_{number}.{suffix}",
+                filename=filename,
+                mime_type=mime_type,
+                data=data,
+            )
+            self._files[stored.file_id] = stored
+            return stored
+
+    # ------------------------------------------------------------------ internals: HTTP entry points
+
+    def _download(self, token: str, path: str) -> tuple[int, bytes, str]:
+        if token != self.token:
+            return (
+                401,
+                json.dumps(TelegramApiError(401, "Unauthorized").to_json()).encode(),
+                "application/json",
+            )
+        with self._cond:
+            for stored in self._files.values():
+                if stored.file_path == path:
+                    return 200, stored.data, stored.mime_type
+        return 404, json.dumps(TelegramApiError(404, "Not Found").to_json()).encode(), "application/json"
+
+    def _call(
+        self, token: str, method: str, fields: dict[str, str], files: dict[str, UploadedFile]
+    ) -> tuple[int, JSON]:
+        handler = _HANDLERS.get(method.lower())
+        canonical = handler[0] if handler else method
+        params: dict[str, Any] = dict(fields)
+        for name in _JSON_PARAMS & params.keys():
+            with contextlib.suppress(ValueError):
+                params[name] = json.loads(params[name])
+        call = TelegramCall(method=canonical, params=params, files=files)
+        try:
+            if token != self.token:
+                raise TelegramApiError(401, "Unauthorized")
+            if handler is None:
+                raise TelegramApiError(404, "Not Found")
+            with self._cond:
+                injected = self._failures.get(method.lower())
+                if injected:
+                    raise injected.pop(0)
+            call.result = handler[1](self, call)
+        except TelegramApiError as exc:
+            call.error = exc.to_json()
+        except (ValueError, KeyError, TypeError) as exc:
+            call.error = TelegramApiError(400, f"Bad Request: {exc}").to_json()
+        with self._cond:
+            self._calls.append(call)
+            if call.ok and call.method in OUTGOING_METHODS:
+                self._sent.append(call)
+            self._cond.notify_all()
+        if call.error is not None:
+            return int(call.error["error_code"]), call.error
+        return 200, {"ok": True, "result": call.result}
+
+    # ------------------------------------------------------------------ internals: Bot API methods
+
+    def _chat(self, call: TelegramCall) -> JSON:
+        chat_id = call.chat_id
+        if chat_id is None:
+            raise TelegramApiError(400, "Bad Request: chat_id is empty")
+        with self._cond:
+            chat = self._chats.get(chat_id) if isinstance(chat_id, int) else None
+            if chat is None:
+                chat = next((c for c in self._chats.values() if f"@{c.get('username')}" == chat_id), None)
+        if chat is None:
+            raise TelegramApiError(400, "Bad Request: chat not found")
+        return chat
+
+    def _check_markup(self, parse_mode: str | None) -> None:
+        if self.reject_markdown and parse_mode is not None and parse_mode.lower() in _MARKDOWN_MODES:
+            raise TelegramApiError(
+                400,
+                "Bad Request: can't parse entities: Can't find end of the entity starting at byte offset 0",
+            )
+
+    def _reply_to(self, call: TelegramCall, chat: JSON) -> JSON | None:
+        target = call.reply_to_message_id
+        if target is None:
+            return None
+        reply = call.params.get("reply_parameters")
+        allow_missing = isinstance(reply, dict) and bool(reply.get("allow_sending_without_reply"))
+        with self._cond:
+            replied = self._messages.get((chat["id"], target))
+        if replied is None:
+            if allow_missing:
+                return None
+            raise TelegramApiError(400, "Bad Request: message to be replied not found")
+        return _without_reply(replied)
+
+    def _bot_message(self, chat: JSON, reply_to: JSON | None) -> JSON:
+        with self._cond:
+            message: JSON = {
+                "message_id": self._next_message_id(chat["id"]),
+                "from": {
+                    "id": self.bot_id,
+                    "is_bot": True,
+                    "first_name": self.bot_user["first_name"],
+                    "username": self.bot_username,
+                },
+                "chat": chat,
+                "date": int(time.time()),
+            }
+        if reply_to is not None:
+            message["reply_to_message"] = reply_to
+        return message
+
+    def _remember(self, message: JSON) -> JSON:
+        with self._cond:
+            self._messages[(message["chat"]["id"], message["message_id"])] = message
+        return message
+
+    def _get_me(self, call: TelegramCall) -> JSON:
+        return self.bot_user
+
+    def _delete_webhook(self, call: TelegramCall) -> bool:
+        if str(call.params.get("drop_pending_updates", "")).lower() == "true":
+            with self._cond:
+                self._updates.clear()
+        return True
+
+    def _get_updates(self, call: TelegramCall) -> list[JSON]:
+        offset = int(call.params.get("offset") or 0)
+        timeout = float(call.params.get("timeout") or 0)
+        limit = max(1, min(100, int(call.params.get("limit") or 100)))
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            self._poll_generation += 1
+            generation = self._poll_generation
+            if offset < 0:
+                self._updates = self._updates[offset:]
+            elif offset > 0:
+                self._updates = [u for u in self._updates if u["update_id"] >= offset]
+                self._confirmed_offset = max(self._confirmed_offset, offset)
+            self._cond.notify_all()
+            while True:
+                if generation != self._poll_generation:
+                    raise TelegramApiError(
+                        409,
+                        "Conflict: terminated by other getUpdates request; "
+                        "make sure that only one bot instance is running",
+                    )
+                remaining = deadline - time.monotonic()
+                if self._updates or self._closed or remaining <= 0:
+                    return list(self._updates[:limit])
+                self._waiting_pollers += 1
+                self._cond.notify_all()
+                try:
+                    self._cond.wait(remaining)
+                finally:
+                    self._waiting_pollers -= 1
+
+    def _send_message(self, call: TelegramCall) -> JSON:
+        chat = self._chat(call)
+        text = call.text or ""
+        if not text.strip():
+            raise TelegramApiError(400, "Bad Request: message text is empty")
+        if utf16_len(text) > 4096:
+            raise TelegramApiError(400, "Bad Request: message is too long")
+        self._check_markup(call.parse_mode)
+        message = self._bot_message(chat, self._reply_to(call, chat))
+        message["text"] = text
+        return self._remember(message)
+
+    def _edit_message_text(self, call: TelegramCall) -> JSON:
+        if "inline_message_id" in call.params:
+            raise TelegramApiError(400, "Bad Request: inline messages are not supported by the fake")
+        chat = self._chat(call)
+        text = call.text or ""
+        if not text.strip():
+            raise TelegramApiError(400, "Bad Request: message text is empty")
+        if utf16_len(text) > 4096:
+            raise TelegramApiError(400, "Bad Request: MESSAGE_TOO_LONG")
+        self._check_markup(call.parse_mode)
+        message_id = int(call.params.get("message_id") or 0)
+        with self._cond:
+            current = self._messages.get((chat["id"], message_id))
+            if current is None:
+                raise TelegramApiError(400, "Bad Request: message to edit not found")
+            if current["from"]["id"] != self.bot_id:
+                raise TelegramApiError(400, "Bad Request: message can't be edited")
+            if current.get("text") == text:
+                raise TelegramApiError(
+                    400,
+                    "Bad Request: message is not modified: specified new message content and reply markup "
+                    "are exactly the same as a current content and reply markup of the message",
+                )
+            edited = dict(current, text=text, edit_date=int(time.time()))
+            self._messages[(chat["id"], message_id)] = edited
+        return edited
+
+    def _send_chat_action(self, call: TelegramCall) -> bool:
+        self._chat(call)
+        if call.params.get("action") not in _CHAT_ACTIONS:
+            raise TelegramApiError(400, "Bad Request: wrong parameter action in request")
+        return True
+
+    def _send_document(self, call: TelegramCall) -> JSON:
+        chat = self._chat(call)
+        upload = call.document
+        if upload is not None:
+            stored = self._store_file(upload.filename, upload.content_type, upload.data)
+        else:
+            with self._cond:
+                found = self._files.get(str(call.params.get("document", "")))
+            if found is None:
+                raise TelegramApiError(400, "Bad Request: wrong file identifier/HTTP URL specified")
+            stored = found
+        caption = call.caption
+        if caption is not None:
+            if utf16_len(caption) > 1024:
+                raise TelegramApiError(400, "Bad Request: message caption is too long")
+            self._check_markup(call.parse_mode)
+        message = self._bot_message(chat, self._reply_to(call, chat))
+        message["document"] = _document_json(stored)
+        if caption:
+            message["caption"] = caption
+        return self._remember(message)
+
+    def _set_my_commands(self, call: TelegramCall) -> bool:
+        commands = call.params.get("commands")
+        if not isinstance(commands, list) or len(commands) > 100:
+            raise TelegramApiError(400, "Bad Request: can't parse commands JSON object")
+        for command in commands:
+            if not isinstance(command, dict) or not _COMMAND_RE.match(str(command.get("command", ""))):
+                raise TelegramApiError(400, "Bad Request: BOT_COMMAND_INVALID")
+            if not 1 <= len(str(command.get("description", ""))) <= 256:
+                raise TelegramApiError(400, "Bad Request: command description is empty")
+        with self._cond:
+            self.commands = [{"command": c["command"], "description": c["description"]} for c in commands]
+        return True
+
+    def _get_my_commands(self, call: TelegramCall) -> list[JSON]:
+        with self._cond:
+            return list(self.commands)
+
+    def _get_file(self, call: TelegramCall) -> JSON:
+        with self._cond:
+            stored = self._files.get(str(call.params.get("file_id", "")))
+        if stored is None:
+            raise TelegramApiError(400, "Bad Request: invalid file_id")
+        return {
+            "file_id": stored.file_id,
+            "file_unique_id": stored.file_unique_id,
+            "file_size": len(stored.data),
+            "file_path": stored.file_path,
+        }
+
+
+_HANDLERS: dict[str, tuple[str, Callable[[FakeTelegram, TelegramCall], Any]]] = {
+    name.lower(): (name, func)
+    for name, func in {
+        "getMe": FakeTelegram._get_me,
+        "deleteWebhook": FakeTelegram._delete_webhook,
+        "getUpdates": FakeTelegram._get_updates,
+        "sendMessage": FakeTelegram._send_message,
+        "editMessageText": FakeTelegram._edit_message_text,
+        "sendChatAction": FakeTelegram._send_chat_action,
+        "sendDocument": FakeTelegram._send_document,
+        "setMyCommands": FakeTelegram._set_my_commands,
+        "getMyCommands": FakeTelegram._get_my_commands,
+        "getFile": FakeTelegram._get_file,
+    }.items()
+}
+
+
+def _derive_entities(text: str) -> list[JSON]:
+    entities: list[JSON] = []
+    for kind, pattern in (("mention", _MENTION_RE), ("bot_command", _BOT_COMMAND_RE)):
+        for match in pattern.finditer(text):
+            entities.append(
+                {
+                    "type": kind,
+                    "offset": utf16_len(text[: match.start()]),
+                    "length": utf16_len(match.group(0)),
+                }
+            )
+    return sorted(entities, key=lambda e: int(e["offset"]))
+
+
+def _document_json(stored: _StoredFile) -> JSON:
+    return {
+        "file_name": stored.filename,
+        "mime_type": stored.mime_type,
+        "file_id": stored.file_id,
+        "file_unique_id": stored.file_unique_id,
+        "file_size": len(stored.data),
+    }
+
+
+def _without_reply(message: JSON) -> JSON:
+    return {k: v for k, v in message.items() if k != "reply_to_message"}

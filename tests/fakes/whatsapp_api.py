@@ -1,0 +1,568 @@
+"""A small, faithful fake of the WhatsApp Cloud API (Meta Graph API) for end-to-end tests.
+
+Two halves:
+
+* :class:`FakeWhatsApp`, an HTTP server on ``127.0.0.1`` (free port, background thread) answering
+  ``POST /v{N}/{phone_number_id}/messages`` and ``POST /v{N}/{phone_number_id}/media`` with Bearer-token
+  checks and Graph-shaped errors (including the throughput errors 130429 and 131056, injectable), plus
+  ``GET /v{N}/{media_id}`` and the media download URL it returns, for inbound media;
+* webhook builders — :func:`text_message_payload`, :func:`document_message_payload`,
+  :func:`status_payload` — and :func:`signed_webhook`, which serialises a payload the way Meta does and
+  signs the raw bytes with ``X-Hub-Signature-256: sha256=<hex HMAC-SHA256(app_secret, body)>``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import hmac
+import itertools
+import json
+import re
+import secrets
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from types import TracebackType
+from typing import Any, Literal
+from urllib.parse import unquote, urlsplit
+
+JSON = dict[str, Any]
+
+TEXT_LIMIT = 4096
+
+#: Graph error bodies for the two throughput limits a sender must back off on.
+THROUGHPUT_ERRORS: dict[int, JSON] = {
+    130429: {
+        "message": "(#130429) Rate limit hit",
+        "type": "OAuthException",
+        "code": 130429,
+        "error_data": {
+            "messaging_product": "whatsapp",
+            "details": "Cloud API message throughput has been reached.",
+        },
+    },
+    131056: {
+        "message": "(#131056) (Business Account, Consumer Account) pair rate limit hit",
+        "type": "OAuthException",
+        "code": 131056,
+        "error_data": {
+            "messaging_product": "whatsapp",
+            "details": "Message failed to send because there were too many messages sent from this phone "
+            "number to the same phone number in a short period of time.",
+        },
+    },
+}
+
+_MESSAGES_PATH_RE = re.compile(r"^/v(?P<version>\d+\.\d+)/(?P<phone>\d+)/(?P<edge>messages|media)/?$")
+_MEDIA_INFO_RE = re.compile(r"^/v(?P<version>\d+\.\d+)/(?P<media_id>\d+)/?$")
+_DOWNLOAD_RE = re.compile(r"^/download/(?P<media_id>\d+)$")
+
+
+class GraphError(Exception):
+    """A Graph API error answer: ``{"error": {"message", "type", "code", "fbtrace_id", ...}}``."""
+
+    def __init__(self, status: int, error: JSON) -> None:
+        super().__init__(error.get("message", ""))
+        self.status = status
+        self.error = dict(error, fbtrace_id=f"A{secrets.token_hex(10)}")
+
+    def to_json(self) -> JSON:
+        """Render the error as the Graph API's reply body."""
+        return {"error": self.error}
+
+
+def _invalid_parameter(message: str) -> GraphError:
+    return GraphError(400, {"message": f"(#100) {message}", "type": "OAuthException", "code": 100})
+
+
+@dataclass(frozen=True)
+class WhatsAppMedia:
+    """A media object held by the fake (uploaded by the bot or added by a test for inbound messages)."""
+
+    media_id: str
+    filename: str
+    mime_type: str
+    data: bytes
+
+    @property
+    def sha256(self) -> str:
+        """Hex SHA-256 of the bytes, as Graph reports it."""
+        return hashlib.sha256(self.data).hexdigest()
+
+
+@dataclass
+class WhatsAppSent:
+    """One accepted ``/messages`` request: the decoded body and the wamid the fake assigned."""
+
+    phone_number_id: str
+    to: str
+    type: str
+    body: JSON
+    wamid: str
+    at: float = field(default_factory=time.monotonic)
+
+    @property
+    def text(self) -> str | None:
+        """``text.body`` for text messages."""
+        text = self.body.get("text")
+        return str(text["body"]) if isinstance(text, dict) and "body" in text else None
+
+    @property
+    def document(self) -> JSON | None:
+        """The ``document`` object (``id`` or ``link``, ``filename``, ``caption``) for documents."""
+        document = self.body.get("document")
+        return document if isinstance(document, dict) else None
+
+    @property
+    def reply_to(self) -> str | None:
+        """The wamid in ``context.message_id`` when the message quotes another."""
+        context = self.body.get("context")
+        return str(context["message_id"]) if isinstance(context, dict) and "message_id" in context else None
+
+
+@dataclass(frozen=True)
+class GraphCall:
+    """One request to the fake with the status it answered."""
+
+    method: str
+    path: str
+    status: int
+    body: JSON | None
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    fake: FakeWhatsApp
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        return
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: _Server
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, format: str, *args: Any) -> None:
+        return
+
+    def _serve(self, verb: str) -> None:
+        length = int(self.headers.get("Content-Length") or 0)
+        body = self.rfile.read(length) if length else b""
+        status, data, content_type = self.server.fake._handle(
+            verb, urlsplit(self.path).path, dict(self.headers.items()), body
+        )
+        try:
+            self.send_response(status)
+            self.send_header("Content-Type", content_type)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+        except (BrokenPipeError, ConnectionResetError):
+            self.close_connection = True
+
+    def do_GET(self) -> None:
+        self._serve("GET")
+
+    def do_POST(self) -> None:
+        self._serve("POST")
+
+
+class FakeWhatsApp:
+    """A fake Graph API for the WhatsApp Cloud API, running in a background thread on ``127.0.0.1``.
+
+    ``graph_url`` replaces ``https://graph.facebook.com``; requests must carry
+    ``Authorization: Bearer <access_token>`` and target ``phone_number_id``.
+    """
+
+    def __init__(
+        self, access_token: str = "EAAG-fake-access-token", phone_number_id: str = "106540352242922"
+    ) -> None:
+        self.access_token = access_token
+        self.phone_number_id = phone_number_id
+        self._cond = threading.Condition()
+        self._sent: list[WhatsAppSent] = []
+        self._calls: list[GraphCall] = []
+        self._media: dict[str, WhatsAppMedia] = {}
+        self._failures: list[GraphError] = []
+        self._ids = itertools.count(1)
+        self._server: _Server | None = None
+        self._thread: threading.Thread | None = None
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def start(self) -> FakeWhatsApp:
+        """Bind a free port and serve in a daemon thread."""
+        server = _Server(("127.0.0.1", 0), _Handler)
+        server.fake = self
+        self._server = server
+        self._thread = threading.Thread(target=server.serve_forever, name="fake-whatsapp", daemon=True)
+        self._thread.start()
+        return self
+
+    def close(self) -> None:
+        """Stop the server."""
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+    def __enter__(self) -> FakeWhatsApp:
+        return self.start()
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    @property
+    def graph_url(self) -> str:
+        """Root URL standing in for ``https://graph.facebook.com``."""
+        if self._server is None:
+            raise RuntimeError("the fake is not started")
+        host, port = self._server.server_address[:2]
+        return f"http://{host!s}:{port}"
+
+    def messages_url(self, version: str = "v21.0") -> str:
+        """``{graph_url}/{version}/{phone_number_id}/messages``."""
+        return f"{self.graph_url}/{version}/{self.phone_number_id}/messages"
+
+    # ------------------------------------------------------------------ test-side API
+
+    def throttle_next(self, code: Literal[130429, 131056] = 130429, times: int = 1) -> None:
+        """Answer the next ``times`` sends with HTTP 400 and the throughput error ``code``."""
+        with self._cond:
+            self._failures.extend(GraphError(400, THROUGHPUT_ERRORS[code]) for _ in range(times))
+
+    def add_media(self, data: bytes, mime_type: str, filename: str = "file") -> str:
+        """Store media as if a user had sent it; return the media id to put in a webhook payload."""
+        return self._store_media(data, mime_type, filename).media_id
+
+    def media(self, media_id: str) -> WhatsAppMedia | None:
+        """A media object the fake holds (uploaded or added), or None."""
+        with self._cond:
+            return self._media.get(media_id)
+
+    @property
+    def sent(self) -> list[WhatsAppSent]:
+        """Accepted messages, oldest first (a copy)."""
+        with self._cond:
+            return list(self._sent)
+
+    @property
+    def calls(self) -> list[GraphCall]:
+        """Every request, with the status answered, oldest first (a copy)."""
+        with self._cond:
+            return list(self._calls)
+
+    def wait_for(self, predicate: Callable[[WhatsAppSent], bool], timeout: float = 5.0) -> WhatsAppSent:
+        """Block until a record in :attr:`sent` matches ``predicate``; return the first match."""
+        found: list[WhatsAppSent] = []
+
+        def ready() -> bool:
+            for record in self._sent:
+                if predicate(record):
+                    found.append(record)
+                    return True
+            return False
+
+        with self._cond:
+            if not self._cond.wait_for(ready, timeout=timeout):
+                seen = [(r.to, r.type, r.text) for r in self._sent]
+                raise TimeoutError(f"fake WhatsApp: no matching message after {timeout}s; sent {seen}")
+        return found[0]
+
+    async def wait_for_async(
+        self, predicate: Callable[[WhatsAppSent], bool], timeout: float = 5.0
+    ) -> WhatsAppSent:
+        """:meth:`wait_for` for async tests: waits in a worker thread so the event loop keeps running."""
+        return await asyncio.to_thread(self.wait_for, predicate, timeout)
+
+    # ------------------------------------------------------------------ internals
+
+    def _store_media(self, data: bytes, mime_type: str, filename: str) -> WhatsAppMedia:
+        with self._cond:
+            media_id = str(1_000_000_000_000_000 + next(self._ids))
+            stored = WhatsAppMedia(media_id=media_id, filename=filename, mime_type=mime_type, data=data)
+            self._media[media_id] = stored
+            return stored
+
+    def _handle(self, verb: str, path: str, headers: dict[str, str], body: bytes) -> tuple[int, bytes, str]:
+        decoded: JSON | None = None
+        try:
+            auth = next((v for k, v in headers.items() if k.lower() == "authorization"), "")
+            if auth != f"Bearer {self.access_token}":
+                raise GraphError(
+                    401,
+                    {
+                        "message": "Invalid OAuth access token - Cannot parse access token",
+                        "type": "OAuthException",
+                        "code": 190,
+                    },
+                )
+            content_type = next((v for k, v in headers.items() if k.lower() == "content-type"), "")
+            download = _DOWNLOAD_RE.match(path)
+            if verb == "GET" and download:
+                media = self.media(download["media_id"])
+                if media is None:
+                    raise GraphError(
+                        404, {"message": "Media not found", "type": "OAuthException", "code": 100}
+                    )
+                self._log(verb, path, 200, None)
+                return 200, media.data, media.mime_type
+            info = _MEDIA_INFO_RE.match(path)
+            if verb == "GET" and info:
+                result = self._media_info(info["media_id"])
+            else:
+                edge = _MESSAGES_PATH_RE.match(path)
+                if verb != "POST" or edge is None:
+                    raise GraphError(
+                        400,
+                        {
+                            "message": "Unknown path components: " + path,
+                            "type": "OAuthException",
+                            "code": 2500,
+                        },
+                    )
+                if edge["phone"] != self.phone_number_id:
+                    raise _invalid_parameter(
+                        f"Unsupported post request. Object with ID '{edge['phone']}' does not exist, "
+                        "cannot be loaded due to missing permissions, or does not support this operation"
+                    )
+                if edge["edge"] == "media":
+                    result = self._upload(content_type, body)
+                else:
+                    try:
+                        decoded = json.loads(body or b"null")
+                    except ValueError as exc:
+                        raise _invalid_parameter("Invalid parameter: body is not JSON") from exc
+                    result = self._send(decoded)
+            status, data = 200, result
+        except GraphError as exc:
+            status, data = exc.status, exc.to_json()
+        self._log(verb, path, status, decoded)
+        return status, json.dumps(data).encode(), "application/json"
+
+    def _log(self, verb: str, path: str, status: int, body: JSON | None) -> None:
+        with self._cond:
+            self._calls.append(GraphCall(verb, path, status, body))
+            self._cond.notify_all()
+
+    def _media_info(self, media_id: str) -> JSON:
+        media = self.media(media_id)
+        if media is None:
+            raise _invalid_parameter(f"Unsupported get request. Object with ID '{media_id}' does not exist")
+        return {
+            "messaging_product": "whatsapp",
+            "url": f"{self.graph_url}/download/{media.media_id}",
+            "mime_type": media.mime_type,
+            "sha256": media.sha256,
+            "file_size": len(media.data),
+            "id": media.media_id,
+        }
+
+    def _upload(self, content_type: str, body: bytes) -> JSON:
+        fields, files = _parse_multipart(content_type, body)
+        if fields.get("messaging_product") != "whatsapp":
+            raise _invalid_parameter("The parameter messaging_product is required.")
+        if "file" not in files:
+            raise _invalid_parameter("The parameter file is required.")
+        filename, mime_type, data = files["file"]
+        stored = self._store_media(data, fields.get("type") or mime_type, filename)
+        return {"id": stored.media_id}
+
+    def _send(self, body: Any) -> JSON:
+        if not isinstance(body, dict) or body.get("messaging_product") != "whatsapp":
+            raise _invalid_parameter("The parameter messaging_product is required.")
+        to = str(body.get("to") or "")
+        if not to:
+            raise _invalid_parameter("The parameter to is required.")
+        kind = str(body.get("type") or "text")
+        if kind == "text":
+            text = body.get("text")
+            if not isinstance(text, dict) or not str(text.get("body") or ""):
+                raise _invalid_parameter("The parameter text['body'] is required.")
+            if len(str(text["body"])) > TEXT_LIMIT:
+                raise _invalid_parameter(f"Param text['body'] must be at most {TEXT_LIMIT} characters long.")
+        elif kind == "document":
+            document = body.get("document")
+            if not isinstance(document, dict) or not ("id" in document or "link" in document):
+                raise _invalid_parameter("The parameter document['id'] or document['link'] is required.")
+            if "id" in document and self.media(str(document["id"])) is None:
+                raise GraphError(
+                    400,
+                    {
+                        "message": "(#131053) Media upload error",
+                        "type": "OAuthException",
+                        "code": 131053,
+                        "error_data": {"messaging_product": "whatsapp", "details": "Unknown media id"},
+                    },
+                )
+        else:
+            raise _invalid_parameter(f"Param type must be one of {{TEXT, DOCUMENT}} in this fake, got {kind}")
+        with self._cond:
+            if self._failures:
+                raise self._failures.pop(0)
+            wamid = _wamid()
+            self._sent.append(WhatsAppSent(self.phone_number_id, to, kind, body, wamid))
+            self._cond.notify_all()
+        return {
+            "messaging_product": "whatsapp",
+            "contacts": [{"input": to, "wa_id": to}],
+            "messages": [{"id": wamid}],
+        }
+
+
+def _parse_multipart(
+    content_type: str, body: bytes
+) -> tuple[dict[str, str], dict[str, tuple[str, str, bytes]]]:
+    match = re.search(r'boundary="?([^";]+)"?', content_type)
+    if not content_type.lower().startswith("multipart/form-data") or match is None:
+        raise _invalid_parameter("Upload must be multipart/form-data")
+    fields: dict[str, str] = {}
+    files: dict[str, tuple[str, str, bytes]] = {}
+    for chunk in body.split(b"--" + match.group(1).encode("latin-1"))[1:]:
+        if chunk.startswith(b"--"):
+            break
+        head, _, data = chunk.removeprefix(b"\r\n").removesuffix(b"\r\n").partition(b"\r\n\r\n")
+        headers = {}
+        for line in head.decode("utf-8", "replace").split("\r\n"):
+            key, _, value = line.partition(":")
+            headers[key.strip().lower()] = value.strip()
+        disposition = headers.get("content-disposition", "")
+        name = re.search(r'\bname="([^"]*)"', disposition)
+        filename = re.search(r'\bfilename="([^"]*)"', disposition)
+        filename_star = re.search(r"\bfilename\*=[^']*''([^;]+)", disposition)
+        key = name.group(1) if name else ""
+        if filename or filename_star:
+            shown = (
+                unquote(filename_star.group(1)) if filename_star else filename.group(1) if filename else ""
+            )
+            files[key] = (shown, headers.get("content-type", "application/octet-stream"), data)
+        else:
+            fields[key] = data.decode("utf-8")
+    return fields, files
+
+
+def _wamid() -> str:
+    return "wamid.HBgL" + secrets.token_hex(16).upper()
+
+
+# ---------------------------------------------------------------------- webhooks
+
+
+def _envelope(phone_number_id: str, display_phone_number: str, value: JSON) -> JSON:
+    return {
+        "object": "whatsapp_business_account",
+        "entry": [
+            {
+                "id": "102290129340398",
+                "changes": [
+                    {
+                        "value": {
+                            "messaging_product": "whatsapp",
+                            "metadata": {
+                                "display_phone_number": display_phone_number,
+                                "phone_number_id": phone_number_id,
+                            },
+                            **value,
+                        },
+                        "field": "messages",
+                    }
+                ],
+            }
+        ],
+    }
+
+
+def text_message_payload(
+    from_number: str,
+    body: str,
+    *,
+    wamid: str | None = None,
+    name: str = "Alice",
+    phone_number_id: str = "106540352242922",
+    display_phone_number: str = "15550783881",
+    timestamp: int | None = None,
+) -> JSON:
+    """A Cloud API webhook payload carrying one inbound text message (``value.messages[0]``)."""
+    message = {
+        "from": from_number,
+        "id": wamid or _wamid(),
+        "timestamp": str(timestamp if timestamp is not None else int(time.time())),
+        "type": "text",
+        "text": {"body": body},
+    }
+    value = {"contacts": [{"profile": {"name": name}, "wa_id": from_number}], "messages": [message]}
+    return _envelope(phone_number_id, display_phone_number, value)
+
+
+def document_message_payload(
+    from_number: str,
+    media_id: str,
+    *,
+    filename: str,
+    mime_type: str,
+    sha256: str,
+    caption: str | None = None,
+    wamid: str | None = None,
+    name: str = "Alice",
+    phone_number_id: str = "106540352242922",
+    display_phone_number: str = "15550783881",
+) -> JSON:
+    """A webhook payload carrying an inbound document (fetch it via ``GET /v{N}/{media_id}``)."""
+    document: JSON = {"filename": filename, "mime_type": mime_type, "sha256": sha256, "id": media_id}
+    if caption is not None:
+        document["caption"] = caption
+    message = {
+        "from": from_number,
+        "id": wamid or _wamid(),
+        "timestamp": str(int(time.time())),
+        "type": "document",
+        "document": document,
+    }
+    value = {"contacts": [{"profile": {"name": name}, "wa_id": from_number}], "messages": [message]}
+    return _envelope(phone_number_id, display_phone_number, value)
+
+
+def status_payload(
+    wamid: str,
+    recipient_id: str,
+    status: Literal["sent", "delivered", "read", "failed"] = "delivered",
+    *,
+    phone_number_id: str = "106540352242922",
+    display_phone_number: str = "15550783881",
+) -> JSON:
+    """A webhook payload carrying a delivery receipt (``value.statuses[0]``), with no ``messages``."""
+    receipt: JSON = {
+        "id": wamid,
+        "status": status,
+        "timestamp": str(int(time.time())),
+        "recipient_id": recipient_id,
+    }
+    if status == "failed":
+        receipt["errors"] = [{"code": 131047, "title": "Re-engagement message"}]
+    else:
+        receipt["conversation"] = {"id": secrets.token_hex(16), "origin": {"type": "service"}}
+        receipt["pricing"] = {"billable": True, "pricing_model": "CBP", "category": "service"}
+    return _envelope(phone_number_id, display_phone_number, {"statuses": [receipt]})
+
+
+def signed_webhook(app_secret: str, payload: JSON) -> tuple[bytes, dict[str, str]]:
+    """Serialise ``payload`` as Meta does and sign it; return ``(body_bytes, headers)``.
+
+    The body is compact JSON with non-ASCII escaped as ``\\uXXXX``; the signature covers exactly these
+    bytes, so a receiver must verify the raw body before parsing it.
+    """
+    body = json.dumps(payload, separators=(",", ":"), ensure_ascii=True).encode("ascii")
+    digest = hmac.new(app_secret.encode(), body, hashlib.sha256).hexdigest()
+    headers = {"Content-Type": "application/json", "X-Hub-Signature-256": f"sha256={digest}"}
+    return body, headers
+
+
+def verification_params(verify_token: str, challenge: str = "1158201444") -> dict[str, str]:
+    """Query parameters of Meta's webhook verification GET (``hub.mode=subscribe``)."""
+    return {"hub.mode": "subscribe", "hub.verify_token": verify_token, "hub.challenge": challenge}

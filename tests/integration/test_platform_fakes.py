@@ -1,0 +1,513 @@
+"""Prove the chat-platform fakes against the real client libraries.
+
+Each test drives python-telegram-bot, discord.py or httpx against one fake over 127.0.0.1 and checks what
+the fake recorded, so adapter tests built on these fakes exercise the libraries' real wire behaviour.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import hmac
+import io
+import json
+import time
+import warnings
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+from datetime import timedelta
+from typing import Any
+
+import httpx
+import pytest
+import yarl
+from telegram import Bot, BotCommand, MessageEntity, Update
+from telegram.error import BadRequest, RetryAfter
+from telegram.ext import AIORateLimiter, Application, ContextTypes, MessageHandler, filters
+
+from tests.fakes.discord_api import FakeDiscord
+from tests.fakes.telegram_api import FakeTelegram, TelegramCall
+from tests.fakes.whatsapp_api import (
+    FakeWhatsApp,
+    signed_webhook,
+    status_payload,
+    text_message_payload,
+)
+
+with warnings.catch_warnings():
+    # discord.py 2.6 imports the stdlib audioop module, deprecated since Python 3.11.
+    warnings.filterwarnings("ignore", message="'audioop' is deprecated", category=DeprecationWarning)
+    import discord
+    from discord.gateway import DiscordWebSocket
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(15)]
+
+# discord.py 2.6 passes a float `timeout` to aiohttp's ws_connect, which aiohttp >= 3.12 deprecates.
+DISCORD_WARNINGS = pytest.mark.filterwarnings(
+    "ignore:parameter 'timeout' of type 'float' is deprecated:DeprecationWarning"
+)
+
+
+# ---------------------------------------------------------------------------------------------- Telegram
+
+
+@pytest.fixture
+def telegram(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeTelegram]:
+    """A running fake Bot API; PTB_TIMEDELTA opts PTB 22 into timedelta durations (no deprecation warning)."""
+    monkeypatch.setenv("PTB_TIMEDELTA", "1")
+    with FakeTelegram() as fake:
+        yield fake
+
+
+def _bot(fake: FakeTelegram) -> Bot:
+    return Bot(fake.token, base_url=fake.base_url, base_file_url=fake.base_file_url)
+
+
+def test_telegram_polling_roundtrip(telegram: FakeTelegram) -> None:
+    """PTB polls the fake, receives pushed updates, replies (text, reply, edit, action, document)."""
+    seen_mentions: list[list[str]] = []
+
+    async def on_text(update: Update, context: ContextTypes.DEFAULT_TYPE) -> None:
+        message = update.effective_message
+        assert message is not None and message.text is not None
+        seen_mentions.append(list(message.parse_entities([MessageEntity.MENTION]).values()))
+        await context.bot.send_chat_action(message.chat_id, "typing")
+        draft = await message.reply_text("working…", do_quote=True)
+        await draft.edit_text(f"echo: {message.text}")
+        await context.bot.send_document(
+            message.chat_id, document=b"%PDF-1.4 fake report", filename="report.pdf", caption="report"
+        )
+
+    async def scenario() -> tuple[dict[str, Any], dict[str, Any], TelegramCall]:
+        app = (
+            Application.builder()
+            .token(telegram.token)
+            .base_url(telegram.base_url)
+            .base_file_url(telegram.base_file_url)
+            .rate_limiter(AIORateLimiter(max_retries=2))
+            .build()
+        )
+        app.add_handler(MessageHandler(filters.TEXT, on_text))
+        async with app:
+            await app.bot.set_my_commands([BotCommand("new", "Start a new session")])
+            await app.start()
+            assert app.updater is not None
+            await app.updater.start_polling(timeout=10)
+            try:
+                # The poll is parked on the server: the push must wake it, not the 10 s poll timeout.
+                await asyncio.to_thread(telegram.wait_for_poller, 5)
+                pushed_at = time.monotonic()
+                update = telegram.push_text(4242, "hello there")
+                document = await telegram.wait_for_async(lambda c: c.method == "sendDocument")
+                assert time.monotonic() - pushed_at < 5
+
+                group = telegram.push_text(
+                    -1001234, "🙂 @agentpost_bot status?", user_id=7, username="bob", chat_type="supergroup"
+                )
+                await telegram.wait_for_async(
+                    lambda c: c.method == "editMessageText" and c.chat_id == -1001234
+                )
+                await asyncio.to_thread(telegram.wait_for_offset, group["update_id"] + 1, 5)
+            finally:
+                await app.updater.stop()
+                await app.stop()
+        return update, group, document
+
+    update, group, document = asyncio.run(scenario())
+    assert update["update_id"] < group["update_id"]
+    assert telegram.confirmed_offset == group["update_id"] + 1
+    assert telegram.pending_updates == []
+    assert seen_mentions == [[], ["@agentpost_bot"]]
+
+    private = [c for c in telegram.sent if c.chat_id == 4242]
+    assert [c.method for c in private] == ["sendChatAction", "sendMessage", "editMessageText", "sendDocument"]
+    action, reply, edit, _ = private
+    assert action.params["action"] == "typing"
+    assert reply.text == "working…" and reply.parse_mode is None
+    assert reply.reply_to_message_id == update["message"]["message_id"]
+    assert reply.result["reply_to_message"]["text"] == "hello there"
+    assert edit.text == "echo: hello there"
+    assert edit.params["message_id"] == str(reply.result["message_id"])
+    stored = telegram.message(4242, reply.result["message_id"])
+    assert stored is not None and stored["text"] == "echo: hello there" and "edit_date" in stored
+    assert document.document is not None
+    assert (document.document.filename, document.document.data) == ("report.pdf", b"%PDF-1.4 fake report")
+    assert document.caption == "report"
+    assert document.result["document"]["file_name"] == "report.pdf"
+    assert telegram.commands == [{"command": "new", "description": "Start a new session"}]
+    methods = [c.method for c in telegram.calls]
+    assert methods[:2] == ["getMe", "setMyCommands"]
+    assert "deleteWebhook" in methods and "getUpdates" in methods
+
+
+def test_telegram_markdown_rejection_allows_plain_fallback(telegram: FakeTelegram) -> None:
+    """With reject_markdown, Markdown fails like the real API (BadRequest); plain text still goes out."""
+    telegram.add_chat(4242)
+    telegram.reject_markdown = True
+
+    async def scenario() -> None:
+        async with _bot(telegram) as bot:
+            with pytest.raises(BadRequest, match=r"(?i)can't parse entities"):
+                await bot.send_message(4242, "*unclosed", parse_mode="MarkdownV2")
+            with pytest.raises(BadRequest, match=r"(?i)can't parse entities"):
+                await bot.send_message(4242, "_unclosed", parse_mode="Markdown")
+            sent = await bot.send_message(4242, "*unclosed")
+            assert sent.text == "*unclosed"
+            with pytest.raises(BadRequest, match=r"(?i)chat not found"):
+                await bot.send_message(999, "nobody here")
+
+    asyncio.run(scenario())
+    assert [(c.text, c.parse_mode) for c in telegram.sent] == [("*unclosed", None)]
+    rejected = [c for c in telegram.calls if not c.ok]
+    assert [c.error["error_code"] for c in rejected if c.error] == [400, 400, 400]
+    assert rejected[0].error is not None
+    assert rejected[0].error["description"].startswith("Bad Request: can't parse entities")
+
+
+def test_telegram_retry_after(telegram: FakeTelegram) -> None:
+    """A 429 with parameters.retry_after raises RetryAfter; AIORateLimiter waits and retries it."""
+    telegram.add_chat(4242)
+
+    async def scenario() -> None:
+        telegram.rate_limit_next("sendMessage", retry_after=1)
+        async with _bot(telegram) as bot:
+            with pytest.raises(RetryAfter) as raised:
+                await bot.send_message(4242, "too fast")
+            assert raised.value.retry_after == timedelta(seconds=1)
+
+        telegram.rate_limit_next("sendMessage", retry_after=1)
+        app = (
+            Application.builder()
+            .token(telegram.token)
+            .base_url(telegram.base_url)
+            .base_file_url(telegram.base_file_url)
+            .rate_limiter(AIORateLimiter(max_retries=1))
+            .build()
+        )
+        async with app:
+            started = time.monotonic()
+            await app.bot.send_message(4242, "eventually")
+            assert time.monotonic() - started >= 1.0
+
+    asyncio.run(scenario())
+    attempts = [c for c in telegram.calls if c.method == "sendMessage"]
+    assert [(c.text, c.error["error_code"] if c.error else 200) for c in attempts] == [
+        ("too fast", 429),
+        ("eventually", 429),
+        ("eventually", 200),
+    ]
+    assert [c.text for c in telegram.sent] == ["eventually"]
+
+
+def test_telegram_documents_offsets_and_long_poll_timeout(telegram: FakeTelegram) -> None:
+    """getUpdates honours offset and timeout; pushed documents download through getFile."""
+    payload = bytes(range(256)) * 4
+
+    async def scenario() -> int:
+        async with _bot(telegram) as bot:
+            started = time.monotonic()
+            assert await bot.get_updates(timeout=1) == ()
+            assert time.monotonic() - started >= 0.9
+
+            pushed = telegram.push_document(4242, "data.bin", payload, caption="see attached")
+            update_id = int(pushed["update_id"])
+            updates = await bot.get_updates(timeout=0)
+            assert [u.update_id for u in updates] == [update_id]
+            message = updates[0].effective_message
+            assert message is not None and message.document is not None
+            assert (message.document.file_name, message.caption) == ("data.bin", "see attached")
+
+            again = await bot.get_updates(offset=update_id, timeout=0)
+            assert [u.update_id for u in again] == [update_id]  # offset == id does not confirm it
+            assert telegram.pending_updates != []
+
+            file = await bot.get_file(message.document.file_id)
+            assert file.file_size == len(payload)
+            assert bytes(await file.download_as_bytearray()) == payload
+
+            assert await bot.get_updates(offset=update_id + 1, timeout=0) == ()
+            return update_id
+
+    update_id = asyncio.run(scenario())
+    assert telegram.confirmed_offset == update_id + 1
+    assert telegram.pending_updates == []
+
+
+# ---------------------------------------------------------------------------------------------- Discord
+
+
+@pytest.fixture
+def discord_fake(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeDiscord]:
+    """A running fake Discord with discord.py's two internal URLs pointed at it (restored afterwards)."""
+    with FakeDiscord() as fake:
+        _point_discord_at(monkeypatch, fake)
+        yield fake
+
+
+def _point_discord_at(monkeypatch: pytest.MonkeyPatch, fake: FakeDiscord) -> None:
+    # The only two knobs: the REST base (class attribute) and the gateway used for IDENTIFY.
+    monkeypatch.setattr(discord.http.Route, "BASE", fake.api_base)
+    monkeypatch.setattr(DiscordWebSocket, "DEFAULT_GATEWAY", yarl.URL(fake.gateway_url))
+
+
+class _Recorder(discord.Client):
+    """A discord.py client that queues every message it sees from others and notes its own echoes."""
+
+    def __init__(self, intents: discord.Intents) -> None:
+        super().__init__(intents=intents, guild_ready_timeout=0.1)
+        self.inbox: asyncio.Queue[discord.Message] = asyncio.Queue()
+        self.own_echoes: list[str] = []
+        self.echoed = asyncio.Condition()
+        self.ready = asyncio.Event()
+
+    async def on_ready(self) -> None:
+        self.ready.set()
+
+    async def on_message(self, message: discord.Message) -> None:
+        if message.author == self.user:
+            async with self.echoed:
+                self.own_echoes.append(message.content)
+                self.echoed.notify_all()
+            return
+        await self.inbox.put(message)
+
+
+@asynccontextmanager
+async def _running(fake: FakeDiscord, intents: discord.Intents) -> AsyncIterator[_Recorder]:
+    client = _Recorder(intents)
+    task = asyncio.create_task(client.start(fake.token))
+    ready = asyncio.create_task(client.ready.wait())  # on_ready: READY + guild_ready_timeout
+    try:
+        done, _ = await asyncio.wait({task, ready}, timeout=10, return_when=asyncio.FIRST_COMPLETED)
+        if task in done:
+            task.result()  # re-raises why the client stopped
+            raise AssertionError("the discord client stopped before on_ready")
+        if ready not in done:
+            raise TimeoutError("the discord client was not ready within 10 s")
+        await asyncio.to_thread(fake.wait_ready, 1)
+        yield client
+    finally:
+        ready.cancel()
+        await client.close()
+        if not task.done():
+            await asyncio.wait_for(task, 5)
+
+
+def _content_intents() -> discord.Intents:
+    intents = discord.Intents.default()
+    intents.message_content = True
+    return intents
+
+
+@DISCORD_WARNINGS
+def test_discord_login_dm_and_replies(discord_fake: FakeDiscord) -> None:
+    """discord.py logs in over REST + gateway, gets a pushed DM and answers it in the same channel."""
+    fake = discord_fake
+
+    async def scenario() -> None:
+        async with _running(fake, _content_intents()) as client:
+            assert client.user is not None and client.user.id == fake.bot_id
+            pushed = fake.push_message(5001, "run the tests please", author_id=77, author_name="bob")
+            message = await asyncio.wait_for(client.inbox.get(), 5)
+            assert isinstance(message.channel, discord.DMChannel)
+            assert message.guild is None
+            assert (message.id, message.content, message.author.id) == (
+                int(pushed["id"]),
+                pushed["content"],
+                77,
+            )
+
+            await message.channel.typing()
+            draft = await message.channel.send("working…")
+            await draft.edit(content="all green")
+            await message.reply("done", file=discord.File(io.BytesIO(b"log line\n"), filename="run.log"))
+            dm = await message.author.send("also in your DMs")
+            assert dm.channel.id == 5001
+            await fake.wait_for_async(lambda s: s.content == "also in your DMs")
+            # Discord echoes the bot's own messages back over the gateway; the client must skip them.
+            async with client.echoed:
+                await asyncio.wait_for(client.echoed.wait_for(lambda: len(client.own_echoes) >= 3), 5)
+            assert sorted(client.own_echoes) == sorted(["working…", "done", "also in your DMs"])
+            assert client.inbox.empty()
+
+    asyncio.run(scenario())
+    kinds = [(s.kind, s.channel_id, s.content) for s in fake.sent]
+    assert kinds == [
+        ("typing", 5001, None),
+        ("message", 5001, "working…"),
+        ("edit", 5001, "all green"),
+        ("message", 5001, "done"),
+        ("message", 5001, "also in your DMs"),
+    ]
+    reply = fake.sent[3]
+    assert [(f.filename, f.data) for f in reply.attachments] == [("run.log", b"log line\n")]
+    assert reply.reference_id is not None and reply.message is not None
+    assert reply.message["attachments"][0]["filename"] == "run.log"
+    paths = [(r.method, r.path, r.status) for r in fake.requests]
+    assert paths[:2] == [("GET", "/api/v10/users/@me", 200), ("GET", "/api/v10/oauth2/applications/@me", 200)]
+    assert ("POST", "/api/v10/users/@me/channels", 200) in paths
+    assert fake.identifies == 1 and fake.heartbeats >= 1
+
+
+@DISCORD_WARNINGS
+def test_discord_guild_mentions_and_content_intent(discord_fake: FakeDiscord) -> None:
+    """Without MESSAGE_CONTENT, guild messages arrive blank unless they mention the bot; guilds resolve."""
+    fake = discord_fake
+    fake.add_guild(9001, "Agents", channel_ids=[9100])
+    intents = discord.Intents.default()  # no message_content
+
+    async def scenario() -> None:
+        async with _running(fake, intents) as client:
+            guild = client.get_guild(9001)
+            assert guild is not None and guild.name == "Agents" and guild.me is not None
+            fake.push_message(9100, "chatter", author_id=78, author_name="carol", guild_id=9001)
+            blank = await asyncio.wait_for(client.inbox.get(), 5)
+            assert blank.content == "" and blank.guild is not None and blank.guild.id == 9001
+
+            fake.push_message(
+                9100, f"<@{fake.bot_id}> deploy", author_id=78, author_name="carol", guild_id=9001
+            )
+            mention = await asyncio.wait_for(client.inbox.get(), 5)
+            assert mention.content == f"<@{fake.bot_id}> deploy"
+            assert client.user in mention.mentions
+            assert isinstance(mention.channel, discord.TextChannel) and mention.channel.id == 9100
+
+            # A guild the bot has not seen arrives with a GUILD_CREATE first, as on a join.
+            fake.push_message(9200, f"<@{fake.bot_id}> hi", author_id=79, author_name="dave", guild_id=9002)
+            joined = await asyncio.wait_for(client.inbox.get(), 5)
+            assert joined.guild is not None and joined.guild.id == 9002
+            await joined.channel.send(f"hello <@{joined.author.id}>")
+            sent = await fake.wait_for_async(lambda s: s.kind == "message")
+            assert sent.channel_id == 9200 and sent.message is not None
+            assert sent.message["guild_id"] == "9002"
+
+    asyncio.run(scenario())
+
+
+@DISCORD_WARNINGS
+def test_discord_resume_and_rate_limit(discord_fake: FakeDiscord) -> None:
+    """RECONNECT leads to a RESUME that keeps events flowing; a 429 with Via is waited out and retried."""
+    fake = discord_fake
+
+    async def scenario() -> None:
+        async with _running(fake, _content_intents()) as client:
+            fake.request_reconnect()
+            await asyncio.to_thread(fake.wait_resumed, 1, 10)
+            fake.push_message(5002, "after resume", author_id=80, author_name="erin")
+            message = await asyncio.wait_for(client.inbox.get(), 5)
+            assert message.content == "after resume"
+
+            fake.rate_limit_next(retry_after=0.3)
+            started = time.monotonic()
+            await message.channel.send("patient")
+            assert time.monotonic() - started >= 0.29  # discord.py slept retry_after
+
+    asyncio.run(scenario())
+    assert fake.identifies == 1 and fake.resumes == 1
+    statuses = [r.status for r in fake.requests if r.path == "/api/v10/channels/5002/messages"]
+    assert statuses == [429, 200]
+    assert [s.content for s in fake.sent] == ["patient"]
+
+
+@DISCORD_WARNINGS
+def test_discord_privileged_intent_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An app without the MESSAGE_CONTENT intent enabled is refused with close code 4014, as on Discord."""
+    with FakeDiscord(allow_privileged_intents=False) as fake:
+        _point_discord_at(monkeypatch, fake)
+
+        async def scenario() -> None:
+            with pytest.raises(discord.PrivilegedIntentsRequired):
+                async with _running(fake, _content_intents()):
+                    pass
+
+        asyncio.run(scenario())
+        assert fake.identifies == 0 and fake.close_codes == [4014]
+
+
+# ---------------------------------------------------------------------------------------------- WhatsApp
+
+
+def test_whatsapp_signed_webhook_verifies() -> None:
+    """The webhook helper signs the raw body; a receiver's compare_digest check accepts it, not tampering."""
+    secret = "app-secret-123"
+    wamid = "wamid.HBgLTEST"
+    body, headers = signed_webhook(secret, text_message_payload("15551234567", "héllo ✓", wamid=wamid))
+
+    def verify(raw: bytes, header: str) -> bool:
+        expected = "sha256=" + hmac.new(secret.encode(), raw, hashlib.sha256).hexdigest()
+        return hmac.compare_digest(expected, header)
+
+    assert headers["Content-Type"] == "application/json"
+    assert verify(body, headers["X-Hub-Signature-256"])
+    assert not verify(body.replace(b"15551234567", b"15550000000"), headers["X-Hub-Signature-256"])
+    _, other = signed_webhook("wrong-secret", text_message_payload("15551234567", "héllo ✓", wamid=wamid))
+    assert other["X-Hub-Signature-256"] != headers["X-Hub-Signature-256"]
+    assert b"\\u00e9" in body  # Meta escapes non-ASCII; re-serialising would change the signed bytes
+
+    value = json.loads(body)["entry"][0]["changes"][0]["value"]
+    [message] = value["messages"]
+    assert (message["from"], message["id"], message["type"], message["text"]["body"]) == (
+        "15551234567",
+        wamid,
+        "text",
+        "héllo ✓",
+    )
+
+    receipt_body, receipt_headers = signed_webhook(secret, status_payload(wamid, "15551234567", "read"))
+    assert verify(receipt_body, receipt_headers["X-Hub-Signature-256"])
+    receipt_value = json.loads(receipt_body)["entry"][0]["changes"][0]["value"]
+    assert "messages" not in receipt_value
+    assert receipt_value["statuses"][0]["id"] == wamid and receipt_value["statuses"][0]["status"] == "read"
+
+
+def test_whatsapp_graph_send_upload_and_errors() -> None:
+    """httpx posts to the Graph fake are authenticated, recorded, and can hit throughput errors."""
+    with FakeWhatsApp() as fake, httpx.Client(base_url=fake.graph_url, timeout=5) as http:
+        auth = {"Authorization": f"Bearer {fake.access_token}"}
+        url = f"/v21.0/{fake.phone_number_id}/messages"
+        text = {"messaging_product": "whatsapp", "to": "15551234567", "type": "text", "text": {"body": "hi"}}
+
+        ok = http.post(url, json=text, headers=auth)
+        assert ok.status_code == 200
+        wamid = ok.json()["messages"][0]["id"]
+        assert wamid.startswith("wamid.")
+        recorded = fake.wait_for(lambda s: s.wamid == wamid)
+        assert (recorded.to, recorded.type, recorded.text) == ("15551234567", "text", "hi")
+
+        denied = http.post(url, json=text, headers={"Authorization": "Bearer nope"})
+        assert denied.status_code == 401 and denied.json()["error"]["code"] == 190
+
+        too_long = dict(text, text={"body": "x" * 4097})
+        assert http.post(url, json=too_long, headers=auth).json()["error"]["code"] == 100
+
+        fake.throttle_next(130429)
+        fake.throttle_next(131056)
+        for code in (130429, 131056):
+            throttled = http.post(url, json=text, headers=auth)
+            assert throttled.status_code == 400 and throttled.json()["error"]["code"] == code
+
+        upload = http.post(
+            f"/v21.0/{fake.phone_number_id}/media",
+            data={"messaging_product": "whatsapp", "type": "text/plain"},
+            files={"file": ("notes.txt", b"line one\n", "text/plain")},
+            headers=auth,
+        )
+        assert upload.status_code == 200
+        media_id = upload.json()["id"]
+        document = {
+            "messaging_product": "whatsapp",
+            "to": "15551234567",
+            "type": "document",
+            "document": {"id": media_id, "filename": "notes.txt"},
+        }
+        assert http.post(url, json=document, headers=auth).status_code == 200
+        info = http.get(f"/v21.0/{media_id}", headers=auth).json()
+        assert info["mime_type"] == "text/plain" and info["file_size"] == len(b"line one\n")
+        assert http.get(info["url"], headers=auth).content == b"line one\n"
+
+    assert [(s.type, s.text, s.document) for s in fake.sent] == [
+        ("text", "hi", None),
+        ("document", None, {"id": media_id, "filename": "notes.txt"}),
+    ]
+    media = fake.media(media_id)
+    assert media is not None and (media.filename, media.data) == ("notes.txt", b"line one\n")
