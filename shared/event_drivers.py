@@ -139,11 +139,15 @@ class RelayedEventLog:
         self.catch_up()
         return self.redis.last_cursor()
 
-    def close(self) -> None:
+    def stop(self) -> None:
+        """Stop the background relay (reads still catch up on their own)."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=3)
             self._thread = None
+
+    def close(self) -> None:
+        self.stop()
         self.redis.close()
 
 

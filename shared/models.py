@@ -138,6 +138,9 @@ class Event(SQLModel, table=True):
         Index("ix_events_topic", "topic", "id"),
         Index("ix_events_message", "message_id"),
         Index("ix_events_created", "created_at"),
+        # AUTOINCREMENT: without it SQLite reuses the ids of deleted rows once cleanup has emptied the table,
+        # and a reader holding cursor N would never see a new event numbered N or lower.
+        {"sqlite_autoincrement": True},
     )
 
     id: int | None = Field(default=None, sa_column=Column(Integer, primary_key=True, autoincrement=True))
