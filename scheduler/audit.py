@@ -7,6 +7,7 @@ the measured peak with the SQLite capacity setting and says plainly whether to s
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -59,12 +60,7 @@ class Audit:
         return data
 
 
-_COLUMN = {
-    "message_received": "received",
-    "message_completed": "completed",
-    "message_failed": "failed",
-    "message_dead": "dead",
-}
+_COLUMN = {"message_received": "received", "message_failed": "failed", "message_dead": "dead"}
 
 
 def _iso(ms: int) -> str:
@@ -82,20 +78,32 @@ def run_audit(queue: Queue, *, hours: float, capacity_per_second: float, now: in
         covered_hours=0.0,
         capacity_per_second=capacity_per_second,
     )
-    types = tuple(_COLUMN)
-    params = {"since": since, "t0": types[0], "t1": types[1], "t2": types[2], "t3": types[3]}
-    in_types = "type IN (:t0, :t1, :t2, :t3)"
     by_hour: dict[int, HourRow] = {}
+
+    def hour_row(hour: int) -> HourRow:
+        return by_hour.setdefault(hour, HourRow(_iso(hour * HOUR_MS)[:13] + ":00"))
+
     for r in db.read(
-        f"SELECT created_at / {HOUR_MS} AS h, type, COUNT(*) AS n FROM events WHERE {in_types} "
-        "AND created_at >= :since GROUP BY created_at / 3600000, type",
-        params,
+        f"SELECT created_at / {HOUR_MS} AS h, type, COUNT(*) AS n FROM events WHERE type IN (:t0, :t1, :t2) "
+        f"AND created_at >= :since GROUP BY created_at / {HOUR_MS}, type",
+        {"since": since, "t0": "message_received", "t1": "message_failed", "t2": "message_dead"},
     ):
-        hour = int(r["h"])
-        row = by_hour.setdefault(hour, HourRow(_iso(hour * HOUR_MS)[:13] + ":00"))
+        row = hour_row(int(r["h"]))
         setattr(row, _COLUMN[r["type"]], getattr(row, _COLUMN[r["type"]]) + int(r["n"]))
+    # A completion is reported once per group (with the ids of every message in it), so count the ids.
+    for r in db.read(
+        "SELECT created_at, payload FROM events WHERE type IN ('response_ready', 'message_completed') "
+        "AND created_at >= :since",
+        {"since": since},
+    ):
+        try:
+            ids = json.loads(r["payload"]).get("message_ids") or []
+        except (ValueError, AttributeError):
+            ids = []
+        if ids:
+            hour_row(int(r["created_at"]) // HOUR_MS).completed += len(ids)
     audit.hours = [by_hour[h] for h in sorted(by_hour)]
-    for col in _COLUMN.values():
+    for col in (*_COLUMN.values(), "completed"):
         setattr(audit, col, sum(getattr(h, col) for h in audit.hours))
     peak = db.read(
         "SELECT created_at / 1000 AS s, COUNT(*) AS n FROM events WHERE type = 'message_received' "

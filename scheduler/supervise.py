@@ -116,7 +116,10 @@ def plan_processes(settings: Settings, env: Mapping[str, str]) -> Plan:
 
 # -- providers ----------------------------------------------------------------------------------------------
 def find_claude(env: Mapping[str, str]) -> str | None:
-    """The claude CLI: on PATH, or installed in the project (``node_modules/.bin/claude``)."""
+    """The claude CLI: ``$AGENTPOST_CLAUDE_BIN``, on PATH, or in the project (``node_modules/.bin/claude``)."""
+    configured = env.get("AGENTPOST_CLAUDE_BIN")
+    if configured and os.access(configured, os.X_OK):
+        return configured
     found = shutil.which("claude", path=env.get("PATH"))
     if found:
         return found
@@ -137,7 +140,9 @@ def provider_problems(settings: Settings, env: Mapping[str, str]) -> list[str]:
     for name, agent in sorted(settings.agents.items()):
         merged = {**env, **agent.env}
         if agent.provider == "claude":
-            if find_claude(merged) is None:
+            if agent.command:
+                pass  # the agent names its own binary; the processor reports it if that is wrong
+            elif find_claude(merged) is None:
                 problems.append(
                     f"agent {name} (claude): the claude CLI was not found; run `make install` (it installs "
                     "node_modules/.bin/claude) or `npm install -g @anthropic-ai/claude-code`"

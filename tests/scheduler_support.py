@@ -1,0 +1,165 @@
+"""Helpers for the scheduler and operations tests: a home folder with settings, the CLI as a subprocess,
+waiting on conditions with a deadline, and dead letters made through the real queue operations."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, TypeVar
+
+import psycopg
+
+from shared.clock import now_ms
+from shared.queue import Queue
+
+ADMIN_PG_URL = os.environ.get("AGENTPOST_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
+T = TypeVar("T")
+
+
+def write_home(home: Path, db_url: str, extra: str = "", *, agents: str | None = None) -> Path:
+    """A home folder whose settings use ``db_url``; ``extra`` is appended TOML (scheduler, heartbeats...)."""
+    home.mkdir(parents=True, exist_ok=True)
+    agents = agents if agents is not None else '[agents.assistant]\nname = "Assistant"\n'
+    text = f'[database]\nurl = "{db_url}"\n\n[queue]\nmax_retries = 1\n\n{agents}\n{extra}\n'
+    (home / "settings.toml").write_text(text, encoding="utf-8")
+    return home
+
+
+def wait_until(check: Callable[[], T], timeout: float = 20.0, interval: float = 0.05, what: str = "") -> T:
+    """Poll ``check`` until it returns something truthy; fail with ``what`` after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:g}s waiting for {what or check}")
+        time.sleep(interval)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def cli_env(home: Path, extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment of a CLI or process run: no chat tokens, no provider login, this home."""
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("AGENTPOST_", "ANTHROPIC_", "TELEGRAM_", "DISCORD_", "WHATSAPP_", "CLAUDE"))
+    }
+    env.update(
+        {
+            "AGENTPOST_HOME": str(home),
+            "HOME": str(home / "user"),
+            "PYTHONUNBUFFERED": "1",
+            "NO_COLOR": "1",
+            "COLUMNS": "200",
+        }
+    )
+    env.update(extra or {})
+    return env
+
+
+def run_cli(
+    home: Path, *args: str, env: Mapping[str, str] | None = None, timeout: float = 90, check: bool = True
+) -> subprocess.CompletedProcess[str]:
+    """Run ``agentpost ARGS`` as a user would, in its own process."""
+    out = subprocess.run(
+        [sys.executable, "-m", "shared.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=dict(env or cli_env(home)),
+    )
+    if check and out.returncode != 0:
+        raise AssertionError(
+            f"agentpost {' '.join(args)} exited {out.returncode}:\n{out.stdout}\n{out.stderr}"
+        )
+    return out
+
+
+def start_process(
+    home: Path, kind: str, log: Path, env: Mapping[str, str] | None = None
+) -> subprocess.Popen[bytes]:
+    """Start ``agentpost run KIND`` with its output (stdout and stderr) in ``log``."""
+    with open(log, "ab") as f:
+        return subprocess.Popen(
+            [sys.executable, "-m", "shared.cli", "run", kind],
+            stdout=f,
+            stderr=subprocess.STDOUT,
+            env=dict(env or cli_env(home)),
+        )
+
+
+def stop_process(proc: subprocess.Popen[Any], timeout: float = 20) -> int:
+    """SIGTERM and wait; returns the exit code (kills it if it does not stop in time)."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+            raise AssertionError("the process did not stop on SIGTERM") from None
+    return int(proc.returncode)
+
+
+def make_dead(queue: Queue, count: int, *, agent: str = "assistant", channel: str = "cli") -> list[str]:
+    """``count`` dead letters made the way real ones are: enqueue, claim, fail past ``max_retries``.
+    The agent must have no other pending messages (they would be claimed too)."""
+    ids = [
+        queue.enqueue_message(channel, "ann", f"dead letter {i}", agent=agent).message_id
+        for i in range(count)
+    ]
+    worker = "test-worker-" + secrets.token_hex(3)
+    claimed = queue.claim_all_pending_messages(agent, worker)
+    assert {m.message_id for m in claimed} == set(ids)
+    for _ in range(queue.config.max_retries + 1):
+        outcome = queue.fail_messages([m.message_id for m in claimed], worker, "provider exploded")
+        if len(outcome.dead) == len(claimed):
+            break
+        with queue.db.transaction() as tx:
+            tx.execute("UPDATE messages SET available_at = 0 WHERE status = 'pending'")
+        claimed = queue.claim_all_pending_messages(agent, worker)
+    queue.release_agent(agent, worker)
+    died = now_ms()
+    wait_until(
+        lambda: now_ms() > died + 1, what="the clock to pass the deaths (archive age 0 means older than now)"
+    )
+    assert all(queue.get_message(i).status == "dead" for i in ids)  # type: ignore[union-attr]
+    return ids
+
+
+def count(queue: Queue, status: str) -> int:
+    return int(queue.db.read_scalar("SELECT COUNT(*) FROM messages WHERE status = :s", {"s": status}) or 0)
+
+
+@contextmanager
+def fresh_pg_database() -> Iterator[str]:
+    """A new, empty PostgreSQL database on the local server, dropped afterwards."""
+    import pytest
+
+    name = f"agentpost_sched_{secrets.token_hex(4)}"
+    try:
+        with psycopg.connect(ADMIN_PG_URL, autocommit=True, connect_timeout=5) as conn:
+            conn.execute(f'CREATE DATABASE "{name}"')
+    except psycopg.Error as exc:
+        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+            pytest.fail(f"PostgreSQL is required in CI: {exc}")
+        pytest.skip(f"PostgreSQL unavailable: {exc}")
+    base, _, _ = ADMIN_PG_URL.rpartition("/")
+    try:
+        yield f"{base}/{name}"
+    finally:
+        with psycopg.connect(ADMIN_PG_URL, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
