@@ -21,6 +21,7 @@ from typing import Any, Protocol
 
 import anyio
 import anyio.to_thread
+from starlette.responses import Response
 
 from shared.events import CursorExpired, EventEntry
 
@@ -146,9 +147,11 @@ def sse_frames(item: Item) -> bytes:
     return "".join(f"id: {e.cursor}\ndata: {entry_json(e)}\n\n" for e in item).encode()
 
 
-class EventStreamResponse:
+class EventStreamResponse(Response):
     """An ASGI response that streams the log as SSE, stops when the client leaves, and cuts off a client
     that accepts nothing for ``limits.send_timeout`` seconds."""
+
+    media_type = "text/event-stream"
 
     def __init__(
         self,
@@ -165,17 +168,21 @@ class EventStreamResponse:
         self.after = after
         self.limits = limits
         self.stats = stats
+        super().__init__(
+            content=None,
+            status_code=200,
+            headers={"cache-control": "no-cache", "x-accel-buffering": "no"},
+            media_type="text/event-stream",
+        )
+        # The body is open-ended: no Content-Length (Response adds one for its empty default body).
+        self.raw_headers = [(k, v) for k, v in self.raw_headers if k != b"content-length"]
 
-    async def __call__(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         await send(
             {
                 "type": "http.response.start",
                 "status": 200,
-                "headers": [
-                    (b"content-type", b"text/event-stream; charset=utf-8"),
-                    (b"cache-control", b"no-cache"),
-                    (b"x-accel-buffering", b"no"),
-                ],
+                "headers": self.raw_headers,
             }
         )
         self.stats.clients += 1
