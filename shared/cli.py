@@ -39,7 +39,7 @@ dead_app = typer.Typer(help="List, retry and delete dead letters.", no_args_is_h
 app.add_typer(queue_app, name="queue")
 app.add_typer(dead_app, name="dead")
 
-console = Console()
+console = Console(soft_wrap=True)
 err_console = Console(stderr=True)
 
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print JSON for scripts instead of a table.")]
@@ -198,6 +198,48 @@ def dead_delete(ref: Annotated[str, typer.Argument(help="Row id or message id of
     with runtime() as rt:
         m = rt.queue.delete_dead(ref)
     console.print(f"deleted dead letter {m.message_id}")
+
+
+@app.command()
+def trace(
+    message_id: Annotated[str, typer.Argument(help="The message id (prefix_xxxxxxxx).")],
+    as_json: JsonFlag = False,
+) -> None:
+    """Tell one message's whole story from the event log, and why it stands where it stands."""
+    from shared.trace import timeline_lines, trace_message
+
+    with runtime() as rt:
+        story = trace_message(rt.db, message_id)
+    if as_json:
+        print_json(story.as_dict())
+        return
+    for line in timeline_lines(story):
+        console.print(escape(line), highlight=False)
+    if story.message is None and not story.events:
+        raise typer.Exit(1)
+
+
+@app.command()
+def doctor(as_json: JsonFlag = False) -> None:
+    """Check settings, database, each agent's CLI and login, channels and security; print what to fix."""
+    from shared.doctor import run_checks
+
+    found = run_checks()
+    if as_json:
+        print_json([c.__dict__ for c in found])
+    else:
+        marks = {"ok": "[green]ok  [/]", "warn": "[yellow]warn[/]", "fail": "[bold red]FAIL[/]"}
+        for c in found:
+            console.print(
+                f"{marks[c.level]} {escape(c.area)}: {escape(c.name)} — {escape(c.detail)}", highlight=False
+            )
+            if c.fix and c.level != "ok":
+                console.print(f"      fix: {escape(c.fix)}", highlight=False)
+        fails = sum(c.level == "fail" for c in found)
+        warns = sum(c.level == "warn" for c in found)
+        console.print(f"{fails} problem(s), {warns} warning(s)")
+    if any(c.level == "fail" for c in found):
+        raise typer.Exit(1)
 
 
 def _load(ep: Any) -> Any | None:

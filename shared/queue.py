@@ -17,6 +17,7 @@ from shared.db import Database, Row, Tx
 from shared.events import PendingEvent, append_events
 from shared.ids import is_message_id, new_id
 from shared.queue_admin import AdminOps
+from shared.queue_control import ControlOps
 from shared.queue_delivery import ResponseOps
 from shared.queue_types import (
     CHANNEL_RE,
@@ -78,7 +79,7 @@ _INSERT_MESSAGE = (
 )
 
 
-class Queue(ResponseOps, AdminOps):
+class Queue(ResponseOps, AdminOps, ControlOps):
     """The queue operations over one :class:`~shared.db.Database`."""
 
     def __init__(

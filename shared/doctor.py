@@ -1,0 +1,135 @@
+"""``agentpost doctor``: check settings, database, agents' CLIs, channels and security; say what to fix.
+
+The core checks live here. Process kinds add their own through the ``agentpost.doctor`` entry-point group
+(``name = "module:function"``, ``function(settings) -> list[Check]``), so `shared` stays independent of
+``workers`` and ``adapters``.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from importlib.metadata import entry_points
+from pathlib import Path
+from typing import Literal
+
+from shared.settings import Settings, SettingsError, load_settings
+
+Level = Literal["ok", "warn", "fail"]
+
+
+@dataclass(frozen=True)
+class Check:
+    """One finding: what was checked, how it went, and what to do about it."""
+
+    area: str
+    name: str
+    level: Level
+    detail: str
+    fix: str = ""
+
+
+def is_loopback(host: str) -> bool:
+    """True for addresses only this machine can reach."""
+    if host in ("localhost", ""):
+        return host == "localhost"
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def check_settings(home: Path | None) -> tuple[Settings | None, list[Check]]:
+    try:
+        settings = load_settings(home)
+    except SettingsError as exc:
+        return None, [Check("settings", "settings.toml", "fail", str(exc), "correct the key named above")]
+    where = settings.path if settings.path.exists() else f"{settings.path} (absent: all defaults)"
+    return settings, [Check("settings", "settings.toml", "ok", f"valid: {where}")]
+
+
+def check_database(settings: Settings) -> list[Check]:
+    from shared.db import open_database
+    from shared.models import SCHEMA_VERSION
+
+    try:
+        db = open_database(settings.database_url, create=False)
+        try:
+            version = db.read_scalar("SELECT MAX(version) FROM schema_version")
+        finally:
+            db.close()
+    except Exception as exc:
+        return [
+            Check(
+                "database",
+                settings.database_url,
+                "fail",
+                f"cannot open or read: {exc}".splitlines()[0],
+                "check database.url / AGENTPOST_DATABASE_URL, or run `agentpost init`",
+            )
+        ]
+    if version is None or int(version) != SCHEMA_VERSION:
+        return [
+            Check(
+                "database", settings.database_url, "warn", f"schema version {version}", "run `agentpost init`"
+            )
+        ]
+    return [Check("database", settings.database_url, "ok", f"reachable, schema version {version}")]
+
+
+def check_security(settings: Settings) -> list[Check]:
+    found: list[Check] = []
+    host = settings.api.host
+    if not is_loopback(host) and not settings.api.token:
+        found.append(
+            Check(
+                "security",
+                "web API address",
+                "fail",
+                f"listening on {host} without a token: anyone who can reach it can run your agents",
+                'set AGENTPOST_API_TOKEN, or api.host = "127.0.0.1"',
+            )
+        )
+    elif not is_loopback(host):
+        found.append(
+            Check(
+                "security",
+                "web API address",
+                "warn",
+                f"listening on {host} (token set)",
+                "put it behind TLS (a reverse proxy) if it leaves this network",
+            )
+        )
+    else:
+        found.append(
+            Check("security", "web API address", "ok", f"loopback only ({host}:{settings.api.port})")
+        )
+    for name, agent in sorted(settings.agents.items()):
+        if agent.permission_mode == "bypassPermissions":
+            found.append(
+                Check(
+                    "security",
+                    f"agent {name}",
+                    "warn",
+                    "permission_mode = bypassPermissions: the agent may run any command without asking",
+                    "use acceptEdits unless the workspace is a sandbox",
+                )
+            )
+    return found
+
+
+def run_checks(home: Path | None = None) -> list[Check]:
+    """Every check, core first, then the plugins'."""
+    settings, found = check_settings(home)
+    if settings is None:
+        return found
+    found += check_database(settings)
+    found += check_security(settings)
+    for ep in entry_points(group="agentpost.doctor"):
+        try:
+            plugin: Callable[[Settings], Iterable[Check]] = ep.load()
+            found += list(plugin(settings))
+        except Exception as exc:  # one broken plugin must not hide the other findings
+            found.append(Check("doctor", ep.name, "warn", f"check could not run: {exc}"))
+    return found

@@ -1,0 +1,186 @@
+"""One message's whole story, told from the event log: ``agentpost trace MESSAGE_ID``.
+
+Events name their message ids (the ``message_id`` column, and ``message_ids`` in group payloads), so the
+life of a message — received, routed, claimed, each run, handoffs, the response, each chunk, the ack — can be
+read back in order, followed by a plain sentence saying why it stands where it stands.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from shared.clock import now_ms
+from shared.db import Database
+from shared.events import EventEntry
+
+
+@dataclass(frozen=True)
+class Trace:
+    """A message's events, its current row (if still kept) and the verdict."""
+
+    message_id: str
+    message: dict[str, Any] | None
+    responses: list[dict[str, Any]]
+    events: list[EventEntry]
+    verdict: str
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "message_id": self.message_id,
+            "message": self.message,
+            "responses": self.responses,
+            "events": [e.as_dict() for e in self.events],
+            "verdict": self.verdict,
+        }
+
+
+def _events_for(db: Database, message_id: str) -> list[EventEntry]:
+    # Group events (claims, completions) list every member in their payload; the LIKE finds those too.
+    rows = db.read(
+        "SELECT * FROM events WHERE message_id = :m OR payload LIKE :pattern ORDER BY id",
+        {"m": message_id, "pattern": f'%"{message_id}"%'},
+    )
+    return [
+        EventEntry(
+            cursor=str(r["id"]),
+            topic=r["topic"],
+            type=r["type"],
+            payload=json.loads(r["payload"]),
+            created_at=int(r["created_at"]),
+            message_id=r["message_id"],
+        )
+        for r in rows
+    ]
+
+
+def _when(ms: int) -> str:
+    return datetime.fromtimestamp(ms / 1000, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def _ago(ms: int, now: int) -> str:
+    seconds = max(0, (now - ms) // 1000)
+    if seconds < 120:
+        return f"{seconds} s"
+    if seconds < 7200:
+        return f"{seconds // 60} min"
+    return f"{seconds // 3600} h"
+
+
+def _verdict(
+    message: dict[str, Any] | None,
+    responses: list[dict[str, Any]],
+    events: list[EventEntry],
+    now: int,
+    db: Database,
+) -> str:
+    types = [e.type for e in events]
+    if message is None:
+        if not events:
+            return "unknown: no message and no event has this id (wrong id, or pruned long ago)"
+        if "message_deleted" in types:
+            return "deleted by an operator as a dead letter"
+        if "response_acked" in types:
+            return "delivered; the message row was pruned after its retention period"
+        return "the message row is gone (pruned or archived); see the events above"
+    status = message["status"]
+    if status == "pending":
+        paused = db.read_scalar(
+            "SELECT paused_until FROM agent_leases WHERE agent = :a", {"a": message["agent"]}
+        )
+        if paused is not None and int(paused) > now:
+            return (
+                f"paused: agent {message['agent']} is rate-limited until {_when(int(paused))}; it runs then"
+            )
+        if int(message["available_at"]) > now:
+            return (
+                f"waiting to retry at {_when(int(message['available_at']))} after {message['retry_count']} failed "
+                f"attempt(s); last error: {message['last_error']}"
+            )
+        return f"queued for agent {message['agent']}: waiting for a processor to pick it up"
+    if status == "processing":
+        lease = int(message["lease_until"] or 0)
+        state = (
+            "its lease is live"
+            if lease >= now
+            else "its lease EXPIRED: the worker died; it will be recovered"
+        )
+        return (
+            f"running on {message['claimed_by']} since {_ago(int(message['updated_at']), now)} ago; {state}"
+        )
+    if status == "dead":
+        told = any(r["metadata"].get("kind") == "dead_notice" for r in responses)
+        notice = "the sender was told" if told else "no notice was sent (internal channel)"
+        return (
+            f"dead letter after {message['retry_count']} attempt(s): {message['last_error']}; {notice}; "
+            f"retry with `agentpost dead retry {message['message_id']}`"
+        )
+    if status == "completed":
+        if not responses:
+            return "completed without a reply to send (internal or handed off)"
+        last = responses[-1]
+        if last["status"] == "acked":
+            return f"delivered on {last['channel']} at {_when(int(last['acked_at'] or 0))}"
+        if last["status"] == "delivering":
+            return f"reply being delivered on {last['channel']} ({last['delivered']} chunk(s) sent so far)"
+        return (
+            f"reply waiting for delivery on channel {last['channel']!r} since "
+            f"{_ago(int(last['created_at']), now)} ago: is its adapter running?"
+        )
+    return f"status {status}"
+
+
+def trace_message(db: Database, message_id: str) -> Trace:
+    """Collect the events, rows and verdict of ``message_id``."""
+    rows = db.read("SELECT * FROM messages WHERE message_id = :m", {"m": message_id})
+    message = rows[0] if rows else None
+    if message is not None:
+        message = dict(message)
+        message["metadata"] = json.loads(message["metadata"] or "{}")
+    responses = [
+        dict(r) | {"metadata": json.loads(r["metadata"] or "{}"), "files": json.loads(r["files"] or "[]")}
+        for r in db.read("SELECT * FROM responses WHERE message_id = :m ORDER BY id", {"m": message_id})
+    ]
+    events = _events_for(db, message_id)
+    now = now_ms()
+    return Trace(message_id, message, responses, events, _verdict(message, responses, events, now, db))
+
+
+_DETAIL_KEYS = (
+    "agent", "worker", "channel", "attempts", "error", "exit_code", "duration_ms", "to", "hops",
+    "response_id", "chunk", "retry_at", "reason", "model", "text",
+)  # fmt: skip
+
+
+def describe(entry: EventEntry) -> str:
+    """A one-line description of an event's payload for the timeline."""
+    parts = []
+    for key in _DETAIL_KEYS:
+        if key in entry.payload and entry.payload[key] not in (None, ""):
+            value = entry.payload[key]
+            if key == "retry_at":
+                value = _when(int(value))
+            text = str(value).replace("\n", " ")
+            parts.append(f"{key}={text[:80]}")
+    ids = entry.payload.get("message_ids")
+    if isinstance(ids, list) and len(ids) > 1:
+        parts.append(f"group of {len(ids)}")
+    return " ".join(parts)
+
+
+def timeline_lines(trace: Trace) -> list[str]:
+    """The trace as plain text lines (time, event, details), ending with the verdict."""
+    lines = []
+    if trace.message is not None:
+        m = trace.message
+        lines.append(
+            f"{m['message_id']}: {m['channel']} from {m['sender'] or '?'} to agent {m['agent']} — {m['message'][:80]!r}"
+        )
+    start = trace.events[0].created_at if trace.events else 0
+    for e in trace.events:
+        offset = (e.created_at - start) / 1000
+        lines.append(f"  {_when(e.created_at)} (+{offset:7.1f}s)  {e.type:<24} {describe(e)}")
+    lines.append(f"=> {trace.verdict}")
+    return lines

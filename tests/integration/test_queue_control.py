@@ -1,0 +1,71 @@
+"""Pauses and stop requests travel through the database, and trace explains each message's state."""
+
+from __future__ import annotations
+
+import pytest
+
+from shared.clock import now_ms
+from shared.queue import Queue
+from shared.trace import timeline_lines, trace_message
+
+pytestmark = pytest.mark.integration
+
+
+def test_a_paused_agent_is_not_claimed_until_resumed(queue: Queue) -> None:
+    mid = queue.enqueue_message("cli", "s", "x").message_id
+    queue.pause_agent("alpha", now_ms() + 60_000, "rate limited (429)")
+    queue.pause_agent("alpha", now_ms() + 1_000, "shorter pause never shortens")
+    state = queue.agent_state("alpha")
+    assert state["paused_until"] > now_ms() + 50_000 and "429" in state["note"]
+    assert queue.claim_all_pending_messages("alpha", "w") == []
+    assert "paused" in trace_message(queue.db, mid).verdict
+    queue.resume_agent("alpha")
+    assert [m.message_id for m in queue.claim_all_pending_messages("alpha", "w")] == [mid]
+
+
+def test_stop_requests_reach_only_the_holder_once(queue: Queue) -> None:
+    queue.enqueue_message("cli", "s", "x", conversation="chat-1")
+    queue.claim_all_pending_messages("alpha", "w1")
+    queue.request_stop("alpha", "cli:chat-1")
+    assert queue.take_stop_request("alpha", "w2") == ""
+    assert queue.take_stop_request("alpha", "w1") == "cli:chat-1"
+    assert queue.take_stop_request("alpha", "w1") == ""
+    assert queue.agent_state("gamma")["stop_requested"] == ""
+
+
+def test_trace_explains_delivered_dead_and_waiting_messages(queue: Queue) -> None:
+    delivered = queue.enqueue_message("telegram", "ann", "hello", conversation="c1").message_id
+    [m] = queue.claim_all_pending_messages("alpha", "w")
+    queue.complete_messages([m.message_id], "w", "hi ann")
+    queue.release_agent("alpha", "w")
+    [r] = queue.claim_responses_for_channel("telegram", "d")
+    queue.mark_chunk_delivered(r.id, "d", 0)
+    queue.ack_response(r.id, "d")
+    story = trace_message(queue.db, delivered)
+    types = [e.type for e in story.events]
+    assert types == [
+        "message_received",
+        "message_claimed",
+        "response_ready",
+        "chunk_delivered",
+        "response_acked",
+    ]
+    assert story.verdict.startswith("delivered on telegram")
+    assert any("chunk_delivered" in line for line in timeline_lines(story))
+
+    dead = queue.enqueue_message("telegram", "ann", "doomed", conversation="c2").message_id
+    for _ in range(queue.config.max_retries):
+        with queue.db.transaction() as tx:
+            tx.execute("UPDATE messages SET available_at = 0 WHERE status = 'pending'")
+        queue.claim_all_pending_messages("alpha", "w")
+        queue.fail_messages([dead], "w", "exit 1: the CLI crashed")
+    verdict = trace_message(queue.db, dead).verdict
+    assert (
+        "dead letter after 5 attempt(s)" in verdict and "the CLI crashed" in verdict and "was told" in verdict
+    )
+
+    waiting = queue.enqueue_message("cli", "s", "later").message_id
+    queue.claim_all_pending_messages("alpha", "w")
+    queue.fail_messages([waiting], "w", "boom")
+    assert "waiting to retry" in trace_message(queue.db, waiting).verdict
+    assert trace_message(queue.db, "cli_zzzzzzzz").verdict.startswith("unknown")

@@ -1,0 +1,66 @@
+"""Doctor checks for agents: is each agent's CLI installed, and can it log in?"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from shared.doctor import Check
+from shared.settings import Settings
+from workers.providers import ProviderError, RunRequest, child_env, find_binary
+
+_BINARIES = {"claude": ("claude", "AGENTPOST_CLAUDE_BIN"), "codex": ("codex", "AGENTPOST_CODEX_BIN")}
+
+
+def _claude_login(env: dict[str, str]) -> Check | None:
+    if env.get("ANTHROPIC_API_KEY") or env.get("CLAUDE_CODE_OAUTH_TOKEN"):
+        return None
+    home = Path(env.get("HOME") or Path.home())
+    if (home / ".claude" / ".credentials.json").exists() or (home / ".claude.json").exists():
+        return None
+    return Check(
+        "agents",
+        "claude login",
+        "fail",
+        f"no Claude login found (no ANTHROPIC_API_KEY, no {home / '.claude' / '.credentials.json'})",
+        "run `claude` once and log in, or set ANTHROPIC_API_KEY for the processor",
+    )
+
+
+def checks(settings: Settings) -> list[Check]:
+    """One finding per agent's CLI, plus the Claude login when any agent uses Claude."""
+    found: list[Check] = []
+    login_checked = False
+    for name, agent in sorted(settings.agents.items()):
+        env = child_env(dict(settings.env), agent)
+        request = RunRequest(
+            agent=name, settings=agent, workspace=settings.workspace(name), prompt="", env=env
+        )
+        if agent.provider == "command":
+            binary, env_var = agent.command[0], ""
+        else:
+            binary, env_var = _BINARIES[agent.provider]
+        try:
+            path = (
+                find_binary(binary, request, env_var) if env_var else find_binary(binary, request, "_UNUSED")
+            )
+        except ProviderError as exc:
+            found.append(
+                Check(
+                    "agents",
+                    f"agent {name} ({agent.provider})",
+                    "fail",
+                    str(exc),
+                    "install the CLI or point the agent at it",
+                )
+            )
+            continue
+        if not os.access(path, os.X_OK):
+            found.append(Check("agents", f"agent {name}", "fail", f"{path} is not executable"))
+            continue
+        found.append(Check("agents", f"agent {name} ({agent.provider})", "ok", f"CLI at {path}"))
+        if agent.provider == "claude" and not login_checked:
+            login_checked = True
+            missing = _claude_login(env)
+            found.append(missing or Check("agents", "claude login", "ok", "credentials or API key present"))
+    return found
