@@ -1,0 +1,103 @@
+"""The loss test seed 001's authors never committed: ``agentpost run web`` as its own process, another process
+appending 2,000 events, and an SSE client whose connection is cut mid-stream again and again. The client must
+end with exactly events 1..2,000, in order: no gap, no duplicate."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.web_support import REPO, SseReader, free_port, make_home, web_process
+
+pytestmark = pytest.mark.e2e
+
+TOTAL = 2000
+
+# Another OS process appends the events through the real event log, in small paced bursts, so that the
+# cuts below land while it is still writing. It waits for the go file so the client is connected first.
+APPENDER = """
+import sys, time
+from pathlib import Path
+from shared.runtime import open_runtime
+home, go, total = Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3])
+while not go.exists():
+    time.sleep(0.01)
+rt = open_runtime(home)
+for n in range(1, total + 1):
+    rt.events.append("loss", "tick", {"n": n})
+    if n % 25 == 0:
+        time.sleep(0.02)
+rt.close()
+"""
+
+
+def run_loss_test(tmp_path: Path, db_url: str | None) -> None:
+    home = make_home(tmp_path, db_url=db_url)
+    port = free_port()
+    go = tmp_path / "go"
+    with web_process(home, port):
+        appender = subprocess.Popen(
+            [sys.executable, "-c", APPENDER, str(home), str(go), str(TOTAL)], cwd=REPO, env=_env(home)
+        )
+        received: list[int] = []
+        cursors: list[int] = []
+        last_id: str | None = None
+        cuts = cuts_while_appending = 0
+        deadline = time.monotonic() + 90
+        try:
+            while len(received) < TOTAL and time.monotonic() < deadline:
+                headers = {"Last-Event-ID": last_id} if last_id else {}
+                path = "/api/events/stream?topic=loss" + ("" if last_id else "&after=0")
+                reader = SseReader(port, path, headers=headers)
+                go.touch()
+                # Cut after a varying number of events: the socket is closed with whatever partial frame
+                # it holds, exactly like a dropped mobile connection.
+                budget = 97 + 61 * cuts
+                try:
+                    for ev in reader.events(timeout=2):
+                        if ev.get("event") == "reset":
+                            raise AssertionError(f"unexpected reset: {ev}")
+                        data = json.loads(ev["data"])
+                        received.append(int(data["payload"]["n"]))
+                        cursors.append(int(ev["id"]))
+                        last_id = ev["id"]
+                        budget -= 1
+                        if budget <= 0:
+                            break
+                finally:
+                    reader.close()
+                if len(received) < TOTAL:
+                    cuts += 1
+                    if appender.poll() is None:
+                        cuts_while_appending += 1
+            assert appender.wait(timeout=60) == 0
+        finally:
+            if appender.poll() is None:
+                appender.kill()
+                appender.wait()
+    assert cuts >= 5, f"only {cuts} cuts"
+    assert cuts_while_appending >= 3, f"only {cuts_while_appending} cuts happened while events were appended"
+    assert received == list(range(1, TOTAL + 1))
+    assert cursors == sorted(set(cursors))
+
+
+def _env(home: Path) -> dict[str, str]:
+    import os
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AGENTPOST_")}
+    env["AGENTPOST_HOME"] = str(home)
+    return env
+
+
+def test_sse_loss_free_across_cuts_sqlite(tmp_path: Path) -> None:
+    run_loss_test(tmp_path, None)
+
+
+@pytest.mark.postgres
+def test_sse_loss_free_across_cuts_postgresql(tmp_path: Path, pg_url: str) -> None:
+    run_loss_test(tmp_path, pg_url)
