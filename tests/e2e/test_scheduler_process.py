@@ -1,0 +1,136 @@
+"""The scheduler run for real (`agentpost run scheduler` as its own OS process): jobs on their timers,
+heartbeat slots fired once by two schedulers, and the archive surviving a SIGKILL between write and delete."""
+
+from __future__ import annotations
+
+import json
+import signal
+from datetime import datetime
+from pathlib import Path
+
+import pytest
+
+from scheduler import dlq
+from shared.runtime import open_runtime
+from tests.scheduler_support import (
+    cli_env,
+    count,
+    make_dead,
+    run_cli,
+    start_process,
+    stop_process,
+    wait_until,
+    write_home,
+)
+
+pytestmark = pytest.mark.e2e
+
+FAST = """
+[scheduler]
+recover_interval_seconds = 1
+prune_interval_seconds = 1
+dlq_archive_interval_seconds = 1
+dlq_archive_age_hours = 0
+catchup_seconds = 0
+
+[heartbeats.assistant]
+interval = 1
+"""
+
+
+def _heartbeats(home: Path) -> list[dict[str, object]]:
+    with open_runtime(home, env={}) as rt:
+        return rt.db.read(
+            "SELECT message_id, metadata, sender FROM messages WHERE channel = 'heartbeat' ORDER BY id"
+        )
+
+
+def test_scheduler_process_runs_its_jobs_and_stops_on_sigterm(tmp_path: Path) -> None:
+    home = write_home(tmp_path / "home", f"sqlite:///{tmp_path / 'a.db'}", FAST)
+    with open_runtime(home, env={}) as rt:
+        dead = make_dead(rt.queue, 2)
+        rt.queue.enqueue_message("cli", "ann", "its worker dies")
+        rt.queue.claim_all_pending_messages("assistant", "doomed", lease_ms=1)
+    log = tmp_path / "scheduler.log"
+    proc = start_process(home, "scheduler", log)
+    try:
+        beats = wait_until(
+            lambda: len(_heartbeats(home)) >= 2 and _heartbeats(home), 30, what="two heartbeats"
+        )
+        assert {b["sender"] for b in beats} == {"System"}
+        with open_runtime(home, env={}) as rt:
+            wait_until(
+                lambda: count(rt.queue, "dead") == 0 and count(rt.queue, "processing") == 0,
+                20,
+                what="the archive and the lease recovery",
+            )
+            files = dlq.archive_files(dlq.dlq_dir(rt.settings))
+            archived = [e.message_id for f in files for e in dlq.read_archive(f)[0]]
+            assert set(dead) <= set(archived)
+    finally:
+        code = stop_process(proc)
+    assert code == 0, log.read_text()
+    assert "scheduler stopped" in log.read_text()
+
+
+def test_two_scheduler_processes_fire_each_heartbeat_slot_once(tmp_path: Path) -> None:
+    home = write_home(tmp_path / "home", f"sqlite:///{tmp_path / 'a.db'}", FAST)
+    logs = [tmp_path / "one.log", tmp_path / "two.log"]
+    procs = [start_process(home, "scheduler", log) for log in logs]
+    try:
+        wait_until(lambda: len(_heartbeats(home)) >= 5, 40, what="five heartbeat slots")
+    finally:
+        for p in procs:
+            assert stop_process(p) == 0
+    beats = _heartbeats(home)
+    slots = [json.loads(str(b["metadata"]))["slot"] for b in beats]
+    assert len(slots) == len(set(slots)), "a slot was fired twice"
+    seconds = sorted(int(datetime.fromisoformat(s).timestamp()) for s in slots)
+    assert seconds == list(range(seconds[0], seconds[0] + len(seconds))), "a slot was skipped"
+    texts = [log.read_text() for log in logs]
+    fired = sum(t.count(" fired as ") for t in texts)
+    refused = sum(t.count("already fired by another scheduler") for t in texts)
+    assert fired == len(beats)  # every message was fired by exactly one of the two
+    assert refused >= len(beats) - 2  # and the other one tried the same slot (both ran the whole time)
+
+
+def test_kill_mid_archive_loses_nothing_and_archives_nothing_twice(tmp_path: Path) -> None:
+    extra = "[scheduler]\ndlq_archive_age_hours = 0\ncatchup_seconds = 0\n"
+    home = write_home(tmp_path / "home", f"sqlite:///{tmp_path / 'a.db'}", extra)
+    with open_runtime(home, env={}) as rt:
+        ids = make_dead(rt.queue, 5)
+        directory = dlq.dlq_dir(rt.settings)
+    log = tmp_path / "scheduler.log"
+    proc = start_process(home, "scheduler", log, env=cli_env(home, {dlq.PAUSE_ENV: "60"}))
+    try:
+        wait_until(lambda: "pausing" in log.read_text(), 30, what="the archive to be written and fsynced")
+        files = dlq.archive_files(directory)
+        assert sorted(e.message_id for e in dlq.read_archive(files[0])[0]) == sorted(ids)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    with open_runtime(home, env={}) as rt:
+        assert count(rt.queue, "dead") == 5  # the delete never committed: still in the database
+    proc = start_process(home, "scheduler", tmp_path / "again.log")
+    try:
+        with open_runtime(home, env={}) as rt:
+            wait_until(lambda: count(rt.queue, "dead") == 0, 30, what="the second archive run")
+    finally:
+        stop_process(proc)
+    entries = [e for f in dlq.archive_files(directory) for e in dlq.read_archive(f)[0]]
+    assert sorted(e.message_id for e in entries) == sorted(ids)  # each once: nothing lost, nothing twice
+
+    name = dlq.archive_files(directory)[0].name
+    out = run_cli(home, "dlq", "restore", name)
+    assert "restored 5" in out.stdout
+    out = run_cli(home, "dlq", "restore", name)
+    assert "restored 0" in out.stdout and "already restored before (skipped) 5" in out.stdout
+    status = json.loads(run_cli(home, "dlq", "status", "--json").stdout)
+    assert status["archived_entries"] == 5 and status["dead_in_database"] == 0
+    listed = json.loads(run_cli(home, "dlq", "list", "--json").stdout)
+    assert sorted(e["message"]["message_id"] for e in listed["entries"]) == sorted(ids)
+    assert all(e["restored"] for e in listed["entries"])
+    with open_runtime(home, env={}) as rt:
+        assert count(rt.queue, "pending") == 5
