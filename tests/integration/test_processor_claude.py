@@ -16,7 +16,7 @@ import pytest
 
 from shared.runtime import Runtime
 from shared.sessions import clear_sessions, get_session
-from tests.fakes.anthropic_api import ApiError, Computed, FakeAnthropic, Text, last_user_text
+from tests.fakes.anthropic_api import ApiError, Computed, FakeAnthropic, RateLimited, Text, last_user_text
 from tests.fakes.claude_env import claude_binary, claude_env
 from tests.processor_support import count, event_types, make_home, open_home, run_idle, wait_for
 
@@ -274,3 +274,21 @@ def test_missing_cli_is_a_clear_failure(tmp_path: Path, sqlite_url: str, api: Fa
         assert msg is not None and msg.status == "pending"
         assert "no-such-claude" in (msg.last_error or "") and "not an executable" in (msg.last_error or "")
     assert os.path.exists(claude_binary())
+
+
+def test_rate_limit_pauses_without_spending_an_attempt(
+    tmp_path: Path, sqlite_url: str, api: FakeAnthropic
+) -> None:
+    api.add_rule("busy", RateLimited(retry_after=1))
+    home = make_home(
+        tmp_path, sqlite_url, {"coder": {"provider": "claude"}}, processor={"rate_limit_pause_seconds": 30}
+    )
+    with open_home(home) as rt:
+        sent = rt.queue.enqueue_message("cli", "me", "busy now?")
+        before = int(time.time() * 1000)
+        run_idle(rt, env=_env(api, tmp_path))
+        msg = rt.queue.get_message(sent.message_id)
+        assert msg is not None and msg.status == "pending" and msg.retry_count == 0
+        assert msg.available_at >= before + 29_000
+        assert "429" in (msg.last_error or "")
+        assert count(rt, "SELECT COUNT(*) FROM responses") == 0
