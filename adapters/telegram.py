@@ -1,0 +1,247 @@
+"""The Telegram channel: python-telegram-bot, long polling, Markdown with a plain-text fallback.
+
+Receiving drives ``getUpdates`` itself instead of PTB's Updater, because the offset is what acknowledges
+an update to Telegram: the offset is kept in the ``kv`` table and moved past an update only after that
+update is handled and committed (queued, or answered). A process killed between fetching an update and
+queueing it fetches the same update again after the restart; a redelivered update is a duplicate
+``external_id`` (``chat:message``) and is not queued twice.
+
+Private chats take every message; groups only messages that mention the bot, reply to it, or are commands.
+Replies go through the library's ``AIORateLimiter``. The Bot API base URL comes from
+``TELEGRAM_API_BASE_URL`` (or ``[channels.telegram] api_base_url``), the token from ``TELEGRAM_BOT_TOKEN``
+(or the variable named by ``token_env``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import re
+from pathlib import Path
+from typing import Any, ClassVar, Literal
+
+from pydantic import Field
+from telegram import Bot, BotCommand, Message, Update
+from telegram.constants import ChatAction
+from telegram.error import BadRequest, Conflict, NetworkError, TelegramError, TimedOut
+from telegram.ext import AIORateLimiter, Application
+
+from adapters import chat_state
+from adapters.base import Channel, ChannelSettings, Inbound, safe_filename
+from adapters.chunking import utf16_len
+
+DEFAULT_API = "https://api.telegram.org"
+
+
+class TelegramSettings(ChannelSettings):
+    """``[channels.telegram]``."""
+
+    token_env: str = Field(default="TELEGRAM_BOT_TOKEN", description="variable holding the bot token")
+    api_base_url: str = Field(default="", description="Bot API root; TELEGRAM_API_BASE_URL wins")
+    parse_mode: Literal["Markdown", "MarkdownV2", "HTML", ""] = "Markdown"
+    poll_timeout_seconds: int = Field(default=25, ge=0, le=50)
+    rate_limit_retries: int = Field(default=3, ge=0, le=20)
+
+
+def split_conversation(conversation: str) -> tuple[int | str, int | None]:
+    """``"chat"`` or ``"chat:thread"`` → (chat id, forum topic id)."""
+    chat, _, thread = conversation.partition(":")
+    chat_id: int | str = int(chat) if re.fullmatch(r"-?\d+", chat) else chat
+    return chat_id, int(thread) if thread.isdigit() else None
+
+
+class TelegramChannel(Channel):
+    """The Telegram adapter (``agentpost run telegram``)."""
+
+    name: ClassVar[str] = "telegram"
+    prefix: ClassVar[str] = "telegram"
+    limit: ClassVar[int] = 4096
+    settings_model: ClassVar[type[ChannelSettings]] = TelegramSettings
+
+    config: TelegramSettings
+    app: Application[Any, Any, Any, Any, Any, Any] | None = None
+
+    def read_secrets(self) -> None:
+        self.token = self.require_env(self.config.token_env, "a bot token (from @BotFather)")
+        base = self.env.get("TELEGRAM_API_BASE_URL") or self.config.api_base_url or DEFAULT_API
+        self.api_base = base.rstrip("/")
+        self.offset_key = f"offset:{self.token.split(':', 1)[0]}"
+
+    def measure(self, text: str) -> int:
+        return utf16_len(text)
+
+    @property
+    def bot(self) -> Bot:
+        assert self.app is not None, "the adapter is not open"
+        return self.app.bot
+
+    async def open(self) -> None:
+        # PTB 22 warns (an error under our test settings) unless durations are timedeltas.
+        os.environ.setdefault("PTB_TIMEDELTA", "1")
+        self.app = (
+            Application.builder()
+            .token(self.token)
+            .base_url(f"{self.api_base}/bot")
+            .base_file_url(f"{self.api_base}/file/bot")
+            .rate_limiter(AIORateLimiter(max_retries=self.config.rate_limit_retries))
+            .updater(None)
+            .build()
+        )
+        await self.app.initialize()
+        self.username = (self.bot.username or "").lower()
+        with contextlib.suppress(TelegramError):
+            await self.bot.set_my_commands(
+                [
+                    BotCommand("agent", "Send this chat's messages to an agent"),
+                    BotCommand("team", "Send this chat's messages to a team"),
+                    BotCommand("reset", "Start a fresh conversation"),
+                    BotCommand("help", "What I understand"),
+                ]
+            )
+        # A webhook left over from another deployment would make getUpdates fail with a conflict.
+        await self.bot.delete_webhook(drop_pending_updates=False)
+
+    async def close(self) -> None:
+        if self.app is not None:
+            with contextlib.suppress(Exception):
+                await self.app.shutdown()
+            self.app = None
+
+    # -- receiving -----------------------------------------------------------------------------------------
+    async def _fetch(self, offset: int) -> list[Update] | None:
+        """One long poll, abandoned (None) when the adapter is asked to stop."""
+        poll = asyncio.create_task(
+            self.bot.get_updates(
+                offset=offset or None,
+                timeout=self.config.poll_timeout_seconds,
+                allowed_updates=["message"],
+            )
+        )
+        stop = asyncio.create_task(self.stop_event.wait())
+        done, _ = await asyncio.wait({poll, stop}, return_when=asyncio.FIRST_COMPLETED)
+        if poll not in done:
+            poll.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await poll
+            return None
+        stop.cancel()
+        return list(poll.result())
+
+    async def receive(self) -> None:
+        db = self.rt.db
+        offset = int(await asyncio.to_thread(chat_state.kv_get, db, "telegram", self.offset_key) or 0)
+        while not self.stop_event.is_set():
+            try:
+                updates = await self._fetch(offset)
+            except Conflict as exc:
+                self.log.warning("another poller uses this bot token (%s); retrying", exc)
+                await asyncio.sleep(2.0)
+                continue
+            except (TimedOut, NetworkError) as exc:
+                self.log.warning("getUpdates failed: %s; retrying", exc)
+                await asyncio.sleep(1.0)
+                continue
+            if updates is None:
+                return
+            if updates:
+                await self.test_pause_after_fetch(f"{len(updates)} Telegram update(s)")
+            for update in updates:
+                try:
+                    await self.handle_update(update)
+                except Exception:
+                    # Not committed: keep the offset here so the update is fetched and handled again.
+                    self.log.exception(
+                        "handling update %s failed; it will be fetched again", update.update_id
+                    )
+                    await asyncio.sleep(1.0)
+                    break
+                offset = update.update_id + 1
+                await asyncio.to_thread(chat_state.kv_set, db, "telegram", self.offset_key, str(offset))
+
+    def _addressed(self, message: Message, text: str) -> tuple[bool, str]:
+        """Whether a group message is meant for the bot, and its text without the bot's @mention."""
+        if message.chat.type == "private":
+            return True, text
+        mention = f"@{self.username}" if self.username else ""
+        mentioned = bool(mention) and mention in text.lower()
+        reply = message.reply_to_message
+        replied = reply is not None and reply.from_user is not None and reply.from_user.id == self.bot.id
+        command = text.startswith("/")
+        if not (mentioned or replied or command):
+            return False, text
+        if mentioned and not command:
+            text = re.sub(re.escape(mention), "", text, flags=re.IGNORECASE).strip()
+        return True, text
+
+    async def handle_update(self, update: Update) -> None:
+        """Turn one update into an :class:`Inbound` and hand it to the base (returns once committed)."""
+        message = update.message
+        if message is None or message.from_user is None or message.from_user.is_bot:
+            return
+        text = message.text or message.caption or ""
+        addressed, text = self._addressed(message, text)
+        if not addressed:
+            return
+        chat_id = message.chat.id
+        conversation = str(chat_id)
+        if message.is_topic_message and message.message_thread_id:
+            conversation += f":{message.message_thread_id}"
+        external_id = f"{chat_id}:{message.message_id}"
+        files = await self._save_attachments(message, conversation)
+        user = message.from_user
+        await self.handle(
+            Inbound(
+                conversation=conversation,
+                sender_id=str(user.id),
+                sender=user.username or user.full_name,
+                text=text,
+                external_id=external_id,
+                files=files,
+                metadata={"chat_type": message.chat.type, "telegram_message_id": message.message_id},
+            )
+        )
+
+    async def _save_attachments(self, message: Message, conversation: str) -> list[Path]:
+        target: tuple[str, str] | None = None
+        if message.document is not None:
+            target = (message.document.file_id, message.document.file_name or "document")
+        elif message.photo:
+            target = (message.photo[-1].file_id, "photo.jpg")
+        if target is None:
+            return []
+        folder = self.settings.home / "files" / self.name / safe_filename(conversation)
+        folder.mkdir(parents=True, exist_ok=True)
+        path = folder / f"{message.message_id}-{safe_filename(target[1])}"
+        if not path.exists():
+            remote = await self.bot.get_file(target[0])
+            tmp = path.with_name(path.name + ".part")
+            await remote.download_to_drive(tmp)
+            os.replace(tmp, path)
+        return [path]
+
+    # -- sending -------------------------------------------------------------------------------------------
+    async def send_text(self, conversation: str, text: str) -> None:
+        chat_id, thread = split_conversation(conversation)
+        mode = self.config.parse_mode or None
+        try:
+            await self.bot.send_message(chat_id, text, parse_mode=mode, message_thread_id=thread)
+        except BadRequest as exc:
+            if mode is None or "can't parse entities" not in str(exc).lower():
+                raise
+            # The agent's Markdown is not what Telegram accepts: the words matter more than the styling.
+            await self.bot.send_message(chat_id, text, message_thread_id=thread)
+
+    async def send_file(self, conversation: str, path: Path, caption: str) -> None:
+        chat_id, thread = split_conversation(conversation)
+        await self.bot.send_document(
+            chat_id,
+            document=path.read_bytes(),
+            filename=path.name,
+            caption=caption[:1024] or None,
+            message_thread_id=thread,
+        )
+
+    async def send_typing(self, conversation: str) -> None:
+        chat_id, thread = split_conversation(conversation)
+        await self.bot.send_chat_action(chat_id, ChatAction.TYPING, message_thread_id=thread)
