@@ -36,11 +36,13 @@ rt.close()
 """
 
 
-def run_loss_test(tmp_path: Path, db_url: str | None) -> None:
-    home = make_home(tmp_path, db_url=db_url)
+def run_loss_test(
+    tmp_path: Path, db_url: str | None, *, home: Path | None = None, extra_env: dict[str, str] | None = None
+) -> None:
+    home = home or make_home(tmp_path, db_url=db_url)
     port = free_port()
     go = tmp_path / "go"
-    with web_process(home, port):
+    with web_process(home, port, **(extra_env or {})):
         appender = subprocess.Popen(
             [sys.executable, "-c", APPENDER, str(home), str(go), str(TOTAL)], cwd=REPO, env=_env(home)
         )
@@ -101,3 +103,44 @@ def test_sse_loss_free_across_cuts_sqlite(tmp_path: Path) -> None:
 @pytest.mark.postgres
 def test_sse_loss_free_across_cuts_postgresql(tmp_path: Path, pg_url: str) -> None:
     run_loss_test(tmp_path, pg_url)
+
+
+def test_web_refuses_non_loopback_without_token(tmp_path: Path) -> None:
+    home = make_home(tmp_path)
+    env = _env(home) | {"AGENTPOST_API_HOST": "0.0.0.0", "AGENTPOST_API_PORT": str(free_port())}
+    result = subprocess.run(
+        [str(Path(sys.executable).parent / "agentpost"), "run", "web"],
+        env=env,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert result.returncode == 2
+    assert "refusing to listen on '0.0.0.0' without an API token" in " ".join(result.stderr.split())
+    assert "AGENTPOST_API_TOKEN" in result.stderr
+
+
+@pytest.mark.redis
+def test_sse_loss_free_with_redis_driver(tmp_path: Path) -> None:
+    """The same loss test with ``events.driver = "redis"``: the web process reads the relayed Redis streams."""
+    import os
+    import secrets
+
+    from shared.events_redis import RedisEventLog
+
+    prefix = f"agentpost-test-{secrets.token_hex(6)}"
+    redis_url = os.environ.get("AGENTPOST_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+    extra_env = {"AGENTPOST_REDIS_URL": redis_url, "AGENTPOST_REDIS_PREFIX": prefix}
+    home = make_home(tmp_path, extra='\n[events]\ndriver = "redis"\n')
+    log = RedisEventLog.from_url(redis_url, prefix)
+    try:
+        log.client.ping()
+    except Exception as exc:
+        pytest.skip(f"Redis unavailable: {exc}")
+    try:
+        run_loss_test(tmp_path, None, home=home, extra_env=extra_env)
+        assert int(log.last_cursor()) >= TOTAL  # the stream really went through Redis
+    finally:
+        log.destroy()
+        log.close()

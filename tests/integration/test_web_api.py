@@ -367,3 +367,22 @@ def test_bearer_token_required_on_every_api_route(tmp_path: Path) -> None:
             assert r.status_code == 200
     finally:
         runtime.close()
+
+
+def test_bind_rules() -> None:
+    from adapters.web.auth import check_bind, host_header_is_loopback, is_loopback
+    from shared.settings import SettingsError
+
+    for host in ("127.0.0.1", "127.1.2.3", "::1", "[::1]", "localhost"):
+        assert is_loopback(host), host
+        check_bind(host, "")
+    for host in ("0.0.0.0", "::", "192.168.1.10", "example.com", ""):
+        assert not is_loopback(host), host
+        with pytest.raises(SettingsError, match="refusing to listen"):
+            check_bind(host, "")
+        check_bind(host, "a-token")
+    assert host_header_is_loopback({"host": "127.0.0.1:3777"})
+    assert host_header_is_loopback({"host": "[::1]:3777"})
+    assert host_header_is_loopback({"host": "localhost"})
+    assert not host_header_is_loopback({"host": "evil.example:3777"})
+    assert not host_header_is_loopback({})
