@@ -26,7 +26,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from shared.clock import now_ms
 from shared.events import ALL_TOPICS, CursorExpired, EventLog, PendingEvent, append_events
 from shared.ids import MESSAGE_ID_RE
-from shared.queue import (
+from shared.queue_types import (
     MAX_MESSAGE_CHARS,
     InvalidInput,
     LeaseLost,

@@ -8,6 +8,7 @@ from pathlib import Path
 import uvicorn
 
 from shared.event_drivers import open_event_log
+from shared.events import EventLog
 from shared.runtime import open_runtime
 
 from .app import create_app
@@ -26,6 +27,7 @@ def main(home: Path | None = None) -> None:
     try:
         api = runtime.settings.api
         check_bind(api.host, api.token)
+        events: EventLog
         if runtime.settings.events.driver == "sql":
             events = runtime.events
         else:
