@@ -1,0 +1,259 @@
+"""Helpers for the channel adapter tests: homes with channel settings, adapter and processor processes,
+a scripted agent, and wrappers around the platform fakes that can hold a send in flight.
+
+The fakes themselves (``tests/fakes``) are not changed; the wrappers subclass them and override only the
+request entry point, so everything the client library sees is still the fake's real behaviour.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import tomlkit
+
+from shared.runtime import Runtime, open_runtime
+from tests.fakes.discord_api import FakeDiscord
+from tests.fakes.telegram_api import FakeTelegram, TelegramApiError
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+#: The scripted agent CLI (run by the processor's ``command`` provider; the prompt arrives on stdin).
+#: ``long=N`` replies with N numbered paragraphs of ~300 characters; ``file=NAME`` writes NAME in the
+#: workspace and attaches it with ``[send_file: NAME]``; ``sleep=S`` waits first; otherwise it echoes.
+AGENT_SCRIPT = r"""
+import os, sys, time
+prompt = sys.stdin.read()
+agent = os.environ.get("AGENTPOST_AGENT", "?")
+words = prompt.split()
+for w in words:
+    if w.startswith("sleep="):
+        time.sleep(float(w.split("=", 1)[1]))
+out = []
+for w in words:
+    if w.startswith("long="):
+        n = int(w.split("=", 1)[1])
+        for i in range(1, n + 1):
+            out.append(f"Paragraph {i} of {n}. " + ("lorem ipsum dolor sit amet " * 11).strip() + f" [end {i}]")
+    if w.startswith("file="):
+        name = w.split("=", 1)[1]
+        with open(name, "w") as f:
+            f.write(f"file {name} made by {agent}\n")
+        out.append(f"Here is {name}. [send_file: {name}]")
+if not out:
+    out.append(f"{agent} got: {prompt.strip()[-200:]}")
+print("\n\n".join(out))
+"""
+
+
+def agent_script(tmp: Path) -> Path:
+    path = tmp / "channel_agent.py"
+    path.write_text(AGENT_SCRIPT, encoding="utf-8")
+    return path
+
+
+def channel_home(
+    tmp: Path,
+    db_url: str,
+    channels: Mapping[str, Any],
+    *,
+    agents: tuple[str, ...] = ("alpha", "beta"),
+    teams: Mapping[str, Any] | None = None,
+    queue: Mapping[str, Any] | None = None,
+) -> Path:
+    """A home folder: ``db_url``, scripted agents, the given ``[channels]`` and fast test timings."""
+    home = tmp / "home"
+    home.mkdir(parents=True, exist_ok=True)
+    script = agent_script(tmp)
+    data: dict[str, Any] = {
+        "database": {"url": db_url},
+        "queue": {
+            "default_agent": agents[0],
+            "lease_seconds": 3.0,
+            "poll_interval_seconds": 1.0,
+            "backoff_base_seconds": 0.05,
+            "backoff_max_seconds": 0.2,
+            **(queue or {}),
+        },
+        "agents": {a: {"provider": "command", "command": [sys.executable, str(script)]} for a in agents},
+        "processor": {"recover_interval_seconds": 0.5},
+        "channels": dict(channels),
+    }
+    if teams:
+        data["teams"] = dict(teams)
+    (home / "settings.toml").write_text(tomlkit.dumps(data), encoding="utf-8")
+    return home
+
+
+def open_home(home: Path) -> Runtime:
+    return open_runtime(home, env={"PATH": os.environ.get("PATH", "")})
+
+
+class Proc:
+    """A real ``agentpost run KIND`` process with its output in a log file."""
+
+    def __init__(self, kind: str, home: Path, env: Mapping[str, str], log: Path) -> None:
+        self.kind = kind
+        self.log = log
+        full_env = {
+            **os.environ,
+            "AGENTPOST_HOME": str(home),
+            "PTB_TIMEDELTA": "1",
+            "PYTHONUNBUFFERED": "1",
+            "AGENTPOST_LOG_LEVEL": "INFO",
+            **env,
+        }
+        full_env.pop("AGENTPOST_DATABASE_URL", None)
+        self._out = log.open("ab")
+        self.popen = subprocess.Popen(
+            [sys.executable, "-m", "shared.cli", "run", kind],
+            cwd=REPO_ROOT,
+            env=full_env,
+            stdout=self._out,
+            stderr=subprocess.STDOUT,
+        )
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace") if self.log.exists() else ""
+
+    def wait_output(self, needle: str, timeout: float = 20.0) -> None:
+        wait_for(lambda: needle in self.output() or self._died(), timeout, f"{needle!r} in {self.kind} log")
+        assert needle in self.output(), f"{self.kind} exited early:\n{self.output()}"
+
+    def _died(self) -> bool:
+        return self.popen.poll() is not None
+
+    def kill(self) -> None:
+        if self.popen.poll() is None:
+            self.popen.send_signal(signal.SIGKILL)
+            self.popen.wait(10)
+        self._out.close()
+
+    def stop(self, timeout: float = 15.0) -> int:
+        if self.popen.poll() is None:
+            self.popen.send_signal(signal.SIGTERM)
+            try:
+                self.popen.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.popen.kill()
+                self.popen.wait(5)
+                raise AssertionError(f"{self.kind} did not stop on SIGTERM:\n{self.output()}") from None
+        self._out.close()
+        return int(self.popen.returncode)
+
+
+def run_cli(home: Path, *args: str, env: Mapping[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """``agentpost ARGS`` as a process (stdout and stderr captured)."""
+    full_env = {**os.environ, "AGENTPOST_HOME": str(home), "PTB_TIMEDELTA": "1", **(env or {})}
+    full_env.pop("AGENTPOST_DATABASE_URL", None)
+    return subprocess.run(
+        [sys.executable, "-m", "shared.cli", *args],
+        cwd=REPO_ROOT,
+        env=full_env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def wait_for(condition: Callable[[], Any], timeout: float, what: str, interval: float = 0.05) -> Any:
+    """Poll ``condition`` until truthy; fail naming ``what`` after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(interval)
+
+
+def count(rt: Runtime, sql: str, params: Mapping[str, Any] | None = None) -> int:
+    return int(rt.db.read_scalar(sql, dict(params or {})) or 0)
+
+
+class HoldingTelegram(FakeTelegram):
+    """A fake Bot API that can hold the N-th ``sendMessage`` (from now on) until released.
+
+    A held request is then dropped unanswered-in-effect: it fails with 502 and is not recorded, as if it
+    never reached Telegram (the adapter was killed while it was in flight).
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._hold_at: int | None = None
+        self._send_seen = 0
+        self.held = threading.Event()
+        self._release = threading.Event()
+
+    def hold_send(self, nth: int) -> None:
+        with self._cond:
+            self._hold_at = nth
+            self._send_seen = 0
+            self.held.clear()
+            self._release.clear()
+
+    def release(self) -> None:
+        self._release.set()
+
+    def _call(
+        self, token: str, method: str, fields: dict[str, str], files: dict[str, Any]
+    ) -> tuple[int, dict[str, Any]]:
+        hold = False
+        if method.lower() == "sendmessage":
+            with self._cond:
+                self._send_seen += 1
+                if self._hold_at is not None and self._send_seen == self._hold_at:
+                    hold = True
+                    self._hold_at = None
+        if hold:
+            self.held.set()
+            self._release.wait(30)
+            return 502, TelegramApiError(502, "Bad Gateway").to_json()
+        return super()._call(token, method, fields, files)
+
+    def texts(self, chat_id: int) -> list[str]:
+        """Texts successfully sent to ``chat_id``, oldest first."""
+        return [c.text or "" for c in self.sent if c.method == "sendMessage" and c.chat_id == chat_id]
+
+    def documents(self, chat_id: int) -> list[tuple[str, bytes]]:
+        """(filename, data) of documents sent to ``chat_id``."""
+        return [
+            (c.document.filename, c.document.data)
+            for c in self.sent
+            if c.method == "sendDocument" and c.chat_id == chat_id and c.document is not None
+        ]
+
+
+def telegram_env(fake: FakeTelegram, **extra: str) -> dict[str, str]:
+    return {"TELEGRAM_BOT_TOKEN": fake.token, "TELEGRAM_API_BASE_URL": fake.url, **extra}
+
+
+def discord_env(fake: FakeDiscord, **extra: str) -> dict[str, str]:
+    return {
+        "DISCORD_BOT_TOKEN": fake.token,
+        "DISCORD_API_BASE_URL": fake.api_base,
+        "DISCORD_GATEWAY_URL": fake.gateway_url,
+        **extra,
+    }
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def events(rt: Runtime, type_: str) -> list[dict[str, Any]]:
+    rows = rt.db.read("SELECT payload FROM events WHERE type = :t ORDER BY id", {"t": type_})
+    return [json.loads(r["payload"]) for r in rows]

@@ -1,0 +1,125 @@
+"""The Telegram adapter as a real process (``agentpost run telegram``) against the fake Bot API, with a real
+processor running a scripted agent: replies in the right chat, chunked, with files; crash safety both ways."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from adapters.chunking import split_message, utf16_len
+from tests.channel_support import (
+    HoldingTelegram,
+    Proc,
+    channel_home,
+    count,
+    open_home,
+    run_cli,
+    telegram_env,
+    wait_for,
+)
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(90)]
+
+CHANNELS = {
+    "telegram": {"allowlist": ["42", "43"], "poll_timeout_seconds": 1, "typing_interval_seconds": 0.5}
+}
+
+
+@pytest.fixture
+def fake(monkeypatch: pytest.MonkeyPatch) -> Iterator[HoldingTelegram]:
+    monkeypatch.setenv("PTB_TIMEDELTA", "1")
+    with HoldingTelegram() as server:
+        yield server
+
+
+def test_reply_chunked_and_file_in_the_right_chats(tmp_path: Path, fake: HoldingTelegram) -> None:
+    home = channel_home(tmp_path, f"sqlite:///{tmp_path / 'a.db'}", CHANNELS)
+    adapter = Proc("telegram", home, telegram_env(fake), tmp_path / "telegram.log")
+    processor = Proc("processor", home, {}, tmp_path / "processor.log")
+    try:
+        fake.push_text(42, "please write long=30 sleep=1")
+        fake.push_text(43, "send me file=notes.txt")
+        # 30 paragraphs of ~300 characters: three chunks within Telegram's 4096 UTF-16 units.
+        wait_for(lambda: any("[end 30]" in t for t in fake.texts(42)), 40, "the long reply in chat 42")
+        wait_for(lambda: fake.documents(43), 20, "the document in chat 43")
+    finally:
+        adapter.stop()
+        processor.stop()
+    texts = fake.texts(42)
+    assert len(texts) == 3, texts
+    assert all(utf16_len(t) <= 4096 for t in texts)
+    joined = "\n\n".join(texts)
+    positions = [joined.index(f"[end {i}]") for i in range(1, 31)]
+    assert positions == sorted(positions)  # every paragraph once, in order
+    for chunk in texts:  # cuts fall at paragraph breaks
+        assert chunk.startswith("Paragraph ") and chunk.rstrip().endswith("]")
+    assert fake.documents(43) == [("notes.txt", b"file notes.txt made by alpha\n")]
+    assert not fake.documents(42) and all("notes.txt" not in t for t in texts)
+    typing = [c for c in fake.sent if c.method == "sendChatAction" and c.chat_id == 42]
+    assert typing and typing[0].params["action"] == "typing"
+
+
+def test_sigkill_mid_reply_resumes_without_duplicates_or_gaps(tmp_path: Path, fake: HoldingTelegram) -> None:
+    home = channel_home(tmp_path, f"sqlite:///{tmp_path / 'a.db'}", CHANNELS)
+    fake.add_chat(42, username="alice")
+    text = "\n\n".join(f"Section {i}: " + "word " * 300 for i in range(1, 7))
+    expected = split_message(text.strip(), 4096, length=utf16_len)
+    assert len(expected) == 3
+    log = tmp_path / "telegram.log"
+    adapter = Proc("telegram", home, telegram_env(fake), log)
+    rt = open_home(home)
+    try:
+        fake.hold_send(2)  # the second chunk hangs in flight ...
+        rt.queue.enqueue_response("telegram", "alice", text, sender_id="42", conversation="42")
+        assert fake.held.wait(20), adapter.output()
+        adapter.kill()  # ... and the adapter dies with it
+        fake.release()
+        assert fake.texts(42) == expected[:1]
+        assert count(rt, "SELECT delivered FROM responses") == 1
+        restarted = Proc("telegram", home, telegram_env(fake), log)
+        try:
+            wait_for(
+                lambda: count(rt, "SELECT COUNT(*) FROM responses WHERE status = 'acked'") == 1, 30, "ack"
+            )
+        finally:
+            restarted.stop()
+    finally:
+        rt.close()
+    assert fake.texts(42) == expected  # every chunk exactly once, in order
+
+
+def test_killed_between_fetch_and_enqueue_enqueues_after_restart(
+    tmp_path: Path, fake: HoldingTelegram
+) -> None:
+    home = channel_home(tmp_path, f"sqlite:///{tmp_path / 'a.db'}", CHANNELS)
+    log = tmp_path / "telegram.log"
+    adapter = Proc("telegram", home, telegram_env(fake, AGENTPOST_TEST_PAUSE_AFTER_FETCH="60"), log)
+    rt = open_home(home)
+    try:
+        update = fake.push_text(42, "do not lose me")
+        adapter.wait_output("test hook: paused")
+        adapter.kill()
+        assert count(rt, "SELECT COUNT(*) FROM messages") == 0
+        assert fake.confirmed_offset <= update["update_id"]  # Telegram still holds the update
+        restarted = Proc("telegram", home, telegram_env(fake), log)
+        try:
+            wait_for(lambda: count(rt, "SELECT COUNT(*) FROM messages") == 1, 20, "the update enqueued")
+            fake.wait_for_offset(update["update_id"] + 1, timeout=10)
+        finally:
+            restarted.stop()
+        rows = rt.db.read("SELECT message, sender_id, conversation, external_id FROM messages")
+    finally:
+        rt.close()
+    assert rows == [
+        {"message": "do not lose me", "sender_id": "42", "conversation": "42", "external_id": "42:1"}
+    ]
+
+
+def test_missing_token_names_the_variable(tmp_path: Path) -> None:
+    home = channel_home(tmp_path, f"sqlite:///{tmp_path / 'a.db'}", CHANNELS)
+    result = run_cli(home, "run", "telegram", env={"TELEGRAM_BOT_TOKEN": ""})
+    assert result.returncode == 2
+    assert "TELEGRAM_BOT_TOKEN" in result.stderr.replace("\n", " ")
+    assert "Traceback" not in result.stderr + result.stdout
