@@ -7,6 +7,7 @@ request entry point, so everything the client library sees is still the fake's r
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -257,3 +258,53 @@ def free_port() -> int:
 def events(rt: Runtime, type_: str) -> list[dict[str, Any]]:
     rows = rt.db.read("SELECT payload FROM events WHERE type = :t ORDER BY id", {"t": type_})
     return [json.loads(r["payload"]) for r in rows]
+
+
+class RunningChannel:
+    """A channel adapter running in-process in its own thread and event loop (integration tests)."""
+
+    def __init__(self, channel: Any, *, deliver_only: bool = False) -> None:
+        import asyncio
+
+        self.channel = channel
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._error: list[BaseException] = []
+        self._started = threading.Event()
+
+        async def main() -> None:
+            self._loop = asyncio.get_running_loop()
+            self._started.set()
+            if deliver_only:
+                await channel.open()
+                try:
+                    await channel.delivery_loop()
+                finally:
+                    await channel.close()
+            else:
+                await channel.run()
+
+        def target() -> None:
+            try:
+                asyncio.run(main())
+            except BaseException as exc:
+                self._error.append(exc)
+                self._started.set()
+
+        self._thread = threading.Thread(target=target, name=f"channel-{channel.name}", daemon=True)
+        self._thread.start()
+        self._started.wait(10)
+
+    def stop(self) -> None:
+        if self._loop is not None and not self._loop.is_closed():
+            with contextlib.suppress(RuntimeError):
+                self._loop.call_soon_threadsafe(self.channel.stop_event.set)
+        self._thread.join(20)
+        assert not self._thread.is_alive(), "the channel did not stop"
+        if self._error:
+            raise self._error[0]
+
+    def __enter__(self) -> RunningChannel:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.stop()

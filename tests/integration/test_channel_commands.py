@@ -1,0 +1,87 @@
+"""Chat commands and the sticky default agent through the Telegram adapter in-process: /help, /agent,
+/team, /reset (reaches the processor through the sessions table), ``@agent`` alone and ``@default``."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from adapters.telegram import TelegramChannel
+from shared.sessions import get_session, set_session
+from tests.channel_support import HoldingTelegram, RunningChannel, channel_home, open_home, wait_for
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
+
+
+@pytest.fixture
+def fake(monkeypatch: pytest.MonkeyPatch) -> Iterator[HoldingTelegram]:
+    monkeypatch.setenv("PTB_TIMEDELTA", "1")
+    with HoldingTelegram() as server:
+        yield server
+
+
+def test_commands_and_sticky_agent(tmp_path: Path, fake: HoldingTelegram) -> None:
+    home = channel_home(
+        tmp_path,
+        f"sqlite:///{tmp_path / 'a.db'}",
+        {"telegram": {"allowlist": ["42", "43"], "poll_timeout_seconds": 1, "typing": False}},
+        agents=("alpha", "beta", "gamma"),
+        teams={"dev": {"agents": ["beta", "gamma"], "leader": "gamma"}},
+    )
+    rt = open_home(home)
+    set_session(rt.db, "beta", "", "session-beta")
+    set_session(rt.db, "alpha", "", "session-alpha")
+    script = [
+        "/help",
+        "plain one",  # -> alpha (default)
+        "/agent beta",
+        "plain two",  # -> beta (sticky)
+        "@alpha just this once",  # -> alpha (explicit mention wins, once)
+        "plain three",  # -> beta
+        "/reset",  # resets beta, the sticky agent
+        "/agent nosuch",
+        "@gamma",  # switch by mention alone
+        "plain four",  # -> gamma
+        "/team dev",
+        "plain five",  # -> dev's leader gamma
+        "@default",
+        "plain six",  # -> alpha again
+    ]
+    answers = sum(1 for line in script if line.startswith("/") or line in ("@gamma", "@default"))
+    try:
+        with RunningChannel(
+            TelegramChannel(rt, env={"TELEGRAM_BOT_TOKEN": fake.token, "TELEGRAM_API_BASE_URL": fake.url})
+        ):
+            for line in script:
+                update = fake.push_text(42, line)
+                fake.wait_for_offset(update["update_id"] + 1, 10)
+            fake.push_text(43, "other chat")  # stickiness is per chat
+            wait_for(lambda: len(fake.texts(42)) == answers, 15, "every command answered")
+            wait_for(
+                lambda: len(rt.db.read("SELECT id FROM messages WHERE conversation = '43'")) == 1, 10, "43"
+            )
+        routed = [
+            (r["message"], r["agent"]) for r in rt.db.read("SELECT message, agent FROM messages ORDER BY id")
+        ]
+        replies = fake.texts(42)
+        beta_session, alpha_session = get_session(rt.db, "beta"), get_session(rt.db, "alpha")
+    finally:
+        rt.close()
+    assert routed == [
+        ("plain one", "alpha"),
+        ("plain two", "beta"),
+        ("@alpha just this once", "alpha"),
+        ("plain three", "beta"),
+        ("plain four", "gamma"),
+        ("plain five", "gamma"),
+        ("plain six", "alpha"),
+        ("other chat", "alpha"),
+    ]
+    assert replies[0].startswith("Commands:")
+    assert "agent @beta" in replies[1]
+    assert "fresh conversation with @beta" in replies[2]
+    assert "Unknown agent 'nosuch'" in replies[3]
+    assert "agent @gamma" in replies[4] and "team @dev" in replies[5] and "normal routing" in replies[6]
+    assert beta_session is None and alpha_session == "session-alpha"  # /reset reached only beta
