@@ -121,7 +121,7 @@ def agent_list(as_json: JsonFlag = False) -> None:
                     sessions[str(row["agent"])] = sessions.get(str(row["agent"]), 0) + 1
     except Exception:  # the list is useful without the database too
         sessions = {}
-    rows = []
+    rows: list[dict[str, Any]] = []
     for name, agent in sorted(settings.agents.items()):
         teams = sorted(t for t, team in settings.teams.items() if name in team.agents)
         rows.append(
@@ -269,7 +269,7 @@ def agent_reset(
 def team_list(as_json: JsonFlag = False) -> None:
     """The configured teams with their leader and members."""
     settings = _settings()
-    rows = [
+    rows: list[dict[str, Any]] = [
         {"team": n, "leader": t.leader, "agents": list(t.agents)} for n, t in sorted(settings.teams.items())
     ]
     if as_json:

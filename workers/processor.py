@@ -30,6 +30,7 @@ that counts as an attempt); :mod:`workers.launch` makes the CLI die with the pro
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import secrets
@@ -325,28 +326,48 @@ class Processor:
                         break
                     await self._run_group(agent, group, held, lock)
                 tg.cancel_scope.cancel()
-        finally:
-            if lost:
-                self.stats.lease_lost += 1
-                log.warning(
-                    "agent %s: lost the lease of its messages; the run was stopped, nothing sent", agent
-                )
+        except Exception as exc:
+            # A bug or a database failure while handling a run: fail what is still held, counting the
+            # attempt, so a message that keeps triggering it ends as a dead letter instead of looping.
+            log.exception(
+                "agent %s: error while running %s", agent, [i for ids in held.values() for i in ids]
+            )
             with anyio.CancelScope(shield=True):
+                await self._release(agent, held, f"processor error: {exc!r}"[:500], count_attempt=True)
+        finally:
+            with anyio.CancelScope(shield=True):
+                if lost:
+                    self.stats.lease_lost += 1
+                    log.warning("agent %s: lost the lease of its messages; run stopped, nothing sent", agent)
+                    await self._event(
+                        "queue", "lease_lost", {"agent": agent, "worker": self.worker, "during": "run"}
+                    )
                 await self._release(agent, held, "lease lost" if lost else "processor stopping")
 
     def _renew(self, agent: str, ids: list[str]) -> int:
         return self.rt.queue.renew_leases(self.worker, ids, agent=agent, lease_ms=self.lease_ms)
 
-    async def _release(self, agent: str, held: dict[str, list[str]], why: str) -> None:
-        """Give back groups still held (not started, or cancelled mid-run) without counting an attempt."""
+    async def _release(
+        self, agent: str, held: dict[str, list[str]], why: str, *, count_attempt: bool = False
+    ) -> None:
+        """Give back groups still held (not started, or cancelled mid-run); by default without counting an
+        attempt and without delay."""
         for key, ids in list(held.items()):
             try:
                 await anyio.to_thread.run_sync(
-                    lambda ids=ids: self.rt.queue.fail_messages(
-                        ids, self.worker, f"released: {why}", count_attempt=False, retry_after_ms=0
+                    functools.partial(
+                        self.rt.queue.fail_messages,
+                        ids,
+                        self.worker,
+                        f"released: {why}",
+                        count_attempt=count_attempt,
+                        retry_after_ms=None if count_attempt else 0,
                     )
                 )
-                self.stats.released += len(ids)
+                if count_attempt:
+                    self.stats.failed += len(ids)
+                else:
+                    self.stats.released += len(ids)
             except LeaseLost:
                 pass  # another worker has them now; they are not ours to touch
             except Exception as exc:

@@ -178,7 +178,7 @@ def test_two_processors_never_run_one_agent_twice_and_lose_nothing(
         procs.start(home, log, "p1")
         procs.start(home, log, "p2")
         sent: list[str] = []
-        for wave in range(4):
+        for wave in range(3):
             for agent in agents:
                 for chat in range(2):
                     text = f"w{wave} sleep=0.2 {agent} {chat}"

@@ -54,7 +54,7 @@ def test_two_agents_run_in_parallel_and_each_one_run_at_a_time(tmp_path: Path, s
         mine = [r for r in runs if r.agent == agent]
         assert len(mine) == 5 and not overlapping(mine), f"{agent} ran twice at once"
     assert overlapping(runs), "the two agents never ran at the same time"
-    assert 4.5 <= elapsed < 8.0, f"10 one-second runs of two agents took {elapsed:.1f} s (want ~5, not 10)"
+    assert 4.5 <= elapsed < 8.5, f"10 one-second runs of two agents took {elapsed:.1f} s (want ~5, not 10)"
 
 
 def test_burst_to_a_busy_agent_becomes_at_most_two_runs(tmp_path: Path, sqlite_url: str) -> None:
