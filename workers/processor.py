@@ -178,17 +178,22 @@ class Processor:
         async with anyio.create_task_group() as tg:
             while not self._stopping:
                 generation = self.rt.waker.generation
-                started = await self._dispatch(tg)
-                if self._stopping:
-                    break
-                if (
-                    until_idle
-                    and not self._active
-                    and not started
-                    and not await self._has_work(include_delayed)
-                ):
-                    break
-                await self._wait(generation, await self._sleep_for())
+                try:
+                    started = await self._dispatch(tg)
+                    if self._stopping:
+                        break
+                    if (
+                        until_idle
+                        and not self._active
+                        and not started
+                        and not await self._has_work(include_delayed)
+                    ):
+                        break
+                    timeout = await self._sleep_for()
+                except Exception as exc:  # the database is unreachable for a moment: keep running, retry
+                    log.warning("processor loop: %s; retrying in 1 s", exc)
+                    timeout = 1.0
+                await self._wait(generation, timeout)
             if self._active:
                 with anyio.move_on_after(self.config.shutdown_grace_seconds):
                     while self._active:

@@ -125,3 +125,46 @@ def _dead(pid: int) -> bool:
     except OSError:
         return True
     return state == "Z"
+
+
+def test_a_run_whose_lease_was_taken_over_is_stopped_and_sends_nothing(
+    tmp_path: Path, sqlite_url: str
+) -> None:
+    script, log = agent_script(tmp_path), tmp_path / "runs.log"
+    # Renewal deliberately slower than the lease, so another worker can take the messages over mid-run.
+    home = make_home(
+        tmp_path,
+        sqlite_url,
+        {"solo": command_agent(script)},
+        queue={"lease_seconds": 1.0},
+        processor={"renew_interval_seconds": 1.2, "recover_interval_seconds": 60},
+    )
+    with open_home(home) as rt:
+        sent = rt.queue.enqueue_message("cli", "me", "long sleep=8")
+        processor = Processor(rt, env=_env(log))
+        taken: list[str] = []
+
+        def thief() -> None:
+            wait_for(lambda: read_invocations(log), 10, "the run to start")
+            deadline = time.monotonic() + 20
+            while not taken and time.monotonic() < deadline:
+                rt.queue.recover_stale_messages()
+                if rt.queue.claim_all_pending_messages("solo", "thief", lease_ms=60_000):
+                    taken.append("thief")
+                time.sleep(0.02)
+
+        other = threading.Thread(target=thief)
+        other.start()
+        started = time.monotonic()
+        anyio.run(lambda: processor.run_until_idle(timeout=30))
+        other.join()
+        assert taken == ["thief"]
+        assert time.monotonic() - started < 7, "the run should have been stopped, not finished"
+        (run,) = read_invocations(log)
+        assert run.end is None
+        wait_for(lambda: _dead(run.pid), 5, "the stopped CLI to be gone")
+        msg = rt.queue.get_message(sent.message_id)
+        assert msg is not None and msg.status == "processing" and msg.claimed_by == "thief"
+        assert count(rt, "SELECT COUNT(*) FROM responses") == 0
+        assert count(rt, "SELECT COUNT(*) FROM events WHERE type = 'lease_lost'") == 1
+        assert processor.stats.lease_lost == 1
