@@ -285,6 +285,10 @@ class Channel:
         )
         return "duplicate" if result.duplicate else "queued"
 
+    async def may_download(self, sender_id: str) -> bool:
+        """Whether to fetch a sender's attachments: not for strangers (they only get a pairing code)."""
+        return await asyncio.to_thread(self.authorised, sender_id)
+
     def authorised(self, sender_id: str) -> bool:
         """Allowlisted (or ``*``) senders skip pairing; others must be paired."""
         allow = self.config.allowlist
@@ -590,7 +594,11 @@ class Channel:
         runtime = open_runtime(home)
         try:
             channel = cls(runtime)
-            asyncio.run(channel.serve_with_signals())
+            try:
+                asyncio.run(channel.serve_with_signals())
+            except Exception as exc:  # the platform refused us (bad token, unreachable): say so, exit 1
+                channel.log.error("%s adapter stopped: %s: %s", cls.name, type(exc).__name__, exc)
+                raise SystemExit(1) from None
         finally:
             runtime.close()
 

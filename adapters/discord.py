@@ -140,7 +140,11 @@ class DiscordChannel(Channel):
             text = re.sub(_MENTION_RE.format(client.user.id), "", text).strip()
         await self.test_pause_after_fetch("a Discord message")
         conversation = str(message.channel.id)
-        files = await self._save_attachments(message, conversation)
+        files: list[Path] = []
+        if await self.may_download(str(message.author.id)):
+            files = await self._save_attachments(message, conversation)
+        elif not text:
+            text = "(an attachment)"  # a stranger still gets a pairing code, but nothing is downloaded
         await self.handle(
             Inbound(
                 conversation=conversation,

@@ -167,7 +167,8 @@ class TelegramChannel(Channel):
         mentioned = bool(mention) and mention in text.lower()
         reply = message.reply_to_message
         replied = reply is not None and reply.from_user is not None and reply.from_user.id == self.bot.id
-        command = text.startswith("/")
+        target = re.match(r"^/[A-Za-z0-9_]+@([A-Za-z0-9_]+)", text)
+        command = text.startswith("/") and (target is None or target.group(1).lower() == self.username)
         if not (mentioned or replied or command):
             return False, text
         if mentioned and not command:
@@ -188,8 +189,12 @@ class TelegramChannel(Channel):
         if message.is_topic_message and message.message_thread_id:
             conversation += f":{message.message_thread_id}"
         external_id = f"{chat_id}:{message.message_id}"
-        files = await self._save_attachments(message, conversation)
         user = message.from_user
+        files: list[Path] = []
+        if await self.may_download(str(user.id)):
+            files = await self._save_attachments(message, conversation)
+        elif not text:
+            text = "(an attachment)"  # a stranger still gets a pairing code, but nothing is downloaded
         await self.handle(
             Inbound(
                 conversation=conversation,

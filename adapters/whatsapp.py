@@ -218,7 +218,10 @@ class WhatsAppChannel(Channel):
         elif kind in ("document", "image", "audio", "video"):
             media = message.get(kind) or {}
             text = str(media.get("caption") or "")
-            files.append(await self._download(sender, wamid, media, kind))
+            if await self.may_download(sender):
+                files.append(await self._download(sender, wamid, media, kind))
+            elif not text:
+                text = "(an attachment)"  # a stranger still gets a pairing code, but nothing is downloaded
         else:
             self.log.info("ignored a WhatsApp %s message from %s", kind, sender)
             return
