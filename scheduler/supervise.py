@@ -19,7 +19,7 @@ import sys
 import tempfile
 import time
 import xmlrpc.client
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
 from pathlib import Path
@@ -246,25 +246,30 @@ def render_config(p: Paths, programs: list[Program]) -> str:
     return "\n".join(lines)
 
 
-def rpc(p: Paths) -> Any:
-    """An XML-RPC proxy to the supervisord of ``p``."""
-    return xmlrpc.client.ServerProxy(
-        "http://127.0.0.1", transport=SupervisorTransport(None, None, f"unix://{p.sock}")
-    )
+@contextlib.contextmanager
+def rpc(p: Paths) -> Iterator[Any]:
+    """An XML-RPC proxy to the supervisord of ``p`` (its socket is closed on exit)."""
+    transport = SupervisorTransport(None, None, f"unix://{p.sock}")
+    try:
+        yield xmlrpc.client.ServerProxy("http://127.0.0.1", transport=transport)
+    finally:
+        transport.close()
 
 
 def is_running(p: Paths) -> bool:
     if not p.sock.exists():
         return False
     try:
-        return bool(rpc(p).supervisor.getState()["statename"] == "RUNNING")
+        with rpc(p) as server:
+            return bool(server.supervisor.getState()["statename"] == "RUNNING")
     except (OSError, xmlrpc.client.Error):
         return False
 
 
 def process_info(p: Paths) -> list[dict[str, Any]]:
     """supervisord's view of every process (name, statename, pid, description)."""
-    info: list[dict[str, Any]] = rpc(p).supervisor.getAllProcessInfo()
+    with rpc(p) as server:
+        info: list[dict[str, Any]] = server.supervisor.getAllProcessInfo()
     return info
 
 
@@ -316,9 +321,10 @@ def down(p: Paths, *, wait_seconds: float = 60.0) -> bool:
     """Stop every process and supervisord itself. Returns False when it was not running."""
     if not is_running(p):
         return False
-    pid = int(rpc(p).supervisor.getPID())
-    with contextlib.suppress(OSError, xmlrpc.client.Error):
-        rpc(p).supervisor.shutdown()
+    with rpc(p) as server:
+        pid = int(server.supervisor.getPID())
+    with contextlib.suppress(OSError, xmlrpc.client.Error), rpc(p) as server:
+        server.supervisor.shutdown()
     deadline = time.monotonic() + wait_seconds
     while time.monotonic() < deadline:
         try:

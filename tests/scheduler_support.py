@@ -23,11 +23,13 @@ ADMIN_PG_URL = os.environ.get("AGENTPOST_TEST_PG_URL", "postgresql://postgres@12
 T = TypeVar("T")
 
 
-def write_home(home: Path, db_url: str, extra: str = "", *, agents: str | None = None) -> Path:
+def write_home(
+    home: Path, db_url: str, extra: str = "", *, agents: str | None = None, queue: str = "max_retries = 1"
+) -> Path:
     """A home folder whose settings use ``db_url``; ``extra`` is appended TOML (scheduler, heartbeats...)."""
     home.mkdir(parents=True, exist_ok=True)
     agents = agents if agents is not None else '[agents.assistant]\nname = "Assistant"\n'
-    text = f'[database]\nurl = "{db_url}"\n\n[queue]\nmax_retries = 1\n\n{agents}\n{extra}\n'
+    text = f'[database]\nurl = "{db_url}"\n\n[queue]\n{queue}\n\n{agents}\n{extra}\n'
     (home / "settings.toml").write_text(text, encoding="utf-8")
     return home
 

@@ -1,0 +1,249 @@
+"""`agentpost up | status | down` under a real supervisord, a SIGKILLed process restarted with no message
+lost, and the deployment files (systemd units, supervisord.conf) checked field by field."""
+
+from __future__ import annotations
+
+import configparser
+import importlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from scheduler import supervise
+from shared.runtime import open_runtime
+from tests.scheduler_support import cli_env, free_port, run_cli, wait_until, write_home
+
+pytestmark = pytest.mark.e2e
+
+REPO = Path(__file__).resolve().parents[2]
+DEPLOY = REPO / "deploy"
+
+
+def _importable(module: str) -> bool:
+    try:
+        importlib.import_module(module)
+    except Exception:
+        return False
+    return True
+
+
+def _states(home: Path, env: dict[str, str]) -> dict[str, dict[str, object]]:
+    # Polled through supervisord's XML-RPC directly: a CLI run per poll would make each poll a second long.
+    p = supervise.paths(home)
+    if not supervise.is_running(p):
+        return {}
+    return {s["name"]: s for s in supervise.process_info(p)}
+
+
+@pytest.fixture
+def up_home(tmp_path: Path) -> Iterator[tuple[Path, dict[str, str], int]]:
+    port = free_port()
+    agent_cmd = json.dumps(
+        [sys.executable, "-c", "import sys, time; sys.stdin.read(); time.sleep(2); print('done')"]
+    )
+    agents = (
+        f'[agents.assistant]\nname = "A"\nprovider = "command"\ncommand = {agent_cmd}\n\n'
+        '[agents.thinker]\nname = "T"\nprovider = "claude"\n'
+    )
+    extra = "[scheduler]\nrecover_interval_seconds = 1\n\n[processor]\n"
+    home = write_home(
+        tmp_path / "home",
+        f"sqlite:///{tmp_path / 'home' / 'agentpost.db'}",
+        extra,
+        agents=agents,
+        queue="max_retries = 5\nlease_seconds = 2",
+    )
+    env = cli_env(home, {"AGENTPOST_API_PORT": str(port)})
+    yield home, env, port
+    run_cli(home, "down", env=env, check=False)
+
+
+def test_up_starts_what_it_can_restarts_a_killed_process_and_down_stops_all(
+    up_home: tuple[Path, dict[str, str], int],
+) -> None:
+    home, env, port = up_home
+    expected = {"scheduler"} | {
+        k for k, m in (("processor", "workers.processor"), ("web", "adapters.web.server")) if _importable(m)
+    }
+    out = run_cli(home, "up", env=env)
+    text = " ".join(out.stdout.split())  # rich wraps long lines
+    for variable in (
+        "TELEGRAM_BOT_TOKEN",
+        "DISCORD_BOT_TOKEN",
+        "WHATSAPP_ACCESS_TOKEN",
+        "WHATSAPP_VERIFY_TOKEN",
+    ):
+        assert variable in text
+    assert "agent thinker (claude): not logged in" in text and "ANTHROPIC_API_KEY" in text
+    if "web" in expected:
+        assert f"dashboard: http://127.0.0.1:{port}/" in text
+    states = wait_until(
+        lambda: (
+            (s := _states(home, env))
+            and all(s.get(k, {}).get("statename") == "RUNNING" for k in expected)
+            and s
+        ),
+        30,
+        what="every process RUNNING",
+    )
+    assert set(states) == expected, "only installed processes are started; channels without tokens are not"
+    listed = json.loads(run_cli(home, "status", "--json", env=env).stdout)
+    assert {p["name"]: p["statename"] for p in listed["processes"]} == dict.fromkeys(expected, "RUNNING")
+
+    # Queue messages, SIGKILL the scheduler (and the processor mid-run), and watch supervisord restart them.
+    with open_runtime(home, env={}) as rt:
+        ids = [
+            rt.queue.enqueue_message("cli", "ann", f"job {i}", conversation=f"c{i}").message_id
+            for i in range(4)
+        ]
+    victims = ["scheduler"]
+    if "processor" in expected:
+        with open_runtime(home, env={}) as rt:
+            wait_until(
+                lambda: rt.db.read_scalar("SELECT COUNT(*) FROM messages WHERE status = 'processing'"),
+                30,
+                what="the processor to start a run",
+            )
+        victims.append("processor")
+    old = {name: int(states[name]["pid"]) for name in victims}  # type: ignore[call-overload]
+    for pid in old.values():
+        os.kill(pid, signal.SIGKILL)
+    wait_until(
+        lambda: all(
+            (s := _states(home, env)).get(n, {}).get("statename") == "RUNNING" and s[n]["pid"] != old[n]
+            for n in victims
+        ),
+        40,
+        what="supervisord to restart them",
+    )
+    if "processor" in expected:
+        with open_runtime(home, env={}) as rt:
+            done = wait_until(
+                lambda: (
+                    (rows := rt.db.read("SELECT message_id, status FROM messages ORDER BY id"))
+                    and all(r["status"] == "completed" for r in rows)
+                    and rows
+                ),
+                60,
+                what="every message completed after the restart",
+            )
+            assert sorted(r["message_id"] for r in done) == sorted(ids)  # nothing lost
+            replied = {r["message_id"] for r in rt.db.read("SELECT message_id FROM responses")}
+            assert set(ids) <= replied
+    else:
+        with open_runtime(home, env={}) as rt:
+            assert sorted(m["message_id"] for m in rt.db.read("SELECT message_id FROM messages")) == sorted(
+                ids
+            )
+
+    pids = [int(s["pid"]) for s in _states(home, env).values()]  # type: ignore[call-overload]
+    assert "stopped" in run_cli(home, "down", env=env).stdout
+    assert run_cli(home, "status", env=env, check=False).returncode == 3
+    for pid in pids:
+        wait_until(lambda pid=pid: not _alive(pid), 20, what=f"process {pid} to end")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # a zombie not yet reaped by supervisord (which has exited) is reaped by init; treat it as gone
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+    except OSError:
+        return False
+
+
+# -- deployment files --------------------------------------------------------------------------------------
+def _unit(path: Path) -> dict[str, dict[str, list[str]]]:
+    sections: dict[str, dict[str, list[str]]] = {}
+    current = None
+    for raw in path.read_text().splitlines():
+        line = raw.strip()
+        if not line or line.startswith(("#", ";")):
+            continue
+        if line.startswith("[") and line.endswith("]"):
+            current = sections.setdefault(line[1:-1], {})
+            continue
+        assert current is not None and "=" in line, f"{path.name}: bad line {raw!r}"
+        key, value = line.split("=", 1)
+        current.setdefault(key.strip(), []).append(value.strip())
+    return sections
+
+
+SERVICES = {
+    "agentpost-processor.service": "processor",
+    "agentpost-scheduler.service": "scheduler",
+    "agentpost-web.service": "web",
+    "agentpost-channel@.service": "%i",
+}
+
+
+def test_systemd_units_have_the_fields_that_matter() -> None:
+    units = DEPLOY / "systemd"
+    assert sorted(p.name for p in units.iterdir()) == sorted([*SERVICES, "agentpost.target"])
+    for name, kind in SERVICES.items():
+        unit = _unit(units / name)
+        service = unit["Service"]
+        assert service["User"] == ["agentpost"] and service["Group"] == ["agentpost"], name
+        assert service["Restart"] == ["on-failure"], name
+        assert service["ExecStart"][0].split()[-2:] == ["run", kind], name
+        assert service["ExecStart"][0].split()[0].endswith("/agentpost"), name
+        assert "AGENTPOST_HOME=/var/lib/agentpost" in service["Environment"], name
+        assert unit["Unit"]["PartOf"] == ["agentpost.target"], name
+        assert unit["Install"]["WantedBy"] == ["agentpost.target"], name
+    target = _unit(units / "agentpost.target")
+    wanted = set(" ".join(target["Unit"]["Wants"]).split())
+    assert wanted == {n for n in SERVICES if "@" not in n}
+    assert target["Install"]["WantedBy"] == ["multi-user.target"]
+    sysusers = (DEPLOY / "sysusers.d" / "agentpost.conf").read_text()
+    assert any(line.split()[:2] == ["u", "agentpost"] for line in sysusers.splitlines() if line.strip())
+
+
+@pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze is not installed")
+def test_systemd_units_pass_systemd_analyze_verify(tmp_path: Path) -> None:
+    agentpost = Path(sys.executable).with_name("agentpost")
+    assert agentpost.exists()
+    for unit in (DEPLOY / "systemd").iterdir():
+        text = unit.read_text().replace("/opt/agentpost/.venv/bin/agentpost", str(agentpost))
+        (tmp_path / unit.name).write_text(text)
+    shutil.copy(tmp_path / "agentpost-channel@.service", tmp_path / "agentpost-channel@telegram.service")
+    names = [
+        str(tmp_path / n)
+        for n in (
+            *[s for s in SERVICES if "@" not in s],
+            "agentpost.target",
+            "agentpost-channel@telegram.service",
+        )
+    ]
+    out = subprocess.run(
+        ["systemd-analyze", "verify", "--man=no", *names],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "SYSTEMD_LOG_LEVEL": "notice"},
+    )
+    assert out.returncode == 0, out.stderr
+    problems = [line for line in out.stderr.splitlines() if str(tmp_path) in line]
+    assert problems == [], out.stderr
+
+
+def test_supervisord_conf_runs_every_process_with_autorestart() -> None:
+    parser = configparser.RawConfigParser()
+    parser.read(DEPLOY / "supervisord.conf")
+    programs = {s.split(":", 1)[1]: parser[s] for s in parser.sections() if s.startswith("program:")}
+    assert {"processor", "scheduler", "web", "telegram", "discord", "whatsapp"} <= set(programs)
+    for name, section in programs.items():
+        assert section["command"].split()[-2:] == ["run", name]
+        assert section["autorestart"] == "true" and section["stopsignal"] == "TERM"
+        assert 'AGENTPOST_HOME="/var/lib/agentpost"' in section["environment"]
+    assert parser["supervisord"]["user"] == "agentpost"
+    assert {programs[n]["autostart"] for n in ("processor", "scheduler", "web")} == {"true"}
