@@ -25,7 +25,7 @@ from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any
 
-from supervisor.xmlrpc import SupervisorTransport
+from supervisor.xmlrpc import SupervisorTransport  # type: ignore[import-untyped]
 
 from shared.settings import Settings
 

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from apscheduler.triggers.base import BaseTrigger
+from apscheduler.triggers.base import BaseTrigger  # type: ignore[import-untyped]
 
 from scheduler.config import latest_fire_time
 
@@ -72,4 +72,5 @@ class TimedJob:
         return result
 
     def next_fire_time(self, now: datetime) -> datetime | None:
-        return self.trigger.get_next_fire_time(None, now)
+        found: datetime | None = self.trigger.get_next_fire_time(None, now)
+        return found
