@@ -16,7 +16,7 @@ import psycopg
 import pytest
 
 from shared.db import Database, open_database
-from shared.models import TABLE_NAMES
+from shared.models import SCHEMA_VERSION, TABLE_NAMES
 from shared.queue import Directory, Queue, QueueConfig
 
 ADMIN_PG_URL = os.environ.get("AGENTPOST_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
@@ -55,6 +55,7 @@ def reset_postgres(url: str) -> None:
     with psycopg.connect(url, autocommit=True) as conn:
         tables = ", ".join(t for t in TABLE_NAMES if t != "schema_version")
         conn.execute(f"TRUNCATE {tables} RESTART IDENTITY")
+        conn.execute("DELETE FROM schema_version WHERE version <> %s", (SCHEMA_VERSION,))
 
 
 @pytest.fixture

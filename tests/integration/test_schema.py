@@ -24,9 +24,14 @@ def test_a_newer_schema_is_refused(db_url: str) -> None:
     db = open_database(db_url)
     with db.transaction() as tx:
         tx.execute("INSERT INTO schema_version (version, applied_at) VALUES (:v, 0)", {"v": SCHEMA_VERSION + 1})
-    with pytest.raises(RuntimeError, match="newer than this agentpost"):
-        db.create_schema()
-    db.close()
+    try:
+        with pytest.raises(RuntimeError, match="newer than this agentpost"):
+            db.create_schema()
+    finally:
+        # The PostgreSQL database is shared by the test session: leave it as the other tests expect it.
+        with db.transaction() as tx:
+            tx.execute("DELETE FROM schema_version WHERE version > :v", {"v": SCHEMA_VERSION})
+        db.close()
 
 
 def test_sqlite_runs_in_wal_with_normal_sync(sqlite_url: str) -> None:
