@@ -205,15 +205,22 @@ class Queue(ResponseOps, AdminOps, ControlOps):
         external_id: str | None = None,
         available_at: int | None = None,
         prefix: str | None = None,
+        debounce_ms: int = 0,
     ) -> EnqueueResult:
         """Queue one incoming message as ``pending`` and wake the processor.
 
         Routing: ``agent`` (an agent or team name) if given, else a leading ``@agent``/``@team`` mention,
         else the default agent; the text is kept intact. A ``message_id`` or ``(channel, external_id)``
         that is already queued is reported as ``duplicate`` and changes nothing.
+        With ``debounce_ms``, the message and every message of the same chat still waiting for that agent
+        become available only ``debounce_ms`` after this one, so a burst of quick messages is one run.
         Raises :class:`InvalidInput` (nothing changed) for an empty message or a bad name or id.
         """
         now = now_ms()
+        if debounce_ms < 0:
+            raise InvalidInput("debounce_ms must be zero or more")
+        if debounce_ms and available_at is None:
+            available_at = now + debounce_ms
         params, explicit = self._draft_params(
             channel=channel,
             sender=sender,
@@ -232,6 +239,18 @@ class Queue(ResponseOps, AdminOps, ControlOps):
         )
         with self.db.transaction() as tx:
             row_id = self._insert_message(tx, params, explicit)
+            if row_id is not None and debounce_ms:
+                # A sliding window: each new message of the burst pushes the earlier ones back with it.
+                tx.execute(
+                    "UPDATE messages SET available_at = :at WHERE status = 'pending' AND agent = :agent "
+                    "AND channel = :channel AND conversation = :conversation AND available_at < :at",
+                    {
+                        "at": params["available_at"],
+                        "agent": params["agent"],
+                        "channel": channel,
+                        "conversation": params["conversation"],
+                    },
+                )
             if row_id is None:
                 existing = tx.one(
                     "SELECT id, message_id, agent FROM messages WHERE message_id = :m OR "

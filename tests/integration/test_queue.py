@@ -349,3 +349,14 @@ def test_group_by_conversation_keeps_primary_first() -> None:
 
     groups = group_by_conversation([msg(3, "b"), msg(1, "a"), msg(2, "b"), msg(4, "a")])
     assert [[m.id for m in g] for g in groups] == [[1, 4], [2, 3]]
+
+
+def test_debounce_makes_a_burst_from_one_chat_wait_together(queue: Queue) -> None:
+    first = queue.enqueue_message("telegram", "s", "one", conversation="c", debounce_ms=60_000).message_id
+    other_chat = queue.enqueue_message("telegram", "s", "else", conversation="d").message_id
+    second = queue.enqueue_message("telegram", "s", "two", conversation="c", debounce_ms=60_000).message_id
+    m1, m2 = queue.get_message(first), queue.get_message(second)
+    assert m1 is not None and m2 is not None and m1.available_at == m2.available_at > now_ms() + 50_000
+    assert [m.message_id for m in queue.claim_all_pending_messages("alpha", "w")] == [other_chat]
+    with pytest.raises(InvalidInput):
+        queue.enqueue_message("telegram", "s", "x", debounce_ms=-1)
