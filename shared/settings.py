@@ -54,6 +54,8 @@ class QueueSettings(_Strict):
     max_hops: int = Field(default=8, ge=0, le=64)
     poll_interval_seconds: float = Field(default=5.0, gt=0)
     wake_interval_ms: int = Field(default=20, ge=1, le=5_000)
+    # Chat channels hold a message this long (sliding with each new one) so a burst becomes one run.
+    debounce_ms: int = Field(default=1_200, ge=0, le=60_000)
 
 
 class EventSettings(_Strict):
