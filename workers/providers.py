@@ -14,6 +14,11 @@ Never a shell: argv lists only. Every run gets its own session and process group
 shutdown kills the CLI *and* everything it started) and is launched through :mod:`workers.launch`, which
 makes the CLI die with the processor, so a crashed processor leaves no agent running behind its lease.
 A run fails on a non-zero exit, a timeout or a reported error; an error is never returned as a reply.
+
+Liveness is judged by output: any bytes on stdout or stderr count (Claude runs with
+``--include-partial-messages``, so a streaming reply prints a line per delta). A run silent for
+``RunRequest.idle_timeout`` seconds is killed (``stopped_by = "idle"``); ``RunRequest.timeout`` is the
+ceiling for the whole run however busy it is (``stopped_by = "ceiling"``).
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -62,7 +68,8 @@ class RunRequest:
     # workspace's latest conversation with -c for session_scope = agent, and --resume ID per chat.
     session_id: str | None = None
     env: Mapping[str, str] = field(default_factory=dict)  # the child's whole environment
-    timeout: float = 1800.0
+    timeout: float = 1800.0  # the ceiling of the whole run
+    idle_timeout: float | None = None  # kill the run after this long without any output (None: never)
     orphan_guard: bool = True
     on_spawn: Callable[[int], None] | None = None  # told the CLI's pid (= its process group id)
 
@@ -81,6 +88,7 @@ class RunResult:
     rate_limited: bool = False
     pid: int | None = None
     argv: list[str] = field(default_factory=list)
+    stopped_by: str = ""  # "idle" or "ceiling" when the processor killed a run that did not end by itself
 
 
 class AgentProvider(Protocol):
@@ -144,6 +152,7 @@ class StreamState:
     error: str | None = None
     session_id: str | None = None
     rate_limited: bool = False
+    last_output: float = 0.0  # time.monotonic() of the last byte the CLI wrote (stdout or stderr)
 
 
 def kill_group(pgid: int, sig: int = signal.SIGKILL) -> None:
@@ -201,15 +210,17 @@ class CliProvider:
             return RunResult(ok=False, error=f"cannot start {argv[0]}: {exc.strerror or exc}", argv=argv)
         if request.on_spawn is not None:
             request.on_spawn(process.pid)
-        state = StreamState()
+        state = StreamState(last_output=time.monotonic())
         stderr_tail = bytearray()
         result: RunResult | None = None
+        stopped_by: list[str] = []
         try:
-            with anyio.move_on_after(request.timeout) as scope:
+            with anyio.CancelScope() as scope:
                 async with anyio.create_task_group() as tg:
                     tg.start_soon(self._feed_stdin, process, request.prompt)
+                    tg.start_soon(_watchdog, request, state, scope, started, stopped_by)
                     stdout_done, stderr_done = anyio.Event(), anyio.Event()
-                    tg.start_soon(_drain, process.stderr, stderr_tail, stderr_done)
+                    tg.start_soon(_drain, process.stderr, stderr_tail, stderr_done, state)
 
                     async def read() -> None:
                         await self._read_stdout(process, state, progress)
@@ -226,12 +237,17 @@ class CliProvider:
                     tg.cancel_scope.cancel()
             if scope.cancelled_caught:
                 kill_group(process.pid)
-                result = RunResult(
-                    ok=False,
-                    timed_out=True,
-                    error=f"timed out after {request.timeout:g} s (agents.{request.agent}.timeout_seconds); "
-                    "the CLI and its process group were killed",
-                )
+                if stopped_by == ["idle"]:
+                    error = (
+                        f"no output for {request.idle_timeout:g} s (processor.idle_timeout_seconds); "
+                        "the CLI and its process group were killed"
+                    )
+                else:
+                    error = (
+                        f"timed out after {request.timeout:g} s (agents.{request.agent}.timeout_seconds); "
+                        "the CLI and its process group were killed"
+                    )
+                result = RunResult(ok=False, timed_out=True, error=error, stopped_by=stopped_by[0])
             else:
                 result = self.finish(
                     state, int(process.returncode or 0), stderr_tail.decode(errors="replace")
@@ -272,6 +288,7 @@ class CliProvider:
                 chunk = await process.stdout.receive()
             except (anyio.EndOfStream, anyio.ClosedResourceError, anyio.BrokenResourceError):
                 break
+            state.last_output = time.monotonic()
             buffer += chunk
             while True:
                 cut = buffer.find(b"\n")
@@ -292,7 +309,24 @@ class CliProvider:
                 await progress(text)
 
 
-async def _drain(stream: ByteReceiveStream | None, tail: bytearray, done: anyio.Event) -> None:
+async def _watchdog(
+    request: RunRequest, state: StreamState, scope: anyio.CancelScope, started: float, why: list[str]
+) -> None:
+    """Cancel ``scope`` at the run's ceiling, or once the CLI has been silent for ``idle_timeout``."""
+    ceiling = started + request.timeout
+    while True:
+        now = time.monotonic()
+        idle_at = state.last_output + request.idle_timeout if request.idle_timeout else float("inf")
+        if now >= ceiling or now >= idle_at:
+            why.append("ceiling" if now >= ceiling else "idle")
+            scope.cancel()
+            return
+        await anyio.sleep(min(ceiling, idle_at) - now + 0.01)
+
+
+async def _drain(
+    stream: ByteReceiveStream | None, tail: bytearray, done: anyio.Event, state: StreamState | None = None
+) -> None:
     # Read stderr continuously so a chatty CLI never blocks on a full pipe; keep only the end.
     try:
         while stream is not None:
@@ -300,6 +334,8 @@ async def _drain(stream: ByteReceiveStream | None, tail: bytearray, done: anyio.
                 chunk = await stream.receive()
             except (anyio.EndOfStream, anyio.ClosedResourceError, anyio.BrokenResourceError):
                 return
+            if state is not None:
+                state.last_output = time.monotonic()
             tail += chunk
             if len(tail) > _STDERR_KEEP:
                 del tail[: len(tail) - _STDERR_KEEP]
@@ -327,7 +363,8 @@ class ClaudeProvider(CliProvider):
     def argv(self, request: RunRequest) -> list[str]:
         s = request.settings
         argv = [find_binary("claude", request, "AGENTPOST_CLAUDE_BIN"), *s.command[1:]]
-        argv += ["-p", "--output-format", "stream-json", "--verbose"]
+        # Partial messages: a line per streamed delta, so a long reply shows it is alive (idle timeout).
+        argv += ["-p", "--output-format", "stream-json", "--verbose", "--include-partial-messages"]
         if request.session_id and s.session_scope == "conversation":
             argv += ["--resume", request.session_id]
         elif request.session_id:
@@ -353,18 +390,17 @@ class ClaudeProvider(CliProvider):
             message = event.get("message") or {}
             if event.get("is_api_error_message") or event.get("error"):
                 return []  # the CLI's synthetic error text: never progress, never the answer
-            texts = [
-                block.get("text", "")
-                for block in message.get("content") or []
-                if isinstance(block, dict) and block.get("type") == "text"
-            ]
+            blocks = [b for b in message.get("content") or [] if isinstance(b, dict)]
+            texts = [b.get("text", "") for b in blocks if b.get("type") == "text"]
             state.text_parts.extend(texts)
-            return texts
+            # Tool calls are steps too (for "last step" notes), but never part of the answer.
+            steps = [_tool_step(b) for b in blocks if b.get("type") == "tool_use"]
+            return texts + steps
         if kind == "result":
             result = event.get("result")
             if event.get("is_error") or event.get("subtype") not in (None, "success"):
                 status = event.get("api_error_status")
-                state.rate_limited = status == 429
+                state.rate_limited = status in (429, 529) or looks_rate_limited(str(result or ""))
                 detail = result if isinstance(result, str) and result else str(event.get("subtype"))
                 state.error = (
                     f"claude reported an error ({event.get('terminal_reason') or 'error'}): {detail}"
@@ -377,6 +413,38 @@ class ClaudeProvider(CliProvider):
         if state.error is None and exit_code == 0 and state.final_text is None:
             return RunResult(ok=False, error="claude exited without a result line", exit_code=exit_code)
         return super().finish(state, exit_code, stderr)
+
+
+_RATE_LIMIT_WORDS = (
+    "usage limit",
+    "rate limit",
+    "rate_limit",
+    "hit your limit",
+    "limit reached",
+    "overloaded",
+)
+
+
+def looks_rate_limited(text: str) -> bool:
+    """Whether an error text reports a usage limit, a rate limit or an overload (not the agent's fault)."""
+    lowered = text.lower()
+    return bool(re.search(r"\b(429|529)\b", lowered)) or any(word in lowered for word in _RATE_LIMIT_WORDS)
+
+
+def _tool_step(block: dict[str, Any]) -> str:
+    """``Bash: npm test``: one tool call as a short step description."""
+    name = str(block.get("name") or "tool")
+    args = block.get("input") if isinstance(block.get("input"), dict) else {}
+    assert isinstance(args, dict)
+    detail = next(
+        (
+            str(args[k])
+            for k in ("command", "description", "file_path", "path", "pattern", "url")
+            if args.get(k)
+        ),
+        "",
+    )
+    return f"{name}: {' '.join(detail.split())[:120]}" if detail else name
 
 
 # -- codex ---------------------------------------------------------------------------------------------
@@ -422,8 +490,10 @@ class CodexProvider(CliProvider):
         elif kind == "turn.failed":
             error = event.get("error") or {}
             state.error = f"codex turn failed: {error.get('message', 'unknown error')}"
+            state.rate_limited = looks_rate_limited(state.error)
         elif kind == "error":
             state.error = f"codex error: {event.get('message', 'unknown error')}"
+            state.rate_limited = looks_rate_limited(state.error)
         return []
 
 

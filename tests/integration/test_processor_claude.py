@@ -291,4 +291,7 @@ def test_rate_limit_pauses_without_spending_an_attempt(
         assert msg is not None and msg.status == "pending" and msg.retry_count == 0
         assert msg.available_at >= before + 29_000
         assert "429" in (msg.last_error or "")
-        assert count(rt, "SELECT COUNT(*) FROM responses") == 0
+        # No reply yet: only the one notice that the agent is paused (issue 8), no error as an answer.
+        (notice,) = _responses(rt)
+        assert '"kind":"paused"' in str(notice["metadata"]) and "429" not in str(notice["message"])
+        assert int(rt.queue.agent_state("coder")["paused_until"]) >= before + 29_000

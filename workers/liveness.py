@@ -1,0 +1,174 @@
+"""Watching one run while it goes on: ``/stop``, interrupting arrivals, "still working" notes, ``/status``.
+
+A :class:`RunWatch` runs beside each CLI invocation. It wakes on every database change (the waker) and at
+least every ``[processor] control_interval_seconds`` (at most five times a second), and then:
+
+- takes a stop request from the agent's lease row (:meth:`shared.queue.Queue.take_stop_request`, written by
+  ``/stop``). One naming this run's chat (``<channel>:<conversation>``) or ``*`` stops the run: its CLI
+  process group is killed and its messages complete with a short "stopped" reply. A request naming another
+  chat is handed to the processor, which completes that chat's waiting messages the same way.
+- under the ``interrupt`` policy, looks for a message of this chat that became available: it stops the run
+  so the next one carries everything (:mod:`workers.busy`).
+- every ``progress_note_seconds`` enqueues a "still working — 6 min, last step: …" note to the chat, with
+  metadata ``{"kind": "progress", "edit_key": RUN_ID}`` so a channel can edit one message in place; the
+  final reply carries ``{"kind": "final", "edit_key": RUN_ID}``.
+- refreshes the run record :func:`shared.conversation_status.conversation_status` reads (last step).
+
+Idle and ceiling timeouts are the provider's (:mod:`workers.providers`): they need the CLI's output.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+
+from shared.clock import now_ms
+from shared.conversation_status import CHAT_KEY_SQL, format_duration, update_run_step
+from shared.queue import INTERNAL_CHANNELS, QueuedMessage
+from shared.runtime import Runtime
+from workers.busy import WorkGroup
+from workers.teams import origin_of
+
+log = logging.getLogger("agentpost.processor")
+
+#: Never check the database more often than this, however busy it is.
+MIN_CHECK_SECONDS = 0.2
+
+
+@dataclass
+class RunInfo:
+    """One run in progress: what the watch reports on, and why it stopped the run (if it did)."""
+
+    agent: str
+    run_id: str
+    group: WorkGroup
+    started_ms: int = field(default_factory=now_ms)
+    started: float = field(default_factory=time.monotonic)
+    last_step: str = ""
+    last_step_at: int = 0
+    stored_step: str = ""
+    notes: int = 0
+    reason: str = ""  # "stop" or "interrupt" when the watch ended the run
+
+    def step(self, text: str) -> None:
+        """Remember the latest progress text (its first non-empty line) as the run's last step."""
+        line = next((ln.strip() for ln in text.splitlines() if ln.strip()), "")
+        if line:
+            self.last_step = line[:300]
+            self.last_step_at = now_ms()
+
+
+def note_target(message: QueuedMessage) -> dict[str, Any] | None:
+    """Where notes about a run for ``message`` go: its chat, or the user chat a teammate's chain started
+    from; ``None`` for agentpost's own channels (heartbeats, schedules, chains without an origin)."""
+    origin = origin_of(message)
+    if origin is None or origin["channel"] in INTERNAL_CHANNELS:
+        return None
+    return origin
+
+
+def progress_text(elapsed_ms: int, last_step: str) -> str:
+    """``Still working — 6 min, last step: …``."""
+    text = f"Still working — {format_duration(elapsed_ms)}"
+    step = " ".join(last_step.split())
+    return text + (f", last step: {step[:160]}{'…' if len(step) > 160 else ''}" if step else "")
+
+
+class RunWatch:
+    """The watcher of one run (see the module docstring). ``on_foreign_stop`` receives stop requests that
+    name another chat of the same agent."""
+
+    def __init__(
+        self,
+        rt: Runtime,
+        worker: str,
+        info: RunInfo,
+        *,
+        control_interval: float,
+        note_seconds: float,
+        on_foreign_stop: Callable[[str], None],
+    ) -> None:
+        self.rt = rt
+        self.worker = worker
+        self.info = info
+        self.control_interval = control_interval
+        self.note_seconds = note_seconds
+        self.on_foreign_stop = on_foreign_stop
+        self.target = note_target(info.group.messages[0])
+
+    async def run(self, scope: anyio.CancelScope) -> None:
+        """Watch until the run ends (the caller cancels this) or the watch stops it (cancels ``scope``)."""
+        while True:
+            generation = self.rt.waker.generation
+            try:
+                reason = await anyio.to_thread.run_sync(self.check)
+            except Exception as exc:  # a database hiccup: the run goes on; try again shortly
+                log.warning("agent %s: run watch: %s", self.info.agent, exc)
+                reason = ""
+            if reason:
+                self.info.reason = reason
+                scope.cancel()
+                return
+            timeout = self.control_interval
+            if self.note_seconds > 0 and self.target is not None:
+                due = self.info.started + self.note_seconds * (self.info.notes + 1)
+                timeout = min(timeout, max(0.0, due - time.monotonic()))
+            await self.rt.waker.wait_async(generation, max(MIN_CHECK_SECONDS, timeout))
+            await anyio.sleep(MIN_CHECK_SECONDS)
+
+    def check(self) -> str:
+        """One round of checks (in a worker thread); returns why to stop the run, or ``""``."""
+        info = self.info
+        chat = info.group.chat
+        requested = self.rt.db.read_scalar(
+            "SELECT stop_requested FROM agent_leases WHERE agent = :a AND holder = :w",
+            {"a": info.agent, "w": self.worker},
+        )
+        if requested:
+            taken = self.rt.queue.take_stop_request(info.agent, self.worker)
+            if taken in ("*", chat):
+                return "stop"
+            if taken:
+                self.on_foreign_stop(taken)
+        if info.group.policy == "interrupt":
+            channel, conversation = info.group.key
+            arrived = self.rt.db.read_scalar(
+                "SELECT 1 FROM messages WHERE status = 'pending' AND agent = :a AND channel = :c "
+                f"AND {CHAT_KEY_SQL} = :conv AND available_at <= :now LIMIT 1",
+                {"a": info.agent, "c": channel, "conv": conversation, "now": now_ms()},
+            )
+            if arrived is not None:
+                return "interrupt"
+        elapsed = time.monotonic() - info.started
+        if (
+            self.note_seconds > 0
+            and self.target is not None
+            and elapsed >= self.note_seconds * (info.notes + 1)
+        ):
+            self._send_note(int(elapsed * 1000))
+        if info.last_step != info.stored_step:
+            info.stored_step = info.last_step
+            update_run_step(self.rt.db, info.agent, info.run_id, info.last_step, info.last_step_at)
+        return ""
+
+    def _send_note(self, elapsed_ms: int) -> None:
+        info, target = self.info, self.target
+        assert target is not None
+        # Count the note first: a failure to queue one must not make every later check retry it at once.
+        info.notes = int(elapsed_ms / 1000 / self.note_seconds)
+        primary = info.group.messages[0]
+        self.rt.queue.enqueue_response(
+            target["channel"],
+            str(target.get("sender") or ""),
+            progress_text(elapsed_ms, info.last_step),
+            sender_id=str(target.get("sender_id") or ""),
+            conversation=str(target.get("conversation") or ""),
+            agent=info.agent,
+            metadata={"kind": "progress", "edit_key": info.run_id, "agent": info.agent, "note": info.notes},
+            message_id=primary.message_id,
+        )

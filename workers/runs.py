@@ -1,0 +1,462 @@
+"""One run of an agent, from prompt to outcome: the part of :class:`workers.processor.Processor` that
+starts the CLI for a work group and writes what became of it.
+
+Outcomes, each written in one transaction while the group's leases are held (:meth:`RunSteps._settle`):
+
+- success: the reply (metadata ``kind: final`` and the run's ``edit_key``), handoffs, chat posts and
+  history; a heartbeat whose reply is the agent's silent token is recorded with no response;
+- failure: back to ``pending`` with a backoff, counting an attempt (dead with one notice at the limit);
+- rate limit: the fallback model or a pause, no attempt counted (:mod:`workers.ratelimit`);
+- ``/stop``: completed with one short "stopped" reply (kind ``stopped``);
+- interrupted by a newer message: not completed, not failed; back in front of the waiting groups;
+- dropped by the ``max_waiting`` cap: completed with one notice listing them (kind ``dropped``).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import anyio
+
+from shared.clock import now_ms
+from shared.conversation_status import clear_run, record_run
+from shared.ids import new_id
+from shared.queue import LeaseLost, QueuedMessage, ResponseDraft
+from shared.runtime import Runtime
+from shared.sessions import AGENT_SCOPE_KEY, get_session, set_session
+from shared.settings import AgentSettings, Settings
+from workers.busy import WorkGroup, build_prompt, dropped_notice, resolve_policy
+from workers.files import outbound_files
+from workers.liveness import RunInfo, RunWatch, note_target
+from workers.processor_config import ProcessorSettings, ProcessorStats
+from workers.providers import ProviderError, RunRequest, RunResult, child_env, provider_for
+from workers.ratelimit import (
+    backoff_ms,
+    fallback_until,
+    notify_waiting_chats,
+    parse_reset,
+    paused_text,
+    use_fallback_until,
+)
+from workers.teams import plan_reply
+from workers.workspace import ensure_workspace, files_dir, team_instructions
+
+log = logging.getLogger("agentpost.processor")
+
+STOPPED_TEXT = "Stopped. I did not finish this; send it again when you want me to continue."
+
+
+class Drive:
+    """One agent driven by this processor: the groups it holds (running and waiting) and its state."""
+
+    def __init__(self, agent: str) -> None:
+        self.agent = agent
+        self.groups: list[WorkGroup] = []
+        self.running: WorkGroup | None = None
+        self.stops: set[str] = set()  # stop requests for chats that are waiting here
+        self.lock = anyio.Lock()  # renewal and completion must not interleave (a completed id is not "lost")
+        self.lost = False
+        self.paused = False
+
+    def held(self) -> list[WorkGroup]:
+        return ([self.running] if self.running is not None else []) + list(self.groups)
+
+    def held_ids(self) -> list[str]:
+        return [i for g in self.held() for i in g.ids]
+
+    def forget(self, group: WorkGroup) -> None:
+        if self.running is group:
+            self.running = None
+        elif group in self.groups:
+            self.groups.remove(group)
+
+
+class RunSteps:
+    """The run steps of the processor (a mixin: :class:`workers.processor.Processor` provides the state)."""
+
+    rt: Runtime
+    settings: Settings
+    config: ProcessorSettings
+    worker: str
+    env: dict[str, str]
+    stats: ProcessorStats
+    _paused: dict[str, float]
+    _strikes: dict[str, int]
+
+    async def _drop(self, drive: Drive, batch: list[QueuedMessage]) -> None:
+        ids = [m.message_id for m in batch]
+        target = note_target(batch[0])
+        draft = None
+        if target is not None:
+            draft = ResponseDraft(
+                message=dropped_notice(batch, self.config.max_waiting),
+                metadata={"kind": "dropped", "dropped": ids, "agent": drive.agent},
+                channel=target["channel"],
+                sender=target.get("sender", ""),
+                sender_id=target.get("sender_id", ""),
+                conversation=target.get("conversation", ""),
+            )
+        group = WorkGroup(batch, "collect")
+        write = functools.partial(self.rt.queue.complete_messages, ids, self.worker, draft)
+        if await self._settle(drive, group, write):
+            self.stats.dropped += len(ids)
+            await self._event(
+                "queue",
+                "messages_dropped",
+                {"agent": drive.agent, "message_ids": ids, "max": self.config.max_waiting},
+                ids[0],
+            )
+
+    async def _settle(self, drive: Drive, group: WorkGroup, write: Callable[[], Any]) -> bool:
+        """Write a group's outcome (under the renewal lock) and stop holding it; False if the lease was lost."""
+        async with drive.lock:
+            try:
+                await anyio.to_thread.run_sync(write)
+                return True
+            except LeaseLost as exc:
+                self.stats.lease_lost += 1
+                await self._event(
+                    "queue",
+                    "lease_lost",
+                    {"agent": drive.agent, "worker": self.worker, "error": str(exc)},
+                    group.messages[0].message_id,
+                )
+                return False
+            finally:
+                drive.forget(group)
+
+    async def _run_group(self, drive: Drive, group: WorkGroup) -> None:
+        agent, primary = drive.agent, group.messages[0]
+        config = self.settings.agents.get(agent)
+        if config is None:
+            await self._finish_failed(
+                drive, group, RunResult(ok=False, error=f"agent {agent!r} is not configured")
+            )
+            return
+        group.policy = await anyio.to_thread.run_sync(
+            resolve_policy, self.rt.db, self.settings, self.config.busy_policy, group.key
+        )
+        workspace = await anyio.to_thread.run_sync(ensure_workspace, self.settings, agent)
+        session_key = AGENT_SCOPE_KEY if config.session_scope == "agent" else group.chat
+        session = await anyio.to_thread.run_sync(get_session, self.rt.db, agent, session_key)
+        run_config, on_fallback = await self._model_for(agent, config)
+        run = RunInfo(agent, new_id("run"), group)
+        request = RunRequest(
+            agent=agent,
+            settings=run_config,
+            workspace=workspace,
+            prompt=self._prompt(config, agent, group),
+            system_prompt=self._system_prompt(config, agent) if config.provider == "claude" else "",
+            session_id=session,
+            env=child_env(
+                self.env, config, [("AGENTPOST_AGENT", agent), ("AGENTPOST_MESSAGE_ID", primary.message_id)]
+            ),
+            timeout=config.timeout_seconds,
+            idle_timeout=self.config.idle_timeout_seconds,
+            orphan_guard=self.config.orphan_guard,
+        )
+        ids = group.ids
+        await self._event(
+            "queue",
+            "chain_step_start",
+            {
+                "agent": agent,
+                "provider": config.provider,
+                "message_ids": ids,
+                "attempt": primary.retry_count + 1,
+                "worker": self.worker,
+                "session": "continue" if session else "new",
+                "run_id": run.run_id,
+                "policy": group.policy,
+                **({"carried": group.carried} if group.carried else {}),
+                **({"model": run_config.model, "fallback": True} if on_fallback else {}),
+            },
+            primary.message_id,
+        )
+        self.stats.invocations += 1
+        await self._quietly(
+            functools.partial(
+                record_run,
+                self.rt.db,
+                agent,
+                run_id=run.run_id,
+                worker=self.worker,
+                channel=group.key[0],
+                conversation=group.key[1],
+                message_ids=ids,
+                started_at=run.started_ms,
+            )
+        )
+        try:
+            result = await self._invoke(drive, run, request, config.provider)
+        finally:
+            with anyio.CancelScope(shield=True):
+                await self._quietly(functools.partial(clear_run, self.rt.db, agent, run.run_id))
+        done = {
+            "agent": agent,
+            "ok": result.ok and not run.reason,
+            "exit_code": result.exit_code,
+            "duration_ms": result.duration_ms,
+            "timed_out": result.timed_out,
+            "pid": result.pid,
+            "message_ids": ids,
+            "run_id": run.run_id,
+        }
+        if run.reason:
+            done["stopped_by"] = run.reason
+        elif not result.ok:
+            done["error"] = result.error[:500]
+            if result.stopped_by:
+                done["stopped_by"] = result.stopped_by
+        await self._event("queue", "chain_step_done", done, primary.message_id)
+        if run.reason == "stop":
+            await self._finish_stopped(drive, group, run.run_id)
+        elif run.reason == "interrupt":
+            # Not completed, not failed: the group waits in front, and the next claim merges the messages
+            # that interrupted it; the next run is told what it had started on. No attempt is counted.
+            self.stats.interrupted += 1
+            group.carried = len(group.messages)
+            drive.running = None
+            drive.groups.insert(0, group)
+            await self._event(
+                "queue", "run_interrupted", {"agent": agent, "message_ids": ids}, primary.message_id
+            )
+        elif not result.ok:
+            await self._finish_failed(drive, group, result, on_fallback)
+        else:
+            self._strikes.pop(agent, None)
+            await self._finish_ok(drive, group, run, result, workspace, session_key)
+
+    async def _invoke(self, drive: Drive, run: RunInfo, request: RunRequest, kind: str) -> RunResult:
+        """Run the CLI with a watch beside it; a stop or interrupt cancels the run (``run.reason``)."""
+        try:
+            provider = provider_for(kind)
+        except ProviderError as exc:
+            return RunResult(ok=False, error=str(exc))
+        ids = run.group.ids
+
+        async def progress(text: str) -> None:
+            run.step(text)
+            if self.config.progress_events:
+                await self._event(
+                    "progress",
+                    "agent_progress",
+                    {"agent": run.agent, "text": text[:4000], "message_ids": ids, "run_id": run.run_id},
+                    ids[0],
+                )
+
+        watch = RunWatch(
+            self.rt,
+            self.worker,
+            run,
+            control_interval=self.config.control_interval_seconds,
+            note_seconds=self.config.progress_note_seconds,
+            on_foreign_stop=drive.stops.add,
+        )
+        result = RunResult(ok=False, error="stopped before the CLI finished")
+        with anyio.CancelScope() as scope:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(watch.run, scope)
+                result = await provider.run(request, progress)
+                tg.cancel_scope.cancel()
+        return result
+
+    async def _finish_ok(
+        self,
+        drive: Drive,
+        group: WorkGroup,
+        run: RunInfo,
+        result: RunResult,
+        workspace: Path,
+        session_key: str,
+    ) -> None:
+        agent, primary = drive.agent, group.messages[0]
+        if result.session_id:
+            await anyio.to_thread.run_sync(
+                lambda: set_session(
+                    self.rt.db, agent, session_key, result.session_id or "", started_at=run.started_ms
+                )
+            )
+        out = outbound_files(result.text, workspace, files_dir(self.settings))
+        for path, reason in out.refused:
+            log.warning("agent %s: refused to send %s: %s", agent, path, reason)
+            await self._event(
+                "queue",
+                "send_file_refused",
+                {"agent": agent, "path": path, "reason": reason},
+                primary.message_id,
+            )
+        plan = plan_reply(
+            self.settings,
+            agent,
+            group.messages,
+            out.text,
+            out.files,
+            {"kind": "final", "edit_key": run.run_id},
+        )
+        for item in plan.ignored:
+            await self._event("queue", "chain_handoff_ignored", {"agent": agent, **item}, primary.message_id)
+        token = self.config.silent_tokens.get(agent, self.config.silent_token)
+        silent = (
+            bool(token) and primary.channel == "heartbeat" and out.text.strip() == token and not out.files
+        )
+        if silent:
+            plan.response = None  # recorded in the history, sent to no one
+        write = functools.partial(
+            self.rt.queue.complete_messages,
+            group.ids,
+            self.worker,
+            plan.response,
+            followups=plan.followups,
+            chat_posts=plan.chat_posts,
+            history=plan.history,
+        )
+        if await self._settle(drive, group, write):
+            self.stats.completed += len(group.ids)
+            if silent:
+                self.stats.silent += 1
+                await self._event(
+                    "queue",
+                    "heartbeat_silent",
+                    {"agent": agent, "message_ids": group.ids},
+                    primary.message_id,
+                )
+
+    async def _finish_failed(
+        self, drive: Drive, group: WorkGroup, result: RunResult, on_fallback: bool = False
+    ) -> None:
+        ids = group.ids
+        log.warning("agent %s: run failed for %s: %s", drive.agent, ", ".join(ids), result.error)
+        if result.rate_limited:
+            await self._rate_limited(drive, group, result, on_fallback)
+            return
+        write = functools.partial(
+            self.rt.queue.fail_messages, ids, self.worker, result.error or "unknown error"
+        )
+        if await self._settle(drive, group, write):
+            self.stats.failed += len(ids)
+
+    async def _rate_limited(
+        self, drive: Drive, group: WorkGroup, result: RunResult, on_fallback: bool
+    ) -> None:
+        """Fallback model or pause, without counting an attempt (see :mod:`workers.ratelimit`)."""
+        agent, now = drive.agent, now_ms()
+        strikes = self._strikes[agent] = self._strikes.get(agent, 0) + 1
+        reset = parse_reset(result.error, now)
+        until = reset or now + backoff_ms(
+            strikes, self.config.rate_limit_pause_seconds, self.config.rate_limit_max_pause_seconds
+        )
+        self.stats.rate_limited += len(group.ids)
+        error = result.error or "rate limited"
+        fallback = self.settings.agents[agent].fallback_model if agent in self.settings.agents else ""
+        if fallback and not on_fallback:
+            await anyio.to_thread.run_sync(use_fallback_until, self.rt.db, agent, until)
+            await self._event(
+                "agents",
+                "model_fallback",
+                {"agent": agent, "model": fallback, "until": until, "message_ids": group.ids},
+                group.messages[0].message_id,
+            )
+            retry_now = functools.partial(
+                self.rt.queue.fail_messages,
+                group.ids,
+                self.worker,
+                error,
+                count_attempt=False,
+                retry_after_ms=0,
+            )
+            await self._settle(drive, group, retry_now)
+            return
+        reason = f"rate limited{' (stated reset)' if reset else ''}: {error[:200]}"
+        await anyio.to_thread.run_sync(self.rt.queue.pause_agent, agent, until, reason)
+        wait = max(0, until - now)
+        for held in [group, *drive.groups]:
+            why = error if held is group else "released: the agent is paused by a rate limit"
+            write = functools.partial(
+                self.rt.queue.fail_messages,
+                held.ids,
+                self.worker,
+                why,
+                count_attempt=False,
+                retry_after_ms=wait,
+            )
+            await self._settle(drive, held, write)
+        drive.paused = True
+        self._paused[agent] = time.monotonic() + wait / 1000
+        told = await anyio.to_thread.run_sync(
+            notify_waiting_chats, self.rt.queue, agent, until, paused_text(until, now, on_fallback)
+        )
+        await self._event("agents", "rate_limit_notice", {"agent": agent, "until": until, "chats": told})
+
+    async def _finish_stopped(self, drive: Drive, group: WorkGroup, run_id: str | None) -> None:
+        """Complete a group the user stopped with one short "stopped" reply (kind ``stopped``)."""
+        primary = group.messages[0]
+        target = note_target(primary)
+        draft = None
+        if target is not None:
+            draft = ResponseDraft(
+                message=STOPPED_TEXT,
+                metadata={
+                    "kind": "stopped",
+                    "agent": drive.agent,
+                    **({"edit_key": run_id} if run_id else {}),
+                },
+                channel=target["channel"],
+                sender=target.get("sender", ""),
+                sender_id=target.get("sender_id", ""),
+                conversation=target.get("conversation", ""),
+            )
+        write = functools.partial(self.rt.queue.complete_messages, group.ids, self.worker, draft)
+        if await self._settle(drive, group, write):
+            self.stats.stopped += len(group.ids)
+            await self._event(
+                "queue",
+                "run_stopped",
+                {"agent": drive.agent, "message_ids": group.ids, "running": run_id is not None},
+                primary.message_id,
+            )
+
+    async def _model_for(self, agent: str, config: AgentSettings) -> tuple[AgentSettings, bool]:
+        """The agent's settings for this run: on its fallback model while a rate limit lasts."""
+        if not config.fallback_model:
+            return config, False
+        until = await anyio.to_thread.run_sync(fallback_until, self.rt.db, agent)
+        if until <= now_ms():
+            return config, False
+        return config.model_copy(update={"model": config.fallback_model, "fallback_model": ""}), True
+
+    def _system_prompt(self, config: AgentSettings, agent: str) -> str:
+        parts = [config.system_prompt.strip(), team_instructions(self.settings, agent)]
+        return "\n\n".join(p for p in parts if p)
+
+    def _prompt(self, config: AgentSettings, agent: str, group: WorkGroup) -> str:
+        prompt = build_prompt(group.messages, group.carried)
+        if config.provider != "claude":
+            # Other CLIs have no "append system prompt" flag: the instructions lead the prompt.
+            system = self._system_prompt(config, agent)
+            if system:
+                prompt = f"<instructions>\n{system}\n</instructions>\n\n{prompt}"
+        return prompt
+
+    async def _quietly(self, write: Callable[[], Any]) -> None:
+        # Status records are observability: a failure to write one must not fail the run.
+        try:
+            await anyio.to_thread.run_sync(write)
+        except Exception as exc:
+            log.warning("could not update the run record: %s", exc)
+
+    async def _event(
+        self, topic: str, type_: str, payload: dict[str, Any], message_id: str | None = None
+    ) -> None:
+        # Events are observability: a failure to write one must not fail the run it describes.
+        try:
+            await anyio.to_thread.run_sync(
+                lambda: self.rt.events.append(topic, type_, payload, message_id=message_id)
+            )
+        except Exception as exc:
+            log.warning("could not append event %s: %s", type_, exc)
