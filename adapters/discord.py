@@ -2,7 +2,7 @@
 
 Replies go to the channel (or thread) the message came from; the conversation address is the channel id,
 and threads are channels in Discord, so a reply lands in the same thread. discord.py's own rate limiting
-and retries are used. The REST and gateway URLs are internal attributes of discord.py, so they are set in
+and retries are used. Progress notes are edited in place (``PATCH /channels/{id}/messages/{id}``). The REST and gateway URLs are internal attributes of discord.py, so they are set in
 exactly one place, :func:`point_discord_at`, from ``DISCORD_API_BASE_URL`` (the API root including the
 version, e.g. ``https://discord.com/api/v10``) and ``DISCORD_GATEWAY_URL`` (or the settings' ``api_base_url``
 and ``gateway_url``); the token comes from ``DISCORD_BOT_TOKEN`` (or the variable named by ``token_env``).
@@ -71,6 +71,7 @@ class DiscordChannel(Channel):
     prefix: ClassVar[str] = "discord"
     limit: ClassVar[int] = 2000
     settings_model: ClassVar[type[ChannelSettings]] = DiscordSettings
+    can_edit: ClassVar[bool] = True
 
     config: DiscordSettings
     client: _Client | None = None
@@ -193,3 +194,16 @@ class DiscordChannel(Channel):
     async def send_typing(self, conversation: str) -> None:
         channel = await self._channel(conversation)
         await channel.typing()
+
+    async def send_note(self, conversation: str, text: str) -> str:
+        channel = await self._channel(conversation)
+        sent = await channel.send(text)
+        return str(sent.id)
+
+    async def edit_text(self, conversation: str, message_id: str, text: str) -> bool:
+        channel = await self._channel(conversation)
+        try:
+            await channel.get_partial_message(int(message_id)).edit(content=text)
+        except (discord.NotFound, discord.Forbidden):
+            return False  # deleted, or not ours to edit: send a new note
+        return True

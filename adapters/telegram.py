@@ -7,7 +7,8 @@ queueing it fetches the same update again after the restart; a redelivered updat
 ``external_id`` (``chat:message``) and is not queued twice.
 
 Private chats take every message; groups only messages that mention the bot, reply to it, or are commands.
-Replies go through the library's ``AIORateLimiter``. The Bot API base URL comes from
+Replies go through the library's ``AIORateLimiter``; progress notes are edited in place
+(``editMessageText``). The Bot API base URL comes from
 ``TELEGRAM_API_BASE_URL`` (or ``[channels.telegram] api_base_url``), the token from ``TELEGRAM_BOT_TOKEN``
 (or the variable named by ``token_env``).
 """
@@ -58,6 +59,7 @@ class TelegramChannel(Channel):
     prefix: ClassVar[str] = "telegram"
     limit: ClassVar[int] = 4096
     settings_model: ClassVar[type[ChannelSettings]] = TelegramSettings
+    can_edit: ClassVar[bool] = True
 
     config: TelegramSettings
     app: Application[Any, Any, Any, Any, Any, Any] | None = None
@@ -96,6 +98,9 @@ class TelegramChannel(Channel):
                     BotCommand("agent", "Send this chat's messages to an agent"),
                     BotCommand("team", "Send this chat's messages to a team"),
                     BotCommand("reset", "Start a fresh conversation"),
+                    BotCommand("status", "What the agent is doing for this chat"),
+                    BotCommand("stop", "Stop the agent's current run"),
+                    BotCommand("queue", "collect, followup or interrupt: messages sent while busy"),
                     BotCommand("help", "What I understand"),
                 ]
             )
@@ -250,3 +255,22 @@ class TelegramChannel(Channel):
     async def send_typing(self, conversation: str) -> None:
         chat_id, thread = split_conversation(conversation)
         await self.bot.send_chat_action(chat_id, ChatAction.TYPING, message_thread_id=thread)
+
+    async def send_note(self, conversation: str, text: str) -> str:
+        # Plain text: a note quotes the agent's last step, which need not be valid Markdown.
+        chat_id, thread = split_conversation(conversation)
+        sent = await self.bot.send_message(chat_id, text, message_thread_id=thread)
+        return str(sent.message_id)
+
+    async def edit_text(self, conversation: str, message_id: str, text: str) -> bool:
+        chat_id, _ = split_conversation(conversation)
+        try:
+            await self.bot.edit_message_text(text, chat_id=chat_id, message_id=int(message_id))
+        except BadRequest as exc:
+            reason = str(exc).lower()
+            if "not modified" in reason:
+                return True  # the same text again: nothing to change
+            if "not found" in reason or "can't be edited" in reason:
+                return False
+            raise
+        return True

@@ -9,6 +9,8 @@
   receipts (``statuses``) are ignored.
 - Replies go through ``POST {graph}/{version}/{phone_number_id}/messages`` with backoff on the throughput
   errors 130429 and 131056 (and 429/5xx). Files are uploaded to ``/media`` and sent as documents.
+  WhatsApp cannot edit a sent message, so a run's progress notes are new messages, at most one every
+  ``progress_min_interval_seconds`` (see :mod:`adapters.delivery`).
 
 Environment: ``WHATSAPP_ACCESS_TOKEN``, ``WHATSAPP_PHONE_NUMBER_ID``, ``WHATSAPP_APP_SECRET``,
 ``WHATSAPP_VERIFY_TOKEN``, ``WHATSAPP_GRAPH_URL`` (default ``https://graph.facebook.com``),

@@ -1,0 +1,217 @@
+"""The chat commands every channel understands, and a chat's sticky default agent.
+
+- ``/agent NAME``, ``/team NAME``: this chat's messages go to NAME by default (``@agent`` alone does the
+  same; ``@default`` goes back to normal routing). Kept in :mod:`adapters.chat_state`.
+- ``/reset [@agent]``: a fresh conversation, by clearing the agent's session row.
+- ``/status``: what the agent does for this chat (running since, last step, waiting messages, a pause), read
+  from the database with :mod:`shared.conversation_status`.
+- ``/stop``: a stop request in the agent's lease row (:meth:`shared.queue.Queue.request_stop`) for each agent
+  with work for this chat; the processor stops the run and completes its messages with a short reply.
+- ``/queue [collect|followup|interrupt|default]``: the chat's busy policy (:mod:`shared.chat_prefs`).
+
+Every command reaches the processor only through the database; the answer is queued like any reply.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, ClassVar, Literal
+
+from adapters import chat_state
+from shared.chat_prefs import BUSY_POLICIES, get_busy_policy, parse_busy_policy, set_busy_policy
+from shared.conversation_status import conversation_status, format_status
+from shared.queue import InvalidInput
+from shared.routing import AGENT_NAME_RE, resolve_route
+from shared.runtime import Runtime
+from shared.sessions import AGENT_SCOPE_KEY, clear_sessions
+
+if TYPE_CHECKING:
+    from adapters.base import ChannelSettings, Inbound
+    from shared.settings import Settings
+
+#: The commands :meth:`ChatCommands.run_command` answers (``/start`` is Telegram's greeting: the help).
+COMMANDS = frozenset({"agent", "team", "reset", "help", "start", "status", "stop", "queue"})
+
+HELP_TEXT = """Commands:
+/agent NAME - send this chat's messages to agent NAME by default
+/team NAME - send this chat's messages to team NAME by default
+/reset [@agent] - start a fresh conversation with the agent
+/status - what the agent is doing for this chat
+/stop - stop the agent's current run for this chat
+/queue [collect|followup|interrupt] - what happens to messages sent while the agent is busy
+/help - this help
+@agent alone switches this chat's default agent; @default goes back to normal routing.
+Start a message with @agent or @team to address one agent just once."""
+
+_POLICY_HELP = {
+    "collect": "messages sent while the agent is busy are answered together in one follow-up run",
+    "followup": "messages sent while the agent is busy each get their own run, in order",
+    "interrupt": "a new message stops the running reply and is answered together with the earlier ones",
+}
+
+
+class ChatCommands:
+    """The command half of :class:`adapters.base.Channel` (a mixin; it needs the attributes below)."""
+
+    name: ClassVar[str]
+    rt: Runtime
+    settings: Settings
+    config: ChannelSettings
+
+    # -- names and the sticky agent ---------------------------------------------------------------------
+    def _known(self, name: str) -> Literal["agent", "team", ""]:
+        if name in self.settings.agents:
+            return "agent"
+        if name in self.settings.teams:
+            return "team"
+        return ""
+
+    def _names(self, kind: str) -> str:
+        names = sorted(self.settings.agents) if kind == "agent" else sorted(self.settings.teams)
+        return ", ".join(names) or "none"
+
+    def _sticky_for(self, conversation: str, text: str) -> str | None:
+        sticky = chat_state.sticky_agent(self.rt.db, self.name, conversation)
+        if not sticky or not self._known(sticky):
+            return None
+        directory = self.rt.queue.directory
+        route = resolve_route(text, directory.agents, directory.teams, directory.default_agent, None)
+        return None if route.explicit else sticky  # "@other ..." still addresses other, once
+
+    def _switch(self, message: Inbound, name: str) -> str | None:
+        db = self.rt.db
+        if name == "default":
+            chat_state.clear_sticky_agent(db, self.name, message.conversation)
+            return (
+                f"This chat is back to normal routing (default agent @{self.settings.queue.default_agent})."
+            )
+        kind = self._known(name)
+        if not kind:
+            return None  # not a name we know: the text goes to the agent like any message
+        chat_state.set_sticky_agent(db, self.name, message.conversation, name)
+        return f"Messages in this chat now go to {kind} @{name}. Send @default to undo."
+
+    def chat_agent(self, conversation: str) -> str:
+        """The agent a plain message of this chat goes to: the sticky agent (a team's leader), else the
+        default agent."""
+        target = chat_state.sticky_agent(self.rt.db, self.name, conversation) or ""
+        if self._known(target) == "team":
+            return self.settings.teams[target].leader
+        if self._known(target) == "agent":
+            return target
+        return self.settings.queue.default_agent
+
+    # -- commands ---------------------------------------------------------------------------------------
+    def run_command(self, message: Inbound, name: str, args: str) -> str:
+        """Run one chat command (a name in :data:`COMMANDS`) and return the answer."""
+        if name in ("help", "start"):
+            return HELP_TEXT
+        if name in ("agent", "team"):
+            return self._cmd_agent(message, name, args)
+        if name == "status":
+            return self._cmd_status(message)
+        if name == "stop":
+            return self._cmd_stop(message)
+        if name == "queue":
+            return self._cmd_queue(message, args)
+        return self._cmd_reset(message, args)
+
+    def _cmd_agent(self, message: Inbound, name: str, args: str) -> str:
+        db = self.rt.db
+        target = args.removeprefix("@").strip().lower()
+        if not target:
+            current = chat_state.sticky_agent(db, self.name, message.conversation)
+            shown = f"@{current}" if current else f"normal routing (@{self.settings.queue.default_agent})"
+            return f"This chat's default is {shown}. Known {name}s: {self._names(name)}."
+        if target == "default":
+            answer = self._switch(message, "default")
+            assert answer is not None
+            return answer
+        if self._known(target) != name:
+            return f"Unknown {name} {target!r}. Known {name}s: {self._names(name)}."
+        chat_state.set_sticky_agent(db, self.name, message.conversation, target)
+        return f"Messages in this chat now go to {name} @{target}. Send @default to undo."
+
+    def _cmd_reset(self, message: Inbound, args: str) -> str:
+        target = args.removeprefix("@").strip().lower()
+        if not target:
+            target = chat_state.sticky_agent(self.rt.db, self.name, message.conversation) or ""
+            target = target or self.settings.queue.default_agent
+        kind = self._known(target)
+        if not kind:
+            return f"Unknown agent {target!r}. Known agents: {self._names('agent')}."
+        agents = [target] if kind == "agent" else list(self.settings.teams[target].agents)
+        for agent in agents:
+            reset_conversation(self.rt, agent, self.name, message.conversation)
+        shown = ", ".join(f"@{a}" for a in agents)
+        return f"Started a fresh conversation with {shown}."
+
+    def _busy_agents(self, conversation: str) -> list[str]:
+        """Agents with a message of this chat pending or processing (processing first)."""
+        rows = self.rt.db.read(
+            "SELECT agent, MAX(CASE WHEN status = 'processing' THEN 1 ELSE 0 END) AS running FROM messages "
+            "WHERE channel = :c AND conversation = :conv AND status IN ('pending', 'processing') GROUP BY agent",
+            {"c": self.name, "conv": conversation},
+        )
+        return [str(r["agent"]) for r in sorted(rows, key=lambda r: (-int(r["running"]), str(r["agent"])))]
+
+    def _cmd_status(self, message: Inbound) -> str:
+        db = self.rt.db
+        status = conversation_status(db, None, self.name, message.conversation)
+        if not status["running"] and not status["waiting"]:
+            # Nothing queued: still say whether the chat's agent is paused (a rate limit, say).
+            status = conversation_status(
+                db, self.chat_agent(message.conversation), self.name, message.conversation
+            )
+        return format_status(status)
+
+    def _cmd_stop(self, message: Inbound) -> str:
+        chat = f"{self.name}:{message.conversation}"
+        agents = self._busy_agents(message.conversation)
+        if not agents:
+            # A request left behind would stop this chat's *next* run, so none is written.
+            return "Nothing is running for this chat."
+        for agent in agents:
+            self.rt.queue.request_stop(agent, chat)
+        return "Stopping…"
+
+    def _default_policy(self) -> str:
+        own = getattr(self.config, "busy_policy", None)
+        if own:
+            return str(own)
+        raw = self.settings.file.processor.get("busy_policy")
+        try:
+            return parse_busy_policy(str(raw)) if raw else "collect"
+        except ValueError:
+            return "collect"
+
+    def _cmd_queue(self, message: Inbound, args: str) -> str:
+        db = self.rt.db
+        mode = args.strip().lower()
+        choices = "|".join(BUSY_POLICIES)
+        if not mode:
+            own = get_busy_policy(db, self.name, message.conversation)
+            current = own or self._default_policy()
+            source = "" if own else " (the default)"
+            return f"This chat's busy policy is {current}{source}: {_POLICY_HELP[current]}. Change it with /queue {choices}."
+        try:
+            stored = set_busy_policy(db, self.name, message.conversation, mode)
+        except ValueError:
+            return f"Unknown busy policy {mode!r}. Use /queue {choices} (or /queue default)."
+        if stored is None:
+            default = self._default_policy()
+            return f"This chat is back to the default busy policy, {default}: {_POLICY_HELP[default]}."
+        return f"Busy policy set to {stored}: {_POLICY_HELP[stored]}."
+
+
+def reset_conversation(runtime: Runtime, agent: str, channel: str, conversation: str) -> int:
+    """Make ``agent`` start a fresh conversation for this chat, through the ``sessions`` table.
+
+    The processor keys sessions by ``""`` (``session_scope = "agent"``) or ``"channel:conversation"``
+    (``"conversation"``), so the key cleared follows the agent's setting. Returns sessions cleared.
+    """
+    if not AGENT_NAME_RE.match(agent):
+        raise InvalidInput(f"bad agent name {agent!r}")
+    config = runtime.settings.agents.get(agent)
+    scope = config.session_scope if config is not None else "agent"
+    key = AGENT_SCOPE_KEY if scope == "agent" else f"{channel}:{conversation}"
+    return clear_sessions(runtime.db, agent, key, reason=f"/reset in {channel}")

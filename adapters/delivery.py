@@ -1,0 +1,371 @@
+"""The outbound half of :class:`adapters.base.Channel`: durable chunked delivery, progress notes, typing.
+
+- **Delivery**: wake on new responses, claim the channel's responses with a lease, send each as parts (chunks
+  split by :mod:`adapters.chunking`, then the attached files; a reply longer than ``max_chunks`` chunks goes
+  as one file), record each part with ``mark_chunk_delivered`` and ack at the end. The parts are a pure
+  function of the response, so after a crash the next claim resumes at the first part not recorded.
+- **Progress notes**: a response with metadata ``{"kind": "progress", "edit_key": K}`` (the processor's "still
+  working" note) is sent once and later notes with the same key *edit that message* where the platform can
+  (:attr:`Delivery.can_edit`); elsewhere a new note is sent at most every ``progress_min_interval_seconds``.
+  The platform's message id per key lives in the ``kv`` table (scope ``progress.<channel>``), so it survives
+  a restart. The final reply (``{"kind": "final", "edit_key": K}``, or any other reply) is always a new
+  message; afterwards the note is edited to a short "done" and later notes of that key are dropped.
+- **Typing**: while a chat has a message pending (of an agent that is not paused) or processing, the
+  platform's typing indicator is refreshed every ``typing_interval_seconds``, however long the run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import re
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
+
+from adapters import chat_state
+from adapters.chunking import split_message
+from shared.clock import now_ms
+from shared.queue import QueuedResponse
+from shared.runtime import Runtime
+
+if TYPE_CHECKING:
+    from adapters.base import ChannelSettings
+    from shared.settings import Settings
+
+#: The text a progress note is edited to once the final reply has been delivered.
+DONE_TEXT = "Done — the reply is below."
+#: Progress-note records older than this are removed (a run that never finished leaves one behind).
+NOTE_RECORD_TTL_MS = 7 * 24 * 3600 * 1000
+#: Chats whose pending messages wait longer than this (a long backoff) show no typing.
+TYPING_HORIZON_MS = 60_000
+_SAFE_NAME_RE = re.compile(r"[^A-Za-z0-9._-]+")
+
+
+@dataclass(frozen=True)
+class Part:
+    """One thing to send for a response: a text chunk, or a file with an optional caption."""
+
+    kind: Literal["text", "file"]
+    text: str = ""
+    path: str = ""
+
+
+def safe_filename(name: str, fallback: str = "file") -> str:
+    """A file name with no path parts or odd characters (inbound attachments are saved under it)."""
+    cleaned = _SAFE_NAME_RE.sub("_", Path(name).name).strip("._")
+    return cleaned[:100] or fallback
+
+
+def note_key(conversation: str, edit_key: str) -> str:
+    """The ``kv`` key of one progress note: the chat and the processor's edit key (its run id)."""
+    return f"{conversation}|{edit_key}"
+
+
+class Delivery:
+    """The delivery, progress-note and typing half of :class:`adapters.base.Channel` (a mixin)."""
+
+    #: Whether :meth:`edit_text` can change a sent message in place (progress notes are edited).
+    can_edit: ClassVar[bool] = False
+
+    name: ClassVar[str]
+    limit: ClassVar[int]
+    rt: Runtime
+    settings: Settings
+    config: ChannelSettings
+    worker: str
+    lease_ms: int
+    poll_interval: float
+    stop_event: asyncio.Event
+    log: logging.Logger
+
+    # -- platform half (override) ----------------------------------------------------------------------------
+    def measure(self, text: str) -> int:
+        """Length of ``text`` in the platform's units (characters by default)."""
+        return len(text)
+
+    async def send_text(self, conversation: str, text: str) -> None:
+        """Send one chunk (already within :attr:`limit`) to ``conversation``."""
+        raise NotImplementedError
+
+    async def send_file(self, conversation: str, path: Path, caption: str) -> None:
+        """Send one file to ``conversation`` with a short caption (may be empty)."""
+        raise NotImplementedError
+
+    async def send_typing(self, conversation: str) -> None:
+        """Show the typing indicator in ``conversation`` (default: the platform has none)."""
+
+    async def send_note(self, conversation: str, text: str) -> str:
+        """Send a progress note (plain text within :attr:`limit`); returns the platform's message id
+        (``""`` when the platform gives none). Default: :meth:`send_text`."""
+        await self.send_text(conversation, text)
+        return ""
+
+    async def edit_text(self, conversation: str, message_id: str, text: str) -> bool:
+        """Replace the text of a message sent earlier. True when edited (or unchanged); False when the
+        message cannot be edited any more (deleted, too old), so a new one should be sent. Other failures
+        raise (the delivery is retried)."""
+        return False
+
+    # -- planning --------------------------------------------------------------------------------------------
+    def plan(self, response: QueuedResponse) -> list[Part]:
+        """The parts a response is sent as. Deterministic, so a restart resumes at the same part."""
+        text = response.message.strip()
+        chunks = split_message(text, self.limit, length=self.measure) if text else []
+        parts: list[Part] = []
+        if len(chunks) > self.config.max_chunks:
+            path = self._long_reply_file(response, text)
+            parts.append(
+                Part(
+                    "file", f"The reply is long ({len(text)} characters), so it is attached as a file.", path
+                )
+            )
+        else:
+            parts.extend(Part("text", chunk) for chunk in chunks)
+        parts.extend(Part("file", "", str(f)) for f in response.files)
+        return parts
+
+    def _long_reply_file(self, response: QueuedResponse, text: str) -> str:
+        folder = self.settings.home / "files" / "outbound" / self.name
+        folder.mkdir(parents=True, exist_ok=True)
+        path = folder / f"reply-{safe_filename(response.message_id)}-{response.id}.md"
+        if not path.exists():
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text(text + "\n", encoding="utf-8")
+            os.replace(tmp, path)
+        return str(path)
+
+    async def send_part(self, conversation: str, part: Part) -> None:
+        """Send one part; a file that is gone is replaced by a short note rather than failing forever."""
+        if part.kind == "text":
+            await self.send_text(conversation, part.text)
+            return
+        path = Path(part.path)
+        if not path.is_file():
+            await self.send_text(conversation, f"(the file {path.name} is no longer available)")
+            return
+        await self.send_file(conversation, path, part.text)
+
+    # -- delivering ------------------------------------------------------------------------------------------
+    async def deliver(self, response: QueuedResponse) -> bool:
+        """Send the unsent parts of one claimed response, recording each; ack at the end.
+
+        Returns True when the response was acked (by this call).
+        """
+        meta = response.metadata or {}
+        edit_key = str(meta.get("edit_key") or "")
+        if meta.get("kind") == "progress" and edit_key:
+            return await self._deliver_note(response, edit_key)
+        queue = self.rt.queue
+        parts = self.plan(response)
+        for index in range(response.delivered, len(parts)):
+            try:
+                await self.send_part(response.conversation, parts[index])
+            except Exception as exc:
+                return await self._send_failed(response, index, exc)
+            held = await asyncio.to_thread(
+                queue.mark_chunk_delivered, response.id, self.worker, index, lease_ms=self.lease_ms
+            )
+            if not held:
+                self.log.warning("lost response %s to another deliverer after part %s", response.id, index)
+                return False
+        acked = bool(await asyncio.to_thread(queue.ack_response, response.id, self.worker))
+        if acked and edit_key:
+            await self._close_note(response.conversation, edit_key)
+        return acked
+
+    async def _send_failed(self, response: QueuedResponse, index: int, exc: Exception) -> bool:
+        scope = f"delivery_attempts:{self.name}"
+        key = str(response.id)
+        attempts = int(await asyncio.to_thread(chat_state.kv_get, self.rt.db, scope, key) or 0) + 1
+        await asyncio.to_thread(chat_state.kv_set, self.rt.db, scope, key, str(attempts))
+        self.log.warning(
+            "sending part %s of response %s to %s failed (attempt %s of %s): %s",
+            index,
+            response.id,
+            response.conversation,
+            attempts,
+            self.config.delivery_attempts,
+            exc,
+        )
+        if attempts >= self.config.delivery_attempts:
+            # The platform keeps refusing (a deleted chat, a blocked bot): stop retrying, keep the record.
+            self.log.error("giving up on response %s after %s attempts", response.id, attempts)
+            await asyncio.to_thread(self.rt.queue.ack_response, response.id, self.worker)
+            await asyncio.to_thread(chat_state.kv_delete, self.rt.db, scope, key)
+            return True
+        return False  # the lease runs out and the next claim retries from this part
+
+    # -- progress notes --------------------------------------------------------------------------------------
+    def _note_scope(self) -> str:
+        return f"progress.{self.name}"
+
+    def note_record(self, conversation: str, edit_key: str) -> dict[str, Any] | None:
+        """The stored progress note of ``edit_key`` in a chat: ``{"id", "at", "done"}``, or None."""
+        value = chat_state.kv_get(self.rt.db, self._note_scope(), note_key(conversation, edit_key))
+        if value is None:
+            return None
+        try:
+            record = json.loads(value)
+        except ValueError:
+            return None
+        return record if isinstance(record, dict) else None
+
+    def _store_note(self, conversation: str, edit_key: str, record: dict[str, Any]) -> None:
+        db, scope = self.rt.db, self._note_scope()
+        chat_state.kv_set(
+            db, scope, note_key(conversation, edit_key), json.dumps(record, separators=(",", ":"))
+        )
+        with db.transaction() as tx:  # forget the notes of runs long over
+            tx.execute(
+                "DELETE FROM kv WHERE scope = :s AND updated_at < :old",
+                {"s": scope, "old": now_ms() - NOTE_RECORD_TTL_MS},
+            )
+
+    def _note_text(self, text: str) -> str:
+        text = " ".join(text.split()) or "…"
+        chunks = split_message(text, self.limit, length=self.measure)
+        return chunks[0] if chunks else text
+
+    async def _deliver_note(self, response: QueuedResponse, edit_key: str) -> bool:
+        """Send or edit the one progress note of ``edit_key`` (see the module docstring)."""
+        queue, conversation = self.rt.queue, response.conversation
+        if response.delivered == 0:
+            record = await asyncio.to_thread(self.note_record, conversation, edit_key)
+            text = self._note_text(response.message)
+            try:
+                done = await self._send_or_edit_note(conversation, edit_key, record, text)
+            except Exception as exc:
+                return await self._send_failed(response, 0, exc)
+            if done is not None:
+                await asyncio.to_thread(self._store_note, conversation, edit_key, done)
+            held = await asyncio.to_thread(
+                queue.mark_chunk_delivered, response.id, self.worker, 0, lease_ms=self.lease_ms
+            )
+            if not held:
+                return False
+        return bool(await asyncio.to_thread(queue.ack_response, response.id, self.worker))
+
+    async def _send_or_edit_note(
+        self, conversation: str, edit_key: str, record: dict[str, Any] | None, text: str
+    ) -> dict[str, Any] | None:
+        """Do the platform half of a note; returns the record to store (None: nothing changed)."""
+        now = now_ms()
+        if record is not None and record.get("done"):
+            return None  # a note that arrived after the final reply: the chat already has the answer
+        if record is not None and record.get("id") and self.can_edit:
+            if await self.edit_text(conversation, str(record["id"]), text):
+                return {**record, "at": now}
+            self.log.info(
+                "progress note %s in %s cannot be edited; sending a new one", edit_key, conversation
+            )
+        elif record is not None and not self.can_edit:
+            quiet_ms = self.config.progress_min_interval_seconds * 1000
+            if now - int(record.get("at") or 0) < quiet_ms:
+                return None  # no editing here: at most one note per interval
+        message_id = await self.send_note(conversation, text)
+        return {"id": message_id, "at": now, "done": False}
+
+    async def _close_note(self, conversation: str, edit_key: str) -> None:
+        """After the final reply: edit the note to "done" (best effort) and drop later notes of the key."""
+        try:
+            record = await asyncio.to_thread(self.note_record, conversation, edit_key)
+            if record is None:
+                # No note was sent (a short run): still remember the key so a late note is dropped.
+                record = {"id": "", "at": now_ms()}
+            elif record.get("done"):
+                return
+            if record.get("id") and self.can_edit:
+                try:
+                    await self.edit_text(conversation, str(record["id"]), DONE_TEXT)
+                except Exception as exc:
+                    self.log.info("could not mark progress note %s done: %s", edit_key, exc)
+            await asyncio.to_thread(self._store_note, conversation, edit_key, {**record, "done": True})
+        except Exception:
+            self.log.exception("closing progress note %s failed", edit_key)
+
+    # -- the loop --------------------------------------------------------------------------------------------
+    async def deliver_once(self) -> int:
+        """Claim and deliver one batch of this channel's responses; returns how many were claimed."""
+        claimed = await asyncio.to_thread(
+            self.rt.queue.claim_responses_for_channel,
+            self.name,
+            self.worker,
+            limit=self.config.delivery_batch,
+            lease_ms=self.lease_ms,
+        )
+        for response in claimed:
+            if self.stop_event.is_set():
+                break  # the rest of the batch returns to the pool when its lease expires
+            await self.deliver(response)
+        return len(claimed)
+
+    async def delivery_loop(self) -> None:
+        """Deliver until stopped: wake on database changes, with the slow poll as the fallback."""
+        waker = self.rt.waker
+        while not self.stop_event.is_set():
+            generation = waker.generation
+            try:
+                claimed = await self.deliver_once()
+            except Exception:
+                self.log.exception("delivery failed; retrying")
+                claimed = 0
+                await asyncio.sleep(1.0)
+            if claimed == 0 and not self.stop_event.is_set():
+                await waker.wait_async(generation, self.poll_interval)
+
+    async def run_until_idle(self, timeout: float = 30.0) -> int:
+        """Deliver until nothing claimable is left (tests); returns how many responses were claimed."""
+        total = 0
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            claimed = await self.deliver_once()
+            total += claimed
+            if claimed == 0:
+                return total
+        return total
+
+    # -- typing ----------------------------------------------------------------------------------------------
+    def busy_conversations(self) -> list[str]:
+        """Chats of this channel with a message being processed, or pending soon for an unpaused agent."""
+        now = now_ms()
+        rows = self.rt.db.read(
+            "SELECT DISTINCT m.conversation FROM messages m LEFT JOIN agent_leases a ON a.agent = m.agent "
+            "WHERE m.channel = :c AND m.conversation <> '' AND (m.status = 'processing' OR "
+            "(m.status = 'pending' AND m.available_at <= :horizon AND COALESCE(a.paused_until, 0) <= :now))",
+            {"c": self.name, "now": now, "horizon": now + TYPING_HORIZON_MS},
+        )
+        return [str(r["conversation"]) for r in rows]
+
+    async def typing_loop(self) -> None:
+        """Keep the typing indicator up in busy chats, refreshed every ``typing_interval_seconds`` for as
+        long as the chat stays busy (a platform shows it only for a few seconds per call)."""
+        waker = self.rt.waker
+        interval = self.config.typing_interval_seconds
+        shown: dict[str, float] = {}
+        while not self.stop_event.is_set():
+            generation = waker.generation
+            try:
+                busy = await asyncio.to_thread(self.busy_conversations)
+            except Exception:
+                self.log.exception("cannot read busy chats")
+                busy = []
+            now = time.monotonic()
+            for conversation in busy:
+                if now - shown.get(conversation, -interval) >= interval:
+                    shown[conversation] = now
+                    try:
+                        await self.send_typing(conversation)
+                    except Exception as exc:
+                        self.log.debug("typing in %s failed: %s", conversation, exc)
+            for conversation in list(shown):
+                if conversation not in busy:
+                    del shown[conversation]
+            # Sleep until the next refresh is due (not a whole interval after a wake-up), or a change.
+            due = min((t + interval for t in shown.values()), default=now + self.poll_interval)
+            timeout = max(0.05, min(self.poll_interval, due - time.monotonic()))
+            await waker.wait_async(generation, timeout)
+            await asyncio.sleep(0.2)  # a busy database wakes us often; typing needs no faster pace
