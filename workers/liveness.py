@@ -53,7 +53,12 @@ class RunInfo:
     last_step_at: int = 0
     stored_step: str = ""
     notes: int = 0
+    pid: int | None = None  # the CLI's pid (= its process group), known once it is spawned
     reason: str = ""  # "stop" or "interrupt" when the watch ended the run
+
+    def spawned(self, pid: int) -> None:
+        """``RunRequest.on_spawn``: remember the CLI's pid (for events about a run stopped mid-way)."""
+        self.pid = pid
 
     def step(self, text: str) -> None:
         """Remember the latest progress text (its first non-empty line) as the run's last step."""

@@ -159,6 +159,7 @@ class RunSteps:
             timeout=config.timeout_seconds,
             idle_timeout=self.config.idle_timeout_seconds,
             orphan_guard=self.config.orphan_guard,
+            on_spawn=run.spawned,
         )
         ids = group.ids
         await self._event(
@@ -203,7 +204,7 @@ class RunSteps:
             "exit_code": result.exit_code,
             "duration_ms": result.duration_ms,
             "timed_out": result.timed_out,
-            "pid": result.pid,
+            "pid": result.pid or run.pid,
             "message_ids": ids,
             "run_id": run.run_id,
         }
