@@ -199,13 +199,16 @@ class CliProvider:
             launch = [sys.executable, "-I", "-S", str(_LAUNCHER), str(os.getpid()), *argv]
         request.workspace.mkdir(parents=True, exist_ok=True)
         try:
-            process = await anyio.open_process(
-                launch,
-                stdin=subprocess.PIPE if self.stdin_prompt else subprocess.DEVNULL,
-                cwd=str(request.workspace),
-                env=dict(request.env),
-                start_new_session=True,
-            )
+            # Shielded: a cancellation (a /stop, a shutdown) landing mid-spawn would otherwise leave a
+            # started CLI nobody kills; it is delivered at the next checkpoint, inside the try below.
+            with anyio.CancelScope(shield=True):
+                process = await anyio.open_process(
+                    launch,
+                    stdin=subprocess.PIPE if self.stdin_prompt else subprocess.DEVNULL,
+                    cwd=str(request.workspace),
+                    env=dict(request.env),
+                    start_new_session=True,
+                )
         except OSError as exc:
             return RunResult(ok=False, error=f"cannot start {argv[0]}: {exc.strerror or exc}", argv=argv)
         if request.on_spawn is not None:

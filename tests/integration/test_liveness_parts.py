@@ -1,0 +1,153 @@
+"""The parts behind the liveness behaviour, checked directly: reset-time parsing, busy-policy resolution from
+the database and settings, merging and capping waiting messages, the status text, the providers' idle
+watchdog with a scripted CLI."""
+
+from __future__ import annotations
+
+import sys
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+import anyio
+import pytest
+
+from shared.chat_prefs import get_busy_policy, set_busy_policy
+from shared.conversation_status import conversation_status, format_status, record_run
+from shared.queue import QueuedMessage
+from shared.settings import AgentSettings
+from tests.liveness_support import claude_home
+from tests.processor_support import open_home
+from workers.busy import WorkGroup, apply_cap, build_prompt, merge_arrivals, resolve_policy
+from workers.providers import RunRequest, provider_for
+from workers.ratelimit import backoff_ms, parse_reset
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
+
+NOW = int(datetime(2026, 3, 2, 10, 30, tzinfo=UTC).timestamp() * 1000)
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("Claude AI usage limit reached|1772450000", 1772450000 * 1000),
+        ("429 Too Many Requests; retry-after: 30", NOW + 30_000),
+        ("rate limited, try again in 5 minutes", NOW + 300_000),
+        ("You've hit your limit · resets 1pm (UTC)", NOW + int(2.5 * 3600 * 1000)),
+        ("5-hour limit reached ∙ resets 9am", NOW + int(22.5 * 3600 * 1000)),  # tomorrow: 9am has passed
+        ("limit reached, resets at 2026-03-02T12:00:00Z", NOW + int(1.5 * 3600 * 1000)),
+        ("API Error: Request rejected (429) · rate limited", None),
+        ("resets at 2020-01-01T00:00:00Z", None),  # in the past: not believed
+    ],
+)
+def test_parse_reset_reads_the_stated_reset_time(text: str, expected: int | None) -> None:
+    assert parse_reset(text, NOW) == expected
+
+
+def test_backoff_doubles_up_to_the_ceiling() -> None:
+    assert [backoff_ms(n, 60, 300) for n in (1, 2, 3, 4)] == [60_000, 120_000, 240_000, 300_000]
+
+
+def _msg(n: int, conversation: str, text: str = "", last_error: str | None = None) -> QueuedMessage:
+    return QueuedMessage(
+        id=n, message_id=f"m_{n:08d}", channel="telegram", sender="ann", sender_id="7", message=text or f"msg {n}",
+        agent="coder", from_agent=None, status="processing", retry_count=0, manual_retries=0,
+        last_error=last_error, created_at=0, updated_at=0, conversation=conversation, metadata={},
+        available_at=0, claimed_by="w", lease_until=0, hops=0, external_id=None,
+    )  # fmt: skip
+
+
+def test_merge_by_policy_and_cap_drops_the_oldest() -> None:
+    groups: list[WorkGroup] = []
+    policies = {("telegram", "a"): "collect", ("telegram", "b"): "followup"}
+    merge_arrivals(groups, [_msg(1, "a"), _msg(2, "b"), _msg(3, "b")], policies.__getitem__)  # type: ignore[arg-type]
+    merge_arrivals(groups, [_msg(4, "a"), _msg(5, "b")], policies.__getitem__)  # type: ignore[arg-type]
+    assert [g.ids for g in groups] == [
+        ["m_00000001", "m_00000004"],
+        ["m_00000002"],
+        ["m_00000003"],
+        ["m_00000005"],
+    ]
+    dropped = apply_cap(groups, 2)
+    assert [[m.message_id for m in batch] for batch in dropped] == [["m_00000002"]]
+    assert [g.ids for g in groups] == [["m_00000001", "m_00000004"], ["m_00000003"], ["m_00000005"]]
+
+
+def test_prompts_for_interrupted_and_crashed_runs() -> None:
+    carried = build_prompt([_msg(1, "a", "old ask"), _msg(2, "a", "new ask")], carried=1)
+    assert carried.index("old ask") < carried.index("The new messages") < carried.index("new ask")
+    crashed = build_prompt([_msg(1, "a", "do it", last_error="interrupted: the lease of worker w expired")])
+    assert crashed.startswith("[Note from agentpost: your previous attempt") and crashed.endswith("do it")
+    assert build_prompt([_msg(1, "a", "plain", last_error="claude exited with code 1")]) == "plain"
+
+
+def test_policy_resolution_chat_then_channel_then_processor(tmp_path: Path, sqlite_url: str) -> None:
+    home = claude_home(tmp_path, sqlite_url, channels={"discord": {"busy_policy": "interrupt"}})
+    with open_home(home) as rt:
+        assert resolve_policy(rt.db, rt.settings, "followup", ("telegram", "c1")) == "followup"
+        assert resolve_policy(rt.db, rt.settings, "followup", ("discord", "c1")) == "interrupt"
+        assert set_busy_policy(rt.db, "discord", "c1", "Collect") == "collect"
+        assert get_busy_policy(rt.db, "discord", "c1") == "collect"
+        assert resolve_policy(rt.db, rt.settings, "followup", ("discord", "c1")) == "collect"
+        with pytest.raises(ValueError, match="unknown busy policy"):
+            set_busy_policy(rt.db, "discord", "c1", "sometimes")
+        assert set_busy_policy(rt.db, "discord", "c1", "default") is None
+        assert resolve_policy(rt.db, rt.settings, "followup", ("discord", "c1")) == "interrupt"
+
+
+def test_status_of_a_chat_with_a_live_run_waiting_messages_and_a_pause(
+    tmp_path: Path, sqlite_url: str
+) -> None:
+    home = claude_home(tmp_path, sqlite_url)
+    with open_home(home) as rt:
+        first = rt.queue.enqueue_message("telegram", "ann", "one", sender_id="7", conversation="c1")
+        rt.queue.claim_all_pending_messages("coder", "w1", lease_ms=60_000)
+        waiting = rt.queue.enqueue_message("telegram", "ann", "two", sender_id="7", conversation="c1")
+        assert conversation_status(rt.db, "coder", "telegram", "c1")["running"] is False  # no run record yet
+        started = int(time.time() * 1000) - 400_000
+        record_run(
+            rt.db, "coder", run_id="run_abcdefgh", worker="w1", channel="telegram", conversation="c1",
+            message_ids=[first.message_id], started_at=started,
+        )  # fmt: skip
+        rt.queue.pause_agent("coder", int(time.time() * 1000) + 600_000, "rate limited")
+        status = conversation_status(rt.db, None, "telegram", "c1")
+        assert status["running"] and status["agent"] == "coder" and status["running_since"] == started
+        assert status["waiting_ids"] == [waiting.message_id]
+        text = format_status(status)
+        assert "(6 min)" in text and "1 message waiting." in text and "Paused until" in text
+        # A record whose messages are no longer processing (the worker died and they were recovered) is stale.
+        with rt.db.transaction() as tx:
+            tx.execute("UPDATE messages SET lease_until = 1 WHERE message_id = :m", {"m": first.message_id})
+        assert conversation_status(rt.db, "coder", "telegram", "c1")["running"] is False
+        assert format_status(conversation_status(rt.db, "coder", "telegram", "nobody")).startswith("Paused")
+        rt.queue.resume_agent("coder")
+        assert format_status(conversation_status(rt.db, "coder", "telegram", "nobody")).startswith("Nothing")
+
+
+def test_idle_watchdog_kills_a_silent_command_but_not_a_chatty_one(tmp_path: Path) -> None:
+    chatty = "import sys, time\nfor i in range(8):\n    print(i, flush=True); time.sleep(0.25)\n"
+    silent = "import time\nprint('hello', flush=True)\ntime.sleep(30)\n"
+
+    def run(code: str) -> tuple[bool, str, float]:
+        script = tmp_path / "cli.py"
+        script.write_text(code)
+        settings = AgentSettings(provider="command", command=[sys.executable, str(script)])
+        request = RunRequest(
+            agent="x", settings=settings, workspace=tmp_path / "ws", prompt="", env={"PATH": "/usr/bin:/bin"},
+            timeout=20, idle_timeout=1.0,
+        )  # fmt: skip
+
+        async def go() -> tuple[bool, str, float]:
+            async def progress(_: str) -> None:
+                return None
+
+            started = time.monotonic()
+            result = await provider_for("command").run(request, progress)
+            return result.ok, result.stopped_by, time.monotonic() - started
+
+        return anyio.run(go)
+
+    ok, stopped_by, elapsed = run(chatty)
+    assert ok and stopped_by == "" and elapsed >= 1.5  # two seconds of output every 0.25 s: alive
+    ok, stopped_by, elapsed = run(silent)
+    assert not ok and stopped_by == "idle" and elapsed < 5
