@@ -33,6 +33,8 @@ ADMIN_PG_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
 
 #: The agent the fault tests run: like tests.channel_support's, and it first writes a marker file
 #: ``started-<message id>-<pid>`` next to itself, so a test can tell a run has really begun.
+#: ``sleep=S`` waits S seconds on every attempt, ``sleepfirst=S`` only on the first one; ``long=N`` answers
+#: with N paragraphs; otherwise it answers with the ``token-*`` words of the prompt.
 FAULT_AGENT = r"""
 import os, sys, time
 marker_dir = os.path.dirname(os.path.abspath(__file__))
@@ -41,8 +43,9 @@ open(os.path.join(marker_dir, f"started-{mid}-{os.getpid()}"), "w").close()
 prompt = sys.stdin.read()
 agent = os.environ.get("AGENTPOST_AGENT", "?")
 words = prompt.split()
+first = len([n for n in os.listdir(marker_dir) if n.startswith(f"started-{mid}-")]) == 1
 for w in words:
-    if w.startswith("sleep="):
+    if w.startswith("sleep=") or (w.startswith("sleepfirst=") and first):
         time.sleep(float(w.split("=", 1)[1]))
 out = []
 for w in words:
