@@ -100,7 +100,7 @@ class KillPoints:
 
     def __init__(self, url: str) -> None:
         self.conn = psycopg.connect(url.replace("postgresql+psycopg://", "postgresql://"), autocommit=True)
-        self.conn.execute(_TRIGGERS.format(**KILL_POINTS).encode())  # type: ignore[arg-type]
+        self.conn.execute(_TRIGGERS.format(**KILL_POINTS).encode())
         self.armed: set[str] = set()
 
     def arm(self, point: str) -> None:
@@ -146,8 +146,8 @@ def fault_home(
     path = home / "settings.toml"
     data = tomlkit.parse(path.read_text(encoding="utf-8"))
     for agent in agents:
-        data["agents"][agent]["command"] = [sys.executable, str(script)]  # type: ignore[index]
-    data["processor"].update(dict(processor or {}))  # type: ignore[union-attr]
+        data["agents"][agent]["command"] = [sys.executable, str(script)]
+    data["processor"].update(dict(processor or {}))
     path.write_text(tomlkit.dumps(data), encoding="utf-8")
     return home
 

@@ -45,7 +45,8 @@ PROCESSOR = {"recover_interval_seconds": 0.3, "progress_note_seconds": 0, "contr
 @pytest.fixture
 def fake(monkeypatch: pytest.MonkeyPatch) -> Iterator[HoldingTelegram]:
     monkeypatch.setenv("PTB_TIMEDELTA", "1")
-    with HoldingTelegram() as server:
+    server = HoldingTelegram()
+    with server:
         yield server
 
 
@@ -104,7 +105,7 @@ def test_sigkill_at_every_lifecycle_step_leaves_exactly_one_final_reply(
             _after_response(life, points, landed)
             _mid_delivery(life, landed)
             for chat in CHATS.values():
-                wait_for(lambda c=chat: life.answered(c), 30, f"the reply in chat {chat} acked")
+                wait_for(lambda c=chat: life.answered(c), 30, f"the reply in chat {chat} acked")  # type: ignore[misc]
         finally:
             life.stop()
             points.close()

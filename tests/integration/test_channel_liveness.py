@@ -42,7 +42,8 @@ TG = {"allowlist": ["42"], "poll_timeout_seconds": 1, "typing_interval_seconds":
 @pytest.fixture
 def fake(monkeypatch: pytest.MonkeyPatch) -> Iterator[HoldingTelegram]:
     monkeypatch.setenv("PTB_TIMEDELTA", "1")
-    with HoldingTelegram() as server:
+    server = HoldingTelegram()
+    with server:
         yield server
 
 
@@ -223,7 +224,7 @@ def test_discord_progress_note_is_one_message_edited_in_place(tmp_path: Path) ->
                         conversation=str(DM),
                         metadata={"kind": "progress", "edit_key": "run-9"},
                     )
-                    wait_for(lambda m=minutes: count(rt, acked) == m // 3, 10, f"note at {minutes} min")
+                    wait_for(lambda m=minutes: count(rt, acked) == m // 3, 10, f"note at {minutes} min")  # type: ignore[misc]
                 rt.queue.enqueue_response(
                     "discord",
                     "alice",

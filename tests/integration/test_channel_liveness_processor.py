@@ -27,7 +27,8 @@ PROCESSOR = {"progress_note_seconds": 1.0, "control_interval_seconds": 0.2, "rec
 @pytest.fixture
 def fake(monkeypatch: pytest.MonkeyPatch) -> Iterator[HoldingTelegram]:
     monkeypatch.setenv("PTB_TIMEDELTA", "1")
-    with HoldingTelegram() as server:
+    server = HoldingTelegram()
+    with server:
         yield server
 
 
@@ -64,7 +65,9 @@ def test_burst_is_one_run_with_notes_edited_and_one_final_reply(
     assert len(notes) == 1 and answers == ["alpha answered token-a token-b token-c"], texts
     assert texts == [notes[0], answers[0]]  # the note first, then exactly one final reply
     assert len(edits) >= 2 and all(e.params["message_id"] == edits[0].params["message_id"] for e in edits)
-    assert [e.text for e in edits[:-1]] and all(e.text.startswith("Still working") for e in edits[:-1])
+    assert [e.text for e in edits[:-1]] and all(
+        (e.text or "").startswith("Still working") for e in edits[:-1]
+    )
     assert edits[-1].text == DONE_TEXT
     assert "processor" in processor.kind
 
