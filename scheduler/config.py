@@ -103,17 +103,56 @@ class HeartbeatConfig(_Strict):
     interval: float | None = Field(default=None, gt=0)
     cron: str | None = None
     enabled: bool = True
+    # "HH:MM-HH:MM" in the scheduler's timezone (may wrap past midnight); empty: around the clock.
+    active_hours: str = ""
+    # A heartbeat while the agent is working (or has messages waiting) would only queue behind the work.
+    skip_when_busy: bool = True
 
     @field_validator("cron")
     @classmethod
     def _cron(cls, value: str | None) -> str | None:
         return None if value is None else _check_cron(value)
 
+    @field_validator("active_hours")
+    @classmethod
+    def _hours(cls, value: str) -> str:
+        if value:
+            parse_active_hours(value)
+        return value
+
     @model_validator(mode="after")
     def _one_timing(self) -> HeartbeatConfig:
         if (self.interval is None) == (self.cron is None):
             raise ValueError("set exactly one of 'interval' (seconds) or 'cron'")
         return self
+
+
+def parse_active_hours(value: str) -> tuple[int, int]:
+    """``"08:00-22:30"`` as minutes of the day ``(start, end)``; raises ValueError naming the format."""
+    try:
+        start_text, end_text = value.split("-")
+        minutes = []
+        for part in (start_text, end_text):
+            hours, mins = part.strip().split(":")
+            h, m = int(hours), int(mins)
+            if not (0 <= h <= 24 and 0 <= m < 60) or (h == 24 and m):
+                raise ValueError
+            minutes.append(h * 60 + m)
+    except ValueError:
+        raise ValueError(f"active_hours {value!r} must look like '08:00-22:00'") from None
+    if minutes[0] == minutes[1]:
+        raise ValueError(f"active_hours {value!r} is an empty window")
+    return minutes[0], minutes[1]
+
+
+def within_active_hours(value: str, minute_of_day: int) -> bool:
+    """Whether a minute of the day falls in the window (a window may wrap past midnight)."""
+    if not value:
+        return True
+    start, end = parse_active_hours(value)
+    if start < end:
+        return start <= minute_of_day < end
+    return minute_of_day >= start or minute_of_day < end
 
 
 class Heartbeats(RootModel[dict[str, HeartbeatConfig]]):

@@ -9,8 +9,9 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from pathlib import Path
 
-from scheduler.config import HeartbeatConfig, SchedulerConfig, heartbeat_trigger, zone
+from scheduler.config import HeartbeatConfig, SchedulerConfig, heartbeat_trigger, within_active_hours, zone
 from scheduler.timed import Fired, TimedJob
+from shared.events import SqlEventLog
 from shared.ids import derived_id
 from shared.queue import Queue
 from shared.settings import Settings
@@ -32,12 +33,47 @@ def heartbeat_prompt(settings: Settings, agent: str, default: str) -> str:
     return text or default
 
 
+def agent_is_busy(queue: Queue, agent: str) -> bool:
+    """True while the agent runs or has messages waiting (its own heartbeats included)."""
+    busy = queue.db.read_scalar(
+        "SELECT 1 FROM messages WHERE agent = :a AND status IN ('pending', 'processing') LIMIT 1",
+        {"a": agent},
+    )
+    return busy is not None
+
+
+def skip_reason(queue: Queue, beat: HeartbeatConfig, agent: str, slot: datetime) -> str:
+    """Why this slot should not fire ("" to fire it)."""
+    if not within_active_hours(beat.active_hours, slot.hour * 60 + slot.minute):
+        return f"outside active hours {beat.active_hours}"
+    if beat.skip_when_busy and agent_is_busy(queue, agent):
+        return "the agent is busy"
+    return ""
+
+
 def fire_heartbeat(
-    queue: Queue, settings: Settings, config: SchedulerConfig, agent: str, slot: datetime
+    queue: Queue,
+    settings: Settings,
+    config: SchedulerConfig,
+    agent: str,
+    slot: datetime,
+    beat: HeartbeatConfig | None = None,
 ) -> Fired:
-    """Enqueue the heartbeat of ``agent`` for ``slot`` (a duplicate if that slot was fired already)."""
+    """Enqueue the heartbeat of ``agent`` for ``slot`` (a duplicate if that slot was fired already).
+
+    With ``beat``, a slot outside its active hours or while the agent is busy is skipped (and logged as an
+    event, so `agentpost trace`-style questions about a missing heartbeat have an answer)."""
     slot_text = slot.isoformat()
     message_id = derived_id("heartbeat", agent, slot_text)
+    # A slot another scheduler fired already is a duplicate, whatever the agent is doing now.
+    reason = "" if beat is None or queue.get_message(message_id) else skip_reason(queue, beat, agent, slot)
+    if reason:
+        SqlEventLog(queue.db).append(
+            "scheduler", "heartbeat_skipped", {"agent": agent, "slot": slot_text, "reason": reason}
+        )
+        return Fired(
+            job=f"heartbeat:{agent}", slot=slot, message_id=message_id, duplicate=False, skipped=reason
+        )
     result = queue.enqueue_message(
         CHANNEL,
         SENDER,
@@ -68,8 +104,8 @@ def heartbeat_jobs(
         if not beat.enabled:
             continue
 
-        def fire(slot: datetime, agent: str = agent) -> Fired:
-            return fire_heartbeat(queue, settings, config, agent, slot)
+        def fire(slot: datetime, agent: str = agent, beat: HeartbeatConfig = beat) -> Fired:
+            return fire_heartbeat(queue, settings, config, agent, slot, beat)
 
         jobs.append(
             TimedJob(

@@ -29,6 +29,7 @@ class Fired:
     slot: datetime
     message_id: str
     duplicate: bool
+    skipped: str = ""  # why the slot was deliberately not fired (outside active hours, agent busy)
 
 
 class TimedJob:
@@ -60,7 +61,9 @@ class TimedJob:
             # Move on only after the enqueue committed: a failed enqueue is retried at the next look.
             self._cursor = max(self._cursor, now)
         if result is not None:
-            if result.duplicate:
+            if result.skipped:
+                log.info("%s slot %s skipped: %s", self.name, slot.isoformat(), result.skipped)
+            elif result.duplicate:
                 log.info(
                     "%s slot %s already fired by another scheduler (%s)",
                     self.name,

@@ -35,6 +35,7 @@ catchup_seconds = 0
 
 [heartbeats.assistant]
 interval = 1
+skip_when_busy = false  # no processor here: the earlier heartbeats stay pending
 """
 
 

@@ -117,7 +117,10 @@ def test_event_cleanup_job_applies_the_ttl(rt: Runtime) -> None:
 
 
 def test_heartbeat_fires_once_per_slot_across_two_schedulers(tmp_path: Path, db_url: str) -> None:
-    extra = '[heartbeats.assistant]\ninterval = 60\n\n[heartbeats.helper]\ncron = "*/5 * * * *"\n'
+    extra = (
+        "[heartbeats.assistant]\ninterval = 60\nskip_when_busy = false\n\n"
+        '[heartbeats.helper]\ncron = "*/5 * * * *"\nskip_when_busy = false\n'
+    )
     agents = '[agents.assistant]\nname = "A"\n\n[agents.helper]\nname = "H"\n'
     home = write_home(tmp_path / "home", db_url, extra, agents=agents)
     (home / "workspace" / "assistant").mkdir(parents=True)
@@ -289,3 +292,31 @@ def test_audit_measures_the_profile_and_judges_it(rt: Runtime) -> None:
         assert tight.verdict.startswith("Beyond capacity") and tight.move_to_postgresql
     else:
         assert "already runs on postgresql" in audit.verdict
+
+
+def test_heartbeat_hygiene_active_hours_and_busy_agents(tmp_path: Path, db_url: str) -> None:
+    extra = '[heartbeats.assistant]\ninterval = 3600\nactive_hours = "22:00-06:00"\n'
+    home = write_home(tmp_path / "home", db_url, extra)
+    with open_runtime(home, env={}) as rt:
+        service = SchedulerService(rt, start=T0)
+        # 12:00 UTC is outside 22:00-06:00 (a window across midnight): skipped, and the event says why.
+        [noon] = service.fire_due(T0 + timedelta(seconds=1))
+        assert (
+            noon.skipped.startswith("outside active hours") and rt.queue.get_message(noon.message_id) is None
+        )
+        [night] = service.fire_due(T0 + timedelta(hours=11, seconds=1))  # 23:00
+        assert not night.skipped and not night.duplicate
+        # The 23:00 heartbeat is still waiting: the next slot is skipped rather than piled up behind it.
+        [busy] = service.fire_due(T0 + timedelta(hours=12, seconds=1))
+        assert busy.skipped == "the agent is busy"
+        reasons = [e["payload"]["reason"] for e in _events(rt, "heartbeat_skipped")]  # type: ignore[index]
+        assert reasons == ["outside active hours 22:00-06:00", "the agent is busy"]
+        assert rt.db.read_scalar("SELECT COUNT(*) FROM messages WHERE channel = 'heartbeat'") == 1
+
+
+def test_active_hours_are_validated(tmp_path: Path, db_url: str) -> None:
+    home = write_home(
+        tmp_path / "home", db_url, '[heartbeats.assistant]\ninterval = 60\nactive_hours = "9-5"\n'
+    )
+    with open_runtime(home, env={}) as rt, pytest.raises(SettingsError, match="active_hours"):
+        SchedulerService(rt, start=T0)
