@@ -24,7 +24,9 @@ pytestmark = [pytest.mark.e2e, pytest.mark.postgres]
 
 
 def test_migrate_cli_then_run_on_postgresql(tmp_path: Path) -> None:
-    extra = "[heartbeats.assistant]\ninterval = 1\nskip_when_busy = false\n\n[scheduler]\ncatchup_seconds = 0\n"
+    extra = (
+        "[heartbeats.assistant]\ninterval = 1\nskip_when_busy = false\n\n[scheduler]\ncatchup_seconds = 0\n"
+    )
     home = write_home(tmp_path / "home", f"sqlite:///{tmp_path / 'agentpost.db'}", extra)
     with open_runtime(home, env={}) as rt:
         make_dead(rt.queue, 2)

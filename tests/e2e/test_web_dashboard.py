@@ -78,10 +78,12 @@ def test_dashboard_chat_reply_and_dead_letter_retry(rt: Runtime) -> None:
             reply = page.locator(".chat-reply", has_text="pong: hello from the browser")
             expect(reply).to_be_visible()
             wait_until(
-                lambda: rt.db.read_scalar(
-                    "SELECT status FROM responses WHERE message_id = :m", {"m": row["message_id"]}
-                )
-                == "acked",
+                lambda: (
+                    rt.db.read_scalar(
+                        "SELECT status FROM responses WHERE message_id = :m", {"m": row["message_id"]}
+                    )
+                    == "acked"
+                ),
                 10,
                 "the reply to be acked once shown",
             )

@@ -23,7 +23,9 @@ def test_schema_is_complete_idempotent_and_versioned(db_url: str) -> None:
 def test_a_newer_schema_is_refused(db_url: str) -> None:
     db = open_database(db_url)
     with db.transaction() as tx:
-        tx.execute("INSERT INTO schema_version (version, applied_at) VALUES (:v, 0)", {"v": SCHEMA_VERSION + 1})
+        tx.execute(
+            "INSERT INTO schema_version (version, applied_at) VALUES (:v, 0)", {"v": SCHEMA_VERSION + 1}
+        )
     try:
         with pytest.raises(RuntimeError, match="newer than this agentpost"):
             db.create_schema()
