@@ -206,4 +206,4 @@ def is_approved(db: Database, channel: str, sender_id: str) -> bool:
     status = db.read_scalar(
         "SELECT status FROM pairings WHERE channel = :c AND sender_id = :s", {"c": channel, "s": sender_id}
     )
-    return status == "approved"
+    return bool(status == "approved")

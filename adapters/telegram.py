@@ -76,7 +76,8 @@ class TelegramChannel(Channel):
     @property
     def bot(self) -> Bot:
         assert self.app is not None, "the adapter is not open"
-        return self.app.bot
+        bot: Bot = self.app.bot
+        return bot
 
     async def open(self) -> None:
         # PTB 22 warns (an error under our test settings) unless durations are timedeltas.
