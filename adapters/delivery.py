@@ -334,7 +334,8 @@ class Delivery:
         now = now_ms()
         rows = self.rt.db.read(
             "SELECT DISTINCT m.conversation FROM messages m LEFT JOIN agent_leases a ON a.agent = m.agent "
-            "WHERE m.channel = :c AND m.conversation <> '' AND (m.status = 'processing' OR "
+            "WHERE m.channel = :c AND m.status IN ('pending', 'processing') AND m.conversation <> '' "
+            "AND (m.status = 'processing' OR "
             "(m.status = 'pending' AND m.available_at <= :horizon AND COALESCE(a.paused_until, 0) <= :now))",
             {"c": self.name, "now": now, "horizon": now + TYPING_HORIZON_MS},
         )

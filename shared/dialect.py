@@ -33,6 +33,10 @@ class Dialect:
     skip_locked: str = field(default="")
     #: How a write transaction starts: SQLite takes the write lock up front so no reader upgrades later.
     begin_write: str = "BEGIN"
+    #: The id of a new event. PostgreSQL's sequence never repeats. SQLite without AUTOINCREMENT (which costs
+    #: a sqlite_sequence write per insert) would reuse ids once cleanup emptied the table, so it continues
+    #: from the newest row or from the highest id cleanup ever removed, whichever is larger.
+    next_event_id: str = "DEFAULT"
 
     def sql(self, text: str) -> str:
         """Translate ``:name`` parameters to the driver's style (cached)."""
@@ -43,7 +47,15 @@ class Dialect:
         return self.name == "sqlite"
 
 
-SQLITE = Dialect(name="sqlite", skip_locked="", begin_write="BEGIN IMMEDIATE")
+SQLITE = Dialect(
+    name="sqlite",
+    skip_locked="",
+    begin_write="BEGIN IMMEDIATE",
+    next_event_id=(
+        "(SELECT MAX(COALESCE((SELECT MAX(id) FROM events), 0), COALESCE((SELECT CAST(value AS INTEGER) "
+        "FROM kv WHERE scope = 'events.pruned' AND key = '*'), 0)) + 1)"
+    ),
+)
 POSTGRESQL = Dialect(name="postgresql", skip_locked=" FOR UPDATE SKIP LOCKED", begin_write="BEGIN")
 
 

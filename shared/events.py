@@ -106,8 +106,8 @@ def _cursor_int(cursor: str | None) -> int:
 
 # -- SQL ------------------------------------------------------------------------------------------------
 _INSERT_EVENT = (
-    "INSERT INTO events (topic, type, message_id, payload, created_at) "
-    "VALUES (:topic, :type, :message_id, :payload, :created_at)"
+    "INSERT INTO events (id, topic, type, message_id, payload, created_at) "
+    "VALUES ({next_id}, :topic, :type, :message_id, :payload, :created_at)"
 )
 
 
@@ -137,10 +137,11 @@ def append_events(tx: Tx, events: Sequence[PendingEvent], created_at: int | None
         }
         for e in events
     ]
+    sql = _INSERT_EVENT.format(next_id=tx.dialect.next_event_id)
     if len(params) == 1:
-        tx.execute(_INSERT_EVENT, params[0])
+        tx.execute(sql, params[0])
     else:
-        tx.executemany(_INSERT_EVENT, params)
+        tx.executemany(sql, params)
     tx.signal("events")
 
 
@@ -254,16 +255,15 @@ class SqlEventLog:
         removed = 0
         with self.db.transaction() as tx:
             cutoff = now - ttl_ms
-            ttl_max = tx.scalar("SELECT MAX(id) FROM events WHERE created_at < :cut", {"cut": cutoff})
+            ttl_max = _last_id_before(tx, cutoff)
             if ttl_max is not None:
                 # TTL wins over unacked consumers: an abandoned consumer must not keep the log forever.
                 for t in tx.rows(
-                    "SELECT topic, MAX(id) AS m FROM events WHERE created_at < :cut GROUP BY topic",
-                    {"cut": cutoff},
+                    "SELECT topic, MAX(id) AS m FROM events WHERE id <= :b GROUP BY topic", {"b": ttl_max}
                 ):
                     _record_pruned(tx, t["topic"], int(t["m"]), now)
-                _record_pruned(tx, ALL_TOPICS, int(ttl_max), now)
-                removed += tx.execute("DELETE FROM events WHERE created_at < :cut", {"cut": cutoff}).rowcount
+                _record_pruned(tx, ALL_TOPICS, ttl_max, now)
+                removed += tx.execute("DELETE FROM events WHERE id <= :b", {"b": ttl_max}).rowcount
             for t in tx.rows(
                 "SELECT topic, COUNT(*) AS n FROM events GROUP BY topic HAVING COUNT(*) > :cap",
                 {"cap": max_per_topic},
@@ -293,6 +293,30 @@ class SqlEventLog:
         for thread in self._threads:
             thread.join(timeout=2)
         self._threads.clear()
+
+
+def _last_id_before(tx: Tx, cutoff: int) -> int | None:
+    """The newest event id created before ``cutoff``, found by binary search over the primary key.
+
+    Ids grow in commit order and so, up to a lock wait, with ``created_at``: a search over ids costs a few
+    primary-key lookups and spares every append the upkeep of an index on ``created_at``.
+    """
+    lo, hi = tx.rows("SELECT MIN(id) AS lo, MAX(id) AS hi FROM events")[0].values()
+    if lo is None:
+        return None
+    found: int | None = None
+    lo, hi = int(lo), int(hi)
+    while lo <= hi:
+        mid = (lo + hi) // 2
+        row = tx.one("SELECT id, created_at FROM events WHERE id >= :i ORDER BY id LIMIT 1", {"i": mid})
+        if row is None:
+            hi = mid - 1
+        elif int(row["created_at"]) < cutoff:
+            found = int(row["id"])
+            lo = int(row["id"]) + 1
+        else:
+            hi = mid - 1
+    return found
 
 
 def _record_pruned(tx: Tx, topic: str, cursor: int, now: int) -> None:

@@ -33,11 +33,22 @@ MESSAGE_ID_RE = re.compile(r"^[a-z][a-z0-9_]{0,39}_[a-z0-9]{8}$")
 _PREFIX_RE = re.compile(r"^[a-z][a-z0-9_]{0,39}$")
 
 
+_SPACE = len(ALPHABET) ** 8
+
+
+def _encode(number: int) -> str:
+    chars = []
+    for _ in range(8):
+        number, rem = divmod(number, len(ALPHABET))
+        chars.append(ALPHABET[rem])
+    return "".join(chars)
+
+
 def new_id(prefix: str) -> str:
-    """A fresh random id such as ``api_x9y8z7w6``."""
+    """A fresh random id such as ``api_x9y8z7w6`` (41 random bits; one OS random call, not eight)."""
     if not _PREFIX_RE.match(prefix):
         raise ValueError(f"id prefix {prefix!r} must be lowercase letters, digits or '_'")
-    return prefix + "_" + "".join(secrets.choice(ALPHABET) for _ in range(8))
+    return prefix + "_" + _encode(secrets.randbelow(_SPACE))
 
 
 def derived_id(prefix: str, *parts: str) -> str:
@@ -46,12 +57,7 @@ def derived_id(prefix: str, *parts: str) -> str:
     if not _PREFIX_RE.match(prefix):
         raise ValueError(f"id prefix {prefix!r} must be lowercase letters, digits or '_'")
     digest = hashlib.blake2b("\x1f".join(parts).encode(), digest_size=16).digest()
-    number = int.from_bytes(digest, "big")
-    chars = []
-    for _ in range(8):
-        number, rem = divmod(number, len(ALPHABET))
-        chars.append(ALPHABET[rem])
-    return prefix + "_" + "".join(chars)
+    return prefix + "_" + _encode(int.from_bytes(digest, "big"))
 
 
 def is_message_id(value: str) -> bool:

@@ -1,7 +1,8 @@
 """The tables, declared once with SQLModel. Timestamps are epoch milliseconds; JSON columns hold text.
 
-Indexes follow the queries: claims read only the partial index of pending rows, so a million finished rows
-cost a claim nothing.
+Indexes follow the queries, and are partial wherever a query looks at one status: claims read only the index
+of pending rows, so a million finished rows cost a claim nothing, and an enqueue writes few index pages.
+Queries that should use a partial index must repeat its condition verbatim (SQLite matches terms exactly).
 """
 
 from __future__ import annotations
@@ -37,9 +38,34 @@ class Message(SQLModel, table=True):
             sqlite_where=text("status = 'processing'"),
             postgresql_where=text("status = 'processing'"),
         ),
-        Index("ix_messages_status_updated", "status", "updated_at"),
-        Index("ux_messages_external", "channel", "external_id", unique=True),
-        Index("ix_messages_conversation", "agent", "conversation", "status"),
+        # Open messages by chat: typing indicators, /status, debounce. Finished rows leave this index.
+        Index(
+            "ix_messages_open",
+            "channel",
+            "conversation",
+            sqlite_where=text("status IN ('pending', 'processing')"),
+            postgresql_where=text("status IN ('pending', 'processing')"),
+        ),
+        Index(
+            "ix_messages_completed",
+            "updated_at",
+            sqlite_where=text("status = 'completed'"),
+            postgresql_where=text("status = 'completed'"),
+        ),
+        Index(
+            "ix_messages_dead",
+            "updated_at",
+            sqlite_where=text("status = 'dead'"),
+            postgresql_where=text("status = 'dead'"),
+        ),
+        Index(
+            "ux_messages_external",
+            "channel",
+            "external_id",
+            unique=True,
+            sqlite_where=text("external_id IS NOT NULL"),
+            postgresql_where=text("external_id IS NOT NULL"),
+        ),
     )
 
     id: int | None = Field(default=None, sa_column=Column(Integer, primary_key=True, autoincrement=True))
@@ -77,8 +103,12 @@ class Response(SQLModel, table=True):
             sqlite_where=text("status <> 'acked'"),
             postgresql_where=text("status <> 'acked'"),
         ),
-        Index("ix_responses_status_acked", "status", "acked_at"),
-        Index("ix_responses_message", "message_id"),
+        Index(
+            "ix_responses_acked",
+            "acked_at",
+            sqlite_where=text("status = 'acked'"),
+            postgresql_where=text("status = 'acked'"),
+        ),
     )
 
     id: int | None = Field(default=None, sa_column=Column(Integer, primary_key=True, autoincrement=True))
@@ -135,12 +165,11 @@ class Event(SQLModel, table=True):
 
     __tablename__ = "events"
     __table_args__ = (
+        # Only the topic index: every index is one more page written per event on the hot path. Trace and
+        # TTL cleanup find their rows by scanning or by id, which grows with time.
         Index("ix_events_topic", "topic", "id"),
-        Index("ix_events_message", "message_id"),
-        Index("ix_events_created", "created_at"),
-        # AUTOINCREMENT: without it SQLite reuses the ids of deleted rows once cleanup has emptied the table,
-        # and a reader holding cursor N would never see a new event numbered N or lower.
-        {"sqlite_autoincrement": True},
+        # No AUTOINCREMENT (it costs a sqlite_sequence write per event): SQLite then takes max(id) + 1, and
+        # cleanup never deletes the newest event, so an id is never handed out twice.
     )
 
     id: int | None = Field(default=None, sa_column=Column(Integer, primary_key=True, autoincrement=True))
