@@ -16,7 +16,8 @@ def _claude_login(env: dict[str, str]) -> Check | None:
     if env.get("ANTHROPIC_API_KEY") or env.get("CLAUDE_CODE_OAUTH_TOKEN"):
         return None
     home = Path(env.get("HOME") or Path.home())
-    if (home / ".claude" / ".credentials.json").exists() or (home / ".claude.json").exists():
+    # ~/.claude.json appears after any run, logged in or not; only the credentials file means a login.
+    if (home / ".claude" / ".credentials.json").exists():
         return None
     return Check(
         "agents",
