@@ -120,9 +120,12 @@ def _verdict(
     if status == "completed":
         if not responses:
             return "completed without a reply to send (internal or handed off)"
-        last = responses[-1]
+        finals = [r for r in responses if r["metadata"].get("kind") not in ("progress", "paused")]
+        last = finals[-1] if finals else responses[-1]
+        kind = last["metadata"].get("kind")
+        how = {"stopped": "stopped by /stop; ", "dropped": "dropped by the waiting-message cap; "}.get(kind, "")
         if last["status"] == "acked":
-            return f"delivered on {last['channel']} at {_when(int(last['acked_at'] or 0))}"
+            return f"{how}delivered on {last['channel']} at {_when(int(last['acked_at'] or 0))}"
         if last["status"] == "delivering":
             return f"reply being delivered on {last['channel']} ({last['delivered']} chunk(s) sent so far)"
         return (
