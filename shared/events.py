@@ -145,7 +145,8 @@ def append_events(tx: Tx, events: Sequence[PendingEvent], created_at: int | None
     tx.signal("events")
 
 
-def _entry(row: dict[str, Any]) -> EventEntry:
+def entry_from_row(row: dict[str, Any]) -> EventEntry:
+    """An :class:`EventEntry` from an ``events`` row."""
     return EventEntry(
         cursor=str(row["id"]),
         topic=row["topic"],
@@ -198,7 +199,7 @@ class SqlEventLog:
                 "SELECT * FROM events WHERE topic = :topic AND id > :after ORDER BY id LIMIT :limit",
                 {"topic": topic, "after": after_id, "limit": limit},
             )
-        return [_entry(r) for r in rows]
+        return [entry_from_row(r) for r in rows]
 
     def ack(self, consumer: str, topic: str, cursor: str) -> None:
         value = _cursor_int(cursor)

@@ -14,7 +14,7 @@ from typing import Any
 
 from shared.clock import now_ms
 from shared.db import Database
-from shared.events import EventEntry
+from shared.events import EventEntry, entry_from_row
 
 
 @dataclass(frozen=True)
@@ -43,17 +43,7 @@ def _events_for(db: Database, message_id: str) -> list[EventEntry]:
         "SELECT * FROM events WHERE message_id = :m OR payload LIKE :pattern ORDER BY id",
         {"m": message_id, "pattern": f'%"{message_id}"%'},
     )
-    return [
-        EventEntry(
-            cursor=str(r["id"]),
-            topic=r["topic"],
-            type=r["type"],
-            payload=json.loads(r["payload"]),
-            created_at=int(r["created_at"]),
-            message_id=r["message_id"],
-        )
-        for r in rows
-    ]
+    return [entry_from_row(r) for r in rows]
 
 
 def _when(ms: int) -> str:
@@ -123,7 +113,9 @@ def _verdict(
         finals = [r for r in responses if r["metadata"].get("kind") not in ("progress", "paused")]
         last = finals[-1] if finals else responses[-1]
         kind = last["metadata"].get("kind")
-        how = {"stopped": "stopped by /stop; ", "dropped": "dropped by the waiting-message cap; "}.get(kind, "")
+        how = {"stopped": "stopped by /stop; ", "dropped": "dropped by the waiting-message cap; "}.get(
+            kind, ""
+        )
         if last["status"] == "acked":
             return f"{how}delivered on {last['channel']} at {_when(int(last['acked_at'] or 0))}"
         if last["status"] == "delivering":
