@@ -20,6 +20,7 @@ have the durability of SQLite in WAL with ``synchronous=NORMAL``.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import shutil
@@ -100,10 +101,9 @@ class AgentpostSqlite:
                         got = True
                         for m in group:
                             yield msg_id_of(m.message)
-                        try:
+                        # LeaseLost: our lease lapsed and another worker took over; it completes them.
+                        with contextlib.suppress(LeaseLost):
                             queue.complete_messages([m.message_id for m in group], worker, REPLY)
-                        except LeaseLost:
-                            pass  # our lease lapsed and another worker took over: it will complete them
                         queue.release_agent(agent, worker)
                     if not got:
                         queue.recover_stale_messages()
@@ -186,13 +186,17 @@ _FILL_COLUMNS = (
 def fill_retained(db: Any, count: int, *, agents: int = 8, batch: int = 200_000) -> None:
     """Insert ``count`` completed messages (~120-byte bodies, 8 agents, old timestamps) with bulk
     INSERT ... SELECT over a generated series, ``batch`` rows per transaction."""
-    body = "'history|' || printf('%0110d', n)" if db.dialect.is_sqlite else "'history|' || lpad(n::text, 110, '0')"
+    body = (
+        "'history|' || printf('%0110d', n)"
+        if db.dialect.is_sqlite
+        else "'history|' || lpad(n::text, 110, '0')"
+    )
     series = (
         "WITH RECURSIVE s(n) AS (SELECT :lo UNION ALL SELECT n + 1 FROM s WHERE n + 1 < :hi) SELECT n FROM s"
         if db.dialect.is_sqlite
         else "SELECT n FROM generate_series(CAST(:lo AS bigint), CAST(:hi AS bigint) - 1) AS g(n)"
     )
-    agent = "'agent-' || (n % {a})".format(a=agents)
+    agent = f"'agent-' || (n % {agents})"
     sql = (
         f"INSERT INTO messages ({_FILL_COLUMNS}) SELECT 'old_' || n, '{CHANNEL}', 'bench-user', '', {body}, "
         f"{agent}, NULL, 'completed', 0, 1000 + n, 1000 + n, {agent}, '{{}}', 1000 + n, 0, NULL FROM ({series}) AS t"
