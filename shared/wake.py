@@ -17,12 +17,19 @@ import contextlib
 import sqlite3
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import psycopg
 
 from shared.db import Database, configure_sqlite
 from shared.dialect import NOTIFY_CHANNEL, libpq_url, sqlite_path
+from shared.fswatch import open_watch
+
+#: With a file watch, the data_version poll is only a safety net for a missed event.
+WATCH_SAFETY_POLL_S = 1.0
+COMMIT_SETTLE_TRIES = 20
+COMMIT_SETTLE_S = 0.0005
 
 
 class Waker:
@@ -120,18 +127,43 @@ class Waker:
 
     # -- SQLite ------------------------------------------------------------------------------------------
     def _poll_sqlite(self) -> None:
-        conn = sqlite3.connect(sqlite_path(self.db.url), isolation_level=None, check_same_thread=False)
+        path = Path(sqlite_path(self.db.url))
+        conn = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False)
         configure_sqlite(conn, self.db.busy_timeout_ms)
         self._conn = conn
+        watch = open_watch(path.parent, {path.name + "-wal", path.name})
         last = conn.execute("PRAGMA data_version").fetchone()[0]
-        while not self._stop.wait(self.interval):
+
+        def changed() -> bool:
+            nonlocal last
             try:
                 current = conn.execute("PRAGMA data_version").fetchone()[0]
             except sqlite3.Error:
-                continue
-            if current != last:
-                last = current
-                self.notify()
+                return False
+            if current == last:
+                return False
+            last = current
+            self.notify()
+            return True
+
+        try:
+            while not self._stop.is_set():
+                if watch is None:
+                    self._stop.wait(self.interval)
+                    changed()
+                    continue
+                # Block until another process writes the WAL: no CPU while idle. A commit's frames reach
+                # the file just before the commit becomes visible, so after a write look again briefly.
+                if watch.wait(WATCH_SAFETY_POLL_S):
+                    for _ in range(COMMIT_SETTLE_TRIES):
+                        if changed() or self._stop.is_set():
+                            break
+                        time.sleep(COMMIT_SETTLE_S)
+                else:
+                    changed()
+        finally:
+            if watch is not None:
+                watch.close()
 
     # -- PostgreSQL --------------------------------------------------------------------------------------
     def _listen_postgres(self) -> None:
@@ -147,9 +179,11 @@ class Waker:
                 # After (re)connecting we may have missed notifications: wake everyone once.
                 self.notify()
                 while not self._stop.is_set():
-                    kinds = {n.payload for n in conn.notifies(timeout=0.5, stop_after=64)}
-                    if kinds:
-                        self.notify(kinds)
+                    # One notification at a time: a batch would hold the first one back until the timeout.
+                    for note in conn.notifies(timeout=0.5):
+                        self.notify({note.payload})
+                        if self._stop.is_set():
+                            break
             except psycopg.Error:
                 if not self._stop.is_set():
                     self._stop.wait(0.5)
