@@ -7,6 +7,7 @@ Hot paths use the driver connection directly (one per thread) with SQL written o
 from __future__ import annotations
 
 import contextlib
+import re
 import sqlite3
 import threading
 import time
@@ -20,8 +21,6 @@ from sqlalchemy.pool import NullPool
 
 from shared.clock import now_ms
 from shared.dialect import (
-    EVENT_APPEND_LOCK_KEY,
-    NOTIFY_CHANNEL,
     Dialect,
     dialect_for_url,
     libpq_url,
@@ -31,6 +30,7 @@ from shared.dialect import (
 from shared.models import SCHEMA_VERSION, metadata
 
 Row = dict[str, Any]
+_SIGNAL_RE = re.compile(r"^[a-z_]{1,32}$")
 Params = Mapping[str, Any]
 
 
@@ -64,6 +64,14 @@ class Tx:
         self._cur.execute(self.dialect.sql(sql), params)
         return self._cur
 
+    def execute_raw(self, sql: str, params: Params | Sequence[Any] = ()) -> DBAPICursor:
+        """Run a statement already in the driver's parameter style (see :meth:`Dialect.sql`)."""
+        self._cur.execute(sql, params)
+        return self._cur
+
+    def executemany_raw(self, sql: str, params: Sequence[Params]) -> None:
+        self._cur.executemany(sql, params)
+
     def executemany(self, sql: str, params: Sequence[Params]) -> None:
         """Run one statement once per parameter set."""
         self._cur.executemany(self.dialect.sql(sql), params)
@@ -86,17 +94,16 @@ class Tx:
 
     def signal(self, kind: str) -> None:
         """Wake other processes (and this one) once this transaction commits."""
-        if kind not in self.signals:
-            self.signals.add(kind)
-            if not self.dialect.is_sqlite:
-                # NOTIFY is delivered at commit and dropped on rollback, exactly like the change it reports.
-                self._cur.execute("SELECT pg_notify(%s, %s)", (NOTIFY_CHANNEL, kind))
+        if not _SIGNAL_RE.match(kind):
+            raise ValueError(f"signal kind {kind!r} must be lowercase letters and '_'")
+        self.signals.add(kind)
 
-    def lock_event_order(self) -> None:
-        """On PostgreSQL, serialise event appends until commit so cursor order is commit order."""
-        if not self._event_lock_taken and not self.dialect.is_sqlite:
-            self._cur.execute("SELECT pg_advisory_xact_lock(%s)", (EVENT_APPEND_LOCK_KEY,))
+    def take_event_order_lock(self) -> bool:
+        """True the first time a transaction appends events: on PostgreSQL that append must take the
+        advisory lock that serialises appends until commit, so cursor order is commit order."""
+        first = not self._event_lock_taken
         self._event_lock_taken = True
+        return first
 
 
 class Database:
@@ -155,7 +162,7 @@ class Database:
             with contextlib.suppress(Exception):
                 cur.execute("ROLLBACK")
             raise
-        cur.execute("COMMIT")
+        cur.execute(self.dialect.commit_sql(tx.signals))
         if tx.signals:
             for listener in self._commit_listeners:
                 listener(tx.signals)

@@ -38,6 +38,28 @@ class Dialect:
     #: from the newest row or from the highest id cleanup ever removed, whichever is larger.
     next_event_id: str = "DEFAULT"
 
+    def insert_event_sql(self, *, take_order_lock: bool) -> str:
+        """The INSERT of one event. On PostgreSQL the first event of a transaction takes the
+        event-order advisory lock inside the same statement (one round trip instead of two)."""
+        columns = "topic, type, message_id, payload, created_at"
+        values = ":topic, :type, :message_id, :payload, :created_at"
+        if self.is_sqlite:
+            return self.sql(f"INSERT INTO events (id, {columns}) VALUES ({self.next_event_id}, {values})")
+        if take_order_lock:
+            return self.sql(
+                f"INSERT INTO events ({columns}) SELECT {values} "
+                f"FROM (SELECT pg_advisory_xact_lock({EVENT_APPEND_LOCK_KEY})) AS commit_order"
+            )
+        return self.sql(f"INSERT INTO events ({columns}) VALUES ({values})")
+
+    def commit_sql(self, signals: set[str]) -> str:
+        """COMMIT, preceded on PostgreSQL by the NOTIFYs of the transaction in the same round trip (they
+        are delivered at commit and dropped on rollback, exactly like the change they report)."""
+        if self.is_sqlite or not signals:
+            return "COMMIT"
+        notes = ", ".join(f"pg_notify('{NOTIFY_CHANNEL}', '{kind}')" for kind in sorted(signals))
+        return f"SELECT {notes}; COMMIT"
+
     def sql(self, text: str) -> str:
         """Translate ``:name`` parameters to the driver's style (cached)."""
         return text if self.name == "sqlite" else _to_pyformat(text)

@@ -105,10 +105,6 @@ def _cursor_int(cursor: str | None) -> int:
 
 
 # -- SQL ------------------------------------------------------------------------------------------------
-_INSERT_EVENT = (
-    "INSERT INTO events (id, topic, type, message_id, payload, created_at) "
-    "VALUES ({next_id}, :topic, :type, :message_id, :payload, :created_at)"
-)
 
 
 @dataclass
@@ -125,7 +121,7 @@ def append_events(tx: Tx, events: Sequence[PendingEvent], created_at: int | None
     """Append events in the caller's transaction, so they commit (or vanish) with the change they report."""
     if not events:
         return
-    tx.lock_event_order()
+    first = tx.take_event_order_lock()
     ts = now_ms() if created_at is None else created_at
     params = [
         {
@@ -137,11 +133,10 @@ def append_events(tx: Tx, events: Sequence[PendingEvent], created_at: int | None
         }
         for e in events
     ]
-    sql = _INSERT_EVENT.format(next_id=tx.dialect.next_event_id)
-    if len(params) == 1:
-        tx.execute(sql, params[0])
-    else:
-        tx.executemany(sql, params)
+    dialect = tx.dialect
+    tx.execute_raw(dialect.insert_event_sql(take_order_lock=first), params[0])
+    if len(params) > 1:
+        tx.executemany_raw(dialect.insert_event_sql(take_order_lock=False), params[1:])
     tx.signal("events")
 
 
