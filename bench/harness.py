@@ -215,6 +215,7 @@ def _consumer_main(
         it = iter(system.consumer(target, slot))
         shared.ready[slot + 1] = 1
         shared.start.wait()
+        shared.running[slot] = 1
         fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         buf: list[int] = []
         seen, delivered, last_ack, stop = shared.seen, shared.delivered, shared.last_ack, shared.stop
@@ -260,6 +261,9 @@ class _Shared:
     def __init__(self, ctx: Any, n: int, consumers: int) -> None:
         self.start = ctx.Event()
         self.ready = RawArray(ctypes.c_ubyte, consumers + 1)
+        # A consumer past the start wait. Only those are SIGKILLed: a kill inside Event.wait() would leave the
+        # Event's lock held forever and hang every later wait and the parent's start.set().
+        self.running = RawArray(ctypes.c_ubyte, consumers)
         self.seen = RawArray(ctypes.c_ubyte, n)
         self.delivered = RawArray(ctypes.c_longlong, consumers)
         self.last_ack = RawArray(ctypes.c_double, consumers)
@@ -379,7 +383,7 @@ def run_once(
             if error:
                 break
             if kill_at and total >= kill_at[0] and (missing is None or missing):
-                alive = [k for k, p in enumerate(cons) if p.exitcode is None and shared.ready[k + 1]]
+                alive = [k for k, p in enumerate(cons) if p.exitcode is None and shared.running[k]]
                 if alive:
                     slot = rng.choice(alive)
                     os.kill(cons[slot].pid or 0, signal.SIGKILL)
@@ -388,6 +392,7 @@ def run_once(
                     kill_at.pop(0)
                     incs[slot] += 1
                     shared.ready[slot + 1] = 0
+                    shared.running[slot] = 0
                     cons[slot] = spawn_consumer(slot)
     finally:
         stragglers = _join_all([prod, *cons], shared)
