@@ -131,7 +131,7 @@ def targets(peers: Any, latency: Any, growth: Any, parallel: Any) -> list[tuple[
             out.append((f"{system} SIGKILLs", "20 kills, lost 0", got, "met" if ok else "NOT MET"))
     for lat in latency or []:
         label = (
-            f"latency {lat['backend']} (wake poll {lat['wake_ms']} ms)"
+            f"latency {lat['backend']} (Waker: inotify, fallback poll {lat['wake_ms']} ms)"
             if lat["backend"] == "sqlite"
             else ("latency postgres (LISTEN/NOTIFY)")
         )
@@ -284,7 +284,9 @@ def render(results: Path) -> tuple[str, str]:
         body = [
             [
                 lat["backend"],
-                f"{lat['wake_ms']} ms" if lat["backend"] == "sqlite" else "LISTEN/NOTIFY",
+                f"inotify on the WAL (fallback poll {lat['wake_ms']} ms)"
+                if lat["backend"] == "sqlite"
+                else "LISTEN/NOTIFY",
                 f"{lat['rate']:.0f}/s x {lat['n']}",
                 f"{lat['p50_ms']:.2f}",
                 f"{lat['p99_ms']:.2f}",

@@ -34,7 +34,7 @@ echo "bench: throughput and safety, peers and agentpost (run_peers.py ${peers_ar
   --json "$out/peers.json" || echo "bench: run_peers reported errors (see the table)"
 sample_load throughput
 echo "bench: pickup latency at 200 messages/s and idle cost (latency.py)"
-"$py" "$here/latency.py" "${latency_args[@]}" --wake-ms 20,2 --json "$out/latency.json"
+"$py" "$here/latency.py" "${latency_args[@]}" --wake-ms 20 --json "$out/latency.json"
 sample_load latency
 echo "bench: growth with retained completed messages (growth.py)"
 "$py" "$here/growth.py" "${growth_args[@]}" --json "$out/growth.json"
