@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import os
 import select
 import struct
@@ -52,13 +53,22 @@ class FolderWatch:
         os.close(self.fd)
 
 
+@functools.cache
+def _libc() -> ctypes.CDLL | None:
+    # find_library may run ldconfig: once per process is enough.
+    name = ctypes.util.find_library("c")
+    try:
+        return ctypes.CDLL(name, use_errno=True) if name else None
+    except OSError:
+        return None
+
+
 def open_watch(folder: Path, names: set[str]) -> FolderWatch | None:
     """Watch ``folder`` for writes to files named in ``names``; None where inotify is not available."""
-    libc_name = ctypes.util.find_library("c")
-    if libc_name is None:
+    libc = _libc()
+    if libc is None:
         return None
     try:
-        libc = ctypes.CDLL(libc_name, use_errno=True)
         fd = int(libc.inotify_init1(IN_NONBLOCK | IN_CLOEXEC))
     except (OSError, AttributeError):
         return None

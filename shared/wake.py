@@ -30,6 +30,7 @@ from shared.fswatch import open_watch
 WATCH_SAFETY_POLL_S = 1.0
 COMMIT_SETTLE_TRIES = 20
 COMMIT_SETTLE_S = 0.0005
+READY_TIMEOUT_S = 5.0
 
 
 class Waker:
@@ -42,6 +43,7 @@ class Waker:
         self._generation = 0
         self._async_waiters: set[tuple[asyncio.AbstractEventLoop, asyncio.Event]] = set()
         self._stop = threading.Event()
+        self._ready = threading.Event()
         self._thread: threading.Thread | None = None
         self._conn: Any = None
         self.last_kinds: set[str] = set()
@@ -57,6 +59,10 @@ class Waker:
             target = self._poll_sqlite if self.db.dialect.is_sqlite else self._listen_postgres
             self._thread = threading.Thread(target=target, name="agentpost-waker", daemon=True)
             self._thread.start()
+            # Return only once the watcher has its baseline (data_version read, LISTEN issued): a commit
+            # made between a caller's "look for work" and that baseline would otherwise go unnoticed
+            # until the fallback poll.
+            self._ready.wait(READY_TIMEOUT_S)
         return self
 
     def stop(self) -> None:
@@ -133,6 +139,7 @@ class Waker:
         self._conn = conn
         watch = open_watch(path.parent, {path.name + "-wal", path.name})
         last = conn.execute("PRAGMA data_version").fetchone()[0]
+        self._ready.set()
 
         def changed() -> bool:
             nonlocal last
@@ -176,6 +183,7 @@ class Waker:
             self._conn = conn
             try:
                 conn.execute(f"LISTEN {NOTIFY_CHANNEL}")
+                self._ready.set()
                 # After (re)connecting we may have missed notifications: wake everyone once.
                 self.notify()
                 while not self._stop.is_set():
