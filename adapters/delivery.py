@@ -16,6 +16,7 @@
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import json
 import logging
@@ -65,7 +66,7 @@ def note_key(conversation: str, edit_key: str) -> str:
     return f"{conversation}|{edit_key}"
 
 
-class Delivery:
+class Delivery(abc.ABC):
     """The delivery, progress-note and typing half of :class:`adapters.base.Channel` (a mixin)."""
 
     #: Whether :meth:`edit_text` can change a sent message in place (progress notes are edited).
@@ -87,16 +88,17 @@ class Delivery:
         """Length of ``text`` in the platform's units (characters by default)."""
         return len(text)
 
+    @abc.abstractmethod
     async def send_text(self, conversation: str, text: str) -> None:
         """Send one chunk (already within :attr:`limit`) to ``conversation``."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     async def send_file(self, conversation: str, path: Path, caption: str) -> None:
         """Send one file to ``conversation`` with a short caption (may be empty)."""
-        raise NotImplementedError
 
     async def send_typing(self, conversation: str) -> None:
         """Show the typing indicator in ``conversation`` (default: the platform has none)."""
+        return None
 
     async def send_note(self, conversation: str, text: str) -> str:
         """Send a progress note (plain text within :attr:`limit`); returns the platform's message id

@@ -23,6 +23,7 @@ ceiling for the whole run however busy it is (``stopped_by = "ceiling"``).
 
 from __future__ import annotations
 
+import abc
 import contextlib
 import json
 import os
@@ -161,18 +162,19 @@ def kill_group(pgid: int, sig: int = signal.SIGKILL) -> None:
         os.killpg(pgid, sig)
 
 
-class CliProvider:
+class CliProvider(abc.ABC):
     """Base of the subprocess providers: start, stream, time out, kill the group, judge the result."""
 
     name = "cli"
     stdin_prompt = True
 
+    @abc.abstractmethod
     def argv(self, request: RunRequest) -> list[str]:
-        raise NotImplementedError
+        """The CLI's argv for one run (never a shell string)."""
 
+    @abc.abstractmethod
     def parse_line(self, line: str, state: StreamState) -> list[str]:
         """Update ``state`` from one stdout line; return assistant text to report as progress."""
-        raise NotImplementedError
 
     def finish(self, state: StreamState, exit_code: int, stderr: str) -> RunResult:
         """Judge a run that exited by itself."""
