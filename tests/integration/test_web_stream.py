@@ -121,7 +121,8 @@ def test_sse_expired_cursor_gets_reset_event(rt: Runtime) -> None:
 
 def test_slow_client_is_bounded_cut_off_and_resumes(rt: Runtime) -> None:
     total = 12_000
-    limits = StreamLimits(page_size=100, send_timeout=1.0)
+    # A generous send timeout: a loaded CI machine must not starve the fast reader into a cut-off.
+    limits = StreamLimits(page_size=100, send_timeout=3.0)
     with LiveServer(rt, app_kwargs={"limits": limits}) as live:
         stats = live.app.state.stream_stats
         slow = SseReader(live.port, "/api/events/stream?after=0&topic=t", rcvbuf=4096)
