@@ -28,10 +28,11 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from types import TracebackType
+from http.server import BaseHTTPRequestHandler
 from typing import Any, Literal
 from urllib.parse import parse_qsl, unquote, urlsplit
+
+from tests.fakes.http_fake import QuietServer, ThreadedHttpFake
 
 JSON = dict[str, Any]
 
@@ -235,13 +236,9 @@ def parse_form_body(content_type: str, body: bytes) -> tuple[dict[str, str], dic
     return dict(parse_qsl(body.decode("utf-8"), keep_blank_values=True)), {}
 
 
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True
+class _Server(QuietServer):
+    # Clients (PTB on shutdown) drop long-poll connections; QuietServer does not print them.
     fake: FakeTelegram
-
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        # Clients (PTB on shutdown) drop long-poll connections; that is normal, not an error to print.
-        return
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -308,7 +305,7 @@ class _Handler(BaseHTTPRequestHandler):
         self._dispatch("GET")
 
 
-class FakeTelegram:
+class FakeTelegram(ThreadedHttpFake):
     """A fake Telegram Bot API server running in a background thread on ``127.0.0.1``.
 
     Use it as a context manager (or call :meth:`start` and :meth:`close`). Thread-safe: the test thread
@@ -318,9 +315,14 @@ class FakeTelegram:
     ``400 Bad Request: can't parse entities`` error, to exercise a plain-text fallback.
     """
 
+    server_class = _Server
+    handler_class = _Handler
+    thread_name = "fake-telegram"
+
     def __init__(
         self, token: str = "123456789:AAFakeTokenForAgentpostTests", bot_username: str = "agentpost_bot"
     ) -> None:
+        super().__init__()
         if not re.fullmatch(r"\d+:[A-Za-z0-9_-]+", token):
             raise ValueError("a bot token looks like '<bot id>:<secret>'")
         self.token = token
@@ -343,46 +345,15 @@ class FakeTelegram:
         self._sent: list[TelegramCall] = []
         self._calls: list[TelegramCall] = []
         self.commands: list[JSON] = []
-        self._server: _Server | None = None
-        self._thread: threading.Thread | None = None
 
     # ------------------------------------------------------------------ lifecycle
-
-    def start(self) -> FakeTelegram:
-        """Bind a free port and serve in a daemon thread."""
-        server = _Server(("127.0.0.1", 0), _Handler)
-        server.fake = self
-        self._server = server
-        self._thread = threading.Thread(target=server.serve_forever, name="fake-telegram", daemon=True)
-        self._thread.start()
-        return self
 
     def close(self) -> None:
         """Release waiting long polls and stop the server."""
         with self._cond:
             self._closed = True
             self._cond.notify_all()
-        if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
-
-    def __enter__(self) -> FakeTelegram:
-        return self.start()
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.close()
-
-    @property
-    def url(self) -> str:
-        """Root URL of the fake, ``http://127.0.0.1:PORT``."""
-        if self._server is None:
-            raise RuntimeError("the fake is not started")
-        host, port = self._server.server_address[:2]
-        return f"http://{host!s}:{port}"
+        super().close()
 
     @property
     def base_url(self) -> str:

@@ -24,10 +24,11 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from types import TracebackType
+from http.server import BaseHTTPRequestHandler
 from typing import Any, Literal
 from urllib.parse import unquote, urlsplit
+
+from tests.fakes.http_fake import QuietServer, ThreadedHttpFake
 
 JSON = dict[str, Any]
 
@@ -133,12 +134,8 @@ class GraphCall:
     body: JSON | None
 
 
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True
+class _Server(QuietServer):
     fake: FakeWhatsApp
-
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        return
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -170,16 +167,21 @@ class _Handler(BaseHTTPRequestHandler):
         self._serve("POST")
 
 
-class FakeWhatsApp:
+class FakeWhatsApp(ThreadedHttpFake):
     """A fake Graph API for the WhatsApp Cloud API, running in a background thread on ``127.0.0.1``.
 
     ``graph_url`` replaces ``https://graph.facebook.com``; requests must carry
     ``Authorization: Bearer <access_token>`` and target ``phone_number_id``.
     """
 
+    server_class = _Server
+    handler_class = _Handler
+    thread_name = "fake-whatsapp"
+
     def __init__(
         self, access_token: str = "EAAG-fake-access-token", phone_number_id: str = "106540352242922"
     ) -> None:
+        super().__init__()
         self.access_token = access_token
         self.phone_number_id = phone_number_id
         self._cond = threading.Condition()
@@ -188,43 +190,11 @@ class FakeWhatsApp:
         self._media: dict[str, WhatsAppMedia] = {}
         self._failures: list[GraphError] = []
         self._ids = itertools.count(1)
-        self._server: _Server | None = None
-        self._thread: threading.Thread | None = None
-
-    # ------------------------------------------------------------------ lifecycle
-
-    def start(self) -> FakeWhatsApp:
-        """Bind a free port and serve in a daemon thread."""
-        server = _Server(("127.0.0.1", 0), _Handler)
-        server.fake = self
-        self._server = server
-        self._thread = threading.Thread(target=server.serve_forever, name="fake-whatsapp", daemon=True)
-        self._thread.start()
-        return self
-
-    def close(self) -> None:
-        """Stop the server."""
-        if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
-
-    def __enter__(self) -> FakeWhatsApp:
-        return self.start()
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.close()
 
     @property
     def graph_url(self) -> str:
         """Root URL standing in for ``https://graph.facebook.com``."""
-        if self._server is None:
-            raise RuntimeError("the fake is not started")
-        host, port = self._server.server_address[:2]
-        return f"http://{host!s}:{port}"
+        return self.url
 
     def messages_url(self, version: str = "v21.0") -> str:
         """``{graph_url}/{version}/{phone_number_id}/messages``."""
