@@ -225,6 +225,7 @@ class Database:
             except Exception as exc:  # another process created the same table between check and create
                 if "already exists" not in str(exc) or attempt == 4:
                     raise
+        self._add_missing_columns()
         with self.transaction() as tx:
             current = tx.scalar("SELECT MAX(version) FROM schema_version")
             if current is not None and int(current) > SCHEMA_VERSION:
@@ -238,6 +239,27 @@ class Database:
                     {"v": SCHEMA_VERSION, "t": now_ms()},
                 )
         return SCHEMA_VERSION
+
+    def _add_missing_columns(self) -> None:
+        """Columns added by a newer schema version: ``ALTER TABLE … ADD COLUMN`` with their defaults, so an
+        older database keeps its rows (every added column is nullable or has a server default)."""
+        inspector = inspect(self.engine)
+        for table in metadata().sorted_tables:
+            present = {c["name"] for c in inspector.get_columns(table.name)}
+            for column in table.columns:
+                if column.name in present:
+                    continue
+                kind = column.type.compile(dialect=self.engine.dialect)
+                arg = getattr(column.server_default, "arg", None)
+                value = getattr(arg, "text", arg)
+                clause = f" DEFAULT {value}" if value is not None else ""
+                null = "" if column.nullable else " NOT NULL"
+                with self.transaction() as tx:
+                    try:
+                        tx.execute(f"ALTER TABLE {table.name} ADD COLUMN {column.name} {kind}{clause}{null}")
+                    except Exception as exc:  # another process added it between our look and our ALTER
+                        if "duplicate" not in str(exc).lower() and "already exists" not in str(exc):
+                            raise
 
     def table_names(self) -> list[str]:
         return sorted(inspect(self.engine).get_table_names())

@@ -10,7 +10,7 @@ from __future__ import annotations
 from sqlalchemy import BigInteger, Column, Index, Integer, MetaData, Text, text
 from sqlmodel import Field, SQLModel
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 
 def _big(nullable: bool = False, default: int | None = 0) -> Column[int]:
@@ -89,6 +89,12 @@ class Message(SQLModel, table=True):
     lease_until: int | None = Field(default=None, sa_column=_big(nullable=True, default=None))
     hops: int = Field(default=0, sa_column=Column(Integer, nullable=False, server_default="0"))
     external_id: str | None = Field(default=None, sa_column=Column(Text, nullable=True))
+    # +When a run containing this message started (NULL while it is merely claimed): a crash charges an
+    # attempt only to messages whose run had started.
+    run_started_at: int | None = Field(default=None, sa_column=_big(nullable=True, default=None))
+    # +Runs of this message cut short by a processor that died (kill -9, OOM): its own budget, so a
+    # message that crashes the processor every time still ends as a dead letter.
+    interruptions: int = Field(default=0, sa_column=Column(Integer, nullable=False, server_default="0"))
 
 
 class Response(SQLModel, table=True):
@@ -129,6 +135,8 @@ class Response(SQLModel, table=True):
     claimed_by: str | None = Field(default=None, sa_column=Column(Text, nullable=True))
     lease_until: int | None = Field(default=None, sa_column=_big(nullable=True, default=None))
     delivered: int = Field(default=0, sa_column=Column(Integer, nullable=False, server_default="0"))
+    # +Why delivery failed for good (status ``failed``): the platform's own reason.
+    last_error: str | None = Field(default=None, sa_column=Column(Text, nullable=True))
 
 
 class ChatMessage(SQLModel, table=True):

@@ -87,6 +87,8 @@ class QueuedMessage:
     lease_until: int | None
     hops: int
     external_id: str | None
+    run_started_at: int | None = None
+    interruptions: int = 0
 
     @classmethod
     def from_row(cls, row: Row) -> QueuedMessage:
@@ -125,6 +127,7 @@ class QueuedResponse:
     claimed_by: str | None
     lease_until: int | None
     delivered: int
+    last_error: str | None = None
 
     @classmethod
     def from_row(cls, row: Row) -> QueuedResponse:

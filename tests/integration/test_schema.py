@@ -55,3 +55,20 @@ def test_claims_use_the_partial_pending_index(sqlite_url: str) -> None:
     )
     assert "ix_messages_pending" in plan, plan
     db.close()
+
+
+def test_columns_added_by_a_newer_schema_are_added_to_an_older_database(sqlite_url: str) -> None:
+    db = open_database(sqlite_url)
+    with db.transaction() as tx:
+        tx.execute(
+            "INSERT INTO messages (message_id, channel, message, agent, created_at, updated_at) "
+            "VALUES ('cli_aaaaaaaa', 'cli', 'kept', 'assistant', 1, 1)"
+        )
+        tx.execute("ALTER TABLE messages DROP COLUMN interruptions")
+        tx.execute("ALTER TABLE responses DROP COLUMN last_error")
+    db.close()
+    db = open_database(sqlite_url)
+    row = db.read("SELECT message, interruptions FROM messages")[0]
+    assert row == {"message": "kept", "interruptions": 0}
+    assert db.read_scalar("SELECT COUNT(last_error) FROM responses") == 0
+    db.close()
