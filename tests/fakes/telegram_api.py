@@ -345,6 +345,11 @@ class FakeTelegram(ThreadedHttpFake):
         self._sent: list[TelegramCall] = []
         self._calls: list[TelegramCall] = []
         self.commands: list[JSON] = []
+        #: Seconds every sendMessage/sendDocument takes before it is carried out (a slow Telegram). The send
+        #: is carried out even if the client has gone meanwhile, as a real server would: its fate is then
+        #: unknown to the client.
+        self.send_delay = 0.0
+        self._sends_started = 0
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -529,6 +534,17 @@ class FakeTelegram(ThreadedHttpFake):
         self._wait_state(lambda: self._confirmed_offset >= offset, timeout, f"confirmed offset >= {offset}")
         return self.confirmed_offset
 
+    @property
+    def sends_started(self) -> int:
+        """How many sendMessage/sendDocument requests have arrived (finished or still in flight)."""
+        with self._cond:
+            return self._sends_started
+
+    def wait_sends_started(self, count: int, timeout: float = 10.0) -> int:
+        """Block until at least ``count`` sends have arrived; return how many have."""
+        self._wait_state(lambda: self._sends_started >= count, timeout, f"{count} sends started")
+        return self.sends_started
+
     def wait_for_poller(self, timeout: float = 5.0) -> None:
         """Block until a getUpdates long poll is parked on the server waiting for updates."""
         self._wait_state(lambda: self._waiting_pollers > 0, timeout, "a waiting getUpdates long poll")
@@ -652,6 +668,12 @@ class FakeTelegram(ThreadedHttpFake):
             with contextlib.suppress(ValueError):
                 params[name] = json.loads(params[name])
         call = TelegramCall(method=canonical, params=params, files=files)
+        if canonical in ("sendMessage", "sendDocument"):
+            with self._cond:
+                self._sends_started += 1
+                self._cond.notify_all()
+            if self.send_delay > 0:
+                time.sleep(self.send_delay)
         try:
             if token != self.token:
                 raise TelegramApiError(401, "Unauthorized")
