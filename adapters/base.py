@@ -9,11 +9,14 @@ through the database:
   queued), chat commands (:mod:`adapters.chat_commands`: ``/agent``, ``/team``, ``/reset``, ``/status``,
   ``/stop``, ``/queue``, ``/help``), a sticky default agent per chat (``@agent`` alone switches, ``@default``
   clears), then ``enqueue_message`` with the platform's message id as ``external_id`` (a redelivered message
-  is reported as a duplicate, not queued twice) and the chat debounce (``[queue] debounce_ms``: a burst of
+  is reported as a duplicate, not queued twice — also after the message row was pruned: the ids taken in
+  are remembered for longer than any platform redelivers, :mod:`shared.platform_dedupe`) and the chat debounce (``[queue] debounce_ms``: a burst of
   quick messages becomes one run). :meth:`Channel.handle` returns only after the message is committed, so a
   platform delivery is acknowledged (an offset confirmed, a webhook answered) only then.
 - **Delivery, progress notes and typing**: :mod:`adapters.delivery`. Replies to commands and pairing codes go
   through the same responses table, so they are durable too.
+- **Replies that could not be delivered**: when a user whose earlier reply failed for good (the platform
+  refused it) writes again, a short note saying so is queued first, in that chat — the path that works.
 
 Test hook: ``AGENTPOST_TEST_PAUSE_AFTER_FETCH=SECONDS`` makes a plugin sleep after it fetched an inbound
 message and before handling it (tests kill the process in that window). Never set it in production.
@@ -31,17 +34,17 @@ import signal
 import socket
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, create_model
 
-from adapters import chat_state
 from adapters import pairing as pairings
 from adapters.chat_commands import COMMANDS, HELP_TEXT, ChatCommands, reset_conversation
 from adapters.delivery import Delivery, Part, safe_filename
+from shared import platform_dedupe
 from shared.chat_prefs import BusyPolicy
-from shared.clock import now_ms
 from shared.runtime import Runtime, open_runtime
 from shared.settings import Settings, SettingsError
 
@@ -82,7 +85,13 @@ class ChannelSettings(BaseModel):
     pairing_max_pending: int = Field(default=pairings.MAX_PENDING, ge=1, le=100)
     max_chunks: int = Field(default=4, ge=1, le=50, description="longer replies are sent as a file")
     delivery_batch: int = Field(default=10, ge=1, le=100)
-    delivery_attempts: int = Field(default=5, ge=1, le=100, description="failed sends before giving up")
+    delivery_attempts: int = Field(
+        default=8, ge=1, le=100, description="transient send failures before a reply counts as undeliverable"
+    )
+    delivery_backoff_base_seconds: float = Field(
+        default=2.0, ge=0, description="wait before re-sending after a transient failure (doubles each time)"
+    )
+    delivery_backoff_max_seconds: float = Field(default=300.0, ge=0)
     typing: bool = True
     typing_interval_seconds: float = Field(default=4.0, gt=0)
     poll_interval_seconds: float = Field(default=0.0, ge=0, description="0: the queue's poll interval")
@@ -231,10 +240,11 @@ class Channel(ChatCommands, Delivery):
                     "unpaired sender %s (%s): message not queued", message.sender_id, check.decision
                 )
                 return "unpaired"
+        if self._seen(message.external_id):
+            return "duplicate"  # a redelivery of a message taken in before (even one pruned since)
+        self._tell_undelivered(message)
         command = _COMMAND_RE.match(text)
         if command and command.group("name").lower() in COMMANDS:
-            if self._seen(message.external_id):
-                return "duplicate"
             answer = self.run_command(
                 message, command.group("name").lower(), (command.group("args") or "").strip()
             )
@@ -245,8 +255,6 @@ class Channel(ChatCommands, Delivery):
         if switch and not refs:
             switched = self._switch(message, switch.group("name").lower())
             if switched is not None:
-                if self._seen(message.external_id):
-                    return "duplicate"
                 self.reply(message, switched, kind="command")
                 self._mark_seen(message.external_id)
                 return "command"
@@ -264,6 +272,7 @@ class Channel(ChatCommands, Delivery):
             prefix=self.prefix or self.name,
             debounce_ms=self.settings.queue.debounce_ms if self.config.debounce else 0,
         )
+        self._mark_seen(message.external_id)
         return "duplicate" if result.duplicate else "queued"
 
     async def may_download(self, sender_id: str) -> bool:
@@ -289,15 +298,27 @@ class Channel(ChatCommands, Delivery):
         )
 
     def _seen(self, external_id: str) -> bool:
-        return (
-            bool(external_id)
-            and chat_state.kv_get(self.rt.db, f"handled:{self.name}", external_id) is not None
-        )
+        return platform_dedupe.is_seen(self.rt.db, self.name, external_id)
 
     def _mark_seen(self, external_id: str) -> None:
-        # Commands are not queue messages, so the queue's duplicate check cannot catch a redelivered one.
-        if external_id:
-            chat_state.kv_set(self.rt.db, f"handled:{self.name}", external_id, str(now_ms()))
+        # Commands are not queue messages, and queued messages are pruned a day after completion, so the
+        # queue's duplicate check alone cannot catch every redelivery; this record outlives both.
+        platform_dedupe.remember(self.rt.db, self.name, external_id)
+
+    def _tell_undelivered(self, message: Inbound) -> None:
+        """Queue a note about replies of this chat that could not be delivered, before anything else the
+        user gets now (they wrote, so this chat works again)."""
+        queue = self.rt.queue
+        if not queue.has_undelivered_notices(self.name, message.conversation):
+            return
+        for notice in queue.take_undelivered_notices(self.name, message.conversation):
+            at = datetime.fromtimestamp(notice.created_at / 1000, UTC).strftime("%H:%M UTC")
+            self.reply(
+                message,
+                f"My reply to your message at {at} could not be delivered ({notice.explanation}). "
+                f"Send it again if you still need it. Ref: {notice.message_id}",
+                kind="undelivered_notice",
+            )
 
     # -- running ---------------------------------------------------------------------------------------------
     async def run(self) -> None:

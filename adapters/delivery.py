@@ -1,9 +1,20 @@
 """The outbound half of :class:`adapters.base.Channel`: durable chunked delivery, progress notes, typing.
 
-- **Delivery**: wake on new responses, claim the channel's responses with a lease, send each as parts (chunks
-  split by :mod:`adapters.chunking`, then the attached files; a reply longer than ``max_chunks`` chunks goes
-  as one file), record each part with ``mark_chunk_delivered`` and ack at the end. The parts are a pure
-  function of the response, so after a crash the next claim resumes at the first part not recorded.
+- **Delivery**: wake on new responses, claim the channel's responses with a lease — at most one per chat,
+  the oldest unfinished one (:meth:`shared.queue.Queue.claim_responses_for_channel`) — and deliver each chat
+  in its own task, so chats never wait for each other while each chat gets its replies in order, one at a
+  time. A response is sent as parts (chunks split by :mod:`adapters.chunking`, then the attached files; a
+  reply longer than ``max_chunks`` chunks goes as one file of a type the platform accepts); each part is
+  recorded with ``mark_chunk_delivered`` right after the platform confirmed it, and the response is acked
+  at the end. The parts are a pure function of the response, so after a crash the next claim resumes at the
+  first part not recorded: only a part whose confirmation was lost in the crash can be sent twice. The
+  lease is renewed while a part is being sent, so a slow send is not mistaken for a dead deliverer.
+- **Send errors** are classified by the platform plugin (:meth:`Delivery.classify_send_error`): a
+  *permanent* refusal (blocked bot, unknown chat, a window that closed, a file type refused) marks the
+  response ``failed`` with the platform's reason at once and the chat is told the next time the user writes
+  (:mod:`adapters.base`); a *transient* one (5xx, network, rate limit) gives the response back with a
+  backoff that holds up only its own chat, and after ``delivery_attempts`` of them it is failed too. A
+  failed response is never reported as delivered.
 - **Progress notes**: a response with metadata ``{"kind": "progress", "edit_key": K}`` (the processor's "still
   working" note) is sent once and later notes with the same key *edit that message* where the platform can
   (:attr:`Delivery.can_edit`); elsewhere a new note is sent at most every ``progress_min_interval_seconds``.
@@ -18,6 +29,8 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import contextlib
+import functools
 import json
 import logging
 import os
@@ -29,6 +42,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from adapters import chat_state
 from adapters.chunking import split_message
+from shared import platform_dedupe
 from shared.clock import now_ms
 from shared.queue import QueuedResponse
 from shared.runtime import Runtime
@@ -41,6 +55,10 @@ if TYPE_CHECKING:
 DONE_TEXT = "Done — the reply is below."
 #: Progress-note records older than this are removed (a run that never finished leaves one behind).
 NOTE_RECORD_TTL_MS = 7 * 24 * 3600 * 1000
+#: How often the delivery loop forgets old delivery records (platform ids, notices nobody collected).
+RECORD_PRUNE_INTERVAL_S = 3600.0
+#: Response kinds a user is not told about when they fail (a lost progress note is no loss).
+_SILENT_FAILURE_KINDS = frozenset({"progress", "undelivered_notice"})
 #: Chats whose pending messages wait longer than this (a long backoff) show no typing.
 TYPING_HORIZON_MS = 60_000
 _SAFE_NAME_RE = re.compile(r"[^A-Za-z0-9._-]+")
@@ -53,6 +71,20 @@ class Part:
     kind: Literal["text", "file"]
     text: str = ""
     path: str = ""
+
+
+@dataclass(frozen=True)
+class SendFailure:
+    """How a platform refused a send: for good (``permanent``) or for now, and why.
+
+    ``reason`` is the platform's own words (kept in ``responses.last_error`` for operators); ``explanation``
+    is a short plain-language version for the user ("the bot was blocked"), used when the reply failed for
+    good.
+    """
+
+    permanent: bool
+    reason: str
+    explanation: str = ""
 
 
 def safe_filename(name: str, fallback: str = "file") -> str:
@@ -71,6 +103,10 @@ class Delivery(abc.ABC):
 
     #: Whether :meth:`edit_text` can change a sent message in place (progress notes are edited).
     can_edit: ClassVar[bool] = False
+    #: The platform's name as users know it (in notices about replies that could not be delivered).
+    platform_label: ClassVar[str] = ""
+    #: File name suffix of a long reply sent as a file: a type the platform accepts as a document.
+    long_reply_suffix: ClassVar[str] = ".txt"
 
     name: ClassVar[str]
     limit: ClassVar[int]
@@ -89,12 +125,19 @@ class Delivery(abc.ABC):
         return len(text)
 
     @abc.abstractmethod
-    async def send_text(self, conversation: str, text: str) -> None:
-        """Send one chunk (already within :attr:`limit`) to ``conversation``."""
+    async def send_text(self, conversation: str, text: str) -> str | None:
+        """Send one chunk (already within :attr:`limit`) to ``conversation``; returns the platform's id of
+        the sent message when it gives one (so a failure it reports later can be traced back)."""
 
     @abc.abstractmethod
-    async def send_file(self, conversation: str, path: Path, caption: str) -> None:
-        """Send one file to ``conversation`` with a short caption (may be empty)."""
+    async def send_file(self, conversation: str, path: Path, caption: str) -> str | None:
+        """Send one file to ``conversation`` with a short caption (may be empty); returns the platform's
+        message id when it gives one."""
+
+    def classify_send_error(self, exc: Exception) -> SendFailure:
+        """Whether a send error is permanent (the reply can never be delivered) or worth retrying.
+        Default: everything is retried; plugins name their platform's permanent refusals."""
+        return SendFailure(False, f"{type(exc).__name__}: {exc}")
 
     async def send_typing(self, conversation: str) -> None:
         """Show the typing indicator in ``conversation`` (default: the platform has none)."""
@@ -133,30 +176,27 @@ class Delivery(abc.ABC):
     def _long_reply_file(self, response: QueuedResponse, text: str) -> str:
         folder = self.settings.home / "files" / "outbound" / self.name
         folder.mkdir(parents=True, exist_ok=True)
-        path = folder / f"reply-{safe_filename(response.message_id)}-{response.id}.md"
+        path = folder / f"reply-{safe_filename(response.message_id)}-{response.id}{self.long_reply_suffix}"
         if not path.exists():
             tmp = path.with_suffix(".tmp")
             tmp.write_text(text + "\n", encoding="utf-8")
             os.replace(tmp, path)
         return str(path)
 
-    async def send_part(self, conversation: str, part: Part) -> None:
-        """Send one part; a file that is gone is replaced by a short note rather than failing forever."""
+    async def send_part(self, conversation: str, part: Part) -> str | None:
+        """Send one part; a file that is gone is replaced by a short note rather than failing forever.
+        Returns the platform's message id, if any."""
         if part.kind == "text":
-            await self.send_text(conversation, part.text)
-            return
+            return await self.send_text(conversation, part.text)
         path = Path(part.path)
         if not path.is_file():
-            await self.send_text(conversation, f"(the file {path.name} is no longer available)")
-            return
-        await self.send_file(conversation, path, part.text)
+            return await self.send_text(conversation, f"(the file {path.name} is no longer available)")
+        return await self.send_file(conversation, path, part.text)
 
     # -- delivering ------------------------------------------------------------------------------------------
     async def deliver(self, response: QueuedResponse) -> bool:
-        """Send the unsent parts of one claimed response, recording each; ack at the end.
-
-        Returns True when the response was acked (by this call).
-        """
+        """Send the unsent parts of one claimed response, recording each as soon as the platform confirmed
+        it; ack at the end. Returns True when the response was finished by this call (acked or failed)."""
         meta = response.metadata or {}
         edit_key = str(meta.get("edit_key") or "")
         if meta.get("kind") == "progress" and edit_key:
@@ -164,12 +204,21 @@ class Delivery(abc.ABC):
         queue = self.rt.queue
         parts = self.plan(response)
         for index in range(response.delivered, len(parts)):
+            if self.stop_event.is_set():
+                # Stopping: hand the rest back at once (no attempt charged) instead of waiting for the lease.
+                await asyncio.to_thread(self._give_back, response)
+                return False
             try:
-                await self.send_part(response.conversation, parts[index])
+                platform_id = await self.send_part(response.conversation, parts[index])
             except Exception as exc:
                 return await self._send_failed(response, index, exc)
             held = await asyncio.to_thread(
-                queue.mark_chunk_delivered, response.id, self.worker, index, lease_ms=self.lease_ms
+                queue.mark_chunk_delivered,
+                response.id,
+                self.worker,
+                index,
+                lease_ms=self.lease_ms,
+                platform_id=platform_id,
             )
             if not held:
                 self.log.warning("lost response %s to another deliverer after part %s", response.id, index)
@@ -179,27 +228,75 @@ class Delivery(abc.ABC):
             await self._close_note(response.conversation, edit_key)
         return acked
 
+    def _give_back(self, response: QueuedResponse) -> None:
+        base = int(self.config.delivery_backoff_base_seconds * 1000)
+        self.rt.queue.retry_response_later(
+            response.id, self.worker, "", base_ms=base, max_ms=base, count=False
+        )
+
+    def failure_explanation(self, failure: SendFailure, *, gave_up: bool = False) -> str:
+        """The plain words a user reads about a reply that could not be delivered."""
+        label = self.platform_label or self.name.capitalize()
+        why = failure.explanation or ("it kept failing" if gave_up else "it was refused")
+        return f"{label}: {why}"
+
     async def _send_failed(self, response: QueuedResponse, index: int, exc: Exception) -> bool:
-        scope = f"delivery_attempts:{self.name}"
-        key = str(response.id)
-        attempts = int(await asyncio.to_thread(chat_state.kv_get, self.rt.db, scope, key) or 0) + 1
-        await asyncio.to_thread(chat_state.kv_set, self.rt.db, scope, key, str(attempts))
+        failure = self.classify_send_error(exc)
+        queue = self.rt.queue
+        silent = (response.metadata or {}).get("kind") in _SILENT_FAILURE_KINDS
+        explanation = None if silent else self.failure_explanation(failure)
+        if failure.permanent:
+            self.log.error(
+                "%s refused part %s of response %s to %s for good: %s",
+                self.name,
+                index,
+                response.id,
+                response.conversation,
+                failure.reason,
+            )
+            return bool(
+                await asyncio.to_thread(
+                    queue.fail_response,
+                    response.id,
+                    failure.reason,
+                    worker=self.worker,
+                    explanation=explanation,
+                )
+            )
+        retried = await asyncio.to_thread(
+            functools.partial(
+                queue.retry_response_later,
+                response.id,
+                self.worker,
+                failure.reason,
+                base_ms=int(self.config.delivery_backoff_base_seconds * 1000),
+                max_ms=int(self.config.delivery_backoff_max_seconds * 1000),
+                max_attempts=self.config.delivery_attempts,
+                explanation=None if silent else self.failure_explanation(failure, gave_up=True),
+            )
+        )
+        if retried is None:
+            return False  # another deliverer holds it now
+        if retried.failed:
+            # The platform kept failing: the reply is undeliverable, and says so — it is not "delivered".
+            self.log.error(
+                "giving up on response %s after %s attempts: %s",
+                response.id,
+                retried.attempts,
+                failure.reason,
+            )
+            return True
         self.log.warning(
-            "sending part %s of response %s to %s failed (attempt %s of %s): %s",
+            "sending part %s of response %s to %s failed (attempt %s of %s), retrying in %.1f s: %s",
             index,
             response.id,
             response.conversation,
-            attempts,
+            retried.attempts,
             self.config.delivery_attempts,
-            exc,
+            max(0, retried.due - now_ms()) / 1000,
+            failure.reason,
         )
-        if attempts >= self.config.delivery_attempts:
-            # The platform keeps refusing (a deleted chat, a blocked bot): stop retrying, keep the record.
-            self.log.error("giving up on response %s after %s attempts", response.id, attempts)
-            await asyncio.to_thread(self.rt.queue.ack_response, response.id, self.worker)
-            await asyncio.to_thread(chat_state.kv_delete, self.rt.db, scope, key)
-            return True
-        return False  # the lease runs out and the next claim retries from this part
+        return False
 
     # -- progress notes --------------------------------------------------------------------------------------
     def _note_scope(self) -> str:
@@ -290,34 +387,99 @@ class Delivery(abc.ABC):
             self.log.exception("closing progress note %s failed", edit_key)
 
     # -- the loop --------------------------------------------------------------------------------------------
-    async def deliver_once(self) -> int:
-        """Claim and deliver one batch of this channel's responses; returns how many were claimed."""
-        claimed = await asyncio.to_thread(
+    async def deliver_claimed(self, response: QueuedResponse) -> bool:
+        """:meth:`deliver` with the lease renewed meanwhile; never raises (a failure is logged and the
+        response comes back when its lease runs out)."""
+        renewer = asyncio.create_task(self._renew_lease(response.id))
+        try:
+            return await self.deliver(response)
+        except Exception:
+            self.log.exception("delivering response %s failed", response.id)
+            return False
+        finally:
+            renewer.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await renewer
+
+    async def _renew_lease(self, response_id: int) -> None:
+        interval = max(0.05, self.lease_ms / 3000)
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                held = await asyncio.to_thread(
+                    self.rt.queue.renew_response_lease, response_id, self.worker, lease_ms=self.lease_ms
+                )
+            except Exception as exc:  # a busy database: the next renewal tries again
+                self.log.info("renewing the lease of response %s failed: %s", response_id, exc)
+                continue
+            if not held:
+                return
+
+    async def _claim(self, limit: int) -> list[QueuedResponse]:
+        return await asyncio.to_thread(
             self.rt.queue.claim_responses_for_channel,
             self.name,
             self.worker,
-            limit=self.config.delivery_batch,
+            limit=limit,
             lease_ms=self.lease_ms,
         )
-        for response in claimed:
-            if self.stop_event.is_set():
-                break  # the rest of the batch returns to the pool when its lease expires
-            await self.deliver(response)
+
+    async def deliver_once(self) -> int:
+        """Claim one batch (at most one response per chat) and deliver it, chats side by side; returns how
+        many were claimed."""
+        claimed = await self._claim(self.config.delivery_batch)
+        await asyncio.gather(*(self.deliver_claimed(r) for r in claimed))
         return len(claimed)
 
     async def delivery_loop(self) -> None:
-        """Deliver until stopped: wake on database changes, with the slow poll as the fallback."""
+        """Deliver until stopped. Each claimed response is delivered in its own task, and a free slot is
+        refilled as soon as a task ends, so a chat that is slow or backing off never holds up the others.
+        Wakes on database changes, with the slow poll as the fallback."""
         waker = self.rt.waker
-        while not self.stop_event.is_set():
-            generation = waker.generation
-            try:
-                claimed = await self.deliver_once()
-            except Exception:
-                self.log.exception("delivery failed; retrying")
-                claimed = 0
-                await asyncio.sleep(1.0)
-            if claimed == 0 and not self.stop_event.is_set():
-                await waker.wait_async(generation, self.poll_interval)
+        running: dict[int, asyncio.Task[bool]] = {}
+        pruned_at = 0.0
+        try:
+            while not self.stop_event.is_set():
+                generation = waker.generation
+                free = self.config.delivery_batch - len(running)
+                if free > 0:
+                    try:
+                        claimed = await self._claim(free)
+                    except Exception:
+                        self.log.exception("claiming responses failed; retrying")
+                        claimed = []
+                        await asyncio.sleep(1.0)
+                    for response in claimed:
+                        running[response.id] = asyncio.create_task(
+                            self.deliver_claimed(response), name=f"{self.name}-deliver-{response.id}"
+                        )
+                if time.monotonic() - pruned_at > RECORD_PRUNE_INTERVAL_S:
+                    pruned_at = time.monotonic()
+                    await self._prune_records()
+                if self.stop_event.is_set():
+                    break
+                wake = asyncio.create_task(waker.wait_async(generation, self.poll_interval))
+                done, _ = await asyncio.wait({wake, *running.values()}, return_when=asyncio.FIRST_COMPLETED)
+                if wake not in done:
+                    wake.cancel()
+                    with contextlib.suppress(asyncio.CancelledError, Exception):
+                        await wake
+                for rid, task in list(running.items()):
+                    if task.done():
+                        del running[rid]
+        finally:
+            # Let the parts in flight finish: each task hands its response back at the next part.
+            if running:
+                await asyncio.wait(running.values(), timeout=10)
+                for task in running.values():
+                    task.cancel()
+
+    async def _prune_records(self) -> None:
+        try:
+            await asyncio.to_thread(self.rt.queue.prune_delivery_records, self.name)
+            await asyncio.to_thread(platform_dedupe.prune, self.rt.db, self.name)
+        except Exception as exc:
+            self.log.info("forgetting old delivery records failed: %s", exc)
 
     async def run_until_idle(self, timeout: float = 30.0) -> int:
         """Deliver until nothing claimable is left (tests); returns how many responses were claimed."""

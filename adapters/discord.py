@@ -24,6 +24,7 @@ import yarl
 from pydantic import Field
 
 from adapters.base import Channel, ChannelSettings, Inbound, safe_filename
+from adapters.delivery import SendFailure
 
 with warnings.catch_warnings():
     # discord.py imports the stdlib audioop module, deprecated since Python 3.11.
@@ -72,6 +73,8 @@ class DiscordChannel(Channel):
     limit: ClassVar[int] = 2000
     settings_model: ClassVar[type[ChannelSettings]] = DiscordSettings
     can_edit: ClassVar[bool] = True
+    platform_label: ClassVar[str] = "Discord"
+    long_reply_suffix: ClassVar[str] = ".md"
 
     config: DiscordSettings
     client: _Client | None = None
@@ -183,13 +186,25 @@ class DiscordChannel(Channel):
             found = await self.client.fetch_channel(channel_id)
         return found
 
-    async def send_text(self, conversation: str, text: str) -> None:
+    async def send_text(self, conversation: str, text: str) -> str | None:
         channel = await self._channel(conversation)
-        await channel.send(text)
+        sent = await channel.send(text)
+        return str(sent.id)
 
-    async def send_file(self, conversation: str, path: Path, caption: str) -> None:
+    async def send_file(self, conversation: str, path: Path, caption: str) -> str | None:
         channel = await self._channel(conversation)
-        await channel.send(content=caption or None, file=discord.File(path, filename=path.name))
+        sent = await channel.send(content=caption or None, file=discord.File(path, filename=path.name))
+        return str(sent.id)
+
+    def classify_send_error(self, exc: Exception) -> SendFailure:
+        reason = f"Discord: {exc}"
+        if isinstance(exc, discord.Forbidden):
+            return SendFailure(True, reason, "the bot may not post in this channel or to this user")
+        if isinstance(exc, discord.NotFound):
+            return SendFailure(True, reason, "the channel no longer exists")
+        if isinstance(exc, discord.HTTPException) and 400 <= exc.status < 500 and exc.status != 429:
+            return SendFailure(True, reason, "Discord refused the message")
+        return SendFailure(False, reason)
 
     async def send_typing(self, conversation: str) -> None:
         channel = await self._channel(conversation)

@@ -25,12 +25,21 @@ from typing import Any, ClassVar, Literal
 from pydantic import Field
 from telegram import Bot, BotCommand, Message, Update
 from telegram.constants import ChatAction
-from telegram.error import BadRequest, Conflict, NetworkError, TelegramError, TimedOut
+from telegram.error import (
+    BadRequest,
+    ChatMigrated,
+    Conflict,
+    Forbidden,
+    NetworkError,
+    TelegramError,
+    TimedOut,
+)
 from telegram.ext import AIORateLimiter, Application
 
 from adapters import chat_state
 from adapters.base import Channel, ChannelSettings, Inbound, safe_filename
 from adapters.chunking import utf16_len
+from adapters.delivery import SendFailure
 
 DEFAULT_API = "https://api.telegram.org"
 
@@ -60,6 +69,8 @@ class TelegramChannel(Channel):
     limit: ClassVar[int] = 4096
     settings_model: ClassVar[type[ChannelSettings]] = TelegramSettings
     can_edit: ClassVar[bool] = True
+    platform_label: ClassVar[str] = "Telegram"
+    long_reply_suffix: ClassVar[str] = ".md"
 
     config: TelegramSettings
     app: Application[Any, Any, Any, Any, Any, Any] | None = None
@@ -232,26 +243,42 @@ class TelegramChannel(Channel):
         return [path]
 
     # -- sending -------------------------------------------------------------------------------------------
-    async def send_text(self, conversation: str, text: str) -> None:
+    async def send_text(self, conversation: str, text: str) -> str | None:
         chat_id, thread = split_conversation(conversation)
         mode = self.config.parse_mode or None
         try:
-            await self.bot.send_message(chat_id, text, parse_mode=mode, message_thread_id=thread)
+            sent = await self.bot.send_message(chat_id, text, parse_mode=mode, message_thread_id=thread)
         except BadRequest as exc:
             if mode is None or "can't parse entities" not in str(exc).lower():
                 raise
             # The agent's Markdown is not what Telegram accepts: the words matter more than the styling.
-            await self.bot.send_message(chat_id, text, message_thread_id=thread)
+            sent = await self.bot.send_message(chat_id, text, message_thread_id=thread)
+        return str(sent.message_id)
 
-    async def send_file(self, conversation: str, path: Path, caption: str) -> None:
+    async def send_file(self, conversation: str, path: Path, caption: str) -> str | None:
         chat_id, thread = split_conversation(conversation)
-        await self.bot.send_document(
+        sent = await self.bot.send_document(
             chat_id,
             document=path.read_bytes(),
             filename=path.name,
             caption=caption[:1024] or None,
             message_thread_id=thread,
         )
+        return str(sent.message_id)
+
+    def classify_send_error(self, exc: Exception) -> SendFailure:
+        reason = f"Telegram: {exc}"
+        if isinstance(exc, Forbidden):
+            return SendFailure(True, reason, "the bot was blocked or removed from this chat")
+        if isinstance(exc, ChatMigrated):
+            return SendFailure(True, reason, "this group was moved to a new chat")
+        # BadRequest is a NetworkError in PTB: test it first. A request Telegram refuses as malformed
+        # (an unknown chat, a message too long) is refused the same way every time.
+        if isinstance(exc, BadRequest):
+            if "chat not found" in str(exc).lower():
+                return SendFailure(True, reason, "the chat could not be found")
+            return SendFailure(True, reason, "Telegram refused the message")
+        return SendFailure(False, reason)
 
     async def send_typing(self, conversation: str) -> None:
         chat_id, thread = split_conversation(conversation)

@@ -1,8 +1,31 @@
-"""Outgoing responses: claimed with a lease per channel, delivered chunk by chunk, acked."""
+"""Outgoing responses: claimed with a lease per channel, delivered chunk by chunk, acked — or failed.
+
+Responses move ``pending → delivering → acked``, or to ``failed`` when the platform refuses them for good
+(``last_error`` holds the platform's reason). A claim takes only the *oldest unfinished* response of each
+chat (channel + conversation), so within a chat replies go out in order and one at a time: a later reply
+never overtakes an earlier one that is pending, backing off, or being delivered by another process, and
+the response of a deliverer that died (lease expired) is taken again before anything after it. Responses
+without a conversation address are not a chat and are not ordered.
+
+A transient send error puts the response back to ``pending`` with ``lease_until`` as the time it may be
+tried again (its attempts are counted in ``kv``); it holds up only its own chat.
+
+Small delivery records live in ``kv`` and are written in the same transaction as the change they follow:
+
+- ``delivery_attempts`` / response id: transient failures so far;
+- ``sent:<channel>`` / platform message id: the response a sent chunk belongs to (a platform that reports
+  a failure later, such as WhatsApp's ``failed`` status, names only its own message id);
+- ``undelivered:<channel>:<conversation>`` / response id: a failed reply the user has not yet been told
+  about (JSON: when, why in plain words, the message id).
+"""
 
 from __future__ import annotations
 
+import json
+import random
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 from shared.clock import now_ms
@@ -20,6 +43,51 @@ from shared.queue_types import (
 from shared.queue_types import to_json as _json
 from shared.routing import AGENT_NAME_RE
 
+#: Delivery records (platform ids, notices owed) older than this are removed by :meth:`ResponseOps.prune_delivery_records`.
+DELIVERY_RECORD_TTL_MS = 8 * 24 * 3600 * 1000
+ATTEMPTS_SCOPE = "delivery_attempts"
+
+_CLAIM_RESPONSES = (
+    "UPDATE responses SET status = 'delivering', claimed_by = :worker, lease_until = :lease, updated_at = :now "
+    "WHERE id IN (SELECT r.id FROM responses r WHERE r.status <> 'acked' AND r.channel = :channel "
+    "AND r.status IN ('pending', 'delivering') AND (r.lease_until IS NULL OR r.lease_until < :now) "
+    # The head of its chat: no earlier unfinished response of the same conversation (pending, waiting
+    # to retry, or being delivered by anyone). `status <> 'acked'` repeats the partial index's condition.
+    "AND (r.conversation = '' OR NOT EXISTS (SELECT 1 FROM responses e WHERE e.status <> 'acked' "
+    "AND e.channel = r.channel AND e.conversation = r.conversation AND e.id < r.id "
+    "AND e.status IN ('pending', 'delivering'))) "
+    "ORDER BY r.id LIMIT :limit{skip_locked}) RETURNING *"
+)
+
+
+def _sent_scope(channel: str) -> str:
+    return f"sent:{channel}"
+
+
+def _notice_scope(channel: str, conversation: str) -> str:
+    return f"undelivered:{channel}:{conversation}"
+
+
+@dataclass(frozen=True)
+class UndeliveredNotice:
+    """A failed reply its chat has not been told about yet."""
+
+    response_id: int
+    message_id: str
+    created_at: int
+    explanation: str
+
+
+@dataclass(frozen=True)
+class RetryOutcome:
+    """What :meth:`ResponseOps.retry_response_later` did: attempts so far, when it is due, or that it
+    failed for good (attempts used up)."""
+
+    attempts: int
+    due: int
+    failed: bool
+
+
 _INSERT_RESPONSE = (
     "INSERT INTO responses (message_id, channel, sender, sender_id, message, original_message, agent, files, "
     "metadata, status, created_at, updated_at, conversation, delivered) VALUES (:message_id, :channel, "
@@ -31,7 +99,9 @@ _INSERT_RESPONSE = (
 class ResponseOps(QueueState):
     """Response operations of :class:`shared.queue.Queue`."""
 
-    _sql_claim_responses: str
+    @cached_property
+    def _claim_responses_sql(self) -> str:
+        return _CLAIM_RESPONSES.format(skip_locked=self.db.dialect.skip_locked)
 
     def _insert_response(self, tx: Tx, primary: Row, draft: ResponseDraft, now: int) -> int:
         return int(
@@ -58,11 +128,12 @@ class ResponseOps(QueueState):
     def claim_responses_for_channel(
         self, channel: str, worker: str, *, limit: int = 10, lease_ms: int | None = None
     ) -> list[QueuedResponse]:
-        """Claim up to ``limit`` undelivered responses of a channel (also ones whose deliverer died)."""
+        """Claim up to ``limit`` undelivered responses of a channel, at most one per chat: the oldest
+        unfinished one of each chat, when it is free (pending and due, or its deliverer's lease expired)."""
         now = now_ms()
         probe = self.db.read_scalar(
             "SELECT 1 FROM responses WHERE status <> 'acked' AND channel = :channel "
-            "AND (status = 'pending' OR lease_until < :now) LIMIT 1",
+            "AND status IN ('pending', 'delivering') AND (lease_until IS NULL OR lease_until < :now) LIMIT 1",
             {"channel": channel, "now": now},
         )
         if probe is None:
@@ -70,15 +141,22 @@ class ResponseOps(QueueState):
         lease = now + (lease_ms or self.config.lease_ms)
         with self.db.transaction() as tx:
             rows = tx.rows(
-                self._sql_claim_responses,
+                self._claim_responses_sql,
                 {"worker": worker, "lease": lease, "now": now, "channel": channel, "limit": max(1, limit)},
             )
         return sorted((QueuedResponse.from_row(r) for r in rows), key=lambda r: r.id)
 
     def mark_chunk_delivered(
-        self, response_id: int, worker: str, chunk_index: int, *, lease_ms: int | None = None
+        self,
+        response_id: int,
+        worker: str,
+        chunk_index: int,
+        *,
+        lease_ms: int | None = None,
+        platform_id: str | None = None,
     ) -> bool:
-        """Record that chunk ``chunk_index`` (0-based) was sent, so a restart resumes after it.
+        """Record that chunk ``chunk_index`` (0-based) was sent, so a restart resumes after it. With
+        ``platform_id`` (the platform's id of the sent message) also remember which response it belongs to.
 
         Returns False when the worker no longer holds the response or the chunk was already recorded.
         """
@@ -98,6 +176,9 @@ class ResponseOps(QueueState):
             ).rowcount
             if n:
                 mid = tx.scalar("SELECT message_id FROM responses WHERE id = :id", {"id": response_id})
+                if platform_id:
+                    channel = tx.scalar("SELECT channel FROM responses WHERE id = :id", {"id": response_id})
+                    _kv_put(tx, _sent_scope(str(channel)), platform_id, str(response_id), now)
                 append_events(
                     tx,
                     [
@@ -114,9 +195,10 @@ class ResponseOps(QueueState):
         now = now_ms()
         fence = " AND claimed_by = :worker" if worker is not None else ""
         with self.db.transaction() as tx:
+            # A failed response stays failed: an ack arriving late must not turn it into "delivered".
             row = tx.one(
                 f"UPDATE responses SET status = 'acked', acked_at = :now, updated_at = :now, lease_until = NULL "
-                f"WHERE id = :id AND status <> 'acked'{fence} RETURNING message_id",
+                f"WHERE id = :id AND status <> 'acked' AND status <> 'failed'{fence} RETURNING message_id",
                 {"now": now, "id": response_id, "worker": worker},
             )
             if row is None:
@@ -127,7 +209,175 @@ class ResponseOps(QueueState):
             append_events(
                 tx, [PendingEvent("response_acked", {"response_id": response_id}, row["message_id"])], now
             )
+            _kv_drop(tx, ATTEMPTS_SCOPE, str(response_id))
         return True
+
+    def renew_response_lease(self, response_id: int, worker: str, *, lease_ms: int | None = None) -> bool:
+        """Extend the lease of a response this worker is delivering (a slow send must not look dead)."""
+        now = now_ms()
+        with self.db.transaction() as tx:
+            n = tx.execute(
+                "UPDATE responses SET lease_until = :lease WHERE id = :id AND claimed_by = :worker "
+                "AND status = 'delivering'",
+                {"lease": now + (lease_ms or self.config.lease_ms), "id": response_id, "worker": worker},
+            ).rowcount
+        return bool(n)
+
+    def retry_response_later(
+        self,
+        response_id: int,
+        worker: str,
+        error: str,
+        *,
+        base_ms: int,
+        max_ms: int,
+        max_attempts: int | None = None,
+        explanation: str | None = None,
+        count: bool = True,
+    ) -> RetryOutcome | None:
+        """Give a response back after a transient send error: ``pending`` again, due after an exponential
+        backoff (``base_ms`` doubled per attempt, at most ``max_ms``, with jitter), resuming at its first
+        unsent chunk. Only its own chat waits. Once ``max_attempts`` transient errors have been counted it
+        is failed instead (as :meth:`fail_response`, with ``explanation``). With ``count=False`` (a clean
+        shutdown) it is due at once and costs no attempt.
+
+        Returns what happened, or None when the worker no longer holds the response.
+        """
+        now = now_ms()
+        with self.db.transaction() as tx:
+            held = tx.one(
+                "SELECT message_id FROM responses WHERE id = :id AND claimed_by = :worker "
+                "AND status = 'delivering'",
+                {"id": response_id, "worker": worker},
+            )
+            if held is None:
+                return None
+            attempts = int(
+                tx.scalar(
+                    "SELECT value FROM kv WHERE scope = :s AND key = :k",
+                    {"s": ATTEMPTS_SCOPE, "k": str(response_id)},
+                )
+                or 0
+            )
+            if not count:
+                tx.execute(
+                    "UPDATE responses SET status = 'pending', claimed_by = NULL, lease_until = NULL, "
+                    "updated_at = :now WHERE id = :id",
+                    {"now": now, "id": response_id},
+                )
+                tx.signal("responses")
+                return RetryOutcome(attempts, now, failed=False)
+            attempts += 1
+            if max_attempts is not None and attempts >= max_attempts:
+                reason = f"gave up after {attempts} attempts: {error}"
+                _fail_in_tx(tx, response_id, reason, explanation, now, "")
+                return RetryOutcome(attempts, now, failed=True)
+            _kv_put(tx, ATTEMPTS_SCOPE, str(response_id), str(attempts), now)
+            due = now + int(min(max_ms, base_ms * 2 ** (attempts - 1)) * random.uniform(0.8, 1.2))
+            tx.execute(
+                "UPDATE responses SET status = 'pending', claimed_by = NULL, lease_until = :due, "
+                "updated_at = :now, last_error = :error WHERE id = :id",
+                {"due": due, "now": now, "error": error[:1000], "id": response_id},
+            )
+            append_events(
+                tx,
+                [
+                    PendingEvent(
+                        "delivery_retry",
+                        {
+                            "response_id": response_id,
+                            "attempts": attempts,
+                            "error": error[:300],
+                            "retry_at": due,
+                        },
+                        held["message_id"],
+                    )
+                ],
+                now,
+            )
+            tx.signal("responses")
+        return RetryOutcome(attempts, due, failed=False)
+
+    def fail_response(
+        self,
+        response_id: int,
+        reason: str,
+        *,
+        worker: str | None = None,
+        explanation: str | None = None,
+    ) -> bool:
+        """Mark a response undeliverable for good (``failed``, with the platform's ``reason``); claims never
+        take it again. With ``worker``, only while that worker delivers it; without (a platform reporting a
+        failure later), also after it was acked. With ``explanation`` (plain words for the user) the chat is
+        owed a notice, given the next time the user writes (:meth:`take_undelivered_notices`).
+
+        Returns whether the response changed to failed.
+        """
+        now = now_ms()
+        fence = " AND claimed_by = :worker AND status = 'delivering'" if worker is not None else ""
+        with self.db.transaction() as tx:
+            return _fail_in_tx(tx, response_id, reason, explanation, now, fence, worker)
+
+    def response_for_platform_id(self, channel: str, platform_id: str) -> int | None:
+        """The response a message this channel sent (by the platform's message id) belongs to."""
+        value = self.db.read_scalar(
+            "SELECT value FROM kv WHERE scope = :s AND key = :k",
+            {"s": _sent_scope(channel), "k": platform_id},
+        )
+        return None if value is None else int(value)
+
+    def has_undelivered_notices(self, channel: str, conversation: str) -> bool:
+        """Whether a chat is owed a notice about a failed reply (a cheap read, no write lock)."""
+        return (
+            self.db.read_scalar(
+                "SELECT 1 FROM kv WHERE scope = :s LIMIT 1", {"s": _notice_scope(channel, conversation)}
+            )
+            is not None
+        )
+
+    def take_undelivered_notices(self, channel: str, conversation: str) -> list[UndeliveredNotice]:
+        """The failed replies a chat has not been told about, oldest first, removed in the same
+        transaction (the caller queues the notice; at most once)."""
+        scope = _notice_scope(channel, conversation)
+        with self.db.transaction() as tx:
+            rows = tx.rows("SELECT key, value FROM kv WHERE scope = :s", {"s": scope})
+            if not rows:
+                return []
+            tx.execute("DELETE FROM kv WHERE scope = :s", {"s": scope})
+        found = []
+        for r in rows:
+            try:
+                record = json.loads(r["value"])
+                found.append(
+                    UndeliveredNotice(
+                        int(r["key"]),
+                        str(record.get("message_id") or ""),
+                        int(record.get("created_at") or 0),
+                        str(record.get("explanation") or ""),
+                    )
+                )
+            except (ValueError, TypeError, AttributeError):
+                continue
+        return sorted(found, key=lambda n: n.response_id)
+
+    def failed_responses(self, *, since_ms: int = 0, limit: int = 100) -> list[QueuedResponse]:
+        """Responses that could not be delivered (newest first), for operators."""
+        rows = self.db.read(
+            "SELECT * FROM responses WHERE status <> 'acked' AND status = 'failed' AND updated_at >= :since "
+            "ORDER BY id DESC LIMIT :limit",
+            {"since": since_ms, "limit": limit},
+        )
+        return [QueuedResponse.from_row(r) for r in rows]
+
+    def prune_delivery_records(self, channel: str, *, older_than_ms: int = DELIVERY_RECORD_TTL_MS) -> int:
+        """Forget this channel's platform-id mappings and unanswered notices older than the retention."""
+        cut = now_ms() - older_than_ms
+        with self.db.transaction() as tx:
+            n = tx.execute(
+                "DELETE FROM kv WHERE (scope = :sent OR scope LIKE :notices) AND updated_at < :cut",
+                {"sent": _sent_scope(channel), "notices": _notice_scope(channel, "") + "%", "cut": cut},
+            ).rowcount
+        return int(n or 0)
 
     def enqueue_response(
         self,
@@ -176,3 +426,62 @@ class ResponseOps(QueueState):
             row = tx.one("SELECT * FROM responses WHERE id = :id", {"id": rid})
         assert row is not None
         return QueuedResponse.from_row(row)
+
+
+def _fail_in_tx(
+    tx: Tx,
+    response_id: int,
+    reason: str,
+    explanation: str | None,
+    now: int,
+    fence: str,
+    worker: str | None = None,
+) -> bool:
+    row = tx.one(
+        "UPDATE responses SET status = 'failed', last_error = :reason, lease_until = NULL, "
+        f"updated_at = :now WHERE id = :id AND status <> 'failed'{fence} "
+        "RETURNING message_id, channel, conversation, created_at",
+        {"reason": reason[:1000], "now": now, "id": response_id, "worker": worker},
+    )
+    if row is None:
+        return False
+    append_events(
+        tx,
+        [
+            PendingEvent(
+                "response_failed",
+                {"response_id": response_id, "channel": row["channel"], "reason": reason[:300]},
+                row["message_id"],
+            )
+        ],
+        now,
+    )
+    _kv_drop(tx, ATTEMPTS_SCOPE, str(response_id))
+    if explanation is not None and row["conversation"]:
+        # The user knows their message by when they sent it (the reply's own time if the row is gone).
+        asked = tx.scalar("SELECT created_at FROM messages WHERE message_id = :m", {"m": row["message_id"]})
+        record = {
+            "message_id": row["message_id"],
+            "created_at": int(asked if asked is not None else row["created_at"]),
+            "explanation": explanation,
+        }
+        _kv_put(
+            tx,
+            _notice_scope(str(row["channel"]), str(row["conversation"])),
+            str(response_id),
+            json.dumps(record, separators=(",", ":")),
+            now,
+        )
+    return True
+
+
+def _kv_put(tx: Tx, scope: str, key: str, value: str, now: int) -> None:
+    tx.execute(
+        "INSERT INTO kv (scope, key, value, updated_at) VALUES (:s, :k, :v, :now) "
+        "ON CONFLICT (scope, key) DO UPDATE SET value = excluded.value, updated_at = excluded.updated_at",
+        {"s": scope, "k": key, "v": value, "now": now},
+    )
+
+
+def _kv_drop(tx: Tx, scope: str, key: str) -> None:
+    tx.execute("DELETE FROM kv WHERE scope = :s AND key = :k", {"s": scope, "k": key})
