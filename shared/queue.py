@@ -16,6 +16,7 @@ from shared.clock import now_ms
 from shared.db import Database, Row, Tx
 from shared.events import PendingEvent, append_events
 from shared.ids import is_message_id, new_id
+from shared.notices import gave_up_notice, retry_note
 from shared.queue_admin import AdminOps
 from shared.queue_control import ControlOps
 from shared.queue_delivery import ResponseOps
@@ -45,6 +46,7 @@ from shared.queue_types import sql_in as _in
 from shared.queue_types import to_json as _json
 from shared.routing import AGENT_NAME_RE, resolve_route
 from shared.settings import Settings
+from shared.worker_identity import Holder, holder_state
 
 __all__ = [
     "INTERNAL_CHANNELS",
@@ -90,7 +92,7 @@ class Queue(ResponseOps, AdminOps, ControlOps):
         self.directory = directory or Directory.single("assistant")
         self._sql_claim = (
             "UPDATE messages SET status = 'processing', claimed_by = :worker, lease_until = :lease, "
-            "updated_at = :now WHERE id IN (SELECT id FROM messages WHERE status = 'pending' AND agent = :agent "
+            "updated_at = :now, run_started_at = NULL WHERE id IN (SELECT id FROM messages WHERE status = 'pending' AND agent = :agent "
             f"AND available_at <= :now ORDER BY id{db.dialect.skip_locked}) RETURNING *"
         )
         self._sql_claim_responses = (
@@ -110,6 +112,8 @@ class Queue(ResponseOps, AdminOps, ControlOps):
             backoff_base_ms=int(q.backoff_base_seconds * 1000),
             backoff_max_ms=int(q.backoff_max_seconds * 1000),
             max_hops=q.max_hops,
+            max_interruptions=q.max_interrupted_runs,
+            stall_ceiling_ms=int(q.stall_ceiling_seconds * 1000),
         )
         directory = Directory(
             agents=frozenset(settings.agents), teams=dict(settings.teams), default_agent=q.default_agent
@@ -511,6 +515,21 @@ class Queue(ResponseOps, AdminOps, ControlOps):
         # Jitter in [50%, 100%] keeps a herd of failures from retrying in lockstep but never retries early.
         return int(ceiling * (0.5 + random.random() / 2))
 
+    def mark_run_started(self, message_ids: Sequence[str], worker: str) -> None:
+        """Record that a run containing these claimed messages starts now: from here a crash of the
+        worker costs them an interrupted run (see :meth:`recover_stale_messages`); before, nothing.
+
+        Raises :class:`LeaseLost` (changing nothing) when the worker no longer holds every message.
+        """
+        now = now_ms()
+        with self.db.transaction() as tx:
+            rows = self._take_group(tx, message_ids, worker)
+            clause, params = _in("m", [r["message_id"] for r in rows])
+            tx.execute(
+                f"UPDATE messages SET run_started_at = :now WHERE message_id IN {clause}",
+                {"now": now, **params},
+            )
+
     def fail_messages(
         self,
         message_ids: Sequence[str],
@@ -519,49 +538,72 @@ class Queue(ResponseOps, AdminOps, ControlOps):
         *,
         count_attempt: bool = True,
         retry_after_ms: int | None = None,
+        permanent: bool = False,
+        explanation: str = "",
+        advice: str = "",
+        tell_retry: bool = False,
     ) -> FailOutcome:
-        """Fail a claimed group: back to ``pending`` after a backoff, or ``dead`` at ``max_retries``.
+        """Fail a claimed group: back to ``pending`` after a backoff, or ``dead`` at ``max_retries`` — at
+        once when ``permanent`` (an error that cannot succeed on a retry).
 
-        When messages die, the sender is told once, briefly, with a notice response. With
-        ``count_attempt=False`` (a rate limit) the attempt is not counted and ``retry_after_ms`` sets the wait.
+        ``error`` is the technical cause (kept in ``last_error`` for the operator); ``explanation`` says it
+        in a user's words and ``advice`` what they can do. When messages die, the sender is told once with a
+        notice response. With ``tell_retry`` the chat sees one note, edited on each attempt, saying the
+        message will be tried again and when. With ``count_attempt=False`` (a rate limit, a release) the
+        attempt is not counted and ``retry_after_ms`` sets the wait.
         Raises :class:`LeaseLost` (changing nothing) when the worker no longer holds every message.
         """
         now = now_ms()
         error = (error or "unknown error")[:2000]
         with self.db.transaction() as tx:
             rows = self._take_group(tx, message_ids, worker)
-            outcome = self._fail_rows(tx, rows, error, now, count_attempt, retry_after_ms)
+            outcome = self._fail_rows(
+                tx,
+                rows,
+                error,
+                now,
+                count_attempt,
+                retry_after_ms,
+                permanent=permanent,
+                explanation=explanation,
+                advice=advice,
+                tell_retry=tell_retry,
+            )
         return outcome
 
     def _fail_rows(
-        self, tx: Tx, rows: list[Row], error: str, now: int, count_attempt: bool, retry_after_ms: int | None
+        self,
+        tx: Tx,
+        rows: list[Row],
+        error: str,
+        now: int,
+        count_attempt: bool,
+        retry_after_ms: int | None,
+        *,
+        permanent: bool = False,
+        explanation: str = "",
+        advice: str = "",
+        tell_retry: bool = False,
     ) -> FailOutcome:
-        retried: list[str] = []
+        retried: list[Row] = []
         dead: list[Row] = []
         next_at: int | None = None
         events: list[PendingEvent] = []
         for row in rows:
             attempts = int(row["retry_count"]) + (1 if count_attempt else 0)
-            if count_attempt and attempts >= self.config.max_retries:
-                tx.execute(
-                    "UPDATE messages SET status = 'dead', retry_count = :n, last_error = :err, updated_at = :now, "
-                    "lease_until = NULL WHERE id = :id",
-                    {"n": attempts, "err": error, "now": now, "id": row["id"]},
-                )
+            if permanent or (count_attempt and attempts >= self.config.max_retries):
+                self._bury(tx, row, attempts, int(row["interruptions"]), error, now, events, permanent)
                 dead.append(row)
-                events.append(
-                    PendingEvent("message_dead", {"attempts": attempts, "error": error}, row["message_id"])
-                )
                 continue
             wait = retry_after_ms if retry_after_ms is not None else self.backoff_ms(max(attempts, 1))
             at = now + max(0, wait)
             next_at = at if next_at is None else min(next_at, at)
             tx.execute(
                 "UPDATE messages SET status = 'pending', retry_count = :n, last_error = :err, updated_at = :now, "
-                "available_at = :at, lease_until = NULL, claimed_by = NULL WHERE id = :id",
+                "available_at = :at, lease_until = NULL, claimed_by = NULL, run_started_at = NULL WHERE id = :id",
                 {"n": attempts, "err": error, "now": now, "at": at, "id": row["id"]},
             )
-            retried.append(row["message_id"])
+            retried.append(row)
             events.append(
                 PendingEvent(
                     "message_failed",
@@ -569,26 +611,94 @@ class Queue(ResponseOps, AdminOps, ControlOps):
                     row["message_id"],
                 )
             )
-        self._notify_dead(tx, dead, error, now, events)
+        what = explanation or _short(error)
+        if tell_retry and count_attempt and retried and next_at is not None:
+            self._note_retry(
+                tx, retried[0], int(retried[0]["retry_count"]) + 1, next_at - now, what, now, events
+            )
+        self._notify_dead(tx, dead, what, advice, permanent, now, events)
         append_events(tx, events, now)
         tx.signal("messages")
-        return FailOutcome(retried, [r["message_id"] for r in dead], next_at)
+        return FailOutcome([r["message_id"] for r in retried], [r["message_id"] for r in dead], next_at)
 
-    def _notify_dead(self, tx: Tx, dead: list[Row], error: str, now: int, events: list[PendingEvent]) -> None:
-        # One brief notice per chat, never the raw error dressed up as an answer.
+    @staticmethod
+    def _bury(
+        tx: Tx,
+        row: Row,
+        attempts: int,
+        interruptions: int,
+        error: str,
+        now: int,
+        events: list[PendingEvent],
+        permanent: bool,
+    ) -> None:
+        tx.execute(
+            "UPDATE messages SET status = 'dead', retry_count = :n, interruptions = :i, last_error = :err, "
+            "updated_at = :now, lease_until = NULL, run_started_at = NULL WHERE id = :id",
+            {"n": attempts, "i": interruptions, "err": error, "now": now, "id": row["id"]},
+        )
+        events.append(
+            PendingEvent(
+                "message_dead",
+                {
+                    "attempts": attempts,
+                    "interruptions": interruptions,
+                    "error": error,
+                    "permanent": permanent,
+                },
+                row["message_id"],
+            )
+        )
+
+    def _note_retry(
+        self, tx: Tx, row: Row, attempt: int, wait_ms: int, what: str, now: int, events: list[PendingEvent]
+    ) -> None:
+        if row["channel"] in INTERNAL_CHANNELS:
+            return
+        note = ResponseDraft(
+            message=retry_note(row["agent"], attempt, self.config.max_retries, wait_ms, what),
+            metadata={
+                "kind": "progress",
+                "edit_key": retry_edit_key(row["message_id"]),
+                "agent": row["agent"],
+            },
+        )
+        rid = self._insert_response(tx, row, note, now)
+        events.append(PendingEvent("retry_notice_queued", {"response_id": rid}, row["message_id"]))
+        tx.signal("responses")
+
+    def _notify_dead(
+        self,
+        tx: Tx,
+        dead: list[Row],
+        what: str,
+        advice: str,
+        permanent: bool,
+        now: int,
+        events: list[PendingEvent],
+    ) -> None:
+        # One notice per chat, in plain words, never the raw error dressed up as an answer. It carries the
+        # retry note's edit key, so a "trying again" note is closed by it.
         told: set[tuple[str, str]] = set()
         for row in dead:
             key = (row["channel"], row["conversation"] or row["sender_id"] or row["sender"])
             if row["channel"] in INTERNAL_CHANNELS or key in told:
                 continue
             told.add(key)
-            short = error.strip().splitlines()[0][:200] if error.strip() else "unknown error"
             notice = ResponseDraft(
-                message=(
-                    f"Sorry — I couldn't process your message after {int(row['retry_count']) + 1} attempts "
-                    f"({short}). It is kept as dead letter {row['message_id']} for an operator to retry."
+                message=gave_up_notice(
+                    row["agent"],
+                    what,
+                    row["message_id"],
+                    attempts=int(row["retry_count"]) + 1,
+                    permanent=permanent,
+                    advice=advice,
                 ),
-                metadata={"kind": "dead_notice"},
+                metadata={
+                    "kind": "dead_notice",
+                    "agent": row["agent"],
+                    "edit_key": retry_edit_key(row["message_id"]),
+                },
             )
             rid = self._insert_response(tx, row, notice, now)
             events.append(PendingEvent("dead_notice_queued", {"response_id": rid}, row["message_id"]))
@@ -596,27 +706,117 @@ class Queue(ResponseOps, AdminOps, ControlOps):
             tx.signal("responses")
 
     def recover_stale_messages(self, now: int | None = None) -> FailOutcome:
-        """Return messages whose worker's lease expired to ``pending`` (counting an attempt), or ``dead`` at
-        the limit; free expired agent leases. A live worker renews its leases and is never touched."""
+        """Take back the messages of workers that died.
+
+        A claim comes back when its holder is known to be gone (a process on this host that no longer runs:
+        at once, without waiting for the lease), or when its lease expired and its holder is not known to be
+        alive (another host). A holder on this host that is alive keeps its claims past its lease — a stalled
+        database or lease renewal is not a failure of the message — up to ``stall_ceiling_ms``.
+
+        What it costs the message: nothing when it was merely claimed (it is back at once, uncounted and
+        without a note); one *interrupted run* when a run containing it had started. Interrupted runs have
+        their own budget (``max_interruptions``), so a message that kills its processor every time still
+        ends as a dead letter, while operators' restarts do not use up its retries. Agent leases of such
+        holders are freed too.
+        """
         now = now_ms() if now is None else now
-        probe = self.db.read_scalar(
-            "SELECT 1 FROM messages WHERE status = 'processing' AND lease_until < :now LIMIT 1", {"now": now}
+        claims = self.db.read(
+            "SELECT message_id, claimed_by, lease_until FROM messages WHERE status = 'processing'"
         )
-        if probe is None:
+        holders = self.db.read("SELECT agent, holder, lease_until FROM agent_leases WHERE holder IS NOT NULL")
+        states: dict[str, Holder] = {}
+
+        def takeable(worker: str | None, lease_until: int | None) -> bool:
+            if worker is None:
+                return True
+            state = states.setdefault(worker, holder_state(worker))
+            expired = lease_until is None or int(lease_until) < now
+            if state is Holder.GONE:
+                return True
+            if state is Holder.ALIVE:
+                return lease_until is not None and int(lease_until) < now - self.config.stall_ceiling_ms
+            return expired
+
+        stale = [r["message_id"] for r in claims if takeable(r["claimed_by"], r["lease_until"])]
+        free_agents = [h["agent"] for h in holders if takeable(h["holder"], h["lease_until"])]
+        if not stale and not free_agents:
             return FailOutcome([], [], None)
+        retried: list[str] = []
+        dead: list[Row] = []
+        events: list[PendingEvent] = []
         with self.db.transaction() as tx:
-            rows = tx.rows(
-                "SELECT * FROM messages WHERE status = 'processing' AND lease_until < :now ORDER BY id",
-                {"now": now},
+            for agent in free_agents:
+                holder = next(h for h in holders if h["agent"] == agent)
+                tx.execute(
+                    "UPDATE agent_leases SET holder = NULL, lease_until = 0 WHERE agent = :a AND holder = :h",
+                    {"a": agent, "h": holder["holder"]},
+                )
+            rows: list[Row] = []
+            if stale:
+                clause, params = _in("m", stale)
+                # Re-read under the write lock: a claim completed or renewed since the look above stays.
+                rows = [
+                    r
+                    for r in tx.rows(
+                        f"SELECT * FROM messages WHERE status = 'processing' AND message_id IN {clause} ORDER BY id",
+                        params,
+                    )
+                    if takeable(r["claimed_by"], r["lease_until"])
+                ]
+            for row in rows:
+                worker = str(row["claimed_by"])
+                if row["run_started_at"] is None:
+                    tx.execute(
+                        "UPDATE messages SET status = 'pending', claimed_by = NULL, lease_until = NULL, "
+                        "available_at = :now, updated_at = :now WHERE id = :id",
+                        {"now": now, "id": row["id"]},
+                    )
+                    events.append(
+                        PendingEvent(
+                            "message_released", {"worker": worker, "reason": "worker gone"}, row["message_id"]
+                        )
+                    )
+                    retried.append(row["message_id"])
+                    continue
+                interruptions = int(row["interruptions"]) + 1
+                error = f"interrupted: the processor running it stopped (worker {worker})"
+                if interruptions >= self.config.max_interruptions:
+                    self._bury(tx, row, int(row["retry_count"]), interruptions, error, now, events, False)
+                    dead.append(row)
+                    continue
+                tx.execute(
+                    "UPDATE messages SET status = 'pending', interruptions = :i, last_error = :err, "
+                    "claimed_by = NULL, lease_until = NULL, run_started_at = NULL, available_at = :now, "
+                    "updated_at = :now WHERE id = :id",
+                    {"i": interruptions, "err": error, "now": now, "id": row["id"]},
+                )
+                events.append(
+                    PendingEvent(
+                        "message_interrupted",
+                        {"worker": worker, "interruptions": interruptions},
+                        row["message_id"],
+                    )
+                )
+                retried.append(row["message_id"])
+            self._notify_dead(
+                tx,
+                dead,
+                "the agent stopped in the middle of it every time it tried",
+                "Type /retry to try it once more; if it keeps happening, the operator can look it up.",
+                False,
+                now,
+                events,
             )
-            if not rows:
-                return FailOutcome([], [], None)
-            workers = sorted({str(r["claimed_by"]) for r in rows})
-            tx.execute(
-                "UPDATE agent_leases SET holder = NULL, lease_until = 0 WHERE holder IS NOT NULL AND lease_until < :now",
-                {"now": now},
-            )
-            outcome = self._fail_rows(
-                tx, rows, f"interrupted: the lease of worker {', '.join(workers)} expired", now, True, 0
-            )
-        return outcome
+            append_events(tx, events, now)
+            tx.signal("messages")
+        return FailOutcome(retried, [r["message_id"] for r in dead], now if retried else None)
+
+
+def retry_edit_key(message_id: str) -> str:
+    """The edit key of the one "trying again" note of a message (and of what closes it)."""
+    return f"retry_{message_id}"
+
+
+def _short(error: str) -> str:
+    line = error.strip().splitlines()[0] if error.strip() else "an unknown error"
+    return line[:200]

@@ -46,6 +46,12 @@ class QueueConfig:
     backoff_base_ms: int = 2_000
     backoff_max_ms: int = 300_000
     max_hops: int = 8
+    # Runs of one message cut short by a dying processor before it becomes a dead letter (its own budget:
+    # an operator's restarts must not use up the retries meant for errors).
+    max_interruptions: int = 10
+    # A holder on this host that is alive keeps its claims past its lease (a stalled database is not a
+    # failure of the message) — but not past this, so a hung processor cannot hold them forever.
+    stall_ceiling_ms: int = 600_000
 
 
 @dataclass(frozen=True)

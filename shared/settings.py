@@ -49,6 +49,8 @@ class QueueSettings(_Strict):
     max_retries: int = Field(default=5, ge=1, le=100)
     manual_retry_budget: int = Field(default=3, ge=0, le=100)
     lease_seconds: float = Field(default=30.0, gt=0)
+    max_interrupted_runs: int = Field(default=10, ge=1, le=100)
+    stall_ceiling_seconds: float = Field(default=600.0, gt=0)
     backoff_base_seconds: float = Field(default=2.0, ge=0)
     backoff_max_seconds: float = Field(default=300.0, ge=0)
     max_hops: int = Field(default=8, ge=0, le=64)
@@ -267,6 +269,8 @@ default_agent = "assistant"   # messages that name no known agent go here
 max_retries = 5               # failed attempts before a message becomes a dead letter
 manual_retry_budget = 3       # how often an operator may retry one dead letter
 lease_seconds = 30            # renewed while an agent runs; a dead worker's messages return after this
+                              # (at once when the worker was on this machine and is gone)
+max_interrupted_runs = 10     # runs of one message cut short by a dying processor before it is given up
 max_hops = 8                  # agent-to-agent handoffs allowed in one chain
 
 # One block per agent. Names: lowercase letters, digits, '-' and '_', up to 32 characters.

@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import os
-import secrets
-import socket
 from dataclasses import dataclass
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from shared.chat_prefs import BusyPolicy
+from shared.worker_identity import new_worker_id
 
 
 class ProcessorSettings(BaseModel):
@@ -69,5 +67,5 @@ class ProcessorStats:
 
 
 def default_worker_id() -> str:
-    """``host:pid:random``, unique per process start."""
-    return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
+    """``host:pid:start``, unique per process life (see :mod:`shared.worker_identity`)."""
+    return new_worker_id()

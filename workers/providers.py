@@ -65,8 +65,8 @@ class RunRequest:
     workspace: Path
     prompt: str
     system_prompt: str = ""
-    # The recorded session to continue (None: start a fresh conversation). Claude continues the
-    # workspace's latest conversation with -c for session_scope = agent, and --resume ID per chat.
+    # The recorded session to continue (None: start a fresh conversation). Claude resumes it as a fork
+    # (a new session id), so a run that fails leaves the recorded conversation as it was.
     session_id: str | None = None
     env: Mapping[str, str] = field(default_factory=dict)  # the child's whole environment
     timeout: float = 1800.0  # the ceiling of the whole run
@@ -90,6 +90,8 @@ class RunResult:
     pid: int | None = None
     argv: list[str] = field(default_factory=list)
     stopped_by: str = ""  # "idle" or "ceiling" when the processor killed a run that did not end by itself
+    status: int | None = None  # the HTTP status the AI service answered with, when the CLI reports it
+    cannot_start: bool = False  # the CLI is missing or its command template is broken
 
 
 class AgentProvider(Protocol):
@@ -153,6 +155,7 @@ class StreamState:
     error: str | None = None
     session_id: str | None = None
     rate_limited: bool = False
+    status: int | None = None
     last_output: float = 0.0  # time.monotonic() of the last byte the CLI wrote (stdout or stderr)
 
 
@@ -180,7 +183,11 @@ class CliProvider(abc.ABC):
         """Judge a run that exited by itself."""
         if state.error is not None:
             return RunResult(
-                ok=False, error=state.error, exit_code=exit_code, rate_limited=state.rate_limited
+                ok=False,
+                error=state.error,
+                exit_code=exit_code,
+                rate_limited=state.rate_limited,
+                status=state.status,
             )
         if exit_code != 0:
             detail = stderr.strip().splitlines()[-1] if stderr.strip() else "no error output"
@@ -195,7 +202,7 @@ class CliProvider(abc.ABC):
         try:
             argv = self.argv(request)
         except ProviderError as exc:
-            return RunResult(ok=False, error=str(exc))
+            return RunResult(ok=False, error=str(exc), cannot_start=True)
         launch = argv
         if request.orphan_guard and sys.platform.startswith("linux"):
             launch = [sys.executable, "-I", "-S", str(_LAUNCHER), str(os.getpid()), *argv]
@@ -370,10 +377,10 @@ class ClaudeProvider(CliProvider):
         argv = [find_binary("claude", request, "AGENTPOST_CLAUDE_BIN"), *s.command[1:]]
         # Partial messages: a line per streamed delta, so a long reply shows it is alive (idle timeout).
         argv += ["-p", "--output-format", "stream-json", "--verbose", "--include-partial-messages"]
-        if request.session_id and s.session_scope == "conversation":
-            argv += ["--resume", request.session_id]
-        elif request.session_id:
-            argv.append("-c")
+        if request.session_id:
+            # A fork: the run writes into a new session (its id is recorded only when the run succeeds),
+            # so a refused, failed or killed run leaves nothing in the conversation the next run resumes.
+            argv += ["--resume", request.session_id, "--fork-session"]
         if s.model:
             argv += ["--model", s.model]
         if s.fallback_model:
@@ -405,6 +412,7 @@ class ClaudeProvider(CliProvider):
             result = event.get("result")
             if event.get("is_error") or event.get("subtype") not in (None, "success"):
                 status = event.get("api_error_status")
+                state.status = status if isinstance(status, int) else _status_in(str(result or ""))
                 state.rate_limited = status in (429, 529) or looks_rate_limited(str(result or ""))
                 detail = result if isinstance(result, str) and result else str(event.get("subtype"))
                 state.error = (
@@ -428,6 +436,12 @@ _RATE_LIMIT_WORDS = (
     "limit reached",
     "overloaded",
 )
+
+
+def _status_in(text: str) -> int | None:
+    """An HTTP status named in the CLI's error text (``API Error: 400 {...}``), if any."""
+    match = re.search(r"\b(?:API Error|status)[: ]+([45]\d\d)\b", text, re.IGNORECASE)
+    return int(match.group(1)) if match else None
 
 
 def looks_rate_limited(text: str) -> bool:

@@ -31,6 +31,7 @@ from shared.runtime import Runtime
 from shared.sessions import AGENT_SCOPE_KEY, get_session, set_session
 from shared.settings import AgentSettings, Settings
 from workers.busy import WorkGroup, build_prompt, dropped_notice, resolve_policy
+from workers.errors import diagnose
 from workers.files import outbound_files
 from workers.liveness import RunInfo, RunWatch, note_target
 from workers.processor_config import ProcessorSettings, ProcessorStats
@@ -135,7 +136,9 @@ class RunSteps:
         config = self.settings.agents.get(agent)
         if config is None:
             await self._finish_failed(
-                drive, group, RunResult(ok=False, error=f"agent {agent!r} is not configured")
+                drive,
+                group,
+                RunResult(ok=False, error=f"agent {agent!r} is not configured", cannot_start=True),
             )
             return
         group.policy = await anyio.to_thread.run_sync(
@@ -179,6 +182,13 @@ class RunSteps:
             },
             primary.message_id,
         )
+        try:
+            # From here a crash of this processor costs these messages an interrupted run; before, nothing.
+            await anyio.to_thread.run_sync(self.rt.queue.mark_run_started, ids, self.worker)
+        except LeaseLost:
+            drive.lost = True
+            drive.forget(group)
+            return
         self.stats.invocations += 1
         await self._quietly(
             functools.partial(
@@ -238,7 +248,7 @@ class RunSteps:
         try:
             provider = provider_for(kind)
         except ProviderError as exc:
-            return RunResult(ok=False, error=str(exc))
+            return RunResult(ok=False, error=str(exc), cannot_start=True)
         ids = run.group.ids
 
         async def progress(text: str) -> None:
@@ -333,11 +343,19 @@ class RunSteps:
     ) -> None:
         ids = group.ids
         log.warning("agent %s: run failed for %s: %s", drive.agent, ", ".join(ids), result.error)
-        if result.rate_limited:
+        diagnosis = diagnose(result)
+        if diagnosis.kind == "rate_limit":
             await self._rate_limited(drive, group, result, on_fallback)
             return
         write = functools.partial(
-            self.rt.queue.fail_messages, ids, self.worker, result.error or "unknown error"
+            self.rt.queue.fail_messages,
+            ids,
+            self.worker,
+            result.error or "unknown error",
+            permanent=diagnosis.permanent,
+            explanation=diagnosis.explanation,
+            advice=diagnosis.advice,
+            tell_retry=True,
         )
         if await self._settle(drive, group, write):
             self.stats.failed += len(ids)

@@ -196,13 +196,15 @@ def test_a_message_whose_run_was_interrupted_by_a_crash_is_rerun_with_a_note(
         sent = rt.queue.enqueue_message(
             "telegram", "ann", "refactor the module", sender_id="7", conversation="c1"
         )
-        # A worker claims it and dies (no renewal): its lease lapses and the processor recovers it.
+        # A worker claims it, starts its run and dies (no renewal): its lease lapses and the processor
+        # recovers it, charging one interrupted run.
         assert rt.queue.claim_all_pending_messages("coder", "dead-worker", lease_ms=300)
+        rt.queue.mark_run_started([sent.message_id], "dead-worker")
         time.sleep(0.4)
         run_idle(rt, env=cli_env(api, tmp_path), include_delayed=True)
         msg = rt.queue.get_message(sent.message_id)
-        assert msg is not None and msg.status == "completed" and msg.retry_count == 1
-        assert (msg.last_error or "").startswith("interrupted")
+        assert msg is not None and msg.status == "completed" and msg.retry_count == 0
+        assert msg.interruptions == 1 and (msg.last_error or "").startswith("interrupted")
     (request,) = api.main_requests()
     assert request.last_user_text.startswith(INTERRUPTED_NOTE)
     assert request.last_user_text.endswith("refactor the module")

@@ -191,10 +191,12 @@ def test_handoff_loop_stops_at_the_hop_limit(tmp_path: Path, sqlite_url: str, ap
         assert count(rt, "SELECT COUNT(*) FROM messages WHERE status <> 'completed'") == 0
 
 
-def test_api_error_retries_with_backoff_then_dead_with_one_notice(
+def test_a_transient_api_error_retries_with_one_edited_note_then_one_plain_notice(
     tmp_path: Path, sqlite_url: str, api: FakeAnthropic
 ) -> None:
-    api.add_rule("explode", ApiError("scripted failure"))
+    api.add_rule(
+        "explode", ApiError("scripted failure", status=500, error_type="api_error", should_retry=False)
+    )
     home = _home(tmp_path, sqlite_url)
     with open_home(home) as rt:
         sent = rt.queue.enqueue_message("whatsapp", "bo", "explode", sender_id="555")
@@ -205,15 +207,57 @@ def test_api_error_retries_with_backoff_then_dead_with_one_notice(
         msg = rt.queue.get_message(sent.message_id)
         assert msg is not None and msg.status == "dead" and msg.retry_count == 3
         assert "scripted failure" in (msg.last_error or "")
-        (notice,) = _responses(rt)  # one brief notice, never the error as an answer
-        assert notice["metadata"] and "dead_notice" in str(notice["metadata"])
-        assert notice["sender_id"] == "555" and "API Error" not in notice["message"].split("(")[0]
+        *notes, notice = _responses(rt)
+        # While it was retried the chat saw one note (edited in place: one edit key) saying so.
+        assert len(notes) == 2 and all('"progress"' in str(n["metadata"]) for n in notes)
+        assert len({str(n["metadata"]).split("edit_key")[1] for n in notes}) == 1
+        assert "trying again in" in str(notes[0]["message"]) and "attempt 2 of 3" in str(notes[0]["message"])
+        text = str(notice["message"])
+        assert "dead_notice" in str(notice["metadata"]) and notice["sender_id"] == "555"
+        assert "temporary problem" in text and "/retry" in text and sent.message_id in text
+        for internal in ("API Error", "api_error", "dead letter", "operator to retry", "500"):
+            assert internal not in text, internal
         failed = rt.db.read("SELECT payload FROM events WHERE type = 'message_failed' ORDER BY id")
         assert len(failed) == 2
         assert count(rt, "SELECT COUNT(*) FROM events WHERE type = 'chain_step_start'") == 3
-    assert (
-        api.main_requests()
-    )  # the CLI itself re-sends a 400 a few times within one run; runs are counted above
+
+
+@pytest.mark.parametrize("scope", ["agent", "conversation"])
+def test_a_refused_message_fails_at_once_and_leaves_no_trace_in_the_conversation(
+    tmp_path: Path, sqlite_url: str, api: FakeAnthropic, scope: str
+) -> None:
+    api.add_rule("first question", Text("first answer"))
+    api.add_rule("poison", ApiError("this request is not acceptable"))
+    api.add_rule("second question", Text("second answer"))
+    home = _home(tmp_path, sqlite_url, coder={"session_scope": scope})
+    env = _env(api, tmp_path)
+    with open_home(home) as rt:
+
+        def send(text: str) -> str:
+            return rt.queue.enqueue_message(
+                "telegram", "ann", text, sender_id="42", conversation="chat-7"
+            ).message_id
+
+        send("first question")
+        run_idle(rt, env=env)
+        poison = send("poison")
+        stats = run_idle(rt, env=env, include_delayed=True)
+        assert stats.invocations == 1  # refused for good: no retries burnt
+        dead = rt.queue.get_message(poison)
+        assert dead is not None and dead.status == "dead"
+        api.clear()
+        send("second question")
+        run_idle(rt, env=env)
+        replies = [str(r["message"]) for r in _responses(rt)]
+        assert replies[0] == "first answer" and replies[-1] == "second answer"
+        (notice,) = replies[1:-1]  # exactly one explanation for the refused message
+        assert "refused" in notice and "this request is not acceptable" in notice and poison in notice
+        assert "api_error" not in notice and "invalid_request_error" not in notice
+        # The next request continues the conversation as it was before the refused message.
+        (request,) = api.main_requests()
+        body = str(request.body)
+        assert "first question" in body and "first answer" in body
+        assert "poison" not in body
 
 
 def test_timeout_kills_the_cli_and_its_process_group(
@@ -231,7 +275,8 @@ def test_timeout_kills_the_cli_and_its_process_group(
         pid = int(re.search(r'"pid":(\d+)', done[0]["payload"]).group(1))  # type: ignore[union-attr]
         msg = rt.queue.get_message(sent.message_id)
         assert msg is not None and msg.status == "pending" and "timed out" in (msg.last_error or "")
-        assert count(rt, "SELECT COUNT(*) FROM responses") == 0
+        (note,) = _responses(rt)  # no answer: only the note that it is being tried again
+        assert '"progress"' in str(note["metadata"]) and "time limit" in str(note["message"])
     wait_for(lambda: _group_gone(pid), 5, f"process group {pid} to be gone")
 
 
@@ -271,8 +316,12 @@ def test_missing_cli_is_a_clear_failure(tmp_path: Path, sqlite_url: str, api: Fa
         sent = rt.queue.enqueue_message("cli", "me", "hi")
         run_idle(rt, env=_env(api, tmp_path))
         msg = rt.queue.get_message(sent.message_id)
-        assert msg is not None and msg.status == "pending"
+        assert msg is not None and msg.status == "dead"  # it cannot work on a retry: no retries burnt
         assert "no-such-claude" in (msg.last_error or "") and "not an executable" in (msg.last_error or "")
+        (notice,) = _responses(rt)
+        assert "could not be started" in str(notice["message"]) and "agentpost doctor" in str(
+            notice["message"]
+        )
     assert os.path.exists(claude_binary())
 
 

@@ -192,8 +192,10 @@ def test_fail_backs_off_then_dies_with_one_notice(queue: Queue) -> None:
     assert out.dead == ids and out.retried == []
     assert {m.message_id for m in queue.list_dead()} == set(ids)
     notices = queue.list_responses(pending_only=True)
-    assert len(notices) == 1 and notices[0].metadata == {"kind": "dead_notice"}
-    assert "boom" in notices[0].message and "couldn't process" in notices[0].message
+    assert len(notices) == 1 and notices[0].metadata["kind"] == "dead_notice"
+    text = notices[0].message
+    assert "boom" in text and "could not answer" in text and "after 5 tries" in text and ids[0] in text
+    assert "/retry" in text and "dead letter" not in text
     assert now_ms() >= before
 
 
@@ -216,21 +218,79 @@ def test_renew_extends_leases_and_reports_lost_ones(queue: Queue) -> None:
     assert queue.renew_leases("w2", [mid]) == 0
 
 
-def test_recover_counts_an_attempt_and_kills_at_the_limit(queue: Queue) -> None:
+def test_recover_returns_merely_claimed_messages_uncharged(queue: Queue) -> None:
     mid = queue.enqueue_message("cli", "s", "x").message_id
-    for attempt in range(1, 6):
+    for round_ in range(1, 4):
+        assert queue.claim_all_pending_messages("alpha", f"w{round_}", lease_ms=1)
+        out = queue.recover_stale_messages(now=now_ms() + 10)
+        msg = queue.get_message(mid)
+        assert out.retried == [mid] and out.dead == []
+        assert msg is not None and msg.status == "pending" and msg.claimed_by is None
+        assert msg.retry_count == 0 and msg.interruptions == 0 and msg.last_error is None
+        assert queue.agent_holder("alpha") is None
+        _make_available(queue)
+
+
+def test_recover_charges_interrupted_runs_and_kills_at_their_limit(queue: Queue) -> None:
+    mid = queue.enqueue_message("cli", "s", "x", conversation="c").message_id
+    limit = queue.config.max_interruptions
+    for attempt in range(1, limit + 1):
         assert queue.claim_all_pending_messages("alpha", f"w{attempt}", lease_ms=1)
+        queue.mark_run_started([mid], f"w{attempt}")
         out = queue.recover_stale_messages(now=now_ms() + 10)
         _make_available(queue)
         msg = queue.get_message(mid)
-        assert msg is not None and msg.retry_count == attempt
-        if attempt < 5:
-            assert (
-                out.retried == [mid] and msg.status == "pending" and "interrupted" in (msg.last_error or "")
-            )
-            assert queue.agent_holder("alpha") is None
+        assert msg is not None and msg.interruptions == attempt and msg.retry_count == 0
+        if attempt < limit:
+            assert out.retried == [mid] and msg.status == "pending"
+            assert (msg.last_error or "").startswith("interrupted")
+            assert msg.run_started_at is None
         else:
             assert out.dead == [mid] and msg.status == "dead"
+    [notice] = queue.list_responses(pending_only=True)
+    assert notice.metadata["kind"] == "dead_notice" and "/retry" in notice.message
+
+
+def test_mark_run_started_is_fenced_by_the_claim(queue: Queue) -> None:
+    mid = queue.enqueue_message("cli", "s", "x").message_id
+    queue.claim_all_pending_messages("alpha", "w1")
+    with pytest.raises(LeaseLost):
+        queue.mark_run_started([mid], "w2")
+    msg = queue.get_message(mid)
+    assert msg is not None and msg.run_started_at is None
+
+
+def test_permanent_failure_dies_at_once_with_a_plain_notice(queue: Queue) -> None:
+    mid = queue.enqueue_message("telegram", "ann", "x", conversation="42").message_id
+    queue.claim_all_pending_messages("alpha", "w1")
+    out = queue.fail_messages(
+        [mid],
+        "w1",
+        "claude reported an error (api_error): 400 invalid_request_error",
+        permanent=True,
+        explanation="the AI service refused the request",
+    )
+    assert out.dead == [mid] and out.retried == []
+    msg = queue.get_message(mid)
+    assert msg is not None and msg.status == "dead" and msg.retry_count == 1
+    [notice] = queue.list_responses(pending_only=True)
+    assert "refused the request" in notice.message and mid in notice.message
+    assert "api_error" not in notice.message and "invalid_request_error" not in notice.message
+
+
+def test_a_counted_retry_tells_the_chat_once_per_attempt_with_one_edit_key(queue: Queue) -> None:
+    mid = queue.enqueue_message("telegram", "ann", "x", conversation="42").message_id
+    for attempt in (1, 2):
+        queue.claim_all_pending_messages("alpha", "w1")
+        queue.fail_messages(
+            [mid], "w1", "HTTP 500", explanation="the AI service had an error", tell_retry=True
+        )
+        _make_available(queue)
+    notes = queue.list_responses(pending_only=True)
+    assert [n.metadata["kind"] for n in notes] == ["progress", "progress"]
+    assert {n.metadata["edit_key"] for n in notes} == {f"retry_{mid}"}
+    assert "attempt 2 of 5" in notes[0].message and "attempt 3 of 5" in notes[1].message
+    assert "trying again in" in notes[0].message
 
 
 def test_response_delivery_claims_chunks_and_acks(queue: Queue) -> None:
@@ -360,3 +420,30 @@ def test_debounce_makes_a_burst_from_one_chat_wait_together(queue: Queue) -> Non
     assert [m.message_id for m in queue.claim_all_pending_messages("alpha", "w")] == [other_chat]
     with pytest.raises(InvalidInput):
         queue.enqueue_message("telegram", "s", "x", debounce_ms=-1)
+
+
+def test_recover_takes_a_gone_local_holder_at_once_and_leaves_a_live_one_stalled(queue: Queue) -> None:
+    import subprocess
+
+    from shared.worker_identity import Holder, holder_state, new_worker_id
+
+    child = subprocess.Popen(["sleep", "30"])
+    gone = new_worker_id(child.pid)
+    assert holder_state(gone) is Holder.ALIVE
+    child.kill()
+    child.wait()
+    assert holder_state(gone) is Holder.GONE
+    live = new_worker_id()
+    assert holder_state(live) is Holder.ALIVE
+    a = queue.enqueue_message("cli", "s", "for alpha").message_id
+    b = queue.enqueue_message("cli", "s", "@beta for beta").message_id
+    assert queue.claim_all_pending_messages("alpha", gone, lease_ms=600_000)  # lease far from expiry
+    assert queue.claim_all_pending_messages("beta", live, lease_ms=1)  # lease lapses: a "stall"
+    out = queue.recover_stale_messages(now=now_ms() + 10)
+    assert out.retried == [a]
+    kept = queue.get_message(b)
+    assert kept is not None and kept.status == "processing" and kept.claimed_by == live
+    assert queue.agent_holder("alpha") is None  # the gone holder's agent lease is free at once
+    # A live holder that has not renewed for longer than the stall ceiling is taken over after all.
+    late = now_ms() + queue.config.stall_ceiling_ms + 10
+    assert queue.recover_stale_messages(now=late).retried == [b]

@@ -1,0 +1,37 @@
+"""What a chat user reads when their message did not get an answer: the words, written once.
+
+Every text says what happened, which agent, what the user can do (send it again, ``/retry``, ``/reset``) and
+a short reference the operator can look up with ``agentpost trace``. No internal terms: no "dead letter",
+no "lease", no error codes without words around them.
+"""
+
+from __future__ import annotations
+
+import math
+
+
+def _quoted(agent: str) -> str:
+    return f"“{agent}”" if agent else "the agent"
+
+
+def retry_note(agent: str, attempt: int, max_attempts: int, wait_ms: int, what: str) -> str:
+    """The one note a chat sees while its message is being retried (edited in place on each attempt)."""
+    seconds = max(1, math.ceil(wait_ms / 1000))
+    return (
+        f"{_quoted(agent) if agent else 'The agent'} hit a problem ({what}) — trying again "
+        f"in {seconds} s (attempt {attempt + 1} of {max_attempts})."
+    )
+
+
+def gave_up_notice(
+    agent: str, what: str, ref: str, *, attempts: int, permanent: bool, advice: str = ""
+) -> str:
+    """The one reply a chat gets when its message will not be answered (it is kept for the operator)."""
+    if permanent:
+        head = f"Sorry — {_quoted(agent)} could not answer your message: {what}."
+        todo = advice or "Sending the same message again will fail the same way; change it, or type /reset."
+    else:
+        tries = f"after {attempts} tries" if attempts > 1 else ""
+        head = f"Sorry — {_quoted(agent)} could not answer your message {tries}: {what}.".replace("  ", " ")
+        todo = advice or "Type /retry to try it again, or send it again later."
+    return f"{head} {todo} (ref {ref})"
