@@ -8,6 +8,8 @@
 - ``/stop``: a stop request in the agent's lease row (:meth:`shared.queue.Queue.request_stop`) for each agent
   with work for this chat; the processor stops the run and completes its messages with a short reply.
 - ``/queue [collect|followup|interrupt|default]``: the chat's busy policy (:mod:`shared.chat_prefs`).
+- ``/retry``: the chat's last message that could not be answered goes back to the queue (within the
+  manual-retry budget an operator's ``agentpost dead retry`` shares).
 
 Every command reaches the processor only through the database; the answer is queued like any reply.
 """
@@ -19,7 +21,7 @@ from typing import TYPE_CHECKING, ClassVar, Literal
 from adapters import chat_state
 from shared.chat_prefs import BUSY_POLICIES, get_busy_policy, parse_busy_policy, set_busy_policy
 from shared.conversation_status import conversation_status, format_status
-from shared.queue import InvalidInput
+from shared.queue import InvalidInput, NotFound, RetryBudgetExhausted
 from shared.routing import AGENT_NAME_RE, resolve_route
 from shared.runtime import Runtime
 from shared.sessions import AGENT_SCOPE_KEY, clear_sessions
@@ -29,7 +31,7 @@ if TYPE_CHECKING:
     from shared.settings import Settings
 
 #: The commands :meth:`ChatCommands.run_command` answers (``/start`` is Telegram's greeting: the help).
-COMMANDS = frozenset({"agent", "team", "reset", "help", "start", "status", "stop", "queue"})
+COMMANDS = frozenset({"agent", "team", "reset", "help", "start", "status", "stop", "queue", "retry"})
 
 HELP_TEXT = """Commands:
 /agent NAME - send this chat's messages to agent NAME by default
@@ -37,6 +39,7 @@ HELP_TEXT = """Commands:
 /reset [@agent] - start a fresh conversation with the agent
 /status - what the agent is doing for this chat
 /stop - stop the agent's current run for this chat
+/retry - try again the last message here that could not be answered
 /queue [collect|followup|interrupt] - what happens to messages sent while the agent is busy
 /help - this help
 @agent alone switches this chat's default agent; @default goes back to normal routing.
@@ -113,7 +116,21 @@ class ChatCommands:
             return self._cmd_stop(message)
         if name == "queue":
             return self._cmd_queue(message, args)
+        if name == "retry":
+            return self._cmd_retry(message)
         return self._cmd_reset(message, args)
+
+    def _cmd_retry(self, message: Inbound) -> str:
+        try:
+            retried = self.rt.queue.retry_last_failed(self.name, message.conversation)
+        except NotFound:
+            return "There is no failed message in this chat to try again."
+        except RetryBudgetExhausted:
+            return (
+                "That message was already tried again as often as allowed. Send it again as a new message, "
+                "or type /reset first if the conversation seems stuck."
+            )
+        return f"Trying your message again with @{retried.agent} (ref {retried.message_id})."
 
     def _cmd_agent(self, message: Inbound, name: str, args: str) -> str:
         db = self.rt.db

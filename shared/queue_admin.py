@@ -72,6 +72,18 @@ class AdminOps(QueueState):
         assert updated is not None
         return QueuedMessage.from_row(updated)
 
+    def retry_last_failed(self, channel: str, conversation: str) -> QueuedMessage:
+        """``/retry`` in a chat: put the chat's most recent dead letter back, within the manual-retry budget
+        (:meth:`retry_dead`). Raises :class:`NotFound` when the chat has none."""
+        ref = self.db.read_scalar(
+            "SELECT message_id FROM messages WHERE status = 'dead' AND channel = :c AND conversation = :conv "
+            "ORDER BY updated_at DESC, id DESC LIMIT 1",
+            {"c": channel, "conv": conversation},
+        )
+        if ref is None:
+            raise NotFound(f"no failed message in {channel}:{conversation}")
+        return self.retry_dead(str(ref))
+
     def delete_dead(self, ref: int | str) -> QueuedMessage:
         """Delete one dead letter for good. Raises :class:`NotFound` for an unknown id."""
         where, params = self._dead_where(ref)

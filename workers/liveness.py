@@ -55,6 +55,12 @@ class RunInfo:
     notes: int = 0
     pid: int | None = None  # the CLI's pid (= its process group), known once it is spawned
     reason: str = ""  # "stop" or "interrupt" when the watch ended the run
+    # The key the run's notes and its final reply share (so a channel edits one note in place). A retry
+    # continues the "trying again" note of its message instead of starting a new one.
+    edit_key: str = ""
+
+    def __post_init__(self) -> None:
+        self.edit_key = self.edit_key or self.run_id
 
     def spawned(self, pid: int) -> None:
         """``RunRequest.on_spawn``: remember the CLI's pid (for events about a run stopped mid-way)."""
@@ -174,6 +180,6 @@ class RunWatch:
             sender_id=str(target.get("sender_id") or ""),
             conversation=str(target.get("conversation") or ""),
             agent=info.agent,
-            metadata={"kind": "progress", "edit_key": info.run_id, "agent": info.agent, "note": info.notes},
+            metadata={"kind": "progress", "edit_key": info.edit_key, "agent": info.agent, "note": info.notes},
             message_id=primary.message_id,
         )

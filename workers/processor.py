@@ -29,9 +29,17 @@ Shutdown (SIGTERM or SIGINT), the decision: stop claiming at once; let runs in p
 is killed and its messages are *released* with :meth:`~shared.queue.Queue.fail_messages` using
 ``count_attempt=False`` and no delay, so another processor (or this one after a restart) runs them at once
 and the interruption costs the message no attempt. Claimed groups that had not started are released the
-same way. A ``kill -9`` gives no chance to release: the messages then return when their leases lapse (and
-that counts as an attempt; the re-run's prompt then says its previous attempt was interrupted);
-:mod:`workers.launch` makes the CLI die with the processor.
+same way. A ``kill -9`` gives no chance to release: a restarted processor on the same host sees that the
+holder is gone (worker ids are ``host:pid:start``, :mod:`shared.worker_identity`) and takes the claims back at
+once; on another host they return when their leases lapse. Only messages whose run had started are charged,
+with an *interrupted run* (their own budget); the re-run's prompt says the previous attempt was
+interrupted, and the CLI resumes the conversation from before it (a fork), so nothing of the cut-off run
+remains. :mod:`workers.launch` makes the CLI and all its descendants die with the processor.
+
+Why claim every waiting message of the agent, and not only the group about to run: one transaction per
+agent instead of one per chat, and the busy policy needs to see what is waiting to merge it. Holding them
+costs nothing on a crash (they come back uncharged), and no other processor could run them anyway while
+this one holds the agent.
 """
 
 from __future__ import annotations

@@ -26,7 +26,7 @@ import anyio
 from shared.clock import now_ms
 from shared.conversation_status import clear_run, record_run
 from shared.ids import new_id
-from shared.queue import LeaseLost, QueuedMessage, ResponseDraft
+from shared.queue import LeaseLost, QueuedMessage, ResponseDraft, retry_edit_key
 from shared.runtime import Runtime
 from shared.sessions import AGENT_SCOPE_KEY, get_session, set_session
 from shared.settings import AgentSettings, Settings
@@ -149,6 +149,8 @@ class RunSteps:
         session = await anyio.to_thread.run_sync(get_session, self.rt.db, agent, session_key)
         run_config, on_fallback = await self._model_for(agent, config)
         run = RunInfo(agent, new_id("run"), group)
+        if any(m.retry_count for m in group.messages):
+            run.edit_key = retry_edit_key(primary.message_id)
         request = RunRequest(
             agent=agent,
             settings=run_config,
@@ -226,7 +228,7 @@ class RunSteps:
                 done["stopped_by"] = result.stopped_by
         await self._event("queue", "chain_step_done", done, primary.message_id)
         if run.reason == "stop":
-            await self._finish_stopped(drive, group, run.run_id)
+            await self._finish_stopped(drive, group, run.edit_key)
         elif run.reason == "interrupt":
             # Not completed, not failed: the group waits in front, and the next claim merges the messages
             # that interrupted it; the next run is told what it had started on. No attempt is counted.
@@ -308,7 +310,7 @@ class RunSteps:
             group.messages,
             out.text,
             out.files,
-            {"kind": "final", "edit_key": run.run_id},
+            {"kind": "final", "edit_key": run.edit_key},
         )
         for item in plan.ignored:
             await self._event("queue", "chain_handoff_ignored", {"agent": agent, **item}, primary.message_id)

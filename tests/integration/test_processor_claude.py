@@ -6,6 +6,7 @@ processor until the queue is idle, and checks the rows and events it left, and w
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import time
@@ -220,6 +221,23 @@ def test_a_transient_api_error_retries_with_one_edited_note_then_one_plain_notic
         failed = rt.db.read("SELECT payload FROM events WHERE type = 'message_failed' ORDER BY id")
         assert len(failed) == 2
         assert count(rt, "SELECT COUNT(*) FROM events WHERE type = 'chain_step_start'") == 3
+
+
+def test_a_reply_after_a_retry_closes_the_trying_again_note(
+    tmp_path: Path, sqlite_url: str, api: FakeAnthropic
+) -> None:
+    api.add_rule("flaky", ApiError("hiccup", status=500, error_type="api_error", should_retry=False), times=1)
+    api.add_rule("flaky", Text("fine now"))
+    home = _home(tmp_path, sqlite_url)
+    with open_home(home) as rt:
+        rt.queue.enqueue_message("telegram", "ann", "flaky", sender_id="42", conversation="c")
+        stats = run_idle(rt, env=_env(api, tmp_path), include_delayed=True)
+        assert stats.invocations == 2
+        note, final = _responses(rt)
+        assert "trying again" in str(note["message"]) and final["message"] == "fine now"
+        note_meta, final_meta = (json.loads(str(r["metadata"])) for r in (note, final))
+        assert note_meta["kind"] == "progress" and final_meta["kind"] == "final"
+        assert note_meta["edit_key"] == final_meta["edit_key"]  # the reply closes the note
 
 
 @pytest.mark.parametrize("scope", ["agent", "conversation"])
