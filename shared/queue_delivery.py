@@ -50,7 +50,7 @@ ATTEMPTS_SCOPE = "delivery_attempts"
 _CLAIM_RESPONSES = (
     "UPDATE responses SET status = 'delivering', claimed_by = :worker, lease_until = :lease, updated_at = :now "
     "WHERE id IN (SELECT r.id FROM responses r WHERE r.status <> 'acked' AND r.channel = :channel "
-    "AND r.status IN ('pending', 'delivering') AND (r.lease_until IS NULL OR r.lease_until < :now) "
+    "AND r.status IN ('pending', 'delivering') AND (r.lease_until IS NULL OR r.lease_until <= :now) "
     # The head of its chat: no earlier unfinished response of the same conversation (pending, waiting
     # to retry, or being delivered by anyone). `status <> 'acked'` repeats the partial index's condition.
     "AND (r.conversation = '' OR NOT EXISTS (SELECT 1 FROM responses e WHERE e.status <> 'acked' "
@@ -133,7 +133,7 @@ class ResponseOps(QueueState):
         now = now_ms()
         probe = self.db.read_scalar(
             "SELECT 1 FROM responses WHERE status <> 'acked' AND channel = :channel "
-            "AND status IN ('pending', 'delivering') AND (lease_until IS NULL OR lease_until < :now) LIMIT 1",
+            "AND status IN ('pending', 'delivering') AND (lease_until IS NULL OR lease_until <= :now) LIMIT 1",
             {"channel": channel, "now": now},
         )
         if probe is None:

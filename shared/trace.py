@@ -68,6 +68,9 @@ def _verdict(
 ) -> str:
     types = [e.type for e in events]
     if message is None:
+        finals = [r for r in responses if r["metadata"].get("kind") not in ("progress", "paused")]
+        if finals and finals[-1]["status"] != "acked":
+            return _delivery_verdict(finals[-1], now)
         if not events:
             return "unknown: no message and no event has this id (wrong id, or pruned long ago)"
         if "message_deleted" in types:
@@ -118,13 +121,30 @@ def _verdict(
         )
         if last["status"] == "acked":
             return f"{how}delivered on {last['channel']} at {_when(int(last['acked_at'] or 0))}"
-        if last["status"] == "delivering":
-            return f"reply being delivered on {last['channel']} ({last['delivered']} chunk(s) sent so far)"
-        return (
-            f"reply waiting for delivery on channel {last['channel']!r} since "
-            f"{_ago(int(last['created_at']), now)} ago: is its adapter running?"
-        )
+        return how + _delivery_verdict(last, now)
     return f"status {status}"
+
+
+def _delivery_verdict(last: dict[str, Any], now: int) -> str:
+    """Where an unacknowledged reply stands: failed for good, waiting to be re-sent, being sent, waiting."""
+    channel = last["channel"]
+    if last["status"] == "failed":
+        return (
+            f"the reply could not be delivered on {channel}: {last['last_error']}; "
+            "the user is told the next time they write in that chat"
+        )
+    if last["status"] == "delivering":
+        return f"reply being delivered on {channel} ({last['delivered']} chunk(s) sent so far)"
+    due = int(last.get("lease_until") or 0)
+    if last["status"] == "pending" and due > now:
+        return (
+            f"reply waiting to be sent again on {channel} at {_when(due)} "
+            f"({last['delivered']} chunk(s) sent so far); last error: {last['last_error']}"
+        )
+    return (
+        f"reply waiting for delivery on channel {channel!r} since "
+        f"{_ago(int(last['created_at']), now)} ago: is its adapter running?"
+    )
 
 
 def trace_message(db: Database, message_id: str) -> Trace:

@@ -350,6 +350,7 @@ class FakeTelegram(ThreadedHttpFake):
         #: unknown to the client.
         self.send_delay = 0.0
         self._sends_started = 0
+        self._chat_failures: dict[tuple[str, int], list[TelegramApiError]] = {}
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -473,6 +474,22 @@ class FakeTelegram(ThreadedHttpFake):
         parameters = {"retry_after": retry_after} if retry_after is not None else None
         with self._cond:
             queue = self._failures.setdefault(method.lower(), [])
+            queue.extend(TelegramApiError(error_code, description, parameters) for _ in range(times))
+
+    def fail_in_chat(
+        self,
+        chat_id: int,
+        method: str,
+        *,
+        error_code: int = 400,
+        description: str = "Bad Request: injected failure",
+        retry_after: int | None = None,
+        times: int = 1,
+    ) -> None:
+        """Make the next ``times`` calls of ``method`` to ``chat_id`` fail (other chats are unaffected)."""
+        parameters = {"retry_after": retry_after} if retry_after is not None else None
+        with self._cond:
+            queue = self._chat_failures.setdefault((method.lower(), chat_id), [])
             queue.extend(TelegramApiError(error_code, description, parameters) for _ in range(times))
 
     def rate_limit_next(self, method: str, *, retry_after: int = 1, times: int = 1) -> None:
@@ -683,6 +700,12 @@ class FakeTelegram(ThreadedHttpFake):
                 injected = self._failures.get(method.lower())
                 if injected:
                     raise injected.pop(0)
+                chat_id = call.chat_id
+                in_chat = (
+                    self._chat_failures.get((method.lower(), chat_id)) if isinstance(chat_id, int) else None
+                )
+                if in_chat:
+                    raise in_chat.pop(0)
             call.result = handler[1](self, call)
         except TelegramApiError as exc:
             call.error = exc.to_json()
