@@ -97,7 +97,7 @@ def test_sigkill_mid_run_then_the_rerun_is_told_it_was_interrupted(
             "the message to complete after the restart",
         )
         msg = rt.queue.get_message(sent.message_id)
-        assert msg is not None and msg.retry_count == 1 and (msg.last_error or "").startswith("interrupted")
+        assert msg is not None and msg.interruptions == 1 and (msg.last_error or "").startswith("interrupted")
         (final,) = of_kind(rt, "final")
         assert final["metadata"]["edit_key"] != start["run_id"]  # a new run, a new note to edit
     rerun = api.main_requests()[-1]
