@@ -4,11 +4,19 @@
   (``hub.verify_token`` compared in constant time) and message POSTs. Every POST's
   ``X-Hub-Signature-256`` is checked over the raw body (HMAC-SHA256 with the app secret, constant-time
   compare) before the body is parsed; a missing or wrong signature is refused with 403 and changes nothing.
-- Inbound messages are queued with the wamid as ``external_id``, so Meta's redeliveries are not queued twice;
-  the POST is answered 200 only after every message in it is committed (a 500 makes Meta retry). Delivery
-  receipts (``statuses``) are ignored.
+- Inbound messages are queued with the wamid as ``external_id``, so Meta's redeliveries are not queued twice
+  (also after the message row was pruned: :mod:`shared.platform_dedupe`). The POST is answered 200 once
+  every message in it is committed — text at once; a message with media is stored as a durable job
+  (:mod:`shared.inbound_jobs`) and its file fetched afterwards by a background task, so a webhook never
+  waits on a download, and a failed download is told to the user while their message is still answered
+  (passed on without the file). Only a database that cannot commit gets a 503 (Meta retries). A signed
+  payload of an unexpected shape is logged and acknowledged with 200: redelivering it would not help.
+- Delivery receipts (``statuses``): a ``failed`` one for a message we sent marks its response failed with
+  Meta's reason (the wamid of every sent part is remembered); the user is told when they next write.
 - Replies go through ``POST {graph}/{version}/{phone_number_id}/messages`` with backoff on the throughput
-  errors 130429 and 131056 (and 429/5xx). Files are uploaded to ``/media`` and sent as documents.
+  errors 130429 and 131056 (and 429/5xx). A refusal for good (131047: more than 24 h since the user last
+  wrote; a file type the Cloud API does not take) marks the reply failed instead of retrying it. Files are
+  uploaded to ``/media`` and sent as documents, text files as ``text/plain`` (a long reply goes as ``.txt``).
   WhatsApp cannot edit a sent message, so a run's progress notes are new messages, at most one every
   ``progress_min_interval_seconds`` (see :mod:`adapters.delivery`).
 
@@ -21,12 +29,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hashlib
 import hmac
 import json
 import mimetypes
 import random
 from collections.abc import Iterator
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -39,10 +49,38 @@ from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
 
 from adapters.base import Channel, ChannelSettings, Inbound, safe_filename
+from adapters.delivery import SendFailure
+from shared import inbound_jobs, platform_dedupe
 from shared.settings import SettingsError
 
 DEFAULT_GRAPH = "https://graph.facebook.com"
 THROUGHPUT_CODES = frozenset({130429, 131056})
+#: Errors that are about our account or Meta's side, not this reply: retried (the operator may fix them).
+RETRY_CODES = frozenset({1, 2, 4, 190, 131000, 131016, 133004})
+MEDIA_KINDS = ("document", "image", "audio", "video", "sticker")
+#: MIME types the Cloud API accepts for documents; text of any kind goes as text/plain.
+DOCUMENT_TYPES = frozenset(
+    {
+        "text/plain",
+        "application/pdf",
+        "application/msword",
+        "application/vnd.ms-excel",
+        "application/vnd.ms-powerpoint",
+        "application/vnd.openxmlformats-officedocument.wordprocessingml.document",
+        "application/vnd.openxmlformats-officedocument.spreadsheetml.sheet",
+        "application/vnd.openxmlformats-officedocument.presentationml.presentation",
+    }
+)
+_TEXT_LIKE = frozenset({"application/json", "application/xml", "application/x-yaml", "application/toml"})
+#: Plain words for WhatsApp's refusals a user may meet (error code → explanation).
+_EXPLANATIONS = {
+    131047: "more than 24 hours had passed since your last message, and WhatsApp only allows replies within "
+    "24 hours",
+    131026: "WhatsApp could not deliver it to this number",
+    131051: "WhatsApp does not support that kind of message",
+    131052: "WhatsApp could not handle the attached file",
+    131053: "WhatsApp refused the attached file",
+}
 
 
 class WhatsAppSettings(ChannelSettings):
@@ -55,10 +93,55 @@ class WhatsAppSettings(ChannelSettings):
     send_retries: int = Field(default=5, ge=0, le=20)
     backoff_base_seconds: float = Field(default=0.5, ge=0)
     backoff_max_seconds: float = Field(default=30.0, ge=0)
+    media_timeout_seconds: float = Field(default=60.0, gt=0, description="one inbound media download")
+    media_attempts: int = Field(default=3, ge=1, le=20, description="downloads tried before giving up")
+    media_poll_seconds: float = Field(default=5.0, gt=0)
 
 
 class GraphSendError(Exception):
     """The Graph API refused a request (after the retries for throughput errors)."""
+
+    def __init__(self, status: int, error: dict[str, Any]) -> None:
+        self.status = status
+        self.code = _int(error.get("code"))
+        self.title = str(error.get("message") or error.get("title") or "")
+        details = error.get("error_data")
+        self.details = str(details.get("details") or "") if isinstance(details, dict) else ""
+        super().__init__(
+            f"Graph API {status}: {self.title or error}" + (f" ({self.details})" if self.details else "")
+        )
+
+
+@dataclass(frozen=True)
+class _Parsed:
+    """One inbound message of a webhook, checked: what to queue now, or a media job to finish later."""
+
+    inbound: Inbound
+    media: dict[str, Any] | None = None
+
+
+def _int(value: Any) -> int | None:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def _dict(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+def _list(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else []
+
+
+def explain(code: int | None, text: str = "") -> str:
+    """What a WhatsApp refusal means, in plain words."""
+    if code in _EXPLANATIONS:
+        return _EXPLANATIONS[code]
+    if code == 100 and "type" in text.lower():
+        return "WhatsApp does not accept that type of file"
+    return "WhatsApp refused the message"
 
 
 def valid_signature(app_secret: str, body: bytes, header: str | None) -> bool:
@@ -83,6 +166,8 @@ class WhatsAppChannel(Channel):
     prefix: ClassVar[str] = "whatsapp"
     limit: ClassVar[int] = 4096
     settings_model: ClassVar[type[ChannelSettings]] = WhatsAppSettings
+    platform_label: ClassVar[str] = "WhatsApp"
+    long_reply_suffix: ClassVar[str] = ".txt"  # text/plain: the Cloud API refuses text/markdown documents
 
     config: WhatsAppSettings
     http: httpx.AsyncClient | None = None
@@ -123,6 +208,7 @@ class WhatsAppChannel(Channel):
         )
 
     async def open(self) -> None:
+        self.media_wake = asyncio.Event()
         self.http = httpx.AsyncClient(timeout=30.0)
         config = uvicorn.Config(
             self.webhook_app(),
@@ -153,9 +239,13 @@ class WhatsAppChannel(Channel):
 
     async def receive(self) -> None:
         assert self.server_task is not None
+        media = asyncio.create_task(self.media_loop(), name="whatsapp-media")
         stop = asyncio.create_task(self.stop_event.wait())
         done, _ = await asyncio.wait({self.server_task, stop}, return_when=asyncio.FIRST_COMPLETED)
         stop.cancel()
+        media.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await media
         if self.server_task in done:
             self.server_task.result()
             raise RuntimeError("the webhook server stopped")
@@ -177,67 +267,173 @@ class WhatsAppChannel(Channel):
             return PlainTextResponse("bad signature", status_code=403)
         try:
             payload = json.loads(body)
-        except ValueError:
-            return PlainTextResponse("body is not JSON", status_code=400)
-        inbound = list(self._messages(payload))
-        if inbound:
-            await self.test_pause_after_fetch(f"{len(inbound)} WhatsApp message(s)")
+            changes = list(self._changes(payload))
+        except Exception as exc:
+            # Signed by Meta but not what we understand: redelivering it would not help, so acknowledge.
+            self.log.warning("ignored a signed webhook payload of unexpected shape (%s): %.300r", exc, body)
+            return PlainTextResponse("ok")
+        parsed = [p for value in changes for p in self._parse_messages(value)]
+        statuses = [s for value in changes for s in _list(value.get("statuses")) if isinstance(s, dict)]
+        if parsed:
+            await self.test_pause_after_fetch(f"{len(parsed)} WhatsApp message(s)")
         try:
-            for message, contact_name in inbound:
-                await self._handle_message(message, contact_name)
+            for item in parsed:
+                await self._accept(item)
+            for status in statuses:
+                await self._on_status(status)
         except Exception:
-            self.log.exception("could not queue a webhook's messages; Meta will redeliver")
-            return PlainTextResponse("try again", status_code=500)
+            # The database could not commit: not answered, so Meta redelivers (nothing half-done is kept).
+            self.log.exception("could not store a webhook's messages; Meta will redeliver")
+            return PlainTextResponse("try again", status_code=503, headers={"Retry-After": "5"})
         return PlainTextResponse("ok")
 
-    def _messages(self, payload: Any) -> Iterator[tuple[dict[str, Any], str]]:
-        """The inbound messages of a webhook payload with the sender's profile name (receipts skipped)."""
+    def _changes(self, payload: Any) -> Iterator[dict[str, Any]]:
+        """The ``value`` objects of this phone number in a webhook payload (anything else is skipped)."""
         if not isinstance(payload, dict):
-            return
-        for entry in payload.get("entry") or []:
-            for change in entry.get("changes") or []:
-                value = change.get("value") or {}
-                number = (value.get("metadata") or {}).get("phone_number_id")
+            raise ValueError("the payload is not an object")
+        entries = payload.get("entry")
+        if entries is not None and not isinstance(entries, list):
+            raise ValueError("entry is not a list")
+        for entry in _list(entries):
+            for change in _list(_dict(entry).get("changes")):
+                value = _dict(_dict(change).get("value"))
+                number = _dict(value.get("metadata")).get("phone_number_id")
                 if number and str(number) != self.phone_number_id:
                     continue  # another number of the same app
-                names = {
-                    str(c.get("wa_id")): str((c.get("profile") or {}).get("name") or "")
-                    for c in value.get("contacts") or []
-                }
-                for message in value.get("messages") or []:
-                    yield message, names.get(str(message.get("from")), "")
+                yield value
 
-    async def _handle_message(self, message: dict[str, Any], contact_name: str) -> None:
+    def _parse_messages(self, value: dict[str, Any]) -> Iterator[_Parsed]:
+        """The inbound messages of one ``value`` that we can take in; odd ones are logged and skipped."""
+        names = {}
+        for contact in _list(value.get("contacts")):
+            contact = _dict(contact)
+            names[str(contact.get("wa_id"))] = str(_dict(contact.get("profile")).get("name") or "")
+        for message in _list(value.get("messages")):
+            try:
+                parsed = self._parse_message(_dict(message), names)
+            except Exception as exc:
+                self.log.warning("skipped a WhatsApp message of unexpected shape (%s): %.300r", exc, message)
+                continue
+            if parsed is not None:
+                yield parsed
+
+    def _parse_message(self, message: dict[str, Any], names: dict[str, str]) -> _Parsed | None:
         sender = str(message.get("from") or "")
         wamid = str(message.get("id") or "")
         kind = str(message.get("type") or "")
         if not sender or not wamid:
-            return
-        text = ""
-        files: list[Path] = []
-        if kind == "text":
-            text = str((message.get("text") or {}).get("body") or "")
-        elif kind in ("document", "image", "audio", "video"):
-            media = message.get(kind) or {}
-            text = str(media.get("caption") or "")
-            if await self.may_download(sender):
-                files.append(await self._download(sender, wamid, media, kind))
-            elif not text:
-                text = "(an attachment)"  # a stranger still gets a pairing code, but nothing is downloaded
-        else:
-            self.log.info("ignored a WhatsApp %s message from %s", kind, sender)
-            return
-        await self.handle(
-            Inbound(
-                conversation=sender,
-                sender_id=sender,
-                sender=contact_name or sender,
-                text=text,
-                external_id=wamid,
-                files=files,
-                metadata={"wamid": wamid, "type": kind},
-            )
+            return None
+        inbound = Inbound(
+            conversation=sender,
+            sender_id=sender,
+            sender=names.get(sender) or sender,
+            text="",
+            external_id=wamid,
+            metadata={"wamid": wamid, "type": kind},
         )
+        if kind == "text":
+            text = str(_dict(message.get("text")).get("body") or "")
+            return _Parsed(replace(inbound, text=text))
+        if kind in MEDIA_KINDS:
+            media = _dict(message.get(kind))
+            caption = str(media.get("caption") or "")
+            return _Parsed(replace(inbound, text=caption), media=media)
+        self.log.info("ignored a WhatsApp %s message from %s", kind, sender)
+        return None
+
+    async def _accept(self, item: _Parsed) -> None:
+        """Queue a message now, or store its media job (fetched afterwards by :meth:`media_loop`)."""
+        inbound = item.inbound
+        if item.media is None:
+            await self.handle(inbound)
+            return
+        if not await self.may_download(inbound.sender_id):
+            # A stranger still gets a pairing code, but nothing is downloaded.
+            text = inbound.text or "(an attachment)"
+            await self.handle(replace(inbound, text=text))
+            return
+        job = {
+            "conversation": inbound.conversation,
+            "sender": inbound.sender,
+            "text": inbound.text,
+            "wamid": inbound.external_id,
+            "kind": inbound.metadata.get("type", ""),
+            "media": item.media,
+            "attempts": 0,
+        }
+        wamid = inbound.external_id
+        if await asyncio.to_thread(platform_dedupe.is_seen, self.rt.db, self.name, wamid):
+            return  # a redelivery of a message already taken in
+        await asyncio.to_thread(inbound_jobs.save, self.rt.db, self.name, wamid, json.dumps(job))
+        self.media_wake.set()
+
+    # -- media, after the webhook was answered ---------------------------------------------------------------
+    async def media_loop(self) -> None:
+        """Fetch the files of stored media jobs and queue their messages, until stopped."""
+        while not self.stop_event.is_set():
+            self.media_wake.clear()
+            try:
+                jobs = await asyncio.to_thread(inbound_jobs.pending, self.rt.db, self.name)
+                for key, text in jobs:
+                    if self.stop_event.is_set():
+                        return
+                    await self._media_job(key, text)
+            except Exception:
+                self.log.exception("media jobs failed; retrying")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.media_wake.wait(), self.config.media_poll_seconds)
+
+    async def _media_job(self, key: str, text: str) -> None:
+        db = self.rt.db
+        try:
+            job = json.loads(text)
+            media = _dict(job.get("media"))
+            inbound = Inbound(
+                conversation=str(job["conversation"]),
+                sender_id=str(job["conversation"]),
+                sender=str(job.get("sender") or job["conversation"]),
+                text=str(job.get("text") or ""),
+                external_id=key,
+                metadata={"wamid": key, "type": str(job.get("kind") or "")},
+            )
+        except (ValueError, KeyError, TypeError) as exc:
+            self.log.error("dropped an unreadable media job %s: %s", key, exc)
+            await asyncio.to_thread(inbound_jobs.finish, db, self.name, key)
+            return
+        kind = str(job.get("kind") or "file")
+        try:
+            path = await asyncio.wait_for(
+                self._download(inbound.sender_id, key, media, kind), self.config.media_timeout_seconds
+            )
+        except Exception as exc:
+            attempts = int(job.get("attempts") or 0) + 1
+            reason = "it took too long" if isinstance(exc, TimeoutError) else str(exc) or type(exc).__name__
+            self.log.warning("downloading the %s of %s failed (attempt %s): %s", kind, key, attempts, reason)
+            if attempts < self.config.media_attempts:
+                job["attempts"] = attempts
+                await asyncio.to_thread(inbound_jobs.update, db, self.name, key, json.dumps(job))
+                await asyncio.sleep(min(5.0, 0.5 * 2**attempts))
+                return
+            await self._media_failed(inbound, media, kind)
+        else:
+            await self.handle(replace(inbound, files=[path]))
+        await asyncio.to_thread(inbound_jobs.finish, db, self.name, key)
+
+    async def _media_failed(self, inbound: Inbound, media: dict[str, Any], kind: str) -> None:
+        """The file could not be fetched: tell the user, and still pass their message on (without it)."""
+        name = str(media.get("filename") or f"a {kind}")
+        note = f"(The user sent {name}, but it could not be downloaded.)"
+        text = f"{inbound.text}\n{note}" if inbound.text else note
+        if await asyncio.to_thread(platform_dedupe.is_seen, self.rt.db, self.name, inbound.external_id):
+            return
+        await asyncio.to_thread(
+            self.reply,
+            inbound,
+            f"I could not fetch the file you sent ({name}). I passed your message on without it; "
+            "please send the file again if it matters.",
+            kind="media_failed",
+        )
+        await self.handle(replace(inbound, text=text))
 
     async def _download(self, sender: str, wamid: str, media: dict[str, Any], kind: str) -> Path:
         assert self.http is not None
@@ -248,14 +444,43 @@ class WhatsAppChannel(Channel):
         path = folder / f"{safe_filename(wamid)[-16:]}-{safe_filename(name)}"
         if path.exists():
             return path
+        if not media.get("id"):
+            raise ValueError("the message names no media id")
         info = await self.http.get(self._url(str(media.get("id"))), headers=self._auth)
         info.raise_for_status()
-        data = await self.http.get(str(info.json()["url"]), headers=self._auth)
+        data = await self.http.get(str(_dict(info.json())["url"]), headers=self._auth)
         data.raise_for_status()
         tmp = path.with_name(path.name + ".part")
         tmp.write_bytes(data.content)
         tmp.replace(path)
         return path
+
+    # -- receipts --------------------------------------------------------------------------------------------
+    async def _on_status(self, status: dict[str, Any]) -> None:
+        """A ``failed`` receipt for a message we sent marks its reply failed, with Meta's reason."""
+        if status.get("status") != "failed":
+            return
+        wamid = str(status.get("id") or "")
+        response_id = await asyncio.to_thread(self.rt.queue.response_for_platform_id, self.name, wamid)
+        errors = [e for e in _list(status.get("errors")) if isinstance(e, dict)]
+        error = errors[0] if errors else {}
+        code = _int(error.get("code"))
+        title = str(error.get("title") or error.get("message") or "failed")
+        details = str(_dict(error.get("error_data")).get("details") or "")
+        reason = f"WhatsApp {code}: {title}" + (f" ({details})" if details else "")
+        if response_id is None:
+            self.log.info("a message %s we do not know (any more) failed: %s", wamid, reason)
+            return
+        changed = await asyncio.to_thread(
+            functools.partial(
+                self.rt.queue.fail_response,
+                response_id,
+                reason,
+                explanation=f"WhatsApp: {explain(code, title)}",
+            )
+        )
+        if changed:
+            self.log.error("WhatsApp reported reply %s (message %s) failed: %s", response_id, wamid, reason)
 
     # -- sending -------------------------------------------------------------------------------------------
     async def _graph_post(self, edge: str, **kwargs: Any) -> dict[str, Any]:
@@ -277,14 +502,14 @@ class WhatsAppChannel(Channel):
                 or response.status_code >= 500
             )
             if not retryable or attempt == self.config.send_retries:
-                raise GraphSendError(f"Graph API {response.status_code}: {error.get('message', error)}")
+                raise GraphSendError(response.status_code, _dict(error))
             delay = min(self.config.backoff_max_seconds, self.config.backoff_base_seconds * 2**attempt)
             self.log.info("Graph API throughput limit (%s); retrying in %.2f s", error.get("code"), delay)
             await asyncio.sleep(delay * random.uniform(0.8, 1.2))
         raise AssertionError("unreachable")
 
-    async def send_text(self, conversation: str, text: str) -> None:
-        await self._graph_post(
+    async def send_text(self, conversation: str, text: str) -> str | None:
+        sent = await self._graph_post(
             "messages",
             json={
                 "messaging_product": "whatsapp",
@@ -294,9 +519,27 @@ class WhatsAppChannel(Channel):
                 "text": {"body": text, "preview_url": False},
             },
         )
+        return _wamid_of(sent)
 
-    async def send_file(self, conversation: str, path: Path, caption: str) -> None:
-        mime = mimetypes.guess_type(path.name)[0] or "application/octet-stream"
+    @staticmethod
+    def document_type(path: Path) -> str:
+        """The MIME type to upload ``path`` as: its own when the Cloud API takes it, text/plain for any text
+        (Markdown, code, JSON — the Cloud API refuses text/markdown)."""
+        mime = mimetypes.guess_type(path.name)[0] or ""
+        if mime in DOCUMENT_TYPES:
+            return mime
+        if mime.startswith("text/") or mime in _TEXT_LIKE:
+            return "text/plain"
+        if not mime:
+            try:
+                path.read_bytes()[:4096].decode("utf-8")
+            except UnicodeDecodeError:
+                return "application/octet-stream"
+            return "text/plain"
+        return mime
+
+    async def send_file(self, conversation: str, path: Path, caption: str) -> str | None:
+        mime = self.document_type(path)
         uploaded = await self._graph_post(
             "media",
             data={"messaging_product": "whatsapp", "type": mime},
@@ -305,7 +548,7 @@ class WhatsAppChannel(Channel):
         document: dict[str, Any] = {"id": str(uploaded["id"]), "filename": path.name}
         if caption:
             document["caption"] = caption[:1024]
-        await self._graph_post(
+        sent = await self._graph_post(
             "messages",
             json={
                 "messaging_product": "whatsapp",
@@ -314,3 +557,25 @@ class WhatsAppChannel(Channel):
                 "document": document,
             },
         )
+        return _wamid_of(sent)
+
+    def classify_send_error(self, exc: Exception) -> SendFailure:
+        if not isinstance(exc, GraphSendError):
+            return SendFailure(False, f"{type(exc).__name__}: {exc}")  # network trouble: try again
+        reason = f"WhatsApp {exc.code}: {exc.title}" + (f" ({exc.details})" if exc.details else "")
+        transient = (
+            exc.status == 429
+            or exc.status >= 500
+            or exc.status == 401
+            or exc.code in THROUGHPUT_CODES
+            or exc.code in RETRY_CODES
+        )
+        if transient:
+            return SendFailure(False, reason)
+        return SendFailure(True, reason, explain(exc.code, exc.title))
+
+
+def _wamid_of(result: dict[str, Any]) -> str | None:
+    messages = _list(result.get("messages"))
+    first = _dict(messages[0]) if messages else {}
+    return str(first["id"]) if first.get("id") else None

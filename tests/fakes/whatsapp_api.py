@@ -57,6 +57,34 @@ THROUGHPUT_ERRORS: dict[int, JSON] = {
     },
 }
 
+#: MIME types the Cloud API accepts for ``document`` media (others are refused at upload).
+DOCUMENT_TYPES = frozenset(
+    {
+        "text/plain",
+        "application/pdf",
+        "application/msword",
+        "application/vnd.ms-excel",
+        "application/vnd.ms-powerpoint",
+        "application/vnd.openxmlformats-officedocument.wordprocessingml.document",
+        "application/vnd.openxmlformats-officedocument.spreadsheetml.sheet",
+        "application/vnd.openxmlformats-officedocument.presentationml.presentation",
+        "image/jpeg",
+        "image/png",
+    }
+)
+
+#: The error of a free-form message sent more than 24 h after the user last wrote.
+REENGAGEMENT_ERROR: JSON = {
+    "message": "(#131047) Re-engagement message",
+    "type": "OAuthException",
+    "code": 131047,
+    "error_data": {
+        "messaging_product": "whatsapp",
+        "details": "Message failed to send because more than 24 hours have passed since the customer last "
+        "replied to this number.",
+    },
+}
+
 _MESSAGES_PATH_RE = re.compile(r"^/v(?P<version>\d+\.\d+)/(?P<phone>\d+)/(?P<edge>messages|media)/?$")
 _MEDIA_INFO_RE = re.compile(r"^/v(?P<version>\d+\.\d+)/(?P<media_id>\d+)/?$")
 _DOWNLOAD_RE = re.compile(r"^/download/(?P<media_id>\d+)$")
@@ -190,6 +218,10 @@ class FakeWhatsApp(ThreadedHttpFake):
         self._media: dict[str, WhatsAppMedia] = {}
         self._failures: list[GraphError] = []
         self._ids = itertools.count(1)
+        self._closed_windows: set[str] = set()
+        self._media_faults: dict[str, int] = {}
+        #: Seconds every media download takes (a slow CDN).
+        self.media_delay = 0.0
 
     @property
     def graph_url(self) -> str:
@@ -206,6 +238,21 @@ class FakeWhatsApp(ThreadedHttpFake):
         """Answer the next ``times`` sends with HTTP 400 and the throughput error ``code``."""
         with self._cond:
             self._failures.extend(GraphError(400, THROUGHPUT_ERRORS[code]) for _ in range(times))
+
+    def close_window(self, to: str) -> None:
+        """Refuse every later free-form message to ``to`` with error 131047 (24 h since they last wrote)."""
+        with self._cond:
+            self._closed_windows.add(to)
+
+    def open_window(self, to: str) -> None:
+        """``to`` wrote again: messages to them are accepted again."""
+        with self._cond:
+            self._closed_windows.discard(to)
+
+    def fail_media(self, media_id: str, status: int = 500) -> None:
+        """Make downloads of ``media_id`` fail with ``status``."""
+        with self._cond:
+            self._media_faults[media_id] = status
 
     def add_media(self, data: bytes, mime_type: str, filename: str = "file") -> str:
         """Store media as if a user had sent it; return the media id to put in a webhook payload."""
@@ -276,6 +323,14 @@ class FakeWhatsApp(ThreadedHttpFake):
             content_type = next((v for k, v in headers.items() if k.lower() == "content-type"), "")
             download = _DOWNLOAD_RE.match(path)
             if verb == "GET" and download:
+                if self.media_delay > 0:
+                    time.sleep(self.media_delay)
+                with self._cond:
+                    fault = self._media_faults.get(download["media_id"])
+                if fault is not None:
+                    raise GraphError(
+                        fault, {"message": "Media download failed", "type": "OAuthException", "code": 1}
+                    )
                 media = self.media(download["media_id"])
                 if media is None:
                     raise GraphError(
@@ -341,6 +396,12 @@ class FakeWhatsApp(ThreadedHttpFake):
         if "file" not in files:
             raise _invalid_parameter("The parameter file is required.")
         filename, mime_type, data = files["file"]
+        declared = fields.get("type") or mime_type
+        if declared not in DOCUMENT_TYPES:
+            raise _invalid_parameter(
+                f"Param file must be a file with one of the following types: {', '.join(sorted(DOCUMENT_TYPES))}. "
+                f"Received file of type '{declared}'."
+            )
         stored = self._store_media(data, fields.get("type") or mime_type, filename)
         return {"id": stored.media_id}
 
@@ -376,6 +437,8 @@ class FakeWhatsApp(ThreadedHttpFake):
         with self._cond:
             if self._failures:
                 raise self._failures.pop(0)
+            if to in self._closed_windows:
+                raise GraphError(400, REENGAGEMENT_ERROR)
             wamid = _wamid()
             self._sent.append(WhatsAppSent(self.phone_number_id, to, kind, body, wamid))
             self._cond.notify_all()
@@ -514,7 +577,14 @@ def status_payload(
         "recipient_id": recipient_id,
     }
     if status == "failed":
-        receipt["errors"] = [{"code": 131047, "title": "Re-engagement message"}]
+        receipt["errors"] = [
+            {
+                "code": 131047,
+                "title": "Re-engagement message",
+                "message": "Re-engagement message",
+                "error_data": {"details": REENGAGEMENT_ERROR["error_data"]["details"]},
+            }
+        ]
     else:
         receipt["conversation"] = {"id": secrets.token_hex(16), "origin": {"type": "service"}}
         receipt["pricing"] = {"billable": True, "pricing_model": "CBP", "category": "service"}
