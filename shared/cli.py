@@ -23,9 +23,11 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from shared.db import lock_wait_limit
 from shared.queue import QueueError
 from shared.runtime import Runtime, open_runtime
-from shared.settings import SettingsError, default_home, write_starter_settings
+from shared.settings import SettingsError, default_home, load_settings, write_starter_settings
+from shared.storage_errors import StorageProblem, storage_problem
 
 app = typer.Typer(
     name="agentpost",
@@ -44,11 +46,31 @@ err_console = Console(stderr=True)
 
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print JSON for scripts instead of a table.")]
 
+#: Exit status when the database refuses for now (locked, disk full, read-only, server away): sysexits'
+#: EX_TEMPFAIL, so a script can tell "try again later" from a real error.
+EXIT_STORAGE = 75
+#: How long a command waits for a lock another process holds before it says so (the processor's own
+#: writes take milliseconds; a lock held longer than this is someone else's long job).
+CLI_LOCK_WAIT_MS = 5_000
+
 
 def fail(message: str, code: int = 1) -> typer.Exit:
-    """Print an error in red and return the exit to raise."""
-    err_console.print(f"[bold red]error:[/] {escape(message)}", highlight=False)
+    """Print an error in red, on one line whatever the terminal width, and return the exit to raise."""
+    err_console.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
     return typer.Exit(code)
+
+
+def storage_failure(problem: StorageProblem) -> typer.Exit:
+    """The one-line refusal for storage trouble: its cause and the database file, no traceback."""
+    return fail(problem.describe(), EXIT_STORAGE)
+
+
+def _configured_database_url() -> str | None:
+    # Only to name the database in a message about it; a broken settings file has its own error.
+    try:
+        return load_settings().database_url
+    except Exception:
+        return None
 
 
 @app.callback()
@@ -64,19 +86,29 @@ def _main(
 
 @contextmanager
 def runtime() -> Iterator[Runtime]:
-    """Open settings, database and queue, turning expected errors into clear messages."""
-    try:
-        rt = open_runtime()
-    except SettingsError as exc:
-        raise fail(str(exc), 2) from None
-    except Exception as exc:  # a database that cannot be opened is an operator problem, not a traceback
-        raise fail(f"cannot open the database: {exc}", 2) from None
-    try:
-        yield rt
-    except QueueError as exc:
-        raise fail(str(exc)) from None
-    finally:
-        rt.close()
+    """Open settings, database and queue, turning expected errors into clear messages. A lock held by
+    another process is waited for at most :data:`CLI_LOCK_WAIT_MS`, then reported."""
+    with lock_wait_limit(CLI_LOCK_WAIT_MS):
+        try:
+            rt = open_runtime()
+        except SettingsError as exc:
+            raise fail(str(exc), 2) from None
+        except Exception as exc:  # a database that cannot be opened is an operator problem, not a traceback
+            problem = storage_problem(exc, _configured_database_url())
+            if problem is not None:
+                raise storage_failure(problem) from None
+            raise fail(f"cannot open the database: {exc}", 2) from None
+        try:
+            yield rt
+        except QueueError as exc:
+            raise fail(str(exc)) from None
+        except Exception as exc:
+            problem = storage_problem(exc, rt.db.url)
+            if problem is None:
+                raise
+            raise storage_failure(problem) from None
+        finally:
+            rt.close()
 
 
 def print_json(data: Any) -> None:
@@ -301,7 +333,18 @@ def _load_plugins() -> None:
 def main() -> None:
     """Console-script entry point."""
     _load_plugins()
-    app()
+    try:
+        app()
+    except Exception as exc:
+        # Commands that open the database their own way (plugins, doctor, run): storage trouble is still a
+        # one-line answer, not a traceback. Anything else is a bug and keeps its traceback.
+        problem = storage_problem(exc, _configured_database_url())
+        if problem is None:
+            raise
+        err_console.print(
+            f"[bold red]error:[/] {escape(problem.describe())}", highlight=False, soft_wrap=True
+        )
+        sys.exit(EXIT_STORAGE)
 
 
 if __name__ == "__main__":

@@ -33,6 +33,25 @@ Row = dict[str, Any]
 _SIGNAL_RE = re.compile(r"^[a-z_]{1,32}$")
 Params = Mapping[str, Any]
 
+#: Per thread: the most a lock wait may last there, when a caller asked for less than the busy timeout.
+_wait_limit = threading.local()
+
+
+@contextlib.contextmanager
+def lock_wait_limit(ms: int) -> Iterator[None]:
+    """Within this block, on this thread, wait at most ``ms`` for another process's lock on the database
+    (instead of the database's whole busy timeout), then fail with the usual "locked" error.
+
+    For callers a person is waiting on — a web request, a CLI command — that should rather answer "busy,
+    try again" quickly than hang for the full busy timeout behind a lock some other program holds.
+    Processes that only work in the background keep the long timeout and simply wait."""
+    previous: int | None = getattr(_wait_limit, "ms", None)
+    _wait_limit.ms = ms if previous is None else min(ms, previous)
+    try:
+        yield
+    finally:
+        _wait_limit.ms = previous
+
 
 class DBAPICursor(Protocol):
     description: Any
@@ -135,14 +154,31 @@ class Database:
         return psycopg.connect(libpq_url(self.url), autocommit=True)
 
     def connection(self) -> Any:
-        """This thread's driver connection (opened on first use)."""
+        """This thread's driver connection (opened on first use, and again after the server dropped it)."""
         conn = getattr(self._local, "conn", None)
+        if conn is not None and not self.dialect.is_sqlite and conn.closed:
+            # The server went away (restart, network cut): the next use opens a new connection, so a
+            # process resumes by itself once the server is back.
+            with self._all_lock, contextlib.suppress(ValueError):
+                self._all.remove(conn)
+            conn = None
         if conn is None:
             conn = self._open()
             self._local.conn = conn
+            self._local.wait_ms = self.busy_timeout_ms
             with self._all_lock:
                 self._all.append(conn)
+        if self.dialect.is_sqlite:
+            wanted = self.lock_wait_ms()
+            if self._local.wait_ms != wanted:
+                conn.execute(f"PRAGMA busy_timeout = {int(wanted)}")
+                self._local.wait_ms = wanted
         return conn
+
+    def lock_wait_ms(self) -> int:
+        """How long a lock wait may last on this thread now (see :func:`lock_wait_limit`)."""
+        limit: int | None = getattr(_wait_limit, "ms", None)
+        return self.busy_timeout_ms if limit is None else min(limit, self.busy_timeout_ms)
 
     def on_commit(self, listener: Callable[[set[str]], None]) -> None:
         """Call ``listener(signals)`` after each commit that raised change signals in this process."""
@@ -162,7 +198,14 @@ class Database:
             with contextlib.suppress(Exception):
                 cur.execute("ROLLBACK")
             raise
-        cur.execute(self.dialect.commit_sql(tx.signals))
+        try:
+            cur.execute(self.dialect.commit_sql(tx.signals))
+        except BaseException:
+            # A COMMIT refused by a full disk or a lock leaves the transaction open on this connection;
+            # close it, or every later use of this thread's connection would fail too.
+            with contextlib.suppress(Exception):
+                cur.execute("ROLLBACK")
+            raise
         if tx.signals:
             for listener in self._commit_listeners:
                 listener(tx.signals)
@@ -170,7 +213,7 @@ class Database:
     def _begin(self, cur: Any, begin: str) -> None:
         # The busy timeout covers ordinary waits; this loop covers the rare SQLITE_BUSY that SQLite returns
         # without waiting (a WAL checkpoint or recovery in another process), so "locked" never escapes.
-        deadline = time.monotonic() + self.busy_timeout_ms / 1000
+        deadline = time.monotonic() + self.lock_wait_ms() / 1000
         while True:
             try:
                 cur.execute(begin)
@@ -226,6 +269,10 @@ class Database:
                 if "already exists" not in str(exc) or attempt == 4:
                     raise
         self._add_missing_columns()
+        # Read first: a current schema needs no write lock, so a process (or a CLI command) can start while
+        # another program holds the database's write lock.
+        if self.read_scalar("SELECT MAX(version) FROM schema_version") == SCHEMA_VERSION:
+            return SCHEMA_VERSION
         with self.transaction() as tx:
             current = tx.scalar("SELECT MAX(version) FROM schema_version")
             if current is not None and int(current) > SCHEMA_VERSION:

@@ -92,16 +92,29 @@ class EventLog(Protocol):
     def close(self) -> None: ...
 
 
+#: The largest cursor: event ids are signed 64-bit integers in SQLite, PostgreSQL and Redis stream ids.
+MAX_CURSOR = 2**63 - 1
+
+
+def parse_cursor(cursor: str) -> int:
+    """The integer behind a client's cursor string, or :class:`ValueError` saying what is wrong with it.
+
+    Only plain decimal digits within the id range are accepted: anything else could never have been handed
+    out by this log, and a number past 64 bits would fail deep inside the database driver instead."""
+    if not cursor.isascii() or not cursor.isdigit():
+        raise ValueError(
+            f"invalid cursor {cursor[:40]!r}: a cursor is a whole number from 0 to {MAX_CURSOR}, "
+            "as this server hands out"
+        )
+    if len(cursor) > 19 or int(cursor) > MAX_CURSOR:
+        raise ValueError(f"invalid cursor {cursor[:40]!r}: cursors go up to {MAX_CURSOR}")
+    return int(cursor)
+
+
 def _cursor_int(cursor: str | None) -> int:
     if cursor is None or cursor == "":
         return 0
-    try:
-        value = int(cursor)
-    except ValueError:
-        raise ValueError(f"invalid cursor {cursor!r}: cursors are the strings this log handed out") from None
-    if value < 0:
-        raise ValueError(f"invalid cursor {cursor!r}")
-    return value
+    return parse_cursor(str(cursor))
 
 
 # -- SQL ------------------------------------------------------------------------------------------------

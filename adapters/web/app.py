@@ -2,28 +2,37 @@
 
 Endpoint names and shapes follow seed 000 (request fields in camelCase, rows with their column names). Every
 error is a JSON object ``{"error": "..."}`` with a 4xx status, and a failed request changes nothing.
+
+Storage trouble (the database locked by another program, a full disk, a read-only file, PostgreSQL out of
+reach) is a temporary refusal, never a 500: ``503`` with ``Retry-After`` and a plain sentence. A request waits
+at most ``storage_wait_seconds`` for another process's lock rather than the database's whole busy timeout
+(30 s by default), so a held lock costs each caller a moment, not half a minute.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import sqlite3
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager, suppress
 from pathlib import Path
 from typing import Annotated, Any
 
 import anyio.to_thread
+import psycopg
 from fastapi import APIRouter, Depends, FastAPI, Query, Request, WebSocket
 from fastapi import Path as PathParam
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse, PlainTextResponse, Response
 from fastapi.staticfiles import StaticFiles
 from pydantic import BaseModel, ConfigDict, Field
+from sqlalchemy.exc import SQLAlchemyError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from shared.clock import now_ms
+from shared.db import lock_wait_limit
 from shared.events import ALL_TOPICS, CursorExpired, EventLog, PendingEvent, append_events
 from shared.ids import MESSAGE_ID_RE
 from shared.queue_types import (
@@ -35,6 +44,7 @@ from shared.queue_types import (
     RetryBudgetExhausted,
 )
 from shared.runtime import Runtime
+from shared.storage_errors import storage_problem
 
 from .auth import bearer_token, host_header_is_loopback, token_matches
 from .metrics import Metrics
@@ -47,7 +57,11 @@ STATIC_DIR = Path(__file__).parent / "static"
 #: Request bodies larger than this are refused with 413 (a message may hold 200,000 characters of UTF-8).
 DEFAULT_MAX_BODY_BYTES = 1_048_576
 NAME_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,31}$"
-CURSOR_PATTERN = r"^[0-9]{1,19}$"
+#: Cursors are checked by :func:`~adapters.web.stream.valid_cursor` (400 with a reason), not by a pattern
+#: (a bare 422 "should match pattern" says nothing about the range); this only bounds the length.
+CURSOR_MAX_LENGTH = 100
+#: Default for ``create_app(storage_wait_seconds=...)``: how long a request waits for another process's lock.
+DEFAULT_STORAGE_WAIT_SECONDS = 2.0
 TOPIC_PATTERN = r"^[A-Za-z0-9_.:*-]{1,100}$"
 CONSUMER_PATTERN = r"^[A-Za-z0-9_.:-]{1,100}$"
 
@@ -96,22 +110,33 @@ class EventAckIn(_Body):
 
     consumer: str = Field(pattern=CONSUMER_PATTERN)
     topic: str = Field(pattern=TOPIC_PATTERN)
-    cursor: str = Field(pattern=CURSOR_PATTERN)
+    cursor: str = Field(min_length=1, max_length=CURSOR_MAX_LENGTH)
 
 
 # -- errors ----------------------------------------------------------------------------------------------
 class ApiError(Exception):
     """An error answered as ``{"error": message, ...extra}`` with ``status``."""
 
-    def __init__(self, status: int, message: str, **extra: Any) -> None:
+    def __init__(
+        self, status: int, message: str, *, headers: dict[str, str] | None = None, **extra: Any
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
+        self.headers = headers
         self.extra = extra
 
 
-def _error(status: int, message: str, **extra: Any) -> JSONResponse:
-    return JSONResponse({"error": message, **extra}, status_code=status)
+def _error(status: int, message: str, *, headers: dict[str, str] | None = None, **extra: Any) -> JSONResponse:
+    return JSONResponse({"error": message, **extra}, status_code=status, headers=headers)
+
+
+def _cursor(value: str | None, where: str) -> str | None:
+    """A client's cursor, checked: 400 naming ``where`` it came from when this server never hands it out."""
+    try:
+        return valid_cursor(value)
+    except ValueError as exc:
+        raise ApiError(400, f"{where}: {exc}") from None
 
 
 _QUEUE_STATUS: list[tuple[type[QueueError], int]] = [
@@ -192,9 +217,11 @@ def create_app(
     events: EventLog | None = None,
     limits: StreamLimits | None = None,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    storage_wait_seconds: float = DEFAULT_STORAGE_WAIT_SECONDS,
 ) -> FastAPI:
     """Build the web adapter over ``runtime``. ``events`` overrides the event log read by streams (the Redis
-    driver, say); by default the runtime's SQL log is used."""
+    driver, say); by default the runtime's SQL log is used. ``storage_wait_seconds`` bounds how long one
+    request waits for a lock another process holds before it is answered 503."""
     settings = runtime.settings
     queue = runtime.queue
     db = runtime.db
@@ -234,8 +261,14 @@ def create_app(
 
     api = APIRouter(prefix="/api", dependencies=[Depends(guard)])
 
+    wait_ms = max(0, int(storage_wait_seconds * 1000))
+
+    def bounded(fn: Any, *args: Any, **kwargs: Any) -> Any:
+        with lock_wait_limit(wait_ms):
+            return fn(*args, **kwargs)
+
     async def run(fn: Any, *args: Any, **kwargs: Any) -> Any:
-        return await anyio.to_thread.run_sync(lambda: fn(*args, **kwargs))
+        return await anyio.to_thread.run_sync(lambda: bounded(fn, *args, **kwargs))
 
     # -- messages ----------------------------------------------------------------------------------------
     @api.post("/message", status_code=201, summary="Queue a message")
@@ -408,10 +441,11 @@ def create_app(
 
     @api.get("/events", summary="A page of events after a cursor")
     async def events_page(
-        after: Annotated[str | None, Query(pattern=CURSOR_PATTERN)] = None,
+        after: Annotated[str | None, Query(max_length=CURSOR_MAX_LENGTH)] = None,
         topic: Annotated[str | None, Query(pattern=TOPIC_PATTERN)] = None,
         limit: Annotated[int, Query(ge=1, le=1000)] = 100,
     ) -> dict[str, Any]:
+        after = _cursor(after, "after")
         try:
             batch = await run(event_log.read, parse_topic(topic), after, limit)
         except CursorExpired as exc:
@@ -421,7 +455,8 @@ def create_app(
 
     @api.post("/events/ack", summary="Record a durable consumer's cursor")
     async def events_ack(body: EventAckIn) -> dict[str, Any]:
-        await run(event_log.ack, body.consumer, body.topic, body.cursor)
+        cursor = _cursor(body.cursor, "cursor")
+        await run(event_log.ack, body.consumer, body.topic, cursor)
         return {"ok": True}
 
     @api.get(
@@ -431,16 +466,13 @@ def create_app(
     )
     async def events_stream(
         request: Request,
-        after: Annotated[str | None, Query(pattern=CURSOR_PATTERN)] = None,
+        after: Annotated[str | None, Query(max_length=CURSOR_MAX_LENGTH)] = None,
         topic: Annotated[str | None, Query(pattern=TOPIC_PATTERN)] = None,
     ) -> Any:
         header = request.headers.get("last-event-id")
-        try:
-            cursor = valid_cursor(header) if header else valid_cursor(after)
-        except ValueError as exc:
-            raise ApiError(400, str(exc)) from None
+        cursor = _cursor(header, "Last-Event-ID") if header else _cursor(after, "after")
         if stats.clients >= limits.max_clients:
-            raise ApiError(503, "too many stream clients; retry later")
+            raise ApiError(503, "too many stream clients; retry later", headers={"Retry-After": "5"})
         return EventStreamResponse(event_log, runtime.waker, parse_topic(topic), cursor, limits, stats)
 
     app.include_router(api)
@@ -463,7 +495,10 @@ def create_app(
         try:
             await run(db.read_scalar, "SELECT 1")
         except Exception as exc:  # an unreachable database is what this endpoint exists to report
-            return _error(503, f"database unreachable: {type(exc).__name__}")
+            problem = storage_problem(exc, db.url)
+            if problem is not None:
+                return _error(503, problem.public(), headers={"Retry-After": str(problem.retry_after)})
+            return _error(503, f"database unreachable: {type(exc).__name__}", headers={"Retry-After": "5"})
         return JSONResponse({"ok": True, "database": db.dialect.name})
 
     @app.get("/metrics", summary="Prometheus metrics", response_class=PlainTextResponse)
@@ -482,7 +517,7 @@ def create_app(
     # -- error handlers ------------------------------------------------------------------------------------
     @app.exception_handler(ApiError)
     async def on_api_error(_: Request, exc: ApiError) -> JSONResponse:
-        return _error(exc.status, exc.message, **exc.extra)
+        return _error(exc.status, exc.message, headers=exc.headers, **exc.extra)
 
     @app.exception_handler(QueueError)
     async def on_queue_error(_: Request, exc: QueueError) -> JSONResponse:
@@ -503,8 +538,41 @@ def create_app(
             message = "no such endpoint"
         return JSONResponse({"error": message}, status_code=exc.status_code, headers=exc.headers)
 
+    def storage_refusal(request: Request, exc: Exception) -> JSONResponse | None:
+        problem = storage_problem(exc, db.url)
+        if problem is None:
+            return None
+        # Expected trouble, not a bug: one line for the operator (naming the file), no traceback.
+        log.warning(
+            "%s %s refused for now: %s (%s)",
+            request.method,
+            request.url.path,
+            problem.describe(),
+            problem.detail,
+        )
+        return _error(
+            503,
+            problem.public(),
+            headers={"Retry-After": str(problem.retry_after)},
+            retryAfter=problem.retry_after,
+        )
+
+    # Registered per driver error class (not only as the catch-all below): Starlette re-raises what reaches
+    # the catch-all after answering, which would print a traceback for every refused request.
+    async def on_driver_error(request: Request, exc: Exception) -> JSONResponse:
+        refusal = storage_refusal(request, exc)
+        if refusal is None:
+            raise exc  # not storage trouble: the catch-all answers 500 and logs it as a bug
+        return refusal
+
+    for driver_error in (sqlite3.Error, psycopg.Error, SQLAlchemyError, OSError):
+        app.add_exception_handler(driver_error, on_driver_error)
+
     @app.exception_handler(Exception)
-    async def on_unexpected(_: Request, exc: Exception) -> JSONResponse:
+    async def on_unexpected(request: Request, exc: Exception) -> JSONResponse:
+        refusal = storage_refusal(request, exc)
+        if refusal is not None:
+            return refusal
         log.exception("unexpected error")
         return _error(500, f"internal error ({type(exc).__name__}); see the server log")
 

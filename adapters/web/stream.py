@@ -23,7 +23,8 @@ import anyio
 import anyio.to_thread
 from starlette.responses import Response
 
-from shared.events import CursorExpired, EventEntry
+from shared.events import CursorExpired, EventEntry, parse_cursor
+from shared.storage_errors import storage_problem
 
 log = logging.getLogger("agentpost.web.stream")
 
@@ -59,6 +60,8 @@ class StreamLimits:
     heartbeat: float = 15.0
     #: Concurrent stream clients per process; more are refused with 503.
     max_clients: int = 256
+    #: Seconds between reads while the database is in trouble (locked, unreachable); the stream stays open.
+    storage_retry: float = 1.0
 
 
 @dataclass
@@ -86,12 +89,11 @@ Item = list[EventEntry] | Reset | None
 
 
 def valid_cursor(value: str | None) -> str | None:
-    """Return the cursor if it has the shape this log hands out (a non-negative integer), else raise."""
+    """Return the cursor in canonical form if this log could have handed it out (a whole number from 0 to
+    2^63−1), ``None`` for none given, else raise :class:`ValueError` with a message for the client."""
     if value is None or value == "":
         return None
-    if not value.isascii() or not value.isdigit() or len(value) > 19:
-        raise ValueError(f"invalid cursor {value!r}: cursors are the decimal ids this server hands out")
-    return str(int(value))
+    return str(parse_cursor(value))
 
 
 async def follow(
@@ -101,8 +103,18 @@ async def follow(
     after: str | None,
     limits: StreamLimits,
 ) -> AsyncIterator[Item]:
-    """Yield pages of events after ``after`` (``None``: from now on), forever, in cursor order."""
-    cursor = after if after is not None else await anyio.to_thread.run_sync(events.last_cursor)
+    """Yield pages of events after ``after`` (``None``: from now on), forever, in cursor order.
+
+    Storage trouble (the database locked, unreachable, …) pauses the follower instead of ending it: it
+    yields keep-alives and reads again from the same cursor until the database answers, so the client
+    neither loses its place nor has to reconnect."""
+    cursor = after
+    while cursor is None:
+        try:
+            cursor = await anyio.to_thread.run_sync(events.last_cursor)
+        except Exception as exc:
+            await _pause_for(exc, limits)
+            yield None
     while True:
         # Take the generation before reading: a change that lands between the read and the wait is seen.
         generation = signal.generation
@@ -112,6 +124,10 @@ async def follow(
             yield Reset(cursor, exc.retained_after)
             cursor = exc.retained_after
             continue
+        except Exception as exc:
+            await _pause_for(exc, limits)
+            yield None
+            continue
         if batch:
             cursor = batch[-1].cursor
             yield batch
@@ -119,6 +135,15 @@ async def follow(
                 continue
         if await signal.wait_async(generation, limits.heartbeat) == generation:
             yield None
+
+
+async def _pause_for(exc: Exception, limits: StreamLimits) -> None:
+    """Wait out storage trouble before the next read; re-raise anything else."""
+    problem = storage_problem(exc)
+    if problem is None:
+        raise exc
+    log.warning("event stream paused: %s (%s)", problem.describe(), problem.detail)
+    await anyio.sleep(min(limits.storage_retry, problem.retry_after))
 
 
 def entry_json(entry: EventEntry) -> str:

@@ -26,6 +26,7 @@ import anyio.to_thread
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from shared.events import ALL_TOPICS, EventLog
+from shared.storage_errors import storage_problem
 
 from .stream import ChangeSignal, Reset, StreamLimits, StreamStats, entry_json, follow, valid_cursor
 
@@ -136,6 +137,14 @@ async def serve_websocket(
                         raise ValueError(f"unknown message type {kind!r}")
                 except (ValueError, TypeError) as exc:
                     await send({"type": "error", "error": str(exc)})
+                except Exception as exc:
+                    # The database in trouble (an ack that could not be stored): say so and stay connected.
+                    problem = storage_problem(exc)
+                    if problem is None:
+                        raise
+                    await send(
+                        {"type": "error", "error": problem.public(), "retryAfter": problem.retry_after}
+                    )
             tg.cancel_scope.cancel()
     except* _TooSlow:
         log.warning("websocket client accepted nothing for %.1fs: closing it", limits.send_timeout)
