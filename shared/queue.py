@@ -12,6 +12,7 @@ import random
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from shared.chain_budget import take_chain_run
 from shared.clock import now_ms
 from shared.db import Database, Row, Tx
 from shared.events import PendingEvent, append_events
@@ -113,6 +114,7 @@ class Queue(ResponseOps, AdminOps, ControlOps):
             backoff_max_ms=int(q.backoff_max_seconds * 1000),
             max_hops=q.max_hops,
             max_interruptions=q.max_interrupted_runs,
+            max_chain_runs=q.max_chain_runs,
             stall_ceiling_ms=int(q.stall_ceiling_seconds * 1000),
         )
         directory = Directory(
@@ -451,6 +453,21 @@ class Queue(ResponseOps, AdminOps, ControlOps):
                         )
                     )
                     continue
+                root = _chain_root(draft_msg)
+                if root is not None:
+                    granted, first_refusal = take_chain_run(tx, root, self.config.max_chain_runs, now)
+                    if not granted:
+                        refused += 1
+                        events.append(
+                            PendingEvent(
+                                "chain_budget_spent",
+                                {"to": draft_msg.agent, "max_chain_runs": self.config.max_chain_runs},
+                                primary["message_id"],
+                            )
+                        )
+                        if first_refusal:
+                            self._tell_budget_spent(tx, primary, draft_msg, root, now)
+                        continue
                 mid = self._insert_draft(tx, draft_msg, now)
                 if mid is not None:
                     queued.append(mid)
@@ -489,6 +506,24 @@ class Queue(ResponseOps, AdminOps, ControlOps):
             append_events(tx, events, now)
             tx.signal("responses")
         return CompleteOutcome(response_id, queued, refused)
+
+    def _tell_budget_spent(self, tx: Tx, primary: Row, draft: MessageDraft, root: str, now: int) -> None:
+        origin = draft.metadata.get("origin") or {}
+        if origin.get("channel") in INTERNAL_CHANNELS or not origin.get("channel"):
+            return
+        notice = ResponseDraft(
+            message=(
+                f"The agents have used up the {self.config.max_chain_runs} runs one message may set off, so they "
+                "stopped handing your request on to each other. Their answers so far are above; send a new "
+                f"message to carry on. (ref {root})"
+            ),
+            metadata={"kind": "budget_notice", "agent": draft.from_agent or primary["agent"]},
+            channel=str(origin["channel"]),
+            sender=str(origin.get("sender") or ""),
+            sender_id=str(origin.get("sender_id") or ""),
+            conversation=str(origin.get("conversation") or ""),
+        )
+        self._insert_response(tx, primary, notice, now)
 
     def _insert_draft(self, tx: Tx, draft: MessageDraft, now: int) -> str | None:
         params = {
@@ -815,6 +850,13 @@ class Queue(ResponseOps, AdminOps, ControlOps):
 def retry_edit_key(message_id: str) -> str:
     """The edit key of the one "trying again" note of a message (and of what closes it)."""
     return f"retry_{message_id}"
+
+
+def _chain_root(draft: MessageDraft) -> str | None:
+    """The user message a handoff's chain started from (its run budget is counted against it)."""
+    origin = draft.metadata.get("origin")
+    root = origin.get("message_id") if isinstance(origin, Mapping) else None
+    return str(root) if root else None
 
 
 def _short(error: str) -> str:

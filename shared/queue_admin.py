@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from shared.chain_budget import prune_chain_budgets
 from shared.clock import now_ms
 from shared.events import PendingEvent, append_events
 from shared.ids import is_message_id
@@ -160,4 +161,5 @@ class AdminOps(QueueState):
                 "DELETE FROM messages WHERE status = 'completed' AND updated_at < :cut",
                 {"cut": now - completed_older_ms},
             ).rowcount
+            prune_chain_budgets(tx, now - completed_older_ms)
         return {"messages": messages, "responses": responses}

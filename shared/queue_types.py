@@ -46,6 +46,8 @@ class QueueConfig:
     backoff_base_ms: int = 2_000
     backoff_max_ms: int = 300_000
     max_hops: int = 8
+    # Agent runs one user message may set off through handoffs and chat rooms (its own run included).
+    max_chain_runs: int = 10
     # Runs of one message cut short by a dying processor before it becomes a dead letter (its own budget:
     # an operator's restarts must not use up the retries meant for errors).
     max_interruptions: int = 10

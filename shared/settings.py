@@ -54,6 +54,7 @@ class QueueSettings(_Strict):
     backoff_base_seconds: float = Field(default=2.0, ge=0)
     backoff_max_seconds: float = Field(default=300.0, ge=0)
     max_hops: int = Field(default=8, ge=0, le=64)
+    max_chain_runs: int = Field(default=10, ge=1, le=1000)
     poll_interval_seconds: float = Field(default=5.0, gt=0)
     wake_interval_ms: int = Field(default=20, ge=1, le=5_000)
     # Chat channels hold a message this long (sliding with each new one) so a burst becomes one run.
@@ -76,7 +77,8 @@ class AgentSettings(_Strict):
     fallback_model: str = ""
     system_prompt: str = ""
     permission_mode: Literal["default", "acceptEdits", "bypassPermissions", "dontAsk", "plan"] = "acceptEdits"
-    session_scope: Literal["agent", "conversation"] = "agent"
+    # One private CLI conversation per chat by default; "agent" shares one across every chat (opt-in).
+    session_scope: Literal["agent", "conversation"] = "conversation"
     timeout_seconds: float = Field(default=1800.0, gt=0)
     command: list[str] = Field(default_factory=list)
     workspace: str = ""
@@ -272,6 +274,7 @@ lease_seconds = 30            # renewed while an agent runs; a dead worker's mes
                               # (at once when the worker was on this machine and is gone)
 max_interrupted_runs = 10     # runs of one message cut short by a dying processor before it is given up
 max_hops = 8                  # agent-to-agent handoffs allowed in one chain
+max_chain_runs = 10           # agent runs one user message may set off in all (handoffs, chat rooms)
 
 # One block per agent. Names: lowercase letters, digits, '-' and '_', up to 32 characters.
 [agents.assistant]
@@ -279,7 +282,7 @@ name = "Assistant"
 provider = "claude"           # claude | codex | command
 model = ""                    # empty: the CLI's default model
 permission_mode = "acceptEdits"
-session_scope = "agent"       # agent: one conversation per agent; conversation: one per chat
+session_scope = "conversation"  # one private conversation per chat; "agent": one shared by every chat
 timeout_seconds = 1800
 
 # A team routes '@team ...' to its leader; members hand work to each other with [@name: ...].

@@ -2,7 +2,9 @@
 
 The scripted CLI (:data:`AGENT_SCRIPT`) is a real program run by the ``command`` provider: it reads the
 prompt on stdin, appends ``start``/``end`` lines (agent, epoch seconds, pid) to an invocation log, sleeps
-when the prompt asks for it, and prints a reply. The log is how tests see from outside which runs overlapped.
+when the prompt asks for it, and prints a reply. The log is how tests see from outside which runs overlapped;
+it is ``runs.log`` beside the script (agent CLIs get only an allowlisted environment, so no ``AGENT_LOG``
+reaches them unless an agent's ``env`` table names it).
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 #: ``sleep=SECONDS``, ``fail`` (exit 3), ``spawn`` (start a child ``sleep`` and record its pid).
 AGENT_SCRIPT = r"""
 import json, os, subprocess, sys, time
-log = os.environ["AGENT_LOG"]
+log = os.environ.get("AGENT_LOG") or os.path.join(os.path.dirname(os.path.abspath(__file__)), "runs.log")
 agent = os.environ.get("AGENTPOST_AGENT", "?")
 prompt = sys.stdin.read()
 def note(kind):

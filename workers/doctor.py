@@ -6,8 +6,8 @@ import os
 from pathlib import Path
 
 from shared.doctor import Check
-from shared.settings import Settings
-from workers.providers import ProviderError, RunRequest, child_env, find_binary
+from shared.settings import AgentSettings, Settings
+from workers.providers import ProviderError, RunRequest, child_env, find_binary, passes_to_agent
 
 _BINARIES = {"claude": ("claude", "AGENTPOST_CLAUDE_BIN"), "codex": ("codex", "AGENTPOST_CODEX_BIN")}
 
@@ -26,6 +26,27 @@ def _claude_login(env: dict[str, str]) -> Check | None:
         f"no Claude login found (no ANTHROPIC_API_KEY, no {home / '.claude' / '.credentials.json'})",
         "run `claude` once and log in, or set ANTHROPIC_API_KEY for the processor",
     )
+
+
+def _privacy(name: str, agent: AgentSettings, settings: Settings, env: dict[str, str]) -> list[Check]:
+    """What the agent's CLI will receive (names only) and whether its conversation is shared."""
+    withheld = sorted(k for k in settings.env if not passes_to_agent(k, agent.provider) and k not in agent.env)
+    detail = f"receives {', '.join(sorted(env)) or 'nothing'}"
+    if withheld:
+        detail += f"; withheld from it: {', '.join(withheld)}"
+    found = [Check("agents", f"agent {name} environment", "ok", detail)]
+    if agent.session_scope == "agent":
+        found.append(
+            Check(
+                "agents",
+                f"agent {name} conversation",
+                "warn",
+                "one conversation is shared by every chat (session_scope = \"agent\"): what one person says is "
+                "context for the answers another person gets",
+                f"remove session_scope from [agents.{name}] for one private conversation per chat",
+            )
+        )
+    return found
 
 
 def checks(settings: Settings) -> list[Check]:
@@ -60,6 +81,7 @@ def checks(settings: Settings) -> list[Check]:
             found.append(Check("agents", f"agent {name}", "fail", f"{path} is not executable"))
             continue
         found.append(Check("agents", f"agent {name} ({agent.provider})", "ok", f"CLI at {path}"))
+        found.extend(_privacy(name, agent, settings, env))
         if agent.provider == "claude" and not login_checked:
             login_checked = True
             missing = _claude_login(env)

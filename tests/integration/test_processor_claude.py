@@ -101,7 +101,7 @@ def test_continue_then_reset_starts_a_new_conversation(
     api.add_rule(
         None, Computed(lambda body: f"turns={sum(1 for m in body['messages'] if m['role'] == 'user')}")
     )
-    home = _home(tmp_path, sqlite_url)
+    home = _home(tmp_path, sqlite_url, coder={"session_scope": "agent"})  # one shared conversation
     env = _env(api, tmp_path)
     with open_home(home) as rt:
         rt.queue.enqueue_message("cli", "me", "first")
@@ -115,7 +115,9 @@ def test_continue_then_reset_starts_a_new_conversation(
         run_idle(rt, env=env)
         replies = [r["message"] for r in _responses(rt)]
     turns = [r.user_turns for r in api.main_requests()]
-    assert turns == [1, 2, 1], turns  # -c carried the first turn into the second; the reset dropped both
+    assert turns == [1, 2, 1], (
+        turns
+    )  # the resume carried the first turn into the second; the reset dropped both
     assert replies[2] == "turns=1"
 
 
@@ -362,3 +364,21 @@ def test_rate_limit_pauses_without_spending_an_attempt(
         (notice,) = _responses(rt)
         assert '"kind":"paused"' in str(notice["metadata"]) and "429" not in str(notice["message"])
         assert int(rt.queue.agent_state("coder")["paused_until"]) >= before + 29_000
+
+
+def test_two_senders_get_private_conversations_by_default(
+    tmp_path: Path, sqlite_url: str, api: FakeAnthropic
+) -> None:
+    api.add_rule("my secret plan", Text("noted, ann"))
+    api.add_rule("what do you know", Text("nothing about anyone else"))
+    home = _home(tmp_path, sqlite_url)  # no session_scope: the default
+    env = _env(api, tmp_path)
+    with open_home(home) as rt:
+        rt.queue.enqueue_message("whatsapp", "ann", "my secret plan", sender_id="111", conversation="111")
+        run_idle(rt, env=env)
+        api.clear()
+        rt.queue.enqueue_message("whatsapp", "bob", "what do you know", sender_id="222", conversation="222")
+        run_idle(rt, env=env)
+        assert get_session(rt.db, "coder", "whatsapp:111") and get_session(rt.db, "coder", "whatsapp:222")
+    (request,) = api.main_requests()
+    assert "what do you know" in str(request.body) and "secret plan" not in str(request.body)

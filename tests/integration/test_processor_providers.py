@@ -48,7 +48,16 @@ def test_codex_provider_replies_and_resumes_its_thread(tmp_path: Path, sqlite_ur
     _fake_codex(tmp_path)
     argv_log = tmp_path / "codex.log"
     home = make_home(
-        tmp_path, sqlite_url, {"cx": {"provider": "codex", "model": "gpt-test", "system_prompt": "Be kind."}}
+        tmp_path,
+        sqlite_url,
+        {
+            "cx": {
+                "provider": "codex",
+                "model": "gpt-test",
+                "system_prompt": "Be kind.",
+                "session_scope": "agent",
+            }
+        },
     )
     env = {"PATH": f"{tmp_path}:{os.environ.get('PATH', '')}", "CODEX_ARGV_LOG": str(argv_log)}
     with open_home(home) as rt:
