@@ -78,6 +78,46 @@ def check_database(settings: Settings) -> list[Check]:
     return [Check("database", settings.database_url, "ok", f"reachable, schema version {version}")]
 
 
+#: Failed deliveries within this window are reported by :func:`check_deliveries`.
+FAILED_DELIVERY_WINDOW_MS = 7 * 24 * 3600 * 1000
+
+
+def check_deliveries(settings: Settings) -> list[Check]:
+    """Replies the chat platforms refused for good in the last week (their users were not reached)."""
+    from shared.clock import now_ms
+    from shared.db import open_database
+    from shared.queue import Queue
+
+    try:
+        db = open_database(settings.database_url, create=False)
+    except Exception:
+        return []  # check_database already says why
+    try:
+        queue = Queue(db)
+        since = now_ms() - FAILED_DELIVERY_WINDOW_MS
+        failed = queue.failed_response_count(since_ms=since)
+        recent = queue.failed_responses(since_ms=since, limit=3) if failed else []
+    except Exception as exc:
+        return [Check("delivery", "failed replies", "warn", f"could not be read: {exc}".splitlines()[0])]
+    finally:
+        db.close()
+    if not failed:
+        return [
+            Check("delivery", "failed replies", "ok", "no reply failed to be delivered in the last 7 days")
+        ]
+    examples = "; ".join(f"{r.channel} {r.message_id}: {(r.last_error or '')[:120]}" for r in recent)
+    return [
+        Check(
+            "delivery",
+            "failed replies",
+            "warn",
+            f"{failed} repl{'y' if failed == 1 else 'ies'} could not be delivered in the last 7 days "
+            f"(latest: {examples})",
+            "see `agentpost trace <message id>`; each user is told the next time they write in that chat",
+        )
+    ]
+
+
 def check_security(settings: Settings) -> list[Check]:
     found: list[Check] = []
     host = settings.api.host
@@ -124,7 +164,10 @@ def run_checks(home: Path | None = None) -> list[Check]:
     settings, found = check_settings(home)
     if settings is None:
         return found
-    found += check_database(settings)
+    database = check_database(settings)
+    found += database
+    if all(c.level == "ok" for c in database):
+        found += check_deliveries(settings)
     found += check_security(settings)
     for ep in entry_points(group="agentpost.doctor"):
         try:

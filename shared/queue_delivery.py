@@ -369,6 +369,17 @@ class ResponseOps(QueueState):
         )
         return [QueuedResponse.from_row(r) for r in rows]
 
+    def failed_response_count(self, *, since_ms: int = 0) -> int:
+        """How many responses could not be delivered (failed since ``since_ms``)."""
+        return int(
+            self.db.read_scalar(
+                "SELECT COUNT(*) FROM responses WHERE status <> 'acked' AND status = 'failed' "
+                "AND updated_at >= :since",
+                {"since": since_ms},
+            )
+            or 0
+        )
+
     def prune_delivery_records(self, channel: str, *, older_than_ms: int = DELIVERY_RECORD_TTL_MS) -> int:
         """Forget this channel's platform-id mappings and unanswered notices older than the retention."""
         cut = now_ms() - older_than_ms

@@ -26,6 +26,7 @@ _COUNTED = {
     "message_failed": "agentpost_messages_failed_total",
     "message_dead": "agentpost_messages_dead_total",
     "response_acked": "agentpost_responses_acked_total",
+    "response_failed": "agentpost_responses_failed_total",
 }
 _HELP = {
     "agentpost_messages_received_total": "Messages accepted into the queue.",
@@ -33,6 +34,7 @@ _HELP = {
     "agentpost_messages_failed_total": "Failed attempts that were scheduled for a retry.",
     "agentpost_messages_dead_total": "Messages that became dead letters.",
     "agentpost_responses_acked_total": "Responses delivered and acknowledged.",
+    "agentpost_responses_failed_total": "Responses the platform refused for good or reported failed (not delivered).",
 }
 _MAX_OPEN_RUNS = 10_000
 _MAX_EVENTS_PER_SCRAPE = 50_000
@@ -143,10 +145,11 @@ class Metrics:
             family(
                 "agentpost_queue_responses",
                 "gauge",
-                "Undelivered responses by status.",
+                "Undelivered responses by status (failed: the platform refused them for good).",
                 [
                     ({"status": "pending"}, float(status.get("responses_pending", 0))),
                     ({"status": "delivering"}, float(status.get("responses_delivering", 0))),
+                    ({"status": "failed"}, float(status.get("responses_failed", 0))),
                 ],
             )
             family(

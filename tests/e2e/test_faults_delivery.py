@@ -23,7 +23,15 @@ import pytest
 
 from adapters.chunking import split_message, utf16_len
 from shared.runtime import Runtime
-from tests.channel_support import HoldingTelegram, Proc, channel_home, count, open_home, telegram_env, wait_for
+from tests.channel_support import (
+    HoldingTelegram,
+    Proc,
+    channel_home,
+    count,
+    open_home,
+    telegram_env,
+    wait_for,
+)
 from tests.fault_support import fresh_pg_database
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
@@ -122,9 +130,7 @@ def test_adapter_killed_mid_send_keeps_each_chat_in_order(
         for reply in range(REPLIES_PER_CHAT):
             text = reply_text(reply)
             chunks = split_message(text, 4096, length=utf16_len)
-            assert [c.split(" ", 1)[0] for c in chunks] == [
-                label(reply, c) for c in range(CHUNKS_PER_REPLY)
-            ]
+            assert [c.split(" ", 1)[0] for c in chunks] == [label(reply, c) for c in range(CHUNKS_PER_REPLY)]
             expected[chat] += [label(reply, c) for c in range(CHUNKS_PER_REPLY)]
             rt.queue.enqueue_response("telegram", "alice", text, sender_id=str(chat), conversation=str(chat))
     log = tmp_path / "telegram.log"
