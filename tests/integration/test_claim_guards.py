@@ -1,0 +1,348 @@
+"""Tests that guard the claims themselves (issue 11): each is built so that a small hand-made mutant of the
+queue code fails it every time, not sometimes.
+
+- Recovery at one moment with one expired and one live claim returns only the expired one.
+- A crash during a run charges only the group whose run had started.
+- An ack is judged by the row it leaves, and a deliverer that lost its lease cannot ack.
+- On PostgreSQL, claims raced from 4 connections released together never return one row twice. Every
+  round also holds one claimable row locked from another connection (as a transaction touching that row
+  would) while the claimers run: with ``SKIP LOCKED`` they pass it by at once; without it a claim waits
+  for that lock, which the test sees as a claim that does not return while the lock is held — so removing
+  ``SKIP LOCKED`` fails every round. Rows claimed in earlier rounds stay claimed, so a claim that ignores
+  the status (re-taking rows already held) fails from the second round on, also every time.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any, Generic, TypeVar
+
+import psycopg
+import pytest
+
+from shared.clock import now_ms
+from shared.db import Database, open_database
+from shared.dialect import libpq_url
+from shared.queue import Directory, Queue, QueueConfig
+
+pytestmark = pytest.mark.integration
+
+T = TypeVar("T")
+
+AGENTS = ("alpha", "beta", "gamma", "delta")
+CLAIMERS = 4
+ROUNDS = 6
+#: How long a claim may take while another connection holds one row locked (it should not wait at all).
+CLAIM_DEADLINE = 8.0
+
+
+@pytest.fixture
+def queue(db: Database) -> Queue:
+    directory = Directory(agents=frozenset(AGENTS), teams={}, default_agent="alpha")
+    return Queue(db, QueueConfig(lease_ms=30_000, backoff_base_ms=1000, backoff_max_ms=60_000), directory)
+
+
+def _row(queue: Queue, table: str, key: str, value: object) -> dict[str, Any]:
+    rows = queue.db.read(f"SELECT * FROM {table} WHERE {key} = :v", {"v": value})
+    assert len(rows) == 1, rows
+    return dict(rows[0])
+
+
+def _message(queue: Queue, message_id: str) -> dict[str, Any]:
+    return _row(queue, "messages", "message_id", message_id)
+
+
+# -- recovery ---------------------------------------------------------------------------------------------
+def test_recovery_at_one_moment_returns_the_expired_claim_and_keeps_the_live_one(queue: Queue) -> None:
+    expired = queue.enqueue_message("api", "ann", "old job", agent="alpha", conversation="c1").message_id
+    live = queue.enqueue_message("api", "bob", "running job", agent="beta", conversation="c2").message_id
+    start = now_ms()
+    assert queue.claim_all_pending_messages("alpha", "w-expired", lease_ms=1_000)
+    assert queue.claim_all_pending_messages("beta", "w-live", lease_ms=600_000)
+    live_before = _message(queue, live)
+    moment = start + 5_000  # past the first lease, far inside the second
+    assert int(_message(queue, expired)["lease_until"]) < moment < int(live_before["lease_until"])
+
+    outcome = queue.recover_stale_messages(now=moment)
+
+    assert outcome.retried == [expired] and outcome.dead == []
+    back = _message(queue, expired)
+    assert back["status"] == "pending" and back["claimed_by"] is None
+    assert int(back["available_at"]) <= moment
+    kept = _message(queue, live)
+    assert kept["status"] == "processing" and kept["claimed_by"] == "w-live"
+    assert kept["lease_until"] == live_before["lease_until"] and kept["retry_count"] == 0
+    assert kept["last_error"] is None
+    assert queue.agent_holder("beta") == "w-live"  # the live worker keeps its agent too
+    assert queue.agent_holder("alpha") is None
+    # The live worker can still finish its message.
+    queue.complete_messages([live], "w-live", "done")
+    assert _message(queue, live)["status"] == "completed"
+
+
+def test_a_crash_during_one_run_charges_only_that_group(queue: Queue) -> None:
+    if not hasattr(queue, "mark_run_started"):
+        pytest.skip("Queue.mark_run_started(message_ids, worker) does not exist yet (issue 11)")
+    groups = {
+        chat: [
+            queue.enqueue_message("telegram", chat, f"{chat} message {n}", sender_id=chat, conversation=chat)
+            for n in range(2)
+        ]
+        for chat in ("g1", "g2", "g3")
+    }
+    ids = {chat: [r.message_id for r in results] for chat, results in groups.items()}
+    worker = "w-crashed"
+    claimed: set[str] = set()
+    for _ in range(3):  # one claim takes them all today; a claim per group would do too
+        claimed |= {m.message_id for m in queue.claim_all_pending_messages("alpha", worker, lease_ms=1_000)}
+    assert claimed == {mid for group in ids.values() for mid in group}
+    queue.mark_run_started(ids["g2"], worker)
+    moment = now_ms() + 5_000
+
+    outcome = queue.recover_stale_messages(now=moment)
+
+    assert sorted(outcome.retried) == sorted(claimed) and outcome.dead == []
+    for mid in ids["g2"]:
+        row = _message(queue, mid)
+        assert row["status"] == "pending" and row["claimed_by"] is None
+        assert row["interruptions"] == 1 and row["retry_count"] == 0
+        assert "interrupted" in (row["last_error"] or ""), row
+    for chat in ("g1", "g3"):
+        for mid in ids[chat]:
+            row = _message(queue, mid)
+            assert row["status"] == "pending" and row["claimed_by"] is None, row
+            assert (row["retry_count"], row["interruptions"], row["last_error"]) == (0, 0, None), row
+            assert row["run_started_at"] is None and int(row["available_at"]) <= moment, row
+
+
+# -- acks -------------------------------------------------------------------------------------------------
+def _wait_past(ms: int) -> None:
+    deadline = time.monotonic() + 5
+    while now_ms() <= ms:
+        assert time.monotonic() < deadline, "the clock did not move"
+        time.sleep(0.001)
+
+
+def test_an_ack_is_what_the_row_says_and_a_deliverer_without_the_lease_cannot_ack(queue: Queue) -> None:
+    first = queue.enqueue_response("telegram", "ann", "first reply", sender_id="1", conversation="1")
+
+    # A plain delivery: claim, record the chunk, ack; the row says acked.
+    [claimed] = queue.claim_responses_for_channel("telegram", "d1")
+    assert claimed.id == first.id
+    assert queue.mark_chunk_delivered(first.id, "d1", 0)
+    before = now_ms()
+    assert queue.ack_response(first.id, "d1") is True
+    row = _row(queue, "responses", "id", first.id)
+    assert row["status"] == "acked" and row["acked_at"] is not None and int(row["acked_at"]) >= before
+    assert row["claimed_by"] == "d1" and row["delivered"] == 1 and claimed.status == "delivering"
+
+    # A deliverer whose lease lapsed and was taken over: its ack is refused and changes nothing.
+    second = queue.enqueue_response("telegram", "bob", "second reply", sender_id="2", conversation="2")
+    [lapsed] = queue.claim_responses_for_channel("telegram", "d-slow", lease_ms=1)
+    assert lapsed.id == second.id
+    _wait_past(int(_row(queue, "responses", "id", second.id)["lease_until"]))
+    [taken] = queue.claim_responses_for_channel("telegram", "d-new")
+    assert taken.id == second.id
+    held = _row(queue, "responses", "id", second.id)
+    assert not queue.ack_response(second.id, "d-slow")
+    assert _row(queue, "responses", "id", second.id) == held  # still delivering, still d-new's
+    assert held["status"] == "delivering" and held["claimed_by"] == "d-new" and held["acked_at"] is None
+
+    assert queue.ack_response(second.id, "d-new") is True
+    acked = _row(queue, "responses", "id", second.id)
+    assert acked["status"] == "acked" and acked["claimed_by"] == "d-new" and acked["acked_at"] is not None
+    assert not queue.ack_response(second.id, "d-slow")
+    assert _row(queue, "responses", "id", second.id) == acked
+
+
+# -- PostgreSQL races -------------------------------------------------------------------------------------
+class Race(Generic[T]):
+    """``CLAIMERS`` threads, each on its own database connection, released together by a barrier."""
+
+    def __init__(self, fn: Callable[[int], T]) -> None:
+        self.results: dict[int, T] = {}
+        self.errors: list[BaseException] = []
+        self._barrier = threading.Barrier(CLAIMERS)
+        self._fn = fn
+        self.threads = [threading.Thread(target=self._run, args=(i,), daemon=True) for i in range(CLAIMERS)]
+        for thread in self.threads:
+            thread.start()
+
+    def _run(self, index: int) -> None:
+        try:
+            self._barrier.wait(timeout=20)
+            self.results[index] = self._fn(index)
+        except BaseException as exc:  # reported by the test
+            self.errors.append(exc)
+
+    def finished_within(self, seconds: float) -> bool:
+        deadline = time.monotonic() + seconds
+        for thread in self.threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
+        return not any(thread.is_alive() for thread in self.threads)
+
+    def join(self) -> dict[int, T]:
+        for thread in self.threads:
+            thread.join(30)
+        assert not any(thread.is_alive() for thread in self.threads), "a claimer never returned"
+        if self.errors:
+            raise self.errors[0]
+        return self.results
+
+
+@contextmanager
+def row_locked(url: str, table: str, row_ids: Sequence[int]) -> Iterator[None]:
+    """Hold ``FOR UPDATE`` locks on rows from another connection (an open transaction) for the block."""
+    with psycopg.connect(libpq_url(url)) as conn:
+        locked = conn.execute(
+            f"SELECT id FROM {table} WHERE id = ANY(%s) FOR UPDATE", (list(row_ids),)
+        ).fetchall()
+        assert sorted(r[0] for r in locked) == sorted(row_ids)
+        try:
+            yield
+        finally:
+            conn.rollback()
+
+
+def _race_while_locked(
+    url: str, table: str, locked: Sequence[int], fn: Callable[[int], T]
+) -> tuple[dict[int, T], bool]:
+    with row_locked(url, table, locked):
+        race = Race(fn)
+        prompt = race.finished_within(CLAIM_DEADLINE)
+    return race.join(), prompt
+
+
+@pytest.mark.postgres
+def test_postgres_message_claims_for_distinct_agents_never_share_or_wait(pg_url: str) -> None:
+    db = open_database(pg_url)
+    try:
+        queue = Queue(db, QueueConfig(lease_ms=30_000), Directory(frozenset(AGENTS), {}, "alpha"))
+        owner: dict[int, str] = {}
+        for rnd in range(ROUNDS):
+            mine: dict[str, list[int]] = {
+                agent: [
+                    int(
+                        queue.enqueue_message(
+                            "api", "u", f"r{rnd} {agent} {n}", agent=agent, conversation=f"{agent}-{rnd}"
+                        ).id
+                        or 0
+                    )
+                    for n in range(4)
+                ]
+                for agent in AGENTS
+            }
+            locked = [rows[1] for rows in mine.values()]  # one claimable row of each agent, held elsewhere
+            workers = [f"w{rnd}-{i}" for i in range(CLAIMERS)]
+            results, prompt = _race_while_locked(
+                pg_url,
+                "messages",
+                locked,
+                lambda i, w=workers: queue.claim_all_pending_messages(AGENTS[i], w[i]),  # type: ignore[misc]
+            )
+            assert prompt, f"round {rnd}: a claim waited for a row another transaction held (no SKIP LOCKED?)"
+            for i, claimed in results.items():
+                got = [m.id for m in claimed]
+                assert all(m.agent == AGENTS[i] for m in claimed), (rnd, i, claimed)
+                assert sorted(got) == sorted(set(mine[AGENTS[i]]) - set(locked)), (rnd, AGENTS[i], got)
+                for row_id in got:
+                    assert row_id not in owner, f"round {rnd}: row {row_id} claimed again ({owner[row_id]})"
+                    owner[row_id] = workers[i]
+                    row = _row(queue, "messages", "id", row_id)
+                    assert (row["status"], row["claimed_by"]) == ("processing", workers[i])
+            for i, agent in enumerate(AGENTS):
+                assert _row(queue, "messages", "id", locked[i])["status"] == "pending"
+                # The lock gone, the row passed over is claimed next, by the agent's holder.
+                again = queue.claim_all_pending_messages(agent, workers[i])
+                assert [m.id for m in again] == [locked[i]], (rnd, agent, again)
+                owner[locked[i]] = workers[i]
+                queue.release_agent(agent, workers[i])
+    finally:
+        db.close()
+
+
+@pytest.mark.postgres
+def test_postgres_message_claims_for_one_agent_give_each_row_to_one_worker(pg_url: str) -> None:
+    db = open_database(pg_url)
+    try:
+        queue = Queue(db, QueueConfig(lease_ms=30_000), Directory(frozenset(AGENTS), {}, "alpha"))
+        owner: dict[int, str] = {}
+        for rnd in range(ROUNDS):
+            ids = [
+                int(
+                    queue.enqueue_message(
+                        "api", "u", f"r{rnd} {n}", agent="alpha", conversation=f"chat-{rnd}"
+                    ).id
+                    or 0
+                )
+                for n in range(8)
+            ]
+            locked = [ids[3]]
+            workers = [f"w{rnd}-{i}" for i in range(CLAIMERS)]
+            results, prompt = _race_while_locked(
+                pg_url,
+                "messages",
+                locked,
+                lambda i, w=workers: queue.claim_all_pending_messages("alpha", w[i]),  # type: ignore[misc]
+            )
+            assert prompt, f"round {rnd}: a claim waited for a row another transaction held (no SKIP LOCKED?)"
+            winners = [i for i, claimed in results.items() if claimed]
+            assert len(winners) == 1, f"round {rnd}: {len(winners)} workers got messages of one agent"
+            (winner,) = winners
+            got = [m.id for m in results[winner]]
+            assert sorted(got) == sorted(set(ids) - set(locked)), (rnd, got)
+            for row_id in got:
+                assert row_id not in owner, f"round {rnd}: row {row_id} claimed again ({owner[row_id]})"
+                owner[row_id] = workers[winner]
+                row = _row(queue, "messages", "id", row_id)
+                assert (row["status"], row["claimed_by"]) == ("processing", workers[winner])
+            assert queue.agent_holder("alpha") == workers[winner]
+            assert _row(queue, "messages", "id", locked[0])["status"] == "pending"
+            again = queue.claim_all_pending_messages("alpha", workers[winner])
+            assert [m.id for m in again] == locked, (rnd, again)
+            owner[locked[0]] = workers[winner]
+            queue.release_agent("alpha", workers[winner])
+    finally:
+        db.close()
+
+
+@pytest.mark.postgres
+def test_postgres_response_claims_never_give_one_response_to_two_deliverers(pg_url: str) -> None:
+    db = open_database(pg_url)
+    try:
+        queue = Queue(db, QueueConfig(lease_ms=30_000), Directory(frozenset(AGENTS), {}, "alpha"))
+        owner: dict[int, str] = {}
+        for rnd in range(ROUNDS):
+            ids = [
+                queue.enqueue_response("telegram", "u", f"r{rnd} reply {n}", conversation=f"{rnd}-{n}").id
+                for n in range(12)
+            ]
+            locked = [ids[5]]
+            workers = [f"d{rnd}-{i}" for i in range(CLAIMERS)]
+            results, prompt = _race_while_locked(
+                pg_url,
+                "responses",
+                locked,
+                lambda i, w=workers: queue.claim_responses_for_channel("telegram", w[i], limit=100),  # type: ignore[misc]
+            )
+            assert prompt, f"round {rnd}: a claim waited for a row another transaction held (no SKIP LOCKED?)"
+            got: list[int] = []
+            for i, claimed in results.items():
+                for response in claimed:
+                    assert response.id not in owner, (
+                        f"round {rnd}: response {response.id} claimed by {workers[i]} and {owner[response.id]}"
+                    )
+                    owner[response.id] = workers[i]
+                    got.append(response.id)
+                    row = _row(queue, "responses", "id", response.id)
+                    assert (row["status"], row["claimed_by"]) == ("delivering", workers[i])
+            assert sorted(got) == sorted(set(ids) - set(locked)), (rnd, got)
+            assert _row(queue, "responses", "id", locked[0])["status"] == "pending"
+            again = queue.claim_responses_for_channel("telegram", f"d{rnd}-late", limit=100)
+            assert [r.id for r in again] == locked, (rnd, again)
+            owner[locked[0]] = f"d{rnd}-late"
+    finally:
+        db.close()
