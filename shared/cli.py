@@ -24,6 +24,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from shared.db import lock_wait_limit
+from shared.private_files import private_umask
 from shared.queue import QueueError
 from shared.runtime import Runtime, open_runtime
 from shared.settings import SettingsError, default_home, load_settings, write_starter_settings
@@ -332,6 +333,8 @@ def _load_plugins() -> None:
 
 def main() -> None:
     """Console-script entry point."""
+    # Chat content, tokens and uploads: nothing any agentpost process creates is for other users.
+    private_umask()
     _load_plugins()
     try:
         app()

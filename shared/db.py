@@ -28,10 +28,12 @@ from shared.dialect import (
     sqlite_path,
 )
 from shared.models import SCHEMA_VERSION, metadata
+from shared.private_files import sqlite_files, tighten
 
 Row = dict[str, Any]
 _SIGNAL_RE = re.compile(r"^[a-z_]{1,32}$")
 Params = Mapping[str, Any]
+_SQLITE_READONLY = 8
 
 #: Per thread: the most a lock wait may last there, when a caller asked for less than the busy timeout.
 _wait_limit = threading.local()
@@ -137,8 +139,10 @@ class Database:
         self._all_lock = threading.Lock()
         self._commit_listeners: list[Callable[[set[str]], None]] = []
         self._engine: Engine | None = None
+        #: Bumped to make every thread open a new connection at its next use (see _after_failed_write).
+        self._generation = 0
         if self.dialect.is_sqlite:
-            Path(sqlite_path(url)).parent.mkdir(parents=True, exist_ok=True)
+            Path(sqlite_path(url)).parent.mkdir(parents=True, exist_ok=True, mode=0o700)
 
     # -- connections -------------------------------------------------------------------------------
     def _open(self) -> Any:
@@ -156,16 +160,18 @@ class Database:
     def connection(self) -> Any:
         """This thread's driver connection (opened on first use, and again after the server dropped it)."""
         conn = getattr(self._local, "conn", None)
-        if conn is not None and not self.dialect.is_sqlite and conn.closed:
-            # The server went away (restart, network cut): the next use opens a new connection, so a
-            # process resumes by itself once the server is back.
-            with self._all_lock, contextlib.suppress(ValueError):
-                self._all.remove(conn)
+        if conn is not None and (
+            self._local.generation != self._generation or (not self.dialect.is_sqlite and conn.closed)
+        ):
+            # The server went away (restart, network cut), or a connection of this process found the
+            # file read-only: open a new connection, so the process resumes by itself once that is over.
+            self._forget_connection()
             conn = None
         if conn is None:
             conn = self._open()
             self._local.conn = conn
             self._local.wait_ms = self.busy_timeout_ms
+            self._local.generation = self._generation
             with self._all_lock:
                 self._all.append(conn)
         if self.dialect.is_sqlite:
@@ -174,6 +180,17 @@ class Database:
                 conn.execute(f"PRAGMA busy_timeout = {int(wanted)}")
                 self._local.wait_ms = wanted
         return conn
+
+    def _forget_connection(self) -> None:
+        """Close this thread's connection; the next use opens a fresh one."""
+        conn = getattr(self._local, "conn", None)
+        self._local.conn = None
+        if conn is None:
+            return
+        with self._all_lock, contextlib.suppress(ValueError):
+            self._all.remove(conn)
+        with contextlib.suppress(Exception):
+            conn.close()
 
     def lock_wait_ms(self) -> int:
         """How long a lock wait may last on this thread now (see :func:`lock_wait_limit`)."""
@@ -190,25 +207,40 @@ class Database:
         conn = self.connection()
         cur = conn.cursor()
         begin = self.dialect.begin_write if write else "BEGIN"
-        self._begin(cur, begin)
+        try:
+            self._begin(cur, begin)
+        except BaseException as exc:
+            self._after_failed_write(exc)
+            raise
         tx = Tx(self, cur)
         try:
             yield tx
-        except BaseException:
+        except BaseException as exc:
             with contextlib.suppress(Exception):
                 cur.execute("ROLLBACK")
+            self._after_failed_write(exc)
             raise
         try:
             cur.execute(self.dialect.commit_sql(tx.signals))
-        except BaseException:
+        except BaseException as exc:
             # A COMMIT refused by a full disk or a lock leaves the transaction open on this connection;
             # close it, or every later use of this thread's connection would fail too.
             with contextlib.suppress(Exception):
                 cur.execute("ROLLBACK")
+            self._after_failed_write(exc)
             raise
         if tx.signals:
             for listener in self._commit_listeners:
                 listener(tx.signals)
+
+    def _after_failed_write(self, exc: BaseException) -> None:
+        # SQLite opens a file it may not write (mode 0444, a read-only disk) read-only, and that connection
+        # stays read-only after the file is writable again: reopen it next time, so the process resumes.
+        # Every thread's connection was opened the same way, so all of them are renewed (each by its own
+        # thread, at its next use).
+        code = getattr(exc, "sqlite_errorcode", 0) if isinstance(exc, sqlite3.Error) else 0
+        if (code & 0xFF) == _SQLITE_READONLY:
+            self._generation += 1
 
     def _begin(self, cur: Any, begin: str) -> None:
         # The busy timeout covers ordinary waits; this loop covers the rare SQLITE_BUSY that SQLite returns
@@ -269,6 +301,9 @@ class Database:
                 if "already exists" not in str(exc) or attempt == 4:
                     raise
         self._add_missing_columns()
+        if self.dialect.is_sqlite:
+            # All chat content lives here: created 0600 under agentpost's umask; older files tightened.
+            tighten(sqlite_files(Path(sqlite_path(self.url))))
         # Read first: a current schema needs no write lock, so a process (or a CLI command) can start while
         # another program holds the database's write lock.
         if self.read_scalar("SELECT MAX(version) FROM schema_version") == SCHEMA_VERSION:

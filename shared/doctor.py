@@ -14,6 +14,8 @@ from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Literal
 
+from shared.dialect import sqlite_path
+from shared.private_files import loose_modes, sqlite_files
 from shared.settings import Settings, SettingsError, load_settings
 
 Level = Literal["ok", "warn", "fail"]
@@ -145,6 +147,7 @@ def check_security(settings: Settings) -> list[Check]:
         found.append(
             Check("security", "web API address", "ok", f"loopback only ({host}:{settings.api.port})")
         )
+    found += check_file_modes(settings)
     for name, agent in sorted(settings.agents.items()):
         if agent.permission_mode == "bypassPermissions":
             found.append(
@@ -157,6 +160,28 @@ def check_security(settings: Settings) -> list[Check]:
                 )
             )
     return found
+
+
+def check_file_modes(settings: Settings) -> list[Check]:
+    """The home folder, settings, database and archives must be private to the service user."""
+    home = settings.home
+    paths = [home, settings.path, home / "dlq", home / "logs", home / "files"]
+    if settings.database_url.startswith("sqlite"):
+        paths += sqlite_files(Path(sqlite_path(settings.database_url)))
+    paths += sorted((home / "dlq").glob("*.jsonl")) if (home / "dlq").is_dir() else []
+    loose = loose_modes(paths)
+    if not loose:
+        return [Check("security", "file modes", "ok", "home, settings, database and archives are private")]
+    shown = ", ".join(f"{p} ({oct(mode)[2:]})" for p, mode in loose[:6])
+    return [
+        Check(
+            "security",
+            "file modes",
+            "warn",
+            f"readable by other users: {shown}",
+            f"chmod -R go-rwx {home}",
+        )
+    ]
 
 
 def run_checks(home: Path | None = None) -> list[Check]:

@@ -15,6 +15,7 @@ from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from shared.private_files import private_dir, tighten
 from shared.routing import AGENT_NAME_RE, Team
 
 DEFAULT_API_PORT = 3777
@@ -293,12 +294,16 @@ timeout_seconds = 1800
 
 
 def write_starter_settings(home: Path, *, force: bool = False) -> Path:
-    """Write the commented starter settings file; refuses to overwrite unless ``force``."""
-    home.mkdir(parents=True, exist_ok=True)
+    """Write the commented starter settings file (``0600`` in a ``0700`` home); refuses to overwrite unless
+    ``force``."""
+    private_dir(home)
     path = home / SETTINGS_FILE
     if path.exists() and not force:
         raise SettingsError(f"{path} already exists (use --force to overwrite it)")
     tmp = path.with_suffix(".toml.tmp")
-    tmp.write_text(STARTER_SETTINGS, encoding="utf-8")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(STARTER_SETTINGS)
+    tighten([tmp])
     os.replace(tmp, path)
     return path
