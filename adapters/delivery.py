@@ -470,7 +470,7 @@ class Delivery(abc.ABC):
         finally:
             # Let the parts in flight finish: each task hands its response back at the next part.
             if running:
-                await asyncio.wait(running.values(), timeout=10)
+                await asyncio.wait(running.values(), timeout=4)
                 for task in running.values():
                     task.cancel()
 

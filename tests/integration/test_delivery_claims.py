@@ -4,9 +4,12 @@ never claimed again. On SQLite and PostgreSQL."""
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 
 from shared.clock import now_ms
+from shared.db import open_database
 from shared.queue import Queue
 
 pytestmark = pytest.mark.integration
@@ -119,3 +122,47 @@ def test_a_late_platform_failure_turns_a_delivered_reply_into_failed(queue: Queu
     assert queue.fail_response(rid, "WhatsApp 131047: Re-engagement message", explanation="window closed")
     assert _row(queue, rid)["status"] == "failed"
     assert not queue.fail_response(rid, "again")  # once
+
+
+@pytest.mark.postgres
+def test_postgres_racing_claimers_take_only_each_chats_head(pg_url: str) -> None:
+    """Four deliverers claim behind a barrier, round after round: together they never hold two responses
+    of one chat, and each takes a chat's oldest unfinished response."""
+    claimers = 4
+    databases = [open_database(pg_url) for _ in range(claimers)]
+    queues = [Queue(db) for db in databases]
+    try:
+        chats = {f"chat-{c}": _queue_replies(queues[0], f"chat-{c}", 4) for c in range(6)}
+        order = {rid: (chat, i) for chat, ids in chats.items() for i, rid in enumerate(ids)}
+        done: set[int] = set()
+        for rnd in range(4):
+            barrier = threading.Barrier(claimers)
+            results: list[list[int]] = [[] for _ in range(claimers)]
+
+            def claim(
+                i: int, results: list[list[int]] = results, barrier: threading.Barrier = barrier
+            ) -> None:
+                barrier.wait(10)
+                taken = queues[i].claim_responses_for_channel("telegram", f"w{i}", limit=100)
+                results[i] = [r.id for r in taken]
+
+            threads = [threading.Thread(target=claim, args=(i,)) for i in range(claimers)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(20)
+            claimed = [rid for ids in results for rid in ids]
+            assert len(claimed) == len(set(claimed)), f"round {rnd}: one response twice: {results}"
+            per_chat = [order[rid][0] for rid in claimed]
+            assert len(per_chat) == len(set(per_chat)) == len(chats), f"round {rnd}: {results}"
+            for rid in claimed:
+                chat, index = order[rid]
+                assert all(earlier in done for earlier in chats[chat][:index]), (rnd, chat, index)
+            for i, ids in enumerate(results):
+                for rid in ids:
+                    assert queues[i].ack_response(rid, f"w{i}")
+                    done.add(rid)
+        assert done == set(order)
+    finally:
+        for db in databases:
+            db.close()
