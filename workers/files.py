@@ -6,9 +6,10 @@ the message; the processor passes the message text through unchanged, so the lin
 looking for it).
 
 Outbound: ``[send_file: path]`` in a reply attaches a file only when it resolves (symlinks followed) to a
-regular file inside the agent's workspace or the files folder. Anything else — a missing file, a folder,
-``/etc/passwd``, ``../../secret``, a symlink pointing out — is refused with a reason the processor logs as
-a ``send_file_refused`` event. Relative paths are taken relative to the workspace.
+regular file inside the agent's workspace or the upload folder of the chat the reply goes to
+(:mod:`shared.file_access`). Anything else — a missing file, a folder, ``/etc/passwd``, ``../../secret``, a
+symlink pointing out, another chat's upload — is refused with a reason the processor logs as a
+``send_file_refused`` event. Relative paths are taken relative to the workspace.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from shared.file_access import check_send_path
 from shared.routing import parse_file_refs, parse_send_files, strip_send_file_tags
 
 
@@ -29,38 +31,16 @@ class OutboundFiles:
     refused: list[tuple[str, str]]
 
 
-def _inside(path: Path, roots: Sequence[Path]) -> bool:
-    return any(path == root or path.is_relative_to(root) for root in roots)
-
-
-def check_send_file(raw: str, workspace: Path, files_dir: Path) -> tuple[str | None, str]:
-    """Resolve one ``[send_file: raw]`` path: ``(absolute path, "")`` if allowed, else ``(None, reason)``."""
-    roots = [workspace.resolve(), files_dir.resolve()]
-    candidate = Path(raw).expanduser()
-    if not candidate.is_absolute():
-        candidate = workspace / candidate
-    try:
-        resolved = candidate.resolve(strict=True)
-    except (FileNotFoundError, NotADirectoryError):
-        return None, "no such file"
-    except (OSError, RuntimeError) as exc:  # RuntimeError: a symlink loop
-        return None, f"cannot resolve the path ({exc})"
-    if not _inside(resolved, roots):
-        return None, "outside the agent's workspace and the files folder"
-    if not resolved.is_file():
-        return None, "not a regular file"
-    return str(resolved), ""
-
-
-def outbound_files(reply: str, workspace: Path, files_dir: Path) -> OutboundFiles:
-    """Split a reply into its text (tags removed) and its allowed and refused attachments."""
+def outbound_files(reply: str, workspace: Path, roots: Sequence[Path]) -> OutboundFiles:
+    """Split a reply into its text (tags removed) and its allowed and refused attachments (see
+    :func:`shared.file_access.check_send_path`; relative paths are taken in the workspace)."""
     paths = parse_send_files(reply)
     if not paths:
         return OutboundFiles(reply, [], [])
     files: list[str] = []
     refused: list[tuple[str, str]] = []
     for raw in paths:
-        resolved, reason = check_send_file(raw, workspace, files_dir)
+        resolved, reason = check_send_path(raw, roots, workspace)
         if resolved is None:
             refused.append((raw, reason))
         elif resolved not in files:

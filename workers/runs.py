@@ -25,6 +25,7 @@ import anyio
 
 from shared.clock import now_ms
 from shared.conversation_status import clear_run, record_run
+from shared.file_access import send_roots
 from shared.ids import new_id
 from shared.queue import LeaseLost, QueuedMessage, ResponseDraft, retry_edit_key
 from shared.runtime import Runtime
@@ -45,7 +46,7 @@ from workers.ratelimit import (
     use_fallback_until,
 )
 from workers.teams import plan_reply
-from workers.workspace import ensure_workspace, files_dir, team_instructions
+from workers.workspace import ensure_workspace, team_instructions
 
 log = logging.getLogger("agentpost.processor")
 
@@ -295,7 +296,11 @@ class RunSteps:
                     self.rt.db, agent, session_key, result.session_id or "", started_at=run.started_ms
                 )
             )
-        out = outbound_files(result.text, workspace, files_dir(self.settings))
+        target = note_target(primary) or {"channel": primary.channel, "conversation": primary.conversation}
+        roots = send_roots(
+            self.settings, agent, str(target["channel"]), str(target.get("conversation") or "")
+        )
+        out = outbound_files(result.text, workspace, roots)
         for path, reason in out.refused:
             log.warning("agent %s: refused to send %s: %s", agent, path, reason)
             await self._event(

@@ -95,8 +95,3 @@ def ensure_workspace(settings: Settings, agent: str) -> Path:
     _write_once(path / "CLAUDE.md", "@AGENTS.md\n")
     _write_once(path / "heartbeat.md", _HEARTBEAT_MD)
     return path
-
-
-def files_dir(settings: Settings) -> Path:
-    """Where inbound attachments are saved (and where agents may also send files from)."""
-    return settings.home / "files"

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from shared.file_access import chat_upload_dir
 from shared.runtime import Runtime
 from shared.sessions import clear_sessions, get_session
 from tests.fakes.anthropic_api import ApiError, Computed, FakeAnthropic, RateLimited, Text, last_user_text
@@ -312,22 +313,44 @@ def _group_gone(pgid: int) -> bool:
     return True
 
 
-def test_send_file_inside_workspace_is_attached_and_outside_refused(
+def test_send_file_attaches_only_the_workspace_and_this_chats_uploads(
     tmp_path: Path, sqlite_url: str, api: FakeAnthropic
 ) -> None:
-    api.add_rule("report", Text("Here it is.\n[send_file: report.txt]\n[send_file: /etc/passwd]"))
     home = _home(tmp_path, sqlite_url)
     with open_home(home) as rt:
         workspace = rt.settings.workspace("coder")
         workspace.mkdir(parents=True)
         (workspace / "report.txt").write_text("numbers")
-        rt.queue.enqueue_message("cli", "me", "send the report")
+        mine = chat_upload_dir(rt.settings, "telegram", "7")
+        theirs = chat_upload_dir(rt.settings, "telegram", "8")
+        for folder in (mine, theirs):
+            folder.mkdir(parents=True)
+            (folder / "photo.jpg").write_bytes(b"jpeg")
+        (workspace / "escape").symlink_to("/etc/passwd")
+        attempts = [
+            "report.txt",
+            str(mine / "photo.jpg"),
+            "/etc/passwd",
+            "../../settings.toml",
+            str(rt.settings.home / "agentpost.db"),
+            "escape",
+            str(theirs / "photo.jpg"),
+            "/proc/self/environ",
+        ]
+        api.add_rule("report", Text("Here it is.\n" + "\n".join(f"[send_file: {a}]" for a in attempts)))
+        rt.queue.enqueue_message("telegram", "ann", "send the report", sender_id="7", conversation="7")
         run_idle(rt, env=_env(api, tmp_path))
         (resp,) = _responses(rt)
         assert resp["message"] == "Here it is."
-        assert resp["files"] == f'["{workspace.resolve() / "report.txt"}"]'
-        refused = rt.db.read("SELECT payload FROM events WHERE type = 'send_file_refused'")
-        assert len(refused) == 1 and "/etc/passwd" in refused[0]["payload"]
+        assert json.loads(str(resp["files"])) == [
+            str(workspace.resolve() / "report.txt"),
+            str(mine.resolve() / "photo.jpg"),
+        ]
+        refused = [
+            json.loads(r["payload"])["path"]
+            for r in rt.db.read("SELECT payload FROM events WHERE type = 'send_file_refused' ORDER BY id")
+        ]
+        assert refused == attempts[2:]
 
 
 def test_missing_cli_is_a_clear_failure(tmp_path: Path, sqlite_url: str, api: FakeAnthropic) -> None:

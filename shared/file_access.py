@@ -1,0 +1,61 @@
+"""Which files may leave the machine in a reply, and where a chat's uploads live: one rule for the processor
+(``[send_file: …]`` in a reply), the web API (``POST /api/responses`` with ``files``) and the channel adapters
+(checked again right before sending, since a path can change between queueing and sending).
+
+A file may be sent when it resolves — symlinks followed — to a regular file inside the answering agent's
+workspace or inside the upload folder of the chat the reply goes to. Another chat's uploads, the rest of the
+home folder (settings, the database), ``/proc`` and anything else on the disk are refused.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from pathlib import Path
+
+from shared.settings import Settings
+
+_UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
+
+
+def safe_name(name: str, fallback: str = "file") -> str:
+    """A file or folder name with no path parts or odd characters."""
+    cleaned = _UNSAFE.sub("_", Path(name).name).strip("._")
+    return cleaned[:100] or fallback
+
+
+def chat_upload_dir(settings: Settings, channel: str, conversation: str) -> Path:
+    """The folder of one chat's uploads: ``<home>/files/<channel>/<conversation>``."""
+    return settings.home / "files" / safe_name(channel, "channel") / safe_name(conversation, "chat")
+
+
+def send_roots(settings: Settings, agent: str, channel: str, conversation: str) -> list[Path]:
+    """The folders a reply of ``agent`` to this chat may attach files from."""
+    roots = [chat_upload_dir(settings, channel, conversation)]
+    if agent in settings.agents:
+        roots.insert(0, settings.workspace(agent))
+    return roots
+
+
+def check_send_path(raw: str, roots: Sequence[Path], base: Path | None = None) -> tuple[str | None, str]:
+    """Resolve one path to send: ``(absolute path, "")`` if allowed, else ``(None, reason)``.
+
+    A relative path is taken relative to ``base`` (the agent's workspace), or refused without one.
+    """
+    candidate = Path(raw).expanduser()
+    if not candidate.is_absolute():
+        if base is None:
+            return None, "not an absolute path"
+        candidate = base / candidate
+    try:
+        resolved = candidate.resolve(strict=True)
+    except (FileNotFoundError, NotADirectoryError):
+        return None, "no such file"
+    except (OSError, RuntimeError) as exc:  # RuntimeError: a symlink loop
+        return None, f"cannot resolve the path ({exc})"
+    allowed = [root.resolve() for root in roots]
+    if not any(resolved == root or resolved.is_relative_to(root) for root in allowed):
+        return None, "outside the agent's workspace and this chat's uploads"
+    if not resolved.is_file():
+        return None, "not a regular file"
+    return str(resolved), ""
