@@ -7,6 +7,7 @@ Hot paths use the driver connection directly (one per thread) with SQL written o
 from __future__ import annotations
 
 import contextlib
+import os
 import re
 import sqlite3
 import threading
@@ -29,6 +30,7 @@ from shared.dialect import (
 )
 from shared.models import SCHEMA_VERSION, metadata
 from shared.private_files import sqlite_files, tighten
+from shared.storage_errors import DatabaseNotWritable
 
 Row = dict[str, Any]
 _SIGNAL_RE = re.compile(r"^[a-z_]{1,32}$")
@@ -147,6 +149,7 @@ class Database:
     # -- connections -------------------------------------------------------------------------------
     def _open(self) -> Any:
         if self.dialect.is_sqlite:
+            refuse_unwritable(sqlite_path(self.url))
             conn = sqlite3.connect(
                 sqlite_path(self.url),
                 timeout=self.busy_timeout_ms / 1000,
@@ -357,6 +360,19 @@ class Database:
         if self._engine is not None:
             self._engine.dispose()
             self._engine = None
+
+
+def refuse_unwritable(path: str) -> None:
+    """Raise :class:`~shared.storage_errors.DatabaseNotWritable` when this process may not write the SQLite
+    file (or its ``-wal``/``-shm`` companions).
+
+    SQLite would otherwise open such a file read-only without a word, and that connection — and, through
+    the shared ``-shm`` mapping, every later one of this process — would keep refusing writes even after
+    the file is writable again. Refused here, nothing read-only is ever opened, so the process resumes
+    as soon as the file is fixed."""
+    for name in (path, f"{path}-wal", f"{path}-shm"):
+        if os.path.exists(name) and not os.access(name, os.W_OK):
+            raise DatabaseNotWritable(name)
 
 
 def configure_sqlite(conn: Any, busy_timeout_ms: int) -> None:

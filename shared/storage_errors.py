@@ -13,6 +13,7 @@ its usual handling, so a real bug is never disguised as "try again later".
 from __future__ import annotations
 
 import errno
+import os
 import sqlite3
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -78,6 +79,14 @@ _OS_KINDS: dict[int, Kind] = {
 }
 
 
+class DatabaseNotWritable(Exception):
+    """The SQLite file (or its ``-wal``/``-shm``) exists but this process may not write it."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__(f"{path} is not writable by this process")
+        self.path = path
+
+
 @dataclass(frozen=True)
 class StorageProblem:
     """One recognised storage fault, with words for an operator and for a remote client."""
@@ -100,7 +109,7 @@ class StorageProblem:
             "busy": f"the database{db} is overloaded right now; try again in a moment",
             "disk_full": f"the disk holding the database{db} is full; free some space, then try again",
             "read_only": f"the database{db} is read-only (the file or its disk cannot be written); "
-            "make it writable, then try again",
+            "make it and its -wal and -shm files writable, then try again",
             "cannot_open": f"the database{db} cannot be opened (its folder is missing or not accessible)",
             "io_error": f"the database{db} could not be read or written (a disk error); try again shortly",
             "unreachable": f"the database server{db} cannot be reached; try again when it is back",
@@ -139,8 +148,21 @@ def storage_problem(exc: BaseException, url: str | None = None) -> StorageProble
     for err in _chain(exc):
         kind = _kind(err)
         if kind is not None:
+            if kind in ("cannot_open", "io_error") and _sqlite_unwritable(url):
+                # SQLite says only "unable to open" when a WAL database sits on a read-only disk (it
+                # cannot create the -shm file): the file system tells the real cause.
+                kind = "read_only"
             return StorageProblem(kind=kind, database=describe_database(url), detail=str(err)[:300])
     return None
+
+
+def _sqlite_unwritable(url: str | None) -> bool:
+    """True when the SQLite file of ``url`` exists and this process may not write it or its folder."""
+    if not url or not url.startswith("sqlite:///"):
+        return False
+    path = url[len("sqlite:///") :]
+    folder = os.path.dirname(os.path.abspath(path))
+    return os.path.exists(path) and not (os.access(path, os.W_OK) and os.access(folder, os.W_OK))
 
 
 def _chain(exc: BaseException) -> Iterator[BaseException]:
@@ -160,6 +182,8 @@ def _chain(exc: BaseException) -> Iterator[BaseException]:
 
 
 def _kind(err: BaseException) -> Kind | None:
+    if isinstance(err, DatabaseNotWritable):
+        return "read_only"
     if isinstance(err, sqlite3.Error):
         code = getattr(err, "sqlite_errorcode", None)
         if isinstance(code, int) and (code & 0xFF) in _SQLITE_KINDS:
