@@ -62,6 +62,9 @@ class StreamLimits:
     max_clients: int = 256
     #: Seconds between reads while the database is in trouble (locked, unreachable); the stream stays open.
     storage_retry: float = 1.0
+    #: The most a write made for a stream client (a WebSocket ``queue_ack``) waits for another process's
+    #: lock before the client is told to try again (see :func:`shared.db.lock_wait_limit`).
+    lock_wait: float = 2.0
 
 
 @dataclass

@@ -25,6 +25,7 @@ import anyio
 import anyio.to_thread
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
+from shared.db import lock_wait_limit
 from shared.events import ALL_TOPICS, EventLog
 from shared.storage_errors import storage_problem
 
@@ -131,7 +132,7 @@ async def serve_websocket(
                         if cursor is None:
                             raise ValueError("queue_ack needs a cursor")
                         consumer = str(msg.get("consumer") or "ws")[:100]
-                        await anyio.to_thread.run_sync(events.ack, consumer, topic_key, cursor)
+                        await anyio.to_thread.run_sync(_ack, events, consumer, topic_key, cursor, limits)
                         await send({"type": "queue_acked", "topic": topic_key, "cursor": cursor})
                     else:
                         raise ValueError(f"unknown message type {kind!r}")
@@ -154,6 +155,12 @@ async def serve_websocket(
         pass  # the client left while we were sending to it
     finally:
         stats.clients -= 1
+
+
+def _ack(events: EventLog, consumer: str, topic: str, cursor: str, limits: StreamLimits) -> None:
+    # A lock held elsewhere costs this client a moment and an error frame, not the busy timeout.
+    with lock_wait_limit(int(limits.lock_wait * 1000)):
+        events.ack(consumer, topic, cursor)
 
 
 def _opt_str(value: Any) -> str | None:

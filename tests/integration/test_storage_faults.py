@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import json
 import os
 import socket
 import sqlite3
@@ -34,6 +35,7 @@ from pathlib import Path
 import httpx
 import psycopg
 import pytest
+from websockets.sync.client import connect
 
 from adapters.web.stream import StreamLimits
 from shared.storage_errors import storage_problem
@@ -397,3 +399,23 @@ def test_real_driver_errors_are_classified_and_bugs_are_not(tmp_path: Path) -> N
     assert storage_problem(bug.value, url) is None  # a programming error is never "try again later"
     assert storage_problem(ValueError("no"), url) is None
     assert storage_problem(OSError(errno.ENOSPC, "No space left on device"), url) is not None
+
+
+def test_websocket_ack_under_a_held_lock_is_an_error_frame_and_the_socket_stays(tmp_path: Path) -> None:
+    home = make_home(tmp_path)
+    rt = runtime_for(home)
+    rt.events.append("t", "tick", {"n": 1})
+    try:
+        with LiveServer(rt) as live, connect(f"ws://127.0.0.1:{live.port}/api/events/ws") as ws:
+            ack = json.dumps({"type": "queue_ack", "topic": "t", "cursor": "1", "consumer": "dash"})
+            with write_lock(home / "agentpost.db"):
+                started = time.monotonic()
+                ws.send(ack)
+                answer = json.loads(ws.recv(timeout=10))
+                assert answer["type"] == "error" and "try again" in answer["error"], answer
+                assert answer["retryAfter"] >= 1 and time.monotonic() - started < 8
+            ws.send(ack)
+            assert json.loads(ws.recv(timeout=10)) == {"type": "queue_acked", "topic": "t", "cursor": "1"}
+        assert rt.events.consumer_cursor("dash", "t") == "1"
+    finally:
+        rt.close()
