@@ -223,10 +223,11 @@ class Delivery(abc.ABC):
             if not held:
                 self.log.warning("lost response %s to another deliverer after part %s", response.id, index)
                 return False
-        acked = bool(await asyncio.to_thread(queue.ack_response, response.id, self.worker))
-        if acked and edit_key:
+        if edit_key:
+            # Before the ack: until then this reply is its chat's head, so a later note of the same run
+            # cannot be claimed (and sent) before the note is marked done.
             await self._close_note(response.conversation, edit_key)
-        return acked
+        return bool(await asyncio.to_thread(queue.ack_response, response.id, self.worker))
 
     def _give_back(self, response: QueuedResponse) -> None:
         base = int(self.config.delivery_backoff_base_seconds * 1000)
