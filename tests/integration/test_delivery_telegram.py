@@ -98,3 +98,18 @@ def test_a_refused_reply_is_failed_and_the_user_told_when_they_write(
     assert text.endswith(f"Ref: {reply.message_id}")
     assert "could not be delivered" in trace.verdict and "blocked" in trace.verdict
     assert fake.texts(44) == [text]  # the refused reply never reached the chat; the notice did, once
+
+
+def test_a_reply_to_an_unknown_chat_is_failed_with_telegrams_reason(
+    tmp_path: Path, fake: HoldingTelegram
+) -> None:
+    rt = open_home(channel_home(tmp_path, f"sqlite:///{tmp_path / 'a.db'}", {"telegram": SETTINGS}))
+    try:
+        with RunningChannel(_channel(rt, fake), deliver_only=True):
+            reply = rt.queue.enqueue_response("telegram", "ann", "hello", conversation="9999")
+            wait_for(lambda: _status(rt, reply.id) == "failed", 15, "the reply marked failed")
+        last_error = rt.db.read_scalar("SELECT last_error FROM responses WHERE id = :id", {"id": reply.id})
+    finally:
+        rt.close()
+    assert "chat not found" in str(last_error).lower()
+    assert len([c for c in fake.calls if c.method == "sendMessage"]) == 1

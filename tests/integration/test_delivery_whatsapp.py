@@ -227,3 +227,35 @@ def test_a_long_reply_goes_as_a_text_file_whatsapp_accepts(wa: Harness) -> None:
     assert media is not None and media.mime_type == "text/plain"
     assert media.data.decode().strip() == long_text.strip()
     assert json.dumps(document.body)  # a well-formed send
+
+
+def test_a_media_job_outlives_the_adapter(tmp_path: Path) -> None:
+    """The webhook was answered before the download; the adapter stops mid-download; the next one fetches
+    the file and queues the message (Meta will not send it again)."""
+    home = channel_home(tmp_path, f"sqlite:///{tmp_path / 'a.db'}", {"whatsapp": SETTINGS})
+    rt = open_home(home)
+    port = free_port()
+    with FakeWhatsApp() as fake:
+        env = {
+            "WHATSAPP_ACCESS_TOKEN": fake.access_token,
+            "WHATSAPP_PHONE_NUMBER_ID": fake.phone_number_id,
+            "WHATSAPP_APP_SECRET": SECRET,
+            "WHATSAPP_VERIFY_TOKEN": "v",
+            "WHATSAPP_GRAPH_URL": fake.graph_url,
+            "WHATSAPP_WEBHOOK_PORT": str(port),
+        }
+        try:
+            fake.media_delay = 4.0
+            media = fake.add_media(b"%PDF-1.4 later", "application/pdf", "spec.pdf")
+            with RunningChannel(WhatsAppChannel(rt, env=env)):
+                harness = Harness(rt, fake, port)
+                wait_for(lambda: _up(harness.url), 10, "the webhook")
+                assert harness.post(_document_and_text(fake, media, "wamid.TXT3")).status_code == 200
+                wait_for(lambda: any(c.path.startswith("/v") for c in fake.calls), 10, "the download begun")
+            assert harness.messages() == ["and this"]  # stopped mid-download: the document is not queued yet
+            fake.media_delay = 0.0
+            with RunningChannel(WhatsAppChannel(rt, env=env)):
+                wait_for(lambda: len(harness.messages()) == 2, 15, "the document queued by the next adapter")
+            assert harness.messages()[1].startswith("read\n[file: ")
+        finally:
+            rt.close()
