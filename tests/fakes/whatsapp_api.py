@@ -219,6 +219,7 @@ class FakeWhatsApp(ThreadedHttpFake):
         self._failures: list[GraphError] = []
         self._ids = itertools.count(1)
         self._closed_windows: set[str] = set()
+        self._recipient_failures: dict[str, list[GraphError]] = {}
         self._media_faults: dict[str, int] = {}
         #: Seconds every media download takes (a slow CDN).
         self.media_delay = 0.0
@@ -238,6 +239,13 @@ class FakeWhatsApp(ThreadedHttpFake):
         """Answer the next ``times`` sends with HTTP 400 and the throughput error ``code``."""
         with self._cond:
             self._failures.extend(GraphError(400, THROUGHPUT_ERRORS[code]) for _ in range(times))
+
+    def throttle_recipient(self, to: str, code: Literal[130429, 131056] = 131056, times: int = 1) -> None:
+        """Answer the next ``times`` sends to ``to`` (only) with the throughput error ``code``."""
+        with self._cond:
+            self._recipient_failures.setdefault(to, []).extend(
+                GraphError(400, THROUGHPUT_ERRORS[code]) for _ in range(times)
+            )
 
     def close_window(self, to: str) -> None:
         """Refuse every later free-form message to ``to`` with error 131047 (24 h since they last wrote)."""
@@ -439,6 +447,8 @@ class FakeWhatsApp(ThreadedHttpFake):
                 raise self._failures.pop(0)
             if to in self._closed_windows:
                 raise GraphError(400, REENGAGEMENT_ERROR)
+            if self._recipient_failures.get(to):
+                raise self._recipient_failures[to].pop(0)
             wamid = _wamid()
             self._sent.append(WhatsAppSent(self.phone_number_id, to, kind, body, wamid))
             self._cond.notify_all()

@@ -259,3 +259,39 @@ def test_a_media_job_outlives_the_adapter(tmp_path: Path) -> None:
             assert harness.messages()[1].startswith("read\n[file: ")
         finally:
             rt.close()
+
+
+def test_one_chats_throughput_backoff_does_not_delay_another_chat(tmp_path: Path) -> None:
+    bob = "15550002222"
+    settings = {
+        **SETTINGS,
+        "allowlist": [ALICE, bob],
+        "backoff_base_seconds": 1.0,
+        "backoff_max_seconds": 8.0,
+    }
+    home = channel_home(tmp_path, f"sqlite:///{tmp_path / 'a.db'}", {"whatsapp": settings})
+    rt = open_home(home)
+    with FakeWhatsApp() as fake:
+        env = {
+            "WHATSAPP_ACCESS_TOKEN": fake.access_token,
+            "WHATSAPP_PHONE_NUMBER_ID": fake.phone_number_id,
+            "WHATSAPP_APP_SECRET": SECRET,
+            "WHATSAPP_VERIFY_TOKEN": "v",
+            "WHATSAPP_GRAPH_URL": fake.graph_url,
+            "WHATSAPP_WEBHOOK_PORT": str(free_port()),
+        }
+        fake.throttle_recipient(ALICE, times=3)  # Alice's chat backs off ~1 + 2 + 4 s
+        try:
+            with RunningChannel(WhatsAppChannel(rt, env=env), deliver_only=True):
+                rt.queue.enqueue_response("whatsapp", "Alice", "to alice", conversation=ALICE)
+                wait_for(lambda: any(c.status == 400 for c in fake.calls), 10, "Alice's chat throttled")
+                started = time.monotonic()
+                rt.queue.enqueue_response("whatsapp", "Bob", "to bob", conversation=bob)
+                sent = fake.wait_for(lambda s: s.to == bob, 10)
+                latency = sent.at - started
+                alice_early = [s for s in fake.sent if s.to == ALICE]
+                fake.wait_for(lambda s: s.to == ALICE, 30)
+        finally:
+            rt.close()
+    assert latency < 1.5, f"Bob waited {latency:.1f} s for Alice's backoff"
+    assert alice_early == []  # Alice's reply was still backing off when Bob got his
