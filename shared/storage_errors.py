@@ -79,11 +79,12 @@ _OS_KINDS: dict[int, Kind] = {
 }
 
 
-class DatabaseNotWritable(Exception):
-    """The SQLite file (or its ``-wal``/``-shm``) exists but this process may not write it."""
+class DatabaseNotWritable(PermissionError):
+    """The SQLite file (or its ``-wal``/``-shm``) exists but this process may not write it. An ``OSError``,
+    so whatever handles file-system errors handles this one too."""
 
     def __init__(self, path: str) -> None:
-        super().__init__(f"{path} is not writable by this process")
+        super().__init__(errno.EACCES, "not writable by this process", path)
         self.path = path
 
 
