@@ -280,7 +280,7 @@ def test_permanent_failure_dies_at_once_with_a_plain_notice(queue: Queue) -> Non
 
 def test_a_counted_retry_tells_the_chat_once_per_attempt_with_one_edit_key(queue: Queue) -> None:
     mid = queue.enqueue_message("telegram", "ann", "x", conversation="42").message_id
-    for attempt in (1, 2):
+    for _attempt in (1, 2):
         queue.claim_all_pending_messages("alpha", "w1")
         queue.fail_messages(
             [mid], "w1", "HTTP 500", explanation="the AI service had an error", tell_retry=True
