@@ -30,7 +30,9 @@ def _claude_login(env: dict[str, str]) -> Check | None:
 
 def _privacy(name: str, agent: AgentSettings, settings: Settings, env: dict[str, str]) -> list[Check]:
     """What the agent's CLI will receive (names only) and whether its conversation is shared."""
-    withheld = sorted(k for k in settings.env if not passes_to_agent(k, agent.provider) and k not in agent.env)
+    withheld = sorted(
+        k for k in settings.env if not passes_to_agent(k, agent.provider) and k not in agent.env
+    )
     detail = f"receives {', '.join(sorted(env)) or 'nothing'}"
     if withheld:
         detail += f"; withheld from it: {', '.join(withheld)}"
@@ -41,7 +43,7 @@ def _privacy(name: str, agent: AgentSettings, settings: Settings, env: dict[str,
                 "agents",
                 f"agent {name} conversation",
                 "warn",
-                "one conversation is shared by every chat (session_scope = \"agent\"): what one person says is "
+                'one conversation is shared by every chat (session_scope = "agent"): what one person says is '
                 "context for the answers another person gets",
                 f"remove session_scope from [agents.{name}] for one private conversation per chat",
             )
