@@ -238,7 +238,7 @@ class Delivery(abc.ABC):
     def failure_explanation(self, failure: SendFailure, *, gave_up: bool = False) -> str:
         """The plain words a user reads about a reply that could not be delivered."""
         label = self.platform_label or self.name.capitalize()
-        why = failure.explanation or ("it kept failing" if gave_up else "it was refused")
+        why = failure.explanation or ("sending kept failing" if gave_up else "it was refused")
         return f"{label}: {why}"
 
     async def _send_failed(self, response: QueuedResponse, index: int, exc: Exception) -> bool:
