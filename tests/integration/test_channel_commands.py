@@ -31,8 +31,9 @@ def test_commands_and_sticky_agent(tmp_path: Path, fake: HoldingTelegram) -> Non
         teams={"dev": {"agents": ["beta", "gamma"], "leader": "gamma"}},
     )
     rt = open_home(home)
-    set_session(rt.db, "beta", "", "session-beta")
-    set_session(rt.db, "alpha", "", "session-alpha")
+    # One conversation per chat (the default session scope): the chat's key is "telegram:42".
+    set_session(rt.db, "beta", "telegram:42", "session-beta")
+    set_session(rt.db, "alpha", "telegram:42", "session-alpha")
     script = [
         "/help",
         "plain one",  # -> alpha (default)
@@ -66,7 +67,8 @@ def test_commands_and_sticky_agent(tmp_path: Path, fake: HoldingTelegram) -> Non
             (r["message"], r["agent"]) for r in rt.db.read("SELECT message, agent FROM messages ORDER BY id")
         ]
         replies = fake.texts(42)
-        beta_session, alpha_session = get_session(rt.db, "beta"), get_session(rt.db, "alpha")
+        beta_session = get_session(rt.db, "beta", "telegram:42")
+        alpha_session = get_session(rt.db, "alpha", "telegram:42")
     finally:
         rt.close()
     assert routed == [
