@@ -44,6 +44,7 @@ from adapters import chat_state
 from adapters.chunking import split_message
 from shared import platform_dedupe
 from shared.clock import now_ms
+from shared.file_access import check_send_path, send_roots
 from shared.queue import QueuedResponse
 from shared.runtime import Runtime
 
@@ -170,7 +171,18 @@ class Delivery(abc.ABC):
             )
         else:
             parts.extend(Part("text", chunk) for chunk in chunks)
-        parts.extend(Part("file", "", str(f)) for f in response.files)
+        # Checked again here, not only when the reply was queued: the API and the processor queue paths, and
+        # a path can be swapped for a symlink in between (shared.file_access has the one rule).
+        roots = send_roots(self.settings, response.agent, self.name, response.conversation)
+        for f in response.files:
+            allowed, why = check_send_path(str(f), roots)
+            if allowed is None:
+                self.log.warning("refused to send %s for %s: %s", f, response.message_id, why)
+                parts.append(
+                    Part("text", f"(a file the agent attached, {Path(str(f)).name}, was not sent: {why})")
+                )
+            else:
+                parts.append(Part("file", "", allowed))
         return parts
 
     def _long_reply_file(self, response: QueuedResponse, text: str) -> str:

@@ -96,12 +96,6 @@ class Queue(ResponseOps, AdminOps, ControlOps):
             "updated_at = :now, run_started_at = NULL WHERE id IN (SELECT id FROM messages WHERE status = 'pending' AND agent = :agent "
             f"AND available_at <= :now ORDER BY id{db.dialect.skip_locked}) RETURNING *"
         )
-        self._sql_claim_responses = (
-            "UPDATE responses SET status = 'delivering', claimed_by = :worker, lease_until = :lease, "
-            "updated_at = :now WHERE id IN (SELECT id FROM responses WHERE status <> 'acked' AND channel = :channel "
-            "AND (status = 'pending' OR lease_until < :now) ORDER BY id LIMIT :limit"
-            f"{db.dialect.skip_locked}) RETURNING *"
-        )
 
     @classmethod
     def from_settings(cls, settings: Settings, db: Database) -> Queue:

@@ -136,7 +136,7 @@ class AdminOps(QueueState):
             where.append("channel = :channel")
             params["channel"] = channel
         if pending_only:
-            where.append("status <> 'acked'")
+            where.append("status IN ('pending', 'delivering')")  # failed replies are not waiting
         clause = ("WHERE " + " AND ".join(where)) if where else ""
         order = "ASC" if pending_only else "DESC"
         rows = self.db.read(f"SELECT * FROM responses {clause} ORDER BY id {order} LIMIT :l", params)
@@ -147,7 +147,11 @@ class AdminOps(QueueState):
         return QueuedMessage.from_row(rows[0]) if rows else None
 
     def prune(
-        self, *, completed_older_ms: int = 86_400_000, acked_older_ms: int = 86_400_000
+        self,
+        *,
+        completed_older_ms: int = 86_400_000,
+        acked_older_ms: int = 86_400_000,
+        failed_older_ms: int = 7 * 86_400_000,
     ) -> dict[str, int]:
         """Delete completed messages and acked responses older than the given ages. Never touches pending,
         processing or dead rows."""
@@ -156,6 +160,11 @@ class AdminOps(QueueState):
             responses = tx.execute(
                 "DELETE FROM responses WHERE status = 'acked' AND acked_at < :cut",
                 {"cut": now - acked_older_ms},
+            ).rowcount
+            # Failed deliveries stay a week for trace, doctor and the user's notice, then go.
+            responses += tx.execute(
+                "DELETE FROM responses WHERE status = 'failed' AND updated_at < :cut",
+                {"cut": now - failed_older_ms},
             ).rowcount
             messages = tx.execute(
                 "DELETE FROM messages WHERE status = 'completed' AND updated_at < :cut",
