@@ -43,6 +43,41 @@ class ApiSettings(_Strict):
     host: str = "127.0.0.1"
     port: int = Field(default=DEFAULT_API_PORT, ge=1, le=65535)
     token: str = ""
+    # Web pages on these origins (besides the server's own) may call the API: a separately hosted dashboard.
+    allowed_origins: list[str] = Field(default_factory=list)
+    # Bounded input: a body over this size is refused with 413 while it is read (a message holds at most
+    # 200,000 characters of UTF-8, well under 1 MiB).
+    max_body_bytes: int = Field(default=1_048_576, ge=1024, le=1 << 30)
+    # A request head (request line and headers) must be complete this soon after the connection opens or
+    # the previous response ends (uvicorn has no such limit: a slowloris client would hold a socket forever).
+    header_timeout_seconds: float = Field(default=10.0, gt=0, le=3600)
+    # A request body must arrive in full this soon after it was first read (slow-drip uploads are cut off).
+    body_timeout_seconds: float = Field(default=30.0, gt=0, le=3600)
+    # An idle keep-alive connection is closed after this many seconds without a new request.
+    idle_timeout_seconds: int = Field(default=5, ge=1, le=3600)
+    # Open connections (including event streams) served at once; a request past the cap is answered 503.
+    max_connections: int = Field(default=500, ge=1, le=100_000)
+
+    @field_validator("allowed_origins")
+    @classmethod
+    def _origins_are_origins(cls, value: list[str]) -> list[str]:
+        cleaned = []
+        for origin in value:
+            text = origin.strip().rstrip("/")
+            scheme, sep, rest = text.partition("://")
+            if text == "*":
+                raise ValueError("'*' would let every web page in; list the origins to allow")
+            if (
+                not sep
+                or scheme.lower() not in ("http", "https")
+                or not rest
+                or any(c in rest for c in "/?#@")
+            ):
+                raise ValueError(
+                    f"{origin!r} is not an origin like 'https://office.example.com' or 'http://h:8080'"
+                )
+            cleaned.append(text)
+        return cleaned
 
 
 class QueueSettings(_Strict):
@@ -163,11 +198,23 @@ class Settings:
                 ) from None
             if not 1 <= port <= 65535:
                 raise SettingsError(f"environment AGENTPOST_API_PORT={port} is outside 1..65535")
-        self.api = ApiSettings(
-            host=env.get("AGENTPOST_API_HOST") or data.api.host,
-            port=port,
-            token=env.get("AGENTPOST_API_TOKEN", data.api.token),
-        )
+        api_fields = data.api.model_dump() | {
+            "host": env.get("AGENTPOST_API_HOST") or data.api.host,
+            "port": port,
+            "token": env.get("AGENTPOST_API_TOKEN", data.api.token),
+        }
+        origins_text = env.get("AGENTPOST_API_ALLOWED_ORIGINS")
+        if origins_text is not None:  # comma-separated; set but empty allows none beyond the server's own
+            api_fields["allowed_origins"] = [o for o in (p.strip() for p in origins_text.split(",")) if o]
+        try:
+            self.api = ApiSettings.model_validate(api_fields)
+        except ValidationError as exc:
+            message = _describe(exc, path, prefix="api")
+            if origins_text is not None:
+                message += (
+                    f"\n  (api.allowed_origins came from AGENTPOST_API_ALLOWED_ORIGINS={origins_text!r})"
+                )
+            raise SettingsError(message) from None
         self.events = data.events.model_copy(
             update={"redis_url": env.get("AGENTPOST_REDIS_URL") or data.events.redis_url}
         )
@@ -255,7 +302,8 @@ def load_settings(home: Path | None = None, env: Mapping[str, str] | None = None
 
 STARTER_SETTINGS = """\
 # agentpost settings. Every key is optional; the values shown are the defaults unless noted.
-# Environment overrides: AGENTPOST_HOME, AGENTPOST_DATABASE_URL, AGENTPOST_API_PORT, AGENTPOST_API_TOKEN.
+# Environment overrides: AGENTPOST_HOME, AGENTPOST_DATABASE_URL, AGENTPOST_API_PORT, AGENTPOST_API_TOKEN,
+# AGENTPOST_API_ALLOWED_ORIGINS.
 
 [database]
 # Empty: a SQLite file beside this one (agentpost.db). For several hosts use PostgreSQL:
@@ -266,6 +314,15 @@ url = ""
 host = "127.0.0.1"     # the web API refuses a non-loopback address unless a token is set
 port = 3777
 token = ""             # better set AGENTPOST_API_TOKEN in the environment
+# Web pages on other origins that may call the API (the server's own pages always may); or set
+# AGENTPOST_API_ALLOWED_ORIGINS="https://a.example,https://b.example".
+# allowed_origins = ["https://office.example.com"]
+# Bounded input: body size, slow request heads and bodies, idle keep-alive, open connections.
+# max_body_bytes = 1048576
+# header_timeout_seconds = 10
+# body_timeout_seconds = 30
+# idle_timeout_seconds = 5
+# max_connections = 500
 
 [queue]
 default_agent = "assistant"   # messages that name no known agent go here

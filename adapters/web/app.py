@@ -15,7 +15,7 @@ import json
 import logging
 import sqlite3
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager, suppress
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -29,11 +29,11 @@ from fastapi.staticfiles import StaticFiles
 from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy.exc import SQLAlchemyError
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from shared.clock import now_ms
 from shared.db import lock_wait_limit
 from shared.events import ALL_TOPICS, CursorExpired, EventLog, PendingEvent, append_events
+from shared.file_access import check_send_path, send_roots
 from shared.ids import MESSAGE_ID_RE
 from shared.queue_types import (
     MAX_MESSAGE_CHARS,
@@ -47,15 +47,15 @@ from shared.runtime import Runtime
 from shared.storage_errors import storage_problem
 
 from .auth import bearer_token, host_header_is_loopback, token_matches
+from .limits import BodyLimit
 from .metrics import Metrics
+from .origins import OriginGuard
 from .stream import EventStreamResponse, StreamLimits, StreamStats, entry_json, valid_cursor
 from .websocket import serve_websocket
 
 log = logging.getLogger("agentpost.web")
 
 STATIC_DIR = Path(__file__).parent / "static"
-#: Request bodies larger than this are refused with 413 (a message may hold 200,000 characters of UTF-8).
-DEFAULT_MAX_BODY_BYTES = 1_048_576
 NAME_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,31}$"
 #: Cursors are checked by :func:`~adapters.web.stream.valid_cursor` (400 with a reason), not by a pattern
 #: (a bare 422 "should match pattern" says nothing about the range); this only bounds the length.
@@ -158,70 +158,19 @@ def _describe_validation(exc: RequestValidationError) -> tuple[int, str, list[di
     return 422, summary, details
 
 
-class BodyLimit:
-    """Refuse request bodies over ``limit`` bytes with 413, whether or not a Content-Length was sent."""
-
-    def __init__(self, app: ASGIApp, limit: int) -> None:
-        self.app = app
-        self.limit = limit
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        headers = dict(scope.get("headers") or [])
-        length = headers.get(b"content-length")
-        if length is not None:
-            if not length.isdigit():
-                await _error(400, "invalid Content-Length")(scope, receive, send)
-                return
-            if int(length) > self.limit:
-                await _error(413, f"request body is larger than {self.limit} bytes")(scope, receive, send)
-                return
-        seen = 0
-        started = False
-        too_large = False
-
-        async def limited_receive() -> Message:
-            nonlocal seen, too_large
-            message = await receive()
-            if message["type"] == "http.request":
-                seen += len(message.get("body", b""))
-                if seen > self.limit:
-                    too_large = True
-                    raise _TooLarge
-            return message
-
-        async def tracking_send(message: Message) -> None:
-            nonlocal started
-            if too_large:
-                return  # the framework's answer to the aborted read is replaced by the 413 below
-            if message["type"] == "http.response.start":
-                started = True
-            await send(message)
-
-        with suppress(_TooLarge):
-            await self.app(scope, limited_receive, tracking_send)
-        if too_large and not started:
-            await _error(413, f"request body is larger than {self.limit} bytes")(scope, receive, send)
-
-
-class _TooLarge(Exception):
-    pass
-
-
 # -- the application ---------------------------------------------------------------------------------------
 def create_app(
     runtime: Runtime,
     *,
     events: EventLog | None = None,
     limits: StreamLimits | None = None,
-    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    max_body_bytes: int | None = None,
     storage_wait_seconds: float = DEFAULT_STORAGE_WAIT_SECONDS,
 ) -> FastAPI:
     """Build the web adapter over ``runtime``. ``events`` overrides the event log read by streams (the Redis
     driver, say); by default the runtime's SQL log is used. ``storage_wait_seconds`` bounds how long one
-    request waits for a lock another process holds before it is answered 503."""
+    request waits for a lock another process holds before it is answered 503. ``max_body_bytes`` overrides
+    ``api.max_body_bytes``."""
     settings = runtime.settings
     queue = runtime.queue
     db = runtime.db
@@ -354,8 +303,22 @@ def create_app(
         changed = await run(queue.ack_response, response_id)
         return {"ok": True, "acked": bool(changed)}
 
+    def checked_files(body: ProactiveIn) -> list[str]:
+        """The files of a proactive message, each resolved and inside the roots a reply of its agent to its
+        chat may send from (:mod:`shared.file_access`: the agent's workspace, that chat's uploads)."""
+        roots = send_roots(settings, body.agent, body.channel, body.conversation)
+        base = settings.workspace(body.agent) if body.agent in settings.agents else None
+        resolved = []
+        for raw in body.files:
+            path, reason = check_send_path(raw, roots, base)
+            if path is None:
+                raise ApiError(400, f"files: refusing to send {raw!r}: {reason}", file=raw)
+            resolved.append(path)
+        return resolved
+
     @api.post("/responses", status_code=201, summary="Queue a proactive message")
     async def post_response(body: ProactiveIn) -> dict[str, Any]:
+        files = await anyio.to_thread.run_sync(checked_files, body) if body.files else []
         row = await run(
             queue.enqueue_response,
             body.channel,
@@ -364,7 +327,7 @@ def create_app(
             sender_id=body.senderId,
             conversation=body.conversation,
             agent=body.agent,
-            files=body.files,
+            files=files,
         )
         return {"ok": True, "response": row.as_dict()}
 
@@ -576,7 +539,14 @@ def create_app(
         log.exception("unexpected error")
         return _error(500, f"internal error ({type(exc).__name__}); see the server log")
 
-    app.add_middleware(BodyLimit, limit=max_body_bytes)
+    # Added last, so they run first: a body is refused for size before any token, JSON or database work, and
+    # a foreign page is refused before anything else (its refusal and every CORS answer wrap all the rest).
+    app.add_middleware(
+        BodyLimit,
+        limit=max_body_bytes if max_body_bytes is not None else settings.api.max_body_bytes,
+        timeout=settings.api.body_timeout_seconds,
+    )
+    app.add_middleware(OriginGuard, allowed=settings.api.allowed_origins)
     return app
 
 

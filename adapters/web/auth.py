@@ -2,7 +2,8 @@
 
 Without a token the server listens on loopback only, and answers ``/api`` only for a loopback ``Host`` header,
 so a web page on another site cannot reach it through DNS rebinding. Request bodies must be JSON (a browser
-cannot send that cross-origin without a CORS preflight, and no CORS headers are ever granted).
+cannot send that cross-origin without a CORS preflight). Which web pages may call the API at all — the
+server's own and ``api.allowed_origins`` — is decided before this, by :mod:`adapters.web.origins`.
 """
 
 from __future__ import annotations

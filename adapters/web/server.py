@@ -13,6 +13,8 @@ from shared.runtime import open_runtime
 
 from .app import create_app
 from .auth import check_bind
+from .limits import ConnectionLimits, server_config
+from .websocket import MAX_FRAME_BYTES
 
 log = logging.getLogger("agentpost.web")
 
@@ -37,15 +39,21 @@ def main(home: Path | None = None) -> None:
         log.info(
             "agentpost web on http://%s:%d (events: %s)", api.host, api.port, runtime.settings.events.driver
         )
-        config = uvicorn.Config(
+        # Every connection limit (body size and time, request-head deadline, idle keep-alive, connection
+        # cap) comes from api.* settings through adapters.web.limits, the one place they are applied.
+        config = server_config(
             app,
             host=api.host,
             port=api.port,
+            limits=ConnectionLimits.from_settings(api),
             log_level="info",
             access_log=False,
             # Open event streams never end on their own: give them a moment, then close them.
             timeout_graceful_shutdown=2,
             ws="websockets-sansio",
+            # A WebSocket frame is bounded too: frames up to this size get an error frame and the socket
+            # stays usable (see adapters.web.websocket); larger ones close it (1009) before being buffered.
+            ws_max_size=4 * MAX_FRAME_BYTES,
             proxy_headers=False,
             server_header=False,
         )
