@@ -50,10 +50,13 @@ from starlette.routing import Route
 
 from adapters.base import Channel, ChannelSettings, Inbound, safe_filename
 from adapters.delivery import SendFailure
+from adapters.web.limits import BodyLimit, ConnectionLimits, server_config
 from shared import inbound_jobs, platform_dedupe
 from shared.settings import SettingsError
 
 DEFAULT_GRAPH = "https://graph.facebook.com"
+#: Meta's webhook payloads are at most a few MB (batched notifications); anything larger is refused unread.
+WEBHOOK_MAX_BODY_BYTES = 3 * 1024 * 1024
 THROUGHPUT_CODES = frozenset({130429, 131056})
 #: Errors that are about our account or Meta's side, not this reply: retried (the operator may fix them).
 RETRY_CODES = frozenset({1, 2, 4, 190, 131000, 131016, 133004})
@@ -210,10 +213,14 @@ class WhatsAppChannel(Channel):
     async def open(self) -> None:
         self.media_wake = asyncio.Event()
         self.http = httpx.AsyncClient(timeout=30.0)
-        config = uvicorn.Config(
-            self.webhook_app(),
+        # The web adapter's connection limits (api.* settings); the body is capped while it is read, so an
+        # oversized POST gets 413 before its signature is checked and is never held in memory.
+        limits = ConnectionLimits.from_settings(self.settings.api)
+        config = server_config(
+            BodyLimit(self.webhook_app(), WEBHOOK_MAX_BODY_BYTES, limits.body_timeout),
             host=self.config.webhook_host,
             port=self.port,
+            limits=limits,
             log_level="warning",
             lifespan="off",
             access_log=False,
