@@ -23,6 +23,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from shared.cli_chat import CLI_CHANNEL
+from shared.cli_talk import Printer, chat_loop, reply_json, show_unread, wait_and_print
 from shared.db import lock_wait_limit
 from shared.private_files import private_umask
 from shared.queue import QueueError
@@ -133,7 +135,14 @@ def init(force: Annotated[bool, typer.Option(help="Overwrite an existing setting
 def send(
     text: Annotated[str, typer.Argument(help="The message. '@agent ...' or '@team ...' routes it.")],
     agent: Annotated[str | None, typer.Option(help="Send to this agent or team.")] = None,
-    channel: Annotated[str, typer.Option(help="Channel to reply on.")] = "cli",
+    wait: Annotated[
+        bool, typer.Option("--wait", "-w", help="Wait for the reply, showing the agent's progress.")
+    ] = False,
+    timeout: Annotated[
+        float, typer.Option(min=1, help="With --wait: give up waiting after this many seconds.")
+    ] = 1800,
+    as_json: JsonFlag = False,
+    channel: Annotated[str, typer.Option(help="Channel to reply on.")] = CLI_CHANNEL,
     sender: Annotated[str, typer.Option(help="Sender name.")] = "cli",
     sender_id: Annotated[str, typer.Option(help="Sender id on the channel.")] = "",
     conversation: Annotated[str, typer.Option(help="Conversation (chat) address to reply to.")] = "",
@@ -141,8 +150,15 @@ def send(
         str | None, typer.Option("--id", help="Use this message id (prefix_xxxxxxxx).")
     ] = None,
 ) -> None:
-    """Queue a message and print its id."""
+    """Queue a message and print its id; with --wait, print the reply when it comes.
+
+    With --wait the exit status is 1 when the message ended in an error (the explanation is printed) and
+    2 when the wait ran out (the reply then waits for `agentpost replies`).
+    """
+    if wait and channel != CLI_CHANNEL:
+        raise fail("--wait reads replies of the cli channel; leave out --channel", 2)
     with runtime() as rt:
+        cursor = rt.events.last_cursor()
         result = rt.queue.enqueue_message(
             channel,
             sender,
@@ -154,7 +170,62 @@ def send(
         )
         if result.duplicate:
             raise fail(f"message id {result.message_id} is already queued; nothing was added")
-        print(result.message_id)
+        if not wait:
+            if as_json:
+                print_json({"message_id": result.message_id, "agent": result.agent})
+            else:
+                print(result.message_id)
+            return
+        printer = Printer(err_console if as_json else console)
+        outcome = wait_and_print(
+            rt, printer, result.message_id, conversation, after_cursor=cursor, timeout=timeout
+        )
+    if as_json:
+        print_json(
+            {
+                "message_id": result.message_id,
+                "agent": result.agent,
+                "status": outcome.status,
+                "replies": [reply_json(r) for r in outcome.replies],
+            }
+        )
+    if outcome.status == "waiting":
+        raise typer.Exit(2)
+    if outcome.failed:
+        raise typer.Exit(1)
+
+
+@app.command()
+def chat(
+    agent: Annotated[str | None, typer.Option(help="Talk to this agent or team.")] = None,
+    conversation: Annotated[str, typer.Option(help="Which CLI conversation to continue.")] = "",
+    timeout: Annotated[
+        float, typer.Option(min=1, help="Give up waiting for one reply after this long.")
+    ] = 1800,
+) -> None:
+    """Talk with an agent in the terminal: each line is a message; replies render as Markdown."""
+    with runtime() as rt:
+        failures = chat_loop(
+            rt,
+            Printer(console),
+            conversation,
+            sender="cli",
+            agent=agent,
+            timeout=timeout,
+            history=rt.settings.home / "chat_history",
+        )
+    if failures:
+        raise typer.Exit(1)
+
+
+@app.command()
+def replies(
+    conversation: Annotated[str, typer.Option(help="Which CLI conversation to read.")] = "",
+    as_json: JsonFlag = False,
+) -> None:
+    """Show the CLI replies that arrived while nobody was waiting, and mark them read."""
+    with runtime() as rt:
+        show_unread(rt, Printer(console), conversation, as_json=as_json)
 
 
 @queue_app.command("status")

@@ -104,11 +104,14 @@ class AdminOps(QueueState):
             status: int(db.read_scalar(f"SELECT COUNT(*) FROM messages WHERE status = '{status}'") or 0)
             for status in ("pending", "processing", "completed", "dead")
         }
-        responses = {"responses_pending": 0, "responses_delivering": 0}
+        responses = {"responses_pending": 0, "responses_delivering": 0, "cli_replies_unread": 0}
         for r in db.read(
-            "SELECT status, COUNT(*) AS n FROM responses WHERE status <> 'acked' GROUP BY status"
+            "SELECT status, channel = 'cli' AS cli, COUNT(*) AS n FROM responses WHERE status <> 'acked' "
+            "GROUP BY status, channel = 'cli'"
         ):
-            responses[f"responses_{r['status']}"] = int(r["n"])
+            # CLI replies wait for `agentpost replies` or a waiting `send`: unread, not stuck in delivery.
+            key = "cli_replies_unread" if r["cli"] and r["status"] == "pending" else f"responses_{r['status']}"
+            responses[key] = responses.get(key, 0) + int(r["n"])
         return counts | responses
 
     def agent_queue_depths(self) -> list[dict[str, Any]]:
@@ -140,6 +143,15 @@ class AdminOps(QueueState):
         clause = ("WHERE " + " AND ".join(where)) if where else ""
         order = "ASC" if pending_only else "DESC"
         rows = self.db.read(f"SELECT * FROM responses {clause} ORDER BY id {order} LIMIT :l", params)
+        return [QueuedResponse.from_row(r) for r in rows]
+
+    def chat_responses(self, channel: str, conversation: str, *, limit: int = 100) -> list[QueuedResponse]:
+        """Replies waiting to be read in one chat of a channel that is read on demand (the CLI), oldest first."""
+        rows = self.db.read(
+            "SELECT * FROM responses WHERE status = 'pending' AND channel = :c AND conversation = :v "
+            "ORDER BY id LIMIT :l",
+            {"c": channel, "v": conversation, "l": max(1, min(limit, 1000))},
+        )
         return [QueuedResponse.from_row(r) for r in rows]
 
     def get_message(self, message_id: str) -> QueuedMessage | None:

@@ -133,6 +133,8 @@ def _delivery_verdict(last: dict[str, Any], now: int) -> str:
             f"the reply could not be delivered on {channel}: {last['last_error']}; "
             "the user is told the next time they write in that chat"
         )
+    if channel == "cli" and last["status"] == "pending":
+        return "reply waiting to be read: `agentpost replies` shows it"
     if last["status"] == "delivering":
         return f"reply being delivered on {channel} ({last['delivered']} chunk(s) sent so far)"
     due = int(last.get("lease_until") or 0)

@@ -366,8 +366,9 @@ def test_status_depths_processing_and_prune(queue: Queue) -> None:
         "processing": 1,
         "completed": 1,
         "dead": 0,
-        "responses_pending": 1,
+        "responses_pending": 0,
         "responses_delivering": 0,
+        "cli_replies_unread": 1,  # a CLI reply waits to be read, it is not stuck in delivery
     }
     depths = {d["agent"]: (d["pending"], d["processing"]) for d in queue.agent_queue_depths()}
     assert depths == {"alpha": (0, 0), "beta": (0, 1), "gamma": (0, 0)}
@@ -412,12 +413,36 @@ def test_group_by_conversation_keeps_primary_first() -> None:
 
 
 def test_debounce_makes_a_burst_from_one_chat_wait_together(queue: Queue) -> None:
+    before = now_ms()
     first = queue.enqueue_message("telegram", "s", "one", conversation="c", debounce_ms=60_000).message_id
+    # A lone message in a quiet chat is available at once: no debounce wait for it.
+    alone = queue.get_message(first)
+    assert alone is not None and before <= alone.available_at <= now_ms()
     other_chat = queue.enqueue_message("telegram", "s", "else", conversation="d").message_id
     second = queue.enqueue_message("telegram", "s", "two", conversation="c", debounce_ms=60_000).message_id
+    # A second message of the chat while the first still waits: the window opens, and both slide with it.
     m1, m2 = queue.get_message(first), queue.get_message(second)
     assert m1 is not None and m2 is not None and m1.available_at == m2.available_at > now_ms() + 50_000
     assert [m.message_id for m in queue.claim_all_pending_messages("alpha", "w")] == [other_chat]
+    third = queue.enqueue_message("telegram", "s", "three", conversation="c", debounce_ms=90_000).message_id
+    m1, m3 = queue.get_message(first), queue.get_message(third)
+    assert m1 is not None and m3 is not None and m1.available_at == m3.available_at > now_ms() + 80_000
+
+
+def test_debounce_does_not_wait_when_the_chats_earlier_message_was_already_taken(queue: Queue) -> None:
+    first = queue.enqueue_message("telegram", "s", "one", conversation="c", debounce_ms=60_000).message_id
+    assert [m.message_id for m in queue.claim_all_pending_messages("alpha", "w")] == [first]
+    # The agent is busy with the first; the next message is the only one waiting, so it is not delayed
+    # (the busy agent's lease holds it back until the run ends, and then it is claimed at once).
+    second = queue.enqueue_message("telegram", "s", "two", conversation="c", debounce_ms=60_000).message_id
+    m2 = queue.get_message(second)
+    assert m2 is not None and m2.available_at <= now_ms()
+    # Another agent's waiting message in the same chat does not open the window either.
+    third = queue.enqueue_message(
+        "telegram", "s", "@beta three", conversation="c", debounce_ms=60_000
+    ).message_id
+    m3 = queue.get_message(third)
+    assert m3 is not None and m3.available_at <= now_ms()
     with pytest.raises(InvalidInput):
         queue.enqueue_message("telegram", "s", "x", debounce_ms=-1)
 
