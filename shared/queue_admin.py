@@ -173,9 +173,11 @@ class AdminOps(QueueState):
                 "DELETE FROM responses WHERE status = 'acked' AND acked_at < :cut",
                 {"cut": now - acked_older_ms},
             ).rowcount
-            # Failed deliveries stay a week for trace, doctor and the user's notice, then go.
+            # Failed deliveries stay a week for trace, doctor and the user's notice, then go; so do CLI
+            # replies nobody read (`agentpost replies` shows them until then).
             responses += tx.execute(
-                "DELETE FROM responses WHERE status = 'failed' AND updated_at < :cut",
+                "DELETE FROM responses WHERE (status = 'failed' OR (status = 'pending' AND channel = 'cli')) "
+                "AND updated_at < :cut",
                 {"cut": now - failed_older_ms},
             ).rowcount
             messages = tx.execute(
