@@ -31,7 +31,6 @@ import os
 import re
 import secrets
 import signal
-import socket
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -47,6 +46,7 @@ from shared import platform_dedupe
 from shared.chat_prefs import BusyPolicy
 from shared.runtime import Runtime, open_runtime
 from shared.settings import Settings, SettingsError
+from shared.worker_identity import new_worker_id
 
 TEST_PAUSE_ENV = "AGENTPOST_TEST_PAUSE_AFTER_FETCH"
 _COMMAND_RE = re.compile(r"^/(?P<name>[A-Za-z_]+)(?:@[A-Za-z0-9_]+)?(?:\s+(?P<args>.*))?$", re.DOTALL)
@@ -120,9 +120,21 @@ class Inbound:
 HandleOutcome = Literal["queued", "duplicate", "command", "pairing_code", "unpaired", "ignored"]
 
 
+_WORKER_NAMES_TAKEN: set[str] = set()
+
+
 def worker_name(channel: str) -> str:
-    """``channel:host:pid:random``, unique per process start."""
-    return f"{channel}:{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
+    """The delivery worker id: ``host:pid:start`` (:func:`shared.worker_identity.new_worker_id`), so a
+    restarted adapter on this host sees that its predecessor is gone and takes over its replies at once.
+
+    A second adapter of the same channel in one process (tests) gets a random suffix: its id no longer
+    parses as a process, so its claims are judged by their lease alone, as before.
+    """
+    worker = new_worker_id()
+    if channel in _WORKER_NAMES_TAKEN:
+        return f"{worker}:{secrets.token_hex(3)}"
+    _WORKER_NAMES_TAKEN.add(channel)
+    return worker
 
 
 class Channel(ChatCommands, Delivery):

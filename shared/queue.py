@@ -81,6 +81,17 @@ _INSERT_MESSAGE = (
     ":hops, :external_id) ON CONFLICT DO NOTHING RETURNING id"
 )
 
+#: enqueue_message's debounce: another message of the same chat still waiting for the same agent.
+_OTHER_WAITING = (
+    "SELECT 1 FROM messages WHERE status = 'pending' AND agent = :agent AND channel = :channel "
+    "AND conversation = :conversation AND id <> :id LIMIT 1"
+)
+#: ... and the burst's sliding window: every waiting message of the chat moves to the window's end.
+_SLIDE_WAITING = (
+    "UPDATE messages SET available_at = :at WHERE status = 'pending' AND agent = :agent "
+    "AND channel = :channel AND conversation = :conversation AND available_at < :at"
+)
+
 
 class Queue(ResponseOps, AdminOps, ControlOps):
     """The queue operations over one :class:`~shared.db.Database`."""
@@ -212,15 +223,17 @@ class Queue(ResponseOps, AdminOps, ControlOps):
         Routing: ``agent`` (an agent or team name) if given, else a leading ``@agent``/``@team`` mention,
         else the default agent; the text is kept intact. A ``message_id`` or ``(channel, external_id)``
         that is already queued is reported as ``duplicate`` and changes nothing.
-        With ``debounce_ms``, the message and every message of the same chat still waiting for that agent
-        become available only ``debounce_ms`` after this one, so a burst of quick messages is one run.
+        With ``debounce_ms``, a message to a quiet chat (nothing else of that chat waiting for that agent)
+        is available at once, so a lone message costs no wait; once a second message of the chat is waiting,
+        every waiting message of the chat becomes available only ``debounce_ms`` after the newest, so a
+        burst of quick messages is one run (the window slides with each message of the burst).
         Raises :class:`InvalidInput` (nothing changed) for an empty message or a bad name or id.
         """
         now = now_ms()
         if debounce_ms < 0:
             raise InvalidInput("debounce_ms must be zero or more")
-        if debounce_ms and available_at is None:
-            available_at = now + debounce_ms
+        # The debounce window opens only when this message joins another waiting one (below).
+        slide_to = now + debounce_ms if debounce_ms and available_at is None else None
         params, explicit = self._draft_params(
             channel=channel,
             sender=sender,
@@ -239,18 +252,13 @@ class Queue(ResponseOps, AdminOps, ControlOps):
         )
         with self.db.transaction() as tx:
             row_id = self._insert_message(tx, params, explicit)
-            if row_id is not None and debounce_ms:
-                # A sliding window: each new message of the burst pushes the earlier ones back with it.
-                tx.execute(
-                    "UPDATE messages SET available_at = :at WHERE status = 'pending' AND agent = :agent "
-                    "AND channel = :channel AND conversation = :conversation AND available_at < :at",
-                    {
-                        "at": params["available_at"],
-                        "agent": params["agent"],
-                        "channel": channel,
-                        "conversation": params["conversation"],
-                    },
-                )
+            if row_id is not None and slide_to is not None:
+                # A burst: another message of this chat is still waiting for the agent, so all of them
+                # (this one too) wait until the window after the newest closes; each new one slides it.
+                # A lone message stays available at once: a quiet chat never waits for a debounce.
+                chat = {"agent": params["agent"], "channel": channel, "conversation": params["conversation"]}
+                if tx.scalar(_OTHER_WAITING, {**chat, "id": row_id}) is not None:
+                    tx.execute(_SLIDE_WAITING, {**chat, "at": slide_to})
             if row_id is None:
                 existing = tx.one(
                     "SELECT id, message_id, agent FROM messages WHERE message_id = :m OR "

@@ -7,6 +7,11 @@ never overtakes an earlier one that is pending, backing off, or being delivered 
 the response of a deliverer that died (lease expired) is taken again before anything after it. Responses
 without a conversation address are not a chat and are not ordered.
 
+Deliverers are named ``host:pid:start`` (:mod:`shared.worker_identity`). A response held by a deliverer of
+this host whose process is gone (killed, crashed, its pid reused) is free at once — a restarted adapter picks
+up its predecessor's half-sent replies in its first claim instead of waiting out the lease. A holder on
+another host, or one whose id is of another form, is judged by its lease alone.
+
 A transient send error puts the response back to ``pending`` with ``lease_until`` as the time it may be
 tried again (its attempts are counted in ``kv``); it holds up only its own chat.
 
@@ -42,6 +47,7 @@ from shared.queue_types import (
 )
 from shared.queue_types import to_json as _json
 from shared.routing import AGENT_NAME_RE
+from shared.worker_identity import Holder, holder_state
 
 #: Delivery records (platform ids, notices owed) older than this are removed by :meth:`ResponseOps.prune_delivery_records`.
 DELIVERY_RECORD_TTL_MS = 8 * 24 * 3600 * 1000
@@ -50,7 +56,7 @@ ATTEMPTS_SCOPE = "delivery_attempts"
 _CLAIM_RESPONSES = (
     "UPDATE responses SET status = 'delivering', claimed_by = :worker, lease_until = :lease, updated_at = :now "
     "WHERE id IN (SELECT r.id FROM responses r WHERE r.status <> 'acked' AND r.channel = :channel "
-    "AND r.status IN ('pending', 'delivering') AND (r.lease_until IS NULL OR r.lease_until <= :now) "
+    "AND r.status IN ('pending', 'delivering') AND (r.lease_until IS NULL OR r.lease_until <= :now{gone}) "
     # The head of its chat: no earlier unfinished response of the same conversation (pending, waiting
     # to retry, or being delivered by anyone). `status <> 'acked'` repeats the partial index's condition.
     "AND (r.conversation = '' OR NOT EXISTS (SELECT 1 FROM responses e WHERE e.status <> 'acked' "
@@ -101,7 +107,24 @@ class ResponseOps(QueueState):
 
     @cached_property
     def _claim_responses_sql(self) -> str:
-        return _CLAIM_RESPONSES.format(skip_locked=self.db.dialect.skip_locked)
+        return _CLAIM_RESPONSES.format(skip_locked=self.db.dialect.skip_locked, gone="")
+
+    def _claim_responses_taking_over_sql(self, holders: int) -> str:
+        # The same claim, where a response held by one of ``holders`` known-dead workers is free although
+        # its lease has not run out (still fenced by claimed_by: a holder that renewed since keeps it).
+        names = ", ".join(f":gone{i}" for i in range(holders))
+        gone = f" OR (r.status = 'delivering' AND r.claimed_by IN ({names}))"
+        return _CLAIM_RESPONSES.format(skip_locked=self.db.dialect.skip_locked, gone=gone)
+
+    def _gone_response_holders(self, channel: str, now: int) -> list[str]:
+        """Workers of this host that hold responses of ``channel`` under a running lease but no longer run
+        (their process is gone or its pid was reused): their responses need not wait for the lease."""
+        rows = self.db.read(
+            "SELECT DISTINCT claimed_by FROM responses WHERE status <> 'acked' AND channel = :channel "
+            "AND status = 'delivering' AND lease_until > :now AND claimed_by IS NOT NULL",
+            {"channel": channel, "now": now},
+        )
+        return sorted(str(r["claimed_by"]) for r in rows if holder_state(str(r["claimed_by"])) is Holder.GONE)
 
     def _insert_response(self, tx: Tx, primary: Row, draft: ResponseDraft, now: int) -> int:
         return int(
@@ -136,14 +159,26 @@ class ResponseOps(QueueState):
             "AND status IN ('pending', 'delivering') AND (lease_until IS NULL OR lease_until <= :now) LIMIT 1",
             {"channel": channel, "now": now},
         )
-        if probe is None:
+        # A deliverer of this host that died (kill -9, a crash) left its responses under a running lease;
+        # its successor takes them at once instead of waiting the lease out. Holders on other hosts, or
+        # alive, are judged by the lease alone. Liveness is read here, before the write lock is taken.
+        gone = self._gone_response_holders(channel, now)
+        if probe is None and not gone:
             return []
         lease = now + (lease_ms or self.config.lease_ms)
+        params: dict[str, Any] = {
+            "worker": worker,
+            "lease": lease,
+            "now": now,
+            "channel": channel,
+            "limit": max(1, limit),
+        }
+        sql = self._claim_responses_sql
+        if gone:
+            sql = self._claim_responses_taking_over_sql(len(gone))
+            params.update({f"gone{i}": name for i, name in enumerate(gone)})
         with self.db.transaction() as tx:
-            rows = tx.rows(
-                self._claim_responses_sql,
-                {"worker": worker, "lease": lease, "now": now, "channel": channel, "limit": max(1, limit)},
-            )
+            rows = tx.rows(sql, params)
         return sorted((QueuedResponse.from_row(r) for r in rows), key=lambda r: r.id)
 
     def mark_chunk_delivered(

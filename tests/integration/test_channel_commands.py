@@ -135,7 +135,7 @@ def _fail_for_good(rt: object, agent: str) -> None:
 
     assert isinstance(rt, Runtime)
     claimed: list[object] = []
-    # Chat messages wait out the debounce window before they can be claimed.
+    # The message may still be on its way in (a lone chat message is claimable as soon as it is queued).
     wait_for(
         lambda: claimed.extend(rt.queue.claim_all_pending_messages(agent, "test-worker")) or claimed,
         10,

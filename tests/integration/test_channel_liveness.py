@@ -131,8 +131,15 @@ def test_chat_messages_are_debounced_and_commands_are_not(rt: Runtime, fake: Hol
         wait_for(lambda: count(rt, "SELECT COUNT(*) FROM messages") == 1, 10, "the message")
         first = rt.db.read("SELECT created_at, available_at FROM messages")[0]
         assert _ask(fake, "/help").startswith("Commands:")  # answered at once, no debounce
-    window = int(first["available_at"]) - int(first["created_at"])
+        fake.push_text(42, "two")  # the first is still waiting (no processor): a burst
+        wait_for(lambda: count(rt, "SELECT COUNT(*) FROM messages") == 2, 10, "the second message")
+        burst = rt.db.read("SELECT created_at, available_at FROM messages ORDER BY id")
+    # A lone message in a quiet chat is available at once.
+    assert int(first["available_at"]) == int(first["created_at"])
+    # The second message of the chat opens the debounce window: both wait until it closes.
+    window = int(burst[1]["available_at"]) - int(burst[1]["created_at"])
     assert window == rt.settings.queue.debounce_ms == 1200
+    assert int(burst[0]["available_at"]) == int(burst[1]["available_at"])
 
 
 def _progress(rt: Runtime, key: str, text: str, *, kind: str = "progress", conversation: str = "42") -> None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -33,25 +33,46 @@ def fake(monkeypatch: pytest.MonkeyPatch) -> Iterator[HoldingTelegram]:
 
 
 @pytest.fixture
-def setup(tmp_path: Path, fake: HoldingTelegram) -> Iterator[tuple[Runtime, Proc]]:
+def setup(tmp_path: Path, fake: HoldingTelegram) -> Iterator[tuple[Runtime, Callable[[], Proc]]]:
+    """The runtime and the Telegram adapter running; the processor is started by the test (when it
+    calls the second item), so a test can have messages waiting before any processor can take them."""
     home = fault_home(tmp_path, f"sqlite:///{tmp_path / 'a.db'}", CHANNELS, processor=PROCESSOR)
     rt = open_home(home)
-    processor = Proc("processor", home, {}, tmp_path / "processor.log")
+    started: list[Proc] = []
+
+    def start() -> Proc:
+        started.append(Proc("processor", home, {}, tmp_path / "processor.log"))
+        return started[-1]
+
     channel = TelegramChannel(rt, env={"TELEGRAM_BOT_TOKEN": fake.token, "TELEGRAM_API_BASE_URL": fake.url})
     try:
         with RunningChannel(channel):
-            yield rt, processor
+            yield rt, start
     finally:
-        processor.stop()
+        for processor in started:
+            processor.stop()
         rt.close()
 
 
 def test_burst_is_one_run_with_notes_edited_and_one_final_reply(
-    setup: tuple[Runtime, Proc], fake: HoldingTelegram
+    setup: tuple[Runtime, Callable[[], Proc]], fake: HoldingTelegram
 ) -> None:
-    rt, processor = setup
+    rt, start = setup
     for text in ("token-a first", "token-b second", "token-c third sleep=3.4"):
         fake.push_text(42, text)
+    # The second message of the chat opened the debounce window: all three wait together for it to close
+    # (a lone message would be available at once; the burst rule starts with the second one).
+    burst = wait_for(
+        lambda: (
+            (rows := rt.db.read("SELECT available_at FROM messages WHERE status = 'pending'"))
+            and len(rows) == 3
+            and rows
+        ),
+        10,
+        "the burst queued",
+    )
+    assert len({int(r["available_at"]) for r in burst}) == 1
+    processor = start()
     wait_for(lambda: any("answered" in t for t in fake.texts(42)), 40, "the answer")
     wait_for(lambda: any(c.text == DONE_TEXT for c in fake.sent), 10, "the note marked done")
     claims = events(rt, "message_claimed")
@@ -73,9 +94,10 @@ def test_burst_is_one_run_with_notes_edited_and_one_final_reply(
 
 
 def test_status_and_stop_end_a_running_run_within_seconds(
-    setup: tuple[Runtime, Proc], fake: HoldingTelegram
+    setup: tuple[Runtime, Callable[[], Proc]], fake: HoldingTelegram
 ) -> None:
-    rt, _ = setup
+    rt, start = setup
+    start()
     fake.push_text(42, "token-long sleep=60")
     wait_for(lambda: events(rt, "chain_step_start"), 20, "the run to start")
     before = len(fake.texts(42))

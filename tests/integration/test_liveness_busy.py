@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from shared.chat_prefs import set_busy_policy
+from shared.clock import now_ms
 from shared.queue import Queue
 from tests.fakes.anthropic_api import Chunked, FakeAnthropic, Text
 from tests.fakes.claude_env import claude_binary
@@ -145,10 +146,16 @@ def test_a_burst_inside_the_debounce_window_is_one_run(
     home = claude_home(tmp_path, sqlite_url)
     with open_home(home) as rt:
         for n in range(3):
-            rt.queue.enqueue_message(
+            sent = rt.queue.enqueue_message(
                 "telegram", "ann", f"burst {n}", sender_id="7", conversation="c1", debounce_ms=800
             )
+            if n == 0:  # a lone message of a quiet chat is claimable at once ...
+                lone = rt.queue.get_message(sent.message_id)
+                assert lone is not None and lone.available_at <= now_ms()
             time.sleep(0.2)
+        # ... and the second one opened the window: the three wait together until 800 ms after the last.
+        waiting = {int(r["available_at"]) for r in rt.db.read("SELECT available_at FROM messages")}
+        assert len(waiting) == 1 and waiting.pop() > now_ms()
         stats = run_idle(rt, env=cli_env(api, tmp_path), include_delayed=True)
         assert stats.invocations == 1
         (final,) = responses(rt)
