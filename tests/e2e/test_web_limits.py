@@ -1,7 +1,8 @@
 """Bounded input against ``agentpost run web`` as its own OS process (issue 12).
 
 - a 200 MB chunked POST is answered 413 after about ``api.max_body_bytes`` were read — before the token check —
-  and the connection is closed, while the server's memory (VmRSS, VmHWM) grows by less than 20 MB;
+  and the connection is closed, while the server's memory (VmRSS, VmHWM) grows by less than 20 MB; the same
+  for the WhatsApp adapter's webhook (``agentpost run whatsapp``), before the signature check;
 - a slowloris connection (a request head sent one byte a second) and a silent one are closed within
   ``api.header_timeout_seconds``; a slow-drip body gets 408 within ``api.body_timeout_seconds``;
 - past ``api.max_connections`` a request and a WebSocket upgrade are answered 503, and served again once a
@@ -23,6 +24,8 @@ import pytest
 from websockets.exceptions import InvalidStatus
 from websockets.sync.client import connect
 
+from tests.channel_support import Proc, channel_home
+from tests.fakes.whatsapp_api import FakeWhatsApp
 from tests.web_support import free_port, make_home, wait_until, web_process
 
 pytestmark = pytest.mark.e2e
@@ -87,6 +90,34 @@ def home(tmp_path: Path) -> Path:
     return make_home(tmp_path, extra=LIMITS)
 
 
+def stream_huge_body(port: int, path: str, total: int = 200 * 1024 * 1024) -> tuple[int, int, bytes, float]:
+    """POST ``total`` bytes chunked, like an uploader: stop when the server answers or hangs up.
+    Returns (bytes sent, status, response body, seconds)."""
+    chunk = b"x" * 65536
+    frame = f"{len(chunk):x}\r\n".encode() + chunk + b"\r\n"
+    sock = open_socket(port)
+    sock.sendall(
+        f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/json\r\n"
+        "Transfer-Encoding: chunked\r\n\r\n".encode()
+    )
+    sent = 0
+    started = time.monotonic()
+    try:
+        while sent < total and time.monotonic() - started < 60:
+            if select.select([sock], [], [], 0)[0]:
+                break
+            try:
+                sock.sendall(frame)
+            except (BrokenPipeError, ConnectionResetError):
+                break
+            sent += len(chunk)
+        status, headers, body = read_response(sock)
+    finally:
+        sock.close()
+    assert status != 413 or headers.get("connection") == "close", headers
+    return sent, status, body, time.monotonic() - started
+
+
 def test_huge_chunked_body_is_refused_while_read_with_flat_memory(home: Path) -> None:
     port = free_port()
     with web_process(home, port, AGENTPOST_API_TOKEN=TOKEN) as proc:
@@ -94,40 +125,48 @@ def test_huge_chunked_body_is_refused_while_read_with_flat_memory(home: Path) ->
         for _ in range(3):
             httpx.post(f"http://127.0.0.1:{port}/api/message", content=b"x" * 2_000_000, timeout=10)
         before = memory_kb(proc.pid)
-
-        total = 200 * 1024 * 1024
-        chunk = b"x" * 65536
-        frame = f"{len(chunk):x}\r\n".encode() + chunk + b"\r\n"
-        sock = open_socket(port)
-        sock.sendall(
-            f"POST /api/message HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/json\r\n"
-            "Transfer-Encoding: chunked\r\n\r\n".encode()
-        )
-        sent = 0
-        started = time.monotonic()
-        try:
-            # Stream the body like an uploader would, stopping as soon as the server answers or hangs up.
-            while sent < total and time.monotonic() - started < 60:
-                if select.select([sock], [], [], 0)[0]:
-                    break
-                try:
-                    sock.sendall(frame)
-                except (BrokenPipeError, ConnectionResetError):
-                    break
-                sent += len(chunk)
-            status, headers, body = read_response(sock)
-        finally:
-            sock.close()
-        elapsed = time.monotonic() - started
+        sent, status, body, elapsed = stream_huge_body(port, "/api/message")
         after = memory_kb(proc.pid)
 
-    print(f"sent {sent / 1e6:.1f} MB in {elapsed:.2f}s; memory before {before}, after {after} (kB)")
+    print(f"web: sent {sent / 1e6:.1f} MB in {elapsed:.3f}s; memory before {before}, after {after} (kB)")
     assert status == 413, (status, body)
     assert "larger than 1048576 bytes" in json.loads(body)["error"]
-    assert headers.get("connection") == "close"
     # The server stopped reading near the cap instead of draining 200 MB (socket buffers allow a few MB).
     assert sent < 32 * 1024 * 1024, f"the server kept reading: {sent} bytes were accepted"
     assert elapsed < 10
+    assert after["VmRSS"] - before["VmRSS"] < 20 * 1024
+    assert after["VmHWM"] - before["VmHWM"] < 20 * 1024
+
+
+def test_huge_unsigned_whatsapp_webhook_is_refused_before_the_signature_check(tmp_path: Path) -> None:
+    home = channel_home(
+        tmp_path, f"sqlite:///{tmp_path / 'a.db'}", {"whatsapp": {"allowlist": ["15550001111"]}}
+    )
+    port = free_port()
+    with FakeWhatsApp() as fake:
+        env = {
+            "WHATSAPP_ACCESS_TOKEN": fake.access_token,
+            "WHATSAPP_PHONE_NUMBER_ID": fake.phone_number_id,
+            "WHATSAPP_APP_SECRET": "app-secret",
+            "WHATSAPP_VERIFY_TOKEN": "verify",
+            "WHATSAPP_GRAPH_URL": fake.graph_url,
+            "WHATSAPP_WEBHOOK_PORT": str(port),
+        }
+        adapter = Proc("whatsapp", home, env, tmp_path / "whatsapp.log")
+        try:
+            adapter.wait_output("webhook listening")
+            url = f"http://127.0.0.1:{port}/webhook"
+            for _ in range(3):
+                assert httpx.post(url, content=b"{}", timeout=10).status_code == 403  # unsigned: refused
+                assert httpx.post(url, content=b"x" * 4_000_000, timeout=10).status_code == 413
+            before = memory_kb(adapter.popen.pid)
+            sent, status, body, elapsed = stream_huge_body(port, "/webhook")
+            after = memory_kb(adapter.popen.pid)
+        finally:
+            adapter.stop()
+    print(f"whatsapp: sent {sent / 1e6:.1f} MB in {elapsed:.3f}s; memory before {before}, after {after} (kB)")
+    assert status == 413, (status, body)
+    assert sent < 32 * 1024 * 1024, f"the adapter kept reading: {sent} bytes were accepted"
     assert after["VmRSS"] - before["VmRSS"] < 20 * 1024
     assert after["VmHWM"] - before["VmHWM"] < 20 * 1024
 
