@@ -206,7 +206,9 @@ def agent_add(
         agents[agent] = entry
 
     path = _apply(change)
-    console.print(f"added agent [bold]{agent}[/] to {path}; restart the processor to run it")
+    console.print(
+        f"added agent [bold]{agent}[/] to {path}; the running processes take it up within a few seconds"
+    )
 
 
 @agent_app.command("remove")

@@ -58,6 +58,7 @@ import anyio
 from shared.clock import now_ms
 from shared.queue import LeaseLost, QueuedMessage
 from shared.runtime import Runtime, open_runtime
+from shared.settings import Settings, SettingsError
 from workers.busy import apply_cap, build_prompt, merge_arrivals, resolve_policy
 from workers.processor_config import ProcessorSettings, ProcessorStats, default_worker_id
 from workers.runs import Drive, RunSteps
@@ -83,7 +84,9 @@ class Processor(RunSteps):
         worker_id: str | None = None,
     ) -> None:
         self.rt = runtime
-        self.settings = runtime.settings
+        # Without an explicit ``config`` the [processor] section follows edits of the settings file.
+        self._own_config = config is None
+        self._config_generation = runtime.settings_generation
         self.config = config or runtime.settings.section("processor", ProcessorSettings)
         self.worker = worker_id or self.config.worker_id or default_worker_id()
         self.env = dict(os.environ if env is None else env)
@@ -100,6 +103,26 @@ class Processor(RunSteps):
         self._strikes: dict[str, int] = {}  # consecutive rate limits per agent (for the backoff)
 
     # -- public -----------------------------------------------------------------------------------------
+    @property
+    def settings(self) -> Settings:
+        """The settings in force now: edits of settings.toml take effect without a restart."""
+        return self.rt.settings
+
+    @settings.setter
+    def settings(self, value: Settings) -> None:
+        self.rt.settings = value
+
+    def _follow_config(self) -> None:
+        """Take up an edited [processor] section (a broken one keeps the old; the runtime logs why)."""
+        generation = self.rt.settings_generation
+        if not self._own_config or generation == self._config_generation:
+            return
+        self._config_generation = generation
+        try:
+            self.config = self.rt.settings.section("processor", ProcessorSettings)
+        except SettingsError as exc:
+            log.warning("[processor] settings not taken up, the ones in force stay: %s", exc)
+
     @property
     def agents(self) -> list[str]:
         """The agents this processor runs."""
@@ -167,6 +190,7 @@ class Processor(RunSteps):
 
     # -- loop parts -------------------------------------------------------------------------------------
     async def _dispatch(self, tg: anyio.abc.TaskGroup) -> int:
+        self._follow_config()
         if time.monotonic() - self._last_recover >= self.config.recover_interval_seconds:
             self._last_recover = time.monotonic()
             outcome = await anyio.to_thread.run_sync(self.rt.queue.recover_stale_messages)
@@ -175,6 +199,11 @@ class Processor(RunSteps):
                     "recovered %d expired message(s), %d now dead", len(outcome.retried), len(outcome.dead)
                 )
         pending = await anyio.to_thread.run_sync(self.rt.queue.agents_with_pending)
+        if any(agent not in self.rt.settings.agents for agent in pending):
+            # Work for an agent these settings do not know: it may have been added a moment ago (the
+            # sender's process read the new file first). Look at the file now rather than within a second.
+            await anyio.to_thread.run_sync(self.rt.refresh_settings)
+            self._follow_config()
         mine = set(self.agents)
         started = 0
         now = time.monotonic()
