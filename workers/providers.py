@@ -73,6 +73,11 @@ class RunRequest:
     idle_timeout: float | None = None  # kill the run after this long without any output (None: never)
     orphan_guard: bool = True
     on_spawn: Callable[[int], None] | None = None  # told the CLI's pid (= its process group id)
+    # Folders outside the workspace the agent may read (not write): the upload folder of the chat the run
+    # answers, so the files a user sent (``[file: /abs/path]`` lines) can be opened. Claude gets a read
+    # permission rule for each; codex's sandbox limits writes, not reads; a command template gets the
+    # folder in ``$AGENTPOST_UPLOAD_DIR`` (set by the processor) and runs unsandboxed anyway.
+    read_dirs: tuple[Path, ...] = ()
 
 
 @dataclass
@@ -389,6 +394,8 @@ class ClaudeProvider(CliProvider):
             argv += ["--append-system-prompt", request.system_prompt]
         if s.permission_mode != "default":
             argv += ["--permission-mode", s.permission_mode]
+        for folder in request.read_dirs:
+            argv += read_access(folder)
         return argv
 
     def parse_line(self, line: str, state: StreamState) -> list[str]:
@@ -426,6 +433,23 @@ class ClaudeProvider(CliProvider):
         if state.error is None and exit_code == 0 and state.final_text is None:
             return RunResult(ok=False, error="claude exited without a result line", exit_code=exit_code)
         return super().finish(state, exit_code, stderr)
+
+
+#: Paths a Claude permission rule can carry as written (the rule syntax has its own meaning for brackets,
+#: wildcards, commas and spaces).
+_RULE_SAFE_PATH = re.compile(r"/[A-Za-z0-9._/+@=-]*")
+
+
+def read_access(folder: Path) -> list[str]:
+    """Claude arguments that let a run read ``folder`` and everything in it, without asking and without
+    write access: the permission rule ``Read(//abs/folder/**)`` (``//`` marks an absolute path).
+    ``--add-dir`` would work too, but it makes the folder a working directory, writable under
+    ``acceptEdits`` (measured with 2.1.332); it is used only for a path the rule syntax cannot carry.
+    """
+    path = str(folder.resolve() if folder.is_absolute() else folder.absolute())
+    if _RULE_SAFE_PATH.fullmatch(path):
+        return ["--allowedTools", f"Read(/{path.rstrip('/')}/**)"]
+    return ["--add-dir", path]
 
 
 _RATE_LIMIT_WORDS = (

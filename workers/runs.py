@@ -25,7 +25,7 @@ import anyio
 
 from shared.clock import now_ms
 from shared.conversation_status import clear_run, record_run
-from shared.file_access import send_roots
+from shared.file_access import chat_upload_dir, send_roots
 from shared.ids import new_id
 from shared.queue import LeaseLost, QueuedMessage, ResponseDraft, retry_edit_key
 from shared.runtime import Runtime
@@ -152,6 +152,10 @@ class RunSteps:
         run = RunInfo(agent, new_id("run"), group)
         if any(m.retry_count for m in group.messages):
             run.edit_key = retry_edit_key(primary.message_id)
+        uploads = self._upload_dir(primary)
+        extra_env = [("AGENTPOST_AGENT", agent), ("AGENTPOST_MESSAGE_ID", primary.message_id)]
+        if uploads is not None:
+            extra_env.append(("AGENTPOST_UPLOAD_DIR", str(uploads)))
         request = RunRequest(
             agent=agent,
             settings=run_config,
@@ -159,13 +163,12 @@ class RunSteps:
             prompt=self._prompt(config, agent, group),
             system_prompt=self._system_prompt(config, agent) if config.provider == "claude" else "",
             session_id=session,
-            env=child_env(
-                self.env, config, [("AGENTPOST_AGENT", agent), ("AGENTPOST_MESSAGE_ID", primary.message_id)]
-            ),
+            env=child_env(self.env, config, extra_env),
             timeout=config.timeout_seconds,
             idle_timeout=self.config.idle_timeout_seconds,
             orphan_guard=self.config.orphan_guard,
             on_spawn=run.spawned,
+            read_dirs=(uploads,) if uploads is not None else (),
         )
         ids = group.ids
         await self._event(
@@ -245,6 +248,13 @@ class RunSteps:
         else:
             self._strikes.pop(agent, None)
             await self._finish_ok(drive, group, run, result, workspace, session_key)
+
+    def _upload_dir(self, primary: QueuedMessage) -> Path | None:
+        """The upload folder of the chat this run answers (a teammate's run: the chat its chain started
+        from), when it exists: the run may read it, so the files the user sent reach the agent."""
+        target = note_target(primary) or {"channel": primary.channel, "conversation": primary.conversation}
+        folder = chat_upload_dir(self.settings, str(target["channel"]), str(target.get("conversation") or ""))
+        return folder if folder.is_dir() else None
 
     async def _invoke(self, drive: Drive, run: RunInfo, request: RunRequest, kind: str) -> RunResult:
         """Run the CLI with a watch beside it; a stop or interrupt cancels the run (``run.reason``)."""

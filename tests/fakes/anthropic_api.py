@@ -124,14 +124,30 @@ class RateLimited:
 
 
 @dataclass(frozen=True)
+class ToolUse:
+    """Answer with a call of the CLI tool ``name`` (for example ``"Read"``) with ``input``.
+
+    Streamed as the real API does: an optional ``text`` block first, then a ``tool_use`` content block
+    whose input arrives as ``input_json_delta`` pieces, and ``stop_reason: tool_use``. The CLI then runs
+    the tool (or refuses it) and sends a follow-up request whose last user message carries the
+    ``tool_result`` (see :func:`tool_results`).
+    """
+
+    name: str
+    input: JSON
+    text: str = ""
+    delay: float = 0.0
+
+
+@dataclass(frozen=True)
 class Computed:
     """Answer whatever ``fn`` returns for the parsed request body: a text, or any other reply."""
 
     fn: Callable[[JSON], str | Reply]
 
 
-Reply: TypeAlias = Text | Chunked | ApiError | RateLimited | Computed
-_Resolved: TypeAlias = Text | Chunked | ApiError | RateLimited
+Reply: TypeAlias = Text | Chunked | ApiError | RateLimited | ToolUse | Computed
+_Resolved: TypeAlias = Text | Chunked | ApiError | RateLimited | ToolUse
 
 
 @dataclass
@@ -235,6 +251,52 @@ def has_tools(body: JSON) -> bool:
     """The default test for a main conversation call: the body offers the model a non-empty tool list."""
     tools = body.get("tools")
     return isinstance(tools, list) and len(tools) > 0
+
+
+def tool_results(body: JSON) -> list[JSON]:
+    """The ``tool_result`` blocks of the request's last user message (``[]`` when it carries none).
+
+    After a :class:`ToolUse` reply the CLI sends the tool's outcome this way: ``tool_use_id``, ``content``
+    (a string, or a list of ``text``/``image`` blocks) and ``is_error`` when the tool failed or was refused.
+    """
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        return []
+    last = messages[-1]
+    if not isinstance(last, dict) or last.get("role") != "user" or not isinstance(last.get("content"), list):
+        return []
+    return [b for b in last["content"] if isinstance(b, dict) and b.get("type") == "tool_result"]
+
+
+def tool_result_text(block: JSON) -> str:
+    """The text of one ``tool_result`` block (its text parts joined; an image part shows as
+    ``[image <media_type>, N base64 chars]``)."""
+    content = block.get("content")
+    if isinstance(content, str):
+        return content
+    parts: list[str] = []
+    for item in content if isinstance(content, list) else []:
+        if not isinstance(item, dict):
+            continue
+        if item.get("type") == "text":
+            parts.append(str(item.get("text", "")))
+        elif item.get("type") == "image":
+            source = item.get("source") if isinstance(item.get("source"), dict) else {}
+            assert isinstance(source, dict)
+            parts.append(
+                f"[image {source.get('media_type')}, {len(str(source.get('data', '')))} base64 chars]"
+            )
+    return "\n".join(parts)
+
+
+def tool_images(block: JSON) -> list[JSON]:
+    """The ``image`` parts of one ``tool_result`` block (their ``source``: type, media_type, data)."""
+    content = block.get("content")
+    return [
+        item["source"]
+        for item in (content if isinstance(content, list) else [])
+        if isinstance(item, dict) and item.get("type") == "image" and isinstance(item.get("source"), dict)
+    ]
 
 
 class _Server(ThreadingHTTPServer):
@@ -345,11 +407,14 @@ class _Handler(BaseHTTPRequestHandler):
             error = {"type": "error", "error": {"type": error_type, "message": reply.message}}
             self._send_json(status, error, headers)
             return
-        parts = [reply.text] if isinstance(reply, Text) else list(reply.parts)
-        interval = reply.interval if isinstance(reply, Chunked) else 0.0
         if reply.delay > 0 and fake._stopping.wait(reply.delay):
             self.close_connection = True
             return
+        if isinstance(reply, ToolUse):
+            self._answer_tool_use(body, reply)
+            return
+        parts = [reply.text] if isinstance(reply, Text) else list(reply.parts)
+        interval = reply.interval if isinstance(reply, Chunked) else 0.0
         model = str(body.get("model", "claude-fake"))
         message_id = fake._next_id("msg")
         input_tokens = max(1, len(json.dumps(body.get("messages", []))) // 4)
@@ -377,6 +442,55 @@ class _Handler(BaseHTTPRequestHandler):
         self._event("content_block_stop", {"type": "content_block_stop", "index": 0})
         end = {"stop_reason": "end_turn", "stop_sequence": None}
         usage = {"output_tokens": output_tokens}
+        self._event("message_delta", {"type": "message_delta", "delta": end, "usage": usage})
+        self._event("message_stop", {"type": "message_stop"})
+
+    def _answer_tool_use(self, body: JSON, reply: ToolUse) -> None:
+        """Stream ``reply`` as a (text block and) ``tool_use`` block ending with ``stop_reason: tool_use``."""
+        fake = self.server.fake
+        model = str(body.get("model", "claude-fake"))
+        message_id = fake._next_id("msg")
+        tool_id = f"toolu_fake{next(fake._ids):06d}"
+        input_tokens = max(1, len(json.dumps(body.get("messages", []))) // 4)
+        arguments = json.dumps(reply.input)
+        if not body.get("stream"):
+            content: list[JSON] = [{"type": "text", "text": reply.text}] if reply.text else []
+            content.append({"type": "tool_use", "id": tool_id, "name": reply.name, "input": reply.input})
+            message = _message(message_id, model, None, input_tokens, max(1, len(arguments) // 4))
+            message.update(content=content, stop_reason="tool_use")
+            self._send_json(200, message)
+            return
+        self.send_response(200)
+        self.send_header("content-type", "text/event-stream")
+        self.send_header("cache-control", "no-cache")
+        self.send_header("connection", "close")
+        self.send_header("request-id", fake._next_id("req"))
+        self.end_headers()
+        self.close_connection = True
+        start = _message(message_id, model, None, input_tokens, 1)
+        self._event("message_start", {"type": "message_start", "message": start})
+        index = 0
+        if reply.text:
+            block = {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}
+            self._event("content_block_start", block)
+            delta = {"type": "text_delta", "text": reply.text}
+            self._event("content_block_delta", {"type": "content_block_delta", "index": 0, "delta": delta})
+            self._event("content_block_stop", {"type": "content_block_stop", "index": 0})
+            index = 1
+        tool = {"type": "tool_use", "id": tool_id, "name": reply.name, "input": {}}
+        self._event(
+            "content_block_start", {"type": "content_block_start", "index": index, "content_block": tool}
+        )
+        # The input JSON arrives in pieces, as the real API streams it.
+        cut = max(1, len(arguments) // 2)
+        for piece in (arguments[:cut], arguments[cut:]):
+            delta = {"type": "input_json_delta", "partial_json": piece}
+            self._event(
+                "content_block_delta", {"type": "content_block_delta", "index": index, "delta": delta}
+            )
+        self._event("content_block_stop", {"type": "content_block_stop", "index": index})
+        end = {"stop_reason": "tool_use", "stop_sequence": None}
+        usage = {"output_tokens": max(1, len(arguments) // 4)}
         self._event("message_delta", {"type": "message_delta", "delta": end, "usage": usage})
         self._event("message_stop", {"type": "message_stop"})
 

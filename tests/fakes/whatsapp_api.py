@@ -5,9 +5,10 @@ Two halves:
 * :class:`FakeWhatsApp`, an HTTP server on ``127.0.0.1`` (free port, background thread) answering
   ``POST /v{N}/{phone_number_id}/messages`` and ``POST /v{N}/{phone_number_id}/media`` with Bearer-token
   checks and Graph-shaped errors (including the throughput errors 130429 and 131056, injectable), plus
-  ``GET /v{N}/{media_id}`` and the media download URL it returns, for inbound media;
+  ``GET /v{N}/{media_id}`` and the media download URL it returns, for inbound media; read receipts with an
+  optional typing indicator (``{"status": "read", "message_id": W}`` on ``/messages``, see :attr:`reads`);
 * webhook builders — :func:`text_message_payload`, :func:`document_message_payload`,
-  :func:`status_payload` — and :func:`signed_webhook`, which serialises a payload the way Meta does and
+  :func:`image_message_payload`, :func:`status_payload` — and :func:`signed_webhook`, which serialises a payload the way Meta does and
   signs the raw bytes with ``X-Hub-Signature-256: sha256=<hex HMAC-SHA256(app_secret, body)>``.
 """
 
@@ -153,6 +154,16 @@ class WhatsAppSent:
 
 
 @dataclass(frozen=True)
+class ReadReceipt:
+    """One accepted "mark as read" call (``{"status": "read", "message_id": WAMID}``), with the typing
+    indicator it asked for (``typing_indicator.type``, ``None`` without one)."""
+
+    message_id: str
+    typing: str | None
+    at: float = field(default_factory=time.monotonic)
+
+
+@dataclass(frozen=True)
 class GraphCall:
     """One request to the fake with the status it answered."""
 
@@ -221,6 +232,9 @@ class FakeWhatsApp(ThreadedHttpFake):
         self._closed_windows: set[str] = set()
         self._recipient_failures: dict[str, list[GraphError]] = {}
         self._media_faults: dict[str, int] = {}
+        self._reads: list[ReadReceipt] = []
+        #: Inbound wamids a test announced (see :meth:`inbound`): a read receipt for any other is refused.
+        self._inbound: set[str] = set()
         #: Seconds every media download takes (a slow CDN).
         self.media_delay = 0.0
 
@@ -270,6 +284,37 @@ class FakeWhatsApp(ThreadedHttpFake):
         """A media object the fake holds (uploaded or added), or None."""
         with self._cond:
             return self._media.get(media_id)
+
+    def inbound(self, payload: JSON) -> JSON:
+        """Remember the wamids of a webhook payload's messages as ones a user sent (so they can be marked
+        read, as on the real API, where only received messages can be); returns ``payload``."""
+        with self._cond:
+            for entry in payload.get("entry", []):
+                for change in entry.get("changes", []):
+                    for message in change.get("value", {}).get("messages", []):
+                        self._inbound.add(str(message.get("id")))
+        return payload
+
+    @property
+    def reads(self) -> list[ReadReceipt]:
+        """Accepted read receipts (with or without a typing indicator), oldest first (a copy)."""
+        with self._cond:
+            return list(self._reads)
+
+    def wait_for_read(self, predicate: Callable[[ReadReceipt], bool], timeout: float = 5.0) -> ReadReceipt:
+        """Block until a read receipt matching ``predicate`` was accepted; return the first match."""
+        found: list[ReadReceipt] = []
+
+        def ready() -> bool:
+            found[:] = [r for r in self._reads if predicate(r)][:1]
+            return bool(found)
+
+        with self._cond:
+            if not self._cond.wait_for(ready, timeout=timeout):
+                raise TimeoutError(
+                    f"fake WhatsApp: no matching read receipt after {timeout}s; got {self._reads}"
+                )
+        return found[0]
 
     @property
     def sent(self) -> list[WhatsAppSent]:
@@ -416,6 +461,8 @@ class FakeWhatsApp(ThreadedHttpFake):
     def _send(self, body: Any) -> JSON:
         if not isinstance(body, dict) or body.get("messaging_product") != "whatsapp":
             raise _invalid_parameter("The parameter messaging_product is required.")
+        if "status" in body:
+            return self._mark_read(body)
         to = str(body.get("to") or "")
         if not to:
             raise _invalid_parameter("The parameter to is required.")
@@ -457,6 +504,29 @@ class FakeWhatsApp(ThreadedHttpFake):
             "contacts": [{"input": to, "wa_id": to}],
             "messages": [{"id": wamid}],
         }
+
+    def _mark_read(self, body: JSON) -> JSON:
+        """``{"status": "read", "message_id": W[, "typing_indicator": {"type": "text"}]}``: mark a received
+        message read (and show "typing…" until a reply is sent or 25 s pass)."""
+        if body.get("status") != "read":
+            raise _invalid_parameter("Param status must be 'read'.")
+        message_id = str(body.get("message_id") or "")
+        if not message_id:
+            raise _invalid_parameter("The parameter message_id is required.")
+        typing = body.get("typing_indicator")
+        kind: str | None = None
+        if typing is not None:
+            if not isinstance(typing, dict) or typing.get("type") != "text":
+                raise _invalid_parameter("Param typing_indicator['type'] must be 'text'.")
+            kind = "text"
+        with self._cond:
+            if self._inbound and message_id not in self._inbound:
+                raise _invalid_parameter(
+                    f"Invalid parameter: message_id {message_id} is not a received message"
+                )
+            self._reads.append(ReadReceipt(message_id, kind))
+            self._cond.notify_all()
+        return {"success": True}
 
 
 def _parse_multipart(
@@ -566,6 +636,33 @@ def document_message_payload(
         "timestamp": str(int(time.time())),
         "type": "document",
         "document": document,
+    }
+    value = {"contacts": [{"profile": {"name": name}, "wa_id": from_number}], "messages": [message]}
+    return _envelope(phone_number_id, display_phone_number, value)
+
+
+def image_message_payload(
+    from_number: str,
+    media_id: str,
+    *,
+    mime_type: str = "image/png",
+    sha256: str = "",
+    caption: str | None = None,
+    wamid: str | None = None,
+    name: str = "Alice",
+    phone_number_id: str = "106540352242922",
+    display_phone_number: str = "15550783881",
+) -> JSON:
+    """A webhook payload carrying an inbound image (no file name, as WhatsApp sends photos)."""
+    image: JSON = {"mime_type": mime_type, "sha256": sha256, "id": media_id}
+    if caption is not None:
+        image["caption"] = caption
+    message = {
+        "from": from_number,
+        "id": wamid or _wamid(),
+        "timestamp": str(int(time.time())),
+        "type": "image",
+        "image": image,
     }
     value = {"contacts": [{"profile": {"name": name}, "wa_id": from_number}], "messages": [message]}
     return _envelope(phone_number_id, display_phone_number, value)
