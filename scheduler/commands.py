@@ -1,9 +1,10 @@
 """The operator's commands: `agentpost dlq ...`, `agentpost queue audit`, `agentpost migrate`,
-`agentpost up`, `agentpost status` and `agentpost down`."""
+`agentpost up`, `agentpost status`, `agentpost restart` and `agentpost down`."""
 
 from __future__ import annotations
 
 import os
+import xmlrpc.client
 from datetime import UTC, datetime
 from typing import Annotated, Any
 
@@ -271,17 +272,46 @@ def up_command() -> None:
 def status_command(as_json: JsonFlag = False) -> None:
     """Show the processes supervisord runs (exit code 3 when agentpost is not up)."""
     p = supervise.paths(default_home())
+    channels = _channel_health()
     if not supervise.is_running(p):
         if as_json:
-            print_json({"running": False, "processes": []})
+            print_json({"running": False, "processes": [], "channels": channels})
         else:
             console.print("agentpost is not running (start it with `agentpost up`)")
+            _print_channels(channels)
         raise typer.Exit(3)
     states = supervise.process_info(p)
     if as_json:
-        print_json({"running": True, "processes": states})
+        print_json({"running": True, "processes": states, "channels": channels})
         return
     _print_states(states)
+    _print_channels(channels)
+
+
+def _channel_health() -> list[dict[str, Any]]:
+    """Each channel adapter's connection as it last recorded it (adapters also run outside supervisord)."""
+    from shared.channel_health import read_from_settings
+
+    try:
+        found = read_from_settings(load_settings()) or []
+    except SettingsError:
+        return []
+    return [
+        {
+            "channel": h.channel,
+            "state": "not running" if h.adapter_gone else h.state,
+            "error": h.error,
+            "attempts": h.attempts,
+            "since": h.since,
+            "detail": h.describe(),
+        }
+        for h in found
+    ]
+
+
+def _print_channels(channels: list[dict[str, Any]]) -> None:
+    for c in channels:
+        console.print(f"{c['channel']}: {escape(str(c['detail']))}", highlight=False)
 
 
 def down_command() -> None:
@@ -294,6 +324,30 @@ def down_command() -> None:
     console.print("agentpost stopped" if stopped else "agentpost was not running")
 
 
+def restart_command(
+    process: Annotated[
+        str | None,
+        typer.Argument(help="Which process (processor, web, scheduler, a channel); leave out for all."),
+    ] = None,
+) -> None:
+    """Restart one process, or every process, under the running supervisord (`agentpost up`)."""
+    p = supervise.paths(default_home())
+    try:
+        states = supervise.restart(p, process)
+    except supervise.SuperviseError as exc:
+        raise fail(str(exc), 3 if "not running" in str(exc) else 2) from None
+    except (OSError, xmlrpc.client.Error) as exc:
+        raise fail(f"supervisord did not answer on {p.sock}: {exc}") from None
+    console.print(f"restarted {process or 'every process'}")
+    _print_states(states)
+    failed = [s["name"] for s in states if s["statename"] != "RUNNING"]
+    if failed:
+        console.print(
+            f"[yellow]these did not come back up:[/] {', '.join(failed)}; see {escape(str(p.logs))}/<name>.log"
+        )
+        raise typer.Exit(1)
+
+
 def register(app: typer.Typer) -> None:
     """Add the scheduler's and the operator's commands to the `agentpost` CLI."""
     app.add_typer(dlq_app, name="dlq")
@@ -302,3 +356,4 @@ def register(app: typer.Typer) -> None:
     app.command("up")(up_command)
     app.command("status")(status_command)
     app.command("down")(down_command)
+    app.command("restart")(restart_command)

@@ -333,3 +333,32 @@ def down(p: Paths, *, wait_seconds: float = 60.0) -> bool:
             return True
         time.sleep(0.1)
     raise SuperviseError(f"supervisord (pid {pid}) did not stop within {wait_seconds:g}s")
+
+
+def restart(p: Paths, name: str | None = None, *, wait_seconds: float = 30.0) -> list[dict[str, Any]]:
+    """Restart one program (``name``) or every program under the running supervisord, and return the
+    states once each has started again (or given up). Raises :class:`SuperviseError` with the reason
+    when nothing runs or ``name`` is not one of its programs."""
+    if not is_running(p):
+        raise SuperviseError(
+            "agentpost is not running, so there is nothing to restart (start it with `agentpost up`)"
+        )
+    before = {s["name"]: s for s in process_info(p)}
+    if name is not None and name not in before:
+        known = ", ".join(sorted(before)) or "none"
+        raise SuperviseError(f"no process named {name!r} runs under agentpost (running: {known})")
+    names = [name] if name is not None else sorted(before)
+    with rpc(p) as server:
+        for each in names:
+            # stopProcess waits for the stop (the processor finishes its current runs within its grace
+            # period); a process that had already stopped or exited is simply started.
+            with contextlib.suppress(xmlrpc.client.Fault):
+                server.supervisor.stopProcess(each, True)
+            server.supervisor.startProcess(each, False)
+    deadline = time.monotonic() + wait_seconds
+    while True:
+        states = [s for s in process_info(p) if s["name"] in names]
+        settled = all(s["statename"] in ("RUNNING", "FATAL", "EXITED") for s in states)
+        if settled or time.monotonic() > deadline:
+            return states
+        time.sleep(0.1)

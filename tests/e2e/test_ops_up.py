@@ -150,6 +150,44 @@ def test_up_starts_what_it_can_restarts_a_killed_process_and_down_stops_all(
         wait_until(lambda pid=pid: not _alive(pid), 20, what=f"process {pid} to end")
 
 
+def test_restart_restarts_one_process_or_all_and_says_so_when_nothing_runs(
+    up_home: tuple[Path, dict[str, str], int],
+) -> None:
+    home, env, _port = up_home
+    idle = run_cli(home, "restart", env=env, check=False)
+    assert idle.returncode == 3
+    assert "not running" in idle.stderr and "agentpost up" in idle.stderr
+    run_cli(home, "up", env=env)
+
+    def scheduler_running() -> dict[str, dict[str, object]]:
+        s = _states(home, env)
+        return s if s.get("scheduler", {}).get("statename") == "RUNNING" else {}
+
+    states = wait_until(scheduler_running, 30, what="the scheduler RUNNING")
+    others = {n: s["pid"] for n, s in states.items() if n != "scheduler"}
+    old = int(str(states["scheduler"]["pid"]))
+    out = run_cli(home, "restart", "scheduler", env=env)
+    assert "restarted scheduler" in out.stdout
+    after = _states(home, env)
+    assert after["scheduler"]["statename"] == "RUNNING" and after["scheduler"]["pid"] != old
+    assert {n: s["pid"] for n, s in after.items() if n != "scheduler"} == others  # the others untouched
+    assert not _alive(old)
+
+    unknown = run_cli(home, "restart", "nosuch", env=env, check=False)
+    assert unknown.returncode == 2 and "nosuch" in unknown.stderr and "scheduler" in unknown.stderr
+
+    before = {n: s["pid"] for n, s in _states(home, env).items()}
+    run_cli(home, "restart", env=env)
+    wait_until(
+        lambda: all(
+            (s := _states(home, env)).get(n, {}).get("statename") == "RUNNING" and s[n]["pid"] != before[n]
+            for n in before
+        ),
+        40,
+        what="every process restarted",
+    )
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
