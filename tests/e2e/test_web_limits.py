@@ -282,3 +282,28 @@ def test_past_the_connection_cap_requests_get_503(home: Path) -> None:
                 return httpx.get(f"{url}/api/queue/status", timeout=5).status_code == 200
 
             wait_until(served, 5, "a request to be served once a connection closed")
+
+
+def test_the_head_deadline_spares_keep_alive_clients_and_long_streams(home: Path) -> None:
+    port = free_port()
+    with web_process(home, port), open_streams(port, 1) as (stream,):
+        # One keep-alive connection, a request every 1.5 s for longer than the header timeout: each head
+        # arrives whole, so none is cut off, and the connection is reused throughout.
+        peers = set()
+        with contextlib.closing(open_socket(port)) as sock:
+            buffer = b""
+            for _ in range(4):
+                sock.sendall(f"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\r\n".encode())
+                while b"\r\n\r\n" not in buffer or not buffer.endswith(b"}"):
+                    chunk = sock.recv(4096)
+                    assert chunk, "the keep-alive connection was closed"
+                    buffer += chunk
+                assert buffer.startswith(b"HTTP/1.1 200 ") and buffer.endswith(b'"database":"sqlite"}'), (
+                    buffer
+                )
+                buffer = b""
+                peers.add(sock.getsockname())
+                time.sleep(1.5)
+        assert len(peers) == 1
+        # The event stream opened before all that is still open (its head was complete long ago).
+        assert not closed_by_peer(stream, 0.5)
