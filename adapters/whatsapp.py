@@ -11,6 +11,11 @@
   waits on a download, and a failed download is told to the user while their message is still answered
   (passed on without the file). Only a database that cannot commit gets a 503 (Meta retries). A signed
   payload of an unexpected shape is logged and acknowledged with 200: redelivering it would not help.
+- Read receipts and typing: a message taken in is marked read (``{"status": "read", "message_id": WAMID}``
+  on ``/messages``, with ``"typing_indicator": {"type": "text"}`` when it was queued for an agent), in the
+  background so the webhook answer never waits on it; while the chat's message is pending or processing the
+  indicator is renewed every ``typing_interval_seconds`` (20 s: WhatsApp shows it for up to 25 s, or until
+  the reply arrives) on the chat's newest waiting message. ``read_receipts = false`` turns both off.
 - Delivery receipts (``statuses``): a ``failed`` one for a message we sent marks its response failed with
   Meta's reason (the wamid of every sent part is remembered); the user is told when they next write.
 - Replies go through ``POST {graph}/{version}/{phone_number_id}/messages`` with backoff on the throughput
@@ -35,6 +40,7 @@ import hmac
 import json
 import mimetypes
 import random
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -48,7 +54,7 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
 
-from adapters.base import Channel, ChannelSettings, Inbound, safe_filename
+from adapters.base import Channel, ChannelSettings, HandleOutcome, Inbound, safe_filename
 from adapters.delivery import SendFailure
 from adapters.web.limits import BodyLimit, ConnectionLimits, server_config
 from shared import inbound_jobs, platform_dedupe
@@ -99,6 +105,11 @@ class WhatsAppSettings(ChannelSettings):
     media_timeout_seconds: float = Field(default=60.0, gt=0, description="one inbound media download")
     media_attempts: int = Field(default=3, ge=1, le=20, description="downloads tried before giving up")
     media_poll_seconds: float = Field(default=5.0, gt=0)
+    read_receipts: bool = Field(
+        default=True, description="mark each message read (blue ticks) once it is taken in"
+    )
+    # WhatsApp shows "typing…" for up to 25 s per call (or until the reply arrives): refresh well inside it.
+    typing_interval_seconds: float = Field(default=20.0, gt=0, le=24)
 
 
 class GraphSendError(Exception):
@@ -174,6 +185,10 @@ class WhatsAppChannel(Channel):
 
     config: WhatsAppSettings
     http: httpx.AsyncClient | None = None
+    #: Background read-receipt calls (kept so they are not garbage-collected mid-flight).
+    _receipts: set[asyncio.Task[None]]
+    #: wamid -> time.monotonic() of the last typing indicator shown on it.
+    _typing_at: dict[str, float]
     server: _QuietServer | None = None
     server_task: asyncio.Task[None] | None = None
 
@@ -212,6 +227,8 @@ class WhatsAppChannel(Channel):
 
     async def open(self) -> None:
         self.media_wake = asyncio.Event()
+        self._receipts = set()
+        self._typing_at = {}
         self.http = httpx.AsyncClient(timeout=30.0)
         # The web adapter's connection limits (api.* settings); the body is capped while it is read, so an
         # oversized POST gets 413 before its signature is checked and is never held in memory.
@@ -235,6 +252,9 @@ class WhatsAppChannel(Channel):
         self.log.info("WhatsApp webhook listening on %s:%s/webhook", self.config.webhook_host, self.port)
 
     async def close(self) -> None:
+        for task in list(getattr(self, "_receipts", ())):
+            with contextlib.suppress(BaseException):
+                await asyncio.wait_for(task, 2)
         if self.server is not None:
             self.server.should_exit = True
         if self.server_task is not None:
@@ -352,12 +372,12 @@ class WhatsAppChannel(Channel):
         """Queue a message now, or store its media job (fetched afterwards by :meth:`media_loop`)."""
         inbound = item.inbound
         if item.media is None:
-            await self.handle(inbound)
+            self._taken_in(inbound, await self.handle(inbound))
             return
         if not await self.may_download(inbound.sender_id):
             # A stranger still gets a pairing code, but nothing is downloaded.
             text = inbound.text or "(an attachment)"
-            await self.handle(replace(inbound, text=text))
+            self._taken_in(inbound, await self.handle(replace(inbound, text=text)))
             return
         job = {
             "conversation": inbound.conversation,
@@ -423,7 +443,7 @@ class WhatsAppChannel(Channel):
                 return
             await self._media_failed(inbound, media, kind)
         else:
-            await self.handle(replace(inbound, files=[path]))
+            self._taken_in(inbound, await self.handle(replace(inbound, files=[path])))
         await asyncio.to_thread(inbound_jobs.finish, db, self.name, key)
 
     async def _media_failed(self, inbound: Inbound, media: dict[str, Any], kind: str) -> None:
@@ -440,7 +460,7 @@ class WhatsAppChannel(Channel):
             "please send the file again if it matters.",
             kind="media_failed",
         )
-        await self.handle(replace(inbound, text=text))
+        self._taken_in(inbound, await self.handle(replace(inbound, text=text)))
 
     async def _download(self, sender: str, wamid: str, media: dict[str, Any], kind: str) -> Path:
         assert self.http is not None
@@ -461,6 +481,59 @@ class WhatsAppChannel(Channel):
         tmp.write_bytes(data.content)
         tmp.replace(path)
         return path
+
+    # -- read receipts and typing ------------------------------------------------------------------------------
+    def _taken_in(self, inbound: Inbound, outcome: HandleOutcome) -> None:
+        """Mark a message read once it is committed (in the background): with "typing…" when an agent will
+        answer it; not for duplicates, ignored or unpaired senders (nobody here has read those)."""
+        if not self.config.read_receipts or outcome not in ("queued", "command", "pairing_code"):
+            return
+        typing = outcome == "queued" and self.config.typing
+        task = asyncio.create_task(self._mark_read(inbound.external_id, typing=typing))
+        self._receipts.add(task)
+        task.add_done_callback(self._receipts.discard)
+
+    async def _mark_read(self, wamid: str, *, typing: bool) -> None:
+        """One read receipt (and typing indicator): tried once; a failure costs only the blue ticks."""
+        if self.http is None or not wamid:
+            return
+        body: dict[str, Any] = {"messaging_product": "whatsapp", "status": "read", "message_id": wamid}
+        if typing:
+            body["typing_indicator"] = {"type": "text"}
+            self._typing_at[wamid] = time.monotonic()
+        try:
+            response = await self.http.post(
+                self._url(f"{self.phone_number_id}/messages"), headers=self._auth, json=body, timeout=10.0
+            )
+        except httpx.HTTPError as exc:
+            self.log.info("could not mark %s read: %s", wamid, exc)
+            return
+        if response.status_code != 200:
+            self.log.info(
+                "WhatsApp refused to mark %s read: %s %.200s", wamid, response.status_code, response.text
+            )
+
+    def _newest_waiting(self, conversation: str) -> str | None:
+        """The wamid of the chat's newest message still pending or processing (typing is shown on it)."""
+        value = self.rt.db.read_scalar(
+            "SELECT external_id FROM messages WHERE channel = :c AND conversation = :conv "
+            "AND status IN ('pending', 'processing') AND external_id IS NOT NULL ORDER BY id DESC LIMIT 1",
+            {"c": self.name, "conv": conversation},
+        )
+        return str(value) if value else None
+
+    async def send_typing(self, conversation: str) -> None:
+        if not self.config.read_receipts:
+            return  # the Cloud API's typing indicator is part of a read receipt
+        wamid = await asyncio.to_thread(self._newest_waiting, conversation)
+        if wamid is None:
+            return
+        now = time.monotonic()
+        if now - self._typing_at.get(wamid, -1e9) < self.config.typing_interval_seconds / 2:
+            return  # just shown with its read receipt
+        if len(self._typing_at) > 1000:
+            self._typing_at = {k: t for k, t in self._typing_at.items() if now - t < 60}
+        await self._mark_read(wamid, typing=True)
 
     # -- receipts --------------------------------------------------------------------------------------------
     async def _on_status(self, status: dict[str, Any]) -> None:
