@@ -31,6 +31,7 @@ import os
 import re
 import secrets
 import signal
+import socket
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -42,8 +43,10 @@ from pydantic import BaseModel, ConfigDict, Field, create_model
 from adapters import pairing as pairings
 from adapters.chat_commands import COMMANDS, HELP_TEXT, ChatCommands, reset_conversation
 from adapters.delivery import Delivery, Part, safe_filename
-from shared import platform_dedupe
+from shared import channel_health, platform_dedupe
+from shared.channel_cursors import OFFLINE_SENT_AT
 from shared.chat_prefs import BusyPolicy
+from shared.clock import now_ms
 from shared.runtime import Runtime, open_runtime
 from shared.settings import Settings, SettingsError
 from shared.worker_identity import new_worker_id
@@ -61,6 +64,7 @@ __all__ = [
     "Inbound",
     "MissingSecret",
     "Part",
+    "pairing_code_text",
     "reset_conversation",
     "safe_filename",
     "worker_name",
@@ -102,6 +106,15 @@ class ChannelSettings(BaseModel):
     progress_min_interval_seconds: float = Field(
         default=180.0, ge=0, description="platforms that cannot edit: at most one progress note per interval"
     )
+    late_message_seconds: float = Field(
+        default=60.0, gt=0, description="a message handled this long after it was sent arrived while offline"
+    )
+    start_retry_base_seconds: float = Field(
+        default=1.0, gt=0, description="platform unreachable at start: first wait before trying again"
+    )
+    start_retry_max_seconds: float = Field(
+        default=60.0, gt=0, description="... doubling up to this wait between tries (until stopped)"
+    )
 
 
 @dataclass(frozen=True)
@@ -115,12 +128,23 @@ class Inbound:
     external_id: str
     files: Sequence[Path] = ()
     metadata: Mapping[str, Any] = field(default_factory=dict)
+    #: When the user sent it (epoch ms, 0: unknown). Older than ``late_message_seconds`` (a minute) when
+    #: handled: it arrived while the adapter was down, and the reply says so.
+    sent_at: int = 0
 
 
 HandleOutcome = Literal["queued", "duplicate", "command", "pairing_code", "unpaired", "ignored"]
 
 
 _WORKER_NAMES_TAKEN: set[str] = set()
+
+
+def pairing_code_text(code: str) -> str:
+    """The message that gives a new sender their code."""
+    return (
+        f"Hi! I don't know you yet. Your pairing code is {code}. Ask the operator to run: "
+        f"agentpost pairing approve {code}"
+    )
 
 
 def worker_name(channel: str) -> str:
@@ -240,12 +264,7 @@ class Channel(ChatCommands, Delivery):
             if check.decision == "approved":
                 pass
             elif check.decision == "new_code":
-                self.reply(
-                    message,
-                    f"Hi! I don't know you yet. Your pairing code is {check.code}. Ask the operator to run: "
-                    f"agentpost pairing approve {check.code}",
-                    kind="pairing",
-                )
+                self.send_pairing_code(message, check.code)
                 return "pairing_code"
             else:
                 self.log.info(
@@ -272,6 +291,9 @@ class Channel(ChatCommands, Delivery):
                 return "command"
         body = "\n".join([text, *refs]) if text else "\n".join(refs)
         agent = self._sticky_for(message.conversation, text)
+        metadata = dict(message.metadata)
+        if message.sent_at and now_ms() - message.sent_at > self.config.late_message_seconds * 1000:
+            metadata[OFFLINE_SENT_AT] = message.sent_at  # the final reply will say it arrived while offline
         result = self.rt.queue.enqueue_message(
             self.name,
             message.sender,
@@ -279,7 +301,7 @@ class Channel(ChatCommands, Delivery):
             sender_id=message.sender_id,
             conversation=message.conversation,
             external_id=message.external_id,
-            metadata=dict(message.metadata),
+            metadata=metadata,
             agent=agent,
             prefix=self.prefix or self.name,
             debounce_ms=self.settings.queue.debounce_ms if self.config.debounce else 0,
@@ -297,6 +319,11 @@ class Channel(ChatCommands, Delivery):
         if "*" in allow or sender_id in allow:
             return True
         return pairings.is_approved(self.rt.db, self.name, sender_id)
+
+    def send_pairing_code(self, message: Inbound, code: str) -> None:
+        """Tell a new sender their pairing code (in the chat they wrote in; plugins with public chats
+        override this to send it privately)."""
+        self.reply(message, pairing_code_text(code), kind="pairing")
 
     def reply(self, message: Inbound, text: str, *, kind: str) -> None:
         """Queue a reply of the channel itself (a command answer, a pairing code) for delivery."""
@@ -336,7 +363,8 @@ class Channel(ChatCommands, Delivery):
     async def run(self) -> None:
         """Connect, then receive, deliver and show typing until :attr:`stop_event` is set; then close."""
         try:
-            await self.open()
+            if not await self.open_with_retries():
+                return
             tasks = [
                 asyncio.create_task(self.receive(), name=f"{self.name}-receive"),
                 asyncio.create_task(self.delivery_loop(), name=f"{self.name}-deliver"),
@@ -356,10 +384,76 @@ class Channel(ChatCommands, Delivery):
                     await task
             stopper.cancel()
             if failed:
-                raise failed[0].exception()  # type: ignore[misc]
+                error = failed[0].exception()
+                await self._health("stopped", error=f"{type(error).__name__}: {error}")
+                raise error  # type: ignore[misc]
+            await self._health("stopped")
         finally:
             with contextlib.suppress(Exception):
                 await self.close()
+
+    async def _health(
+        self, state: channel_health.State, *, error: str = "", attempts: int = 0, next_try_at: int = 0
+    ) -> None:
+        """Record the connection state (best effort: a busy database must not stop the adapter)."""
+        try:
+            await asyncio.to_thread(
+                channel_health.report,
+                self.rt.db,
+                self.name,
+                state,
+                worker=self.worker,
+                error=error,
+                attempts=attempts,
+                next_try_at=next_try_at,
+            )
+        except Exception as exc:
+            self.log.info("could not record the %s state %s: %s", self.name, state, exc)
+
+    def is_unreachable(self, exc: BaseException) -> bool:
+        """Whether a failure to :meth:`open` means the platform cannot be reached now (worth retrying), as
+        opposed to a refusal such as a bad token. Plugins add their library's network errors."""
+        # Not every OSError: a webhook port that is taken will not free itself by waiting.
+        return isinstance(exc, ConnectionError | TimeoutError | socket.gaierror)
+
+    async def open_with_retries(self) -> bool:
+        """:meth:`open`; while the platform is unreachable, try again with a doubling wait, recording each
+        failure for ``agentpost status`` and ``doctor``. A refusal is raised at once. Returns False when
+        stopped before a connection was made."""
+        wait, attempts = self.config.start_retry_base_seconds, 0
+        await self._health("connecting")
+        while True:
+            try:
+                await self.open()
+            except Exception as exc:
+                error = f"{type(exc).__name__}: {exc}"
+                if not self.is_unreachable(exc) or self.stop_event.is_set():
+                    await self._health("stopped", error=error)
+                    raise
+                attempts += 1
+                self.log.warning(
+                    "cannot reach %s (try %s): %s; trying again in %.1f s",
+                    self.platform_label or self.name,
+                    attempts,
+                    error,
+                    wait,
+                )
+                await self._health(
+                    "retrying", error=error, attempts=attempts, next_try_at=now_ms() + int(wait * 1000)
+                )
+                with contextlib.suppress(Exception):
+                    await self.close()  # a fresh client for the next try
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self.stop_event.wait(), wait)
+                if self.stop_event.is_set():  # stopped while waiting: a clean stop, not a failure
+                    await self._health("stopped", error=error)
+                    return False
+                wait = min(wait * 2, self.config.start_retry_max_seconds)
+                continue
+            await self._health("up")
+            if attempts:
+                self.log.info("%s is reachable again; connected", self.platform_label or self.name)
+            return True
 
     async def serve_with_signals(self) -> None:
         """:meth:`run` until SIGTERM or SIGINT."""

@@ -21,6 +21,9 @@
   The platform's message id per key lives in the ``kv`` table (scope ``progress.<channel>``), so it survives
   a restart. The final reply (``{"kind": "final", "edit_key": K}``, or any other reply) is always a new
   message; afterwards the note is edited to a short "done" and later notes of that key are dropped.
+- **Late messages**: the final reply to a message that reached the adapter only after a restart (it was
+  sent while the adapter was down, more than ``late_message_seconds`` before it was handled) starts with a
+  line saying so.
 - **Typing**: while a chat has a message pending (of an agent that is not paused) or processing, the
   platform's typing indicator is refreshed every ``typing_interval_seconds``, however long the run.
 """
@@ -30,6 +33,7 @@ from __future__ import annotations
 import abc
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import json
 import logging
@@ -37,12 +41,13 @@ import os
 import re
 import time
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from adapters import chat_state
 from adapters.chunking import split_message
-from shared import platform_dedupe
+from shared import channel_cursors, platform_dedupe
 from shared.clock import now_ms
 from shared.file_access import check_send_path, send_roots
 from shared.queue import QueuedResponse
@@ -92,6 +97,12 @@ def safe_filename(name: str, fallback: str = "file") -> str:
     """A file name with no path parts or odd characters (inbound attachments are saved under it)."""
     cleaned = _SAFE_NAME_RE.sub("_", Path(name).name).strip("._")
     return cleaned[:100] or fallback
+
+
+def offline_preface(sent_at_ms: int) -> str:
+    """The first line of a reply to a message that arrived while the bot was offline."""
+    at = datetime.fromtimestamp(sent_at_ms / 1000, UTC).strftime("%H:%M UTC on %b %d")
+    return f"(Your message from {at} arrived while I was offline — here is my answer.)"
 
 
 def note_key(conversation: str, edit_key: str) -> str:
@@ -214,6 +225,8 @@ class Delivery(abc.ABC):
         if meta.get("kind") == "progress" and edit_key:
             return await self._deliver_note(response, edit_key)
         queue = self.rt.queue
+        if meta.get("kind") == "final":
+            response = await asyncio.to_thread(self._with_offline_preface, response)
         parts = self.plan(response)
         for index in range(response.delivered, len(parts)):
             if self.stop_event.is_set():
@@ -240,6 +253,14 @@ class Delivery(abc.ABC):
             # cannot be claimed (and sent) before the note is marked done.
             await self._close_note(response.conversation, edit_key)
         return bool(await asyncio.to_thread(queue.ack_response, response.id, self.worker))
+
+    def _with_offline_preface(self, response: QueuedResponse) -> QueuedResponse:
+        """The reply to a message that reached us only after a restart starts by saying so. Derived from the
+        stored message, so the parts stay the same when a restart resumes the delivery."""
+        sent_at = channel_cursors.offline_sent_at(self.rt.db, response.message_id)
+        if sent_at is None:
+            return response
+        return dataclasses.replace(response, message=f"{offline_preface(sent_at)}\n\n{response.message}")
 
     def _give_back(self, response: QueuedResponse) -> None:
         base = int(self.config.delivery_backoff_base_seconds * 1000)

@@ -7,8 +7,19 @@ exactly one place, :func:`point_discord_at`, from ``DISCORD_API_BASE_URL`` (the 
 version, e.g. ``https://discord.com/api/v10``) and ``DISCORD_GATEWAY_URL`` (or the settings' ``api_base_url``
 and ``gateway_url``); the token comes from ``DISCORD_BOT_TOKEN`` (or the variable named by ``token_env``).
 
-Discord's gateway does not replay events to a new session, so a message that arrives while the adapter is
-down is not seen (unlike Telegram's polling and WhatsApp's redelivered webhooks).
+Discord's gateway does not replay events to a new session (only a RESUME of the same session replays its
+gap), so after a fresh start the adapter catches up by itself: it keeps the newest message id it took in per
+channel (DMs included; :mod:`shared.channel_cursors`) and, once connected, reads each such channel's history
+after it (``GET /channels/{id}/messages?after=ID``), bounded by ``catch_up_window_hours`` and
+``catch_up_max_per_channel``. Those messages go through the same handling and duplicate check as live ones, so
+a message is never taken twice; a reply to one sent more than ``late_message_seconds`` earlier says it arrived
+while the bot was offline. A DM from someone the bot never talked with before cannot be found this way
+(Discord offers bots no list of DM channels).
+
+Hygiene: a pairing code for someone who mentions the bot in a guild goes to them by DM (the guild channel gets
+a short hint without the code); channels are addressed without a ``GET /channels/{id}`` per send (cached
+channels, else a partial channel by id); an unreachable API at start is retried with backoff
+(:meth:`adapters.base.Channel.open_with_retries`), visible in ``agentpost status`` and ``doctor``.
 """
 
 from __future__ import annotations
@@ -16,15 +27,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import re
+import time
 import warnings
 from pathlib import Path
 from typing import Any, ClassVar
 
+import aiohttp
 import yarl
 from pydantic import Field
 
-from adapters.base import Channel, ChannelSettings, Inbound, safe_filename
+from adapters.base import Channel, ChannelSettings, Inbound, pairing_code_text, safe_filename
 from adapters.delivery import SendFailure
+from shared import channel_cursors
 
 with warnings.catch_warnings():
     # discord.py imports the stdlib audioop module, deprecated since Python 3.11.
@@ -33,6 +47,16 @@ with warnings.catch_warnings():
     from discord.gateway import DiscordWebSocket
 
 _MENTION_RE = r"<@!?{}>"
+#: Discord snowflakes count milliseconds since 2015-01-01, shifted left by 22 bits.
+_DISCORD_EPOCH_MS = 1_420_070_400_000
+#: Catch-up re-reads this much before a channel's record: messages handled side by side may have been
+#: recorded out of order when the adapter died (the duplicate check drops what was taken already).
+_CATCH_UP_MARGIN_MS = 60_000
+
+
+def snowflake_at(epoch_ms: int) -> int:
+    """The smallest Discord id of a message sent at ``epoch_ms``."""
+    return max(0, epoch_ms - _DISCORD_EPOCH_MS) << 22
 
 
 class DiscordSettings(ChannelSettings):
@@ -43,6 +67,13 @@ class DiscordSettings(ChannelSettings):
     gateway_url: str = Field(default="", description="gateway websocket URL; DISCORD_GATEWAY_URL wins")
     guild_ready_timeout_seconds: float = Field(default=2.0, ge=0)
     ready_timeout_seconds: float = Field(default=60.0, gt=0)
+    catch_up: bool = Field(default=True, description="after a start, read what arrived while down")
+    catch_up_window_hours: float = Field(
+        default=24.0, gt=0, description="catch up on messages at most this old"
+    )
+    catch_up_max_per_channel: int = Field(
+        default=50, ge=1, le=1000, description="catch up on at most this many messages per channel"
+    )
 
 
 def point_discord_at(api_base: str, gateway: str) -> None:
@@ -79,6 +110,7 @@ class DiscordChannel(Channel):
     config: DiscordSettings
     client: _Client | None = None
     client_task: asyncio.Task[None] | None = None
+    catch_up_task: asyncio.Task[None] | None = None
 
     def read_secrets(self) -> None:
         self.token = self.require_env(self.config.token_env, "a bot token (Discord developer portal)")
@@ -111,6 +143,11 @@ class DiscordChannel(Channel):
             raise TimeoutError(f"Discord was not ready within {self.config.ready_timeout_seconds} s")
 
     async def close(self) -> None:
+        if self.catch_up_task is not None:
+            self.catch_up_task.cancel()
+            with contextlib.suppress(BaseException):
+                await self.catch_up_task
+            self.catch_up_task = None
         if self.client is not None:
             with contextlib.suppress(Exception):
                 await self.client.close()
@@ -120,8 +157,17 @@ class DiscordChannel(Channel):
         self.client = None
         self.client_task = None
 
+    def is_unreachable(self, exc: BaseException) -> bool:
+        if isinstance(exc, discord.HTTPException):
+            return exc.status >= 500  # Discord's own trouble; 4xx (a bad token) is a refusal
+        return isinstance(
+            exc, aiohttp.ClientConnectionError | discord.GatewayNotFound
+        ) or super().is_unreachable(exc)
+
     async def receive(self) -> None:
         assert self.client_task is not None
+        if self.config.catch_up:
+            self.catch_up_task = asyncio.create_task(self.catch_up(), name="discord-catch-up")
         stop = asyncio.create_task(self.stop_event.wait())
         done, _ = await asyncio.wait({self.client_task, stop}, return_when=asyncio.FIRST_COMPLETED)
         stop.cancel()
@@ -130,39 +176,107 @@ class DiscordChannel(Channel):
             raise RuntimeError("the Discord client stopped")
 
     # -- receiving -----------------------------------------------------------------------------------------
-    async def on_message(self, message: discord.Message) -> None:
-        """A MESSAGE_CREATE: DMs always, guild messages only when they mention the bot."""
+    async def on_message(self, message: discord.Message, *, guild_id: str = "") -> None:
+        """A MESSAGE_CREATE (or a message read back by :meth:`catch_up`): DMs always, guild messages only
+        when they mention the bot. ``guild_id`` stands in when the message's guild is not cached."""
         client = self.client
         if client is None or client.user is None:
             return
         if message.author.bot or message.author.id == client.user.id:
             return  # our own echoes and other bots
         text = message.content or ""
-        if message.guild is not None:
+        guild = str(message.guild.id) if message.guild is not None else guild_id
+        if guild:
             if not any(user.id == client.user.id for user in message.mentions):
                 return
             text = re.sub(_MENTION_RE.format(client.user.id), "", text).strip()
         await self.test_pause_after_fetch("a Discord message")
         conversation = str(message.channel.id)
+        sender_id = str(message.author.id)
         files: list[Path] = []
-        if await self.may_download(str(message.author.id)):
+        metadata = {"guild_id": guild, "discord_message_id": str(message.id)}
+        if await self.may_download(sender_id):
             files = await self._save_attachments(message, conversation)
-        elif not text:
-            text = "(an attachment)"  # a stranger still gets a pairing code, but nothing is downloaded
+        else:
+            if not text:
+                text = "(an attachment)"  # a stranger still gets a pairing code, but nothing is downloaded
+            if guild:
+                metadata["dm_channel"] = await self._dm_channel_of(message.author)
         await self.handle(
             Inbound(
                 conversation=conversation,
-                sender_id=str(message.author.id),
+                sender_id=sender_id,
                 sender=message.author.name,
                 text=text,
                 external_id=str(message.id),
                 files=files,
-                metadata={
-                    "guild_id": str(message.guild.id) if message.guild else "",
-                    "discord_message_id": str(message.id),
-                },
+                metadata=metadata,
+                sent_at=int(message.created_at.timestamp() * 1000),
             )
         )
+        # Only now, with the message committed: a catch-up after a crash starts after it.
+        await asyncio.to_thread(
+            channel_cursors.note_seen, self.rt.db, self.name, conversation, message.id, guild
+        )
+
+    async def _dm_channel_of(self, user: discord.User | discord.Member) -> str:
+        """The id of the DM channel with ``user`` ("" when Discord will not open one)."""
+        try:
+            dm = user.dm_channel or await user.create_dm()
+        except discord.HTTPException as exc:
+            self.log.info("cannot open a DM with %s: %s", user.id, exc)
+            return ""
+        return str(dm.id)
+
+    def send_pairing_code(self, message: Inbound, code: str) -> None:
+        """In a guild the code goes by DM and the channel gets a hint without it (anyone can read there)."""
+        if not message.metadata.get("guild_id"):
+            super().send_pairing_code(message, code)
+            return
+        dm = str(message.metadata.get("dm_channel") or "")
+        if dm:
+            self.rt.queue.enqueue_response(
+                self.name,
+                message.sender,
+                pairing_code_text(code),
+                sender_id=message.sender_id,
+                conversation=dm,
+                metadata={"kind": "pairing"},
+            )
+            hint = f"<@{message.sender_id}> I don't know you yet; I sent you a direct message about getting access."
+        else:
+            hint = (
+                f"<@{message.sender_id}> I don't know you yet, and I cannot send you a direct message. "
+                "Allow direct messages from this server's members, then mention me again."
+            )
+        self.reply(message, hint, kind="pairing_hint")
+
+    async def catch_up(self) -> None:
+        """Read what arrived while the adapter was down in every channel it has talked in (see the module
+        docstring), oldest first, and handle it like a live message."""
+        client = self.client
+        if client is None:
+            return
+        now = int(time.time() * 1000)
+        oldest = snowflake_at(now - int(self.config.catch_up_window_hours * 3_600_000))
+        margin = _CATCH_UP_MARGIN_MS << 22
+        taken = 0
+        for cursor in await asyncio.to_thread(channel_cursors.cursors, self.rt.db, self.name):
+            if self.stop_event.is_set():
+                return
+            after = max(oldest, cursor.last_id - margin)
+            channel = self._channel_for(cursor.conversation, cursor.note)
+            try:
+                async for message in channel.history(
+                    limit=self.config.catch_up_max_per_channel,
+                    after=discord.Object(id=after),
+                    oldest_first=True,
+                ):
+                    await self.on_message(message, guild_id=cursor.note)
+                    taken += 1
+            except Exception as exc:  # one channel gone or forbidden must not stop the others
+                self.log.warning("catching up in channel %s failed: %s", cursor.conversation, exc)
+        self.log.info("caught up: read %s messages sent while the adapter was down (or just before)", taken)
 
     async def _save_attachments(self, message: discord.Message, conversation: str) -> list[Path]:
         if not message.attachments:
@@ -178,13 +292,21 @@ class DiscordChannel(Channel):
         return saved
 
     # -- sending -------------------------------------------------------------------------------------------
-    async def _channel(self, conversation: str) -> Any:
+    def _channel_for(self, conversation: str, guild_id: str = "") -> Any:
+        """A channel to send to, without a request: the cached one (guild channels, threads, DMs opened
+        here), else a partial channel by id — DM channels of incoming messages are not cached by
+        discord.py, and fetching them cost a ``GET /channels/{id}`` before every send and typing call."""
         assert self.client is not None, "the adapter is not open"
         channel_id = int(conversation)
-        found = self.client.get_channel(channel_id)
+        found: Any = self.client.get_channel(channel_id)
         if found is None:
-            found = await self.client.fetch_channel(channel_id)
+            found = self.client.get_partial_messageable(
+                channel_id, guild_id=int(guild_id) if guild_id else None
+            )
         return found
+
+    async def _channel(self, conversation: str) -> Any:
+        return self._channel_for(conversation)
 
     async def send_text(self, conversation: str, text: str) -> str | None:
         channel = await self._channel(conversation)

@@ -120,6 +120,26 @@ def check_deliveries(settings: Settings) -> list[Check]:
     ]
 
 
+def check_channel_health(settings: Settings) -> list[Check]:
+    """How each channel adapter that has run is connected: up, retrying an unreachable platform, stopped."""
+    from shared.channel_health import read_from_settings
+
+    found = []
+    for health in read_from_settings(settings) or []:
+        detail = f"adapter {health.describe()}"
+        if health.adapter_gone:
+            level: Level = "warn"
+            fix = f"start it: agentpost run {health.channel} (or agentpost up)"
+        elif health.state == "retrying":
+            level, fix = "fail", "check the network, the platform's status and the channel's API address"
+        elif health.state == "stopped" and health.error:
+            level, fix = "warn", f"see the {health.channel} adapter's log; start it again when fixed"
+        else:
+            level, fix = "ok", ""
+        found.append(Check("connection", health.channel, level, detail, fix))
+    return found
+
+
 def check_security(settings: Settings) -> list[Check]:
     found: list[Check] = []
     host = settings.api.host
@@ -193,6 +213,7 @@ def run_checks(home: Path | None = None) -> list[Check]:
     found += database
     if all(c.level == "ok" for c in database):
         found += check_deliveries(settings)
+        found += check_channel_health(settings)
     found += check_security(settings)
     for ep in entry_points(group="agentpost.doctor"):
         try:

@@ -4,7 +4,8 @@ One ``aiohttp.web`` server on ``127.0.0.1`` (free port) runs in a background thr
 and serves both halves:
 
 * REST under ``/api/v10`` (``users/@me``, ``oauth2/applications/@me``, ``gateway[/bot]``, channel messages
-  in JSON or multipart form, edits, typing, DM channels, channels), with JSON replies whose
+  in JSON or multipart form, edits, typing, DM channels, channels, channel history with ``after``/``before``/
+  ``limit`` answered newest first as Discord does), with JSON replies whose
   ``Content-Type`` is exactly ``application/json`` as discord.py requires;
 * the gateway websocket at ``/gateway``: HELLO (op 10), HEARTBEAT (op 1) → ACK (op 11), IDENTIFY (op 2)
   → READY then one GUILD_CREATE per guild, RESUME (op 6) → replay + RESUMED, REQUEST_GUILD_MEMBERS (op 8)
@@ -165,6 +166,7 @@ class FakeDiscord:
         bot_name: str = "agentpost",
         heartbeat_interval_ms: int = 41_250,
         allow_privileged_intents: bool = True,
+        port: int = 0,
     ) -> None:
         self.token = token
         self.heartbeat_interval_ms = heartbeat_interval_ms
@@ -199,7 +201,7 @@ class FakeDiscord:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._runner: web.AppRunner | None = None
-        self._port = 0
+        self._port = port  # 0: a free one, chosen at start
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -245,6 +247,7 @@ class FakeDiscord:
         app.router.add_post(f"{api}/users/@me/channels", self._open_dm)
         app.router.add_get(f"{api}/channels/{{channel_id}}", self._get_channel)
         app.router.add_post(f"{api}/channels/{{channel_id}}/messages", self._create_message)
+        app.router.add_get(f"{api}/channels/{{channel_id}}/messages", self._history)
         app.router.add_get(f"{api}/channels/{{channel_id}}/messages/{{message_id}}", self._get_message)
         app.router.add_patch(f"{api}/channels/{{channel_id}}/messages/{{message_id}}", self._edit_message)
         app.router.add_post(f"{api}/channels/{{channel_id}}/typing", self._typing)
@@ -253,7 +256,7 @@ class FakeDiscord:
         await runner.setup()
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind(("127.0.0.1", 0))
+        sock.bind(("127.0.0.1", self._port))
         self._port = sock.getsockname()[1]
         await web.SockSite(runner, sock).start()
         self._runner = runner
@@ -871,6 +874,31 @@ class FakeDiscord:
 
     async def _get_channel(self, request: web.Request) -> web.Response:
         return _json_response(self._known_channel(request))
+
+    async def _history(self, request: web.Request) -> web.Response:
+        """``GET /channels/{id}/messages``: at most ``limit`` (1-100, default 50) messages, newest first.
+        With ``after``: the oldest ones after that id (still answered newest first); with ``before`` (or
+        neither): the newest ones before it."""
+        channel = self._known_channel(request)
+        try:
+            limit = int(request.query.get("limit", "50"))
+            after = int(request.query["after"]) if "after" in request.query else None
+            before = int(request.query["before"]) if "before" in request.query else None
+        except ValueError:
+            raise DiscordApiError(400, "Invalid Form Body", 50035) from None
+        if not 1 <= limit <= 100:
+            raise DiscordApiError(400, "Invalid Form Body", 50035)
+        with self._cond:
+            found = sorted(
+                (m for m in self._messages.values() if m["channel_id"] == channel["id"]),
+                key=lambda m: int(m["id"]),
+            )
+        if before is not None:
+            found = [m for m in found if int(m["id"]) < before]
+        # After an id: the oldest ones after it; otherwise the newest ones.
+        found = [m for m in found if int(m["id"]) > after][:limit] if after is not None else found[-limit:]
+        # Over REST a message carries no guild_id (only gateway events do).
+        return _json_response([{k: v for k, v in m.items() if k != "guild_id"} for m in reversed(found)])
 
     async def _get_message(self, request: web.Request) -> web.Response:
         channel = self._known_channel(request)
