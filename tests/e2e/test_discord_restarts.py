@@ -54,8 +54,12 @@ class HoldingDiscord(FakeDiscord):
 
 @pytest.fixture
 def fake() -> Iterator[HoldingDiscord]:
-    with HoldingDiscord(heartbeat_interval_ms=5_000) as server:
+    server = HoldingDiscord(heartbeat_interval_ms=5_000)
+    server.start()
+    try:
         yield server
+    finally:
+        server.close()
 
 
 def _home(tmp_path: Path, discord: dict[str, Any] | None = None, **queue: Any) -> Path:
