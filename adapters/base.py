@@ -47,6 +47,7 @@ from shared import channel_health, platform_dedupe
 from shared.channel_cursors import OFFLINE_SENT_AT
 from shared.chat_prefs import BusyPolicy
 from shared.clock import now_ms
+from shared.queue import UnknownMention
 from shared.runtime import Runtime, open_runtime
 from shared.settings import Settings, SettingsError
 from shared.worker_identity import new_worker_id
@@ -294,18 +295,23 @@ class Channel(ChatCommands, Delivery):
         metadata = dict(message.metadata)
         if message.sent_at and now_ms() - message.sent_at > self.config.late_message_seconds * 1000:
             metadata[OFFLINE_SENT_AT] = message.sent_at  # the final reply will say it arrived while offline
-        result = self.rt.queue.enqueue_message(
-            self.name,
-            message.sender,
-            body,
-            sender_id=message.sender_id,
-            conversation=message.conversation,
-            external_id=message.external_id,
-            metadata=metadata,
-            agent=agent,
-            prefix=self.prefix or self.name,
-            debounce_ms=self.settings.queue.debounce_ms if self.config.debounce else 0,
-        )
+        try:
+            result = self.rt.queue.enqueue_message(
+                self.name,
+                message.sender,
+                body,
+                sender_id=message.sender_id,
+                conversation=message.conversation,
+                external_id=message.external_id,
+                metadata=metadata,
+                agent=agent,
+                prefix=self.prefix or self.name,
+                debounce_ms=self.settings.queue.debounce_ms if self.config.debounce else 0,
+            )
+        except UnknownMention as exc:  # "@nosuch hi": answered with the names we know, nothing queued
+            self.reply(message, self.unknown_mention_reply(message, exc), kind="command")
+            self._mark_seen(message.external_id)
+            return "command"
         self._mark_seen(message.external_id)
         return "duplicate" if result.duplicate else "queued"
 

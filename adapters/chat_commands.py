@@ -2,6 +2,8 @@
 
 - ``/agent NAME``, ``/team NAME``: this chat's messages go to NAME by default (``@agent`` alone does the
   same; ``@default`` goes back to normal routing). Kept in :mod:`adapters.chat_state`.
+- ``@nosuch …`` (a leading mention of no agent or team) is refused by the queue
+  (:class:`shared.queue.UnknownMention`) and answered with the agents and teams there are; nothing is queued.
 - ``/reset [@agent]``: a fresh conversation, by clearing the agent's session row.
 - ``/status``: what the agent does for this chat (running since, last step, waiting messages, a pause), read
   from the database with :mod:`shared.conversation_status`.
@@ -21,8 +23,8 @@ from typing import TYPE_CHECKING, ClassVar, Literal
 from adapters import chat_state
 from shared.chat_prefs import BUSY_POLICIES, get_busy_policy, parse_busy_policy, set_busy_policy
 from shared.conversation_status import conversation_status, format_status
-from shared.queue import InvalidInput, NotFound, RetryBudgetExhausted
-from shared.routing import AGENT_NAME_RE, resolve_route
+from shared.queue import InvalidInput, NotFound, RetryBudgetExhausted, UnknownMention
+from shared.routing import AGENT_NAME_RE, resolve_route, unknown_mention
 from shared.runtime import Runtime
 from shared.sessions import AGENT_SCOPE_KEY, clear_sessions
 
@@ -77,8 +79,27 @@ class ChatCommands:
         if not sticky or not self._known(sticky):
             return None
         directory = self.rt.queue.directory
+        if unknown_mention(text, directory.agents, directory.teams) is not None:
+            return None  # "@nosuch ..." addresses nobody we know: the queue refuses it, the chat is told
         route = resolve_route(text, directory.agents, directory.teams, directory.default_agent, None)
         return None if route.explicit else sticky  # "@other ..." still addresses other, once
+
+    def unknown_mention_reply(self, message: Inbound, exc: UnknownMention) -> str:
+        """The answer to ``@nosuch …``: nothing was sent, who can be addressed, and how."""
+        agents = ", ".join(f"@{a}" for a in exc.agents) or "none"
+        lines = [
+            f"There is no agent or team called @{exc.name} here, so I did not send your message.",
+            f"Agents: {agents}.",
+        ]
+        if exc.teams:
+            lines.append("Teams: " + ", ".join(f"@{t}" for t in exc.teams) + ".")
+        usual = self.chat_agent(message.conversation)
+        example = exc.agents[0] if exc.agents else usual
+        lines.append(
+            f"Start your message with one of them (like “@{example} …”), or send it without the @name "
+            f"to reach @{usual}."
+        )
+        return "\n".join(lines)
 
     def _switch(self, message: Inbound, name: str) -> str | None:
         db = self.rt.db

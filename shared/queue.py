@@ -45,9 +45,23 @@ from shared.queue_types import (
 )
 from shared.queue_types import sql_in as _in
 from shared.queue_types import to_json as _json
-from shared.routing import AGENT_NAME_RE, resolve_route
+from shared.routing import AGENT_NAME_RE, resolve_route, unknown_mention
 from shared.settings import Settings
 from shared.worker_identity import Holder, holder_state
+
+
+class UnknownMention(InvalidInput):
+    """A user's message starts with ``@name`` and no agent or team has that name: it is not queued (it
+    would silently reach the default agent); the chat answers with the names it knows (``agents``,
+    ``teams``)."""
+
+    def __init__(self, name: str, agents: Sequence[str], teams: Sequence[str]) -> None:
+        self.name, self.agents, self.teams = name, list(agents), list(teams)
+        listed = f"agents: {', '.join('@' + a for a in agents) or 'none'}"
+        if teams:
+            listed += f"; teams: {', '.join('@' + t for t in teams)}"
+        super().__init__(f"@{name} is not an agent or team here ({listed})")
+
 
 __all__ = [
     "INTERNAL_CHANNELS",
@@ -68,6 +82,7 @@ __all__ = [
     "QueuedResponse",
     "ResponseDraft",
     "RetryBudgetExhausted",
+    "UnknownMention",
     "group_by_conversation",
 ]
 
@@ -165,6 +180,11 @@ class Queue(ResponseOps, AdminOps, ControlOps):
             if agent not in directory.agents and agent not in directory.teams:
                 known = ", ".join(sorted(directory.agents | set(directory.teams)))
                 raise InvalidInput(f"unknown agent or team {agent!r} (known: {known})")
+        elif channel not in INTERNAL_CHANNELS and from_agent is None:
+            # A user addressed "@name" and nobody has that name: refused, not sent to the default agent.
+            mentioned = unknown_mention(message, directory.agents, directory.teams)
+            if mentioned is not None:
+                raise UnknownMention(mentioned, sorted(directory.agents), sorted(directory.teams))
         route = resolve_route(message, directory.agents, directory.teams, directory.default_agent, agent)
         params = {
             "message_id": message_id or new_id(prefix or channel),

@@ -4,7 +4,9 @@ Two jobs live here:
 
 * **Inbound routing** (``resolve_route``): which agent gets a user's message. A leading ``@agent`` or
   ``@team`` mention picks it; anything else goes to the default agent. The message text is never modified,
-  so the agent sees exactly what the user wrote (seed 000 keeps the message intact too).
+  so the agent sees exactly what the user wrote (seed 000 keeps the message intact too). A leading mention
+  of a name that is neither (``unknown_mention``) is not routed at all: the sender addressed someone who is
+  not here, so the queue refuses it and the chat answers with the names it knows.
 * **Reply tags** in an agent's answer: handoffs (``[@a: text]``, ``[@a,b: text]``, ``[#team: text]``),
   inbound attachment references (``[file: /abs/path]``) and outbound attachments (``[send_file: path]``).
 
@@ -31,6 +33,7 @@ __all__ = [
     "render_for_user",
     "resolve_route",
     "strip_send_file_tags",
+    "unknown_mention",
     "validate_name",
 ]
 
@@ -144,6 +147,31 @@ def resolve_route(
             return route
 
     return Route(agent=default_agent, team=None, explicit=False)
+
+
+#: Words after "@" that are not agent names but are still known: ``@default`` (back to normal routing).
+RESERVED_MENTIONS = frozenset({"default"})
+
+
+def unknown_mention(
+    text: str, agents: Collection[str], teams: Mapping[str, Team], known: Collection[str] = ()
+) -> str | None:
+    """The name of ``text``'s leading ``@name`` mention when it names no agent, no team and nothing in
+    ``known`` or :data:`RESERVED_MENTIONS` (case-insensitive), as written; else ``None``.
+
+    Only a mention :func:`resolve_route` would have read counts (first thing in the text, ending at
+    whitespace, ``:``, ``,`` or the end), and only one that could be a name (the name rule, after
+    lowercasing): "@coder's", "email@x" or "@" followed by a space are ordinary text.
+    """
+    match = _MENTION_RE.match(text)
+    if match is None:
+        return None
+    name = match.group(1)
+    key = name.lower()
+    if not is_valid_name(key):
+        return None
+    names = {n.lower() for n in agents} | {t.lower() for t in teams} | {k.lower() for k in known}
+    return None if key in names or key in RESERVED_MENTIONS else name
 
 
 @dataclass(frozen=True)

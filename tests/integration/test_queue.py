@@ -16,6 +16,7 @@ from shared.queue import (
     Queue,
     ResponseDraft,
     RetryBudgetExhausted,
+    UnknownMention,
     group_by_conversation,
 )
 
@@ -35,15 +36,12 @@ def test_enqueue_routes_and_records_events(queue: Queue) -> None:
     plain = queue.enqueue_message("cli", "ann", "hello there")
     mention = queue.enqueue_message("cli", "ann", "@gamma please look")
     team = queue.enqueue_message("cli", "ann", "@dev build it")
-    unknown = queue.enqueue_message("cli", "ann", "@nobody hi")
+    # A mention of nobody is refused (the chat is told who there is), not sent to the default agent.
+    with pytest.raises(UnknownMention):
+        queue.enqueue_message("cli", "ann", "@nobody hi")
     explicit = queue.enqueue_message("api", "ann", "text", agent="gamma")
-    assert [plain.agent, mention.agent, team.agent, unknown.agent, explicit.agent] == [
-        "alpha",
-        "gamma",
-        "beta",
-        "alpha",
-        "gamma",
-    ]
+    assert [plain.agent, mention.agent, team.agent, explicit.agent] == ["alpha", "gamma", "beta", "gamma"]
+    assert queue.db.read_scalar("SELECT COUNT(*) FROM messages WHERE message LIKE '@nobody%'") == 0
     assert plain.message_id.startswith("cli_") and len(plain.message_id) == 12
     stored = queue.get_message(team.message_id)
     assert stored is not None and stored.message == "@dev build it" and stored.status == "pending"
