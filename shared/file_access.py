@@ -9,6 +9,7 @@ home folder (settings, the database), ``/proc`` and anything else on the disk ar
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Sequence
 from pathlib import Path
@@ -16,6 +17,11 @@ from pathlib import Path
 from shared.settings import Settings
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
+OUTSIDE = "outside the agent's workspace and this chat's uploads"
+
+
+def _under(path: Path, root: Path) -> bool:
+    return path == root or path.is_relative_to(root)
 
 
 def safe_name(name: str, fallback: str = "file") -> str:
@@ -47,15 +53,23 @@ def check_send_path(raw: str, roots: Sequence[Path], base: Path | None = None) -
         if base is None:
             return None, "not an absolute path"
         candidate = base / candidate
+    allowed = [root.resolve() for root in roots]
+    # First by the path as written (no look at the disk): whether a file outside the roots exists is none
+    # of the caller's business. Then resolved, since a symlink inside may point out.
+    written = Path(os.path.normpath(candidate))
+    if not any(
+        _under(written, root) or _under(written, Path(os.path.normpath(r)))
+        for root, r in zip(allowed, roots, strict=True)
+    ):
+        return None, OUTSIDE
     try:
         resolved = candidate.resolve(strict=True)
     except (FileNotFoundError, NotADirectoryError):
         return None, "no such file"
     except (OSError, RuntimeError) as exc:  # RuntimeError: a symlink loop
         return None, f"cannot resolve the path ({exc})"
-    allowed = [root.resolve() for root in roots]
-    if not any(resolved == root or resolved.is_relative_to(root) for root in allowed):
-        return None, "outside the agent's workspace and this chat's uploads"
+    if not any(_under(resolved, root) for root in allowed):
+        return None, OUTSIDE
     if not resolved.is_file():
         return None, "not a regular file"
     return str(resolved), ""
