@@ -221,6 +221,8 @@ class TelegramChannel(Channel):
                 external_id=external_id,
                 files=files,
                 metadata={"chat_type": message.chat.type, "telegram_message_id": message.message_id},
+                # Updates wait at Telegram (24 h) while we are down: a late one's reply says so.
+                sent_at=int(message.date.timestamp() * 1000),
             )
         )
 
