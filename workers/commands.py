@@ -10,33 +10,24 @@ the database: the agent's next run starts a fresh conversation).
 from __future__ import annotations
 
 import json
-import os
 import sys
-import tomllib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
 
 import tomlkit
 import typer
-from pydantic import ValidationError
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
-from tomlkit.items import Table as TomlTable
 from tomlkit.toml_document import TOMLDocument
 
 from shared.routing import is_valid_name, validate_name
 from shared.runtime import open_runtime
 from shared.sessions import clear_sessions, list_sessions
-from shared.settings import (
-    SETTINGS_FILE,
-    Settings,
-    SettingsError,
-    SettingsFile,
-    default_home,
-    load_settings,
-)
+from shared.settings import Settings, SettingsError, default_home, load_settings
+from shared.settings_edit import edit_settings
+from shared.settings_edit import table_of as _table
 
 agent_app = typer.Typer(help="List, add, remove and reset agents.", no_args_is_help=True)
 team_app = typer.Typer(help="List, add and remove teams.", no_args_is_help=True)
@@ -70,35 +61,6 @@ def _name(value: str, kind: str) -> str:
         return validate_name(value, kind)
     except ValueError as exc:
         raise _fail(str(exc), 2) from None
-
-
-def edit_settings(home: Path, change: Callable[[TOMLDocument], None]) -> Path:
-    """Apply ``change`` to ``home``'s settings.toml (comments kept), validate the result, then replace the
-    file atomically. Raises :class:`SettingsError` (file untouched) when the result would be invalid."""
-    path = home / SETTINGS_FILE
-    text = path.read_text(encoding="utf-8") if path.exists() else ""
-    doc = tomlkit.parse(text)
-    change(doc)
-    new_text = tomlkit.dumps(doc)
-    try:
-        data = SettingsFile.model_validate(tomllib.loads(new_text))
-    except ValidationError as exc:
-        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors())
-        raise SettingsError(f"the change would make {path} invalid: {problems}") from None
-    Settings(home, data, path, dict(os.environ))  # cross-checks (the default agent exists, ...)
-    home.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{SETTINGS_FILE}.{os.getpid()}.tmp")
-    tmp.write_text(new_text, encoding="utf-8")
-    os.replace(tmp, path)
-    return path
-
-
-def _table(doc: TOMLDocument, key: str) -> TomlTable:
-    if key not in doc:
-        doc[key] = tomlkit.table(is_super_table=True)
-    table = doc[key]
-    assert isinstance(table, TomlTable)
-    return table
 
 
 def _apply(change: Callable[[TOMLDocument], None]) -> Path:
