@@ -5,6 +5,11 @@ are found through entry points, so ``shared`` never imports ``workers``, ``adapt
   runs one process kind in the foreground (``agentpost run NAME``);
 - ``agentpost.channels``: channel plugin classes; ``agentpost run NAME`` calls ``cls.run_process(home)``;
 - ``agentpost.commands``: ``register(app: typer.Typer) -> None`` adds commands or groups.
+
+A person waits for every command, so this module imports little at start: the plugins' command modules
+are loaded only when the command line may need one (not for the core commands below), the terminal
+renderer only for the commands that render replies, and the database opens without SQLAlchemy when its
+schema is current (see ``bench/cli_startup.py``).
 """
 
 from __future__ import annotations
@@ -14,17 +19,14 @@ import os
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 from rich.console import Console
 from rich.markup import escape
-from rich.table import Table
 
 from shared.cli_chat import CLI_CHANNEL
-from shared.cli_talk import Printer, chat_loop, reply_json, show_unread, wait_and_print
 from shared.db import lock_wait_limit
 from shared.private_files import private_umask
 from shared.queue import QueueError
@@ -93,7 +95,7 @@ def runtime() -> Iterator[Runtime]:
     another process is waited for at most :data:`CLI_LOCK_WAIT_MS`, then reported."""
     with lock_wait_limit(CLI_LOCK_WAIT_MS):
         try:
-            rt = open_runtime()
+            rt = open_runtime(quick=True)
         except SettingsError as exc:
             raise fail(str(exc), 2) from None
         except Exception as exc:  # a database that cannot be opened is an operator problem, not a traceback
@@ -176,11 +178,15 @@ def send(
             else:
                 print(result.message_id)
             return
+        from shared.cli_talk import Printer, wait_and_print
+
         printer = Printer(err_console if as_json else console)
         outcome = wait_and_print(
             rt, printer, result.message_id, conversation, after_cursor=cursor, timeout=timeout
         )
     if as_json:
+        from shared.cli_talk import reply_json
+
         print_json(
             {
                 "message_id": result.message_id,
@@ -204,6 +210,8 @@ def chat(
     ] = 1800,
 ) -> None:
     """Talk with an agent in the terminal: each line is a message; replies render as Markdown."""
+    from shared.cli_talk import Printer, chat_loop
+
     with runtime() as rt:
         failures = chat_loop(
             rt,
@@ -224,8 +232,53 @@ def replies(
     as_json: JsonFlag = False,
 ) -> None:
     """Show the CLI replies that arrived while nobody was waiting, and mark them read."""
+    from shared.cli_talk import Printer, show_unread
+
     with runtime() as rt:
         show_unread(rt, Printer(console), conversation, as_json=as_json)
+
+
+def list_table(title: str, columns: list[tuple[str, list[str], str]], width: int | None = None) -> list[str]:
+    """Lines of a table that fits ``width`` (the terminal's; 80 columns too) without cutting an id.
+
+    Each column is ``(header, cells, kind)``: ``id`` columns always show their whole values, ``num``
+    columns are right-aligned, ``text`` columns share what width is left and are shortened with "…".
+    When too little is left for the text, it goes on an indented line of its own below each row."""
+    width = width or console.width
+    gap = "  "
+    fixed = [(h, c, k) for h, c, k in columns if k != "text"]
+    texts = [(h, c, k) for h, c, k in columns if k == "text"]
+    widths = {h: max([len(h), *(len(x) for x in c)]) for h, c, _k in fixed}
+    used = sum(widths.values()) + len(gap) * (len(fixed) - 1)
+    left = width - used - len(gap) * len(texts)
+    inline = bool(texts) and left >= 12 * len(texts)
+    if inline:
+        for h, c, _k in texts:
+            widths[h] = max(len(h), min(max(len(x) for x in c) if c else 0, left // len(texts)))
+
+    def cut(text: str, room: int) -> str:
+        text = " ".join(text.split())
+        return text if len(text) <= room else text[: max(0, room - 1)] + "…"
+
+    def line(cells: list[tuple[str, str, str]]) -> str:
+        parts = []
+        for header, cell, kind in cells:
+            w = widths[header]
+            parts.append(cell.rjust(w) if kind == "num" else cut(cell, w).ljust(w))
+        return gap.join(parts).rstrip()
+
+    shown = columns if inline else fixed
+    lines = [title, line([(h, h, "id") for h, _c, _k in shown])]
+    for i in range(len(columns[0][1])):
+        lines.append(line([(h, c[i], k) for h, c, k in shown]))
+        if not inline:
+            lines.extend("    " + cut(f"{h}: {c[i]}", width - 4) for h, c, _k in texts if c[i].strip())
+    return lines
+
+
+def print_lines(lines: list[str]) -> None:
+    for text in lines:
+        sys.stdout.write(text + "\n")
 
 
 @queue_app.command("status")
@@ -236,10 +289,11 @@ def queue_status(as_json: JsonFlag = False) -> None:
     if as_json:
         print_json(status)
         return
-    table = Table("status", "count", title="queue")
-    for key, value in status.items():
-        table.add_row(key, str(value))
-    console.print(table)
+    print_lines(
+        list_table(
+            "queue", [("status", list(status), "id"), ("count", [str(v) for v in status.values()], "num")]
+        )
+    )
 
 
 @queue_app.command("agents")
@@ -250,17 +304,23 @@ def queue_agents(as_json: JsonFlag = False) -> None:
     if as_json:
         print_json(depths)
         return
-    table = Table("agent", "pending", "processing", title="agents")
-    for row in depths:
-        table.add_row(row["agent"], str(row["pending"]), str(row["processing"]))
-    console.print(table)
+    print_lines(
+        list_table(
+            "agents",
+            [
+                ("agent", [str(r["agent"]) for r in depths], "id"),
+                ("pending", [str(r["pending"]) for r in depths], "num"),
+                ("processing", [str(r["processing"]) for r in depths], "num"),
+            ],
+        )
+    )
 
 
 @dead_app.command("list")
 def dead_list(
     as_json: JsonFlag = False, limit: Annotated[int, typer.Option(min=1, help="How many to show.")] = 50
 ) -> None:
-    """Dead letters, newest first."""
+    """Dead letters, newest first (`agentpost trace ID` tells one's whole story)."""
     with runtime() as rt:
         dead = rt.queue.list_dead(limit)
     if as_json:
@@ -269,20 +329,20 @@ def dead_list(
     if not dead:
         console.print("no dead letters")
         return
-    table = Table(
-        "id", "message id", "agent", "attempts", "retried", "last error", "message", title="dead letters"
-    )
-    for m in dead:
-        table.add_row(
-            str(m.id),
-            m.message_id,
-            m.agent,
-            str(m.retry_count),
-            str(m.manual_retries),
-            (m.last_error or "")[:60],
-            m.message[:40],
+    print_lines(
+        list_table(
+            "dead letters",
+            [
+                ("#", [str(m.id) for m in dead], "num"),
+                ("message id", [m.message_id for m in dead], "id"),
+                ("agent", [m.agent for m in dead], "id"),
+                ("tries", [str(m.retry_count) for m in dead], "num"),
+                ("retried", [str(m.manual_retries) for m in dead], "num"),
+                ("last error", [m.last_error or "" for m in dead], "text"),
+                ("message", [m.message for m in dead], "text"),
+            ],
         )
-    console.print(table)
+    )
 
 
 @dead_app.command("retry")
@@ -359,6 +419,8 @@ def _load(ep: Any) -> Any | None:
 
 
 def _process_kinds() -> dict[str, Callable[[Path | None], None]]:
+    from importlib.metadata import entry_points
+
     kinds: dict[str, Callable[[Path | None], None]] = {}
     for ep in entry_points(group="agentpost.processes"):
         target = _load(ep)
@@ -395,7 +457,34 @@ def run(
         pass
 
 
+#: Commands of this module that no plugin adds to: running one needs no plugin loaded.
+CORE_COMMANDS = frozenset({"send", "chat", "replies", "trace", "dead", "init", "run", "doctor"})
+#: Groups that plugins add to, and their subcommands defined here.
+CORE_SUBCOMMANDS = {"queue": frozenset({"status", "agents"})}
+
+
+def _needs_plugins(argv: list[str]) -> bool:
+    """False when the command line names a core command (plugins only add other commands and groups)."""
+    words: list[str] = []
+    args = iter(argv)
+    for arg in args:
+        if arg == "--home":
+            next(args, None)
+        elif not arg.startswith("-"):
+            words.append(arg)
+            if len(words) == 2:
+                break
+    if not words:
+        return True  # no command: the help lists every command
+    if words[0] in CORE_COMMANDS:
+        return False
+    sub = CORE_SUBCOMMANDS.get(words[0])
+    return sub is None or len(words) < 2 or words[1] not in sub
+
+
 def _load_plugins() -> None:
+    from importlib.metadata import entry_points
+
     for ep in entry_points(group="agentpost.commands"):
         register = _load(ep)
         if register is not None:
@@ -406,7 +495,8 @@ def main() -> None:
     """Console-script entry point."""
     # Chat content, tokens and uploads: nothing any agentpost process creates is for other users.
     private_umask()
-    _load_plugins()
+    if _needs_plugins(sys.argv[1:]):
+        _load_plugins()
     try:
         app()
     except Exception as exc:

@@ -1,7 +1,9 @@
 """The database: one SQLite file in WAL mode, or PostgreSQL, behind the same small interface.
 
 Hot paths use the driver connection directly (one per thread) with SQL written once in
-:mod:`shared.queue`; SQLAlchemy/SQLModel creates the schema and serves ad-hoc reads.
+:mod:`shared.queue`; SQLAlchemy/SQLModel creates the schema and serves ad-hoc reads. Those two (and psycopg
+for a SQLite database) are imported only when used: opening a database whose schema is current needs
+neither, which keeps a short command such as `agentpost send` quick.
 """
 
 from __future__ import annotations
@@ -14,11 +16,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Protocol
-
-import psycopg
-from sqlalchemy import Engine, create_engine, event, inspect
-from sqlalchemy.pool import NullPool
+from typing import TYPE_CHECKING, Any, Protocol
 
 from shared.clock import now_ms
 from shared.dialect import (
@@ -28,9 +26,16 @@ from shared.dialect import (
     sqlalchemy_url,
     sqlite_path,
 )
-from shared.models import SCHEMA_VERSION, metadata
 from shared.private_files import sqlite_files, tighten
 from shared.storage_errors import DatabaseNotWritable
+
+if TYPE_CHECKING:
+    from sqlalchemy import Engine
+
+#: The schema version this code writes; equal to :data:`shared.models.SCHEMA_VERSION` (checked whenever the
+#: schema is created, and by the tests). Kept here so a current database is recognised without importing
+#: SQLAlchemy and the models.
+SCHEMA_VERSION = 2
 
 Row = dict[str, Any]
 _SIGNAL_RE = re.compile(r"^[a-z_]{1,32}$")
@@ -158,6 +163,8 @@ class Database:
             )
             configure_sqlite(conn, self.busy_timeout_ms)
             return conn
+        import psycopg
+
         return psycopg.connect(libpq_url(self.url), autocommit=True)
 
     def connection(self) -> Any:
@@ -280,6 +287,9 @@ class Database:
     def engine(self) -> Engine:
         """A SQLAlchemy engine for schema work and ad-hoc SQLModel sessions."""
         if self._engine is None:
+            from sqlalchemy import create_engine, event
+            from sqlalchemy.pool import NullPool
+
             engine = create_engine(sqlalchemy_url(self.url), poolclass=NullPool)
             if self.dialect.is_sqlite:
                 busy = self.busy_timeout_ms
@@ -291,11 +301,25 @@ class Database:
             self._engine = engine
         return self._engine
 
-    def create_schema(self) -> int:
+    def create_schema(self, *, quick: bool = False) -> int:
         """Create every table and index that is missing, and record the schema version. Idempotent.
 
-        Returns the schema version now recorded. Refuses a database written by a newer agentpost.
+        Returns the schema version now recorded. Refuses a database written by a newer agentpost. With
+        ``quick`` (short commands a person waits for), a database that already records this version is only
+        checked (one read, no SQLAlchemy); every long-running process does the full work at its start, so
+        columns added within a version still reach older databases.
         """
+        if quick and self._recorded_version() == SCHEMA_VERSION:
+            if self.dialect.is_sqlite:
+                tighten(sqlite_files(Path(sqlite_path(self.url))))
+            return SCHEMA_VERSION
+        from shared.models import SCHEMA_VERSION as MODELS_VERSION
+        from shared.models import metadata
+
+        if MODELS_VERSION != SCHEMA_VERSION:
+            raise RuntimeError(
+                f"shared.db.SCHEMA_VERSION ({SCHEMA_VERSION}) differs from shared.models ({MODELS_VERSION})"
+            )
         for attempt in range(5):
             try:
                 metadata().create_all(self.engine)
@@ -325,9 +349,21 @@ class Database:
                 )
         return SCHEMA_VERSION
 
+    def _recorded_version(self) -> int | None:
+        """The schema version the database records, or None (no schema yet, or not readable now)."""
+        try:
+            found = self.read_scalar("SELECT MAX(version) FROM schema_version")
+        except Exception:  # no such table yet; anything real shows again on the full path
+            return None
+        return None if found is None else int(found)
+
     def _add_missing_columns(self) -> None:
         """Columns added by a newer schema version: ``ALTER TABLE … ADD COLUMN`` with their defaults, so an
         older database keeps its rows (every added column is nullable or has a server default)."""
+        from sqlalchemy import inspect
+
+        from shared.models import metadata
+
         inspector = inspect(self.engine)
         for table in metadata().sorted_tables:
             present = {c["name"] for c in inspector.get_columns(table.name)}
@@ -347,6 +383,8 @@ class Database:
                             raise
 
     def table_names(self) -> list[str]:
+        from sqlalchemy import inspect
+
         return sorted(inspect(self.engine).get_table_names())
 
     def close(self) -> None:
@@ -384,9 +422,12 @@ def configure_sqlite(conn: Any, busy_timeout_ms: int) -> None:
     conn.execute("PRAGMA temp_store = MEMORY")
 
 
-def open_database(url: str, *, busy_timeout_ms: int = 30_000, create: bool = True) -> Database:
-    """Open (and by default create the schema of) the database at ``url``."""
+def open_database(
+    url: str, *, busy_timeout_ms: int = 30_000, create: bool = True, quick: bool = False
+) -> Database:
+    """Open (and by default create the schema of) the database at ``url``; ``quick``: see
+    :meth:`Database.create_schema`."""
     db = Database(url, busy_timeout_ms=busy_timeout_ms)
     if create:
-        db.create_schema()
+        db.create_schema(quick=quick)
     return db

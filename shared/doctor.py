@@ -8,6 +8,7 @@ The core checks live here. Process kinds add their own through the ``agentpost.d
 from __future__ import annotations
 
 import ipaddress
+import os
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from importlib.metadata import entry_points
@@ -16,7 +17,7 @@ from typing import Literal
 
 from shared.dialect import sqlite_path
 from shared.private_files import loose_modes, sqlite_files
-from shared.settings import Settings, SettingsError, load_settings
+from shared.settings import AgentSettings, Settings, SettingsError, load_settings
 
 Level = Literal["ok", "warn", "fail"]
 
@@ -168,8 +169,11 @@ def check_security(settings: Settings) -> list[Check]:
             Check("security", "web API address", "ok", f"loopback only ({host}:{settings.api.port})")
         )
     found += check_file_modes(settings)
+    root = hasattr(os, "geteuid") and os.geteuid() == 0
     for name, agent in sorted(settings.agents.items()):
-        if agent.permission_mode == "bypassPermissions":
+        if agent.permission_mode == "bypassPermissions" and root and agent.provider == "claude":
+            found.append(_root_bypass(settings, name, agent))
+        elif agent.permission_mode == "bypassPermissions":
             found.append(
                 Check(
                     "security",
@@ -180,6 +184,40 @@ def check_security(settings: Settings) -> list[Check]:
                 )
             )
     return found
+
+
+def _root_bypass(settings: Settings, name: str, agent: AgentSettings) -> Check:
+    """Root + bypassPermissions: the claude CLI refuses it ("cannot be used with root/sudo privileges")
+    unless IS_SANDBOX=1 is in its environment, which the processor adds for such an agent unless the
+    agent's ``env`` table or the environment sets IS_SANDBOX already."""
+    value = agent.env.get("IS_SANDBOX", settings.env.get("IS_SANDBOX"))
+    fix = (
+        "run agentpost as a non-root service user (the systemd units in deploy/systemd do: "
+        "User=agentpost), or use permission_mode = acceptEdits; keep IS_SANDBOX=1 only on a throwaway "
+        "sandbox (a container or VM)"
+    )
+    if value is not None and value != "1" and value.strip().lower() not in ("true", "yes", "on"):
+        return Check(
+            "security",
+            f"agent {name}",
+            "fail",
+            f"running as root with permission_mode = bypassPermissions, and IS_SANDBOX={value}: the claude "
+            'CLI refuses every run ("cannot be used with root/sudo privileges"); it runs only with '
+            "IS_SANDBOX=1",
+            fix,
+        )
+    how = {
+        None: "agentpost sets IS_SANDBOX=1 for its CLI",
+        "1": "IS_SANDBOX=1 is set",
+    }.get(value, f"IS_SANDBOX={value} is set (1 is the value the CLI documents)")
+    return Check(
+        "security",
+        f"agent {name}",
+        "warn",
+        "running as root with permission_mode = bypassPermissions: the claude CLI refuses that unless "
+        f"IS_SANDBOX=1 says the machine is a sandbox; {how}, so the agent may run any command as root",
+        fix,
+    )
 
 
 def check_file_modes(settings: Settings) -> list[Check]:

@@ -16,12 +16,15 @@ import threading
 import time
 from collections.abc import Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from shared.db import Database, open_database
 from shared.events import SqlEventLog
 from shared.queue import Queue
 from shared.settings import Settings, SettingsError, load_settings
-from shared.wake import Waker
+
+if TYPE_CHECKING:
+    from shared.wake import Waker
 
 log = logging.getLogger("agentpost.settings")
 
@@ -131,6 +134,8 @@ class Runtime:
     def waker(self) -> Waker:
         """This process's change signal (started on first use, with the settings watch)."""
         if self._waker is None:
+            from shared.wake import Waker  # psycopg and the watch: only for processes that wait
+
             self._waker = Waker(self.db, interval_ms=self._settings.queue.wake_interval_ms).start()
             self.watch_settings()
         return self._waker
@@ -154,10 +159,15 @@ class Runtime:
         self.close()
 
 
-def open_runtime(home: Path | None = None, env: Mapping[str, str] | None = None) -> Runtime:
-    """Load settings, open (and create if needed) the database, and build the queue."""
+def open_runtime(
+    home: Path | None = None, env: Mapping[str, str] | None = None, *, quick: bool = False
+) -> Runtime:
+    """Load settings, open (and create if needed) the database, and build the queue. ``quick`` (for short
+    commands): a database whose schema version is current is not inspected further (no SQLAlchemy)."""
     settings = load_settings(home, env)
-    db = open_database(settings.database_url, busy_timeout_ms=settings.file.database.busy_timeout_ms)
+    db = open_database(
+        settings.database_url, busy_timeout_ms=settings.file.database.busy_timeout_ms, quick=quick
+    )
     queue = Queue.from_settings(settings, db)
     rt = Runtime(settings=settings, db=db, queue=queue, events=SqlEventLog(db))
     rt.events = SqlEventLog(db, wait=lambda timeout: rt.waker.wait_for_change(timeout))

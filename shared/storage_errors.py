@@ -15,12 +15,11 @@ from __future__ import annotations
 import errno
 import os
 import sqlite3
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Literal
 from urllib.parse import urlsplit
-
-import psycopg
 
 Kind = Literal["locked", "disk_full", "read_only", "cannot_open", "io_error", "unreachable", "busy"]
 
@@ -191,7 +190,10 @@ def _kind(err: BaseException) -> Kind | None:
             return _SQLITE_KINDS[code & 0xFF]
         text = str(err).lower()
         return next((kind for needle, kind in _SQLITE_MESSAGES if needle in text), None)
-    if isinstance(err, psycopg.Error):
+    # psycopg is imported only where PostgreSQL is used (short CLI commands on SQLite never load it): an
+    # error can only be one of its errors once it is loaded.
+    psycopg = sys.modules.get("psycopg")
+    if psycopg is not None and isinstance(err, psycopg.Error):
         state = err.sqlstate
         if state is not None:
             return _PG_KINDS.get(state)

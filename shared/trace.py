@@ -171,16 +171,26 @@ _DETAIL_KEYS = (
 )  # fmt: skip
 
 
+#: Never shortened: an error or a reason is the answer a person runs trace for.
+_WHOLE_KEYS = frozenset({"error", "reason"})
+#: Other values (a reply's text, say) are shortened to this many characters, with "…".
+_DETAIL_CHARS = 80
+
+
+def _clip(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
 def describe(entry: EventEntry) -> str:
-    """A one-line description of an event's payload for the timeline."""
+    """A one-line description of an event's payload for the timeline (errors and reasons whole)."""
     parts = []
     for key in _DETAIL_KEYS:
         if key in entry.payload and entry.payload[key] not in (None, ""):
             value = entry.payload[key]
             if key == "retry_at":
                 value = _when(int(value))
-            text = str(value).replace("\n", " ")
-            parts.append(f"{key}={text[:80]}")
+            text = " ".join(str(value).split())
+            parts.append(f"{key}={text if key in _WHOLE_KEYS else _clip(text, _DETAIL_CHARS)}")
     ids = entry.payload.get("message_ids")
     if isinstance(ids, list) and len(ids) > 1:
         parts.append(f"group of {len(ids)}")
@@ -193,7 +203,8 @@ def timeline_lines(trace: Trace) -> list[str]:
     if trace.message is not None:
         m = trace.message
         lines.append(
-            f"{m['message_id']}: {m['channel']} from {m['sender'] or '?'} to agent {m['agent']} — {m['message'][:80]!r}"
+            f"{m['message_id']}: {m['channel']} from {m['sender'] or '?'} to agent {m['agent']} — "
+            f"{_clip(m['message'], _DETAIL_CHARS)!r}"
         )
     start = trace.events[0].created_at if trace.events else 0
     for e in trace.events:
