@@ -23,6 +23,7 @@ from typing import Any
 
 import anyio
 
+from shared.chat_agents import record_answer
 from shared.clock import now_ms
 from shared.conversation_status import clear_run, record_run
 from shared.file_access import chat_upload_dir, send_roots
@@ -319,6 +320,18 @@ class RunSteps:
                 {"agent": agent, "path": path, "reason": reason},
                 primary.message_id,
             )
+        chat_agents: list[str] = []
+        if note_target(primary) is not None:  # a user chat (or the one a teammate's chain started from)
+            try:
+                chat_agents = await anyio.to_thread.run_sync(
+                    record_answer,
+                    self.rt.db,
+                    str(target["channel"]),
+                    str(target.get("conversation") or ""),
+                    agent,
+                )
+            except Exception as exc:  # who answered is presentation: never fail a finished run over it
+                log.warning("could not record who answered %s: %s", target.get("conversation"), exc)
         plan = plan_reply(
             self.settings,
             agent,
@@ -326,6 +339,7 @@ class RunSteps:
             out.text,
             out.files,
             {"kind": "final", "edit_key": run.edit_key},
+            chat_agents=chat_agents,
         )
         for item in plan.ignored:
             await self._event("queue", "chain_handoff_ignored", {"agent": agent, **item}, primary.message_id)

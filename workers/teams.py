@@ -18,6 +18,9 @@ as the completion (see :meth:`shared.queue.Queue.complete_messages`):
   leader's reply and then each teammate's answer. A chain without an origin (e.g. an internal message
   enqueued by hand) keeps its answer in the history only.
 - Users never see raw tags: the reply text is shown through ``render_for_user`` (``→ @b: text``).
+- Who is answering: a teammate's answer, a reply that hands work on, and every reply in a chat that more
+  than one agent has answered start with the agent's name; a reply to several messages folded into one run
+  starts with "(Answering your N messages together.)" (see :func:`plan_reply`).
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from shared.queue import AgentTurn, ChatPost, MessageDraft, QueuedMessage, ResponseDraft
+from shared.queue import INTERNAL_CHANNELS, AgentTurn, ChatPost, MessageDraft, QueuedMessage, ResponseDraft
 from shared.routing import HandoffTag, parse_handoff_tags, render_for_user
 from shared.settings import Settings
 
@@ -34,6 +37,9 @@ from shared.settings import Settings
 AGENT_CHANNELS = frozenset({"internal", "chat", "chatroom"})
 
 EMPTY_REPLY = "(the agent finished without a reply)"
+
+#: Channels whose Markdown makes ``*text*`` bold (elsewhere ``**text**``).
+_SINGLE_STAR_BOLD = frozenset({"telegram", "whatsapp"})
 
 
 @dataclass
@@ -58,6 +64,7 @@ def origin_of(message: QueuedMessage) -> dict[str, Any] | None:
         "sender_id": message.sender_id,
         "conversation": message.conversation,
         "message_id": message.message_id,
+        "agent": message.agent,  # the agent the user addressed (a teammate's answer is named, not this one's)
     }
 
 
@@ -79,6 +86,16 @@ def _chain_key(origin: dict[str, Any] | None, fallback: QueuedMessage) -> str:
     )
 
 
+def speaker_label(agent: str, channel: str) -> str:
+    """``**coder:**`` in the channel's bold (single asterisks on Telegram and WhatsApp)."""
+    return f"*{agent}:*" if channel in _SINGLE_STAR_BOLD else f"**{agent}:**"
+
+
+def folded_note(count: int) -> str:
+    """The line that starts a reply answering several of the user's messages in one run."""
+    return f"(Answering your {count} messages together.)"
+
+
 def plan_reply(
     settings: Settings,
     agent: str,
@@ -86,8 +103,18 @@ def plan_reply(
     reply: str,
     files: Sequence[str] = (),
     metadata: dict[str, Any] | None = None,
+    *,
+    chat_agents: Sequence[str] = (),
 ) -> ReplyPlan:
-    """Turn ``agent``'s ``reply`` to ``group`` (primary first) into response, handoffs, posts and history."""
+    """Turn ``agent``'s ``reply`` to ``group`` (primary first) into response, handoffs, posts and history.
+
+    What the user sees says who is answering where it isn't obvious: the reply starts with the agent's name
+    (:func:`speaker_label`) when a teammate answers (not the agent the chat addressed), when the reply hands
+    work on to teammates (their answers follow in the chat), or when ``chat_agents`` (the agents that have
+    answered this chat lately, :mod:`shared.chat_agents`) holds more than one. A reply to several of the
+    user's messages folded into one run starts with one line saying so (:func:`folded_note`): the prompt
+    tells the agent, and this line tells the user, whatever the agent writes.
+    """
     primary = group[0]
     origin = origin_of(primary)
     hops = max(m.hops for m in group) + 1
@@ -159,8 +186,12 @@ def plan_reply(
     meta = {"agent": agent, **(metadata or {})}
     if primary.channel in AGENT_CHANNELS:
         if origin is not None and (shown or files):
+            text = shown or "(file attached)"
+            if origin.get("agent") != agent:
+                text = f"{speaker_label(agent, str(origin['channel']))} {text}"
+                meta["speaker"] = agent
             plan.response = ResponseDraft(
-                message=shown or "(file attached)",
+                message=text,
                 files=list(files),
                 metadata={**meta, "from_agent": agent, "via": primary.channel},
                 channel=origin["channel"],
@@ -169,7 +200,16 @@ def plan_reply(
                 conversation=origin.get("conversation", ""),
             )
     else:
-        plan.response = ResponseDraft(message=shown or EMPTY_REPLY, files=list(files), metadata=meta)
+        text = shown or EMPTY_REPLY
+        hands_on = any(f.channel == "internal" for f in plan.followups)
+        if hands_on or len(set(chat_agents) | {agent}) > 1:
+            text = f"{speaker_label(agent, primary.channel)} {text}"
+            meta["speaker"] = agent
+        folded = sum(1 for m in group if m.channel not in INTERNAL_CHANNELS)  # the user's own messages
+        if folded > 1:
+            text = f"{folded_note(folded)}\n{text}"
+            meta["folded"] = folded
+        plan.response = ResponseDraft(message=text, files=list(files), metadata=meta)
 
     for m in group:
         plan.history.append(AgentTurn(agent, "user", m.message, m.channel, m.sender, m.message_id))

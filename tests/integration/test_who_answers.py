@@ -8,6 +8,7 @@ agent (``tests.channel_support.AGENT_SCRIPT``) or the real Claude CLI against th
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,6 +19,7 @@ from shared.queue import UnknownMention
 from shared.routing import Team, unknown_mention
 from shared.runtime import Runtime
 from tests.channel_support import HoldingTelegram, RunningChannel, channel_home, count, open_home, wait_for
+from tests.processor_support import run_idle
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
 
@@ -104,3 +106,51 @@ def test_unknown_mention_on_telegram_gets_the_list_and_nothing_is_queued(
     assert [dict(r) for r in rows] == [{"conversation": "43", "agent": "beta", "message": "@beta hello"}]
     # Answered, so a redelivery of the update is not answered twice.
     assert count(rt, "SELECT COUNT(*) FROM responses WHERE conversation = '42'") == 1
+
+
+def test_replies_name_their_agent_where_it_is_not_obvious(rt: Runtime, fake: HoldingTelegram) -> None:
+    with RunningChannel(_telegram(rt, fake)):
+        # One agent so far: its reply needs no name.
+        _say(fake, 43, "hello")
+        run_idle(rt)
+        wait_for(lambda: len(fake.texts(43)) == 1, 10, "the first reply")
+        # A second agent in the same chat: from now on every reply there is named.
+        _say(fake, 43, "@beta hi")
+        run_idle(rt)
+        wait_for(lambda: len(fake.texts(43)) == 2, 10, "beta's reply")
+        _say(fake, 43, "again")
+        run_idle(rt)
+        wait_for(lambda: len(fake.texts(43)) == 3, 10, "alpha's second reply")
+        # A team: the leader hands work on (named), the teammate answers in the chat (named).
+        _say(fake, 42, "@dev please [@gamma: check this]")
+        run_idle(rt)
+        wait_for(lambda: len(fake.texts(42)) == 2, 10, "the leader's and the teammate's replies")
+    # (The scripted agent echoes the end of its prompt; a team member's prompt starts with team instructions.)
+    first, second, third = fake.texts(43)
+    assert first == "alpha got: hello"
+    assert second.startswith("*beta:* beta got:") and second.endswith("@beta hi")
+    assert third == "*alpha:* alpha got: again"
+    leader, teammate = fake.texts(42)
+    assert leader.startswith("*beta:* beta got:") and leader.endswith("@dev please → @gamma: check this")
+    assert teammate.startswith("*gamma:* gamma got:") and teammate.endswith("check this")
+    speakers = [
+        json.loads(str(r["metadata"])).get("speaker")
+        for r in rt.db.read("SELECT metadata FROM responses WHERE conversation = '42' ORDER BY id")
+    ]
+    assert speakers == ["beta", "gamma"]
+
+
+def test_messages_folded_into_one_run_are_acknowledged_once(rt: Runtime, fake: HoldingTelegram) -> None:
+    with RunningChannel(_telegram(rt, fake)):
+        for text in ("first thought", "second thought", "third thought"):
+            _say(fake, 42, text)  # all three wait: no processor runs yet
+        stats = run_idle(rt)
+        assert stats.invocations == 1
+        _say(fake, 42, "a lone one")
+        run_idle(rt)
+        wait_for(lambda: len(fake.texts(42)) == 2, 10, "both replies")
+    folded, lone = fake.texts(42)
+    first_line, rest = folded.split("\n", 1)
+    assert first_line == "(Answering your 3 messages together.)"
+    assert rest.startswith("alpha got:") and "third thought" in rest
+    assert lone == "alpha got: a lone one"  # one message: no note
