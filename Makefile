@@ -7,20 +7,28 @@ NODE_STAMP := node_modules/.installed-stamp
 
 .PHONY: install run test test-fast lint typecheck bench clean
 
+# One line per step instead of library noise: pip and npm print only errors (npm's summary on stdout is
+# dropped), and warnings Python tools print while building the editable install (setuptools' build
+# backend) are silenced for the install alone.
+QUIET_PIP := PYTHONWARNINGS=ignore PIP_DISABLE_PIP_VERSION_CHECK=1 $(BIN)/python -m pip install --quiet --quiet --progress-bar off
+
 $(STAMP): pyproject.toml
-	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[test]'
-	touch $@
+	@test -x $(BIN)/python || { echo "creating the Python environment in $(VENV)…"; $(PYTHON) -m venv $(VENV); }
+	@echo "installing Python packages (about a minute on a fresh machine)…"
+	@$(QUIET_PIP) --upgrade pip
+	@$(QUIET_PIP) -e '.[test]'
+	@touch $@
 
 $(NODE_STAMP): package.json package-lock.json
-	npm ci --no-audit --no-fund --loglevel=error
-	touch $@
+	@echo "installing the Claude Code CLI (pinned in package.json)…"
+	@npm ci --no-audit --no-fund --loglevel=error >/dev/null
+	@touch $@
 
 install: $(STAMP) $(NODE_STAMP)
 
 run: install
-	$(BIN)/agentpost up
+	@echo "starting agentpost…"
+	@$(BIN)/agentpost up
 
 test: install
 	$(BIN)/python -m pytest
