@@ -4,10 +4,14 @@ heartbeats and the user schedules against the shared database.
 Every job is also a method of :class:`SchedulerService` that tests and tools call directly;
 :meth:`SchedulerService.run_once` runs them all once (the run-until-idle mode). Two schedulers may run at
 once: maintenance jobs are idempotent transactions and timed messages fire once per slot.
+
+Heartbeats and schedules follow edits of settings.toml without a restart (:meth:`SchedulerService.follow_settings`,
+looked at every second); the maintenance intervals and the time zone are read at start.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import signal
 import sys
@@ -17,6 +21,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from apscheduler.jobstores.base import JobLookupError  # type: ignore[import-untyped]
 from apscheduler.schedulers.background import BackgroundScheduler  # type: ignore[import-untyped]
 from apscheduler.triggers.interval import IntervalTrigger  # type: ignore[import-untyped]
 
@@ -32,8 +37,12 @@ from scheduler.heartbeats import heartbeat_jobs
 from scheduler.schedules import schedule_jobs
 from scheduler.timed import Fired, TimedJob
 from shared.runtime import Runtime, open_runtime
+from shared.settings import SettingsError
 
 log = logging.getLogger("agentpost.scheduler")
+
+#: How often the scheduler looks whether heartbeats or schedules were edited.
+SETTINGS_LOOK_SECONDS = 1.0
 
 
 @dataclass
@@ -54,11 +63,42 @@ class SchedulerService:
     def __init__(self, rt: Runtime, *, start: datetime | None = None) -> None:
         self.rt = rt
         self.config: SchedulerConfig = load_scheduler_config(rt.settings)
-        start = start or datetime.now(UTC)
-        self.timed: list[TimedJob] = heartbeat_jobs(
-            rt.queue, rt.settings, self.config, load_heartbeats(rt.settings), start=start
-        ) + schedule_jobs(rt.queue, self.config, load_schedules(rt.settings), start=start)
+        self.timed: list[TimedJob] = self._timed_jobs(self.config, start or datetime.now(UTC))
         self.dlq_dir = dlq.dlq_dir(rt.settings)
+        self._generation = rt.settings_generation
+
+    def _timed_jobs(self, config: SchedulerConfig, start: datetime) -> list[TimedJob]:
+        settings = self.rt.settings
+        return heartbeat_jobs(
+            self.rt.queue, settings, config, load_heartbeats(settings), start=start
+        ) + schedule_jobs(self.rt.queue, config, load_schedules(settings), start=start)
+
+    def follow_settings(self, sched: BackgroundScheduler | None = None) -> bool:
+        """Take up edited heartbeats and schedules (and the scheduler section's other values, except the
+        intervals and time zone an APScheduler already uses). True when the jobs were rebuilt. An edit that
+        does not validate keeps the jobs in force; the reason is logged once per change."""
+        settings = self.rt.settings  # looks at the file (about once a second)
+        if self.rt.settings_generation == self._generation:
+            return False
+        self._generation = self.rt.settings_generation
+        try:
+            config = load_scheduler_config(settings)
+            timed = self._timed_jobs(config, datetime.now(UTC))
+        except SettingsError as exc:
+            log.warning(
+                "heartbeats and schedules not reloaded, the ones in force stay: %s",
+                " ".join(str(exc).split()),
+            )
+            return False
+        if sched is not None:
+            for job in self.timed:
+                with contextlib.suppress(JobLookupError):
+                    sched.remove_job(job.name)
+            for job in timed:
+                self._add_timed(sched, job)
+        self.config, self.timed = config, timed
+        log.info("heartbeats and schedules reloaded: %s", ", ".join(j.name for j in timed) or "none")
+        return True
 
     # -- the jobs, each callable directly ------------------------------------------------------------------
     def recover(self) -> dict[str, int]:
@@ -136,13 +176,23 @@ class SchedulerService:
                 next_run_time=now,
             )
         for job in self.timed:
-            sched.add_job(
-                _guarded(job.name, lambda job=job: job.run(datetime.now(UTC))),
-                job.trigger,
-                id=job.name,
-                name=job.name,
-            )
+            self._add_timed(sched, job)
+        sched.add_job(
+            _guarded("settings", lambda: self.follow_settings(sched)),
+            IntervalTrigger(seconds=SETTINGS_LOOK_SECONDS, timezone=tz),
+            id="settings",
+            name="settings",
+        )
         return sched
+
+    @staticmethod
+    def _add_timed(sched: BackgroundScheduler, job: TimedJob) -> None:
+        sched.add_job(
+            _guarded(job.name, lambda job=job: job.run(datetime.now(UTC))),
+            job.trigger,
+            id=job.name,
+            name=job.name,
+        )
 
     def serve(self, stop: threading.Event) -> None:
         """Run until ``stop`` is set: catch up missed slots, then let APScheduler run the jobs."""

@@ -90,3 +90,36 @@ def test_the_watch_thread_updates_routing_without_anyone_reading_settings(tmp_pa
         text = (home / "settings.toml").read_text()
         _touch_later(home / "settings.toml", text + '\n[agents.late]\nprovider = "claude"\n')
         wait_for(lambda: "late" in rt.queue.directory.agents, SETTINGS_CHECK_INTERVAL_S + 3, "the watch")
+
+
+def test_the_scheduler_takes_up_edited_heartbeats_in_its_running_apscheduler(tmp_path: Path) -> None:
+    from scheduler.service import SchedulerService
+
+    script = agent_script(tmp_path)
+    home = make_home(tmp_path, f"sqlite:///{tmp_path / 'a.db'}", {"solo": command_agent(script)})
+    settings_file = home / "settings.toml"
+    good = settings_file.read_text()
+    with open_home(home) as rt:
+        service = SchedulerService(rt)
+        assert service.timed == []
+        sched = service.build()  # not started: jobs are added and removed all the same
+        assert not service.follow_settings(sched)
+
+        _touch_later(settings_file, good + "\n[heartbeats.solo]\ninterval = 3600\n")
+        rt.refresh_settings()
+        assert service.follow_settings(sched)
+        assert [j.name for j in service.timed] == ["heartbeat:solo"]
+        assert sched.get_job("heartbeat:solo") is not None
+
+        time.sleep(0.01)
+        _touch_later(settings_file, good + "\n[heartbeats.nobody]\ninterval = 3600\n")  # unknown agent
+        rt.refresh_settings()
+        assert not service.follow_settings(sched)
+        assert [j.name for j in service.timed] == ["heartbeat:solo"]  # kept
+        assert sched.get_job("heartbeat:solo") is not None
+
+        time.sleep(0.01)
+        _touch_later(settings_file, good)
+        rt.refresh_settings()
+        assert service.follow_settings(sched)
+        assert service.timed == [] and sched.get_job("heartbeat:solo") is None
