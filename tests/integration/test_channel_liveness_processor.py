@@ -83,7 +83,10 @@ def test_burst_is_one_run_with_notes_edited_and_one_final_reply(
     assert count(rt, "SELECT COUNT(*) FROM messages WHERE status = 'completed'") == 3
     notes = [t for t in texts if t.startswith("Still working")]
     answers = [t for t in texts if "answered" in t]
-    assert len(notes) == 1 and answers == ["alpha answered token-a token-b token-c"], texts
+    # One reply to the three folded messages, saying so.
+    assert len(notes) == 1 and answers == [
+        "(Answering your 3 messages together.)\nalpha answered token-a token-b token-c"
+    ], texts
     assert texts == [notes[0], answers[0]]  # the note first, then exactly one final reply
     assert len(edits) >= 2 and all(e.params["message_id"] == edits[0].params["message_id"] for e in edits)
     assert [e.text for e in edits[:-1]] and all(
