@@ -20,8 +20,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import psycopg
-
 from shared.db import Database, configure_sqlite
 from shared.dialect import NOTIFY_CHANNEL, libpq_url, sqlite_path
 from shared.fswatch import open_watch
@@ -174,6 +172,8 @@ class Waker:
 
     # -- PostgreSQL --------------------------------------------------------------------------------------
     def _listen_postgres(self) -> None:
+        import psycopg  # only here: a process on SQLite never loads the PostgreSQL driver
+
         while not self._stop.is_set():
             try:
                 conn = psycopg.connect(libpq_url(self.db.url), autocommit=True)
