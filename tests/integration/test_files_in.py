@@ -32,6 +32,7 @@ from tests.fakes.whatsapp_api import (
 from tests.files_in_support import DOC, PNG, PNG_B64, read_outcomes, reader
 from tests.liveness_support import claude_home, cli_env
 from tests.processor_support import run_idle
+from workers.providers import read_access
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -157,3 +158,34 @@ def _up(url: str) -> bool:
         return httpx.get(url).status_code == 403
     except httpx.HTTPError:
         return False
+
+
+def test_read_access_arguments() -> None:
+    assert read_access(Path("/srv/agentpost/files/telegram/42")) == [
+        "--allowedTools",
+        "Read(//srv/agentpost/files/telegram/42/**)",
+    ]
+    # A path the permission-rule syntax cannot carry falls back to --add-dir.
+    assert read_access(Path("/srv/my home/files/telegram/42")) == [
+        "--add-dir",
+        "/srv/my home/files/telegram/42",
+    ]
+    assert read_access(Path("/srv/a,b(c)/x")) == ["--add-dir", "/srv/a,b(c)/x"]
+
+
+def test_a_home_with_a_space_still_lets_the_agent_read_uploads(tmp_path: Path, api: FakeAnthropic) -> None:
+    base = tmp_path / "my agentpost"
+    base.mkdir()
+    home = claude_home(base, f"sqlite:///{tmp_path / 'a.db'}", queue={"debounce_ms": 0})
+    with open_home(home) as rt:
+        folder = chat_upload_dir(rt.settings, "telegram", "42")
+        folder.mkdir(parents=True)
+        (folder / "notes.txt").write_bytes(DOC)
+        rt.queue.enqueue_message(
+            "telegram", "alice", f"read it\n[file: {folder / 'notes.txt'}]", sender_id="42", conversation="42"
+        )
+        run_idle(rt, env=cli_env(api, tmp_path))
+        (reply,) = [str(r["message"]) for r in rt.db.read("SELECT message FROM responses")]
+    (result,) = tool_results(api.main_requests()[-1].body)
+    assert not result.get("is_error") and "PELICAN-7" in tool_result_text(result), result
+    assert reply.startswith("READ OK") and "PELICAN-7" in reply
