@@ -111,6 +111,7 @@ class RelayedEventLog:
     def append(self, topic: str, type: str, payload: dict[str, Any], *, message_id: str | None = None) -> str:
         cursor = self.sql.append(topic, type, payload, message_id=message_id)
         self.catch_up()
+        self.redis._deliver_local()  # this process's subscribers have it before append returns
         return cursor
 
     def read(self, topic: str | None, after: str | None = None, limit: int = 100) -> list[EventEntry]:
@@ -123,6 +124,13 @@ class RelayedEventLog:
 
     def consumer_cursor(self, consumer: str, topic: str) -> str | None:
         return self.sql.consumer_cursor(consumer, topic)
+
+    def consumer_ack(self, consumer: str, topic: str) -> tuple[str, int] | None:
+        return self.sql.consumer_ack(consumer, topic)
+
+    def latest_cursor(self, topic: str | None) -> str | None:
+        self.catch_up()
+        return self.redis.latest_cursor(topic)
 
     def subscribe(self, topic: str | None, handler: Handler, *, after: str | None = None) -> Unsubscribe:
         self.catch_up()

@@ -89,7 +89,104 @@ class EventLog(Protocol):
         """The newest cursor (``"0"`` for an empty log)."""
         ...
 
+    def latest_cursor(self, topic: str | None) -> str | None:
+        """The newest cursor of ``topic`` (``None``: of any topic), ``None`` when it has no events."""
+        ...
+
+    def consumer_ack(self, consumer: str, topic: str) -> tuple[str, int] | None:
+        """``consumer``'s acknowledged cursor on ``topic`` and when it last acked (epoch ms), if ever."""
+        ...
+
     def close(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class AckedEntry:
+    """An event with its acknowledgement state for one consumer (seed 001's ``acknowledged`` flags): an
+    ack of cursor N acknowledges every event of the topic up to N."""
+
+    entry: EventEntry
+    acknowledged: bool
+    acknowledged_at: int | None
+
+
+def read_with_acks(
+    log: EventLog, topic: str, consumer: str, after: str | None = None, limit: int = 100
+) -> list[AckedEntry]:
+    """:meth:`EventLog.read` of one topic, each event flagged acknowledged or not by ``consumer``."""
+    state = log.consumer_ack(consumer, topic)
+    upto, at = (int(state[0]), state[1]) if state is not None else (0, None)
+    return [
+        AckedEntry(e, int(e.cursor) <= upto, at if int(e.cursor) <= upto else None)
+        for e in log.read(topic, after, limit)
+    ]
+
+
+class _Subscription:
+    """One in-process subscriber: its filter, handler and position, guarded so that the background follower
+    and an ``append`` in this process never deliver an event twice."""
+
+    def __init__(self, topic: str | None, handler: Handler, position: int) -> None:
+        self.topic = topic
+        self.handler = handler
+        self.position = position
+        self.lock = threading.RLock()
+        self.stopped = threading.Event()
+
+
+class LocalSubscriptions:
+    """Subscriptions of this process to a log that other processes write too. ``append`` delivers to them
+    before it returns (seed 001: a subscriber has an event once its append returned); a background follower
+    per subscription delivers what other processes append."""
+
+    PAGE = 500
+
+    def _local_subs(self) -> list[_Subscription]:
+        subs: list[_Subscription] | None = getattr(self, "_subs_list", None)
+        if subs is None:
+            subs = []
+            self._subs_list = subs
+        return subs
+
+    def read(self, topic: str | None, after: str | None = None, limit: int = 100) -> list[EventEntry]:
+        raise NotImplementedError
+
+    def _add_subscription(self, topic: str | None, handler: Handler, position: int) -> _Subscription:
+        sub = _Subscription(topic, handler, position)
+        self._local_subs().append(sub)
+        return sub
+
+    def _drop_subscription(self, sub: _Subscription) -> None:
+        sub.stopped.set()
+        subs = self._local_subs()
+        if sub in subs:
+            subs.remove(sub)
+
+    def _pump(self, sub: _Subscription) -> int:
+        """Deliver what ``sub`` has not seen yet (one page); returns how many events were read."""
+        with sub.lock:
+            if sub.stopped.is_set():
+                return 0
+            try:
+                batch = self.read(sub.topic, str(sub.position), self.PAGE)
+            except CursorExpired as exc:
+                sub.position = int(exc.retained_after)
+                batch = self.read(sub.topic, str(sub.position), self.PAGE)
+            for entry in batch:
+                if sub.stopped.is_set():
+                    break
+                cursor = int(entry.cursor)
+                if cursor <= sub.position:
+                    continue  # delivered by a nested append of the handler itself
+                sub.position = cursor
+                sub.handler(entry)
+            return len(batch)
+
+    def _deliver_local(self) -> None:
+        """Bring every subscription of this process up to date (called after an append committed)."""
+        for sub in list(self._local_subs()):
+            while self._pump(sub) >= self.PAGE:
+                pass
 
 
 #: The largest cursor: event ids are signed 64-bit integers in SQLite, PostgreSQL and Redis stream ids.
@@ -165,7 +262,7 @@ def entry_from_row(row: dict[str, Any]) -> EventEntry:
     )
 
 
-class SqlEventLog:
+class SqlEventLog(LocalSubscriptions):
     """The event log in the shared database (SQLite or PostgreSQL)."""
 
     def __init__(self, db: Database, wait: Callable[[float], None] | None = None) -> None:
@@ -182,6 +279,7 @@ class SqlEventLog:
                 cursor = tx.scalar("SELECT last_insert_rowid()")
             else:
                 cursor = tx.scalar("SELECT lastval()")
+        self._deliver_local()
         return str(cursor)
 
     def pruned_through(self, topic: str | None) -> int:
@@ -228,34 +326,48 @@ class SqlEventLog:
         )
         return None if value is None else str(value)
 
+    def consumer_ack(self, consumer: str, topic: str) -> tuple[str, int] | None:
+        rows = self.db.read(
+            "SELECT cursor, updated_at FROM event_consumers WHERE consumer = :c AND topic = :t",
+            {"c": consumer, "t": topic},
+        )
+        return (str(rows[0]["cursor"]), int(rows[0]["updated_at"])) if rows else None
+
     def last_cursor(self) -> str:
         return str(self.db.read_scalar("SELECT COALESCE(MAX(id), 0) FROM events"))
 
+    def latest_cursor(self, topic: str | None) -> str | None:
+        if topic is None:
+            value = self.db.read_scalar("SELECT MAX(id) FROM events")
+        else:
+            value = self.db.read_scalar("SELECT MAX(id) FROM events WHERE topic = :t", {"t": topic})
+        return None if value is None else str(value)
+
     def subscribe(self, topic: str | None, handler: Handler, *, after: str | None = None) -> Unsubscribe:
-        position = [_cursor_int(after) if after is not None else int(self.last_cursor())]
-        stopped = threading.Event()
+        start = _cursor_int(after) if after is not None else int(self.last_cursor())
+        sub = self._add_subscription(topic, handler, start)
+        if after is not None:
+            while self._pump(sub) >= self.PAGE:  # the backlog, before subscribe returns
+                pass
 
         def loop() -> None:
-            while not stopped.is_set() and not self._stop.is_set():
+            while not sub.stopped.is_set() and not self._stop.is_set():
                 try:
-                    batch = self.read(topic, str(position[0]), 500)
-                except CursorExpired:
-                    batch = self.read(topic, None, 500)
-                for entry in batch:
-                    handler(entry)
-                    position[0] = int(entry.cursor)
-                if len(batch) < 500 and not stopped.is_set():
+                    n = self._pump(sub)
+                except Exception:  # the database briefly away: try again after the next wait
+                    n = 0
+                if n < self.PAGE and not sub.stopped.is_set():
                     if self._wait is not None:
                         self._wait(0.5)
                     else:
-                        stopped.wait(0.05)
+                        sub.stopped.wait(0.05)
 
         thread = threading.Thread(target=loop, name=f"events-subscribe-{topic}", daemon=True)
         thread.start()
         self._threads.append(thread)
 
         def unsubscribe() -> None:
-            stopped.set()
+            self._drop_subscription(sub)
 
         return unsubscribe
 
@@ -346,6 +458,7 @@ class MemoryEventLog:
         self._events: list[EventEntry] = []
         self._next = 1
         self._acks: dict[tuple[str, str], int] = {}
+        self._ack_times: dict[tuple[str, str], int] = {}
         self._pruned: dict[str, int] = {}
         self._subs: list[tuple[str | None, Handler]] = []
 
@@ -376,6 +489,19 @@ class MemoryEventLog:
         with self._lock:
             key = (consumer, topic)
             self._acks[key] = max(self._acks.get(key, 0), value)
+            self._ack_times[key] = now_ms()
+
+    def consumer_ack(self, consumer: str, topic: str) -> tuple[str, int] | None:
+        with self._lock:
+            key = (consumer, topic)
+            if key not in self._acks:
+                return None
+            return str(self._acks[key]), self._ack_times[key]
+
+    def latest_cursor(self, topic: str | None) -> str | None:
+        with self._lock:
+            found = [e.cursor for e in self._events if topic is None or e.topic == topic]
+        return found[-1] if found else None
 
     def consumer_cursor(self, consumer: str, topic: str) -> str | None:
         with self._lock:

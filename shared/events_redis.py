@@ -33,7 +33,15 @@ from typing import Any, cast
 import redis
 
 from shared.clock import now_ms
-from shared.events import ALL_TOPICS, CursorExpired, EventEntry, Handler, Unsubscribe, _cursor_int
+from shared.events import (
+    ALL_TOPICS,
+    CursorExpired,
+    EventEntry,
+    Handler,
+    LocalSubscriptions,
+    Unsubscribe,
+    _cursor_int,
+)
 
 # KEYS: seq, all, topic stream, topics set. ARGV: topic, type, message id, payload, created_at.
 _APPEND = """
@@ -104,7 +112,7 @@ def _entry(entry_id: str, fields: dict[str, str]) -> EventEntry:
     )
 
 
-class RedisEventLog:
+class RedisEventLog(LocalSubscriptions):
     """An :class:`~shared.events.EventLog` on Redis Streams."""
 
     def __init__(self, client: redis.Redis, prefix: str = "agentpost") -> None:
@@ -156,6 +164,7 @@ class RedisEventLog:
     def append(self, topic: str, type: str, payload: dict[str, Any], *, message_id: str | None = None) -> str:
         keys = [self._seq, self._all, self._topic_key(topic), self._topics]
         cursor = self._append(keys=keys, args=self._args(topic, type, payload, message_id, now_ms()))
+        self._deliver_local()
         return str(cursor)
 
     def copy(self, entries: Sequence[EventEntry]) -> int:
@@ -198,39 +207,47 @@ class RedisEventLog:
         value = self.client.get(self._seq)
         return str(int(cast(str, value))) if value else "0"
 
+    def latest_cursor(self, topic: str | None) -> str | None:
+        key = self._all if topic is None else self._topic_key(topic)
+        found = cast(list[tuple[str, dict[str, str]]], self.client.xrevrange(key, "+", "-", count=1))
+        return str(found[0][0]).split("-", 1)[0] if found else None
+
     def ack(self, consumer: str, topic: str, cursor: str) -> None:
         self._ack(keys=[self._acks_prefix + topic], args=[consumer, str(_cursor_int(cursor))])
+        self.client.hset(self._acks_prefix + topic + ":at", consumer, str(now_ms()))
 
     def consumer_cursor(self, consumer: str, topic: str) -> str | None:
         value = self.client.hget(self._acks_prefix + topic, consumer)
         return None if value is None else str(value)
 
+    def consumer_ack(self, consumer: str, topic: str) -> tuple[str, int] | None:
+        cursor = self.consumer_cursor(consumer, topic)
+        if cursor is None:
+            return None
+        at = self.client.hget(self._acks_prefix + topic + ":at", consumer)
+        return cursor, int(cast(str, at)) if at else 0
+
     def subscribe(self, topic: str | None, handler: Handler, *, after: str | None = None) -> Unsubscribe:
-        position = [_cursor_int(after) if after is not None else int(self.last_cursor())]
-        stopped = threading.Event()
+        start = _cursor_int(after) if after is not None else int(self.last_cursor())
+        sub = self._add_subscription(topic, handler, start)
+        if after is not None:
+            while self._pump(sub) >= self.PAGE:  # the backlog, before subscribe returns
+                pass
         key = self._all if topic is None else self._topic_key(topic)
-        # A blocking XREAD holds its connection: give the subscriber its own.
+        # A blocking XREAD holds its connection: give the subscriber its own. It only waits for news; the
+        # events are delivered by the same pump as appends of this process, so none is delivered twice.
         conn = redis.Redis(
             connection_pool=redis.ConnectionPool(**self.client.connection_pool.connection_kwargs)
         )
 
         def loop() -> None:
             try:
-                while not stopped.is_set() and not self._stop.is_set():
-                    if position[0] < self.pruned_through(topic):
-                        position[0] = self.pruned_through(topic)
+                while not sub.stopped.is_set() and not self._stop.is_set():
                     try:
-                        found = conn.xread({key: f"{position[0]}-0"}, count=500, block=200)
+                        conn.xread({key: f"{sub.position}-0"}, count=1, block=200)
+                        self._pump(sub)
                     except redis.ConnectionError:
-                        stopped.wait(0.2)
-                        continue
-                    for _, entries in cast(list[tuple[str, list[tuple[str, dict[str, str]]]]], found or []):
-                        for entry_id, fields in entries:
-                            if stopped.is_set():
-                                return
-                            entry = _entry(entry_id, fields)
-                            handler(entry)
-                            position[0] = int(entry.cursor)
+                        sub.stopped.wait(0.2)
             finally:
                 with contextlib.suppress(Exception):
                     conn.close()
@@ -240,7 +257,7 @@ class RedisEventLog:
         self._threads.append(thread)
 
         def unsubscribe() -> None:
-            stopped.set()
+            self._drop_subscription(sub)
 
         return unsubscribe
 

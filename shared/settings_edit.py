@@ -186,3 +186,18 @@ def _redact(value: Any, key: str = "") -> Any:
     if isinstance(value, str) and "://" in value:
         return _URL_PASSWORD.sub(r"\1***@", value)
     return value
+
+
+def put_schedules(settings: Settings, entries: list[dict[str, Any]]) -> Path:
+    """Replace the ``[[schedules]]`` array with ``entries`` (each a table; empty values left out)."""
+
+    def change(doc: TOMLDocument) -> None:
+        array = tomlkit.aot()
+        for values in entries:
+            array.append(_entry(values))
+        if entries:
+            doc["schedules"] = array
+        elif "schedules" in doc:
+            del doc["schedules"]
+
+    return edit_settings(settings.home, change)

@@ -162,7 +162,13 @@ class SseReader:
     """A minimal SSE client on a raw socket, so a test can cut the connection at any byte."""
 
     def __init__(
-        self, port: int, path: str, headers: dict[str, str] | None = None, rcvbuf: int | None = None
+        self,
+        port: int,
+        path: str,
+        headers: dict[str, str] | None = None,
+        rcvbuf: int | None = None,
+        *,
+        skip_connected: bool = True,
     ):
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         if rcvbuf is not None:
@@ -175,6 +181,9 @@ class SseReader:
         self.headers_done = False
         self.status = 0
         self.closed = False
+        #: The ``connected`` events the server sent first on each stream (not yielded when skipped).
+        self.skip_connected = skip_connected
+        self.connected: list[dict[str, str]] = []
 
     def _fill(self, timeout: float) -> bool:
         self.sock.settimeout(timeout)
@@ -189,7 +198,9 @@ class SseReader:
         return True
 
     def events(self, timeout: float = 5.0) -> Iterator[dict[str, str]]:
-        """Yield parsed events (``id``, ``event``, ``data``) until nothing arrives for ``timeout`` seconds."""
+        """Yield parsed events (``id``, ``event``, ``data``) until nothing arrives for ``timeout`` seconds.
+        The ``connected`` event that opens every stream is kept in :attr:`connected` unless
+        ``skip_connected`` is false."""
         text = b""
         while True:
             if not self.headers_done:
@@ -222,6 +233,9 @@ class SseReader:
                         continue
                     key, _, value = line.partition(":")
                     event[key] = value[1:] if value.startswith(" ") else value
+                if event.get("event") == "connected" and self.skip_connected:
+                    self.connected.append(event)
+                    continue
                 if "data" in event or "event" in event:
                     yield event
             if not self._fill(timeout):

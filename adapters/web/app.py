@@ -11,7 +11,6 @@ at most ``storage_wait_seconds`` for another process's lock rather than the data
 
 from __future__ import annotations
 
-import json
 import logging
 import sqlite3
 from collections.abc import AsyncIterator
@@ -30,9 +29,10 @@ from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy.exc import SQLAlchemyError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from shared import api_views
 from shared.clock import now_ms
 from shared.db import lock_wait_limit
-from shared.events import ALL_TOPICS, CursorExpired, EventLog, PendingEvent, append_events
+from shared.events import ALL_TOPICS, CursorExpired, EventLog
 from shared.file_access import check_send_path, send_roots
 from shared.ids import MESSAGE_ID_RE
 from shared.queue_types import (
@@ -47,10 +47,26 @@ from shared.runtime import Runtime
 from shared.storage_errors import storage_problem
 
 from .auth import bearer_token, host_header_is_loopback, token_matches
+from .dialect import (
+    AckOut,
+    ChatMessageOut,
+    ChatPosted,
+    KillOut,
+    MessageAccepted,
+    ProactiveAccepted,
+    ProcessingOut,
+    QueueStatusOut,
+    ResponseOut,
+    event_data,
+    processing_out,
+    response_out,
+)
+from .errors import ApiError
 from .limits import BodyLimit
+from .manage import management_router
 from .metrics import Metrics
 from .origins import OriginGuard
-from .stream import EventStreamResponse, StreamLimits, StreamStats, entry_json, valid_cursor
+from .stream import EventStreamResponse, StreamLimits, StreamStats, valid_cursor
 from .websocket import serve_websocket
 
 log = logging.getLogger("agentpost.web")
@@ -114,19 +130,6 @@ class EventAckIn(_Body):
 
 
 # -- errors ----------------------------------------------------------------------------------------------
-class ApiError(Exception):
-    """An error answered as ``{"error": message, ...extra}`` with ``status``."""
-
-    def __init__(
-        self, status: int, message: str, *, headers: dict[str, str] | None = None, **extra: Any
-    ) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.headers = headers
-        self.extra = extra
-
-
 def _error(status: int, message: str, *, headers: dict[str, str] | None = None, **extra: Any) -> JSONResponse:
     return JSONResponse({"error": message, **extra}, status_code=status, headers=headers)
 
@@ -221,7 +224,7 @@ def create_app(
 
     # -- messages ----------------------------------------------------------------------------------------
     @api.post("/message", status_code=201, summary="Queue a message")
-    async def post_message(body: MessageIn) -> dict[str, Any]:
+    async def post_message(body: MessageIn) -> MessageAccepted:
         result = await run(
             queue.enqueue_message,
             body.channel,
@@ -236,15 +239,27 @@ def create_app(
             raise ApiError(
                 409,
                 f"message id {result.message_id} is already queued",
+                ok=False,
                 messageId=result.message_id,
                 agent=result.agent,
                 duplicate=True,
             )
-        return {"messageId": result.message_id, "agent": result.agent, "duplicate": False}
+        return MessageAccepted(ok=True, messageId=result.message_id, agent=result.agent, duplicate=False)
 
     @api.get("/queue/status", summary="Messages per status and undelivered responses")
-    async def queue_status() -> dict[str, int]:
-        status: dict[str, int] = await run(queue.queue_status)
+    async def queue_status() -> QueueStatusOut:
+        def read() -> QueueStatusOut:
+            s = queue.queue_status()
+            outgoing = s["responses_pending"] + s["responses_delivering"]
+            return QueueStatusOut(
+                incoming=s["pending"],
+                queued=s["pending"],
+                outgoing=outgoing,
+                activeConversations=api_views.active_conversations(db),
+                **s,
+            )
+
+        status: QueueStatusOut = await run(read)
         return status
 
     @api.get("/queue/agents", summary="Pending and processing messages per agent")
@@ -253,8 +268,21 @@ def create_app(
         return depths
 
     @api.get("/queue/processing", summary="Messages being processed now")
-    async def queue_processing() -> list[dict[str, Any]]:
-        return [m.as_dict() for m in await run(queue.list_processing)]
+    async def queue_processing() -> list[ProcessingOut]:
+        now = now_ms()
+        return [processing_out(m, now) for m in await run(queue.list_processing)]
+
+    @api.post("/queue/processing/{row_id}/kill", summary="Stop the run working on a message")
+    async def kill_session(row_id: Annotated[int, PathParam(ge=1, le=2**62)]) -> KillOut:
+        def stop() -> KillOut:
+            row = api_views.processing_message(db, row_id)
+            if row is None:
+                raise ApiError(404, f"message {row_id} is not being processed")
+            queue.request_stop(str(row["agent"]), str(row["conversation"] or "*"))
+            return KillOut(ok=True, agent=str(row["agent"]), processKilled=row["run_started_at"] is not None)
+
+        result: KillOut = await run(stop)
+        return result
 
     @api.get("/queue/dead", summary="Dead letters, newest first")
     async def queue_dead(
@@ -277,36 +305,30 @@ def create_app(
     async def responses(
         limit: Annotated[int, Query(ge=1, le=1000)] = 20,
         channel: Annotated[str | None, Query(pattern=NAME_PATTERN)] = None,
-    ) -> list[dict[str, Any]]:
-        return [r.as_dict() for r in await run(queue.list_responses, limit, channel)]
+    ) -> list[ResponseOut]:
+        return [response_out(r) for r in await run(queue.list_responses, limit, channel)]
 
     @api.get("/responses/pending", summary="Undelivered responses of one channel, oldest first")
     async def responses_pending(
         channel: Annotated[str, Query(pattern=NAME_PATTERN)],
         conversation: Annotated[str | None, Query(max_length=500)] = None,
         limit: Annotated[int, Query(ge=1, le=1000)] = 100,
-    ) -> list[dict[str, Any]]:
+    ) -> list[ResponseOut]:
         if conversation is None:
-            return [r.as_dict() for r in await run(queue.list_responses, limit, channel, True)]
-        rows = await run(
-            db.read,
-            "SELECT id FROM responses WHERE channel = :c AND conversation = :v AND status <> 'acked' "
-            "ORDER BY id LIMIT :l",
-            {"c": channel, "v": conversation, "l": limit},
-        )
-        wanted = {int(r["id"]) for r in rows}
+            return [response_out(r) for r in await run(queue.list_responses, limit, channel, True)]
+        wanted = set(await run(api_views.waiting_reply_ids, db, channel, conversation, limit))
         pending = await run(queue.list_responses, 1000, channel, True)
-        return [r.as_dict() for r in pending if r.id in wanted]
+        return [response_out(r) for r in pending if r.id in wanted]
 
     @api.post("/responses/{response_id}/ack", summary="Mark a response delivered")
-    async def ack_response(response_id: Annotated[int, PathParam(ge=1, le=2**62)]) -> dict[str, Any]:
+    async def ack_response(response_id: Annotated[int, PathParam(ge=1, le=2**62)]) -> AckOut:
         changed = await run(queue.ack_response, response_id)
-        return {"ok": True, "acked": bool(changed)}
+        return AckOut(ok=True, acked=bool(changed))
 
-    def checked_files(body: ProactiveIn) -> list[str]:
+    def checked_files(body: ProactiveIn, conversation: str) -> list[str]:
         """The files of a proactive message, each resolved and inside the roots a reply of its agent to its
         chat may send from (:mod:`shared.file_access`: the agent's workspace, that chat's uploads)."""
-        roots = send_roots(settings, body.agent, body.channel, body.conversation)
+        roots = send_roots(settings, body.agent, body.channel, conversation)
         base = settings.workspace(body.agent) if body.agent in settings.agents else None
         resolved = []
         for raw in body.files:
@@ -317,85 +339,66 @@ def create_app(
         return resolved
 
     @api.post("/responses", status_code=201, summary="Queue a proactive message")
-    async def post_response(body: ProactiveIn) -> dict[str, Any]:
-        files = await anyio.to_thread.run_sync(checked_files, body) if body.files else []
+    async def post_response(body: ProactiveIn) -> ProactiveAccepted:
+        conversation = body.conversation
+        if not conversation:
+            if not body.senderId:
+                raise ApiError(400, "give senderId (the user to write to) or conversation (the chat)")
+            found = await run(api_views.chat_of_sender, db, body.channel, body.senderId)
+            if found is None:
+                raise ApiError(
+                    400,
+                    f"no chat with sender {body.senderId!r} on {body.channel} is known yet (they have not "
+                    "written here lately); give conversation (the chat id)",
+                )
+            conversation = found
+        files = await anyio.to_thread.run_sync(checked_files, body, conversation) if body.files else []
         row = await run(
             queue.enqueue_response,
             body.channel,
             body.sender,
             body.message,
             sender_id=body.senderId,
-            conversation=body.conversation,
+            conversation=conversation,
             agent=body.agent,
             files=files,
         )
-        return {"ok": True, "response": row.as_dict()}
+        return ProactiveAccepted(ok=True, messageId=row.message_id, response=response_out(row))
 
-    # -- agents, teams, chat rooms -------------------------------------------------------------------------
-    @api.get("/agents", summary="Configured agents")
-    async def agents() -> list[dict[str, Any]]:
-        return [
-            {
-                "id": name,
-                "name": a.name or name,
-                "provider": a.provider,
-                "model": a.model,
-                "sessionScope": a.session_scope,
-                "default": name == settings.queue.default_agent,
-            }
-            for name, a in sorted(settings.agents.items())
-        ]
-
-    @api.get("/teams", summary="Configured teams")
-    async def teams() -> list[dict[str, Any]]:
-        return [
-            {"id": name, "agents": list(t.agents), "leader": t.leader}
-            for name, t in sorted(settings.teams.items())
-        ]
-
+    # -- chat rooms ---------------------------------------------------------------------------------------
     def known_team(team: str) -> None:
-        if team not in settings.teams:
-            raise ApiError(404, f"no team {team!r} (known: {', '.join(sorted(settings.teams)) or 'none'})")
+        teams = runtime.settings.teams
+        if team not in teams:
+            raise ApiError(404, f"no team {team!r} (known: {', '.join(sorted(teams)) or 'none'})")
 
-    @api.get("/chatroom/{team}", summary="A team chat room's posts, oldest first")
+    @api.get("/chatroom/{team}", summary="A team chat room's newest posts after ?since= (newest first)")
     async def chatroom(
         team: TeamName,
-        after: Annotated[int, Query(ge=0, le=2**62)] = 0,
+        since: Annotated[int, Query(ge=0, le=2**62)] = 0,
+        after: Annotated[int | None, Query(ge=0, le=2**62, description="Same as since.")] = None,
         limit: Annotated[int, Query(ge=1, le=1000)] = 100,
-    ) -> list[dict[str, Any]]:
+    ) -> list[ChatMessageOut]:
         known_team(team)
-        rows: list[dict[str, Any]] = await run(
-            db.read,
-            "SELECT * FROM chat_messages WHERE team_id = :t AND id > :a ORDER BY id LIMIT :l",
-            {"t": team, "a": after, "l": limit},
-        )
-        return rows
+        rows = await run(api_views.chat_room_posts, db, team, since_id=max(since, after or 0), limit=limit)
+        return [ChatMessageOut.model_validate(r) for r in rows]
 
     @api.post("/chatroom/{team}", status_code=201, summary="Post to a team chat room (every member is told)")
-    async def post_chatroom(team: TeamName, body: ChatPostIn) -> dict[str, Any]:
+    async def post_chatroom(team: TeamName, body: ChatPostIn) -> ChatPosted:
         known_team(team)
-        members = settings.teams[team].agents
+        members = runtime.settings.teams[team].agents
         text = f"[Chat room #{team} — {body.sender or 'user'}]: {body.message}"
 
-        def post() -> dict[str, Any]:
+        def post() -> ChatPosted:
             queued = [
                 queue.enqueue_message(
                     "chatroom", body.sender, text, agent=agent, prefix="chatroom", conversation=f"team:{team}"
                 ).message_id
                 for agent in members
             ]
-            with db.transaction() as tx:
-                row_id = tx.scalar(
-                    "INSERT INTO chat_messages (team_id, from_agent, message, created_at) "
-                    "VALUES (:t, :f, :m, :now) RETURNING id",
-                    {"t": team, "f": f"user:{body.sender}", "m": body.message, "now": now_ms()},
-                )
-                append_events(
-                    tx, [PendingEvent("chatroom_post", {"team": team, "id": row_id, "queued": queued})]
-                )
-            return {"ok": True, "id": int(row_id), "queued": queued}
+            row_id = api_views.add_chat_room_post(db, team, f"user:{body.sender}", body.message, queued)
+            return ChatPosted(ok=True, id=row_id, queued=queued)
 
-        result: dict[str, Any] = await run(post)
+        result: ChatPosted = await run(post)
         return result
 
     # -- events --------------------------------------------------------------------------------------------
@@ -414,7 +417,7 @@ def create_app(
         except CursorExpired as exc:
             raise ApiError(410, str(exc), reset=True, retainedAfter=exc.retained_after) from None
         cursor = batch[-1].cursor if batch else (after or "0")
-        return {"events": [json.loads(entry_json(e)) for e in batch], "cursor": cursor}
+        return {"events": [event_data(e) for e in batch], "cursor": cursor}
 
     @api.post("/events/ack", summary="Record a durable consumer's cursor")
     async def events_ack(body: EventAckIn) -> dict[str, Any]:
@@ -438,6 +441,7 @@ def create_app(
             raise ApiError(503, "too many stream clients; retry later", headers={"Retry-After": "5"})
         return EventStreamResponse(event_log, runtime.waker, parse_topic(topic), cursor, limits, stats)
 
+    api.include_router(management_router(runtime, run, settings.api.port))
     app.include_router(api)
 
     @app.websocket("/api/events/ws")

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+import os
+from collections.abc import Mapping
 from pathlib import Path
 
 import uvicorn
@@ -19,13 +21,23 @@ from .websocket import MAX_FRAME_BYTES
 log = logging.getLogger("agentpost.web")
 
 
+def port_env(env: Mapping[str, str]) -> dict[str, str]:
+    """The environment with TinyAGI's ``TINYAGI_API_PORT`` taken as ``AGENTPOST_API_PORT`` when only the
+    former is set (scripts written for TinyAGI keep working); ``AGENTPOST_API_PORT`` wins when both are."""
+    out = dict(env)
+    alias = out.get("TINYAGI_API_PORT")
+    if alias and not out.get("AGENTPOST_API_PORT"):
+        out["AGENTPOST_API_PORT"] = alias
+    return out
+
+
 def main(home: Path | None = None) -> None:
     """Run the web process in the foreground until interrupted.
 
     Raises :class:`~shared.settings.SettingsError` for unusable settings, including a non-loopback
     ``api.host`` without an API token.
     """
-    runtime = open_runtime(home)
+    runtime = open_runtime(home, port_env(os.environ))
     try:
         api = runtime.settings.api
         check_bind(api.host, api.token)

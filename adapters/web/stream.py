@@ -23,8 +23,11 @@ import anyio
 import anyio.to_thread
 from starlette.responses import Response
 
+from shared.clock import now_ms
 from shared.events import CursorExpired, EventEntry, parse_cursor
 from shared.storage_errors import storage_problem
+
+from .dialect import event_json, event_name
 
 log = logging.getLogger("agentpost.web.stream")
 
@@ -150,29 +153,28 @@ async def _pause_for(exc: Exception, limits: StreamLimits) -> None:
 
 
 def entry_json(entry: EventEntry) -> str:
-    """The JSON body of one event as clients see it (also the payload of a WebSocket ``queue_entry``)."""
-    return json.dumps(
-        {
-            "cursor": entry.cursor,
-            "topic": entry.topic,
-            "type": entry.type,
-            "messageId": entry.message_id,
-            "payload": entry.payload,
-            "createdAt": entry.created_at,
-        },
-        separators=(",", ":"),
-        default=str,
-    )
+    """The JSON body of one event as clients see it (see :func:`adapters.web.dialect.event_data`)."""
+    return event_json(entry)
+
+
+def connected_frame(cursor: str | None) -> bytes:
+    """The ``connected`` event TinyAGI's clients wait for before they poll (no ``id:``: it is no event of
+    the log, so it leaves the browser's Last-Event-ID alone)."""
+    body = json.dumps({"type": "connected", "timestamp": now_ms(), "cursor": cursor}, separators=(",", ":"))
+    return f"event: connected\ndata: {body}\n\n".encode()
 
 
 def sse_frames(item: Item) -> bytes:
-    """Encode one follower item as server-sent events: every event carries ``id:`` (its cursor)."""
+    """Encode one follower item as server-sent events: every event carries ``id:`` (its cursor) and
+    ``event:`` (its name, TinyAGI's where it has one: see :mod:`adapters.web.dialect`)."""
     if item is None:
         return b": keep-alive\n\n"
     if isinstance(item, Reset):
         body = json.dumps({"cursor": item.cursor, "retainedAfter": item.retained_after})
         return f"event: reset\nid: {item.retained_after}\ndata: {body}\n\n".encode()
-    return "".join(f"id: {e.cursor}\ndata: {entry_json(e)}\n\n" for e in item).encode()
+    return "".join(
+        f"id: {e.cursor}\nevent: {event_name(e)}\ndata: {entry_json(e)}\n\n" for e in item
+    ).encode()
 
 
 class EventStreamResponse(Response):
@@ -233,10 +235,20 @@ class EventStreamResponse(Response):
             await send({"type": "http.response.body", "body": b"", "more_body": False})
 
     async def _pump(self, send: Send) -> bool:
-        # The first frame tells EventSource how soon to reconnect after a cut.
-        if not await self._send(send, b"retry: 1000\n\n"):
+        # The first frame tells EventSource how soon to reconnect after a cut; then ``connected``.
+        # A client that starts "from now" gets its starting point fixed before ``connected``: whatever is
+        # appended after it has seen ``connected`` reaches it.
+        start = self.after
+        if start is None:
+            try:
+                start = await anyio.to_thread.run_sync(self.events.last_cursor)
+            except Exception as exc:
+                if storage_problem(exc) is None:
+                    raise
+                start = None  # the follower waits the trouble out and starts from then
+        if not await self._send(send, b"retry: 1000\n\n" + connected_frame(start)):
             return False
-        async for item in follow(self.events, self.signal, self.topic, self.after, self.limits):
+        async for item in follow(self.events, self.signal, self.topic, start, self.limits):
             if isinstance(item, Reset):
                 self.stats.resets_total += 1
             if not await self._send(send, sse_frames(item)):

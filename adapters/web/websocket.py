@@ -2,14 +2,19 @@
 
 Client → server (JSON text frames):
 
-- ``{"type": "queue_subscribe", "topic": "queue", "afterCursor": "41"}`` — replay after the cursor, then
-  live (``topic`` ``"*"`` or missing: every topic; ``afterCursor`` missing: from now on);
-- ``{"type": "queue_ack", "topic": "queue", "cursor": "57", "consumer": "dash"}`` — record progress;
+- ``{"type": "queue_subscribe", "topic": "queue", "clientId": "c1", "afterCursor": "41"}`` — replay after
+  the cursor, then live (``topic`` ``"*"`` or missing: every topic; ``afterCursor`` missing or null: from now
+  on). ``clientId`` (AgentX's name; ``consumer`` is accepted too) is the durable consumer its acks are
+  stored under; the connection remembers it for later frames;
+- ``{"type": "queue_ack", "topic": "queue", "cursor": "57", "clientId": "c1"}`` — record progress;
 - ``{"type": "queue_unsubscribe", "topic": "queue"}``.
 
-Server → client: ``{"type": "queue_entry", "topic", "cursor", "entry": {...}}``, ``{"type": "queue_reset",
-"topic", "cursor", "retainedAfter"}`` when a cursor is older than the retained log, ``queue_subscribed`` /
-``queue_unsubscribed`` / ``queue_acked`` confirmations and ``{"type": "error", "error": "..."}``.
+Server → client (AgentX's shapes): ``{"type": "queue_entry", "topic", "cursor", "event": {"type", ...},
+"timestamp"}`` (``topic`` is the subscription's, so a client can ack and resume by it; the event's own topic
+is inside), ``{"type": "queue_subscribed", "topic", "latestCursor"}`` (the topic's newest cursor, ``null``
+for an empty topic), ``{"type": "queue_reset", "topic", "cursor", "retainedAfter"}`` when a cursor is older
+than the retained log, ``queue_unsubscribed`` / ``queue_acked`` confirmations and ``{"type": "error",
+"error": "..."}``.
 
 Each subscription follows the log like the SSE stream (see :mod:`adapters.web.stream`); a client that does not
 take its frames for ``send_timeout`` seconds is closed with code 1013 and resumes from its last cursor.
@@ -19,6 +24,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from typing import Any
 
 import anyio
@@ -29,12 +35,14 @@ from shared.db import lock_wait_limit
 from shared.events import ALL_TOPICS, EventLog
 from shared.storage_errors import storage_problem
 
-from .stream import ChangeSignal, Reset, StreamLimits, StreamStats, entry_json, follow, valid_cursor
+from .dialect import event_data
+from .stream import ChangeSignal, Reset, StreamLimits, StreamStats, follow, valid_cursor
 
 log = logging.getLogger("agentpost.web.ws")
 
 MAX_FRAME_BYTES = 64 * 1024
 MAX_SUBSCRIPTIONS = 16
+CONSUMER_RE = re.compile(r"^[A-Za-z0-9_.:-]{1,100}$")
 
 
 class _TooSlow(Exception):
@@ -54,6 +62,7 @@ async def serve_websocket(
     stats.connections_total += 1
     send_lock = anyio.Lock()
     subscriptions: dict[str, anyio.CancelScope] = {}
+    client_id = ["ws"]  # the consumer acks are stored under, until the client names itself
 
     async def send(data: dict[str, Any]) -> None:
         async with send_lock:
@@ -89,7 +98,8 @@ async def serve_websocket(
                             "type": "queue_entry",
                             "topic": topic_key,
                             "cursor": entry.cursor,
-                            "entry": json.loads(entry_json(entry)),
+                            "event": event_data(entry),
+                            "timestamp": entry.created_at,
                         }
                     )
                 stats.events_sent_total += len(item)
@@ -112,6 +122,11 @@ async def serve_websocket(
                     topic_key = str(msg.get("topic") or ALL_TOPICS)
                     if len(topic_key) > 100:
                         raise ValueError("topic too long")
+                    named = _opt_str(msg.get("clientId") or msg.get("consumer"))
+                    if named:
+                        if not CONSUMER_RE.match(named):
+                            raise ValueError("clientId: 1 to 100 letters, digits or . _ : -")
+                        client_id[0] = named
                     if kind == "queue_subscribe":
                         after = valid_cursor(_opt_str(msg.get("afterCursor")))
                         if topic_key in subscriptions:
@@ -120,7 +135,10 @@ async def serve_websocket(
                             raise ValueError(f"at most {MAX_SUBSCRIPTIONS} subscriptions per connection")
                         scope = anyio.CancelScope()
                         subscriptions[topic_key] = scope
-                        await send({"type": "queue_subscribed", "topic": topic_key})
+                        latest = await anyio.to_thread.run_sync(
+                            events.latest_cursor, None if topic_key == ALL_TOPICS else topic_key
+                        )
+                        await send({"type": "queue_subscribed", "topic": topic_key, "latestCursor": latest})
                         tg.start_soon(run_subscription, topic_key, after, scope)
                     elif kind == "queue_unsubscribe":
                         found = subscriptions.pop(topic_key, None)
@@ -131,7 +149,7 @@ async def serve_websocket(
                         cursor = valid_cursor(_opt_str(msg.get("cursor")))
                         if cursor is None:
                             raise ValueError("queue_ack needs a cursor")
-                        consumer = str(msg.get("consumer") or "ws")[:100]
+                        consumer = client_id[0]
                         await anyio.to_thread.run_sync(_ack, events, consumer, topic_key, cursor, limits)
                         await send({"type": "queue_acked", "topic": topic_key, "cursor": cursor})
                     else:

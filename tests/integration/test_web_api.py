@@ -147,7 +147,9 @@ def test_queue_views(client: httpx.Client, rt: Runtime) -> None:
     )
     processing = client.get("/api/queue/processing").json()
     assert [m["message"] for m in processing] == ["@beta three"]
-    assert processing[0]["claimed_by"] == "w1"
+    # TinyOffice's ProcessingMessage: camelCase, claimed but not yet run is "queued".
+    assert processing[0]["claimedBy"] == "w1" and processing[0]["status"] == "queued"
+    assert processing[0]["processAlive"] is True and isinstance(processing[0]["duration"], int)
 
 
 def test_responses_pending_ack_and_proactive(client: httpx.Client, rt: Runtime) -> None:
@@ -157,11 +159,13 @@ def test_responses_pending_ack_and_proactive(client: httpx.Client, rt: Runtime) 
     play_processor(rt.queue, "alpha", lambda m: "other tab")
 
     recent = client.get("/api/responses").json()
-    assert [r["message_id"] for r in recent] == [other, mid]
+    # TinyAGI's ResponseData: camelCase (messageId, senderId, originalMessage, timestamp).
+    assert [r["messageId"] for r in recent] == [other, mid]
+    assert recent[1]["originalMessage"] == "q" and isinstance(recent[1]["timestamp"], int)
     pending = client.get("/api/responses/pending", params={"channel": "web"}).json()
     assert [r["message"] for r in pending] == ["answer to q", "other tab"]
     mine = client.get("/api/responses/pending", params={"channel": "web", "conversation": "tab-1"}).json()
-    assert [r["message_id"] for r in mine] == [mid]
+    assert [r["messageId"] for r in mine] == [mid]
 
     r = client.post(f"/api/responses/{mine[0]['id']}/ack")
     assert r.status_code == 200 and r.json() == {"ok": True, "acked": True}
@@ -185,7 +189,8 @@ def test_responses_pending_ack_and_proactive(client: httpx.Client, rt: Runtime) 
     row = made.json()["response"]
     assert (
         row["channel"] == "telegram"
-        and row["message_id"].startswith("proactive_")
+        and row["messageId"].startswith("proactive_")
+        and made.json()["messageId"] == row["messageId"]
         and row["status"] == "pending"
     )
     before = snapshot(rt)
@@ -234,10 +239,13 @@ def test_retry_budget_exhausted_is_409(client: httpx.Client, rt: Runtime) -> Non
 
 
 def test_agents_teams_and_chatroom(client: httpx.Client, rt: Runtime) -> None:
+    # TinyOffice reads agents and teams as objects keyed by id (AgentConfig, TeamConfig).
     agents = client.get("/api/agents").json()
-    assert [a["id"] for a in agents] == ["alpha", "beta", "gamma"]
-    assert next(a for a in agents if a["id"] == "alpha")["default"] is True
-    assert client.get("/api/teams").json() == [{"id": "dev", "agents": ["beta", "gamma"], "leader": "beta"}]
+    assert list(agents) == ["alpha", "beta", "gamma"]
+    assert agents["alpha"]["default"] is True and agents["alpha"]["name"] == "Alpha"
+    assert client.get("/api/teams").json() == {
+        "dev": {"name": "dev", "agents": ["beta", "gamma"], "leader_agent": "beta"}
+    }
 
     r = client.post("/api/chatroom/dev", json={"message": "standup in 5", "sender": "ann"})
     assert r.status_code == 201
@@ -247,6 +255,7 @@ def test_agents_teams_and_chatroom(client: httpx.Client, rt: Runtime) -> None:
     posts = client.get("/api/chatroom/dev").json()
     assert [p["message"] for p in posts] == ["standup in 5"]
     assert client.get("/api/chatroom/dev", params={"after": posts[0]["id"]}).json() == []
+    assert client.get("/api/chatroom/dev", params={"since": posts[0]["id"]}).json() == []
 
     before = snapshot(rt)
     assert_refused(client.get("/api/chatroom/nope"), 404, "no team")
@@ -259,7 +268,9 @@ def test_agents_teams_and_chatroom(client: httpx.Client, rt: Runtime) -> None:
 def test_events_page_and_ack(client: httpx.Client, rt: Runtime) -> None:
     ids = [client.post("/api/message", json={"message": f"m{i}"}).json()["messageId"] for i in range(3)]
     page = client.get("/api/events", params={"after": "0", "limit": 2}).json()
-    assert [e["type"] for e in page["events"]] == ["message_received"] * 2
+    # "type" is TinyAGI's event name, "event" ours.
+    assert [e["event"] for e in page["events"]] == ["message_received"] * 2
+    assert [e["type"] for e in page["events"]] == ["message:incoming"] * 2
     assert [e["messageId"] for e in page["events"]] == ids[:2]
     rest = client.get("/api/events", params={"after": page["cursor"]}).json()
     assert [e["messageId"] for e in rest["events"]] == ids[2:]

@@ -103,7 +103,7 @@ def test_websocket_answers_an_error_frame_and_stays_open(rt: Runtime, live: Live
             assert answer["type"] == "error" and "cursor" in str(answer["error"]), (bad, answer)
         # The same connection still subscribes, replays and follows with a valid cursor.
         ws.send(json.dumps({"type": "queue_subscribe", "topic": "t", "afterCursor": "0"}))
-        assert _recv(ws) == {"type": "queue_subscribed", "topic": "t"}
+        assert _recv(ws) == {"type": "queue_subscribed", "topic": "t", "latestCursor": "1"}
         first = _recv(ws)
         assert first["type"] == "queue_entry" and first["cursor"] == "1"
         append(rt, 2)

@@ -90,7 +90,9 @@ def test_sse_without_cursor_starts_at_now_and_bad_cursor_is_400(rt: Runtime) -> 
     with LiveServer(rt) as live:
         reader = SseReader(live.port, "/api/events/stream")
         try:
-            wait_until(lambda: live.app.state.stream_stats.clients == 1, 5, "the stream to open")
+            # TinyAGI's clients start polling on "connected": from then on nothing appended is missed.
+            wait_until(lambda: list(reader.events(timeout=0.2)) == [] and reader.connected, 5, "connected")
+            assert json.loads(reader.connected[0]["data"])["cursor"] == "3"
             bulk_append(rt, "t", 4, 1)
             got = collect(reader, 1)
             assert [json.loads(e["data"])["payload"]["n"] for e in got] == [4]
@@ -170,13 +172,16 @@ def test_websocket_protocol(rt: Runtime) -> None:
             return data
 
         ws.send(json.dumps({"type": "queue_subscribe", "topic": "t", "afterCursor": "1"}))
-        assert recv() == {"type": "queue_subscribed", "topic": "t"}
+        # AgentX's shape: the topic's latest cursor with the confirmation.
+        assert recv() == {"type": "queue_subscribed", "topic": "t", "latestCursor": "3"}
         replay = [recv(), recv()]
         assert [m["type"] for m in replay] == ["queue_entry", "queue_entry"]
         assert [m["cursor"] for m in replay] == ["2", "3"]
         bulk_append(rt, "t", 4, 1)
         live_entry = recv()
-        assert live_entry["cursor"] == "4" and live_entry["entry"]["payload"]["n"] == 4  # type: ignore[index]
+        # AgentX's queue_entry: the event under "event" (its "type" is the event's name) and a timestamp.
+        assert live_entry["cursor"] == "4" and live_entry["event"]["payload"]["n"] == 4  # type: ignore[index]
+        assert isinstance(live_entry["timestamp"], int)
 
         ws.send(json.dumps({"type": "queue_ack", "topic": "t", "cursor": "4", "consumer": "dash"}))
         assert recv() == {"type": "queue_acked", "topic": "t", "cursor": "4"}
@@ -210,6 +215,10 @@ def test_websocket_requires_token_when_set(tmp_path: Path) -> None:
                 assert info.value.response.status_code == 403  # the handshake is refused
             with connect(f"ws://127.0.0.1:{live.port}/api/events/ws?token=tok-123") as ws:
                 ws.send(json.dumps({"type": "queue_subscribe"}))
-                assert json.loads(ws.recv(timeout=5)) == {"type": "queue_subscribed", "topic": "*"}
+                assert json.loads(ws.recv(timeout=5)) == {
+                    "type": "queue_subscribed",
+                    "topic": "*",
+                    "latestCursor": None,
+                }
     finally:
         runtime.close()

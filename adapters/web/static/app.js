@@ -71,8 +71,8 @@ async function refreshAgents() {
 async function refreshProcessing() {
   const rows = await api("GET", "/api/queue/processing");
   $("#processing tbody").replaceChildren(...rows.map((m) =>
-    el("tr", {}, el("td", { title: m.message }, m.message_id), el("td", {}, m.agent), el("td", {}, m.channel),
-      el("td", {}, ago(m.updated_at)))));
+    el("tr", {}, el("td", { title: m.message }, m.messageId), el("td", {}, m.agent), el("td", {}, m.channel),
+      el("td", {}, ago(m.updatedAt)))));
 }
 
 async function refreshDead() {
@@ -160,11 +160,21 @@ async function loadAgents() {
   const teams = await api("GET", "/api/teams");
   const select = $("#chat-agent");
   select.replaceChildren(
-    ...agents.map((a) => el("option", { value: a.id, selected: a.default }, a.name === a.id ? a.id : `${a.name} (${a.id})`)),
-    ...teams.map((t) => el("option", { value: t.id }, `team ${t.id}`)));
+    ...Object.entries(agents).map(([id, a]) => el("option", { value: id, selected: a.default }, a.name === id ? id : `${a.name} (${id})`)),
+    ...Object.keys(teams).map((id) => el("option", { value: id }, `team ${id}`)));
 }
 
 // -- live events ---------------------------------------------------------------------------------------
+const EVENT_NAMES = [
+  "message:incoming", "agent:invoke", "agent:progress", "agent:response", "agent:mention", "message:done",
+  "agent_routed", "message_claimed", "message_completed", "message_failed", "message_dead", "message_retried",
+  "message_deleted", "message_restored", "message_interrupted", "response_acked", "response_failed",
+  "response_unserved", "chain_handoff_refused", "chain_handoff_ignored", "chain_budget_spent", "chatroom_post",
+  "processor_start", "processor_stop", "scheduler_start", "pairing_requested", "pairing_approved",
+  "pairing_revoked", "stop_requested", "agent_reset", "agent_resumed", "lease_lost", "run_stopped",
+  "dead_archived", "dead_notice", "delivery_retry", "rate_limit", "model_fallback", "heartbeat_silent",
+  "messages_dropped", "send_file_refused", "undelivered_notice", "media_failed",
+];
 function connectEvents() {
   if (state.source) state.source.close();
   const url = "/api/events/stream" + (state.token ? "?token=" + encodeURIComponent(state.token) : "");
@@ -173,15 +183,18 @@ function connectEvents() {
   const conn = $("#conn");
   source.onopen = () => { conn.textContent = "live"; conn.className = "conn on"; };
   source.onerror = () => { conn.textContent = "reconnecting"; conn.className = "conn off"; };
-  source.onmessage = (msg) => {
+  const onEvent = (msg) => {
     let ev;
     try { ev = JSON.parse(msg.data); } catch (_) { return; }
     const feed = $("#event-feed");
     feed.prepend(el("li", { "data-cursor": ev.cursor },
-      `#${ev.cursor} ${new Date(ev.createdAt).toLocaleTimeString()} ${ev.type} ${ev.messageId || ""}`));
+      `#${ev.cursor} ${new Date(ev.createdAt).toLocaleTimeString()} ${ev.event || ev.type} ${ev.messageId || ""}`));
     while (feed.children.length > 200) feed.lastChild.remove();
     scheduleRefresh();
   };
+  // Every event is named (TinyAGI's names where it has one, else ours): listen to each by name.
+  source.onmessage = onEvent;
+  for (const name of EVENT_NAMES) source.addEventListener(name, onEvent);
   source.addEventListener("reset", (msg) => {
     const data = JSON.parse(msg.data);
     $("#event-feed").prepend(el("li", { class: "error" }, `events before #${data.retainedAfter} were cleaned up`));

@@ -1,0 +1,129 @@
+"""Read views and small writes the web API needs beyond the queue itself: agent history, team chat rooms,
+the replies waiting in one chat, busy conversations, and the tail of the process logs.
+
+Every function takes the :class:`~shared.db.Database` (or the home folder for logs), so the web adapter calls
+named operations and holds no SQL of its own.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from shared.clock import now_ms
+from shared.db import Database
+from shared.events import PendingEvent, append_events
+
+#: The most lines :func:`tail_logs` reads from one file (it reads from the end).
+_TAIL_BYTES = 256 * 1024
+
+
+def agent_history(db: Database, agent: str, *, limit: int = 100, since_id: int = 0) -> list[dict[str, Any]]:
+    """An agent's turns (``agent_messages`` rows) with id above ``since_id``, newest first."""
+    rows = db.read(
+        "SELECT * FROM agent_messages WHERE agent_id = :a AND id > :s ORDER BY id DESC LIMIT :l",
+        {"a": agent, "s": max(0, since_id), "l": max(1, min(limit, 1000))},
+    )
+    return [dict(r) for r in rows]
+
+
+def chat_room_posts(db: Database, team: str, *, since_id: int = 0, limit: int = 100) -> list[dict[str, Any]]:
+    """A team chat room's posts with id above ``since_id``: the newest ``limit`` of them, newest first."""
+    rows = db.read(
+        "SELECT * FROM chat_messages WHERE team_id = :t AND id > :s ORDER BY id DESC LIMIT :l",
+        {"t": team, "s": max(0, since_id), "l": max(1, min(limit, 1000))},
+    )
+    return [dict(r) for r in rows]
+
+
+def add_chat_room_post(db: Database, team: str, author: str, message: str, queued: list[str]) -> int:
+    """Record a user's post in a team chat room (the members' messages are queued by the caller) and the
+    ``chatroom_post`` event; returns the post's id."""
+    with db.transaction() as tx:
+        row_id = tx.scalar(
+            "INSERT INTO chat_messages (team_id, from_agent, message, created_at) "
+            "VALUES (:t, :f, :m, :now) RETURNING id",
+            {"t": team, "f": author, "m": message, "now": now_ms()},
+        )
+        append_events(tx, [PendingEvent("chatroom_post", {"team": team, "id": row_id, "queued": queued})])
+    return int(row_id)
+
+
+def waiting_reply_ids(db: Database, channel: str, conversation: str, limit: int = 100) -> list[int]:
+    """Ids of the replies not yet acknowledged in one chat of a channel, oldest first."""
+    rows = db.read(
+        "SELECT id FROM responses WHERE channel = :c AND conversation = :v AND status <> 'acked' "
+        "ORDER BY id LIMIT :l",
+        {"c": channel, "v": conversation, "l": max(1, min(limit, 1000))},
+    )
+    return [int(r["id"]) for r in rows]
+
+
+def active_conversations(db: Database) -> int:
+    """How many chats have a message being processed now."""
+    value = db.read_scalar(
+        "SELECT COUNT(*) FROM (SELECT DISTINCT agent, channel, conversation FROM messages "
+        "WHERE status = 'processing') AS busy"
+    )
+    return int(value or 0)
+
+
+def processing_message(db: Database, row_id: int) -> dict[str, Any] | None:
+    """The ``messages`` row ``row_id`` if it is being processed now."""
+    rows = db.read("SELECT * FROM messages WHERE id = :i AND status = 'processing'", {"i": row_id})
+    return dict(rows[0]) if rows else None
+
+
+def tail_logs(logs_dir: Path, limit: int = 100) -> list[str]:
+    """The last ``limit`` lines over the ``*.log`` files in ``logs_dir`` (each line prefixed with its file's
+    name, files ordered by last change, the most recent last). Missing folder: no lines."""
+    try:
+        files = sorted(
+            (p for p in logs_dir.glob("*.log") if p.is_file()), key=lambda p: (p.stat().st_mtime, p.name)
+        )
+    except OSError:
+        return []
+    lines: list[str] = []
+    for path in files:
+        try:
+            with path.open("rb") as fh:
+                size = fh.seek(0, 2)
+                fh.seek(max(0, size - _TAIL_BYTES))
+                data = fh.read().decode("utf-8", errors="replace")
+        except OSError:
+            continue
+        text_lines = data.splitlines()
+        if size > _TAIL_BYTES and text_lines:
+            text_lines = text_lines[1:]  # the first line was cut in the middle
+        lines.extend(f"[{path.stem}] {line}" for line in text_lines[-limit:] if line.strip())
+    return lines[-max(1, limit) :]
+
+
+#: Channels whose private chat with a user has the user's id as its address (a Telegram private chat's id is
+#: the user's id; a WhatsApp chat is the phone number).
+SENDER_ID_IS_CHAT = frozenset({"telegram", "whatsapp"})
+
+
+def chat_of_sender(db: Database, channel: str, sender_id: str) -> str | None:
+    """Where a reply addressed to a user by id alone goes: their private chat on channels where its address
+    is their id, else the chat they last wrote in (or were last answered in) on ``channel``; ``None`` when
+    no such chat is known."""
+    if channel in SENDER_ID_IS_CHAT:
+        return sender_id
+    for table in ("messages", "responses"):
+        value = db.read_scalar(
+            f"SELECT conversation FROM {table} WHERE channel = :c AND sender_id = :s AND conversation <> '' "
+            "ORDER BY id DESC LIMIT 1",
+            {"c": channel, "s": sender_id},
+        )
+        if value:
+            return str(value)
+    return None
+
+
+def last_heartbeats(db: Database) -> dict[str, int]:
+    """When each agent's latest heartbeat message was queued (epoch ms), for the ones still stored."""
+    rows = db.read(
+        "SELECT agent, MAX(created_at) AS at FROM messages WHERE channel = 'heartbeat' GROUP BY agent"
+    )
+    return {str(r["agent"]): int(r["at"]) for r in rows}
