@@ -463,7 +463,10 @@ class ResponseOps(QueueState):
                 tx,
                 [
                     PendingEvent(
-                        "response_ready", {"response_id": rid, "proactive": True}, primary["message_id"]
+                        "response_ready",
+                        # The channel names who should deliver it (TinyAGI's channels wake on it).
+                        {"response_id": rid, "proactive": True, "channel": channel, "agent": agent},
+                        primary["message_id"],
                     )
                 ],
                 now,
