@@ -461,6 +461,37 @@ class FakeTelegram(ThreadedHttpFake):
                 message["caption_entities"] = entities
         return self._enqueue(message)
 
+    def push_photo(
+        self,
+        chat_id: int,
+        data: bytes,
+        *,
+        width: int = 3,
+        height: int = 2,
+        caption: str | None = None,
+        user_id: int | None = None,
+        username: str | None = "alice",
+        first_name: str = "Alice",
+        chat_type: Literal["private", "group", "supergroup"] = "private",
+        chat_title: str | None = None,
+    ) -> JSON:
+        """Enqueue an Update carrying a photo (one ``PhotoSize``, downloadable through getFile; Telegram
+        sends photos without a file name) and return it."""
+        message = self._user_message(chat_id, user_id, username, first_name, chat_type, chat_title, None)
+        stored = self._store_file("photo.jpg", "image/jpeg", data)
+        message["photo"] = [
+            {
+                "file_id": stored.file_id,
+                "file_unique_id": stored.file_unique_id,
+                "width": width,
+                "height": height,
+                "file_size": len(data),
+            }
+        ]
+        if caption is not None:
+            message["caption"] = caption
+        return self._enqueue(message)
+
     def fail_next(
         self,
         method: str,

@@ -189,3 +189,24 @@ def test_a_home_with_a_space_still_lets_the_agent_read_uploads(tmp_path: Path, a
     (result,) = tool_results(api.main_requests()[-1].body)
     assert not result.get("is_error") and "PELICAN-7" in tool_result_text(result), result
     assert reply.startswith("READ OK") and "PELICAN-7" in reply
+
+
+def test_telegram_photo_is_read_by_the_agent(
+    tmp_path: Path, api: FakeAnthropic, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PTB_TIMEDELTA", "1")
+    channels = {"telegram": {"allowlist": ["44"], "poll_timeout_seconds": 1, "typing": False}}
+    home = claude_home(
+        tmp_path, f"sqlite:///{tmp_path / 'a.db'}", channels=channels, queue={"debounce_ms": 0}
+    )
+    with HoldingTelegram() as fake, open_home(home) as rt:
+        env = {"TELEGRAM_BOT_TOKEN": fake.token, "TELEGRAM_API_BASE_URL": fake.url}
+        with RunningChannel(TelegramChannel(rt, env=env)):
+            fake.push_photo(44, PNG, caption="what is this?")
+            wait_for(lambda: count(rt, "SELECT COUNT(*) FROM messages") == 1, 15, "the photo message")
+            run_idle(rt, env=cli_env(api, tmp_path))
+            wait_for(lambda: fake.texts(44), 20, "the reply")
+    (result,) = read_outcomes(api.main_requests())
+    assert not result.get("is_error"), tool_result_text(result)
+    assert [i["data"] for i in tool_images(result)] == [PNG_B64]  # the photo's bytes reached the model
+    assert fake.texts(44)[-1].startswith("READ OK")
