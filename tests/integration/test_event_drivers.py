@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import secrets
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,7 +18,7 @@ import redis
 from shared.clock import now_ms
 from shared.db import open_database
 from shared.event_drivers import RelayedEventLog, open_event_log, redis_prefix
-from shared.events import CursorExpired, EventEntry, EventLog, MemoryEventLog, SqlEventLog
+from shared.events import CursorExpired, EventEntry, EventLog, MemoryEventLog, SqlEventLog, read_with_acks
 from shared.events_redis import RedisEventLog
 from tests.web_support import make_home, runtime_for, wait_until
 
@@ -245,8 +246,8 @@ def test_open_event_log_picks_the_configured_driver(tmp_path: Path) -> None:
     prefix = f"agentpost-test-{secrets.token_hex(6)}"
     rt = runtime_for(home, AGENTPOST_REDIS_URL=REDIS_URL, AGENTPOST_REDIS_PREFIX=prefix)
     log = open_event_log(rt.settings, rt.db)
+    assert isinstance(log, RelayedEventLog)
     try:
-        assert isinstance(log, RelayedEventLog)
         assert redis_prefix(rt.settings) == prefix and log.redis.prefix == prefix
         rt.queue.enqueue_message("web", "ann", "via redis")
         wait_until(lambda: log.redis.last_cursor() != "0", 5, "the background relay")
@@ -261,3 +262,81 @@ def test_open_event_log_picks_the_configured_driver(tmp_path: Path) -> None:
         assert isinstance(open_event_log(rt.settings, rt.db), SqlEventLog)
     finally:
         rt.close()
+
+
+# -- AgentX's event-queue unit tests (its first queue package, 7 cases), restated over our drivers ------------
+# Facts recorded from AgentX's tests: an entry carries its topic, cursor, event and timestamp; reading after a
+# cursor returns only later entries; an entry reads as acknowledged (with a time) once acked; a subscriber has
+# an appended event by the time append returned and nothing after it unsubscribed; the latest cursor of a topic
+# is null when empty, else the topic's newest; topics are isolated; cleanup drops acknowledged old entries.
+# Differences, stated: an ack is a consumer's (AgentX acks per topic only: we name the consumer) and covers
+# every entry up to its cursor; our event is (type, payload) rather than one opaque object.
+
+
+def test_agentx_append_and_read(events: EventLog) -> None:
+    c1 = events.append("session-123", "text_delta", {"text": "Hello"})
+    c2 = events.append("session-123", "text_delta", {"text": "World"})
+    assert c1 and c2 and c1 != c2
+    entries = events.read("session-123")
+    assert [(e.type, e.payload) for e in entries] == [
+        ("text_delta", {"text": "Hello"}),
+        ("text_delta", {"text": "World"}),
+    ]
+    assert all(e.topic == "session-123" and isinstance(e.created_at, int) for e in entries)
+
+
+def test_agentx_read_after_cursor(events: EventLog) -> None:
+    c1 = events.append("session-456", "seq", {"seq": 1})
+    c2 = events.append("session-456", "seq", {"seq": 2})
+    events.append("session-456", "seq", {"seq": 3})
+    assert [e.payload["seq"] for e in events.read("session-456", c1)] == [2, 3]
+    assert [e.payload["seq"] for e in events.read("session-456", c2)] == [3]
+
+
+def test_agentx_acknowledge_entries(events: EventLog) -> None:
+    cursor = events.append("session-789", "data", {"data": "test"})
+    before = read_with_acks(events, "session-789", "client-1")
+    assert [(a.acknowledged, a.acknowledged_at) for a in before] == [(False, None)]
+    events.ack("client-1", "session-789", cursor)
+    after = read_with_acks(events, "session-789", "client-1")
+    assert after[0].acknowledged is True and isinstance(after[0].acknowledged_at, int)
+    # Per consumer: another client has not acknowledged it.
+    assert read_with_acks(events, "session-789", "client-2")[0].acknowledged is False
+
+
+def test_agentx_subscribe_receives_new_events_synchronously(events: EventLog) -> None:
+    received: list[str] = []
+    unsubscribe = events.subscribe("session-sub", lambda e: received.append(e.payload["msg"]))
+    try:
+        events.append("session-sub", "m", {"msg": "first"})
+        events.append("session-sub", "m", {"msg": "second"})
+        assert received == ["first", "second"]  # already there when append returned: no waiting
+    finally:
+        unsubscribe()
+    events.append("session-sub", "m", {"msg": "third"})
+    time.sleep(0.3)  # a background follower that missed the unsubscribe would deliver within this
+    assert received == ["first", "second"]
+
+
+def test_agentx_latest_cursor_per_topic(events: EventLog) -> None:
+    assert events.latest_cursor("session-cursor") is None
+    events.append("session-cursor", "seq", {"seq": 1})
+    c2 = events.append("session-cursor", "seq", {"seq": 2})
+    events.append("another-topic", "seq", {"seq": 3})
+    assert events.latest_cursor("session-cursor") == c2
+    assert events.latest_cursor(None) == events.last_cursor()
+
+
+def test_agentx_topics_are_isolated(events: EventLog) -> None:
+    events.append("topic-a", "from", {"from": "a"})
+    events.append("topic-b", "from", {"from": "b"})
+    assert [e.payload["from"] for e in events.read("topic-a")] == ["a"]
+    assert [e.payload["from"] for e in events.read("topic-b")] == ["b"]
+
+
+def test_agentx_cleanup_removes_old_acknowledged_entries(events: EventLog) -> None:
+    cursor = events.append("session-cleanup", "data", {"data": "old"})
+    events.ack("client-1", "session-cleanup", cursor)
+    time.sleep(0.01)
+    assert events.cleanup(ttl_ms=1, max_per_topic=1000) == 1
+    assert events.read("session-cleanup") == []
