@@ -32,6 +32,7 @@ import re
 import secrets
 import signal
 import socket
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -43,7 +44,7 @@ from pydantic import BaseModel, ConfigDict, Field, create_model
 from adapters import pairing as pairings
 from adapters.chat_commands import COMMANDS, HELP_TEXT, ChatCommands, reset_conversation
 from adapters.delivery import Delivery, Part, safe_filename
-from shared import channel_health, platform_dedupe
+from shared import channel_health, held_messages, platform_dedupe
 from shared.channel_cursors import OFFLINE_SENT_AT
 from shared.chat_prefs import BusyPolicy
 from shared.clock import now_ms
@@ -88,6 +89,9 @@ class ChannelSettings(BaseModel):
         default=True, description="give unknown senders a pairing code (false: ignore them)"
     )
     pairing_max_pending: int = Field(default=pairings.MAX_PENDING, ge=1, le=100)
+    operator_chat: str = Field(
+        default="", description="a chat of this channel told about each new pairing request (empty: none)"
+    )
     max_chunks: int = Field(default=4, ge=1, le=50, description="longer replies are sent as a file")
     delivery_batch: int = Field(default=10, ge=1, le=100)
     delivery_attempts: int = Field(
@@ -140,11 +144,22 @@ HandleOutcome = Literal["queued", "duplicate", "command", "pairing_code", "unpai
 _WORKER_NAMES_TAKEN: set[str] = set()
 
 
+#: How long messages of a sender nobody approves are kept (their code expires after an hour).
+HELD_FOR_MS = 24 * 3_600_000
+APPROVED_TEXT = "You're approved — answering your message now."
+
+
+def pairing_reminder_text(code: str, kept: bool) -> str:
+    """The occasional reminder to a sender still waiting for approval."""
+    kept_text = "I've kept this message and will answer it" if kept else "I'll answer your first messages"
+    return f"Still waiting for the operator to approve your pairing code {code}. {kept_text} once they do."
+
+
 def pairing_code_text(code: str) -> str:
     """The message that gives a new sender their code."""
     return (
         f"Hi! I don't know you yet. Your pairing code is {code}. Ask the operator to run: "
-        f"agentpost pairing approve {code}"
+        f"agentpost pairing approve {code} — I'll answer your message as soon as they do."
     )
 
 
@@ -262,16 +277,8 @@ class Channel(ChatCommands, Delivery):
                 message.sender,
                 max_pending=self.config.pairing_max_pending,
             )
-            if check.decision == "approved":
-                pass
-            elif check.decision == "new_code":
-                self.send_pairing_code(message, check.code)
-                return "pairing_code"
-            else:
-                self.log.info(
-                    "unpaired sender %s (%s): message not queued", message.sender_id, check.decision
-                )
-                return "unpaired"
+            if check.decision != "approved":
+                return self._while_unpaired(message, check)
         if self._seen(message.external_id):
             return "duplicate"  # a redelivery of a message taken in before (even one pruned since)
         self._tell_undelivered(message)
@@ -314,6 +321,94 @@ class Channel(ChatCommands, Delivery):
             return "command"
         self._mark_seen(message.external_id)
         return "duplicate" if result.duplicate else "queued"
+
+    def _while_unpaired(self, message: Inbound, check: pairings.PairingCheck) -> HandleOutcome:
+        """Keep the message for when the sender is approved; give the code once, remind now and then."""
+        kept = held_messages.hold(
+            self.rt.db,
+            self.name,
+            message.sender_id,
+            {
+                "conversation": message.conversation,
+                "sender_id": message.sender_id,
+                "sender": message.sender,
+                "text": message.text,
+                "external_id": message.external_id,
+                "metadata": dict(message.metadata),
+                "sent_at": message.sent_at or now_ms(),
+            },
+        )
+        if check.decision == "new_code":
+            self.send_pairing_code(message, check.code)
+            self._tell_operator(message, check.code)
+            return "pairing_code"
+        if check.decision == "pending" and held_messages.remind_due(self.rt.db, self.name, message.sender_id):
+            self.reply(message, pairing_reminder_text(check.code, kept), kind="pairing")
+        self.log.info("unpaired sender %s (%s): message kept=%s", message.sender_id, check.decision, kept)
+        return "unpaired"
+
+    def _tell_operator(self, message: Inbound, code: str) -> None:
+        chat = self.config.operator_chat
+        if not chat:
+            return
+        who = f"{message.sender} ({message.sender_id})" if message.sender else message.sender_id
+        self.rt.queue.enqueue_response(
+            self.name,
+            "",
+            f"New pairing request on {self.name} from {who}. To let them in: agentpost pairing approve {code}",
+            conversation=chat,
+            metadata={"kind": "pairing_request"},
+        )
+
+    def release_approved(self) -> int:
+        """Answer the messages of senders approved since they wrote (told first that they are in). Returns
+        how many messages were taken back in."""
+        taken = 0
+        for sender_id, items in held_messages.approved_with_held(self.rt.db, self.name).items():
+            first = items[0]
+            self.rt.queue.enqueue_response(
+                self.name,
+                str(first.get("sender") or ""),
+                APPROVED_TEXT
+                if len(items) == 1
+                else APPROVED_TEXT.replace("message", f"{len(items)} messages"),
+                sender_id=sender_id,
+                conversation=str(first.get("conversation") or ""),
+                metadata={"kind": "pairing"},
+            )
+            for item in items:
+                self.handle_sync(
+                    Inbound(
+                        conversation=str(item.get("conversation") or ""),
+                        sender_id=sender_id,
+                        sender=str(item.get("sender") or ""),
+                        text=str(item.get("text") or ""),
+                        external_id=str(item.get("external_id") or ""),
+                        metadata=dict(item.get("metadata") or {}),
+                        sent_at=int(item.get("sent_at") or 0),
+                    )
+                )
+                taken += 1
+            held_messages.release(self.rt.db, self.name, sender_id)
+        return taken
+
+    async def pairing_loop(self) -> None:
+        """Take back held messages as soon as their senders are approved (an approval is a database
+        change, so the waker notices it; the poll is the fallback)."""
+        waker = self.rt.waker
+        pruned_at = 0.0
+        while not self.stop_event.is_set():
+            generation = waker.generation
+            try:
+                await asyncio.to_thread(self.release_approved)
+                if time.monotonic() - pruned_at > 3600:
+                    pruned_at = time.monotonic()
+                    await asyncio.to_thread(
+                        held_messages.prune_held, self.rt.db, self.name, now_ms() - HELD_FOR_MS
+                    )
+            except Exception:
+                self.log.exception("taking back messages of approved senders failed; retrying")
+            await waker.wait_async(generation, self.poll_interval)
 
     async def may_download(self, sender_id: str) -> bool:
         """Whether to fetch a sender's attachments: not for strangers (they only get a pairing code)."""
@@ -377,6 +472,8 @@ class Channel(ChatCommands, Delivery):
             ]
             if self.config.typing:
                 tasks.append(asyncio.create_task(self.typing_loop(), name=f"{self.name}-typing"))
+            if self.config.pairing:
+                tasks.append(asyncio.create_task(self.pairing_loop(), name=f"{self.name}-pairing"))
             stopper = asyncio.create_task(self.stop_event.wait())
             done, _ = await asyncio.wait([*tasks, stopper], return_when=asyncio.FIRST_COMPLETED)
             self.stop_event.set()

@@ -1,7 +1,9 @@
 """Pairing of chat senders with a channel, over the ``pairings`` table.
 
-A sender the channel does not know gets a one-time 8-character code, once; their messages are not queued.
-An operator runs ``agentpost pairing approve CODE`` and from then on the sender's messages go through.
+A sender the channel does not know gets a one-time 8-character code, once; their first messages are kept
+(:mod:`shared.held_messages`), not queued. An operator runs ``agentpost pairing approve CODE`` (or approves on
+the web API); the channel then tells the sender and answers the kept messages, and from then on the sender's
+messages go through. A sender still waiting is reminded at most every ten minutes.
 Codes expire after an hour (a later message gets a fresh code) and at most a few codes are pending per
 channel at a time, so a flood of strangers cannot fill the table or the operator's list.
 
@@ -38,7 +40,7 @@ Decision = Literal["approved", "new_code", "pending", "full"]
 @dataclass(frozen=True)
 class PairingCheck:
     """What to do with a sender: ``approved`` (go on), ``new_code`` (tell them ``code``, once),
-    ``pending`` (already told; stay silent) or ``full`` (too many codes pending; stay silent)."""
+    ``pending`` (already told ``code``; remind them now and then) or ``full`` (too many codes pending)."""
 
     decision: Decision
     code: str = ""
@@ -78,7 +80,7 @@ def check_sender(
             if current.status == "approved":
                 return PairingCheck("approved")
             if current.status == "pending" and not current.expired(now, ttl_ms):
-                return PairingCheck("pending")
+                return PairingCheck("pending", current.code)
         waiting = tx.scalar(
             "SELECT COUNT(*) FROM pairings WHERE channel = :c AND status = 'pending' AND created_at >= :since",
             {"c": channel, "since": now - ttl_ms},

@@ -19,7 +19,7 @@ from rich.markdown import Markdown
 from rich.markup import escape
 
 from shared.cli_chat import CLI_CHANNEL, ERROR_KINDS, Followed, follow_message, read_replies
-from shared.queue import QueuedResponse
+from shared.queue import InvalidInput, QueuedResponse
 from shared.runtime import Runtime
 from shared.sessions import clear_sessions
 
@@ -141,7 +141,11 @@ def chat_loop(
             printer.console.print(_chat_command(rt, line, conversation, agent), highlight=False, markup=False)
             continue
         cursor = rt.events.last_cursor()
-        result = rt.queue.enqueue_message(CLI_CHANNEL, sender, line, agent=agent, conversation=conversation)
+        try:
+            result = rt.queue.enqueue_message(CLI_CHANNEL, sender, line, agent=agent, conversation=conversation)
+        except InvalidInput as exc:  # "@nosuch hi", an empty or oversized message: say so, keep chatting
+            printer.console.print(str(exc), highlight=False, markup=False)
+            continue
         outcome = wait_and_print(
             rt, printer, result.message_id, conversation, after_cursor=cursor, timeout=timeout
         )

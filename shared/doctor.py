@@ -85,6 +85,37 @@ def check_database(settings: Settings) -> list[Check]:
 FAILED_DELIVERY_WINDOW_MS = 7 * 24 * 3600 * 1000
 
 
+def check_pairings(settings: Settings) -> list[Check]:
+    """Senders waiting for an operator to approve their pairing code (their messages are kept meanwhile)."""
+    from shared.clock import now_ms
+    from shared.db import open_database
+    from shared.pairings import list_pairings
+
+    try:
+        db = open_database(settings.database_url, create=False)
+    except Exception:
+        return []
+    try:
+        now = now_ms()
+        waiting = [p for p in list_pairings(db) if p.status == "pending" and not p.expired(now)]
+    finally:
+        db.close()
+    if not waiting:
+        return [Check("channels", "pairing requests", "ok", "nobody is waiting for approval")]
+    shown = "; ".join(
+        f"{p.channel} {p.sender or p.sender_id} ({p.sender_id}) code {p.code}" for p in waiting[:5]
+    )
+    return [
+        Check(
+            "channels",
+            "pairing requests",
+            "warn",
+            f"{len(waiting)} sender(s) waiting for approval: {shown}",
+            "agentpost pairing approve CODE (or revoke them with agentpost pairing revoke CHANNEL SENDER_ID)",
+        )
+    ]
+
+
 def check_deliveries(settings: Settings) -> list[Check]:
     """Replies the chat platforms refused for good in the last week (their users were not reached)."""
     from shared.clock import now_ms
@@ -251,6 +282,7 @@ def run_checks(home: Path | None = None) -> list[Check]:
     found += database
     if all(c.level == "ok" for c in database):
         found += check_deliveries(settings)
+        found += check_pairings(settings)
         found += check_channel_health(settings)
     found += check_security(settings)
     for ep in entry_points(group="agentpost.doctor"):

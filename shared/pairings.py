@@ -70,6 +70,7 @@ def approve(db: Database, code: str, *, ttl_ms: int = CODE_TTL_MS, now: int | No
             "UPDATE pairings SET status = 'approved', approved_at = :now WHERE channel = :c AND sender_id = :s",
             {"now": now, "c": found.channel, "s": found.sender_id},
         )
+        tx.signal("messages")  # wakes the channel, which then answers the messages kept for the sender
         append_events(
             tx,
             [
