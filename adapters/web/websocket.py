@@ -138,6 +138,10 @@ async def serve_websocket(
                         latest = await anyio.to_thread.run_sync(
                             events.latest_cursor, None if topic_key == ALL_TOPICS else topic_key
                         )
+                        if after is None:
+                            # "From now on" starts here, before the confirmation: whatever is appended
+                            # once the client holds queue_subscribed reaches it.
+                            after = await anyio.to_thread.run_sync(events.last_cursor)
                         await send({"type": "queue_subscribed", "topic": topic_key, "latestCursor": latest})
                         tg.start_soon(run_subscription, topic_key, after, scope)
                     elif kind == "queue_unsubscribe":
