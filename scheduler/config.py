@@ -32,6 +32,21 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+class DlqConfig(_Strict):
+    """``[scheduler.dlq]``: AICP's dead-letter settings (seed 004) on top of the archive.
+
+    ``enabled = false`` keeps every dead letter in the database (no archive files). ``max_entries`` bounds
+    how many stay in the database: beyond it the oldest are archived early, whatever their age (archived,
+    never dropped). ``auto_retry`` (off by default) puts a dead letter back ``retry_delay_seconds`` after
+    it died, at most ``max_retries`` times each (apart from the manual retry budget)."""
+
+    enabled: bool = True
+    max_entries: int = Field(default=10_000, ge=1, le=10_000_000)
+    auto_retry: bool = False
+    retry_delay_seconds: float = Field(default=600.0, gt=0)
+    max_retries: int = Field(default=1, ge=0, le=100)
+
+
 class SchedulerConfig(_Strict):
     """``[scheduler]``: how often each maintenance job runs and the ages it acts on."""
 
@@ -44,6 +59,7 @@ class SchedulerConfig(_Strict):
     dlq_archive_interval_seconds: float = Field(default=3600.0, gt=0)
     dlq_archive_age_hours: float = Field(default=168.0, ge=0)
     dlq_archive_batch: int = Field(default=500, ge=1, le=100_000)
+    dlq: DlqConfig = DlqConfig()
     #: Channels no adapter delivers (the processor answers heartbeats and schedules there); their replies
     #: are acknowledged after this age so they do not pile up, and recorded in the event log.
     unserved_channels: list[str] = Field(default_factory=lambda: ["heartbeat", "schedule"])

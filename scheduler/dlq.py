@@ -24,9 +24,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from scheduler.config import DlqConfig
 from shared.clock import now_ms
 from shared.db import Database, Row, Tx
 from shared.events import PendingEvent, append_events
+from shared.queue import Queue
 from shared.settings import Settings
 
 RESTORED_SCOPE = "dlq.restored"
@@ -206,11 +208,27 @@ def _archive_batch(tx: Tx, directory: Path, cut: int, batch: int, now: int, resu
 
 
 def archive_dead_letters(
-    db: Database, directory: Path, *, older_than_ms: int, batch: int = 500, now: int | None = None
+    db: Database,
+    directory: Path,
+    *,
+    older_than_ms: int,
+    batch: int = 500,
+    now: int | None = None,
+    max_entries: int | None = None,
 ) -> ArchiveResult:
-    """Archive every dead letter that died more than ``older_than_ms`` ago, in batches, until none is left."""
+    """Archive every dead letter that died more than ``older_than_ms`` ago, in batches, until none is left.
+    With ``max_entries`` (``[scheduler.dlq]``), the oldest beyond the newest ``max_entries`` are archived too,
+    whatever their age (dead letters that died in the same millisecond go together)."""
     now = now_ms() if now is None else now
     cut = now - older_than_ms
+    if max_entries is not None:
+        boundary = db.read_scalar(
+            "SELECT updated_at FROM messages WHERE status = 'dead' ORDER BY updated_at DESC, id DESC "
+            "LIMIT 1 OFFSET :n",
+            {"n": max_entries},
+        )
+        if boundary is not None:
+            cut = max(cut, int(boundary) + 1)
     result = ArchiveResult()
     while True:
         probe = db.read_scalar(
@@ -372,3 +390,14 @@ def resolve_file(directory: Path, name: str) -> Path:
         if option.is_file():
             return option
     raise FileNotFoundError(f"no archive file {name} (looked in {directory})")
+
+
+def retry_dead_letters(queue: Queue, config: DlqConfig, *, now: int | None = None) -> list[str]:
+    """AICP's opt-in automatic retry: dead letters that died ``retry_delay_seconds`` ago go back to
+    ``pending``, each at most ``max_retries`` times. Nothing happens unless ``auto_retry`` is on."""
+    if not config.auto_retry or config.max_retries <= 0:
+        return []
+    now = now_ms() if now is None else now
+    return queue.retry_dead_automatically(
+        died_before_ms=now - int(config.retry_delay_seconds * 1000), budget=config.max_retries
+    )

@@ -54,6 +54,7 @@ class RunReport:
     unserved: int = 0
     events_removed: int = 0
     archived: int = 0
+    retried_dead: list[str] = field(default_factory=list)
     fired: list[Fired] = field(default_factory=list)
 
 
@@ -113,11 +114,14 @@ class SchedulerService:
         return jobs.clean_events(self.rt.events, self.rt.settings.events)
 
     def archive(self) -> dlq.ArchiveResult:
+        if not self.config.dlq.enabled:
+            return dlq.ArchiveResult()  # [scheduler.dlq] enabled = false: dead letters stay in the database
         result = dlq.archive_dead_letters(
             self.rt.db,
             self.dlq_dir,
             older_than_ms=int(self.config.dlq_archive_age_hours * 3_600_000),
             batch=self.config.dlq_archive_batch,
+            max_entries=self.config.dlq.max_entries,
         )
         if result.archived or result.already_in_file:
             log.info(
@@ -127,6 +131,13 @@ class SchedulerService:
                 result.already_in_file,
             )
         return result
+
+    def retry_dead(self) -> list[str]:
+        """``[scheduler.dlq] auto_retry``: dead letters back to pending after their delay, within budget."""
+        retried = dlq.retry_dead_letters(self.rt.queue, self.config.dlq)
+        if retried:
+            log.info("retried %d dead letter(s) automatically: %s", len(retried), ", ".join(retried))
+        return retried
 
     def fire_due(self, now: datetime | None = None) -> list[Fired]:
         """Fire every heartbeat and schedule whose latest slot up to ``now`` has not been looked at."""
@@ -145,6 +156,7 @@ class SchedulerService:
         report.pruned, report.unserved = self.prune()
         report.events_removed = self.clean_events()
         report.archived = self.archive().archived
+        report.retried_dead = self.retry_dead()
         report.fired = self.fire_due(now)
         return report
 
@@ -166,6 +178,7 @@ class SchedulerService:
             ("prune", self.config.prune_interval_seconds, self.prune),
             ("events", self.config.events_cleanup_interval_seconds, self.clean_events),
             ("dlq-archive", self.config.dlq_archive_interval_seconds, self.archive),
+            ("dlq-retry", min(60.0, self.config.dlq.retry_delay_seconds), self.retry_dead),
         ]
         for name, seconds, func in periodic:
             sched.add_job(

@@ -17,6 +17,9 @@ from shared.queue_types import (
     RetryBudgetExhausted,
 )
 
+#: How often each dead letter was retried automatically (``kv`` scope; key: the message id).
+AUTO_RETRY_SCOPE = "dlq.auto_retries"
+
 
 class AdminOps(QueueState):
     """Dead-letter, view and pruning operations of :class:`shared.queue.Queue`."""
@@ -73,6 +76,50 @@ class AdminOps(QueueState):
         assert updated is not None
         return QueuedMessage.from_row(updated)
 
+    def retry_dead_automatically(self, *, died_before_ms: int, budget: int, limit: int = 100) -> list[str]:
+        """The dead-letter queue's opt-in automatic retry (seed 004's retry budget): put back to ``pending``
+        every dead letter that died before ``died_before_ms`` and was retried automatically fewer than
+        ``budget`` times (counted in ``kv`` scope ``dlq.auto_retries``, apart from the manual budget).
+        Returns the message ids put back."""
+        now = now_ms()
+        retried: list[str] = []
+        with self.db.transaction() as tx:
+            rows = tx.rows(
+                "SELECT m.id, m.message_id, COALESCE(k.value, '0') AS n FROM messages m "
+                "LEFT JOIN kv k ON k.scope = :scope AND k.key = m.message_id "
+                "WHERE m.status = 'dead' AND m.updated_at < :cut ORDER BY m.updated_at, m.id LIMIT :l",
+                {"scope": AUTO_RETRY_SCOPE, "cut": died_before_ms, "l": max(1, min(limit, 10_000))},
+            )
+            events: list[PendingEvent] = []
+            for row in rows:
+                done = int(row["n"])
+                if done >= budget:
+                    continue
+                tx.execute(
+                    "UPDATE messages SET status = 'pending', retry_count = 0, available_at = :now, "
+                    "updated_at = :now, claimed_by = NULL, lease_until = NULL WHERE id = :id AND status = 'dead'",
+                    {"now": now, "id": row["id"]},
+                )
+                tx.execute(
+                    "INSERT INTO kv (scope, key, value, updated_at) VALUES (:s, :k, :v, :now) "
+                    "ON CONFLICT (scope, key) DO UPDATE SET value = excluded.value, updated_at = excluded.updated_at",
+                    {"s": AUTO_RETRY_SCOPE, "k": row["message_id"], "v": str(done + 1), "now": now},
+                )
+                events.append(
+                    PendingEvent(
+                        "message_retried", {"automatic": True, "auto_retries": done + 1}, row["message_id"]
+                    )
+                )
+                retried.append(str(row["message_id"]))
+            append_events(tx, events, now)
+            if retried:
+                tx.signal("messages")
+        return retried
+
+    def dead_count(self) -> int:
+        """How many dead letters the database holds."""
+        return int(self.db.read_scalar("SELECT COUNT(*) FROM messages WHERE status = 'dead'") or 0)
+
     def retry_last_failed(self, channel: str, conversation: str) -> QueuedMessage:
         """``/retry`` in a chat: put the chat's most recent dead letter back, within the manual-retry budget
         (:meth:`retry_dead`). Raises :class:`NotFound` when the chat has none."""
@@ -110,7 +157,9 @@ class AdminOps(QueueState):
             "GROUP BY status, channel = 'cli'"
         ):
             # CLI replies wait for `agentpost replies` or a waiting `send`: unread, not stuck in delivery.
-            key = "cli_replies_unread" if r["cli"] and r["status"] == "pending" else f"responses_{r['status']}"
+            key = (
+                "cli_replies_unread" if r["cli"] and r["status"] == "pending" else f"responses_{r['status']}"
+            )
             responses[key] = responses.get(key, 0) + int(r["n"])
         return counts | responses
 
