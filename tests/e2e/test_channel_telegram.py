@@ -123,3 +123,30 @@ def test_missing_token_names_the_variable(tmp_path: Path) -> None:
     assert result.returncode == 2
     assert "TELEGRAM_BOT_TOKEN" in result.stderr.replace("\n", " ")
     assert "Traceback" not in result.stderr + result.stdout
+
+
+def test_a_new_user_pairs_is_told_and_gets_the_answer_without_resending(
+    tmp_path: Path, fake: HoldingTelegram
+) -> None:
+    import re
+
+    channels = {"telegram": {"poll_timeout_seconds": 1, "typing": False}}
+    home = channel_home(tmp_path, f"sqlite:///{tmp_path / 'a.db'}", channels)
+    adapter = Proc("telegram", home, telegram_env(fake), tmp_path / "telegram.log")
+    processor = Proc("processor", home, {}, tmp_path / "processor.log")
+    try:
+        fake.push_text(77, "what is in the box")
+        code_text = wait_for(
+            lambda: next((t for t in fake.texts(77) if "pairing code is" in t), None), 30, "a pairing code"
+        )
+        code = re.search(r"pairing code is (\w{8})", code_text).group(1)  # type: ignore[union-attr]
+        approved = run_cli(home, "pairing", "approve", code)
+        assert approved.returncode == 0, approved.stderr
+        wait_for(lambda: any("alpha got: what is in the box" in t for t in fake.texts(77)), 40, "the answer")
+    finally:
+        adapter.stop()
+        processor.stop()
+    texts = fake.texts(77)
+    told = texts.index("You're approved — answering your message now.")
+    answer = next(i for i, t in enumerate(texts) if "alpha got: what is in the box" in t)
+    assert told < answer and sum("alpha got: what is in the box" in t for t in texts) == 1
