@@ -11,6 +11,7 @@ pick the change up by themselves (they re-read an edited settings.toml).
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import tomllib
@@ -20,6 +21,7 @@ from typing import Any
 
 import tomlkit
 from pydantic import ValidationError
+from tomlkit.exceptions import TOMLKitError
 from tomlkit.items import Table as TomlTable
 from tomlkit.toml_document import TOMLDocument
 
@@ -161,8 +163,15 @@ def merge_settings(settings: Settings, patch: Mapping[str, Any]) -> Path:
                 table[key] = value
 
     def change(doc: TOMLDocument) -> None:
-        merge(doc, patch)
+        try:
+            merge(doc, patch)
+        except (TOMLKitError, ValueError, TypeError) as exc:
+            raise SettingsError(f"this change cannot be written to settings.toml: {exc}") from None
 
+    try:
+        json.dumps(patch, ensure_ascii=False).encode("utf-8")
+    except (UnicodeError, ValueError) as exc:
+        raise SettingsError(f"the change holds text that cannot be stored: {exc}") from None
     return edit_settings(settings.home, change)
 
 

@@ -332,7 +332,10 @@ def create_app(
         base = settings.workspace(body.agent) if body.agent in settings.agents else None
         resolved = []
         for raw in body.files:
-            path, reason = check_send_path(raw, roots, base)
+            try:
+                path, reason = check_send_path(raw, roots, base)
+            except (RuntimeError, ValueError, OSError) as exc:  # e.g. "~nobody/x": no such home folder
+                raise ApiError(400, f"files: cannot resolve {raw!r}: {exc}", file=raw) from None
             if path is None:
                 raise ApiError(400, f"files: refusing to send {raw!r}: {reason}", file=raw)
             resolved.append(path)

@@ -171,7 +171,12 @@ def management_router(runtime: Runtime, run: Run, port: int) -> APIRouter:
         settings = await edit(settings_edit.merge_settings, patch)
         return SettingsSaved(ok=True, settings=await run(settings_edit.public_settings, settings))
 
-    @api.post("/setup", summary="TinyAGI's first-run setup (not in agentpost)", status_code=501)
+    @api.post(
+        "/setup",
+        summary="TinyAGI's first-run setup (not in agentpost)",
+        include_in_schema=False,
+        status_code=501,
+    )
     async def setup() -> Ok:
         raise _not_here(
             "setup wizard over the API (run `agentpost init`, then edit settings.toml or PUT /api/settings)"
@@ -242,7 +247,11 @@ def management_router(runtime: Runtime, run: Run, port: int) -> APIRouter:
         await edit(settings_edit.merge_settings, {"agents": {agent: {"system_prompt": body.content or None}}})
         return Ok(ok=True)
 
-    @api.get("/agents/{agent}/memory", summary="TinyAGI's agent memory view (not in agentpost)")
+    @api.get(
+        "/agents/{agent}/memory",
+        summary="TinyAGI's agent memory view (not in agentpost)",
+        include_in_schema=False,
+    )
     async def agent_memory(agent: Name) -> Ok:
         raise _not_here("agent memory store (an agent keeps its notes in its workspace)")
 
@@ -251,11 +260,17 @@ def management_router(runtime: Runtime, run: Run, port: int) -> APIRouter:
         known_agent(agent)
         return []
 
-    @api.get("/agents/{agent}/skills/registry", summary="Skill registry search (not in agentpost)")
+    @api.get(
+        "/agents/{agent}/skills/registry",
+        summary="Skill registry search (not in agentpost)",
+        include_in_schema=False,
+    )
     async def skills_registry(agent: Name) -> Ok:
         raise _not_here("skill registry")
 
-    @api.post("/agents/{agent}/skills/install", summary="Skill install (not in agentpost)")
+    @api.post(
+        "/agents/{agent}/skills/install", summary="Skill install (not in agentpost)", include_in_schema=False
+    )
     async def skills_install(agent: Name) -> Ok:
         raise _not_here("skill registry")
 
@@ -572,6 +587,8 @@ def management_router(runtime: Runtime, run: Run, port: int) -> APIRouter:
             status_code=501,
             summary=f"Not in agentpost: {what} (501)",
             response_model=Ok,
+            # Always 501 by design (docs/compatibility.md): kept out of the schema, which lists what we serve.
+            include_in_schema=False,
         )
     return api
 

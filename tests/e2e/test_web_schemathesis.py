@@ -36,6 +36,10 @@ def test_schemathesis_finds_no_server_errors(tmp_path: Path) -> None:
                 # The live stream never ends by design; the stream tests cover it.
                 "--exclude-path",
                 "/api/events/stream",
+                # TinyAGI features agentpost lacks list as empty here, and every other method on them answers
+                # 501 by design (docs/compatibility.md), which this check would count as a server error.
+                "--exclude-path-regex",
+                "^/api/(tasks|projects|custom-providers)$",
                 "--no-color",
             ],
             cwd=tmp_path,
