@@ -328,8 +328,9 @@ def create_app(
     def checked_files(body: ProactiveIn, conversation: str) -> list[str]:
         """The files of a proactive message, each resolved and inside the roots a reply of its agent to its
         chat may send from (:mod:`shared.file_access`: the agent's workspace, that chat's uploads)."""
-        roots = send_roots(settings, body.agent, body.channel, conversation)
-        base = settings.workspace(body.agent) if body.agent in settings.agents else None
+        current = runtime.settings  # agents added since the start (settings.toml is reloaded) count too
+        roots = send_roots(current, body.agent, body.channel, conversation)
+        base = current.workspace(body.agent) if body.agent in current.agents else None
         resolved = []
         for raw in body.files:
             try:
