@@ -15,6 +15,7 @@ import re
 import time
 from collections.abc import Awaitable, Callable
 from datetime import datetime
+from pathlib import Path
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query
@@ -190,6 +191,8 @@ def management_router(runtime: Runtime, run: Run, port: int) -> APIRouter:
 
     @api.put("/agents/{agent}", summary="Create or replace an agent")
     async def save_agent(agent: Name, body: AgentIn) -> AgentSaved:
+        if body.working_directory and not Path(body.working_directory).expanduser().is_absolute():
+            raise ApiError(400, "working_directory must be an absolute path (or empty: workspace/<agent>)")
         provider = PROVIDERS.get(body.provider.lower())
         if provider is None:
             raise ApiError(
@@ -279,6 +282,8 @@ def management_router(runtime: Runtime, run: Run, port: int) -> APIRouter:
         settings = runtime.settings
         if body.content is not None:
             path = settings.workspace(agent) / HEARTBEAT_FILE
+            if not path.is_absolute():
+                raise ApiError(400, f"agent {agent!r} has a relative workspace; set an absolute one first")
 
             def write() -> None:
                 path.parent.mkdir(parents=True, exist_ok=True)

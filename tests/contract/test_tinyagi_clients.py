@@ -143,6 +143,12 @@ def test_agents_and_teams_keyed_by_id_with_create_update_delete(live: Live) -> N
         has(r.json()["agent"], AGENT_CONFIG)
         assert r.json()["agent"]["provider"] == "claude"  # TinyAGI's "anthropic" runs the claude CLI
         assert "delta" in c.get("/api/agents").json()
+        # A workspace is an absolute folder (a relative one would land wherever the server was started).
+        bad = c.put(
+            "/api/agents/delta",
+            json={"name": "D", "provider": "claude", "model": "", "working_directory": "rel/dir"},
+        )
+        assert bad.status_code == 400 and "absolute" in bad.json()["error"]
         # saveTeam: PUT /api/teams/:id TeamConfig -> {ok, team}
         r = c.put(
             "/api/teams/ops", json={"name": "Ops", "agents": ["alpha", "delta"], "leader_agent": "delta"}
