@@ -21,6 +21,7 @@ from typing import Any
 
 import tomlkit
 from pydantic import ValidationError
+from tomlkit.container import OutOfOrderTableProxy
 from tomlkit.exceptions import TOMLKitError
 from tomlkit.items import Table as TomlTable
 from tomlkit.toml_document import TOMLDocument
@@ -29,7 +30,7 @@ from shared.settings import SETTINGS_FILE, Settings, SettingsError, SettingsFile
 
 REDACTED = "***"
 #: Keys whose values are secrets wherever they appear in the settings.
-_SECRET_KEY = re.compile(r"(token|secret|password|api_key|apikey|app_secret|private|credential)", re.I)
+_SECRET_KEY = re.compile(r"(token|secret|password|passwd|api_?key|private|credential|(^|_)key$)", re.I)
 _URL_PASSWORD = re.compile(r"(://[^:/@]+:)[^@]+@")
 
 
@@ -54,12 +55,15 @@ def edit_settings(home: Path, change: Callable[[TOMLDocument], None]) -> Path:
     return path
 
 
-def table_of(doc: TOMLDocument, key: str) -> TomlTable:
-    """The top-level table ``key`` of ``doc``, created (as a super-table) when missing."""
+def table_of(doc: TOMLDocument, key: str) -> TomlTable | OutOfOrderTableProxy:
+    """The top-level table ``key`` of ``doc``, created (as a super-table) when missing. A table written in
+    several places of the file (``[agents.a]`` … ``[teams.t]`` … ``[agents.a.env]``) comes as tomlkit's
+    proxy over its parts, which is edited the same way."""
     if key not in doc:
         doc[key] = tomlkit.table(is_super_table=True)
     table = doc[key]
-    assert isinstance(table, TomlTable)
+    if not isinstance(table, TomlTable | OutOfOrderTableProxy):
+        raise SettingsError(f"{key!r} in settings.toml must be a table")
     return table
 
 
@@ -187,6 +191,8 @@ def public_settings(settings: Settings) -> dict[str, Any]:
 
 def _redact(value: Any, key: str = "") -> Any:
     if isinstance(value, dict):
+        if key == "env":  # an agent's environment: its values are typically credentials
+            return {k: REDACTED if v not in ("", None) else v for k, v in value.items()}
         return {k: _redact(v, k) for k, v in value.items()}
     if isinstance(value, list):
         return [_redact(v, key) for v in value]

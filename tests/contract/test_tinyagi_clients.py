@@ -44,6 +44,9 @@ allowed_origins = ["{TINYOFFICE_ORIGIN}"]
 
 [channels.telegram]
 bot_token = "123456:very-secret-token"
+
+[agents.alpha.env]
+SERVICE_CREDENTIAL_VALUE = "env-secret-value"
 """
 
 JSON = {"Content-Type": "application/json"}  # TinyOffice sends it on every call
@@ -110,6 +113,8 @@ def test_check_connection_and_settings_read_write(live: Live) -> None:
         has(settings, {"agents": dict, "teams": dict})
         assert settings["channels"]["telegram"]["bot_token"] == "***"
         assert "very-secret-token" not in r.text
+        assert settings["agents"]["alpha"]["env"] == {"SERVICE_CREDENTIAL_VALUE": "***"}
+        assert "env-secret-value" not in r.text
         # updateSettings: PUT /api/settings (partial) -> {ok, settings}; the file really changes.
         r = c.put(
             "/api/settings",
