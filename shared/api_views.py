@@ -7,6 +7,7 @@ named operations and holds no SQL of its own.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -110,15 +111,36 @@ def chat_of_sender(db: Database, channel: str, sender_id: str) -> str | None:
     no such chat is known."""
     if channel in SENDER_ID_IS_CHAT:
         return sender_id
-    for table in ("messages", "responses"):
-        value = db.read_scalar(
-            f"SELECT conversation FROM {table} WHERE channel = :c AND sender_id = :s AND conversation <> '' "
-            "ORDER BY id DESC LIMIT 1",
-            {"c": channel, "s": sender_id},
-        )
-        if value:
-            return str(value)
-    return None
+    rows = db.read(
+        "SELECT conversation, metadata FROM messages WHERE channel = :c AND sender_id = :s "
+        "AND conversation <> '' ORDER BY id DESC LIMIT 50",
+        {"c": channel, "s": sender_id},
+    )
+    # A private chat first (a message with no guild/group), then a private chat the adapter opened for them
+    # (``dm_channel``), then wherever they last wrote.
+    found = [(str(r["conversation"]), _metadata(r["metadata"])) for r in rows]
+    for conversation, meta in found:
+        if "guild_id" in meta and not meta["guild_id"]:
+            return conversation
+    for _, meta in found:
+        if meta.get("dm_channel"):
+            return str(meta["dm_channel"])
+    if found:
+        return found[0][0]
+    value = db.read_scalar(
+        "SELECT conversation FROM responses WHERE channel = :c AND sender_id = :s AND conversation <> '' "
+        "ORDER BY id DESC LIMIT 1",
+        {"c": channel, "s": sender_id},
+    )
+    return str(value) if value else None
+
+
+def _metadata(raw: Any) -> dict[str, Any]:
+    try:
+        value = json.loads(raw or "{}")
+    except (TypeError, ValueError):
+        return {}
+    return value if isinstance(value, dict) else {}
 
 
 def last_heartbeats(db: Database) -> dict[str, int]:

@@ -586,22 +586,28 @@ def test_channel_response_loop_delivers_replies_by_message_id_or_sender_id(live:
 
 
 def test_reply_by_sender_id_alone_on_discord_goes_to_their_chat(live: Live) -> None:
+    q = live.rt.queue
     with live.client() as c:
-        c.post(
-            "/api/message",
-            json={
-                "channel": "discord",
-                "sender": "Bo",
-                "senderId": "9001",
-                "message": "hi",
-                "conversation": "333444",
-            },
+        # Bo wrote in a guild channel only: the reply goes there.
+        q.enqueue_message(
+            "discord", "Bo", "hi", sender_id="9001", conversation="333444", metadata={"guild_id": "77"}
         )
         r = c.post(
             "/api/responses",
             json={"channel": "discord", "sender": "Bo", "senderId": "9001", "message": "later"},
         )
         assert r.status_code == 201 and r.json()["response"]["conversation"] == "333444"
+        # Once Bo has written in a direct message, a reply by id alone is private.
+        q.enqueue_message(
+            "discord", "Bo", "psst", sender_id="9001", conversation="555666", metadata={"guild_id": ""}
+        )
+        q.enqueue_message(
+            "discord", "Bo", "again", sender_id="9001", conversation="333444", metadata={"guild_id": "77"}
+        )
+        r = c.post(
+            "/api/responses", json={"channel": "discord", "sender": "Bo", "senderId": "9001", "message": "dm"}
+        )
+        assert r.json()["response"]["conversation"] == "555666"
         unknown = c.post("/api/responses", json={"channel": "discord", "senderId": "1", "message": "x"})
         assert unknown.status_code == 400 and "conversation" in unknown.json()["error"]
 
