@@ -48,7 +48,8 @@ def check_send_path(raw: str, roots: Sequence[Path], base: Path | None = None) -
 
     A relative path is taken relative to ``base`` (the agent's workspace), or refused without one.
     """
-    candidate = Path(raw).expanduser()
+    # No "~" expansion: "~user" paths name other accounts' homes, and a reply has no business there.
+    candidate = Path(raw)
     if not candidate.is_absolute():
         if base is None:
             return None, "not an absolute path"

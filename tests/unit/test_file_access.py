@@ -29,3 +29,10 @@ def test_inside_paths_resolve_and_symlinks_out_are_refused(tmp_path: Path) -> No
     assert check_send_path(str(root / "missing.txt"), [root]) == (None, "no such file")
     assert check_send_path(str(root / "out"), [root]) == (None, OUTSIDE)
     assert check_send_path(str(root), [root]) == (None, "not a regular file")
+
+
+def test_tilde_paths_are_not_expanded_and_never_raise(tmp_path: Path) -> None:
+    root = tmp_path / "workspace"
+    root.mkdir()
+    assert check_send_path("~nobody-such-user/x", [root]) == (None, "not an absolute path")
+    assert check_send_path("~/x", [root], root) == (None, "no such file")
