@@ -231,7 +231,7 @@ class Settings:
             name: Team(name=name, agents=tuple(t.agents), leader=t.leader) for name, t in data.teams.items()
         }
         self.workspace_dir = (
-            Path(data.workspace_dir).expanduser() if data.workspace_dir else home / "workspace"
+            home / Path(data.workspace_dir).expanduser() if data.workspace_dir else home / "workspace"
         )
 
     @property
@@ -250,7 +250,11 @@ class Settings:
     def workspace(self, agent: str) -> Path:
         """The working folder of one agent."""
         configured = self.agents[agent].workspace if agent in self.agents else ""
-        return Path(configured).expanduser() if configured else self.workspace_dir / agent
+        if not configured:
+            return self.workspace_dir / agent
+        # A relative path is relative to the home folder, not to wherever a process was started from.
+        path = Path(configured).expanduser()
+        return path if path.is_absolute() else self.home / path
 
 
 def default_home(env: Mapping[str, str] | None = None) -> Path:

@@ -91,3 +91,17 @@ def test_starter_file_is_valid_and_not_overwritten(tmp_path: Path) -> None:
     with pytest.raises(SettingsError, match="already exists"):
         write_starter_settings(tmp_path)
     write_starter_settings(tmp_path, force=True)
+
+
+def test_relative_workspaces_are_under_the_home_folder(tmp_path: Path) -> None:
+    from shared.settings import load_settings
+
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "settings.toml").write_text(
+        'workspace_dir = "ws"\n[agents.a]\nprovider = "command"\ncommand = ["true"]\nworkspace = "rel/a"\n'
+        '[agents.b]\nprovider = "command"\ncommand = ["true"]\n[queue]\ndefault_agent = "a"\n'
+    )
+    settings = load_settings(home, env={})
+    assert settings.workspace("a") == home / "rel" / "a"
+    assert settings.workspace("b") == home / "ws" / "b"
