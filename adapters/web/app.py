@@ -47,6 +47,7 @@ from shared.runtime import Runtime
 from shared.storage_errors import storage_problem
 
 from .auth import bearer_token, host_header_is_loopback, token_matches
+from .console import console_router
 from .dialect import (
     AckOut,
     ChatMessageOut,
@@ -446,6 +447,7 @@ def create_app(
         return EventStreamResponse(event_log, runtime.waker, parse_topic(topic), cursor, limits, stats)
 
     api.include_router(management_router(runtime, run, settings.api.port))
+    api.include_router(console_router(runtime, run))
     app.include_router(api)
 
     @app.websocket("/api/events/ws")
@@ -471,6 +473,14 @@ def create_app(
                 return _error(503, problem.public(), headers={"Retry-After": str(problem.retry_after)})
             return _error(503, f"database unreachable: {type(exc).__name__}", headers={"Retry-After": "5"})
         return JSONResponse({"ok": True, "database": db.dialect.name})
+
+    @app.get("/api/access", summary="Whether this server asks for an API token (answered without one)")
+    async def access() -> dict[str, bool]:
+        return {"tokenRequired": bool(token)}
+
+    @app.get("/favicon.ico", include_in_schema=False)
+    async def favicon() -> FileResponse:
+        return FileResponse(STATIC_DIR / "favicon.svg", media_type="image/svg+xml")
 
     @app.get("/metrics", summary="Prometheus metrics", response_class=PlainTextResponse)
     async def metrics_endpoint(request: Request) -> PlainTextResponse:

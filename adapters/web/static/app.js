@@ -1,31 +1,52 @@
-// agentpost dashboard: plain JavaScript, no build step, no CDN. Everything goes through the same /api the
-// scripts use; the live feed is the loss-free SSE stream (the browser resends Last-Event-ID on reconnect).
+// agentpost dashboard: plain JavaScript, no build step, nothing fetched from elsewhere. Everything goes
+// through the same /api every client uses; the live feed is the loss-free SSE stream (the browser resends
+// Last-Event-ID on reconnect), and each event refreshes what is on screen.
 "use strict";
+
+const store = (() => { try { return window.localStorage; } catch (_) { return window.sessionStorage; } })();
+
+function newChatId() {
+  const bytes = new Uint8Array(8);
+  crypto.getRandomValues(bytes);
+  return "web-" + Array.from(bytes, (b) => b.toString(16).padStart(2, "0")).join("");
+}
 
 const state = {
   token: sessionStorage.getItem("agentpost.token") || "",
-  conversation: sessionStorage.getItem("agentpost.conversation") || "",
-  shownReplies: new Set(),
+  // The web chat is remembered across reloads (this browser's own chat on the web channel).
+  myChat: store.getItem("agentpost.conversation") || "",
+  chat: null, // { channel, conversation } shown in the chat pane
+  view: "chat",
+  agents: {},
+  teams: {},
+  info: { manualRetryBudget: 3, maxRetries: 5, defaultAgent: "" },
+  history: { items: [], more: false, status: null, before: 0 },
   source: null,
   refreshTimer: null,
+  acking: new Set(),
+  deadOpen: new Set(),
+  editing: null,
 };
-if (!state.conversation) {
-  const bytes = new Uint8Array(8);
-  crypto.getRandomValues(bytes);
-  state.conversation = "web-" + Array.from(bytes, (b) => b.toString(16).padStart(2, "0")).join("");
-  sessionStorage.setItem("agentpost.conversation", state.conversation);
+if (!state.myChat) {
+  state.myChat = newChatId();
+  store.setItem("agentpost.conversation", state.myChat);
 }
+state.chat = { channel: "web", conversation: state.myChat };
 
 const $ = (sel) => document.querySelector(sel);
 
 function el(tag, attrs, ...children) {
   const node = document.createElement(tag);
   for (const [k, v] of Object.entries(attrs || {})) {
+    if (v === undefined || v === null || v === false) continue;
     if (k === "class") node.className = v;
-    else if (k.startsWith("data-")) node.setAttribute(k, v);
+    else if (k.startsWith("data-") || k.startsWith("aria-") || k === "role" || k === "for") node.setAttribute(k, v);
     else node[k] = v;
   }
-  for (const c of children) node.append(c instanceof Node ? c : document.createTextNode(String(c ?? "")));
+  for (const c of children.flat()) {
+    if (c === null || c === undefined || c === false) continue;
+    node.append(c instanceof Node ? c : document.createTextNode(String(c)));
+  }
   return node;
 }
 
@@ -39,19 +60,58 @@ async function api(method, path, body) {
   let data = null;
   try { data = await res.json(); } catch (_) { data = null; }
   if (res.status === 401) {
-    $("#token-form").hidden = false;
+    showTokenForm("That token was not accepted.");
     throw new ApiError("an API token is required");
   }
   if (!res.ok) throw new ApiError((data && data.error) || res.status + " " + res.statusText);
   return data;
 }
 
-function ago(ms) {
-  const s = Math.max(0, Math.round((Date.now() - ms) / 1000));
-  return s < 60 ? s + "s" : Math.round(s / 60) + "m";
+function showTokenForm(problem) {
+  $("#token-form").hidden = false;
+  const err = $("#token-error");
+  err.textContent = state.token ? problem : "";
+  err.hidden = !state.token;
+}
+
+function showError(sel, e) {
+  const box = $(sel);
+  if (!box) return;
+  box.textContent = e ? (e.message || String(e)) : "";
+  box.hidden = !e;
+}
+
+// -- time ----------------------------------------------------------------------------------------------
+function duration(ms) {
+  const s = Math.max(0, Math.round(ms / 1000));
+  if (s < 90) return s + " s";
+  const m = Math.round(s / 60);
+  return m < 120 ? m + " min" : Math.floor(m / 60) + " h " + (m % 60) + " min";
+}
+function ago(ms) { return ms ? duration(Date.now() - ms) + " ago" : ""; }
+function clock(ms) {
+  const d = new Date(ms);
+  const today = new Date().toDateString() === d.toDateString();
+  return today ? d.toLocaleTimeString([], { hour: "2-digit", minute: "2-digit" })
+    : d.toLocaleString([], { month: "short", day: "numeric", hour: "2-digit", minute: "2-digit" });
+}
+function timeEl(ms) {
+  return el("time", { dateTime: new Date(ms).toISOString(), title: new Date(ms).toLocaleString() }, clock(ms));
+}
+function agentName(id) {
+  const a = state.agents[id];
+  return a && a.name ? a.name : id;
 }
 
 // -- views ---------------------------------------------------------------------------------------------
+function showView(view) {
+  state.view = view;
+  for (const tab of document.querySelectorAll(".tab")) tab.setAttribute("aria-pressed", String(tab.dataset.view === view));
+  for (const name of ["chat", "agents", "ops"]) $("#view-" + name).hidden = name !== view;
+  location.hash = view === "chat" ? "" : view;
+  refreshAll();
+}
+
 async function refreshStatus() {
   const s = await api("GET", "/api/queue/status");
   $("#st-pending").textContent = s.pending;
@@ -60,67 +120,164 @@ async function refreshStatus() {
   $("#st-responses").textContent = (s.responses_pending || 0) + (s.responses_delivering || 0);
 }
 
-async function refreshAgents() {
-  const rows = await api("GET", "/api/queue/agents");
-  const body = $("#agent-depths tbody");
-  body.replaceChildren(...rows.map((r) =>
-    el("tr", { "data-agent": r.agent }, el("td", {}, r.agent), el("td", { class: "pending" }, r.pending),
-      el("td", { class: "processing" }, r.processing))));
+async function loadAgents() {
+  const [agents, teams] = await Promise.all([api("GET", "/api/agents"), api("GET", "/api/teams")]);
+  state.agents = agents;
+  state.teams = teams;
+  const select = $("#chat-agent");
+  const chosen = select.value || store.getItem("agentpost.agent") || "";
+  select.replaceChildren(
+    ...Object.entries(agents).map(([id, a]) => el("option", { value: id }, a.name && a.name !== id ? `${a.name} (@${id})` : "@" + id)),
+    ...Object.entries(teams).map(([id, t]) => el("option", { value: id }, `team ${t.name || id} (@${id})`)));
+  const fallback = Object.entries(agents).find(([, a]) => a.default);
+  select.value = (chosen && (chosen in agents || chosen in teams)) ? chosen : (fallback ? fallback[0] : "");
 }
 
-async function refreshProcessing() {
-  const rows = await api("GET", "/api/queue/processing");
-  $("#processing tbody").replaceChildren(...rows.map((m) =>
-    el("tr", {}, el("td", { title: m.message }, m.messageId), el("td", {}, m.agent), el("td", {}, m.channel),
-      el("td", {}, ago(m.updatedAt)))));
+// -- conversations -------------------------------------------------------------------------------------
+function chatLabel(c) {
+  if (c.channel === "web") return c.conversation === state.myChat ? "Your chat (this browser)" : "Web chat";
+  return `${c.sender || c.senderId || c.conversation} on ${c.channel}`;
 }
+const STATE_WORDS = { working: "working", waiting: "waiting", failed: "failed", idle: "" };
 
-async function refreshDead() {
-  const rows = await api("GET", "/api/queue/dead");
-  $("#dead-table tbody").replaceChildren(...rows.map((m) => {
-    const retry = el("button", { class: "retry", type: "button", "data-id": m.message_id }, "Retry");
-    const del = el("button", { class: "delete danger", type: "button", "data-id": m.message_id }, "Delete");
-    retry.addEventListener("click", () => deadAction("POST", `/api/queue/dead/${m.message_id}/retry`));
-    del.addEventListener("click", () => {
-      if (confirm(`Delete dead letter ${m.message_id} for good?`)) deadAction("DELETE", `/api/queue/dead/${m.message_id}`);
-    });
-    return el("tr", { "data-id": m.message_id }, el("td", { title: m.message }, m.message_id), el("td", {}, m.agent),
-      el("td", {}, m.last_error || ""), el("td", {}, retry, " ", del));
+async function refreshConversations() {
+  const rows = await api("GET", "/api/conversations?limit=50");
+  const mine = rows.some((c) => c.channel === "web" && c.conversation === state.myChat);
+  if (!mine) rows.unshift({ channel: "web", conversation: state.myChat, agent: "", lastMessage: "", lastAt: 0, state: "idle" });
+  $("#conv-list").replaceChildren(...rows.map((c) => {
+    const current = state.chat.channel === c.channel && state.chat.conversation === c.conversation;
+    const badge = STATE_WORDS[c.state] ? el("span", { class: "badge " + c.state }, STATE_WORDS[c.state]) : null;
+    const button = el("button", {
+      type: "button", class: "conv", "aria-current": current ? "true" : undefined,
+      "data-channel": c.channel, "data-conversation": c.conversation,
+    },
+    el("span", { class: "conv-top" }, el("span", { class: "conv-who" }, chatLabel(c)), badge),
+    el("span", { class: "conv-meta" }, c.agent ? "@" + c.agent : "", c.lastAt ? " · " + ago(c.lastAt) : ""),
+    el("span", { class: "conv-last" }, c.lastMessage ? (c.lastFrom && c.lastFrom === c.agent ? agentName(c.agent) + ": " : "") + c.lastMessage : "No messages yet"));
+    button.addEventListener("click", () => openChat(c.channel, c.conversation));
+    return el("li", {}, button);
   }));
 }
 
-async function deadAction(method, path) {
-  const box = $("#dead-error");
-  box.hidden = true;
-  try {
-    await api(method, path);
-  } catch (e) {
-    box.textContent = e.message;
-    box.hidden = false;
-  }
-  await refreshAll();
+function openChat(channel, conversation) {
+  state.chat = { channel, conversation };
+  state.history = { items: [], more: false, status: null, before: 0 };
+  $("#chat-log").replaceChildren();
+  const mine = channel === "web";
+  $("#chat-form").hidden = !mine;
+  $("#chat-readonly").hidden = mine;
+  $("#chat-title").textContent = mine ? (conversation === state.myChat ? "Your chat" : "Web chat") : `${conversation} on ${channel}`;
+  refreshConversations().catch(() => {});
+  refreshHistory().catch(() => {});
 }
 
-async function refreshAll() {
-  try {
-    await Promise.all([refreshStatus(), refreshAgents(), refreshProcessing(), refreshDead(), pullReplies()]);
-  } catch (e) {
-    if (!(e instanceof ApiError)) console.error(e);
-  }
+async function refreshHistory() {
+  const { channel, conversation } = state.chat;
+  const page = await api("GET",
+    `/api/conversations/${encodeURIComponent(channel)}/history?conversation=${encodeURIComponent(conversation)}&limit=50`);
+  if (state.chat.channel !== channel || state.chat.conversation !== conversation) return;
+  // Keep older pages already loaded; replace the newest page with what the server says now.
+  const first = page.items.length ? page.items[0].at : Infinity;
+  const older = state.history.items.filter((i) => i.at < first);
+  state.history.items = older.concat(page.items);
+  if (!older.length) state.history.more = page.more;
+  state.history.status = page.status;
+  renderHistory();
+  if (channel === "web") ackShown(page.items);
 }
 
-function scheduleRefresh() {
-  if (state.refreshTimer) return;
-  state.refreshTimer = setTimeout(() => { state.refreshTimer = null; refreshAll(); }, 250);
-}
-
-// -- chat ----------------------------------------------------------------------------------------------
-function chatLine(text, cls, id) {
+async function loadOlder() {
+  const { channel, conversation } = state.chat;
+  const first = state.history.items[0];
+  if (!first) return;
+  const page = await api("GET",
+    `/api/conversations/${encodeURIComponent(channel)}/history?conversation=${encodeURIComponent(conversation)}&limit=50&before=${first.at}`);
+  const known = new Set(state.history.items.map((i) => i.kind + i.id));
+  state.history.items = page.items.filter((i) => !known.has(i.kind + i.id)).concat(state.history.items);
+  state.history.more = page.more;
   const log = $("#chat-log");
-  const line = el("div", { class: "chat-msg " + cls }, text);
-  if (id) line.setAttribute("data-id", id);
-  log.append(line);
-  log.scrollTop = log.scrollHeight;
+  const keep = log.scrollHeight - log.scrollTop;
+  renderHistory(true);
+  log.scrollTop = log.scrollHeight - keep;
+}
+
+// The web channel's replies count as delivered once shown here.
+function ackShown(items) {
+  for (const r of items) {
+    if (r.kind !== "reply" || r.status === "acked" || state.acking.has(r.id)) continue;
+    state.acking.add(r.id);
+    api("POST", `/api/responses/${r.id}/ack`).catch(() => state.acking.delete(r.id));
+  }
+}
+
+function messageState(m) {
+  if (m.status === "dead") return el("span", { class: "msg-state failed" }, "failed");
+  if (m.status === "processing") return el("span", { class: "msg-state working" }, "working");
+  if (m.status === "pending" && m.retries > 0) return el("span", { class: "msg-state retrying" }, "retrying");
+  if (m.status === "pending") return el("span", { class: "msg-state" }, "waiting");
+  return null;
+}
+
+function renderHistory(keepScroll) {
+  const log = $("#chat-log");
+  const atBottom = log.scrollHeight - log.scrollTop - log.clientHeight < 40;
+  // A note with an edit key is replaced by the later note with the same key ("trying again" → explanation).
+  const lastOfKey = new Map();
+  for (const i of state.history.items) if (i.kind === "reply" && i.editKey) lastOfKey.set(i.editKey, i.id);
+  const nodes = [];
+  for (const i of state.history.items) {
+    if (i.kind === "reply" && i.editKey && lastOfKey.get(i.editKey) !== i.id) continue;
+    if (i.kind === "message") {
+      const body = el("div", { class: "md" });
+      body.innerHTML = window.renderMarkdown(i.text);
+      nodes.push(el("article", { class: "chat-msg chat-mine", "data-id": i.messageId, "aria-label": "You" },
+        el("div", { class: "msg-head" }, el("span", { class: "who" }, i.sender && i.sender !== "web" ? i.sender : "You"),
+          " → @" + i.agent, " · ", timeEl(i.at), " ", messageState(i)),
+        body));
+    } else {
+      const note = i.note === "progress" ? " chat-note" : i.note === "dead_notice" ? " chat-failed" : "";
+      const body = el("div", { class: "md" });
+      body.innerHTML = window.renderMarkdown(i.text);
+      nodes.push(el("article", { class: "chat-msg chat-reply" + note, "data-id": String(i.id), "aria-label": agentName(i.agent) || "Reply" },
+        el("div", { class: "msg-head" }, el("span", { class: "who agent-name" }, agentName(i.agent) || "agentpost"),
+          i.agent && agentName(i.agent) !== i.agent ? el("span", { class: "handle" }, " @" + i.agent) : null,
+          " · ", timeEl(i.at)),
+        body,
+        i.files && i.files.length ? el("div", { class: "files" }, "Files: " + i.files.join(", ")) : null));
+    }
+  }
+  if (!nodes.length) nodes.push(el("p", { class: "empty" }, "No messages yet. Say hello below."));
+  log.replaceChildren(...nodes);
+  $("#chat-older").hidden = !state.history.more;
+  if (!keepScroll && (atBottom || log.dataset.first !== "done")) { log.scrollTop = log.scrollHeight; log.dataset.first = "done"; }
+  renderRunState();
+}
+
+function renderRunState() {
+  const s = state.history.status;
+  const line = $("#run-state");
+  const stop = $("#chat-stop");
+  if (!s) { line.textContent = ""; stop.disabled = true; return; }
+  const parts = [];
+  let cls = "run-state";
+  if (s.running) {
+    cls += " working";
+    parts.push(`${agentName(s.agent)} is working on it — ${duration(Date.now() - s.running_since)}`);
+    if (s.last_step) parts.push("Last step: " + s.last_step);
+  }
+  const retrying = state.history.items.filter((i) => i.kind === "message" && i.status === "pending" && i.retries > 0);
+  if (retrying.length) {
+    cls += " retrying";
+    const m = retrying[retrying.length - 1];
+    parts.push(`Retrying (attempt ${m.retries + 1} of ${state.info.maxRetries})` + (m.error ? ": " + m.error : ""));
+  }
+  if (s.waiting) parts.push(`${s.waiting} message${s.waiting === 1 ? "" : "s"} waiting`);
+  if (s.paused_until && s.paused_until > Date.now()) {
+    parts.push(`Paused until ${clock(s.paused_until)}` + (s.pause_reason ? ": " + s.pause_reason : ""));
+  }
+  line.className = cls;
+  line.textContent = parts.join(" · ");
+  stop.disabled = !s.running;
 }
 
 async function sendChat(ev) {
@@ -128,40 +285,275 @@ async function sendChat(ev) {
   const input = $("#chat-input");
   const text = input.value.trim();
   if (!text) return;
-  const err = $("#chat-error");
-  err.hidden = true;
+  showError("#chat-error", null);
   const agent = $("#chat-agent").value || undefined;
+  if (agent) store.setItem("agentpost.agent", agent);
+  const button = $("#chat-send");
+  button.disabled = true;
   try {
-    const res = await api("POST", "/api/message",
-      { message: text, agent, channel: "web", sender: "web", conversation: state.conversation });
-    chatLine(text, "chat-mine", res.messageId);
+    await api("POST", "/api/message",
+      { message: text, agent, channel: "web", sender: "web", conversation: state.chat.conversation });
     input.value = "";
+    await refreshHistory();
+    refreshConversations().catch(() => {});
   } catch (e) {
-    err.textContent = e.message;
-    err.hidden = false;
+    showError("#chat-error", e);
+  } finally {
+    button.disabled = false;
+    input.focus();
   }
 }
 
-// The web channel's replies: show each once, then acknowledge it so it counts as delivered.
-async function pullReplies() {
-  const rows = await api("GET",
-    `/api/responses/pending?channel=web&conversation=${encodeURIComponent(state.conversation)}`);
-  for (const r of rows) {
-    if (!state.shownReplies.has(r.id)) {
-      state.shownReplies.add(r.id);
-      chatLine(`${r.agent ? r.agent + ": " : ""}${r.message}`, "chat-reply", String(r.id));
-    }
-    await api("POST", `/api/responses/${r.id}/ack`);
+async function stopChat() {
+  showError("#chat-error", null);
+  try {
+    const res = await api("POST", `/api/conversations/${encodeURIComponent(state.chat.channel)}/stop`,
+      { conversation: state.chat.conversation });
+    $("#run-state").textContent = res.stopping.length ? "Stopping…" : "Nothing is running for this chat.";
+  } catch (e) { showError("#chat-error", e); }
+}
+
+async function resetChat() {
+  showError("#chat-error", null);
+  const s = state.history.status;
+  const last = [...state.history.items].reverse().find((i) => i.agent && i.agent in state.agents);
+  const agent = (s && s.agent && s.agent in state.agents) ? s.agent
+    : (state.chat.channel === "web" && $("#chat-agent").value in state.agents) ? $("#chat-agent").value
+      : last ? last.agent : undefined;
+  try {
+    const res = await api("POST", `/api/conversations/${encodeURIComponent(state.chat.channel)}/reset`,
+      { conversation: state.chat.conversation, agent });
+    $("#run-state").textContent = `${agentName(res.agent)} starts a fresh conversation with your next message.`;
+  } catch (e) { showError("#chat-error", e); }
+}
+
+// -- agents and teams ----------------------------------------------------------------------------------
+async function refreshAgentsView() {
+  await loadAgents();
+  const overview = await api("GET", "/api/agents-overview");
+  $("#agents-table tbody").replaceChildren(...Object.entries(state.agents).map(([id, a]) => {
+    const o = overview[id] || { state: "idle", pending: 0, processing: 0 };
+    let status = "idle";
+    if (o.state === "running") status = `running for ${duration(Date.now() - o.runningSince)}` + (o.lastStep ? ` — ${o.lastStep}` : "");
+    if (o.state === "paused") status = `paused until ${clock(o.pausedUntil)}` + (o.pauseReason ? ` (${o.pauseReason})` : "");
+    const edit = el("button", { type: "button", class: "edit", "aria-label": `Edit ${id}` }, "Edit");
+    const reset = el("button", { type: "button", class: "reset", "aria-label": `Reset ${id}` }, "Reset");
+    const remove = el("button", { type: "button", class: "remove danger", "aria-label": `Remove ${id}` }, "Remove");
+    edit.addEventListener("click", () => editAgent(id));
+    reset.addEventListener("click", () => agentAction("POST", `/api/agents/${id}/reset`, `All of ${id}'s conversations start afresh. Continue?`));
+    remove.addEventListener("click", () => agentAction("DELETE", `/api/agents/${id}`, `Remove agent ${id}? Its workspace folder is kept.`));
+    return el("tr", { "data-agent": id },
+      el("th", { scope: "row" }, el("span", { class: "agent-name" }, a.name || id), el("span", { class: "handle" }, " @" + id),
+        a.default ? el("span", { class: "badge" }, "default") : null),
+      el("td", {}, a.provider + (a.model ? " · " + a.model : "")),
+      el("td", { class: "state " + o.state }, status),
+      el("td", { class: "depth" }, el("span", { class: "pending" }, String(o.pending)), " waiting, ",
+        el("span", { class: "processing" }, String(o.processing)), " working"),
+      el("td", { class: "last-error" }, o.lastError ? el("span", { title: o.lastError }, o.lastError.slice(0, 140), " ", el("small", {}, ago(o.lastErrorAt))) : "—"),
+      el("td", { class: "actions" }, edit, reset, remove));
+  }));
+  $("#teams-table tbody").replaceChildren(...Object.entries(state.teams).map(([id, t]) => {
+    const remove = el("button", { type: "button", class: "danger", "aria-label": `Remove team ${id}` }, "Remove");
+    const edit = el("button", { type: "button", "aria-label": `Edit team ${id}` }, "Edit");
+    remove.addEventListener("click", () => agentAction("DELETE", `/api/teams/${id}`, `Remove team ${id}? Its agents stay.`));
+    edit.addEventListener("click", () => {
+      $("#team-form").hidden = false;
+      $("#tf-id").value = id; $("#tf-name").value = t.name || ""; $("#tf-agents").value = t.agents.join(", ");
+      $("#tf-leader").value = t.leader_agent || "";
+      $("#tf-name").focus();
+    });
+    return el("tr", { "data-team": id }, el("th", { scope: "row" }, t.name || id, el("span", { class: "handle" }, " @" + id)),
+      el("td", {}, t.agents.map((a) => "@" + a).join(", ")), el("td", {}, t.leader_agent ? "@" + t.leader_agent : "—"),
+      el("td", { class: "actions" }, edit, remove));
+  }));
+  if (!Object.keys(state.teams).length) {
+    $("#teams-table tbody").replaceChildren(el("tr", {}, el("td", { colSpan: 4, class: "empty" }, "No teams yet.")));
   }
 }
 
-async function loadAgents() {
-  const agents = await api("GET", "/api/agents");
-  const teams = await api("GET", "/api/teams");
-  const select = $("#chat-agent");
-  select.replaceChildren(
-    ...Object.entries(agents).map(([id, a]) => el("option", { value: id, selected: a.default }, a.name === id ? id : `${a.name} (${id})`)),
-    ...Object.keys(teams).map((id) => el("option", { value: id }, `team ${id}`)));
+async function agentAction(method, path, question) {
+  if (question && !confirm(question)) return;
+  showError("#agents-error", null);
+  try { await api(method, path); } catch (e) { showError("#agents-error", e); }
+  await refreshAgentsView().catch(() => {});
+}
+
+async function editAgent(id) {
+  const form = $("#agent-form");
+  form.hidden = false;
+  showError("#agent-form-error", null);
+  state.editing = id;
+  $("#agent-form-title").textContent = id ? `Edit agent @${id}` : "Add an agent";
+  $("#af-id").disabled = !!id;
+  let a = {};
+  if (id) {
+    const settings = await api("GET", "/api/settings");
+    a = (settings.agents || {})[id] || {};
+    const shown = state.agents[id] || {};
+    a = { ...a, name: a.name || shown.name, provider: a.provider || shown.provider, model: a.model || shown.model };
+  }
+  $("#af-id").value = id || "";
+  $("#af-name").value = a.name || "";
+  $("#af-provider").value = a.provider || "claude";
+  $("#af-model").value = a.model || "";
+  $("#af-workspace").value = a.workspace || "";
+  $("#af-permission").value = a.permission_mode || "acceptEdits";
+  $("#af-timeout").value = a.timeout_seconds || 1800;
+  $("#af-command").value = Array.isArray(a.command) ? a.command.join(" ") : "";
+  syncCommandField();
+  (id ? $("#af-name") : $("#af-id")).focus();
+}
+
+function syncCommandField() { $("#af-command-label").hidden = $("#af-provider").value !== "command"; }
+
+async function saveAgent(ev) {
+  ev.preventDefault();
+  showError("#agent-form-error", null);
+  const id = state.editing || $("#af-id").value.trim();
+  const provider = $("#af-provider").value;
+  const values = {
+    name: $("#af-name").value.trim() || id,
+    provider,
+    model: $("#af-model").value.trim(),
+    workspace: $("#af-workspace").value.trim(),
+    permission_mode: $("#af-permission").value,
+    timeout_seconds: Number($("#af-timeout").value) || 1800,
+  };
+  if (provider === "command") values.command = $("#af-command").value.trim().split(/\s+/).filter(Boolean);
+  try {
+    await api("PUT", "/api/settings", { agents: { [id]: values } });
+    $("#agent-form").hidden = true;
+    state.editing = null;
+    await refreshAgentsView();
+  } catch (e) { showError("#agent-form-error", e); }
+}
+
+async function saveTeam(ev) {
+  ev.preventDefault();
+  showError("#team-form-error", null);
+  const id = $("#tf-id").value.trim();
+  const body = {
+    name: $("#tf-name").value.trim() || id,
+    agents: $("#tf-agents").value.split(/[\s,]+/).map((s) => s.replace(/^@/, "")).filter(Boolean),
+    leader_agent: $("#tf-leader").value.trim().replace(/^@/, ""),
+  };
+  try {
+    await api("PUT", `/api/teams/${encodeURIComponent(id)}`, body);
+    $("#team-form").hidden = true;
+    await refreshAgentsView();
+  } catch (e) { showError("#team-form-error", e); }
+}
+
+async function loadProcessorForm() {
+  $("#pf-busy").value = state.info.busyPolicy || "collect";
+  $("#pf-idle").value = state.info.idleTimeoutSeconds || 600;
+}
+
+async function saveProcessor(ev) {
+  ev.preventDefault();
+  const note = $("#processor-saved");
+  try {
+    await api("PUT", "/api/settings",
+      { processor: { busy_policy: $("#pf-busy").value, idle_timeout_seconds: Number($("#pf-idle").value) } });
+    note.textContent = "Saved.";
+    state.info = await api("GET", "/api/console");
+  } catch (e) { note.textContent = e.message; }
+}
+
+// -- operations ----------------------------------------------------------------------------------------
+async function refreshPairing() {
+  const p = await api("GET", "/api/pairing");
+  const pending = $("#pairing-pending");
+  pending.replaceChildren(...p.pending.map((r) => {
+    const approve = el("button", { type: "button", class: "primary approve", "aria-label": `Approve ${r.sender || r.senderId}` }, "Approve");
+    const dismiss = el("button", { type: "button", class: "dismiss", "aria-label": `Dismiss ${r.sender || r.senderId}` }, "Dismiss");
+    approve.addEventListener("click", () => pairingAction("POST", "/api/pairing/approve", { code: r.code }));
+    dismiss.addEventListener("click", () => pairingAction("DELETE", `/api/pairing/pending/${encodeURIComponent(r.code)}`));
+    return el("li", { "data-code": r.code, "data-sender": r.senderId },
+      el("span", {}, el("b", {}, r.sender || r.senderId), ` on ${r.channel} · code `, el("code", {}, r.code), " · ", ago(r.createdAt)),
+      el("span", { class: "actions" }, approve, dismiss));
+  }));
+  if (!p.pending.length) pending.replaceChildren(el("li", { class: "empty" }, "Nobody is waiting."));
+  const approved = $("#pairing-approved");
+  approved.replaceChildren(...p.approved.map((r) => {
+    const revoke = el("button", { type: "button", class: "danger", "aria-label": `Revoke ${r.sender || r.senderId}` }, "Revoke");
+    revoke.addEventListener("click", () => {
+      if (confirm(`Stop answering ${r.sender || r.senderId} on ${r.channel}?`)) {
+        pairingAction("DELETE", `/api/pairing/${encodeURIComponent(r.channel)}/${encodeURIComponent(r.senderId)}`);
+      }
+    });
+    return el("li", { "data-sender": r.senderId }, el("span", {}, el("b", {}, r.sender || r.senderId), ` on ${r.channel} · since ${clock(r.approvedAt)}`),
+      el("span", { class: "actions" }, revoke));
+  }));
+  if (!p.approved.length) approved.replaceChildren(el("li", { class: "empty" }, "No one yet."));
+}
+
+async function pairingAction(method, path, body) {
+  showError("#pairing-error", null);
+  try { await api(method, path, body); } catch (e) { showError("#pairing-error", e); }
+  await refreshPairing().catch(() => {});
+}
+
+async function refreshChannels() {
+  const rows = await api("GET", "/api/channels/health");
+  $("#channels").replaceChildren(...rows.map((h) => el("li", { "data-channel": h.channel },
+    el("span", {}, el("b", {}, h.channel), " "),
+    el("span", { class: "badge " + (h.state === "up" ? "ok" : h.state === "retrying" || h.state === "not running" ? "failed" : "") },
+      h.state === "up" ? "connected" : h.state),
+    el("span", { class: "hint block" }, h.description + " · updated " + ago(h.updatedAt)))));
+  if (!rows.length) $("#channels").replaceChildren(el("li", { class: "empty" }, "No channel adapter has reported yet (start one with agentpost run telegram, for example)."));
+}
+
+async function refreshDead() {
+  const rows = await api("GET", "/api/queue/dead");
+  const budget = state.info.manualRetryBudget;
+  $("#dead-budget").textContent = `Each one can be retried by hand ${budget} time${budget === 1 ? "" : "s"}.`;
+  const list = $("#dead-list");
+  list.replaceChildren(...rows.map((m) => {
+    const id = m.message_id;
+    const left = Math.max(0, budget - m.manual_retries);
+    const retry = el("button", { type: "button", class: "retry primary", "data-id": id, disabled: left === 0,
+      "aria-label": `Retry message ${id}` }, "Retry");
+    const del = el("button", { type: "button", class: "delete danger", "data-id": id, "aria-label": `Delete message ${id}` }, "Delete");
+    retry.addEventListener("click", () => deadAction("POST", `/api/queue/dead/${id}/retry`));
+    del.addEventListener("click", () => {
+      if (confirm("Delete this message for good?")) deadAction("DELETE", `/api/queue/dead/${id}`);
+    });
+    const details = el("details", { open: state.deadOpen.has(id) },
+      el("summary", {}, "Full error"), el("pre", { class: "error-text" }, m.last_error || "(no error recorded)"),
+      el("p", { class: "hint" }, `Message id ${id} · ${m.retry_count + 1} attempts`));
+    details.addEventListener("toggle", () => { if (details.open) state.deadOpen.add(id); else state.deadOpen.delete(id); });
+    return el("li", { class: "dead", "data-id": id },
+      el("div", { class: "dead-top" },
+        el("span", { class: "dead-text" }, m.message.length > 160 ? m.message.slice(0, 160) + "…" : m.message),
+        el("span", { class: "actions" }, retry, del)),
+      el("div", { class: "hint" }, `@${m.agent} · ${m.channel} · ${m.sender || m.sender_id || ""} · ${ago(m.updated_at)} · `,
+        el("span", { class: "budget" }, `${m.manual_retries} of ${budget} manual retries used`)),
+      el("p", { class: "dead-error" }, (m.last_error || "").split("\n")[0].slice(0, 200)),
+      details);
+  }));
+  if (!rows.length) list.replaceChildren(el("li", { class: "empty" }, "Nothing here: every message got an answer."));
+}
+
+async function deadAction(method, path) {
+  showError("#dead-error", null);
+  try { await api(method, path); } catch (e) { showError("#dead-error", e); }
+  await refreshAll();
+}
+
+// -- refresh -------------------------------------------------------------------------------------------
+async function refreshAll() {
+  const jobs = [refreshStatus()];
+  if (state.view === "chat") jobs.push(refreshConversations(), refreshHistory());
+  if (state.view === "agents") jobs.push(refreshAgentsView());
+  if (state.view === "ops") jobs.push(refreshPairing(), refreshDead(), refreshChannels());
+  const results = await Promise.allSettled(jobs);
+  for (const r of results) if (r.status === "rejected" && !(r.reason instanceof ApiError)) console.error(r.reason);
+}
+
+function scheduleRefresh() {
+  if (state.refreshTimer) return;
+  state.refreshTimer = setTimeout(() => { state.refreshTimer = null; refreshAll(); }, 250);
 }
 
 // -- live events ---------------------------------------------------------------------------------------
@@ -173,7 +565,8 @@ const EVENT_NAMES = [
   "processor_start", "processor_stop", "scheduler_start", "pairing_requested", "pairing_approved",
   "pairing_revoked", "stop_requested", "agent_reset", "agent_resumed", "lease_lost", "run_stopped",
   "dead_archived", "dead_notice", "delivery_retry", "rate_limit", "model_fallback", "heartbeat_silent",
-  "messages_dropped", "send_file_refused", "undelivered_notice", "media_failed",
+  "messages_dropped", "send_file_refused", "undelivered_notice", "media_failed", "response_ready",
+  "retry_notice_queued", "dead_notice_queued",
 ];
 function connectEvents() {
   if (state.source) state.source.close();
@@ -182,13 +575,20 @@ function connectEvents() {
   state.source = source;
   const conn = $("#conn");
   source.onopen = () => { conn.textContent = "live"; conn.className = "conn on"; };
-  source.onerror = () => { conn.textContent = "reconnecting"; conn.className = "conn off"; };
+  source.onerror = () => {
+    // Only after a first connection: a page that never connected shows nothing rather than a false alarm.
+    if (conn.textContent) { conn.textContent = "reconnecting"; conn.className = "conn off"; }
+  };
+  const seen = new Set();
   const onEvent = (msg) => {
     let ev;
     try { ev = JSON.parse(msg.data); } catch (_) { return; }
+    if (seen.has(ev.cursor)) return;
+    seen.add(ev.cursor);
     const feed = $("#event-feed");
     feed.prepend(el("li", { "data-cursor": ev.cursor },
-      `#${ev.cursor} ${new Date(ev.createdAt).toLocaleTimeString()} ${ev.event || ev.type} ${ev.messageId || ""}`));
+      el("span", { class: "ev-time" }, new Date(ev.createdAt).toLocaleTimeString()), " ",
+      el("b", {}, ev.event || ev.type), " ", ev.agent ? "@" + ev.agent + " " : "", ev.messageId || ""));
     while (feed.children.length > 200) feed.lastChild.remove();
     scheduleRefresh();
   };
@@ -202,29 +602,63 @@ function connectEvents() {
   });
 }
 
-async function start() {
+// -- start ---------------------------------------------------------------------------------------------
+function wire() {
+  for (const tab of document.querySelectorAll(".tab")) tab.addEventListener("click", () => showView(tab.dataset.view));
   $("#chat-form").addEventListener("submit", sendChat);
+  $("#chat-input").addEventListener("keydown", (ev) => {
+    if (ev.key === "Enter" && !ev.shiftKey && !ev.isComposing) { ev.preventDefault(); $("#chat-form").requestSubmit(); }
+  });
+  $("#chat-stop").addEventListener("click", stopChat);
+  $("#chat-reset").addEventListener("click", resetChat);
+  $("#chat-older").addEventListener("click", () => loadOlder().catch((e) => showError("#chat-error", e)));
+  $("#new-chat").addEventListener("click", () => {
+    state.myChat = newChatId();
+    store.setItem("agentpost.conversation", state.myChat);
+    openChat("web", state.myChat);
+    $("#chat-input").focus();
+  });
+  $("#agent-add").addEventListener("click", () => editAgent(null));
+  $("#af-cancel").addEventListener("click", () => { $("#agent-form").hidden = true; state.editing = null; });
+  $("#af-provider").addEventListener("change", syncCommandField);
+  $("#agent-form").addEventListener("submit", saveAgent);
+  $("#processor-form").addEventListener("submit", saveProcessor);
+  $("#team-add").addEventListener("click", () => {
+    $("#team-form").hidden = false;
+    for (const f of ["#tf-id", "#tf-name", "#tf-agents", "#tf-leader"]) $(f).value = "";
+    $("#tf-id").focus();
+  });
+  $("#tf-cancel").addEventListener("click", () => { $("#team-form").hidden = true; });
+  $("#team-form").addEventListener("submit", saveTeam);
   $("#token-form").addEventListener("submit", (ev) => {
     ev.preventDefault();
     state.token = $("#token-input").value.trim();
     sessionStorage.setItem("agentpost.token", state.token);
     $("#token-form").hidden = true;
-    start2();
+    begin();
   });
-  await start2();
+  // The "working for N s" line ticks on its own between refreshes.
+  setInterval(() => { if (state.view === "chat") renderRunState(); }, 1000);
 }
 
-async function start2() {
+async function begin() {
   try {
+    const access = await fetch("/api/access").then((r) => r.json());
+    if (access.tokenRequired && !state.token) { showTokenForm(""); return; }
+    state.info = await api("GET", "/api/console");
     await loadAgents();
   } catch (e) {
     if (e instanceof ApiError) return; // the token form is showing
     throw e;
   }
-  connectEvents();
+  loadProcessorForm();
+  const hash = location.hash.replace("#", "");
+  state.view = ["agents", "ops"].includes(hash) ? hash : "chat";
+  for (const tab of document.querySelectorAll(".tab")) tab.setAttribute("aria-pressed", String(tab.dataset.view === state.view));
+  for (const name of ["chat", "agents", "ops"]) $("#view-" + name).hidden = name !== state.view;
   await refreshAll();
-  // A slow full refresh in case a change signal was missed (the stream itself never misses events).
-  setInterval(refreshAll, 5000);
+  connectEvents();
+  if (!state.pollTimer) state.pollTimer = setInterval(refreshAll, 5000); // in case a change signal was missed
 }
 
-document.addEventListener("DOMContentLoaded", start);
+document.addEventListener("DOMContentLoaded", () => { wire(); begin(); });
