@@ -520,7 +520,7 @@ async function refreshDead() {
       if (confirm("Delete this message for good?")) deadAction("DELETE", `/api/queue/dead/${id}`);
     });
     const details = el("details", { open: state.deadOpen.has(id) },
-      el("summary", {}, "Full error"), el("pre", { class: "error-text" }, m.last_error || "(no error recorded)"),
+      el("summary", {}, "Full error"), el("pre", { class: "error-text", tabIndex: 0 }, m.last_error || "(no error recorded)"),
       el("p", { class: "hint" }, `Message id ${id} · ${m.retry_count + 1} attempts`));
     details.addEventListener("toggle", () => { if (details.open) state.deadOpen.add(id); else state.deadOpen.delete(id); });
     return el("li", { class: "dead", "data-id": id },
