@@ -146,6 +146,8 @@ def test_dashboard_as_a_user(tmp_path: Path, fake: HoldingTelegram) -> None:
                 page.on("request", lambda r: None if r.url.startswith(url) else outside.append(r.url))
                 page.goto(url + "/")
                 expect(page).to_have_title("agentpost")
+                # First paint from REST: never an "offline" flash, no token banner on a server without one.
+                expect(page.locator("#conn")).not_to_have_text("offline")
                 expect(page.locator("#conn")).to_have_text("live")
                 expect(page.locator("#token-form")).to_be_hidden()
                 assert httpx.get(url + "/favicon.ico").status_code == 200
@@ -176,7 +178,6 @@ def test_dashboard_as_a_user(tmp_path: Path, fake: HoldingTelegram) -> None:
                 ).to_be_visible()
                 expect(page.locator("#conv-list .conv[aria-current='true']")).to_contain_text("Your chat")
                 assert _axe(page) == []
-                page.screenshot(path=str(shots / "dashboard-desktop.png"), full_page=False)
 
                 # A failing message: "retrying" first, then the plain explanation.
                 page.fill("#chat-input", "please fail now")
@@ -195,7 +196,8 @@ def test_dashboard_as_a_user(tmp_path: Path, fake: HoldingTelegram) -> None:
                 expect(page.locator("#run-state")).to_contain_text("is working on it", timeout=20_000)
                 expect(page.locator("#chat-stop")).to_be_enabled()
                 page.click("#chat-stop")
-                expect(page.locator("#run-state")).not_to_contain_text("is working on it", timeout=20_000)
+                expect(page.locator(".chat-stopped")).to_contain_text("Stopped", timeout=20_000)
+                expect(page.locator("#run-state")).not_to_contain_text("is working on it")
                 wait_for(
                     lambda: (
                         rt.db.read_scalar("SELECT status FROM messages WHERE message = 'sleep=60 a long job'")
@@ -223,6 +225,7 @@ def test_dashboard_as_a_user(tmp_path: Path, fake: HoldingTelegram) -> None:
                 answer = page.locator(".chat-reply", has_text="You said: are you there delta")
                 expect(answer).to_be_visible(timeout=40_000)
                 expect(answer.locator(".agent-name")).to_have_text("Delta Desk")
+                page.screenshot(path=str(shots / "dashboard-desktop.png"), full_page=False)
 
                 # Operations: the dead letter with its error on demand and the budget; retry it.
                 page.click(".tab[data-view='ops']")
@@ -285,3 +288,43 @@ def test_dashboard_as_a_user(tmp_path: Path, fake: HoldingTelegram) -> None:
         for proc in (telegram, processor, web):
             proc.stop()
         rt.close()
+
+
+def test_token_banner_only_when_the_server_asks_for_one(tmp_path: Path) -> None:
+    _need_chromium()
+    from playwright.sync_api import expect, sync_playwright
+
+    home = _home(tmp_path)
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    web = Proc(
+        "web",
+        home,
+        {"AGENTPOST_API_PORT": str(port), "AGENTPOST_API_TOKEN": "s3cret-token"},
+        tmp_path / "w.log",
+    )
+    try:
+        wait_for(lambda: _answers(url), 30, "the web process")
+        assert httpx.get(url + "/api/access").json() == {"tokenRequired": True}
+        with sync_playwright() as pw:
+            browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+            try:
+                page = browser.new_page()
+                page.goto(url + "/")
+                expect(page.locator("#token-form")).to_be_visible()
+                page.fill("#token-input", "s3cret-token")
+                page.click("#token-form button[type='submit']")
+                expect(page.locator("#token-form")).to_be_hidden()
+                expect(page.locator("#conn")).to_have_text("live")
+                expect(page.locator("#conv-list li").first).to_contain_text("Your chat")
+            finally:
+                browser.close()
+    finally:
+        web.stop()
+
+
+def _answers(url: str) -> bool:
+    try:
+        return httpx.get(url + "/healthz", timeout=1).status_code == 200
+    except httpx.HTTPError:
+        return False

@@ -52,12 +52,15 @@ def test_dashboard_chat_reply_and_dead_letter_retry(rt: Runtime) -> None:
             page.on("pageerror", lambda exc: errors.append(str(exc)))
             page.goto(live.url + "/")
 
-            # The dashboard loads: depths per agent, the live stream connected, the dead letter listed.
+            # The dashboard loads: the live stream connected, the agents, the dead letter listed.
             expect(page).to_have_title("agentpost")
-            expect(page.locator("#agent-depths tr[data-agent='alpha']")).to_be_visible()
             expect(page.locator("#conn")).to_have_text("live")
-            expect(page.locator(f"#dead-table tr[data-id='{doomed}']")).to_be_visible()
             expect(page.locator("#st-dead")).to_have_text("1")
+            page.click(".tab[data-view='agents']")
+            expect(page.locator("#agents-table tr[data-agent='alpha']")).to_be_visible()
+            page.click(".tab[data-view='ops']")
+            expect(page.locator(f"#dead-list li[data-id='{doomed}']")).to_be_visible()
+            page.click(".tab[data-view='chat']")
 
             # A message typed into the chat box reaches the queue on the web channel.
             page.fill("#chat-input", "hello from the browser")
@@ -70,8 +73,8 @@ def test_dashboard_chat_reply_and_dead_letter_retry(rt: Runtime) -> None:
             row = queued[0]
             assert row["channel"] == "web" and row["agent"] == "alpha" and row["status"] == "pending"
             assert row["conversation"].startswith("web-")
-            expect(page.locator(f".chat-mine[data-id='{row['message_id']}']")).to_be_visible()
-            expect(page.locator("#agent-depths tr[data-agent='alpha'] .pending")).to_have_text("1")
+            expect(page.locator(f".chat-mine[data-id='{row['message_id']}']")).to_contain_text("waiting")
+            expect(page.locator("#st-pending")).to_have_text("1")
 
             # The processor's part, played with the real queue API; the reply shows up in the chat.
             assert play_processor(rt.queue, "alpha", lambda m: f"pong: {m.message}") == [row["message_id"]]
@@ -90,13 +93,14 @@ def test_dashboard_chat_reply_and_dead_letter_retry(rt: Runtime) -> None:
             expect(page.locator("#event-feed li", has_text="response_ready")).to_have_count(1)
 
             # The dead letter is retried with its button.
-            page.click(f"#dead-table button.retry[data-id='{doomed}']")
+            page.click(".tab[data-view='ops']")
+            page.click(f"#dead-list button.retry[data-id='{doomed}']")
             wait_until(
                 lambda: (m := rt.queue.get_message(doomed)) is not None and m.status == "pending",
                 10,
                 "the dead letter back to pending",
             )
-            expect(page.locator(f"#dead-table tr[data-id='{doomed}']")).to_have_count(0)
+            expect(page.locator(f"#dead-list li[data-id='{doomed}']")).to_have_count(0)
             expect(page.locator("#st-dead")).to_have_text("0")
             message = rt.queue.get_message(doomed)
             assert message is not None and message.manual_retries == 1

@@ -138,6 +138,11 @@ function chatLabel(c) {
   if (c.channel === "web") return c.conversation === state.myChat ? "Your chat (this browser)" : "Web chat";
   return `${c.sender || c.senderId || c.conversation} on ${c.channel}`;
 }
+// A one-line preview: Markdown marks and code fences dropped.
+function plain(text) {
+  return text.replace(/```[\w+#.-]*/g, " ").replace(/(^|\n)\s*(#+|>)\s*/g, "$1").replace(/[*_~`]+/g, "")
+    .replace(/\s+/g, " ").trim();
+}
 const STATE_WORDS = { working: "working", waiting: "waiting", failed: "failed", idle: "" };
 
 async function refreshConversations() {
@@ -153,20 +158,20 @@ async function refreshConversations() {
     },
     el("span", { class: "conv-top" }, el("span", { class: "conv-who" }, chatLabel(c)), badge),
     el("span", { class: "conv-meta" }, c.agent ? "@" + c.agent : "", c.lastAt ? " · " + ago(c.lastAt) : ""),
-    el("span", { class: "conv-last" }, c.lastMessage ? (c.lastFrom && c.lastFrom === c.agent ? agentName(c.agent) + ": " : "") + c.lastMessage : "No messages yet"));
-    button.addEventListener("click", () => openChat(c.channel, c.conversation));
+    el("span", { class: "conv-last" }, c.lastMessage ? (c.lastFrom && c.lastFrom === c.agent ? agentName(c.agent) + ": " : "") + plain(c.lastMessage) : "No messages yet"));
+    button.addEventListener("click", () => openChat(c.channel, c.conversation, chatLabel(c)));
     return el("li", {}, button);
   }));
 }
 
-function openChat(channel, conversation) {
+function openChat(channel, conversation, label) {
   state.chat = { channel, conversation };
   state.history = { items: [], more: false, status: null, before: 0 };
   $("#chat-log").replaceChildren();
   const mine = channel === "web";
   $("#chat-form").hidden = !mine;
   $("#chat-readonly").hidden = mine;
-  $("#chat-title").textContent = mine ? (conversation === state.myChat ? "Your chat" : "Web chat") : `${conversation} on ${channel}`;
+  $("#chat-title").textContent = mine ? (conversation === state.myChat ? "Your chat" : "Web chat") : (label || `${conversation} on ${channel}`);
   refreshConversations().catch(() => {});
   refreshHistory().catch(() => {});
 }
@@ -235,7 +240,7 @@ function renderHistory(keepScroll) {
           " → @" + i.agent, " · ", timeEl(i.at), " ", messageState(i)),
         body));
     } else {
-      const note = i.note === "progress" ? " chat-note" : i.note === "dead_notice" ? " chat-failed" : "";
+      const note = { progress: " chat-note", dead_notice: " chat-failed", stopped: " chat-note chat-stopped" }[i.note] || "";
       const body = el("div", { class: "md" });
       body.innerHTML = window.renderMarkdown(i.text);
       nodes.push(el("article", { class: "chat-msg chat-reply" + note, "data-id": String(i.id), "aria-label": agentName(i.agent) || "Reply" },
