@@ -27,7 +27,8 @@ The channels:
     .venv/bin/python bench/channel_latency.py --n 40 [--channels telegram,web,cli] [--debounce-ms 0]
         [--json out.json]
 
-``--debounce-ms`` sets ``[queue] debounce_ms`` (default: the setting's default).
+``--debounce-ms`` sets ``[queue] debounce_ms`` (default: the setting's default). The Telegram fake answers
+with TCP_NODELAY here (see ``_PromptHandler``); ``--nagle`` uses it unchanged.
 """
 
 from __future__ import annotations
@@ -54,7 +55,7 @@ import httpx  # noqa: E402
 import tomlkit  # noqa: E402
 
 from shared.runtime import Runtime, open_runtime  # noqa: E402
-from tests.fakes.telegram_api import FakeTelegram  # noqa: E402
+from tests.fakes.telegram_api import FakeTelegram, _Handler  # noqa: E402
 
 CHAT = 42
 AGENTPOST = str(Path(sys.executable).with_name("agentpost"))
@@ -135,9 +136,23 @@ def _sample(rt: Runtime, text: str, started: float, replied: float) -> dict[str,
 
 
 # -- channels --------------------------------------------------------------------------------------------
+class _PromptHandler(_Handler):
+    # The fake writes a reply's head and body in two writes; with Nagle's algorithm on, the body waits for
+    # the client's delayed ACK of the head (~40 ms on Linux). Telegram's servers do not do that, so the
+    # benchmark's fake sends at once (``--nagle`` measures the fake as the tests use it).
+    disable_nagle_algorithm = True
+
+
+class _PromptTelegram(FakeTelegram):
+    handler_class = _PromptHandler
+
+
+NAGLE = False
+
+
 def run_telegram(root: Path, home: Path, rt: Runtime, n: int, warmup: int) -> list[dict[str, float]]:
     samples = []
-    with FakeTelegram() as fake:
+    with FakeTelegram() if NAGLE else _PromptTelegram() as fake:
         proc = _start(
             "telegram",
             home,
@@ -319,7 +334,12 @@ def main() -> None:
     parser.add_argument("--channels", default="telegram,web,cli")
     parser.add_argument("--debounce-ms", type=int, default=None, help="[queue] debounce_ms for the run")
     parser.add_argument("--json", type=Path, help="also write the summaries here")
+    parser.add_argument(
+        "--nagle", action="store_true", help="Telegram fake as the tests use it (Nagle's algorithm on)"
+    )
     args = parser.parse_args()
+    global NAGLE
+    NAGLE = args.nagle
     results = []
     print(f"load average {os.getloadavg()[0]:.2f}; milliseconds")
     print("| channel | direction | p50 | p90 | p99 | max |")
