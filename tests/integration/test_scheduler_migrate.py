@@ -45,8 +45,9 @@ def populate(home: Path) -> None:
         q.release_agent("assistant", "w1")
         assert {m.message_id for m in claimed} == set(done)
         # responses: one acked, one being delivered (lease expired: its adapter died), one pending
-        for text in ("second", "third"):
-            q.enqueue_response("telegram", "ann", text, conversation="c1")
+        # (each in a chat of its own: a chat's later reply is not claimed while an earlier one is unfinished)
+        for chat, text in (("c2", "second"), ("c3", "third")):
+            q.enqueue_response("telegram", "ann", text, conversation=chat)
         taken = q.claim_responses_for_channel("telegram", "tg-1", limit=2, lease_ms=1)
         q.ack_response(taken[0].id, "tg-1")
         # messages: processing (its worker died: the lease is in the past), pending
