@@ -474,7 +474,7 @@ def create_app(
             return _error(503, f"database unreachable: {type(exc).__name__}", headers={"Retry-After": "5"})
         return JSONResponse({"ok": True, "database": db.dialect.name})
 
-    @app.get("/api/access", summary="Whether this server asks for an API token (answered without one)")
+    @app.get("/access", summary="Whether this server asks for an API token (answered without one)")
     async def access() -> dict[str, bool]:
         return {"tokenRequired": bool(token)}
 

@@ -52,14 +52,14 @@ print(f"**{agent}** heard you.\n\n```python\nprint('<b>not bold</b>')\n```\n\nYo
 """
 
 
-def _home(tmp: Path) -> Path:
+def _home(tmp: Path, db_url: str = "") -> Path:
     home = tmp / "home"
     home.mkdir()
     script = tmp / "agent.py"
     script.write_text(AGENT, encoding="utf-8")
     command = [sys.executable, str(script)]
     data: dict[str, Any] = {
-        "database": {"url": f"sqlite:///{tmp / 'a.db'}"},
+        "database": {"url": db_url or f"sqlite:///{tmp / 'a.db'}"},
         "queue": {
             "default_agent": "alpha",
             "lease_seconds": 3.0,
@@ -113,13 +113,13 @@ def _no_sideways_scroll(page: Any) -> None:
     assert max(widths[0], widths[1]) <= widths[2], f"document {widths[:2]} wider than viewport {widths[2]}"
 
 
-def test_dashboard_as_a_user(tmp_path: Path, fake: HoldingTelegram) -> None:
+def test_dashboard_as_a_user(tmp_path: Path, db_url: str, fake: HoldingTelegram) -> None:
     _need_chromium()
     from playwright.sync_api import expect, sync_playwright
 
     shots = Path(os.environ.get("AGENTPOST_SCREENSHOTS") or tmp_path / "screenshots")
     shots.mkdir(parents=True, exist_ok=True)
-    home = _home(tmp_path)
+    home = _home(tmp_path, db_url)
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     web = Proc("web", home, {"AGENTPOST_API_PORT": str(port)}, tmp_path / "web.log")
@@ -305,7 +305,7 @@ def test_token_banner_only_when_the_server_asks_for_one(tmp_path: Path) -> None:
     )
     try:
         wait_for(lambda: _answers(url), 30, "the web process")
-        assert httpx.get(url + "/api/access").json() == {"tokenRequired": True}
+        assert httpx.get(url + "/access").json() == {"tokenRequired": True}
         with sync_playwright() as pw:
             browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
             try:

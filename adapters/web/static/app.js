@@ -648,7 +648,7 @@ function wire() {
 
 async function begin() {
   try {
-    const access = await fetch("/api/access").then((r) => r.json());
+    const access = await fetch("/access").then((r) => r.json());
     if (access.tokenRequired && !state.token) { showTokenForm(""); return; }
     state.info = await api("GET", "/api/console");
     await loadAgents();
