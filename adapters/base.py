@@ -198,7 +198,6 @@ class Channel(ChatCommands, Delivery):
         worker_id: str | None = None,
     ) -> None:
         self.rt = runtime
-        self.settings: Settings = runtime.settings
         self.config = config if config is not None else self.load_config(runtime.settings)
         self.env: Mapping[str, str] = dict(os.environ if env is None else env)
         self.worker = worker_id or worker_name(self.name)
@@ -209,6 +208,12 @@ class Channel(ChatCommands, Delivery):
         self.read_secrets()
 
     # -- configuration -------------------------------------------------------------------------------------
+    @property
+    def settings(self) -> Settings:  # type: ignore[override]
+        """The settings in force now: an edited settings.toml is picked up without a restart (agents,
+        teams and queue tuning; the channel's own section is read at start)."""
+        return self.rt.settings
+
     @classmethod
     def load_config(cls, settings: Settings) -> ChannelSettings:
         """Validate ``[channels.<name>]`` (errors name the key, e.g. ``channels.telegram.allowlist``)."""
