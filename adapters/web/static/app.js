@@ -350,12 +350,13 @@ async function refreshAgentsView() {
     return el("tr", { "data-agent": id },
       el("th", { scope: "row" }, el("span", { class: "agent-name" }, a.name || id), el("span", { class: "handle" }, " @" + id),
         a.default ? el("span", { class: "badge" }, "default") : null),
-      el("td", {}, a.provider + (a.model ? " · " + a.model : "")),
-      el("td", { class: "state " + o.state }, status),
-      el("td", { class: "depth" }, el("span", { class: "pending" }, String(o.pending)), " waiting, ",
+      el("td", { "data-label": "Runs" }, a.provider + (a.model ? " · " + a.model : "")),
+      el("td", { class: "state " + o.state, "data-label": "Status" }, status),
+      el("td", { class: "depth", "data-label": "Queue" }, el("span", { class: "pending" }, String(o.pending)), " waiting, ",
         el("span", { class: "processing" }, String(o.processing)), " working"),
-      el("td", { class: "last-error" }, o.lastError ? el("span", { title: o.lastError }, o.lastError.slice(0, 140), " ", el("small", {}, ago(o.lastErrorAt))) : "—"),
-      el("td", { class: "actions" }, edit, reset, remove));
+      el("td", { class: o.lastError ? "last-error" : "last-error none", "data-label": "Last error" },
+        o.lastError ? el("span", { title: o.lastError }, o.lastError.slice(0, 140), " ", el("small", {}, ago(o.lastErrorAt))) : "none"),
+      el("td", { class: "row-actions" }, el("span", { class: "actions" }, edit, reset, remove)));
   }));
   $("#teams-table tbody").replaceChildren(...Object.entries(state.teams).map(([id, t]) => {
     const remove = el("button", { type: "button", class: "danger", "aria-label": `Remove team ${id}` }, "Remove");
@@ -368,8 +369,9 @@ async function refreshAgentsView() {
       $("#tf-name").focus();
     });
     return el("tr", { "data-team": id }, el("th", { scope: "row" }, t.name || id, el("span", { class: "handle" }, " @" + id)),
-      el("td", {}, t.agents.map((a) => "@" + a).join(", ")), el("td", {}, t.leader_agent ? "@" + t.leader_agent : "—"),
-      el("td", { class: "actions" }, edit, remove));
+      el("td", { "data-label": "Members" }, t.agents.map((a) => "@" + a).join(", ")),
+      el("td", { "data-label": "Leader" }, t.leader_agent ? "@" + t.leader_agent : "none"),
+      el("td", { class: "row-actions" }, el("span", { class: "actions" }, edit, remove)));
   }));
   if (!Object.keys(state.teams).length) {
     $("#teams-table tbody").replaceChildren(el("tr", {}, el("td", { colSpan: 4, class: "empty" }, "No teams yet.")));
