@@ -79,16 +79,26 @@ def list_conversations(db: Database, *, limit: int = 50) -> list[dict[str, Any]]
 
 
 def conversation_history(
-    db: Database, channel: str, conversation: str, *, before: int = 0, limit: int = 50
+    db: Database,
+    channel: str,
+    conversation: str,
+    *,
+    before: int = 0,
+    before_kind: str = "",
+    before_id: int = 0,
+    limit: int = 50,
 ) -> dict[str, Any]:
-    """One chat's messages and replies, oldest first: the newest ``limit`` items created before ``before``
-    (epoch ms; 0: now). ``more`` says whether older items exist (ask again with ``before`` = the first
-    item's ``at``). Each item is ``{"kind": "message" | "reply", ...}``; a reply's ``note`` is ``progress``
-    for a "trying again" note, ``dead_notice`` for the explanation of a message that will not be answered,
-    and its ``editKey`` names the note it replaces. ``status`` is the chat's live state
-    (:func:`shared.conversation_status.conversation_status`)."""
+    """One chat's messages and replies, oldest first: the newest ``limit`` items before the item
+    (``before`` epoch ms, ``before_kind``, ``before_id``) — ``before`` 0: the newest items. Items are ordered
+    by (time, messages before replies, id), so a page never skips items written in the same millisecond.
+    ``more`` says whether older items exist (ask again with the first item's ``at``, ``kind`` and ``id``).
+    Each item is ``{"kind": "message" | "reply", ...}``; a reply's ``note`` is ``progress`` for a "trying
+    again" or "still working" note, ``dead_notice`` for the explanation of a message that will not be
+    answered, ``stopped`` for a run stopped on request, and its ``editKey`` names the note it replaces.
+    ``status`` is the chat's live state (:func:`shared.conversation_status.conversation_status`)."""
     limit = max(1, min(limit, 200))
     cut = before if before > 0 else 2**62
+    cursor = (cut, _KIND_ORDER.get(before_kind, 2), before_id if before_kind else 0)
     params = {"c": channel, "v": conversation, "b": cut, "l": limit + 1}
     messages = db.read(
         "SELECT id, message_id, sender, sender_id, message, agent, status, retry_count, manual_retries, "
@@ -96,18 +106,35 @@ def conversation_history(
         f"WHERE channel = :c AND {CHAT_KEY_SQL} = :v AND created_at < :b ORDER BY created_at DESC, id DESC "
         "LIMIT :l",
         params,
+    ) + db.read(
+        "SELECT id, message_id, sender, sender_id, message, agent, status, retry_count, manual_retries, "
+        f"last_error, created_at, updated_at FROM messages WHERE channel = :c AND {CHAT_KEY_SQL} = :v "
+        "AND created_at = :b",
+        params,
     )
     replies = db.read(
         "SELECT id, message_id, message, agent, metadata, status, files, created_at FROM responses "
         "WHERE channel = :c AND conversation = :v AND created_at < :b ORDER BY created_at DESC, id DESC LIMIT :l",
         params,
+    ) + db.read(
+        "SELECT id, message_id, message, agent, metadata, status, files, created_at FROM responses "
+        "WHERE channel = :c AND conversation = :v AND created_at = :b",
+        params,
     )
     items: list[dict[str, Any]] = [_message_item(r) for r in messages] + [_reply_item(r) for r in replies]
-    items.sort(key=lambda i: (int(i["at"]), 0 if i["kind"] == "message" else 1, int(i["id"])))
+    items = [i for i in items if _key(i) < cursor]
+    items.sort(key=_key)
     more = len(items) > limit
     items = items[-limit:]
     status = conversation_status(db, None, channel, conversation)
     return {"items": items, "more": more, "status": status}
+
+
+_KIND_ORDER = {"message": 0, "reply": 1}
+
+
+def _key(item: dict[str, Any]) -> tuple[int, int, int]:
+    return (int(item["at"]), _KIND_ORDER[str(item["kind"])], int(item["id"]))
 
 
 def _message_item(r: Any) -> dict[str, Any]:

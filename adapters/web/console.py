@@ -47,11 +47,22 @@ def console_router(runtime: Runtime, run: Run) -> APIRouter:
     async def chat_history(
         channel: Annotated[str, PathParam(pattern=NAME)],
         conversation: Annotated[str, Query(min_length=1, max_length=500)],
-        before: Annotated[int, Query(ge=0, le=2**62)] = 0,
+        before: Annotated[
+            int, Query(ge=0, le=2**62, description="The time (ms) of the first item shown.")
+        ] = 0,
+        beforeKind: Annotated[str, Query(pattern=r"^(message|reply)?$")] = "",
+        beforeId: Annotated[int, Query(ge=0, le=2**62)] = 0,
         limit: Annotated[int, Query(ge=1, le=200)] = 50,
     ) -> dict[str, Any]:
         page: dict[str, Any] = await run(
-            conversations.conversation_history, db, channel, conversation, before=before, limit=limit
+            conversations.conversation_history,
+            db,
+            channel,
+            conversation,
+            before=before,
+            before_kind=beforeKind,
+            before_id=beforeId,
+            limit=limit,
         )
         return page
 

@@ -182,8 +182,8 @@ async function refreshHistory() {
     `/api/conversations/${encodeURIComponent(channel)}/history?conversation=${encodeURIComponent(conversation)}&limit=50`);
   if (state.chat.channel !== channel || state.chat.conversation !== conversation) return;
   // Keep older pages already loaded; replace the newest page with what the server says now.
-  const first = page.items.length ? page.items[0].at : Infinity;
-  const older = state.history.items.filter((i) => i.at < first);
+  const first = page.items.length ? page.items[0] : null;
+  const older = first ? state.history.items.filter((i) => before(i, first)) : state.history.items;
   state.history.items = older.concat(page.items);
   if (!older.length) state.history.more = page.more;
   state.history.status = page.status;
@@ -191,12 +191,21 @@ async function refreshHistory() {
   if (channel === "web") ackShown(page.items);
 }
 
+// The history's order: time, then the user's message before replies, then id (as the server pages it).
+function before(a, b) {
+  const ka = [a.at, a.kind === "message" ? 0 : 1, a.id];
+  const kb = [b.at, b.kind === "message" ? 0 : 1, b.id];
+  for (let n = 0; n < 3; n++) if (ka[n] !== kb[n]) return ka[n] < kb[n];
+  return false;
+}
+
 async function loadOlder() {
   const { channel, conversation } = state.chat;
   const first = state.history.items[0];
   if (!first) return;
   const page = await api("GET",
-    `/api/conversations/${encodeURIComponent(channel)}/history?conversation=${encodeURIComponent(conversation)}&limit=50&before=${first.at}`);
+    `/api/conversations/${encodeURIComponent(channel)}/history?conversation=${encodeURIComponent(conversation)}` +
+    `&limit=50&before=${first.at}&beforeKind=${first.kind}&beforeId=${first.id}`);
   const known = new Set(state.history.items.map((i) => i.kind + i.id));
   state.history.items = page.items.filter((i) => !known.has(i.kind + i.id)).concat(state.history.items);
   state.history.more = page.more;
