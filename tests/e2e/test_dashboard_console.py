@@ -218,6 +218,31 @@ def test_dashboard_as_a_user(tmp_path: Path, db_url: str, fake: HoldingTelegram)
                 page.click("#af-save")
                 expect(page.locator("#agents-table tr[data-agent='delta']")).to_contain_text("Delta Desk")
                 assert _axe(page) == []
+                # Edit it, add and remove a team, reset an agent (the page asks first; the test agrees).
+                page.on("dialog", lambda dialog: dialog.accept())
+                page.locator("#agents-table tr[data-agent='delta'] button.edit").click()
+                expect(page.locator("#af-name")).to_have_value("Delta Desk")
+                page.select_option("#af-permission", "plan")
+                page.fill("#af-timeout", "900")
+                page.click("#af-save")
+                expect(page.locator("#agent-form")).to_be_hidden()
+                saved = httpx.get(url + "/api/settings").json()["agents"]["delta"]
+                assert saved["permission_mode"] == "plan" and saved["timeout_seconds"] == 900
+                page.click("#team-add")
+                page.fill("#tf-id", "crew")
+                page.fill("#tf-agents", "alpha, delta")
+                page.fill("#tf-leader", "alpha")
+                page.locator("#team-form button[type='submit']").click()
+                expect(page.locator("#teams-table tr[data-team='crew']")).to_contain_text("@delta")
+                page.locator("#teams-table tr[data-team='crew'] button.danger").click()
+                expect(page.locator("#teams-table tr[data-team='crew']")).to_have_count(0)
+                page.locator("#agents-table tr[data-agent='beta'] button.reset").click()
+                wait_for(
+                    lambda: count(rt, "SELECT COUNT(*) FROM events WHERE type = 'agent_reset'") >= 1,
+                    10,
+                    "reset",
+                )
+                expect(page.locator("#agents-error")).to_be_hidden()
                 page.screenshot(path=str(shots / "dashboard-desktop-agents.png"), full_page=True)
                 page.click(".tab[data-view='chat']")
                 page.select_option("#chat-agent", "delta")
