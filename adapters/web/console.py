@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from adapters.chat_commands import reset_conversation
 from shared import channel_health, conversations
+from shared.queue import NotFound, RetryBudgetExhausted
 from shared.runtime import Runtime
 
 from .errors import ApiError
@@ -87,6 +88,18 @@ def console_router(runtime: Runtime, run: Run) -> APIRouter:
             raise ApiError(404, f"no agent {agent!r}")
         n = await run(reset_conversation, runtime, agent, channel, body.conversation)
         return {"ok": True, "agent": agent, "sessionsReset": int(n)}
+
+    @api.post("/conversations/{channel}/retry", summary="Try again the chat's last message that failed")
+    async def retry_chat(channel: Annotated[str, PathParam(pattern=NAME)], body: ChatIn) -> dict[str, Any]:
+        try:
+            retried = await run(runtime.queue.retry_last_failed, channel, body.conversation)
+        except NotFound:
+            raise ApiError(404, "there is no failed message in this chat to try again") from None
+        except RetryBudgetExhausted:
+            raise ApiError(
+                409, "that message was already tried again as often as allowed; send it again as a new message"
+            ) from None
+        return {"ok": True, "messageId": retried.message_id, "agent": retried.agent}
 
     @api.get("/console", summary="What the dashboard shows besides the data: budgets and defaults")
     async def console_info() -> dict[str, Any]:

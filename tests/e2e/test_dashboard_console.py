@@ -189,6 +189,22 @@ def test_dashboard_as_a_user(tmp_path: Path, db_url: str, fake: HoldingTelegram)
                 dead_id = str(
                     rt.db.read_scalar("SELECT message_id FROM messages WHERE message = 'please fail now'")
                 )
+                # "/retry" typed in the chat box (what the explanation suggests) tries it once more.
+                page.fill("#chat-input", "/retry")
+                page.keyboard.press("Enter")
+                # The page then shows it working on it again ("waiting" / "Retrying …").
+                expect(page.locator("#run-state")).to_contain_text("etrying", timeout=20_000)
+                wait_for(
+                    lambda: (
+                        rt.db.read_scalar(
+                            "SELECT status FROM messages WHERE message_id = :m AND manual_retries = 1",
+                            {"m": dead_id},
+                        )
+                        == "dead"
+                    ),
+                    40,
+                    "the retried message to fail again",
+                )
 
                 # A long run shows "working" and is stopped with the Stop button.
                 page.fill("#chat-input", "sleep=60 a long job")
@@ -256,7 +272,7 @@ def test_dashboard_as_a_user(tmp_path: Path, db_url: str, fake: HoldingTelegram)
                 # Operations: the dead letter with its error on demand and the budget; retry it.
                 page.click(".tab[data-view='ops']")
                 row = page.locator(f"#dead-list li[data-id='{dead_id}']")
-                expect(row).to_contain_text("0 of 3 manual retries used")
+                expect(row).to_contain_text("1 of 3 manual retries used")
                 row.locator("summary").click()
                 expect(row.locator(".error-text")).to_contain_text("the model endpoint refused the request")
                 row.locator("button.retry").click()
@@ -267,7 +283,7 @@ def test_dashboard_as_a_user(tmp_path: Path, db_url: str, fake: HoldingTelegram)
                                 "SELECT manual_retries FROM messages WHERE message_id = :m", {"m": dead_id}
                             )
                         )
-                        == 1
+                        == 2
                     ),
                     10,
                     "the dead letter retried",

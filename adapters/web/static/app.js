@@ -303,6 +303,10 @@ async function sendChat(ev) {
   const agent = $("#chat-agent").value || undefined;
   if (agent) store.setItem("agentpost.agent", agent);
   const button = $("#chat-send");
+  const command = text.toLowerCase();
+  if (command === "/stop") { input.value = ""; return stopChat(); }
+  if (command === "/reset") { input.value = ""; return resetChat(); }
+  if (command === "/retry") { input.value = ""; return retryChat(); }
   button.disabled = true;
   try {
     await api("POST", "/api/message",
@@ -324,6 +328,16 @@ async function stopChat() {
     const res = await api("POST", `/api/conversations/${encodeURIComponent(state.chat.channel)}/stop`,
       { conversation: state.chat.conversation });
     $("#run-state").textContent = res.stopping.length ? "Stopping…" : "Nothing is running for this chat.";
+  } catch (e) { showError("#chat-error", e); }
+}
+
+async function retryChat() {
+  showError("#chat-error", null);
+  try {
+    const res = await api("POST", `/api/conversations/${encodeURIComponent(state.chat.channel)}/retry`,
+      { conversation: state.chat.conversation });
+    $("#run-state").textContent = `Trying your message again with ${agentName(res.agent)} (ref ${res.messageId}).`;
+    await refreshHistory();
   } catch (e) { showError("#chat-error", e); }
 }
 
