@@ -8,6 +8,7 @@ events with :func:`append_event` inside the transaction of the state change they
 
 from __future__ import annotations
 
+import abc
 import json
 import threading
 from collections.abc import Callable, Iterable, Sequence
@@ -134,7 +135,7 @@ class _Subscription:
         self.stopped = threading.Event()
 
 
-class LocalSubscriptions:
+class LocalSubscriptions(abc.ABC):
     """Subscriptions of this process to a log that other processes write too. ``append`` delivers to them
     before it returns (seed 001: a subscriber has an event once its append returned); a background follower
     per subscription delivers what other processes append."""
@@ -148,8 +149,9 @@ class LocalSubscriptions:
             self._subs_list = subs
         return subs
 
+    @abc.abstractmethod
     def read(self, topic: str | None, after: str | None = None, limit: int = 100) -> list[EventEntry]:
-        raise NotImplementedError
+        """The log's own read (the follower pages through it)."""
 
     def _add_subscription(self, topic: str | None, handler: Handler, position: int) -> _Subscription:
         sub = _Subscription(topic, handler, position)
