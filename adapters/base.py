@@ -149,10 +149,11 @@ HELD_FOR_MS = 24 * 3_600_000
 APPROVED_TEXT = "You're approved — answering your message now."
 
 
-def pairing_reminder_text(code: str, kept: bool) -> str:
-    """The occasional reminder to a sender still waiting for approval."""
+def pairing_reminder_text(kept: bool) -> str:
+    """The occasional reminder to a sender still waiting for approval. It never repeats the code: it may be
+    posted where others read (a guild channel), while the code went privately."""
     kept_text = "I've kept this message and will answer it" if kept else "I'll answer your first messages"
-    return f"Still waiting for the operator to approve your pairing code {code}. {kept_text} once they do."
+    return f"Still waiting for the operator to approve your pairing code. {kept_text} once they do."
 
 
 def pairing_code_text(code: str) -> str:
@@ -348,7 +349,7 @@ class Channel(ChatCommands, Delivery):
             self._tell_operator(message, check.code)
             return "pairing_code"
         if check.decision == "pending" and held_messages.remind_due(self.rt.db, self.name, message.sender_id):
-            self.reply(message, pairing_reminder_text(check.code, kept), kind="pairing")
+            self.reply(message, pairing_reminder_text(kept), kind="pairing")
         self.log.info("unpaired sender %s (%s): message kept=%s", message.sender_id, check.decision, kept)
         return "unpaired"
 

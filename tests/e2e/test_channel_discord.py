@@ -81,10 +81,14 @@ def test_unpaired_discord_sender_gets_a_code_and_is_not_run(tmp_path: Path, fake
         assert count(rt, "SELECT COUNT(*) FROM messages") == 0
         approved = run_cli(home, "pairing", "approve", code.lower())
         assert approved.returncode == 0, approved.stderr
+        # What they wrote while waiting is answered without a resend, then new messages go straight in.
+        wait_for(lambda: count(rt, "SELECT COUNT(*) FROM messages") == 2, 20, "the kept messages queued")
         fake.push_message(DM, "now run this", ALICE, "alice")
-        wait_for(lambda: count(rt, "SELECT COUNT(*) FROM messages") == 1, 20, "the paired message queued")
-        codes = [s for s in fake.sent if "pairing code" in (s.content or "")]
+        wait_for(lambda: count(rt, "SELECT COUNT(*) FROM messages") == 3, 20, "the paired message queued")
+        codes = [s for s in fake.sent if "pairing code is" in (s.content or "")]
+        queued = [r["message"] for r in rt.db.read("SELECT message FROM messages ORDER BY id")]
     finally:
         rt.close()
         adapter.stop()
     assert len(codes) == 1  # the code is sent once
+    assert queued == ["run this please", "and this", "now run this"]

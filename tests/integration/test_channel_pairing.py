@@ -61,7 +61,7 @@ def test_unknown_sender_paired_by_cli_is_answered_without_resending_then_revoked
             codes = _codes(fake, 7)
             assert len(codes) == 1 and len(codes[0]) == 8  # one code, sent once
             reminders = [t for t in fake.texts(7) if t.startswith("Still waiting")]
-            assert len(reminders) == 1 and codes[0] in reminders[0]  # one reminder, not one per message
+            assert len(reminders) == 1 and codes[0] not in reminders[0]  # one reminder, not one per message
             listed = run_cli(home, "pairing", "list", "--json")
             assert listed.returncode == 0 and f'"code": "{codes[0]}"' in listed.stdout
             approved = run_cli(home, "pairing", "approve", codes[0])
