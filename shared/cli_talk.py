@@ -142,7 +142,9 @@ def chat_loop(
             continue
         cursor = rt.events.last_cursor()
         try:
-            result = rt.queue.enqueue_message(CLI_CHANNEL, sender, line, agent=agent, conversation=conversation)
+            result = rt.queue.enqueue_message(
+                CLI_CHANNEL, sender, line, agent=agent, conversation=conversation
+            )
         except InvalidInput as exc:  # "@nosuch hi", an empty or oversized message: say so, keep chatting
             printer.console.print(str(exc), highlight=False, markup=False)
             continue

@@ -97,7 +97,8 @@ def console_router(runtime: Runtime, run: Run) -> APIRouter:
             raise ApiError(404, "there is no failed message in this chat to try again") from None
         except RetryBudgetExhausted:
             raise ApiError(
-                409, "that message was already tried again as often as allowed; send it again as a new message"
+                409,
+                "that message was already tried again as often as allowed; send it again as a new message",
             ) from None
         return {"ok": True, "messageId": retried.message_id, "agent": retried.agent}
 

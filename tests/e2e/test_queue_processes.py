@@ -173,7 +173,8 @@ def test_consumer_killed_holding_claims_loses_nothing(
     # They came back only after the lease expired, not before (the worker id names no process on this host,
     # so only its lease speaks for it).
     claimed_again = db.read_scalar(
-        "SELECT MIN(created_at) FROM events WHERE type = 'message_released' AND message_id = :m", {"m": ids[0]}
+        "SELECT MIN(created_at) FROM events WHERE type = 'message_released' AND message_id = :m",
+        {"m": ids[0]},
     )
     assert claimed_again is not None and int(claimed_again) >= killed_at - 1500
     db.close()
