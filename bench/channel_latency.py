@@ -20,6 +20,8 @@ The channels:
   is the fake's ``sendMessage``;
 - ``web``: ``POST /api/message`` to ``agentpost run web``; the reply is the ``message:done`` event on the
   dashboard's event stream (``GET /api/events/stream``), read by an SSE client in this process;
+- ``whatsapp``: a signed webhook POST to ``agentpost run whatsapp`` (timed from just before the POST); the
+  reply is the fake Graph API's ``/messages`` call;
 - ``cli``: ``agentpost send --wait`` as a new process; ``in`` counts from the process start (the Python
   start-up and imports included) and ``in (enqueued)`` from its ``message_received`` event; ``out`` ends when
   the reply's text is printed.
@@ -56,8 +58,11 @@ import tomlkit  # noqa: E402
 
 from shared.runtime import Runtime, open_runtime  # noqa: E402
 from tests.fakes.telegram_api import FakeTelegram, _Handler  # noqa: E402
+from tests.fakes.whatsapp_api import FakeWhatsApp, signed_webhook, text_message_payload  # noqa: E402
 
 CHAT = 42
+WA_USER = "15550001111"
+WA_SECRET = "bench-app-secret"
 AGENTPOST = str(Path(sys.executable).with_name("agentpost"))
 
 
@@ -76,7 +81,10 @@ def _home(root: Path, debounce_ms: int | None) -> Path:
         "database": {"url": f"sqlite:///{root / 'agentpost.db'}"},
         "agents": {"alpha": {"provider": "command", "command": [cat]}},
         "queue": queue,
-        "channels": {"telegram": {"allowlist": [str(CHAT)], "poll_timeout_seconds": 10}},
+        "channels": {
+            "telegram": {"allowlist": [str(CHAT)], "poll_timeout_seconds": 10},
+            "whatsapp": {"allowlist": [WA_USER], "read_receipts": False},
+        },
     }
     (home / "settings.toml").write_text(tomlkit.dumps(settings), encoding="utf-8")
     return home
@@ -277,6 +285,53 @@ def run_cli(root: Path, home: Path, rt: Runtime, n: int, warmup: int) -> list[di
     return samples
 
 
+def run_whatsapp(root: Path, home: Path, rt: Runtime, n: int, warmup: int) -> list[dict[str, float]]:
+    samples = []
+    with FakeWhatsApp() as fake:
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+        env = {
+            "WHATSAPP_ACCESS_TOKEN": fake.access_token,
+            "WHATSAPP_PHONE_NUMBER_ID": fake.phone_number_id,
+            "WHATSAPP_APP_SECRET": WA_SECRET,
+            "WHATSAPP_VERIFY_TOKEN": "bench",
+            "WHATSAPP_GRAPH_URL": fake.graph_url,
+            "WHATSAPP_WEBHOOK_PORT": str(port),
+        }
+        proc = _start("whatsapp", home, env, root / "whatsapp.log")
+        try:
+            url = f"http://127.0.0.1:{port}/webhook"
+            _wait(lambda: _listening(port), 30, "the webhook")
+            offset = _now() - time.monotonic() * 1000
+            with httpx.Client(timeout=10) as client:
+                for i in range(warmup + n):
+                    text = f"ping whatsapp {i}"
+                    body, headers = signed_webhook(
+                        WA_SECRET, text_message_payload(WA_USER, text, wamid=f"wamid.B{i}")
+                    )
+                    started = _now()
+                    client.post(url, content=body, headers=headers)
+                    reply = _wait(
+                        lambda t=text: next((s for s in fake.sent if t in (s.text or "")), None),
+                        30,
+                        f"reply {i}",
+                    )
+                    if i >= warmup:
+                        samples.append(_sample(rt, text, started, reply.at * 1000 + offset))
+        finally:
+            _stop(proc)
+    return samples
+
+
+def _listening(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+            return True
+    except OSError:
+        return False
+
+
 def _stop(proc: subprocess.Popen[bytes]) -> None:
     proc.terminate()
     try:
@@ -289,6 +344,7 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
 CHANNELS: dict[str, Callable[[Path, Path, Runtime, int, int], list[dict[str, float]]]] = {
     "telegram": run_telegram,
     "web": run_web,
+    "whatsapp": run_whatsapp,
     "cli": run_cli,
 }
 KEYS = ("in", "intake", "in_enqueued", "out", "cli_run", "total")
@@ -331,7 +387,7 @@ def main() -> None:
     )
     parser.add_argument("--n", type=int, default=40, help="messages measured per channel")
     parser.add_argument("--warmup", type=int, default=3, help="messages sent first and not counted")
-    parser.add_argument("--channels", default="telegram,web,cli")
+    parser.add_argument("--channels", default="telegram,web,whatsapp,cli")
     parser.add_argument("--debounce-ms", type=int, default=None, help="[queue] debounce_ms for the run")
     parser.add_argument("--json", type=Path, help="also write the summaries here")
     parser.add_argument(
