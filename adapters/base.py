@@ -370,7 +370,17 @@ class Channel(ChatCommands, Delivery):
         """Answer the messages of senders approved since they wrote (told first that they are in). Returns
         how many messages were taken back in."""
         taken = 0
-        for sender_id, items in held_messages.approved_with_held(self.rt.db, self.name).items():
+        for sender_id, kept in held_messages.approved_with_held(self.rt.db, self.name).items():
+            # In the order they were written (an adapter may have taken two in side by side); platform ids
+            # are numbers on most platforms, so shorter ones are older at the same millisecond.
+            items = sorted(
+                kept,
+                key=lambda i: (
+                    int(i.get("sent_at") or 0),
+                    len(str(i.get("external_id"))),
+                    str(i.get("external_id")),
+                ),
+            )
             first = items[0]
             self.rt.queue.enqueue_response(
                 self.name,

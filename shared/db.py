@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import re
 import sqlite3
 import threading
@@ -320,13 +321,18 @@ class Database:
             raise RuntimeError(
                 f"shared.db.SCHEMA_VERSION ({SCHEMA_VERSION}) differs from shared.models ({MODELS_VERSION})"
             )
-        for attempt in range(5):
+        for attempt in range(10):
             try:
                 metadata().create_all(self.engine)
                 break
-            except Exception as exc:  # another process created the same table between check and create
-                if "already exists" not in str(exc) or attempt == 4:
+            except Exception as exc:
+                # Processes starting together race here: another one created the same table between our
+                # check and our create, or (SQLite) our read transaction could not become a write one while
+                # theirs was writing — SQLite answers that "locked" at once, without the busy timeout.
+                text = str(exc)
+                if ("already exists" not in text and "database is locked" not in text) or attempt == 9:
                     raise
+                time.sleep(min(2.0, 0.05 * 2**attempt) * (0.5 + random.random() / 2))
         self._add_missing_columns()
         if self.dialect.is_sqlite:
             # All chat content lives here: created 0600 under agentpost's umask; older files tightened.

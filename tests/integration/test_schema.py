@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from shared.db import open_database
@@ -72,3 +74,21 @@ def test_columns_added_by_a_newer_schema_are_added_to_an_older_database(sqlite_u
     assert row == {"message": "kept", "interruptions": 0}
     assert db.read_scalar("SELECT COUNT(last_error) FROM responses") == 0
     db.close()
+
+
+def test_processes_starting_together_all_create_or_find_the_schema(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    url = f"sqlite:///{tmp_path / 'race.db'}"
+    code = "import sys; from shared.db import open_database; open_database(sys.argv[1]).close()"
+    for _ in range(3):  # several rounds on fresh files: the race is at the very first start
+        url = f"sqlite:///{tmp_path / f'race-{_}.db'}"
+        procs = [
+            subprocess.Popen([sys.executable, "-c", code, url], stderr=subprocess.PIPE) for _ in range(6)
+        ]
+        results = [(p.wait(timeout=60), (p.stderr.read() if p.stderr else b"")) for p in procs]
+        for p in procs:
+            if p.stderr:
+                p.stderr.close()
+        assert all(rc == 0 for rc, _ in results), [err.decode()[-300:] for rc, err in results if rc]
