@@ -89,7 +89,7 @@ def test_wait_times_out_without_changes(sqlite_url: str) -> None:
 
 
 @pytest.mark.parametrize("backend", ["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
-def test_an_idle_waiting_process_costs_under_one_percent_of_a_core(
+def test_an_idle_waiting_process_costs_a_small_share_of_a_core(
     backend: str, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
     url = f"sqlite:///{tmp_path / 'w.db'}" if backend == "sqlite" else request.getfixturevalue("pg_url")
