@@ -547,6 +547,12 @@ class Queue(ResponseOps, AdminOps, ControlOps):
         )
         self._insert_response(tx, primary, notice, now)
 
+    def insert_drafts(self, tx: Tx, drafts: Sequence[MessageDraft], now: int | None = None) -> list[str]:
+        """Queue ``drafts`` inside the caller's transaction (so they land together with the caller's other
+        writes, or not at all); returns the new message ids."""
+        at = now_ms() if now is None else now
+        return [m for m in (self._insert_draft(tx, d, at) for d in drafts) if m is not None]
+
     def _insert_draft(self, tx: Tx, draft: MessageDraft, now: int) -> str | None:
         params = {
             "message_id": new_id(draft.prefix),

@@ -7,6 +7,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from shared.chat_address import ChatAddress
 from shared.db import Database, Row
 from shared.routing import AGENT_NAME_RE, Team
 
@@ -105,9 +106,14 @@ class QueuedMessage:
         return cls(**data)
 
     @property
+    def address(self) -> ChatAddress:
+        """The chat the message came from (and its reply goes to)."""
+        return ChatAddress(self.channel, self.sender, self.sender_id, self.conversation)
+
+    @property
     def conversation_key(self) -> tuple[str, str]:
         """Messages with the same key belong to one chat (and are batched into one run)."""
-        return (self.channel, self.conversation or self.sender_id or self.sender)
+        return self.address.key
 
     def as_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -143,6 +149,11 @@ class QueuedResponse:
         data["files"] = json.loads(data.pop("files") or "[]")
         data["metadata"] = json.loads(data.pop("metadata") or "{}")
         return cls(**data)
+
+    @property
+    def address(self) -> ChatAddress:
+        """The chat the reply goes to."""
+        return ChatAddress(self.channel, self.sender, self.sender_id, self.conversation)
 
     def as_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)

@@ -1,0 +1,64 @@
+"""Where a message came from and where its reply goes: one immutable type from inbound message to send.
+
+A chat is named by its channel and the first of *conversation*, *sender id*, *sender* that is set — a
+platform's chat id when it has one, else the user. That rule lives in :attr:`ChatAddress.chat` and nowhere
+else: the queue groups a run's messages by it, delivery keeps a chat's replies in order by it, rate-limit
+notices and handoffs address the chat through it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True, slots=True)
+class ChatAddress:
+    """A chat on a channel, and who in it (for a reply by sender id alone)."""
+
+    channel: str
+    sender: str = ""
+    sender_id: str = ""
+    #: The platform's chat id. A platform with topics inside a chat appends ``:<topic>`` (Telegram forums).
+    conversation: str = ""
+
+    @classmethod
+    def of(cls, fields: Mapping[str, Any]) -> ChatAddress:
+        """The address held by a message or response row, an origin record or a request body (missing or
+        ``None`` fields read as empty)."""
+        return cls(
+            channel=str(fields.get("channel") or ""),
+            sender=str(fields.get("sender") or ""),
+            sender_id=str(fields.get("sender_id") or ""),
+            conversation=str(fields.get("conversation") or ""),
+        )
+
+    @property
+    def chat(self) -> str:
+        """The chat within the channel: the conversation, else the sender id, else the sender."""
+        return self.conversation or self.sender_id or self.sender
+
+    @property
+    def key(self) -> tuple[str, str]:
+        """Messages with the same key belong to one chat (one run answers them; replies keep their order)."""
+        return (self.channel, self.chat)
+
+    @property
+    def label(self) -> str:
+        """``channel:chat``, the form people and logs see (and ``/stop`` requests use)."""
+        return f"{self.channel}:{self.chat}"
+
+    @property
+    def thread(self) -> str:
+        """The topic inside the chat, for platforms that write ``chat:topic`` (else empty)."""
+        return self.conversation.partition(":")[2]
+
+    def fields(self) -> dict[str, str]:
+        """The routing fields as a message or response row stores them."""
+        return {
+            "channel": self.channel,
+            "sender": self.sender,
+            "sender_id": self.sender_id,
+            "conversation": self.conversation,
+        }
