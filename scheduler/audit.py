@@ -1,4 +1,4 @@
-"""`agentpost queue audit`: measure the throughput profile before anyone migrates (seed 004: measure first).
+"""`agentpost queue audit`: measure the throughput profile before anyone migrates (measure before moving).
 
 The profile comes from the event log (``message_received``, ``message_completed``, ``message_failed``,
 ``message_dead`` events, kept for ``events.ttl_hours``) and the current queue depth. The verdict compares
@@ -7,15 +7,22 @@ the measured peak with the SQLite capacity setting and says plainly whether to s
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
 from shared.clock import now_ms
 from shared.queue import Queue
+from shared.queue_reports import (
+    HOUR_MS,
+    busiest_minute_count,
+    busiest_second,
+    hourly_completed_messages,
+    hourly_event_counts,
+    oldest_event_at,
+    oldest_pending_at,
+)
 
-HOUR_MS = 3_600_000
 #: Below this share of the capacity a deployment is comfortably within it; above it, plan the move.
 HEADROOM = 0.5
 
@@ -83,49 +90,26 @@ def run_audit(queue: Queue, *, hours: float, capacity_per_second: float, now: in
     def hour_row(hour: int) -> HourRow:
         return by_hour.setdefault(hour, HourRow(_iso(hour * HOUR_MS)[:13] + ":00"))
 
-    for r in db.read(
-        f"SELECT created_at / {HOUR_MS} AS h, type, COUNT(*) AS n FROM events WHERE type IN (:t0, :t1, :t2) "
-        f"AND created_at >= :since GROUP BY created_at / {HOUR_MS}, type",
-        {"since": since, "t0": "message_received", "t1": "message_failed", "t2": "message_dead"},
-    ):
-        row = hour_row(int(r["h"]))
-        setattr(row, _COLUMN[r["type"]], getattr(row, _COLUMN[r["type"]]) + int(r["n"]))
-    # A completion is reported once per group (with the ids of every message in it), so count the ids.
-    for r in db.read(
-        "SELECT created_at, payload FROM events WHERE type IN ('response_ready', 'message_completed') "
-        "AND created_at >= :since",
-        {"since": since},
-    ):
-        try:
-            ids = json.loads(r["payload"]).get("message_ids") or []
-        except (ValueError, AttributeError):
-            ids = []
-        if ids:
-            hour_row(int(r["created_at"]) // HOUR_MS).completed += len(ids)
+    for count in hourly_event_counts(db, tuple(_COLUMN), since):
+        row = hour_row(count.hour)
+        setattr(row, _COLUMN[count.type], getattr(row, _COLUMN[count.type]) + count.count)
+    for hour, completed in hourly_completed_messages(db, since).items():
+        hour_row(hour).completed += completed
     audit.hours = [by_hour[h] for h in sorted(by_hour)]
     for col in (*_COLUMN.values(), "completed"):
         setattr(audit, col, sum(getattr(h, col) for h in audit.hours))
-    peak = db.read(
-        "SELECT created_at / 1000 AS s, COUNT(*) AS n FROM events WHERE type = 'message_received' "
-        "AND created_at >= :since GROUP BY created_at / 1000 ORDER BY COUNT(*) DESC, created_at / 1000 LIMIT 1",
-        {"since": since},
-    )
-    if peak:
-        audit.peak_per_second = int(peak[0]["n"])
-        audit.peak_second_at = _iso(int(peak[0]["s"]) * 1000)
-    minute = db.read_scalar(
-        "SELECT MAX(n) FROM (SELECT COUNT(*) AS n FROM events WHERE type = 'message_received' "
-        "AND created_at >= :since GROUP BY created_at / 60000) AS per_minute",
-        {"since": since},
-    )
-    audit.peak_minute_per_second = round(int(minute or 0) / 60, 3)
-    oldest_event = db.read_scalar("SELECT MIN(created_at) FROM events")
+    peak = busiest_second(db, since)
+    if peak is not None:
+        audit.peak_per_second = peak[1]
+        audit.peak_second_at = _iso(peak[0] * 1000)
+    audit.peak_minute_per_second = round(busiest_minute_count(db, since) / 60, 3)
+    oldest_event = oldest_event_at(db)
     if oldest_event is not None:
-        audit.covered_hours = round(min(hours, (now - max(int(oldest_event), since)) / HOUR_MS), 2)
+        audit.covered_hours = round(min(hours, (now - max(oldest_event, since)) / HOUR_MS), 2)
     audit.depth = queue.queue_status()
-    oldest_pending = db.read_scalar("SELECT MIN(created_at) FROM messages WHERE status = 'pending'")
+    oldest_pending = oldest_pending_at(db)
     if oldest_pending is not None:
-        audit.oldest_pending_age_s = round((now - int(oldest_pending)) / 1000, 1)
+        audit.oldest_pending_age_s = round((now - oldest_pending) / 1000, 1)
     _judge(audit)
     return audit
 

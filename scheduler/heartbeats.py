@@ -14,6 +14,7 @@ from scheduler.timed import Fired, TimedJob
 from shared.events import SqlEventLog
 from shared.ids import derived_id
 from shared.queue import Queue
+from shared.queue_reports import open_message_count
 from shared.settings import Settings
 
 CHANNEL = "heartbeat"
@@ -35,11 +36,7 @@ def heartbeat_prompt(settings: Settings, agent: str, default: str) -> str:
 
 def agent_is_busy(queue: Queue, agent: str) -> bool:
     """True while the agent runs or has messages waiting (its own heartbeats included)."""
-    busy = queue.db.read_scalar(
-        "SELECT 1 FROM messages WHERE agent = :a AND status IN ('pending', 'processing') LIMIT 1",
-        {"a": agent},
-    )
-    return busy is not None
+    return open_message_count(queue.db, agent) > 0
 
 
 def skip_reason(queue: Queue, beat: HeartbeatConfig, agent: str, slot: datetime) -> str:

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any
 
 from scheduler.config import SchedulerConfig
+from shared import queue_unserved
 from shared.clock import now_ms
 from shared.db import Database
-from shared.events import PendingEvent, SqlEventLog, append_events
+from shared.events import SqlEventLog
 from shared.queue import Queue
 from shared.settings import EventSettings
 
@@ -62,40 +62,7 @@ def ack_unserved_responses(
         return UnservedResult(0, [])
     now = now_ms() if now is None else now
     cut = now - int(config.unserved_response_age_seconds * 1000)
-    keys = [f"c{i}" for i in range(len(channels))]
-    clause = ", ".join(":" + k for k in keys)
-    params: dict[str, Any] = {"cut": cut, "now": now, **dict(zip(keys, channels, strict=True))}
-    where = (
-        f"channel IN ({clause}) AND status <> 'acked' AND created_at <= :cut "
-        "AND (status = 'pending' OR lease_until IS NULL OR lease_until < :now)"
-    )
-    probe = db.read_scalar(f"SELECT 1 FROM responses WHERE {where} LIMIT 1", params)
-    if probe is None:
-        return UnservedResult(0, [])
-    with db.transaction() as tx:
-        rows = tx.rows(
-            f"UPDATE responses SET status = 'acked', acked_at = :now, updated_at = :now, lease_until = NULL, "
-            f"claimed_by = 'scheduler' WHERE {where} RETURNING id, message_id, channel, agent, message",
-            params,
-        )
-        append_events(
-            tx,
-            [
-                PendingEvent(
-                    "response_unserved",
-                    {
-                        "response_id": r["id"],
-                        "channel": r["channel"],
-                        "agent": r["agent"],
-                        "reply": str(r["message"])[:4000],
-                    },
-                    r["message_id"],
-                )
-                for r in rows
-            ],
-            now,
-        )
-    ids = sorted(int(r["id"]) for r in rows)
+    ids = queue_unserved.ack_unserved_responses(db, channels, created_before=cut, now=now)
     if ids:
         log.info("acknowledged %d reply(ies) on unserved channels %s", len(ids), ", ".join(channels))
     return UnservedResult(len(ids), ids)

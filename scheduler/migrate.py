@@ -12,20 +12,23 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import tomlkit
 
-from shared.clock import now_ms
-from shared.db import Database, Tx
+from shared.db import Database
+from shared.db_copy import (
+    begin_snapshot,
+    copy_table,
+    live_holders,
+    nonempty_tables,
+    reset_sequences,
+    table_counts,
+)
 from shared.models import TABLE_NAMES, metadata
 from shared.settings import Settings
-
-#: Tables whose rows carry a status worth comparing one by one.
-STATUS_TABLES = ("messages", "responses", "pairings")
 
 
 class MigrationError(Exception):
@@ -46,84 +49,6 @@ class MigrationReport:
 def mask_url(url: str) -> str:
     """The URL with any password replaced by ``***`` (for printing)."""
     return re.sub(r"(://[^:/@]+:)[^@]*@", r"\1***@", url)
-
-
-def _q(name: str) -> str:
-    return '"' + name + '"'
-
-
-def _columns(table: str) -> list[str]:
-    return [c.name for c in metadata().tables[table].columns]
-
-
-def _order(table: str) -> str:
-    keys = [c.name for c in metadata().tables[table].primary_key.columns]
-    return ", ".join(_q(k) for k in keys)
-
-
-def table_counts(
-    run: Callable[[str], list[dict[str, Any]]],
-) -> tuple[dict[str, int], dict[str, dict[str, int]]]:
-    """Rows per table and per status, read through ``run(sql)`` (a transaction's or a database's reader)."""
-    counts = {t: int(run(f"SELECT COUNT(*) AS n FROM {_q(t)}")[0]["n"]) for t in TABLE_NAMES}
-    statuses = {
-        t: {
-            str(r["status"]): int(r["n"])
-            for r in run(f"SELECT status, COUNT(*) AS n FROM {_q(t)} GROUP BY status")
-        }
-        for t in STATUS_TABLES
-    }
-    return counts, statuses
-
-
-def live_holders(db: Database, now: int | None = None) -> list[str]:
-    """Workers that hold a lease right now (their process is presumably running)."""
-    now = now_ms() if now is None else now
-    rows = db.read(
-        "SELECT holder AS w FROM agent_leases WHERE holder IS NOT NULL AND lease_until > :now "
-        "UNION SELECT claimed_by AS w FROM messages WHERE status = 'processing' AND lease_until > :now "
-        "UNION SELECT claimed_by AS w FROM responses WHERE status = 'delivering' AND lease_until > :now",
-        {"now": now},
-    )
-    return sorted(str(r["w"]) for r in rows if r["w"])
-
-
-def nonempty_tables(db: Database) -> dict[str, int]:
-    """agentpost tables of ``db`` that hold rows (tables that do not exist count as empty)."""
-    existing = set(db.table_names())
-    found = {}
-    for table in TABLE_NAMES:
-        if table in existing:
-            n = int(db.read_scalar(f"SELECT COUNT(*) FROM {_q(table)}") or 0)
-            if n:
-                found[table] = n
-    return found
-
-
-def _copy_table(src: Tx, dst: Tx, table: str, chunk: int) -> int:
-    cols = _columns(table)
-    names = ", ".join(_q(c) for c in cols)
-    params = ", ".join(f":c{i}" for i in range(len(cols)))
-    insert = f"INSERT INTO {_q(table)} ({names}) VALUES ({params})"
-    cur: Any = src.execute(f"SELECT {names} FROM {_q(table)} ORDER BY {_order(table)}")
-    copied = 0
-    while True:
-        rows = cur.fetchmany(chunk)
-        if not rows:
-            return copied
-        dst.executemany(insert, [{f"c{i}": v for i, v in enumerate(row)} for row in rows])
-        copied += len(rows)
-
-
-def _reset_sequences(dst: Tx) -> None:
-    for table in TABLE_NAMES:
-        col = metadata().tables[table].columns.get("id")
-        if col is None or not col.autoincrement or not col.primary_key:
-            continue
-        dst.execute(
-            f"SELECT setval(pg_get_serial_sequence('{table}', 'id'), COALESCE(MAX(id), 1), MAX(id) IS NOT NULL) "
-            f"FROM {_q(table)}"
-        )
 
 
 def migrate(
@@ -172,13 +97,12 @@ def migrate(
         metadata().create_all(target.engine)
         with source.transaction(write=False) as src, target.transaction() as dst:
             # One snapshot of the source and one transaction on the target: all or nothing.
-            if not source.dialect.is_sqlite:
-                src.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+            begin_snapshot(src, source)
             src_counts, src_status = table_counts(src.rows)
             for table in TABLE_NAMES:
-                _copy_table(src, dst, table, chunk)
+                copy_table(src, dst, table, chunk)
             if not target.dialect.is_sqlite:
-                _reset_sequences(dst)
+                reset_sequences(dst)
             dst_counts, dst_status = table_counts(dst.rows)
             if (src_counts, src_status) != (dst_counts, dst_status):
                 raise MigrationError(

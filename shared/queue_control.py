@@ -1,4 +1,5 @@
-"""Steering a running agent through the database: pauses (rate limits) and stop requests.
+"""Steering a running agent through the database: pauses (rate limits), stop requests and the arrivals that
+interrupt a run.
 
 Other processes never signal the processor directly; they write here, and the processor reads the row of
 ``agent_leases`` it already renews. A pause keeps the agent from being claimed until ``paused_until``.
@@ -9,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from shared.clock import now_ms
+from shared.conversation_status import CHAT_KEY_SQL
 from shared.events import PendingEvent, append_events
 from shared.queue_types import QueueState
 
@@ -88,7 +90,16 @@ class ControlOps(QueueState):
             tx.signal("control")
 
     def take_stop_request(self, agent: str, worker: str) -> str:
-        """Read and clear a stop request for the worker holding ``agent``; ``""`` when there is none."""
+        """Read and clear a stop request for the worker holding ``agent``; ``""`` when there is none.
+
+        The processor calls this on every tick of a run, so it first looks with a plain read: only when a
+        request is there does it open a write transaction (which on SQLite takes the write lock)."""
+        probe = self.db.read_scalar(
+            "SELECT stop_requested FROM agent_leases WHERE agent = :agent AND holder = :worker",
+            {"agent": agent, "worker": worker},
+        )
+        if not probe:
+            return ""
         with self.db.transaction() as tx:
             row = tx.one(
                 "SELECT stop_requested FROM agent_leases WHERE agent = :agent AND holder = :worker "
@@ -99,3 +110,14 @@ class ControlOps(QueueState):
                 return ""
             tx.execute("UPDATE agent_leases SET stop_requested = '' WHERE agent = :agent", {"agent": agent})
         return str(row["stop_requested"])
+
+    def chat_has_arrival(self, agent: str, channel: str, conversation: str, now: int | None = None) -> bool:
+        """Whether a message for ``agent`` in the chat ``channel``/``conversation`` (the chat key the queue
+        groups by) waits, available by ``now``: under the ``interrupt`` busy policy it stops the chat's run.
+        Read-only."""
+        found = self.db.read_scalar(
+            "SELECT 1 FROM messages WHERE status = 'pending' AND agent = :a AND channel = :c "
+            f"AND {CHAT_KEY_SQL} = :conv AND available_at <= :now LIMIT 1",
+            {"a": agent, "c": channel, "conv": conversation, "now": now_ms() if now is None else now},
+        )
+        return found is not None

@@ -22,6 +22,7 @@ from rich.markup import escape
 from rich.table import Table
 from tomlkit.toml_document import TOMLDocument
 
+from shared.queue_reports import open_message_count
 from shared.routing import is_valid_name, validate_name
 from shared.runtime import open_runtime
 from shared.sessions import clear_sessions, list_sessions
@@ -189,13 +190,7 @@ def agent_remove(
     if teams:
         raise _fail(f"{agent!r} is a member of team(s) {', '.join(teams)}; remove it from them first")
     with open_runtime() as rt:
-        waiting = int(
-            rt.db.read_scalar(
-                "SELECT COUNT(*) FROM messages WHERE agent = :a AND status IN ('pending', 'processing')",
-                {"a": agent},
-            )
-            or 0
-        )
+        waiting = open_message_count(rt.db, agent)
     if waiting and not force:
         raise _fail(
             f"{waiting} message(s) are waiting for {agent!r}; they would fail as unknown (use --force)"

@@ -28,7 +28,7 @@ from typing import Any
 import anyio
 
 from shared.clock import now_ms
-from shared.conversation_status import CHAT_KEY_SQL, format_duration, update_run_step
+from shared.conversation_status import format_duration, update_run_step
 from shared.queue import INTERNAL_CHANNELS, QueuedMessage
 from shared.runtime import Runtime
 from workers.busy import WorkGroup
@@ -136,24 +136,14 @@ class RunWatch:
         """One round of checks (in a worker thread); returns why to stop the run, or ``""``."""
         info = self.info
         chat = info.group.chat
-        requested = self.rt.db.read_scalar(
-            "SELECT stop_requested FROM agent_leases WHERE agent = :a AND holder = :w",
-            {"a": info.agent, "w": self.worker},
-        )
-        if requested:
-            taken = self.rt.queue.take_stop_request(info.agent, self.worker)
-            if taken in ("*", chat):
-                return "stop"
-            if taken:
-                self.on_foreign_stop(taken)
+        taken = self.rt.queue.take_stop_request(info.agent, self.worker)
+        if taken in ("*", chat):
+            return "stop"
+        if taken:
+            self.on_foreign_stop(taken)
         if info.group.policy == "interrupt":
             channel, conversation = info.group.key
-            arrived = self.rt.db.read_scalar(
-                "SELECT 1 FROM messages WHERE status = 'pending' AND agent = :a AND channel = :c "
-                f"AND {CHAT_KEY_SQL} = :conv AND available_at <= :now LIMIT 1",
-                {"a": info.agent, "c": channel, "conv": conversation, "now": now_ms()},
-            )
-            if arrived is not None:
+            if self.rt.queue.chat_has_arrival(info.agent, channel, conversation):
                 return "interrupt"
         elapsed = time.monotonic() - info.started
         if (

@@ -353,7 +353,7 @@ class Processor(RunSteps):
     async def _apply_stops(self, drive: Drive) -> None:
         """Between runs: take a stop request and complete the waiting groups it names as stopped."""
         try:
-            taken = await anyio.to_thread.run_sync(self._take_stop, drive.agent)
+            taken = await anyio.to_thread.run_sync(self.rt.queue.take_stop_request, drive.agent, self.worker)
         except Exception as exc:
             log.warning("agent %s: could not read stop requests: %s", drive.agent, exc)
             taken = ""
@@ -365,13 +365,6 @@ class Processor(RunSteps):
         for group in list(drive.groups):
             if "*" in stops or group.chat in stops:
                 await self._finish_stopped(drive, group, None)
-
-    def _take_stop(self, agent: str) -> str:
-        requested = self.rt.db.read_scalar(
-            "SELECT stop_requested FROM agent_leases WHERE agent = :a AND holder = :w",
-            {"a": agent, "w": self.worker},
-        )
-        return self.rt.queue.take_stop_request(agent, self.worker) if requested else ""
 
     async def _release(self, drive: Drive, why: str, *, count_attempt: bool = False) -> None:
         """Give back groups still held (not started, or cancelled mid-run); by default without counting an

@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from scheduler.migrate import MigrationError, migrate, table_counts
+from scheduler.migrate import MigrationError, migrate
 from shared.clock import now_ms
+from shared.db_copy import table_counts
 from shared.events import SqlEventLog
 from shared.models import TABLE_NAMES
 from shared.queue import AgentTurn, ChatPost, ResponseDraft
