@@ -60,6 +60,7 @@ from shared.queue import LeaseLost, QueuedMessage
 from shared.runtime import Runtime, open_runtime
 from shared.settings import Settings, SettingsError
 from workers.busy import apply_cap, build_prompt, merge_arrivals, resolve_policy
+from workers.pauses import RateLimitPauses
 from workers.processor_config import ProcessorSettings, ProcessorStats, default_worker_id
 from workers.runs import Drive, RunSteps
 
@@ -99,8 +100,7 @@ class Processor(RunSteps):
         self._wakeup: anyio.Event | None = None
         self._last_recover = 0.0
         self._cooldown: dict[str, float] = {}
-        self._paused: dict[str, float] = {}  # agent -> monotonic end of a rate-limit pause set here
-        self._strikes: dict[str, int] = {}  # consecutive rate limits per agent (for the backoff)
+        self.pauses = RateLimitPauses()
 
     # -- public -----------------------------------------------------------------------------------------
     @property
@@ -208,10 +208,7 @@ class Processor(RunSteps):
         started = 0
         now = time.monotonic()
         for agent in pending:
-            if (
-                agent in self._active
-                or max(self._cooldown.get(agent, 0.0), self._paused.get(agent, 0.0)) > now
-            ):
+            if agent in self._active or max(self._cooldown.get(agent, 0.0), self.pauses.until(agent)) > now:
                 continue
             if agent not in mine and (self.config.agents or agent in self.settings.agents):
                 continue  # another processor's agent (or, unlisted, one we do not run)
@@ -229,8 +226,7 @@ class Processor(RunSteps):
         pending = await anyio.to_thread.run_sync(self.rt.queue.agents_with_pending)
         now = time.monotonic()
         if any(
-            (a in self.agents or not self.config.agents)
-            and (include_delayed or self._paused.get(a, 0.0) <= now)
+            (a in self.agents or not self.config.agents) and (include_delayed or self.pauses.until(a) <= now)
             for a in pending
         ):
             return True

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -36,6 +35,7 @@ from workers.busy import WorkGroup, build_prompt, dropped_notice, resolve_policy
 from workers.errors import diagnose
 from workers.files import outbound_files
 from workers.liveness import RunInfo, RunWatch, note_target
+from workers.pauses import RateLimitPauses
 from workers.processor_config import ProcessorSettings, ProcessorStats
 from workers.providers import ProviderError, RunRequest, RunResult, child_env, provider_for
 from workers.ratelimit import (
@@ -88,8 +88,7 @@ class RunSteps:
     worker: str
     env: dict[str, str]
     stats: ProcessorStats
-    _paused: dict[str, float]
-    _strikes: dict[str, int]
+    pauses: RateLimitPauses
 
     async def _drop(self, drive: Drive, batch: list[QueuedMessage]) -> None:
         ids = [m.message_id for m in batch]
@@ -247,7 +246,7 @@ class RunSteps:
         elif not result.ok:
             await self._finish_failed(drive, group, result, on_fallback)
         else:
-            self._strikes.pop(agent, None)
+            self.pauses.clear_strikes(agent)
             await self._finish_ok(drive, group, run, result, workspace, session_key)
 
     def _upload_dir(self, primary: QueuedMessage) -> Path | None:
@@ -396,7 +395,7 @@ class RunSteps:
     ) -> None:
         """Fallback model or pause, without counting an attempt (see :mod:`workers.ratelimit`)."""
         agent, now = drive.agent, now_ms()
-        strikes = self._strikes[agent] = self._strikes.get(agent, 0) + 1
+        strikes = self.pauses.strike(agent)
         reset = parse_reset(result.error, now)
         until = reset or now + backoff_ms(
             strikes, self.config.rate_limit_pause_seconds, self.config.rate_limit_max_pause_seconds
@@ -437,7 +436,7 @@ class RunSteps:
             )
             await self._settle(drive, held, write)
         drive.paused = True
-        self._paused[agent] = time.monotonic() + wait / 1000
+        self.pauses.pause(agent, wait / 1000)
         told = await anyio.to_thread.run_sync(
             notify_waiting_chats, self.rt.queue, agent, until, paused_text(until, now, on_fallback)
         )
