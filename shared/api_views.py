@@ -1,19 +1,23 @@
 """Read views and small writes the web API needs beyond the queue itself: agent history, team chat rooms,
-the replies waiting in one chat, busy conversations, and the tail of the process logs.
+the replies waiting in one chat, busy conversations, a database ping and the tail of the process logs.
 
-Every function takes the :class:`~shared.db.Database` (or the home folder for logs), so the web adapter calls
-named operations and holds no SQL of its own.
+Every function takes the :class:`~shared.db.Database` (or the :class:`~shared.queue.Queue`, or the home folder
+for logs), so the web adapter calls named operations and holds no SQL of its own.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from shared.clock import now_ms
 from shared.db import Database
 from shared.events import PendingEvent, append_events
+from shared.queue import Queue
+from shared.queue_types import MAX_MESSAGE_CHARS, InvalidInput, MessageDraft, QueuedResponse
 
 #: The most lines :func:`tail_logs` reads from one file (it reads from the end).
 _TAIL_BYTES = 256 * 1024
@@ -37,27 +41,75 @@ def chat_room_posts(db: Database, team: str, *, since_id: int = 0, limit: int = 
     return [dict(r) for r in rows]
 
 
-def add_chat_room_post(db: Database, team: str, author: str, message: str, queued: list[str]) -> int:
-    """Record a user's post in a team chat room (the members' messages are queued by the caller) and the
-    ``chatroom_post`` event; returns the post's id."""
-    with db.transaction() as tx:
+@dataclass(frozen=True)
+class ChatRoomPost:
+    """What :func:`post_to_chat_room` wrote: the post's id and the message queued for each member."""
+
+    id: int
+    queued: list[str]
+
+
+def post_to_chat_room(
+    queue: Queue, team: str, sender: str, message: str, members: Sequence[str]
+) -> ChatRoomPost:
+    """Post a user's ``message`` to ``team``'s chat room: one message per member (channel ``chatroom``, chat
+    ``team:<team>``), the ``chat_messages`` row and its ``chatroom_post`` event, in one transaction — a
+    failure anywhere leaves neither a post nobody was told of nor messages about a post that is not there.
+
+    Each member's message is recorded as :meth:`Queue.enqueue_message` with ``agent=`` would
+    (``message_received`` then ``agent_routed``). Raises :class:`InvalidInput` (nothing written) when the
+    text with its chat-room heading is too long or a member is no known agent."""
+    text = f"[Chat room #{team} — {sender or 'user'}]: {message}"
+    if len(text) > MAX_MESSAGE_CHARS:
+        raise InvalidInput(f"message is longer than {MAX_MESSAGE_CHARS} characters")
+    known = queue.directory.agents
+    for agent in members:
+        if agent not in known and agent not in queue.directory.teams:
+            names = ", ".join(sorted(known | set(queue.directory.teams)))
+            raise InvalidInput(f"unknown agent or team {agent!r} (known: {names})")
+    now = now_ms()
+    queued: list[str] = []
+    with queue.db.transaction() as tx:
+        for agent in members:
+            draft = MessageDraft(
+                channel="chatroom",
+                sender=sender,
+                message=text,
+                agent=agent,
+                prefix="chatroom",
+                conversation=f"team:{team}",
+            )
+            for message_id in queue.insert_drafts(tx, [draft], now):
+                # The agent was named, not guessed: reported as enqueue_message(agent=...) reports it.
+                append_events(tx, [PendingEvent("agent_routed", {"agent": agent}, message_id)], now)
+                queued.append(message_id)
         row_id = tx.scalar(
             "INSERT INTO chat_messages (team_id, from_agent, message, created_at) "
             "VALUES (:t, :f, :m, :now) RETURNING id",
-            {"t": team, "f": author, "m": message, "now": now_ms()},
+            {"t": team, "f": f"user:{sender}", "m": message, "now": now},
         )
         append_events(tx, [PendingEvent("chatroom_post", {"team": team, "id": row_id, "queued": queued})])
-    return int(row_id)
+    return ChatRoomPost(int(row_id), queued)
 
 
-def waiting_reply_ids(db: Database, channel: str, conversation: str, limit: int = 100) -> list[int]:
-    """Ids of the replies not yet acknowledged in one chat of a channel, oldest first."""
+def pending_chat_replies(
+    db: Database, channel: str, conversation: str, limit: int = 100
+) -> list[QueuedResponse]:
+    """The replies of one chat of ``channel`` still to deliver (``pending`` or ``delivering``; a ``failed``
+    one waits for nobody), oldest first, at most ``limit``. Filtered in the query, however many replies other
+    chats of the channel have waiting."""
     rows = db.read(
-        "SELECT id FROM responses WHERE channel = :c AND conversation = :v AND status <> 'acked' "
-        "ORDER BY id LIMIT :l",
+        # ``status <> 'acked'`` repeats ix_responses_open's condition, so SQLite uses that partial index.
+        "SELECT * FROM responses WHERE status <> 'acked' AND channel = :c AND conversation = :v "
+        "AND status IN ('pending', 'delivering') ORDER BY id LIMIT :l",
         {"c": channel, "v": conversation, "l": max(1, min(limit, 1000))},
     )
-    return [int(r["id"]) for r in rows]
+    return [QueuedResponse.from_row(r) for r in rows]
+
+
+def ping(db: Database) -> None:
+    """One round trip to the database; raises what the driver raises when it cannot answer."""
+    db.read_scalar("SELECT 1")
 
 
 def active_conversations(db: Database) -> int:

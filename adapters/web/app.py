@@ -317,9 +317,10 @@ def create_app(
     ) -> list[ResponseOut]:
         if conversation is None:
             return [response_out(r) for r in await run(queue.list_responses, limit, channel, True)]
-        wanted = set(await run(api_views.waiting_reply_ids, db, channel, conversation, limit))
-        pending = await run(queue.list_responses, 1000, channel, True)
-        return [response_out(r) for r in pending if r.id in wanted]
+        return [
+            response_out(r)
+            for r in await run(api_views.pending_chat_replies, db, channel, conversation, limit)
+        ]
 
     @api.post("/responses/{response_id}/ack", summary="Mark a response delivered")
     async def ack_response(response_id: Annotated[int, PathParam(ge=1, le=2**62)]) -> AckOut:
@@ -391,20 +392,8 @@ def create_app(
     async def post_chatroom(team: TeamName, body: ChatPostIn) -> ChatPosted:
         known_team(team)
         members = runtime.settings.teams[team].agents
-        text = f"[Chat room #{team} — {body.sender or 'user'}]: {body.message}"
-
-        def post() -> ChatPosted:
-            queued = [
-                queue.enqueue_message(
-                    "chatroom", body.sender, text, agent=agent, prefix="chatroom", conversation=f"team:{team}"
-                ).message_id
-                for agent in members
-            ]
-            row_id = api_views.add_chat_room_post(db, team, f"user:{body.sender}", body.message, queued)
-            return ChatPosted(ok=True, id=row_id, queued=queued)
-
-        result: ChatPosted = await run(post)
-        return result
+        post = await run(api_views.post_to_chat_room, queue, team, body.sender, body.message, members)
+        return ChatPosted(ok=True, id=post.id, queued=post.queued)
 
     # -- events --------------------------------------------------------------------------------------------
     def parse_topic(topic: str | None) -> str | None:

@@ -5,6 +5,7 @@ change nothing (checked by comparing the queue before and after)."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -12,6 +13,7 @@ from typing import Any
 import httpx
 import pytest
 
+from shared.queue_types import MAX_MESSAGE_CHARS
 from shared.runtime import Runtime
 from tests.web_support import LiveServer, kill_until_dead, make_home, play_processor, runtime_for
 
@@ -200,6 +202,20 @@ def test_responses_pending_ack_and_proactive(client: httpx.Client, rt: Runtime) 
     assert snapshot(rt) == before
 
 
+def test_pending_replies_of_one_chat_are_found_past_the_channels_first_thousand(
+    client: httpx.Client, rt: Runtime
+) -> None:
+    # A busy chat has more replies waiting than one page of the channel: the one reply of the quiet chat,
+    # queued after them, is still found (filtered in the query, not in the first 1,000 rows of the channel).
+    for i in range(1001):
+        rt.queue.enqueue_response("web", "bot", f"to the busy chat {i}", conversation="busy")
+    mine = rt.queue.enqueue_response("web", "bot", "to tab-1", conversation="tab-1")
+    got = client.get("/api/responses/pending", params={"channel": "web", "conversation": "tab-1"}).json()
+    assert [r["id"] for r in got] == [mine.id]
+    busy = client.get("/api/responses/pending", params={"channel": "web", "conversation": "busy", "limit": 3})
+    assert [r["message"] for r in busy.json()] == [f"to the busy chat {i}" for i in range(3)]
+
+
 def test_dead_letters_list_retry_delete(client: httpx.Client, rt: Runtime) -> None:
     a = client.post("/api/message", json={"message": "doomed one"}).json()["messageId"]
     b = client.post("/api/message", json={"message": "doomed two", "conversation": "other"}).json()[
@@ -262,6 +278,41 @@ def test_agents_teams_and_chatroom(client: httpx.Client, rt: Runtime) -> None:
     assert_refused(client.post("/api/chatroom/nope", json={"message": "x"}), 404)
     assert_refused(client.post("/api/chatroom/DEV!", json={"message": "x"}), 422)
     assert_refused(client.post("/api/chatroom/dev", json={}), 422, "message")
+    assert snapshot(rt) == before
+
+
+def test_chatroom_post_reports_each_member_and_the_post_in_order(client: httpx.Client, rt: Runtime) -> None:
+    r = client.post("/api/chatroom/dev", json={"message": "standup", "sender": "ann"})
+    body = r.json()
+    rows = rt.db.read("SELECT topic, type, message_id, payload FROM events ORDER BY id")
+    beta, gamma = body["queued"]
+    assert [(e["type"], e["message_id"]) for e in rows] == [
+        ("message_received", beta),
+        ("agent_routed", beta),
+        ("message_received", gamma),
+        ("agent_routed", gamma),
+        ("chatroom_post", None),
+    ]
+    assert json.loads(rows[0]["payload"]) == {"channel": "chatroom", "sender": "ann", "agent": "beta"}
+    assert json.loads(rows[3]["payload"]) == {"agent": "gamma"}
+    assert json.loads(rows[4]["payload"]) == {"team": "dev", "id": body["id"], "queued": [beta, gamma]}
+    message = rt.queue.get_message(gamma)
+    assert message is not None and message.conversation == "team:dev" and message.sender == "ann"
+    assert message.message == "[Chat room #dev — ann]: standup" and message.message_id.startswith("chatroom_")
+
+
+def test_chatroom_post_is_one_transaction(client: httpx.Client, rt: Runtime) -> None:
+    before = snapshot(rt)
+    too_long = "x" * (MAX_MESSAGE_CHARS - 5)  # fits the field, not with the chat-room heading
+    assert_refused(client.post("/api/chatroom/dev", json={"message": too_long}), 400, "longer")
+    assert snapshot(rt) == before
+    # The post's own row cannot be written: the members' messages must not stay queued without it.
+    with rt.db.transaction() as tx:
+        tx.execute_raw(
+            "CREATE TRIGGER refuse_posts BEFORE INSERT ON chat_messages BEGIN SELECT RAISE(ABORT, 'refused'); END"
+        )
+    r = client.post("/api/chatroom/dev", json={"message": "standup", "sender": "ann"})
+    assert r.status_code == 500, r.text
     assert snapshot(rt) == before
 
 
