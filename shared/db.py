@@ -146,6 +146,7 @@ class Database:
         self._all: list[Any] = []
         self._all_lock = threading.Lock()
         self._commit_listeners: list[Callable[[set[str]], None]] = []
+        self._write_observers: list[Callable[[], None]] = []
         self._engine: Engine | None = None
         #: Bumped to make every thread open a new connection at its next use (see _after_failed_write).
         self._generation = 0
@@ -212,6 +213,13 @@ class Database:
         """Call ``listener(signals)`` after each commit that raised change signals in this process."""
         self._commit_listeners.append(listener)
 
+    def observe_writes(self, observer: Callable[[], None]) -> Callable[[], None]:
+        """Call ``observer()`` in the committing thread after each write transaction of this process commits
+        (tests count the transactions of a path with it; the observer may inspect the caller's stack).
+        Returns a function that stops the observing."""
+        self._write_observers.append(observer)
+        return lambda: self._write_observers.remove(observer)
+
     @contextlib.contextmanager
     def transaction(self, *, write: bool = True) -> Iterator[Tx]:
         """A transaction: ``BEGIN IMMEDIATE`` for SQLite writes, so a writer never fails on upgrade."""
@@ -243,6 +251,9 @@ class Database:
         if tx.signals:
             for listener in self._commit_listeners:
                 listener(tx.signals)
+        if write and self._write_observers:
+            for observer in tuple(self._write_observers):
+                observer()
 
     def _after_failed_write(self, exc: BaseException) -> None:
         # SQLite opens a file it may not write (mode 0444, a read-only disk) read-only, and that connection

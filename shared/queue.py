@@ -45,7 +45,7 @@ from shared.queue_types import (
 )
 from shared.queue_types import sql_in as _in
 from shared.queue_types import to_json as _json
-from shared.routing import AGENT_NAME_RE, resolve_route, unknown_mention
+from shared.routing import AGENT_NAME_RE
 from shared.settings import Settings
 from shared.worker_identity import Holder, holder_state
 
@@ -174,18 +174,19 @@ class Queue(ResponseOps, AdminOps, ControlOps):
         if hops < 0:
             raise InvalidInput("hops must be zero or more")
         directory = self.directory
+        routes = directory.routes
         if agent is not None:
-            if not AGENT_NAME_RE.match(agent):
-                raise InvalidInput(f"agent name {agent!r} must match {AGENT_NAME_RE.pattern}")
             if agent not in directory.agents and agent not in directory.teams:
+                if not AGENT_NAME_RE.match(agent):
+                    raise InvalidInput(f"agent name {agent!r} must match {AGENT_NAME_RE.pattern}")
                 known = ", ".join(sorted(directory.agents | set(directory.teams)))
                 raise InvalidInput(f"unknown agent or team {agent!r} (known: {known})")
         elif channel not in INTERNAL_CHANNELS and from_agent is None:
             # A user addressed "@name" and nobody has that name: refused, not sent to the default agent.
-            mentioned = unknown_mention(message, directory.agents, directory.teams)
+            mentioned = routes.unknown_mention(message)
             if mentioned is not None:
                 raise UnknownMention(mentioned, sorted(directory.agents), sorted(directory.teams))
-        route = resolve_route(message, directory.agents, directory.teams, directory.default_agent, agent)
+        route = routes.resolve(message, agent)
         params = {
             "message_id": message_id or new_id(prefix or channel),
             "channel": channel,
@@ -195,7 +196,7 @@ class Queue(ResponseOps, AdminOps, ControlOps):
             "agent": route.agent,
             "from_agent": from_agent,
             "conversation": conversation or "",
-            "metadata": _json(dict(metadata or {})),
+            "metadata": _json(dict(metadata)) if metadata else "{}",
             "available_at": now if available_at is None else available_at,
             "hops": hops,
             "external_id": external_id,

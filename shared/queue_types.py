@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -9,7 +10,7 @@ from typing import Any
 
 from shared.chat_address import ChatAddress
 from shared.db import Database, Row
-from shared.routing import AGENT_NAME_RE, Team
+from shared.routing import AGENT_NAME_RE, RouteTable, Team
 
 #: Channels whose messages come from agentpost itself: nobody to tell about a dead letter there.
 INTERNAL_CHANNELS = frozenset({"internal", "chat", "chatroom", "heartbeat", "schedule"})
@@ -69,6 +70,11 @@ class Directory:
     def single(cls, *agents: str) -> Directory:
         """A directory of plain agents, the first being the default (handy in tests and tools)."""
         return cls(agents=frozenset(agents), teams={}, default_agent=agents[0])
+
+    @functools.cached_property
+    def routes(self) -> RouteTable:
+        """The routing table, built on first use (a directory is rebuilt when the settings change)."""
+        return RouteTable(self.agents, self.teams, self.default_agent)
 
 
 @dataclass(frozen=True)
@@ -240,9 +246,13 @@ def sql_in(name: str, values: Sequence[Any]) -> tuple[str, dict[str, Any]]:
     return "(" + ", ".join(":" + k for k in keys) + ")", dict(zip(keys, values, strict=True))
 
 
+#: One compact encoder for every row written: ``json.dumps`` with options builds a new encoder per call.
+_encode_json = json.JSONEncoder(separators=(",", ":")).encode
+
+
 def to_json(value: Any) -> str:
     try:
-        return json.dumps(value, separators=(",", ":"))
+        return _encode_json(value)
     except (TypeError, ValueError) as exc:
         raise InvalidInput(f"metadata must be JSON: {exc}") from None
 

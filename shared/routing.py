@@ -25,6 +25,7 @@ __all__ = [
     "AGENT_NAME_RE",
     "HandoffTag",
     "Route",
+    "RouteTable",
     "Team",
     "is_valid_name",
     "parse_file_refs",
@@ -100,6 +101,68 @@ class Route:
 _MENTION_RE = re.compile(r"\s*@([A-Za-z0-9][A-Za-z0-9_-]*)(?=[\s:,]|\Z)")
 
 
+class RouteTable:
+    """Inbound routing for one set of agents and teams, its lookups built once (per settings change), so
+    routing a message costs the same with 1 agent or 256.
+
+    Raises ``ValueError`` if ``default_agent`` is not in ``agents`` (a configuration error: there would be
+    no agent to fall back to).
+    """
+
+    def __init__(self, agents: Collection[str], teams: Mapping[str, Team], default_agent: str) -> None:
+        if default_agent not in agents:
+            raise ValueError(f"default agent {default_agent!r} is not a known agent")
+        self.default_agent = default_agent
+        # Lower-cased name → the route it gives, so the returned agent is always one of ``agents`` as
+        # configured. An agent name wins over a team of the same name; a team whose leader is not an agent
+        # routes nowhere.
+        self._routes: dict[str, Route] = {}
+        for name, team in teams.items():
+            if team.leader in agents:
+                self._routes[name.lower()] = Route(agent=team.leader, team=name, explicit=True)
+        for agent in agents:
+            self._routes[agent.lower()] = Route(agent=agent, team=None, explicit=True)
+        self._known = frozenset(a.lower() for a in agents) | frozenset(t.lower() for t in teams)
+        self._fallback = Route(agent=default_agent, team=None, explicit=False)
+
+    def resolve(self, text: str, requested_agent: str | None = None) -> Route:
+        """Decide which agent handles ``text``.
+
+        Order: ``requested_agent`` (an API field) when it names a known agent or team; else a leading
+        ``@name`` mention of a known agent or team (case-insensitive); else the default agent with
+        ``explicit=False``. A team routes to its leader. The text itself is never changed: the mention
+        stays in the message the agent reads.
+        """
+        if requested_agent is not None:
+            route = self._routes.get(requested_agent.strip().lower())
+            if route is not None:
+                return route
+        if "@" in text:
+            match = _MENTION_RE.match(text)
+            if match is not None:
+                route = self._routes.get(match.group(1).lower())
+                if route is not None:
+                    return route
+        return self._fallback
+
+    def unknown_mention(self, text: str, known: Collection[str] = ()) -> str | None:
+        """The name of ``text``'s leading ``@name`` mention when it names no agent, no team and nothing in
+        ``known`` or :data:`RESERVED_MENTIONS` (case-insensitive), as written; else ``None``.
+
+        Only a mention :meth:`resolve` would have read counts (first thing in the text, ending at
+        whitespace, ``:``, ``,`` or the end), and only one that could be a name (the name rule, after
+        lowercasing): "@coder's", "email@x" or "@" followed by a space are ordinary text.
+        """
+        match = _MENTION_RE.match(text) if "@" in text else None
+        if match is None:
+            return None
+        name = match.group(1)
+        key = name.lower()
+        if not is_valid_name(key) or key in self._known or key in RESERVED_MENTIONS:
+            return None
+        return None if any(k.lower() == key for k in known) else name
+
+
 def resolve_route(
     text: str,
     agents: Collection[str],
@@ -107,46 +170,8 @@ def resolve_route(
     default_agent: str,
     requested_agent: str | None = None,
 ) -> Route:
-    """Decide which agent handles ``text``.
-
-    Order: ``requested_agent`` (an API field) when it names a known agent or team; else a leading
-    ``@name`` mention of a known agent or team (case-insensitive); else ``default_agent`` with
-    ``explicit=False``. An agent name wins over a team of the same name. A team routes to its leader, and
-    only if the leader is one of ``agents``, so the result is always a member of ``agents``.
-    The text itself is never changed: the mention stays in the message the agent reads.
-
-    Raises ``ValueError`` if ``default_agent`` is not in ``agents`` (a configuration error: there would be
-    no agent to fall back to).
-    """
-    if default_agent not in agents:
-        raise ValueError(f"default agent {default_agent!r} is not a known agent")
-    # Map lowercased names to the names as configured so the returned value is always one of ``agents``.
-    agent_by_key = {a.lower(): a for a in agents}
-    team_by_key = {t.lower(): t for t in teams}
-
-    def lookup(candidate: str) -> Route | None:
-        key = candidate.strip().lower()
-        if key in agent_by_key:
-            return Route(agent=agent_by_key[key], team=None, explicit=True)
-        if key in team_by_key:
-            team_name = team_by_key[key]
-            leader = teams[team_name].leader
-            if leader in agents:
-                return Route(agent=leader, team=team_name, explicit=True)
-        return None
-
-    if requested_agent is not None:
-        route = lookup(requested_agent)
-        if route is not None:
-            return route
-
-    match = _MENTION_RE.match(text)
-    if match is not None:
-        route = lookup(match.group(1))
-        if route is not None:
-            return route
-
-    return Route(agent=default_agent, team=None, explicit=False)
+    """:meth:`RouteTable.resolve` for a one-off lookup (a hot path keeps a :class:`RouteTable`)."""
+    return RouteTable(agents, teams, default_agent).resolve(text, requested_agent)
 
 
 #: Words after "@" that are not agent names but are still known: ``@default`` (back to normal routing).
@@ -156,13 +181,7 @@ RESERVED_MENTIONS = frozenset({"default"})
 def unknown_mention(
     text: str, agents: Collection[str], teams: Mapping[str, Team], known: Collection[str] = ()
 ) -> str | None:
-    """The name of ``text``'s leading ``@name`` mention when it names no agent, no team and nothing in
-    ``known`` or :data:`RESERVED_MENTIONS` (case-insensitive), as written; else ``None``.
-
-    Only a mention :func:`resolve_route` would have read counts (first thing in the text, ending at
-    whitespace, ``:``, ``,`` or the end), and only one that could be a name (the name rule, after
-    lowercasing): "@coder's", "email@x" or "@" followed by a space are ordinary text.
-    """
+    """:meth:`RouteTable.unknown_mention` for a one-off check."""
     match = _MENTION_RE.match(text)
     if match is None:
         return None
