@@ -21,6 +21,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, ClassVar, Literal
 
 from adapters import chat_state
+from shared.chat_lookups import busy_agents
 from shared.chat_prefs import BUSY_POLICIES, get_busy_policy, parse_busy_policy, set_busy_policy
 from shared.conversation_status import conversation_status, format_status
 from shared.queue import InvalidInput, NotFound, RetryBudgetExhausted, UnknownMention
@@ -183,15 +184,6 @@ class ChatCommands:
         shown = ", ".join(f"@{a}" for a in agents)
         return f"Started a fresh conversation with {shown}."
 
-    def _busy_agents(self, conversation: str) -> list[str]:
-        """Agents with a message of this chat pending or processing (processing first)."""
-        rows = self.rt.db.read(
-            "SELECT agent, MAX(CASE WHEN status = 'processing' THEN 1 ELSE 0 END) AS running FROM messages "
-            "WHERE channel = :c AND conversation = :conv AND status IN ('pending', 'processing') GROUP BY agent",
-            {"c": self.name, "conv": conversation},
-        )
-        return [str(r["agent"]) for r in sorted(rows, key=lambda r: (-int(r["running"]), str(r["agent"])))]
-
     def _cmd_status(self, message: Inbound) -> str:
         db = self.rt.db
         status = conversation_status(db, None, self.name, message.conversation)
@@ -204,7 +196,7 @@ class ChatCommands:
 
     def _cmd_stop(self, message: Inbound) -> str:
         chat = f"{self.name}:{message.conversation}"
-        agents = self._busy_agents(message.conversation)
+        agents = busy_agents(self.rt.db, self.name, message.conversation)
         if not agents:
             # A request left behind would stop this chat's *next* run, so none is written.
             return "Nothing is running for this chat."

@@ -45,11 +45,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
-from adapters import chat_state
 from adapters.chunking import split_message
-from shared import channel_cursors, platform_dedupe
+from shared import channel_cursors, chat_lookups, kv, platform_dedupe
 from shared.clock import now_ms
 from shared.file_access import check_send_path, send_roots
+from shared.kv import Scope, scoped
 from shared.queue import QueuedResponse
 from shared.runtime import Runtime
 
@@ -334,11 +334,11 @@ class Delivery(abc.ABC):
 
     # -- progress notes --------------------------------------------------------------------------------------
     def _note_scope(self) -> str:
-        return f"progress.{self.name}"
+        return scoped(Scope.PROGRESS, self.name)
 
     def note_record(self, conversation: str, edit_key: str) -> dict[str, Any] | None:
         """The stored progress note of ``edit_key`` in a chat: ``{"id", "at", "done"}``, or None."""
-        value = chat_state.kv_get(self.rt.db, self._note_scope(), note_key(conversation, edit_key))
+        value = kv.get(self.rt.db, self._note_scope(), note_key(conversation, edit_key))
         if value is None:
             return None
         try:
@@ -348,15 +348,11 @@ class Delivery(abc.ABC):
         return record if isinstance(record, dict) else None
 
     def _store_note(self, conversation: str, edit_key: str, record: dict[str, Any]) -> None:
-        db, scope = self.rt.db, self._note_scope()
-        chat_state.kv_set(
-            db, scope, note_key(conversation, edit_key), json.dumps(record, separators=(",", ":"))
-        )
-        with db.transaction() as tx:  # forget the notes of runs long over
-            tx.execute(
-                "DELETE FROM kv WHERE scope = :s AND updated_at < :old",
-                {"s": scope, "old": now_ms() - NOTE_RECORD_TTL_MS},
-            )
+        scope, now = self._note_scope(), now_ms()
+        value = json.dumps(record, separators=(",", ":"))
+        with self.rt.db.transaction() as tx:
+            kv.put(tx, scope, note_key(conversation, edit_key), value, now)
+            kv.delete_older(tx, scope, now - NOTE_RECORD_TTL_MS)  # forget the notes of runs long over
 
     def _note_text(self, text: str) -> str:
         text = " ".join(text.split()) or "…"
@@ -529,15 +525,7 @@ class Delivery(abc.ABC):
     # -- typing ----------------------------------------------------------------------------------------------
     def busy_conversations(self) -> list[str]:
         """Chats of this channel with a message being processed, or pending soon for an unpaused agent."""
-        now = now_ms()
-        rows = self.rt.db.read(
-            "SELECT DISTINCT m.conversation FROM messages m LEFT JOIN agent_leases a ON a.agent = m.agent "
-            "WHERE m.channel = :c AND m.status IN ('pending', 'processing') AND m.conversation <> '' "
-            "AND (m.status = 'processing' OR "
-            "(m.status = 'pending' AND m.available_at <= :horizon AND COALESCE(a.paused_until, 0) <= :now))",
-            {"c": self.name, "now": now, "horizon": now + TYPING_HORIZON_MS},
-        )
-        return [str(r["conversation"]) for r in rows]
+        return chat_lookups.busy_conversations(self.rt.db, self.name, now_ms(), TYPING_HORIZON_MS)
 
     async def typing_loop(self) -> None:
         """Keep the typing indicator up in busy chats, refreshed every ``typing_interval_seconds`` for as

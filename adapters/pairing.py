@@ -1,4 +1,4 @@
-"""Pairing of chat senders with a channel, over the ``pairings`` table.
+"""Pairing of chat senders with a channel: who needs a code, and when to issue one.
 
 A sender the channel does not know gets a one-time 8-character code, once; their first messages are kept
 (:mod:`shared.held_messages`), not queued. An operator runs ``agentpost pairing approve CODE`` (or approves on
@@ -7,7 +7,8 @@ messages go through. A sender still waiting is reminded at most every ten minute
 Codes expire after an hour (a later message gets a fresh code) and at most a few codes are pending per
 channel at a time, so a flood of strangers cannot fill the table or the operator's list.
 
-Rows: one per ``(channel, sender_id)``; ``status`` is ``pending``, ``approved`` or ``revoked``.
+Rows (stored by :mod:`shared.pairings`): one per ``(channel, sender_id)``; ``status`` is ``pending``,
+``approved`` or ``revoked``.
 """
 
 from __future__ import annotations
@@ -18,14 +19,16 @@ from typing import Literal
 
 from shared.clock import now_ms
 from shared.db import Database
-from shared.events import PendingEvent, append_events
 from shared.pairings import (
     CODE_TTL_MS,
     Pairing,
     PairingError,
     approve,
+    find,
     is_approved,
+    issue_code,
     list_pairings,
+    pending_since,
     revoke,
 )
 
@@ -66,46 +69,19 @@ def check_sender(
     One write transaction, so two adapter processes racing on the same sender issue one code.
     """
     now = now_ms() if now is None else now
-    probe = db.read_scalar(
-        "SELECT status FROM pairings WHERE channel = :c AND sender_id = :s", {"c": channel, "s": sender_id}
-    )
-    if probe == "approved":
+    if is_approved(db, channel, sender_id):  # the common case, without taking the write lock
         return PairingCheck("approved")
     with db.transaction() as tx:
-        row = tx.one(
-            "SELECT * FROM pairings WHERE channel = :c AND sender_id = :s", {"c": channel, "s": sender_id}
-        )
-        if row is not None:
-            current = Pairing.from_row(row)
+        current = find(tx, channel, sender_id)
+        if current is not None:
             if current.status == "approved":
                 return PairingCheck("approved")
             if current.status == "pending" and not current.expired(now, ttl_ms):
                 return PairingCheck("pending", current.code)
-        waiting = tx.scalar(
-            "SELECT COUNT(*) FROM pairings WHERE channel = :c AND status = 'pending' AND created_at >= :since",
-            {"c": channel, "since": now - ttl_ms},
-        )
-        if int(waiting or 0) >= max_pending:
+        if pending_since(tx, channel, now - ttl_ms) >= max_pending:
             return PairingCheck("full")
         code = new_code()
-        tx.execute(
-            "INSERT INTO pairings (channel, sender_id, sender, code, status, created_at, approved_at) "
-            "VALUES (:c, :s, :n, :code, 'pending', :now, NULL) ON CONFLICT (channel, sender_id) DO UPDATE SET "
-            "sender = excluded.sender, code = excluded.code, status = 'pending', created_at = excluded.created_at, "
-            "approved_at = NULL",
-            {"c": channel, "s": sender_id, "n": sender, "code": code, "now": now},
-        )
-        append_events(
-            tx,
-            [
-                PendingEvent(
-                    "pairing_requested",
-                    {"channel": channel, "sender_id": sender_id, "sender": sender},
-                    topic="channels",
-                )
-            ],
-            now,
-        )
+        issue_code(tx, channel, sender_id, sender, code, now)
     return PairingCheck("new_code", code)
 
 

@@ -58,6 +58,7 @@ from adapters.base import Channel, ChannelSettings, HandleOutcome, Inbound, safe
 from adapters.delivery import SendFailure
 from adapters.web.limits import BodyLimit, ConnectionLimits, server_config
 from shared import inbound_jobs, platform_dedupe
+from shared.chat_lookups import newest_waiting_external_id
 from shared.settings import SettingsError
 
 DEFAULT_GRAPH = "https://graph.facebook.com"
@@ -513,19 +514,11 @@ class WhatsAppChannel(Channel):
                 "WhatsApp refused to mark %s read: %s %.200s", wamid, response.status_code, response.text
             )
 
-    def _newest_waiting(self, conversation: str) -> str | None:
-        """The wamid of the chat's newest message still pending or processing (typing is shown on it)."""
-        value = self.rt.db.read_scalar(
-            "SELECT external_id FROM messages WHERE channel = :c AND conversation = :conv "
-            "AND status IN ('pending', 'processing') AND external_id IS NOT NULL ORDER BY id DESC LIMIT 1",
-            {"c": self.name, "conv": conversation},
-        )
-        return str(value) if value else None
-
     async def send_typing(self, conversation: str) -> None:
         if not self.config.read_receipts:
             return  # the Cloud API's typing indicator is part of a read receipt
-        wamid = await asyncio.to_thread(self._newest_waiting, conversation)
+        # Typing shows on the chat's newest waiting message.
+        wamid = await asyncio.to_thread(newest_waiting_external_id, self.rt.db, self.name, conversation)
         if wamid is None:
             return
         now = time.monotonic()

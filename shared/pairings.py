@@ -1,19 +1,33 @@
-"""Pairings of chat senders with a channel, as stored in the ``pairings`` table: read, approve, revoke.
+"""Pairings of chat senders with a channel, as stored in the ``pairings`` table: the one owner of its SQL.
 
-Channels decide who needs a code (:mod:`adapters.pairing`); operators approve or revoke from the CLI or the
-web API, which is why the storage lives here, where every process kind may use it.
+Channels decide who needs a code (:mod:`adapters.pairing`, with :func:`find`, :func:`pending_since` and
+:func:`issue_code` inside its transaction); operators approve or revoke from the CLI or the web API, which is
+why the storage lives here, where every process kind may use it.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from shared.clock import now_ms
-from shared.db import Database, Row
+from shared.db import Database, Row, Tx
 from shared.events import PendingEvent, append_events
 
 #: How long a pairing code approves its sender.
 CODE_TTL_MS = 3_600_000
+
+_STATUS = "SELECT status FROM pairings WHERE channel = :c AND sender_id = :s"
+_FIND = "SELECT * FROM pairings WHERE channel = :c AND sender_id = :s"
+_PENDING_SINCE = (
+    "SELECT COUNT(*) FROM pairings WHERE channel = :c AND status = 'pending' AND created_at >= :since"
+)
+_ISSUE = (
+    "INSERT INTO pairings (channel, sender_id, sender, code, status, created_at, approved_at) "
+    "VALUES (:c, :s, :n, :code, 'pending', :now, NULL) ON CONFLICT (channel, sender_id) DO UPDATE SET "
+    "sender = excluded.sender, code = excluded.code, status = 'pending', created_at = excluded.created_at, "
+    "approved_at = NULL"
+)
 
 
 class PairingError(LookupError):
@@ -91,10 +105,8 @@ def revoke(db: Database, channel: str, sender_id: str, *, now: int | None = None
     """Revoke a sender's pairing (approved or pending); their next message needs a new approval."""
     now = now_ms() if now is None else now
     with db.transaction() as tx:
-        row = tx.one(
-            "SELECT * FROM pairings WHERE channel = :c AND sender_id = :s", {"c": channel, "s": sender_id}
-        )
-        if row is None or row["status"] == "revoked":
+        found = find(tx, channel, sender_id)
+        if found is None or found.status == "revoked":
             raise PairingError(f"sender {sender_id!r} is not paired with channel {channel!r}")
         tx.execute(
             "UPDATE pairings SET status = 'revoked' WHERE channel = :c AND sender_id = :s",
@@ -105,7 +117,7 @@ def revoke(db: Database, channel: str, sender_id: str, *, now: int | None = None
             [PendingEvent("pairing_revoked", {"channel": channel, "sender_id": sender_id}, topic="channels")],
             now,
         )
-    return Pairing.from_row(dict(row, status="revoked"))
+    return dataclasses.replace(found, status="revoked")
 
 
 def list_pairings(db: Database, channel: str | None = None) -> list[Pairing]:
@@ -120,8 +132,35 @@ def list_pairings(db: Database, channel: str | None = None) -> list[Pairing]:
 
 
 def is_approved(db: Database, channel: str, sender_id: str) -> bool:
-    """Whether the sender is paired with the channel now."""
-    status = db.read_scalar(
-        "SELECT status FROM pairings WHERE channel = :c AND sender_id = :s", {"c": channel, "s": sender_id}
-    )
+    """Whether the sender is paired with the channel now (a read without a transaction)."""
+    status = db.read_scalar(_STATUS, {"c": channel, "s": sender_id})
     return bool(status == "approved")
+
+
+def find(tx: Tx, channel: str, sender_id: str) -> Pairing | None:
+    """The sender's pairing row on the channel (any status), read inside ``tx``; ``None`` when they never
+    asked."""
+    row = tx.one(_FIND, {"c": channel, "s": sender_id})
+    return None if row is None else Pairing.from_row(row)
+
+
+def pending_since(tx: Tx, channel: str, since: int) -> int:
+    """How many codes of the channel are pending and were issued at or after ``since`` (epoch ms)."""
+    return int(tx.scalar(_PENDING_SINCE, {"c": channel, "since": since}) or 0)
+
+
+def issue_code(tx: Tx, channel: str, sender_id: str, sender: str, code: str, now: int) -> None:
+    """Give the sender a new pending ``code`` (replacing an expired code or a revoked pairing) and report
+    ``pairing_requested``, inside ``tx``."""
+    tx.execute(_ISSUE, {"c": channel, "s": sender_id, "n": sender, "code": code, "now": now})
+    append_events(
+        tx,
+        [
+            PendingEvent(
+                "pairing_requested",
+                {"channel": channel, "sender_id": sender_id, "sender": sender},
+                topic="channels",
+            )
+        ],
+        now,
+    )

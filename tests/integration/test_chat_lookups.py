@@ -1,0 +1,73 @@
+"""The named reads chat adapters make (shared.chat_lookups) and the pairing storage they use (shared.pairings)."""
+
+from __future__ import annotations
+
+from shared import chat_lookups, pairings
+from shared.clock import now_ms
+from shared.queue import Queue
+
+
+def test_busy_agents_lists_processing_ones_first(queue: Queue) -> None:
+    queue.enqueue_message("telegram", "ann", "hi", sender_id="1", conversation="c1", agent="gamma")
+    queue.enqueue_message("telegram", "ann", "hi", sender_id="1", conversation="c1", agent="beta")
+    queue.enqueue_message("telegram", "ann", "hi", sender_id="1", conversation="c1", agent="alpha")
+    queue.enqueue_message("telegram", "bob", "hi", sender_id="2", conversation="c2", agent="alpha")
+    assert queue.claim_all_pending_messages("gamma", "w1")
+    assert chat_lookups.busy_agents(queue.db, "telegram", "c1") == ["gamma", "alpha", "beta"]
+    assert chat_lookups.busy_agents(queue.db, "telegram", "c3") == []
+    assert chat_lookups.busy_agents(queue.db, "discord", "c1") == []
+
+
+def test_busy_conversations_leave_out_paused_agents_and_far_retries(queue: Queue) -> None:
+    now = now_ms()
+    queue.enqueue_message("telegram", "ann", "hi", sender_id="1", conversation="soon", agent="alpha")
+    queue.enqueue_message(
+        "telegram",
+        "bob",
+        "hi",
+        sender_id="2",
+        conversation="later",
+        agent="alpha",
+        available_at=now + 600_000,
+    )
+    queue.enqueue_message("telegram", "cy", "hi", sender_id="3", conversation="paused", agent="beta")
+    queue.pause_agent("beta", now + 600_000, "rate limited")
+    assert chat_lookups.busy_conversations(queue.db, "telegram", now, 60_000) == ["soon"]
+    assert sorted(chat_lookups.busy_conversations(queue.db, "telegram", now, 1_200_000)) == ["later", "soon"]
+
+
+def test_newest_waiting_external_id(queue: Queue) -> None:
+    assert chat_lookups.newest_waiting_external_id(queue.db, "whatsapp", "49") is None
+    queue.enqueue_message("whatsapp", "ann", "one", sender_id="49", conversation="49", external_id="w1")
+    queue.enqueue_message("whatsapp", "ann", "two", sender_id="49", conversation="49", external_id="w2")
+    queue.enqueue_message("whatsapp", "ann", "three", sender_id="49", conversation="49")
+    assert chat_lookups.newest_waiting_external_id(queue.db, "whatsapp", "49") == "w2"
+
+
+def test_pairing_storage_issue_find_and_count(queue: Queue) -> None:
+    db, now = queue.db, now_ms()
+    with db.transaction() as tx:
+        assert pairings.find(tx, "telegram", "1") is None
+        pairings.issue_code(tx, "telegram", "1", "ann", "CODE1234", now - 10)
+        pairings.issue_code(tx, "telegram", "2", "bob", "CODE5678", now)
+    with db.transaction() as tx:
+        found = pairings.find(tx, "telegram", "1")
+        assert found is not None and (found.code, found.status, found.sender) == (
+            "CODE1234",
+            "pending",
+            "ann",
+        )
+        assert pairings.pending_since(tx, "telegram", now - 10) == 2
+        assert pairings.pending_since(tx, "telegram", now) == 1
+        assert pairings.pending_since(tx, "discord", 0) == 0
+    pairings.approve(db, "code1234")
+    assert pairings.is_approved(db, "telegram", "1")
+    assert pairings.revoke(db, "telegram", "1").status == "revoked"
+    with db.transaction() as tx:
+        pairings.issue_code(tx, "telegram", "1", "ann", "CODE9999", now)  # a revoked sender asks again
+        again = pairings.find(tx, "telegram", "1")
+    assert again is not None and (again.code, again.status, again.approved_at) == (
+        "CODE9999",
+        "pending",
+        None,
+    )
