@@ -27,6 +27,7 @@ from typing import Any
 
 import anyio
 
+from shared.aio import call
 from shared.clock import now_ms
 from shared.conversation_status import format_duration, update_run_step
 from shared.queue import INTERNAL_CHANNELS, QueuedMessage
@@ -117,7 +118,7 @@ class RunWatch:
         while True:
             generation = self.rt.waker.generation
             try:
-                reason = await anyio.to_thread.run_sync(self.check)
+                reason = await call(self.check)
             except Exception as exc:  # a database hiccup: the run goes on; try again shortly
                 log.warning("agent %s: run watch: %s", self.info.agent, exc)
                 reason = ""

@@ -45,7 +45,6 @@ this one holds the agent.
 from __future__ import annotations
 
 import contextlib
-import functools
 import logging
 import os
 import signal
@@ -55,6 +54,8 @@ from pathlib import Path
 
 import anyio
 
+from shared.aio import call
+from shared.chat_prefs import BusyPolicy
 from shared.clock import now_ms
 from shared.queue import LeaseLost, QueuedMessage
 from shared.runtime import Runtime, open_runtime
@@ -193,16 +194,16 @@ class Processor(RunSteps):
         self._follow_config()
         if time.monotonic() - self._last_recover >= self.config.recover_interval_seconds:
             self._last_recover = time.monotonic()
-            outcome = await anyio.to_thread.run_sync(self.rt.queue.recover_stale_messages)
+            outcome = await call(self.rt.queue.recover_stale_messages)
             if outcome.retried or outcome.dead:
                 log.warning(
                     "recovered %d expired message(s), %d now dead", len(outcome.retried), len(outcome.dead)
                 )
-        pending = await anyio.to_thread.run_sync(self.rt.queue.agents_with_pending)
+        pending = await call(self.rt.queue.agents_with_pending)
         if any(agent not in self.rt.settings.agents for agent in pending):
             # Work for an agent these settings do not know: it may have been added a moment ago (the
             # sender's process read the new file first). Look at the file now rather than within a second.
-            await anyio.to_thread.run_sync(self.rt.refresh_settings)
+            await call(self.rt.refresh_settings)
             self._follow_config()
         mine = set(self.agents)
         started = 0
@@ -214,7 +215,7 @@ class Processor(RunSteps):
                 continue  # another processor's agent (or, unlisted, one we do not run)
             if len(self._active) >= self.config.max_concurrency:
                 break
-            holder = await anyio.to_thread.run_sync(self.rt.queue.agent_holder, agent)
+            holder = await call(self.rt.queue.agent_holder, agent)
             if holder is not None and holder != self.worker:
                 continue  # another processor runs it (and claims what is pending when its run ends)
             self._active.add(agent)
@@ -223,7 +224,7 @@ class Processor(RunSteps):
         return started
 
     async def _has_work(self, include_delayed: bool) -> bool:
-        pending = await anyio.to_thread.run_sync(self.rt.queue.agents_with_pending)
+        pending = await call(self.rt.queue.agents_with_pending)
         now = time.monotonic()
         if any(
             (a in self.agents or not self.config.agents) and (include_delayed or self.pauses.until(a) <= now)
@@ -231,12 +232,12 @@ class Processor(RunSteps):
         ):
             return True
         if include_delayed:
-            return await anyio.to_thread.run_sync(self.rt.queue.next_available_at) is not None
+            return await call(self.rt.queue.next_available_at) is not None
         return False
 
     async def _sleep_for(self) -> float:
         timeout = min(self.settings.queue.poll_interval_seconds, self.config.recover_interval_seconds)
-        at = await anyio.to_thread.run_sync(self.rt.queue.next_available_at)
+        at = await call(self.rt.queue.next_available_at)
         now = now_ms()
         # Only a future backoff shortens the sleep: work available now belongs to a running agent (whose
         # drive claims it next) or to another processor's agent, and must not make this loop spin.
@@ -281,7 +282,7 @@ class Processor(RunSteps):
                 tg.start_soon(self._renew_loop, drive, tg.cancel_scope)
                 first = True
                 while not self._stopping and not drive.paused:
-                    claimed = await anyio.to_thread.run_sync(self._claim, agent)
+                    claimed = await call(self._claim, agent)
                     if claimed:
                         await self._take_in(drive, claimed)
                     elif first:
@@ -311,7 +312,7 @@ class Processor(RunSteps):
                     )
                 await self._release(drive, "lease lost" if drive.lost else "processor stopping")
                 with contextlib.suppress(Exception):
-                    await anyio.to_thread.run_sync(self.rt.queue.release_agent, agent, self.worker)
+                    await call(self.rt.queue.release_agent, agent, self.worker)
             self._active.discard(agent)
             self._slot_freed()
 
@@ -324,7 +325,7 @@ class Processor(RunSteps):
             async with drive.lock:
                 ids = drive.held_ids()
                 try:
-                    count = await anyio.to_thread.run_sync(self._renew, drive.agent, ids)
+                    count = await call(self._renew, drive.agent, ids)
                 except Exception as exc:  # a database hiccup: try again next round
                     log.warning("agent %s: lease renewal failed: %s", drive.agent, exc)
                     continue
@@ -339,17 +340,19 @@ class Processor(RunSteps):
     async def _take_in(self, drive: Drive, claimed: list[QueuedMessage]) -> None:
         """Merge newly claimed messages into the waiting groups; complete what the cap drops."""
         keys = {m.conversation_key for m in claimed}
-        policies = await anyio.to_thread.run_sync(
-            lambda: {k: resolve_policy(self.rt.db, self.settings, self.config.busy_policy, k) for k in keys}
-        )
+        policies = await call(self._policies, keys)
         merge_arrivals(drive.groups, claimed, policies.__getitem__)
         for batch in apply_cap(drive.groups, self.config.max_waiting):
             await self._drop(drive, batch)
 
+    def _policies(self, keys: set[tuple[str, str]]) -> dict[tuple[str, str], BusyPolicy]:
+        """The busy policy of each chat in ``keys`` (read in a worker thread)."""
+        return {k: resolve_policy(self.rt.db, self.settings, self.config.busy_policy, k) for k in keys}
+
     async def _apply_stops(self, drive: Drive) -> None:
         """Between runs: take a stop request and complete the waiting groups it names as stopped."""
         try:
-            taken = await anyio.to_thread.run_sync(self.rt.queue.take_stop_request, drive.agent, self.worker)
+            taken = await call(self.rt.queue.take_stop_request, drive.agent, self.worker)
         except Exception as exc:
             log.warning("agent %s: could not read stop requests: %s", drive.agent, exc)
             taken = ""
@@ -367,15 +370,13 @@ class Processor(RunSteps):
         attempt and without delay."""
         for group in drive.held():
             try:
-                await anyio.to_thread.run_sync(
-                    functools.partial(
-                        self.rt.queue.fail_messages,
-                        group.ids,
-                        self.worker,
-                        f"released: {why}",
-                        count_attempt=count_attempt,
-                        retry_after_ms=None if count_attempt else 0,
-                    )
+                await call(
+                    self.rt.queue.fail_messages,
+                    group.ids,
+                    self.worker,
+                    f"released: {why}",
+                    count_attempt=count_attempt,
+                    retry_after_ms=None if count_attempt else 0,
                 )
                 if count_attempt:
                     self.stats.failed += len(group.ids)

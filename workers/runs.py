@@ -18,10 +18,11 @@ import functools
 import logging
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, ParamSpec
 
 import anyio
 
+from shared.aio import call
 from shared.chat_agents import record_answer
 from shared.clock import now_ms
 from shared.conversation_status import clear_run, record_run
@@ -50,6 +51,8 @@ from workers.teams import plan_reply
 from workers.workspace import ensure_workspace, team_instructions
 
 log = logging.getLogger("agentpost.processor")
+
+P = ParamSpec("P")
 
 STOPPED_TEXT = "Stopped. I did not finish this; send it again when you want me to continue."
 
@@ -118,7 +121,7 @@ class RunSteps:
         """Write a group's outcome (under the renewal lock) and stop holding it; False if the lease was lost."""
         async with drive.lock:
             try:
-                await anyio.to_thread.run_sync(write)
+                await call(write)
                 return True
             except LeaseLost as exc:
                 self.stats.lease_lost += 1
@@ -142,12 +145,12 @@ class RunSteps:
                 RunResult(ok=False, error=f"agent {agent!r} is not configured", cannot_start=True),
             )
             return
-        group.policy = await anyio.to_thread.run_sync(
+        group.policy = await call(
             resolve_policy, self.rt.db, self.settings, self.config.busy_policy, group.key
         )
-        workspace = await anyio.to_thread.run_sync(ensure_workspace, self.settings, agent)
+        workspace = await call(ensure_workspace, self.settings, agent)
         session_key = AGENT_SCOPE_KEY if config.session_scope == "agent" else group.chat
-        session = await anyio.to_thread.run_sync(get_session, self.rt.db, agent, session_key)
+        session = await call(get_session, self.rt.db, agent, session_key)
         run_config, on_fallback = await self._model_for(agent, config)
         run = RunInfo(agent, new_id("run"), group)
         if any(m.retry_count for m in group.messages):
@@ -190,30 +193,28 @@ class RunSteps:
         )
         try:
             # From here a crash of this processor costs these messages an interrupted run; before, nothing.
-            await anyio.to_thread.run_sync(self.rt.queue.mark_run_started, ids, self.worker)
+            await call(self.rt.queue.mark_run_started, ids, self.worker)
         except LeaseLost:
             drive.lost = True
             drive.forget(group)
             return
         self.stats.invocations += 1
         await self._quietly(
-            functools.partial(
-                record_run,
-                self.rt.db,
-                agent,
-                run_id=run.run_id,
-                worker=self.worker,
-                channel=group.key[0],
-                conversation=group.key[1],
-                message_ids=ids,
-                started_at=run.started_ms,
-            )
+            record_run,
+            self.rt.db,
+            agent,
+            run_id=run.run_id,
+            worker=self.worker,
+            channel=group.key[0],
+            conversation=group.key[1],
+            message_ids=ids,
+            started_at=run.started_ms,
         )
         try:
             result = await self._invoke(drive, run, request, config.provider)
         finally:
             with anyio.CancelScope(shield=True):
-                await self._quietly(functools.partial(clear_run, self.rt.db, agent, run.run_id))
+                await self._quietly(clear_run, self.rt.db, agent, run.run_id)
         done = {
             "agent": agent,
             "ok": result.ok and not run.reason,
@@ -301,10 +302,8 @@ class RunSteps:
     ) -> None:
         agent, primary = drive.agent, group.messages[0]
         if result.session_id:
-            await anyio.to_thread.run_sync(
-                lambda: set_session(
-                    self.rt.db, agent, session_key, result.session_id or "", started_at=run.started_ms
-                )
+            await call(
+                set_session, self.rt.db, agent, session_key, result.session_id, started_at=run.started_ms
             )
         target = note_target(primary) or {"channel": primary.channel, "conversation": primary.conversation}
         roots = send_roots(
@@ -322,7 +321,7 @@ class RunSteps:
         chat_agents: list[str] = []
         if note_target(primary) is not None:  # a user chat (or the one a teammate's chain started from)
             try:
-                chat_agents = await anyio.to_thread.run_sync(
+                chat_agents = await call(
                     record_answer,
                     self.rt.db,
                     str(target["channel"]),
@@ -404,7 +403,7 @@ class RunSteps:
         error = result.error or "rate limited"
         fallback = self.settings.agents[agent].fallback_model if agent in self.settings.agents else ""
         if fallback and not on_fallback:
-            await anyio.to_thread.run_sync(use_fallback_until, self.rt.db, agent, until)
+            await call(use_fallback_until, self.rt.db, agent, until)
             await self._event(
                 "agents",
                 "model_fallback",
@@ -422,7 +421,7 @@ class RunSteps:
             await self._settle(drive, group, retry_now)
             return
         reason = f"rate limited{' (stated reset)' if reset else ''}: {error[:200]}"
-        await anyio.to_thread.run_sync(self.rt.queue.pause_agent, agent, until, reason)
+        await call(self.rt.queue.pause_agent, agent, until, reason)
         wait = max(0, until - now)
         for held in [group, *drive.groups]:
             why = error if held is group else "released: the agent is paused by a rate limit"
@@ -437,7 +436,7 @@ class RunSteps:
             await self._settle(drive, held, write)
         drive.paused = True
         self.pauses.pause(agent, wait / 1000)
-        told = await anyio.to_thread.run_sync(
+        told = await call(
             notify_waiting_chats, self.rt.queue, agent, until, paused_text(until, now, on_fallback)
         )
         await self._event("agents", "rate_limit_notice", {"agent": agent, "until": until, "chats": told})
@@ -474,7 +473,7 @@ class RunSteps:
         """The agent's settings for this run: on its fallback model while a rate limit lasts."""
         if not config.fallback_model:
             return config, False
-        until = await anyio.to_thread.run_sync(fallback_until, self.rt.db, agent)
+        until = await call(fallback_until, self.rt.db, agent)
         if until <= now_ms():
             return config, False
         return config.model_copy(update={"model": config.fallback_model, "fallback_model": ""}), True
@@ -492,10 +491,10 @@ class RunSteps:
                 prompt = f"<instructions>\n{system}\n</instructions>\n\n{prompt}"
         return prompt
 
-    async def _quietly(self, write: Callable[[], Any]) -> None:
+    async def _quietly(self, write: Callable[P, object], /, *args: P.args, **kwargs: P.kwargs) -> None:
         # Status records are observability: a failure to write one must not fail the run.
         try:
-            await anyio.to_thread.run_sync(write)
+            await call(write, *args, **kwargs)
         except Exception as exc:
             log.warning("could not update the run record: %s", exc)
 
@@ -504,8 +503,6 @@ class RunSteps:
     ) -> None:
         # Events are observability: a failure to write one must not fail the run it describes.
         try:
-            await anyio.to_thread.run_sync(
-                lambda: self.rt.events.append(topic, type_, payload, message_id=message_id)
-            )
+            await call(self.rt.events.append, topic, type_, payload, message_id=message_id)
         except Exception as exc:
             log.warning("could not append event %s: %s", type_, exc)
