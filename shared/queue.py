@@ -41,6 +41,7 @@ from shared.queue_types import (
     QueueError,
     ResponseDraft,
     RetryBudgetExhausted,
+    TxWork,
     group_by_conversation,
 )
 from shared.queue_types import sql_in as _in
@@ -82,6 +83,7 @@ __all__ = [
     "QueuedResponse",
     "ResponseDraft",
     "RetryBudgetExhausted",
+    "TxWork",
     "UnknownMention",
     "group_by_conversation",
 ]
@@ -238,6 +240,7 @@ class Queue(ResponseOps, AdminOps, ControlOps):
         available_at: int | None = None,
         prefix: str | None = None,
         debounce_ms: int = 0,
+        also: TxWork | None = None,
     ) -> EnqueueResult:
         """Queue one incoming message as ``pending`` and wake the processor.
 
@@ -248,7 +251,9 @@ class Queue(ResponseOps, AdminOps, ControlOps):
         is available at once, so a lone message costs no wait; once a second message of the chat is waiting,
         every waiting message of the chat becomes available only ``debounce_ms`` after the newest, so a
         burst of quick messages is one run (the window slides with each message of the burst).
-        Raises :class:`InvalidInput` (nothing changed) for an empty message or a bad name or id.
+        ``also(tx)`` runs in the same transaction whether or not the message was new (an adapter records
+        the platform update as seen with it). Raises :class:`InvalidInput` (nothing changed) for an empty
+        message or a bad name or id.
         """
         now = now_ms()
         if debounce_ms < 0:
@@ -273,6 +278,8 @@ class Queue(ResponseOps, AdminOps, ControlOps):
         )
         with self.db.transaction() as tx:
             row_id = self._insert_message(tx, params, explicit)
+            if also is not None:
+                also(tx)
             if row_id is not None and slide_to is not None:
                 # A burst: another message of this chat is still waiting for the agent, so all of them
                 # (this one too) wait until the window after the newest closes; each new one slides it.
@@ -427,9 +434,16 @@ class Queue(ResponseOps, AdminOps, ControlOps):
         followups: Sequence[MessageDraft] = (),
         chat_posts: Sequence[ChatPost] = (),
         history: Sequence[AgentTurn] = (),
+        release_when_idle: bool = False,
+        also: TxWork | None = None,
     ) -> CompleteOutcome:
         """Complete a claimed group and, in the same transaction, enqueue its response, its handoffs,
         chat-room posts and history. Handoffs beyond ``max_hops`` are refused (an event says so).
+
+        With ``release_when_idle``, the agent's lease is given up in the same transaction when the worker
+        holds no other message of the agent and none is waiting (``CompleteOutcome.released``), sparing the
+        caller a transaction of its own. ``also(tx)`` runs inside the transaction too (a status record, the
+        caller's events), so it commits or vanishes with the completion.
 
         Raises :class:`LeaseLost` (changing nothing) when the worker no longer holds every message.
         """
@@ -528,7 +542,22 @@ class Queue(ResponseOps, AdminOps, ControlOps):
                 )
             append_events(tx, events, now)
             tx.signal("responses")
-        return CompleteOutcome(response_id, queued, refused)
+            if also is not None:
+                also(tx)
+            released = release_when_idle and self._release_if_idle(tx, str(primary["agent"]), worker, now)
+        return CompleteOutcome(response_id, queued, refused, released)
+
+    def _release_if_idle(self, tx: Tx, agent: str, worker: str, now: int) -> bool:
+        """Give up the agent lease when this worker holds no other message of the agent and none waits."""
+        busy = tx.scalar(
+            "SELECT 1 FROM messages WHERE agent = :agent AND ((status = 'processing' AND claimed_by = :worker) "
+            "OR (status = 'pending' AND available_at <= :now)) LIMIT 1",
+            {"agent": agent, "worker": worker, "now": now},
+        )
+        if busy is not None:
+            return False
+        self._release_agent(tx, agent, worker)
+        return True
 
     def _tell_budget_spent(self, tx: Tx, primary: Row, draft: MessageDraft, root: str, now: int) -> None:
         origin = draft.metadata.get("origin") or {}
@@ -579,9 +608,12 @@ class Queue(ResponseOps, AdminOps, ControlOps):
         # Jitter in [50%, 100%] keeps a herd of failures from retrying in lockstep but never retries early.
         return int(ceiling * (0.5 + random.random() / 2))
 
-    def mark_run_started(self, message_ids: Sequence[str], worker: str) -> None:
+    def mark_run_started(
+        self, message_ids: Sequence[str], worker: str, *, also: TxWork | None = None
+    ) -> None:
         """Record that a run containing these claimed messages starts now: from here a crash of the
         worker costs them an interrupted run (see :meth:`recover_stale_messages`); before, nothing.
+        ``also(tx)`` runs in the same transaction (the run's status record and start event).
 
         Raises :class:`LeaseLost` (changing nothing) when the worker no longer holds every message.
         """
@@ -593,6 +625,8 @@ class Queue(ResponseOps, AdminOps, ControlOps):
                 f"UPDATE messages SET run_started_at = :now WHERE message_id IN {clause}",
                 {"now": now, **params},
             )
+            if also is not None:
+                also(tx)
 
     def fail_messages(
         self,

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import functools
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from shared.chat_address import ChatAddress
-from shared.db import Database, Row
+from shared.db import Database, Row, Tx
 from shared.routing import AGENT_NAME_RE, RouteTable, Team
 
 #: Channels whose messages come from agentpost itself: nobody to tell about a dead letter there.
@@ -239,6 +239,12 @@ class CompleteOutcome:
     response_id: int | None
     followups: list[str]
     refused_followups: int
+    #: The agent's lease was given up with the completion (``release_when_idle``).
+    released: bool = False
+
+
+#: Work a caller adds to a queue operation's transaction (``also=``): it commits or vanishes with it.
+TxWork = Callable[[Tx], None]
 
 
 def sql_in(name: str, values: Sequence[Any]) -> tuple[str, dict[str, Any]]:
