@@ -11,32 +11,26 @@ from __future__ import annotations
 
 import json
 
+from shared import kv
 from shared.db import Tx
-
-SCOPE = "chain_runs"
+from shared.kv import Scope
 
 
 def take_chain_run(tx: Tx, root: str, budget: int, now: int) -> tuple[bool, bool]:
     """Spend one run of ``root``'s budget. Returns ``(granted, first_refusal)``: whether the run may be
     queued, and whether this is the first refusal (the moment to tell the user, once)."""
-    raw = tx.scalar("SELECT value FROM kv WHERE scope = :s AND key = :k", {"s": SCOPE, "k": root})
-    state = json.loads(str(raw)) if raw else {"runs": 1, "told": False}
+    raw = kv.get(tx, Scope.CHAIN_RUNS, root)
+    state = json.loads(raw) if raw else {"runs": 1, "told": False}
     granted = int(state["runs"]) < budget
     first_refusal = not granted and not state.get("told")
     if granted:
         state["runs"] = int(state["runs"]) + 1
     else:
         state["told"] = True
-    tx.execute(
-        "INSERT INTO kv (scope, key, value, updated_at) VALUES (:s, :k, :v, :now) ON CONFLICT (scope, key) "
-        "DO UPDATE SET value = excluded.value, updated_at = excluded.updated_at",
-        {"s": SCOPE, "k": root, "v": json.dumps(state), "now": now},
-    )
+    kv.put(tx, Scope.CHAIN_RUNS, root, json.dumps(state), now)
     return granted, first_refusal
 
 
 def prune_chain_budgets(tx: Tx, older_than: int) -> int:
     """Forget the budgets of chains untouched since ``older_than`` (epoch ms)."""
-    return tx.execute(
-        "DELETE FROM kv WHERE scope = :s AND updated_at < :cut", {"s": SCOPE, "cut": older_than}
-    ).rowcount
+    return kv.delete_older(tx, Scope.CHAIN_RUNS, older_than)

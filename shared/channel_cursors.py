@@ -16,8 +16,9 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from shared.clock import now_ms
+from shared import kv
 from shared.db import Database
+from shared.kv import Scope, scoped
 
 #: Metadata key of an inbound message the platform handed over late (after a restart): when it was sent.
 OFFLINE_SENT_AT = "offline_sent_at"
@@ -34,34 +35,22 @@ class Cursor:
     updated_at: int
 
 
-def _scope(channel: str) -> str:
-    return f"cursor:{channel}"
-
-
 def note_seen(db: Database, channel: str, conversation: str, message_id: int, note: str = "") -> None:
     """Record that ``message_id`` of ``conversation`` was taken in (kept only if newer than the record)."""
     if message_id < 0 or len(str(message_id)) > _WIDTH:
         raise ValueError(f"message id {message_id} does not fit a cursor")
     value = f"{message_id:0{_WIDTH}d}|{note}"
     with db.transaction() as tx:
-        tx.execute(
-            "INSERT INTO kv (scope, key, value, updated_at) VALUES (:s, :k, :v, :now) "
-            "ON CONFLICT (scope, key) DO UPDATE SET value = excluded.value, updated_at = excluded.updated_at "
-            "WHERE kv.value < excluded.value",
-            {"s": _scope(channel), "k": conversation, "v": value, "now": now_ms()},
-        )
+        kv.put_max(tx, scoped(Scope.CURSOR, channel), conversation, value)
 
 
 def cursors(db: Database, channel: str) -> list[Cursor]:
     """Every chat of ``channel`` with a record, by chat."""
-    rows = db.read(
-        "SELECT key, value, updated_at FROM kv WHERE scope = :s ORDER BY key", {"s": _scope(channel)}
-    )
     found = []
-    for r in rows:
-        digits, _, note = str(r["value"]).partition("|")
+    for e in kv.entries(db, scoped(Scope.CURSOR, channel)):
+        digits, _, note = e.value.partition("|")
         if digits.isdigit():
-            found.append(Cursor(str(r["key"]), int(digits), note, int(r["updated_at"])))
+            found.append(Cursor(e.key, int(digits), note, e.updated_at))
     return found
 
 

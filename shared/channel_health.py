@@ -13,13 +13,14 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Literal
 
+from shared import kv
 from shared.clock import now_ms
 from shared.db import Database
+from shared.kv import Scope
 from shared.settings import Settings
 from shared.worker_identity import Holder, holder_state
 
 State = Literal["connecting", "retrying", "up", "stopped"]
-_SCOPE = "channel_health"
 
 
 @dataclass(frozen=True)
@@ -82,11 +83,7 @@ def report(
         "worker": worker,
     }
     with db.transaction() as tx:
-        tx.execute(
-            "INSERT INTO kv (scope, key, value, updated_at) VALUES (:s, :k, :v, :now) "
-            "ON CONFLICT (scope, key) DO UPDATE SET value = excluded.value, updated_at = excluded.updated_at",
-            {"s": _SCOPE, "k": channel, "v": json.dumps(value, separators=(",", ":")), "now": now},
-        )
+        kv.put(tx, Scope.CHANNEL_HEALTH, channel, json.dumps(value, separators=(",", ":")), now)
 
 
 def read(db: Database, channel: str) -> ChannelHealth | None:
@@ -97,21 +94,20 @@ def read(db: Database, channel: str) -> ChannelHealth | None:
 
 def read_all(db: Database) -> list[ChannelHealth]:
     """Every channel's record, by channel."""
-    rows = db.read("SELECT key, value, updated_at FROM kv WHERE scope = :s ORDER BY key", {"s": _SCOPE})
     found = []
-    for r in rows:
+    for r in kv.entries(db, Scope.CHANNEL_HEALTH):
         try:
-            v = json.loads(str(r["value"]))
+            v = json.loads(r.value)
             found.append(
                 ChannelHealth(
-                    channel=str(r["key"]),
+                    channel=r.key,
                     state=v["state"],
                     error=str(v.get("error") or ""),
                     attempts=int(v.get("attempts") or 0),
                     since=int(v.get("since") or 0),
                     next_try_at=int(v.get("next_try_at") or 0),
                     worker=str(v.get("worker") or ""),
-                    updated_at=int(r["updated_at"]),
+                    updated_at=r.updated_at,
                 )
             )
         except (ValueError, KeyError, TypeError):

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 from typing import Literal, cast, get_args
 
-from shared.clock import now_ms
+from shared import kv
 from shared.db import Database
+from shared.kv import Scope
 
 BusyPolicy = Literal["collect", "followup", "interrupt"]
 #: The policies, in the order the help text lists them.
 BUSY_POLICIES: tuple[str, ...] = get_args(BusyPolicy)
-BUSY_POLICY_SCOPE = "busy_policy"
 
 
 def chat_key(channel: str, conversation: str) -> str:
@@ -34,14 +34,11 @@ def parse_busy_policy(value: str) -> BusyPolicy:
 
 def get_busy_policy(db: Database, channel: str, conversation: str) -> BusyPolicy | None:
     """The chat's own busy policy, or ``None`` when it follows the channel's or the processor's default."""
-    value = db.read_scalar(
-        "SELECT value FROM kv WHERE scope = :s AND key = :k",
-        {"s": BUSY_POLICY_SCOPE, "k": chat_key(channel, conversation)},
-    )
+    value = kv.get(db, Scope.BUSY_POLICY, chat_key(channel, conversation))
     if value is None:
         return None
     try:
-        return parse_busy_policy(str(value))
+        return parse_busy_policy(value)
     except ValueError:
         return None  # a value written by a newer release: behave as if unset
 
@@ -54,13 +51,9 @@ def set_busy_policy(db: Database, channel: str, conversation: str, policy: str |
     key = chat_key(channel, conversation)
     if policy is None or policy.strip().lower() == "default":
         with db.transaction() as tx:
-            tx.execute("DELETE FROM kv WHERE scope = :s AND key = :k", {"s": BUSY_POLICY_SCOPE, "k": key})
+            kv.delete(tx, Scope.BUSY_POLICY, key)
         return None
     name = parse_busy_policy(policy)
     with db.transaction() as tx:
-        tx.execute(
-            "INSERT INTO kv (scope, key, value, updated_at) VALUES (:s, :k, :v, :now) "
-            "ON CONFLICT (scope, key) DO UPDATE SET value = excluded.value, updated_at = excluded.updated_at",
-            {"s": BUSY_POLICY_SCOPE, "k": key, "v": name, "now": now_ms()},
-        )
+        kv.put(tx, Scope.BUSY_POLICY, key, name)
     return name

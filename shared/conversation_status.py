@@ -14,10 +14,10 @@ import json
 from datetime import UTC, datetime
 from typing import Any
 
+from shared import kv
 from shared.clock import now_ms
 from shared.db import Database
-
-RUN_SCOPE = "agent_run"
+from shared.kv import Scope
 
 #: SQL for a message's chat key: the conversation, else the sender id, else the sender (as the queue groups).
 CHAT_KEY_SQL = (
@@ -66,7 +66,7 @@ def clear_run(db: Database, agent: str, run_id: str) -> None:
     current = _get(db, agent)
     if current is not None and current.get("run_id") == run_id:
         with db.transaction() as tx:
-            tx.execute("DELETE FROM kv WHERE scope = :s AND key = :k", {"s": RUN_SCOPE, "k": agent})
+            kv.delete(tx, Scope.AGENT_RUN, agent)
 
 
 def current_run(db: Database, agent: str, now: int | None = None) -> dict[str, Any] | None:
@@ -185,7 +185,7 @@ def format_status(status: dict[str, Any]) -> str:
 
 
 def _get(db: Database, agent: str) -> dict[str, Any] | None:
-    value = db.read_scalar("SELECT value FROM kv WHERE scope = :s AND key = :k", {"s": RUN_SCOPE, "k": agent})
+    value = kv.get(db, Scope.AGENT_RUN, agent)
     if value is None:
         return None
     try:
@@ -197,8 +197,4 @@ def _get(db: Database, agent: str) -> dict[str, Any] | None:
 
 def _put(db: Database, agent: str, value: dict[str, Any]) -> None:
     with db.transaction() as tx:
-        tx.execute(
-            "INSERT INTO kv (scope, key, value, updated_at) VALUES (:s, :k, :v, :now) "
-            "ON CONFLICT (scope, key) DO UPDATE SET value = excluded.value, updated_at = excluded.updated_at",
-            {"s": RUN_SCOPE, "k": agent, "v": json.dumps(value, separators=(",", ":")), "now": now_ms()},
-        )
+        kv.put(tx, Scope.AGENT_RUN, agent, json.dumps(value, separators=(",", ":")))

@@ -15,11 +15,12 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from shared import kv
 from shared.clock import now_ms
 from shared.db import Database, Tx
+from shared.kv import Scope
 
 ALL_TOPICS = "*"
-PRUNED_SCOPE = "events.pruned"
 
 
 @dataclass(frozen=True)
@@ -229,6 +230,10 @@ class PendingEvent:
     topic: str = "queue"
 
 
+#: One compact encoder for every payload (``json.dumps`` with options builds a new encoder per call).
+_encode_payload = json.JSONEncoder(separators=(",", ":"), default=str).encode
+
+
 def append_events(tx: Tx, events: Sequence[PendingEvent], created_at: int | None = None) -> None:
     """Append events in the caller's transaction, so they commit (or vanish) with the change they report."""
     if not events:
@@ -240,7 +245,7 @@ def append_events(tx: Tx, events: Sequence[PendingEvent], created_at: int | None
             "topic": e.topic,
             "type": e.type,
             "message_id": e.message_id,
-            "payload": json.dumps(e.payload, separators=(",", ":"), default=str),
+            "payload": _encode_payload(e.payload),
             "created_at": ts,
         }
         for e in events
@@ -286,10 +291,7 @@ class SqlEventLog(LocalSubscriptions):
 
     def pruned_through(self, topic: str | None) -> int:
         """The highest cursor removed by cleanup for ``topic`` (or any topic)."""
-        value = self.db.read_scalar(
-            "SELECT value FROM kv WHERE scope = :s AND key = :k",
-            {"s": PRUNED_SCOPE, "k": topic or ALL_TOPICS},
-        )
+        value = kv.get(self.db, Scope.EVENTS_PRUNED, topic or ALL_TOPICS)
         return int(value) if value else 0
 
     def read(self, topic: str | None, after: str | None = None, limit: int = 100) -> list[EventEntry]:
@@ -443,12 +445,8 @@ def _last_id_before(tx: Tx, cutoff: int) -> int | None:
 
 
 def _record_pruned(tx: Tx, topic: str, cursor: int, now: int) -> None:
-    tx.execute(
-        "INSERT INTO kv (scope, key, value, updated_at) VALUES (:s, :k, :v, :now) "
-        "ON CONFLICT (scope, key) DO UPDATE SET value = excluded.value, updated_at = excluded.updated_at "
-        "WHERE CAST(kv.value AS BIGINT) < CAST(excluded.value AS BIGINT)",
-        {"s": PRUNED_SCOPE, "k": topic, "v": str(cursor), "now": now},
-    )
+    # Compared as numbers: two cleanups committing out of order must not move the mark back.
+    kv.put_max(tx, Scope.EVENTS_PRUNED, topic, str(cursor), now, numeric=True)
 
 
 # -- memory -----------------------------------------------------------------------------------------------

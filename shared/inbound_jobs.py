@@ -8,44 +8,29 @@ JSON text the channel defines). Saving is idempotent, so a redelivered message d
 
 from __future__ import annotations
 
-from shared.clock import now_ms
+from shared import kv
 from shared.db import Database
-
-
-def _scope(channel: str) -> str:
-    return f"inbound_jobs:{channel}"
+from shared.kv import Scope, scoped
 
 
 def save(db: Database, channel: str, key: str, job: str) -> bool:
     """Store a job unless one with this key exists; returns whether it was new."""
-    now = now_ms()
     with db.transaction() as tx:
-        n = tx.execute(
-            "INSERT INTO kv (scope, key, value, updated_at) VALUES (:s, :k, :v, :now) "
-            "ON CONFLICT (scope, key) DO NOTHING",
-            {"s": _scope(channel), "k": key, "v": job, "now": now},
-        ).rowcount
-    return bool(n)
+        return kv.add(tx, scoped(Scope.INBOUND_JOBS, channel), key, job)
 
 
 def update(db: Database, channel: str, key: str, job: str) -> None:
     """Replace the stored job (e.g. with its attempt count), keeping its place in line."""
     with db.transaction() as tx:
-        tx.execute(
-            "UPDATE kv SET value = :v WHERE scope = :s AND key = :k",
-            {"s": _scope(channel), "k": key, "v": job},
-        )
+        kv.replace(tx, scoped(Scope.INBOUND_JOBS, channel), key, job)
 
 
 def pending(db: Database, channel: str) -> list[tuple[str, str]]:
     """The unfinished jobs of ``channel`` as (key, job), oldest first."""
-    rows = db.read(
-        "SELECT key, value FROM kv WHERE scope = :s ORDER BY updated_at, key", {"s": _scope(channel)}
-    )
-    return [(str(r["key"]), str(r["value"])) for r in rows]
+    return [(e.key, e.value) for e in kv.entries(db, scoped(Scope.INBOUND_JOBS, channel), by_time=True)]
 
 
 def finish(db: Database, channel: str, key: str) -> None:
     """Remove a finished job."""
     with db.transaction() as tx:
-        tx.execute("DELETE FROM kv WHERE scope = :s AND key = :k", {"s": _scope(channel), "k": key})
+        kv.delete(tx, scoped(Scope.INBOUND_JOBS, channel), key)
