@@ -25,13 +25,24 @@ from pathlib import Path
 from typing import Any
 
 from scheduler.config import DlqConfig
+from shared import kv
 from shared.clock import now_ms
 from shared.db import Database, Row, Tx
 from shared.events import PendingEvent, append_events
+from shared.kv import Scope
 from shared.queue import Queue
+from shared.queue_admin import (
+    any_dead_before,
+    dead_letter_cut_keeping,
+    dead_letter_stats,
+    dead_letters_before,
+    delete_dead_letters,
+    insert_restored_message,
+)
 from shared.settings import Settings
 
-RESTORED_SCOPE = "dlq.restored"
+#: Kept for tests/integration/test_scheduler_jobs.py, which clears the scope by this name.
+RESTORED_SCOPE = Scope.DLQ_RESTORED
 #: Test hook: seconds to wait after the archive files are fsynced and before the rows are deleted, so a
 #: crash test can kill the process exactly there. Never set in production.
 PAUSE_ENV = "AGENTPOST_DLQ_PAUSE_AFTER_WRITE"
@@ -159,11 +170,7 @@ class ArchiveResult:
 
 
 def _archive_batch(tx: Tx, directory: Path, cut: int, batch: int, now: int, result: ArchiveResult) -> int:
-    lock = "" if tx.dialect.is_sqlite else " FOR UPDATE SKIP LOCKED"
-    rows = tx.rows(
-        f"SELECT * FROM messages WHERE status = 'dead' AND updated_at < :cut ORDER BY id LIMIT :n{lock}",
-        {"cut": cut, "n": batch},
-    )
+    rows = dead_letters_before(tx, cut, batch)
     if not rows:
         return 0
     by_day: dict[str, list[Row]] = {}
@@ -190,12 +197,7 @@ def _archive_batch(tx: Tx, directory: Path, cut: int, batch: int, now: int, resu
     if pause > 0:
         print(f"dlq: {len(rows)} entries written and fsynced; pausing {pause}s before the delete", flush=True)
         time.sleep(pause)
-    ids = [int(r["id"]) for r in rows]
-    keys = [f"i{i}" for i in range(len(ids))]
-    tx.execute(
-        f"DELETE FROM messages WHERE status = 'dead' AND id IN ({', '.join(':' + k for k in keys)})",
-        dict(zip(keys, ids, strict=True)),
-    )
+    delete_dead_letters(tx, [int(r["id"]) for r in rows])
     append_events(
         tx,
         [
@@ -222,19 +224,12 @@ def archive_dead_letters(
     now = now_ms() if now is None else now
     cut = now - older_than_ms
     if max_entries is not None:
-        boundary = db.read_scalar(
-            "SELECT updated_at FROM messages WHERE status = 'dead' ORDER BY updated_at DESC, id DESC "
-            "LIMIT 1 OFFSET :n",
-            {"n": max_entries},
-        )
+        boundary = dead_letter_cut_keeping(db, max_entries)
         if boundary is not None:
-            cut = max(cut, int(boundary) + 1)
+            cut = max(cut, boundary + 1)
     result = ArchiveResult()
     while True:
-        probe = db.read_scalar(
-            "SELECT 1 FROM messages WHERE status = 'dead' AND updated_at < :cut LIMIT 1", {"cut": cut}
-        )
-        if probe is None:
+        if not any_dead_before(db, cut):
             return result
         with db.transaction() as tx:
             n = _archive_batch(tx, directory, cut, batch, now, result)
@@ -256,26 +251,16 @@ class RestoreResult:
 
 def restored_keys(db: Database) -> dict[str, dict[str, Any]]:
     """Archive keys restored so far, with when and from which file."""
-    rows = db.read("SELECT key, value FROM kv WHERE scope = :s", {"s": RESTORED_SCOPE})
-    return {r["key"]: json.loads(r["value"]) for r in rows}
-
-
-_INSERT_RESTORED = (
-    "INSERT INTO messages (message_id, channel, sender, sender_id, message, agent, from_agent, status, "
-    "retry_count, manual_retries, last_error, created_at, updated_at, conversation, metadata, available_at, "
-    "hops, external_id) VALUES (:message_id, :channel, :sender, :sender_id, :message, :agent, :from_agent, "
-    "'pending', 0, :manual_retries, :last_error, :created_at, :now, :conversation, :metadata, :now, :hops, "
-    ":external_id) ON CONFLICT DO NOTHING RETURNING id"
-)
+    return {e.key: json.loads(e.value) for e in kv.entries(db, Scope.DLQ_RESTORED)}
 
 
 def _restore_one(tx: Tx, entry: ArchivedEntry, agent: str, now: int) -> str:
-    if tx.scalar("SELECT 1 FROM kv WHERE scope = :s AND key = :k", {"s": RESTORED_SCOPE, "k": entry.key}):
+    if kv.get(tx, Scope.DLQ_RESTORED, entry.key) is not None:
         return "already"
     m = entry.data["message"]
     metadata = m.get("metadata", {})
-    new_id = tx.scalar(
-        _INSERT_RESTORED,
+    new_id = insert_restored_message(
+        tx,
         {
             "message_id": m["message_id"],
             "channel": m.get("channel") or "cli",
@@ -298,15 +283,11 @@ def _restore_one(tx: Tx, entry: ArchivedEntry, agent: str, now: int) -> str:
     )
     if new_id is None:
         return "in_queue"
-    tx.execute(
-        "INSERT INTO kv (scope, key, value, updated_at) VALUES (:s, :k, :v, :now)",
-        {
-            "s": RESTORED_SCOPE,
-            "k": entry.key,
-            "v": json.dumps({"file": entry.file, "line": entry.line, "restored_at": now, "row": int(new_id)}),
-            "now": now,
-        },
-    )
+    record = json.dumps({"file": entry.file, "line": entry.line, "restored_at": now, "row": new_id})
+    if not kv.add(tx, Scope.DLQ_RESTORED, entry.key, record, now):
+        # Another restore of this entry committed since the check above: fail as the plain insert did, so
+        # this transaction (and its second copy of the message) is rolled back.
+        raise RuntimeError(f"archive entry {entry.key} was restored concurrently")
     append_events(
         tx, [PendingEvent("message_restored", {"file": entry.file, "agent": agent}, m["message_id"])], now
     )
@@ -352,19 +333,15 @@ class FileInfo:
 def status(db: Database, directory: Path, older_than_ms: int, *, now: int | None = None) -> dict[str, Any]:
     """Dead letters in the database (total, due for the archive, oldest) and the archive files."""
     now = now_ms() if now is None else now
-    row = db.read(
-        "SELECT COUNT(*) AS n, MIN(updated_at) AS oldest, "
-        "SUM(CASE WHEN updated_at < :cut THEN 1 ELSE 0 END) AS due FROM messages WHERE status = 'dead'",
-        {"cut": now - older_than_ms},
-    )[0]
+    stats = dead_letter_stats(db, now - older_than_ms)
     files = []
     for path in archive_files(directory):
         entries, corrupt = read_archive(path)
         files.append(FileInfo(path.name, path.stat().st_size, len(entries), len(corrupt)))
     return {
-        "dead_in_database": int(row["n"] or 0),
-        "due_for_archive": int(row["due"] or 0),
-        "oldest_dead_at": int(row["oldest"]) if row["oldest"] is not None else None,
+        "dead_in_database": stats.total,
+        "due_for_archive": stats.due,
+        "oldest_dead_at": stats.oldest_died_at,
         "archive_dir": str(directory),
         "files": [f.__dict__ for f in files],
         "archived_entries": sum(f.entries for f in files),

@@ -1,13 +1,20 @@
-"""Operator views and repairs: dead letters, counts per status and agent, pruning."""
+"""Operator views and repairs: dead letters, counts per status and agent, pruning; and the statements of the
+dead-letter archive (:mod:`scheduler.dlq`), which works on one transaction of its own.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
+from shared import kv
 from shared.chain_budget import prune_chain_budgets
 from shared.clock import now_ms
+from shared.db import Database, Row, Tx
 from shared.events import PendingEvent, append_events
 from shared.ids import is_message_id
+from shared.kv import Scope
 from shared.queue_types import (
     InvalidInput,
     NotFound,
@@ -16,9 +23,6 @@ from shared.queue_types import (
     QueueState,
     RetryBudgetExhausted,
 )
-
-#: How often each dead letter was retried automatically (``kv`` scope; key: the message id).
-AUTO_RETRY_SCOPE = "dlq.auto_retries"
 
 
 class AdminOps(QueueState):
@@ -85,14 +89,14 @@ class AdminOps(QueueState):
         retried: list[str] = []
         with self.db.transaction() as tx:
             rows = tx.rows(
-                "SELECT m.id, m.message_id, COALESCE(k.value, '0') AS n FROM messages m "
-                "LEFT JOIN kv k ON k.scope = :scope AND k.key = m.message_id "
-                "WHERE m.status = 'dead' AND m.updated_at < :cut ORDER BY m.updated_at, m.id LIMIT :l",
-                {"scope": AUTO_RETRY_SCOPE, "cut": died_before_ms, "l": max(1, min(limit, 10_000))},
+                "SELECT id, message_id FROM messages WHERE status = 'dead' AND updated_at < :cut "
+                "ORDER BY updated_at, id LIMIT :l",
+                {"cut": died_before_ms, "l": max(1, min(limit, 10_000))},
             )
+            done_by_id = kv.get_many(tx, Scope.DLQ_AUTO_RETRIES, [str(r["message_id"]) for r in rows])
             events: list[PendingEvent] = []
             for row in rows:
-                done = int(row["n"])
+                done = int(done_by_id.get(str(row["message_id"]), "0"))
                 if done >= budget:
                     continue
                 tx.execute(
@@ -100,11 +104,7 @@ class AdminOps(QueueState):
                     "updated_at = :now, claimed_by = NULL, lease_until = NULL WHERE id = :id AND status = 'dead'",
                     {"now": now, "id": row["id"]},
                 )
-                tx.execute(
-                    "INSERT INTO kv (scope, key, value, updated_at) VALUES (:s, :k, :v, :now) "
-                    "ON CONFLICT (scope, key) DO UPDATE SET value = excluded.value, updated_at = excluded.updated_at",
-                    {"s": AUTO_RETRY_SCOPE, "k": row["message_id"], "v": str(done + 1), "now": now},
-                )
+                kv.put(tx, Scope.DLQ_AUTO_RETRIES, str(row["message_id"]), str(done + 1), now)
                 events.append(
                     PendingEvent(
                         "message_retried", {"automatic": True, "auto_retries": done + 1}, row["message_id"]
@@ -175,6 +175,15 @@ class AdminOps(QueueState):
             ] = int(r["n"])
         return list(depths.values())
 
+    def waiting_messages(self, agent: str) -> list[QueuedMessage]:
+        """The messages waiting for ``agent`` (pending or being processed), oldest first: the chats a pause
+        of the agent keeps waiting."""
+        rows = self.db.read(
+            "SELECT * FROM messages WHERE agent = :a AND status IN ('pending', 'processing') ORDER BY id",
+            {"a": agent},
+        )
+        return [QueuedMessage.from_row(r) for r in rows]
+
     def list_processing(self) -> list[QueuedMessage]:
         rows = self.db.read("SELECT * FROM messages WHERE status = 'processing' ORDER BY id")
         return [QueuedMessage.from_row(r) for r in rows]
@@ -215,23 +224,110 @@ class AdminOps(QueueState):
         failed_older_ms: int = 7 * 86_400_000,
     ) -> dict[str, int]:
         """Delete completed messages and acked responses older than the given ages. Never touches pending,
-        processing or dead rows."""
+        processing or dead rows. The delivery-attempt counts of the responses removed go with them."""
         now = now_ms()
         with self.db.transaction() as tx:
-            responses = tx.execute(
-                "DELETE FROM responses WHERE status = 'acked' AND acked_at < :cut",
+            gone = tx.rows(
+                "DELETE FROM responses WHERE status = 'acked' AND acked_at < :cut RETURNING id",
                 {"cut": now - acked_older_ms},
-            ).rowcount
+            )
             # Failed deliveries stay a week for trace, doctor and the user's notice, then go; so do CLI
             # replies nobody read (`agentpost replies` shows them until then).
-            responses += tx.execute(
+            gone += tx.rows(
                 "DELETE FROM responses WHERE (status = 'failed' OR (status = 'pending' AND channel = 'cli')) "
-                "AND updated_at < :cut",
+                "AND updated_at < :cut RETURNING id",
                 {"cut": now - failed_older_ms},
-            ).rowcount
+            )
+            responses = len(gone)
+            # Acking and failing drop a response's count already; a reply settled another way (the
+            # scheduler acknowledging replies on unserved channels) would otherwise leave it for ever.
+            kv.delete_keys(tx, Scope.DELIVERY_ATTEMPTS, [str(r["id"]) for r in gone])
             messages = tx.execute(
                 "DELETE FROM messages WHERE status = 'completed' AND updated_at < :cut",
                 {"cut": now - completed_older_ms},
             ).rowcount
             prune_chain_budgets(tx, now - completed_older_ms)
         return {"messages": messages, "responses": responses}
+
+
+# -- the dead-letter archive ---------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class DeadLetterStats:
+    """Dead letters in the database: how many, how many died before a cut, and when the oldest died."""
+
+    total: int
+    due: int
+    oldest_died_at: int | None
+
+
+def dead_letter_stats(db: Database, died_before: int) -> DeadLetterStats:
+    """Count the dead letters, and those that died before ``died_before`` (epoch ms), in one read."""
+    row = db.read(
+        "SELECT COUNT(*) AS n, MIN(updated_at) AS oldest, "
+        "SUM(CASE WHEN updated_at < :cut THEN 1 ELSE 0 END) AS due FROM messages WHERE status = 'dead'",
+        {"cut": died_before},
+    )[0]
+    oldest = row["oldest"]
+    return DeadLetterStats(int(row["n"] or 0), int(row["due"] or 0), None if oldest is None else int(oldest))
+
+
+def dead_letter_cut_keeping(db: Database, keep: int) -> int | None:
+    """When the newest dead letter beyond the newest ``keep`` died (epoch ms), or ``None`` when there are
+    ``keep`` or fewer: archiving what died at or before it keeps at most ``keep``."""
+    value = db.read_scalar(
+        "SELECT updated_at FROM messages WHERE status = 'dead' ORDER BY updated_at DESC, id DESC "
+        "LIMIT 1 OFFSET :n",
+        {"n": keep},
+    )
+    return None if value is None else int(value)
+
+
+def any_dead_before(db: Database, died_before: int) -> bool:
+    """Whether a dead letter died before ``died_before`` (epoch ms): a cheap read before a write lock."""
+    return (
+        db.read_scalar(
+            "SELECT 1 FROM messages WHERE status = 'dead' AND updated_at < :cut LIMIT 1", {"cut": died_before}
+        )
+        is not None
+    )
+
+
+def dead_letters_before(tx: Tx, died_before: int, limit: int) -> list[Row]:
+    """Whole rows of up to ``limit`` dead letters that died before ``died_before`` (epoch ms), by row id.
+    On PostgreSQL they stay locked until ``tx`` ends and rows another transaction holds are skipped, so two
+    archivers never take the same row (SQLite has one writer at a time anyway)."""
+    lock = "" if tx.dialect.is_sqlite else " FOR UPDATE SKIP LOCKED"
+    return tx.rows(
+        f"SELECT * FROM messages WHERE status = 'dead' AND updated_at < :cut ORDER BY id LIMIT :n{lock}",
+        {"cut": died_before, "n": limit},
+    )
+
+
+def delete_dead_letters(tx: Tx, row_ids: Sequence[int]) -> int:
+    """Delete the dead letters with these row ids (a row no longer dead is left alone); returns how many."""
+    if not row_ids:
+        return 0
+    keys = [f"i{i}" for i in range(len(row_ids))]
+    return int(
+        tx.execute(
+            f"DELETE FROM messages WHERE status = 'dead' AND id IN ({', '.join(':' + k for k in keys)})",
+            dict(zip(keys, row_ids, strict=True)),
+        ).rowcount
+    )
+
+
+_INSERT_RESTORED = (
+    "INSERT INTO messages (message_id, channel, sender, sender_id, message, agent, from_agent, status, "
+    "retry_count, manual_retries, last_error, created_at, updated_at, conversation, metadata, available_at, "
+    "hops, external_id) VALUES (:message_id, :channel, :sender, :sender_id, :message, :agent, :from_agent, "
+    "'pending', 0, :manual_retries, :last_error, :created_at, :now, :conversation, :metadata, :now, :hops, "
+    ":external_id) ON CONFLICT DO NOTHING RETURNING id"
+)
+
+
+def insert_restored_message(tx: Tx, values: Mapping[str, Any]) -> int | None:
+    """Queue an archived message again as ``pending``, due at ``values["now"]``, with its original message
+    id (``values`` names every column of the insert). Returns the new row id, or ``None`` when a message
+    with that id (or platform id) is in the queue already."""
+    new_id = tx.scalar(_INSERT_RESTORED, dict(values))
+    return None if new_id is None else int(new_id)

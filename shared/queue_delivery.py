@@ -33,10 +33,12 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
+from shared import kv
 from shared.clock import now_ms
 from shared.db import Row, Tx
 from shared.events import PendingEvent, append_events
 from shared.ids import new_id
+from shared.kv import Scope, scoped
 from shared.queue_types import (
     CHANNEL_RE,
     InvalidInput,
@@ -51,7 +53,6 @@ from shared.worker_identity import Holder, holder_state
 
 #: Delivery records (platform ids, notices owed) older than this are removed by :meth:`ResponseOps.prune_delivery_records`.
 DELIVERY_RECORD_TTL_MS = 8 * 24 * 3600 * 1000
-ATTEMPTS_SCOPE = "delivery_attempts"
 
 _CLAIM_RESPONSES = (
     "UPDATE responses SET status = 'delivering', claimed_by = :worker, lease_until = :lease, updated_at = :now "
@@ -66,12 +67,9 @@ _CLAIM_RESPONSES = (
 )
 
 
-def _sent_scope(channel: str) -> str:
-    return f"sent:{channel}"
-
-
 def _notice_scope(channel: str, conversation: str) -> str:
-    return f"undelivered:{channel}:{conversation}"
+    """The scope of the notices one chat is owed (family :attr:`Scope.UNDELIVERED`, by chat)."""
+    return scoped(Scope.UNDELIVERED, f"{channel}:{conversation}")
 
 
 @dataclass(frozen=True)
@@ -213,7 +211,7 @@ class ResponseOps(QueueState):
                 mid = tx.scalar("SELECT message_id FROM responses WHERE id = :id", {"id": response_id})
                 if platform_id:
                     channel = tx.scalar("SELECT channel FROM responses WHERE id = :id", {"id": response_id})
-                    _kv_put(tx, _sent_scope(str(channel)), platform_id, str(response_id), now)
+                    kv.put(tx, scoped(Scope.SENT, str(channel)), platform_id, str(response_id), now)
                 append_events(
                     tx,
                     [
@@ -240,11 +238,16 @@ class ResponseOps(QueueState):
                 exists = tx.scalar("SELECT status FROM responses WHERE id = :id", {"id": response_id})
                 if exists is None:
                     raise NotFound(f"no response with id {response_id}")
-                return exists == "acked" and worker is None
+                if exists == "acked" and worker is None:
+                    # Acked already (e.g. by the scheduler for an unserved channel): whoever acked it, its
+                    # attempt count has no reader any more.
+                    kv.delete(tx, Scope.DELIVERY_ATTEMPTS, str(response_id))
+                    return True
+                return False
             append_events(
                 tx, [PendingEvent("response_acked", {"response_id": response_id}, row["message_id"])], now
             )
-            _kv_drop(tx, ATTEMPTS_SCOPE, str(response_id))
+            kv.delete(tx, Scope.DELIVERY_ATTEMPTS, str(response_id))
         return True
 
     def renew_response_lease(self, response_id: int, worker: str, *, lease_ms: int | None = None) -> bool:
@@ -287,13 +290,7 @@ class ResponseOps(QueueState):
             )
             if held is None:
                 return None
-            attempts = int(
-                tx.scalar(
-                    "SELECT value FROM kv WHERE scope = :s AND key = :k",
-                    {"s": ATTEMPTS_SCOPE, "k": str(response_id)},
-                )
-                or 0
-            )
+            attempts = int(kv.get(tx, Scope.DELIVERY_ATTEMPTS, str(response_id)) or 0)
             if not count:
                 tx.execute(
                     "UPDATE responses SET status = 'pending', claimed_by = NULL, lease_until = NULL, "
@@ -307,7 +304,7 @@ class ResponseOps(QueueState):
                 reason = f"gave up after {attempts} attempts: {error}"
                 _fail_in_tx(tx, response_id, reason, explanation, now, "")
                 return RetryOutcome(attempts, now, failed=True)
-            _kv_put(tx, ATTEMPTS_SCOPE, str(response_id), str(attempts), now)
+            kv.put(tx, Scope.DELIVERY_ATTEMPTS, str(response_id), str(attempts), now)
             due = now + int(min(max_ms, base_ms * 2 ** (attempts - 1)) * random.uniform(0.8, 1.2))
             tx.execute(
                 "UPDATE responses SET status = 'pending', claimed_by = NULL, lease_until = :due, "
@@ -355,37 +352,29 @@ class ResponseOps(QueueState):
 
     def response_for_platform_id(self, channel: str, platform_id: str) -> int | None:
         """The response a message this channel sent (by the platform's message id) belongs to."""
-        value = self.db.read_scalar(
-            "SELECT value FROM kv WHERE scope = :s AND key = :k",
-            {"s": _sent_scope(channel), "k": platform_id},
-        )
+        value = kv.get(self.db, scoped(Scope.SENT, channel), platform_id)
         return None if value is None else int(value)
 
     def has_undelivered_notices(self, channel: str, conversation: str) -> bool:
         """Whether a chat is owed a notice about a failed reply (a cheap read, no write lock)."""
-        return (
-            self.db.read_scalar(
-                "SELECT 1 FROM kv WHERE scope = :s LIMIT 1", {"s": _notice_scope(channel, conversation)}
-            )
-            is not None
-        )
+        return kv.any_in(self.db, _notice_scope(channel, conversation))
 
     def take_undelivered_notices(self, channel: str, conversation: str) -> list[UndeliveredNotice]:
         """The failed replies a chat has not been told about, oldest first, removed in the same
         transaction (the caller queues the notice; at most once)."""
         scope = _notice_scope(channel, conversation)
         with self.db.transaction() as tx:
-            rows = tx.rows("SELECT key, value FROM kv WHERE scope = :s", {"s": scope})
+            rows = kv.entries(tx, scope)
             if not rows:
                 return []
-            tx.execute("DELETE FROM kv WHERE scope = :s", {"s": scope})
+            kv.delete_scope(tx, scope)
         found = []
         for r in rows:
             try:
-                record = json.loads(r["value"])
+                record = json.loads(r.value)
                 found.append(
                     UndeliveredNotice(
-                        int(r["key"]),
+                        int(r.key),
                         str(record.get("message_id") or ""),
                         int(record.get("created_at") or 0),
                         str(record.get("explanation") or ""),
@@ -419,11 +408,10 @@ class ResponseOps(QueueState):
         """Forget this channel's platform-id mappings and unanswered notices older than the retention."""
         cut = now_ms() - older_than_ms
         with self.db.transaction() as tx:
-            n = tx.execute(
-                "DELETE FROM kv WHERE (scope = :sent OR scope LIKE :notices) AND updated_at < :cut",
-                {"sent": _sent_scope(channel), "notices": _notice_scope(channel, "") + "%", "cut": cut},
-            ).rowcount
-        return int(n or 0)
+            n = kv.delete_older(tx, scoped(Scope.SENT, channel), cut)
+            # Every chat of this channel: the notice scopes ``undelivered:<channel>:<conversation>``.
+            n += kv.delete_older(tx, _notice_scope(channel, ""), cut, family=True)
+        return n
 
     def enqueue_response(
         self,
@@ -505,7 +493,7 @@ def _fail_in_tx(
         ],
         now,
     )
-    _kv_drop(tx, ATTEMPTS_SCOPE, str(response_id))
+    kv.delete(tx, Scope.DELIVERY_ATTEMPTS, str(response_id))
     if explanation is not None and row["conversation"]:
         # The user knows their message by when they sent it (the reply's own time if the row is gone).
         asked = tx.scalar("SELECT created_at FROM messages WHERE message_id = :m", {"m": row["message_id"]})
@@ -514,7 +502,7 @@ def _fail_in_tx(
             "created_at": int(asked if asked is not None else row["created_at"]),
             "explanation": explanation,
         }
-        _kv_put(
+        kv.put(
             tx,
             _notice_scope(str(row["channel"]), str(row["conversation"])),
             str(response_id),
@@ -522,15 +510,3 @@ def _fail_in_tx(
             now,
         )
     return True
-
-
-def _kv_put(tx: Tx, scope: str, key: str, value: str, now: int) -> None:
-    tx.execute(
-        "INSERT INTO kv (scope, key, value, updated_at) VALUES (:s, :k, :v, :now) "
-        "ON CONFLICT (scope, key) DO UPDATE SET value = excluded.value, updated_at = excluded.updated_at",
-        {"s": scope, "k": key, "v": value, "now": now},
-    )
-
-
-def _kv_drop(tx: Tx, scope: str, key: str) -> None:
-    tx.execute("DELETE FROM kv WHERE scope = :s AND key = :k", {"s": scope, "k": key})

@@ -23,13 +23,14 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
+from shared import kv
 from shared.clock import now_ms
 from shared.conversation_status import format_duration, format_time
 from shared.db import Database
-from shared.queue import Queue, QueuedMessage, group_by_conversation
+from shared.kv import Scope
+from shared.queue import Queue, group_by_conversation
 from workers.liveness import note_target
 
-FALLBACK_SCOPE = "model_fallback"
 #: A reset further away than this is not believed (a misread number); the backoff is used instead.
 MAX_RESET_MS = 7 * 24 * 3600 * 1000
 
@@ -110,11 +111,9 @@ def backoff_ms(strikes: int, base_seconds: float, max_seconds: float) -> int:
 # -- the fallback model --------------------------------------------------------------------------------
 def fallback_until(db: Database, agent: str) -> int:
     """Until when ``agent`` runs on its fallback model (epoch ms; 0 or past: the primary model)."""
-    value = db.read_scalar(
-        "SELECT value FROM kv WHERE scope = :s AND key = :k", {"s": FALLBACK_SCOPE, "k": agent}
-    )
+    value = kv.get(db, Scope.MODEL_FALLBACK, agent)
     try:
-        return int(str(value)) if value is not None else 0
+        return int(value) if value is not None else 0
     except ValueError:
         return 0
 
@@ -122,11 +121,7 @@ def fallback_until(db: Database, agent: str) -> int:
 def use_fallback_until(db: Database, agent: str, until: int) -> None:
     """Make ``agent`` run on its fallback model until ``until`` (epoch ms)."""
     with db.transaction() as tx:
-        tx.execute(
-            "INSERT INTO kv (scope, key, value, updated_at) VALUES (:s, :k, :v, :now) "
-            "ON CONFLICT (scope, key) DO UPDATE SET value = excluded.value, updated_at = excluded.updated_at",
-            {"s": FALLBACK_SCOPE, "k": agent, "v": str(until), "now": now_ms()},
-        )
+        kv.put(tx, Scope.MODEL_FALLBACK, agent, str(until))
 
 
 # -- telling the waiting chats --------------------------------------------------------------------------
@@ -142,13 +137,9 @@ def paused_text(until: int, now: int, fallback_failed: bool = False) -> str:
 def notify_waiting_chats(queue: Queue, agent: str, until: int, text: str) -> list[str]:
     """Enqueue one ``paused`` notice to every chat with a message waiting for ``agent`` (pending or
     processing). Returns the chats told (``channel:conversation``)."""
-    rows = queue.db.read(
-        "SELECT * FROM messages WHERE agent = :a AND status IN ('pending', 'processing') ORDER BY id",
-        {"a": agent},
-    )
     told: list[str] = []
     seen: set[tuple[str, str]] = set()
-    for batch in group_by_conversation(QueuedMessage.from_row(r) for r in rows):
+    for batch in group_by_conversation(queue.waiting_messages(agent)):
         target = note_target(batch[0])
         if target is None:
             continue
