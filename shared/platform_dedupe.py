@@ -9,28 +9,25 @@ id, value = when it was taken in); :func:`prune` removes those past the retentio
 
 from __future__ import annotations
 
+from shared import kv
 from shared.clock import now_ms
 from shared.db import Database
+from shared.kv import Scope, scoped
 
 #: How long an id is remembered: longer than the longest platform retry window (7 days).
 RETENTION_MS = 8 * 24 * 3600 * 1000
-#: The scope commands used before this module existed (still honoured, so an upgrade forgets nothing).
-_LEGACY_SCOPE = "handled:{channel}"
-
-
-def _scope(channel: str) -> str:
-    return f"seen:{channel}"
 
 
 def is_seen(db: Database, channel: str, external_id: str) -> bool:
     """Whether ``external_id`` was already taken in on ``channel`` within the retention (a read only)."""
     if not external_id:
         return False
-    value = db.read_scalar(
-        "SELECT 1 FROM kv WHERE (scope = :s OR scope = :legacy) AND key = :k LIMIT 1",
-        {"s": _scope(channel), "legacy": _LEGACY_SCOPE.format(channel=channel), "k": external_id},
+    # Rows of the scope commands used before this module existed (``handled:<channel>``) are still
+    # honoured until :func:`prune` removes them, so an upgrade forgets nothing.
+    return any(
+        kv.get(db, scoped(family, channel), external_id) is not None
+        for family in (Scope.SEEN, Scope.HANDLED_LEGACY)
     )
-    return value is not None
 
 
 def remember(db: Database, channel: str, external_id: str) -> None:
@@ -39,19 +36,15 @@ def remember(db: Database, channel: str, external_id: str) -> None:
         return
     now = now_ms()
     with db.transaction() as tx:
-        tx.execute(
-            "INSERT INTO kv (scope, key, value, updated_at) VALUES (:s, :k, :v, :now) "
-            "ON CONFLICT (scope, key) DO NOTHING",
-            {"s": _scope(channel), "k": external_id, "v": str(now), "now": now},
-        )
+        kv.add(tx, scoped(Scope.SEEN, channel), external_id, str(now), now)
 
 
 def prune(db: Database, channel: str, *, retention_ms: int = RETENTION_MS) -> int:
-    """Forget the ids of ``channel`` taken in longer ago than ``retention_ms``; returns how many."""
+    """Forget the ids of ``channel`` taken in longer ago than ``retention_ms``, and the legacy
+    ``handled:<channel>`` rows of every channel past it (nothing writes them any more, and a channel that
+    was removed would otherwise keep them for ever); returns how many rows went."""
     cut = now_ms() - retention_ms
     with db.transaction() as tx:
-        n = tx.execute(
-            "DELETE FROM kv WHERE (scope = :s OR scope = :legacy) AND updated_at < :cut",
-            {"s": _scope(channel), "legacy": _LEGACY_SCOPE.format(channel=channel), "cut": cut},
-        ).rowcount
-    return int(n or 0)
+        n = kv.delete_older(tx, scoped(Scope.SEEN, channel), cut)
+        n += kv.delete_older(tx, Scope.HANDLED_LEGACY, cut, family=True)
+    return n
