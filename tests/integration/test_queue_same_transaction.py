@@ -1,0 +1,46 @@
+"""Work a caller adds to a queue operation's transaction (``also=``) and the release that rides along with
+a completion (``release_when_idle``): each commits with the operation or not at all."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+
+from shared import kv
+from shared.db import Tx
+from shared.kv import Scope
+from shared.queue import LeaseLost, Queue
+
+pytestmark = pytest.mark.integration
+
+
+def _put(key: str) -> Callable[[Tx], None]:
+    def work(tx: Tx) -> None:
+        kv.put(tx, Scope.AGENT_RUN, key, "x")
+
+    return work
+
+
+def test_a_completion_releases_the_agent_only_when_nothing_else_waits(queue: Queue) -> None:
+    queue.enqueue_message("api", "ann", "one", agent="alpha")
+    (first,) = queue.claim_all_pending_messages("alpha", "w1")
+    queue.enqueue_message("api", "ann", "two", agent="alpha")  # arrives during the run
+    busy = queue.complete_messages([first.message_id], "w1", "done", release_when_idle=True)
+    assert not busy.released and queue.agent_holder("alpha") == "w1"
+    (second,) = queue.claim_all_pending_messages("alpha", "w1")
+    idle = queue.complete_messages([second.message_id], "w1", "done", release_when_idle=True)
+    assert idle.released and queue.agent_holder("alpha") is None
+    # Another worker can take the agent at once.
+    queue.enqueue_message("api", "ann", "three", agent="alpha")
+    assert [m.message for m in queue.claim_all_pending_messages("alpha", "w2")] == ["three"]
+
+
+def test_work_added_to_a_transaction_commits_with_it_or_not_at_all(queue: Queue) -> None:
+    queue.enqueue_message("api", "ann", "one", agent="alpha", also=_put("enqueued"))
+    (m,) = queue.claim_all_pending_messages("alpha", "w1")
+    queue.mark_run_started([m.message_id], "w1", also=_put("started"))
+    with pytest.raises(LeaseLost):
+        queue.complete_messages([m.message_id], "other", "x", also=_put("lost"))
+    queue.complete_messages([m.message_id], "w1", "done", also=_put("completed"))
+    assert [e.key for e in kv.entries(queue.db, Scope.AGENT_RUN)] == ["completed", "enqueued", "started"]
