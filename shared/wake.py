@@ -1,7 +1,10 @@
 """Wake-ups across processes: learn cheaply that the database changed, then run the real query.
 
-- SQLite: a dedicated read-only connection polls ``PRAGMA data_version`` (a shared-memory read, no disk I/O,
-  no lock); its value changes whenever another connection commits.
+- SQLite: an inotify watch of the database's folder (:mod:`shared.fswatch`) blocks until another process
+  writes the write-ahead log; a dedicated read-only connection then reads ``PRAGMA data_version`` (a
+  shared-memory read, no disk I/O, no lock), whose value changes whenever another connection commits. The
+  watch also times out every second to check it anyway (a safety net for a missed event). Where inotify is
+  unavailable, the thread polls ``data_version`` every ``interval_ms`` (``queue.wake_interval_ms``) instead.
 - PostgreSQL: ``LISTEN agentpost``; writers ``NOTIFY`` inside their transaction.
 - Writes made through this process's :class:`~shared.db.Database` wake it directly.
 - Always: callers pass a timeout (the 5 s fallback poll), so a lost signal costs latency, never work.
@@ -32,7 +35,9 @@ READY_TIMEOUT_S = 5.0
 
 
 class Waker:
-    """One per process: a background thread that turns database changes into a generation bump."""
+    """One per process: a background thread that turns database changes into a generation bump.
+
+    ``interval_ms`` is the SQLite poll period used only where no file watch is available."""
 
     def __init__(self, db: Database, *, interval_ms: int = 20) -> None:
         self.db = db
@@ -44,7 +49,6 @@ class Waker:
         self._ready = threading.Event()
         self._thread: threading.Thread | None = None
         self._conn: Any = None
-        self.last_kinds: set[str] = set()
         db.on_commit(self._local_commit)
 
     @property
@@ -80,20 +84,19 @@ class Waker:
     def __exit__(self, *_: object) -> None:
         self.stop()
 
-    def notify(self, kinds: set[str] | None = None) -> None:
+    def notify(self) -> None:
         """Bump the generation and wake every waiter (thread or coroutine)."""
         with self._cond:
             self._generation += 1
-            if kinds:
-                self.last_kinds = set(kinds)
             self._cond.notify_all()
             waiters = list(self._async_waiters)
         for loop, event in waiters:
             with contextlib.suppress(RuntimeError):  # the loop may have closed meanwhile
                 loop.call_soon_threadsafe(event.set)
 
-    def _local_commit(self, kinds: set[str]) -> None:
-        self.notify(kinds)
+    def _local_commit(self, _kinds: set[str]) -> None:
+        # Which kinds of rows changed does not matter here: every waiter runs its own query next.
+        self.notify()
 
     def wait(self, since: int, timeout: float) -> int:
         """Block until the generation differs from ``since`` or ``timeout`` seconds pass; returns it."""
@@ -188,8 +191,8 @@ class Waker:
                 self.notify()
                 while not self._stop.is_set():
                     # One notification at a time: a batch would hold the first one back until the timeout.
-                    for note in conn.notifies(timeout=0.5):
-                        self.notify({note.payload})
+                    for _note in conn.notifies(timeout=0.5):
+                        self.notify()
                         if self._stop.is_set():
                             break
             except psycopg.Error:
