@@ -119,7 +119,9 @@ class Queue(ResponseOps, AdminOps, ControlOps):
         self.db = db
         self.config = config or QueueConfig()
         self.directory = directory or Directory.single("assistant")
-        self._sql_claim = (
+        #: The claim statement of :meth:`claim_all_pending_messages` (public so the schema tests can check its
+        #: plan: the statement itself, not a copy of it).
+        self.claim_sql = (
             "UPDATE messages SET status = 'processing', claimed_by = :worker, lease_until = :lease, "
             "updated_at = :now, run_started_at = NULL WHERE id IN (SELECT id FROM messages WHERE status = 'pending' AND agent = :agent "
             f"AND available_at <= :now ORDER BY id{db.dialect.skip_locked}) RETURNING *"
@@ -330,7 +332,7 @@ class Queue(ResponseOps, AdminOps, ControlOps):
         with self.db.transaction() as tx:
             if not self._take_agent(tx, agent, worker, now, lease):
                 return []
-            rows = tx.rows(self._sql_claim, {"worker": worker, "lease": lease, "now": now, "agent": agent})
+            rows = tx.rows(self.claim_sql, {"worker": worker, "lease": lease, "now": now, "agent": agent})
             if not rows:
                 self._release_agent(tx, agent, worker)
                 return []

@@ -8,6 +8,7 @@ import pytest
 
 from shared.db import open_database
 from shared.models import SCHEMA_VERSION, TABLE_NAMES
+from shared.queue import Queue
 
 pytestmark = pytest.mark.integration
 
@@ -48,14 +49,11 @@ def test_sqlite_runs_in_wal_with_normal_sync(sqlite_url: str) -> None:
 
 def test_claims_use_the_partial_pending_index(sqlite_url: str) -> None:
     db = open_database(sqlite_url)
-    plan = " ".join(
-        str(r["detail"])
-        for r in db.read(
-            "EXPLAIN QUERY PLAN SELECT id FROM messages WHERE status = 'pending' AND agent = 'a' "
-            "AND available_at <= 5 ORDER BY id"
-        )
-    )
+    queue = Queue(db)
+    params = {"worker": "w", "lease": 10, "now": 5, "agent": "a"}
+    plan = " ".join(str(r["detail"]) for r in db.read("EXPLAIN QUERY PLAN " + queue.claim_sql, params))
     assert "ix_messages_pending" in plan, plan
+    assert "SCAN messages" not in plan, plan
     db.close()
 
 
