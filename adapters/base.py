@@ -46,6 +46,7 @@ from adapters.chat_commands import COMMANDS, HELP_TEXT, ChatCommands, reset_conv
 from adapters.delivery import Delivery, Part, safe_filename
 from shared import channel_health, held_messages, platform_dedupe
 from shared.channel_cursors import OFFLINE_SENT_AT
+from shared.chat_address import ChatAddress
 from shared.chat_prefs import BusyPolicy
 from shared.clock import now_ms
 from shared.queue import UnknownMention
@@ -136,6 +137,36 @@ class Inbound:
     #: When the user sent it (epoch ms, 0: unknown). Older than ``late_message_seconds`` (a minute) when
     #: handled: it arrived while the adapter was down, and the reply says so.
     sent_at: int = 0
+
+    def address_on(self, channel: str) -> ChatAddress:
+        """Where the message came from on ``channel``, and so where replies to it go."""
+        return ChatAddress(channel, self.sender, self.sender_id, self.conversation)
+
+    def held_record(self) -> dict[str, Any]:
+        """The message as :mod:`shared.held_messages` keeps it while its sender waits for approval (a
+        stored format: :meth:`from_held` reads it back)."""
+        return {
+            "conversation": self.conversation,
+            "sender_id": self.sender_id,
+            "sender": self.sender,
+            "text": self.text,
+            "external_id": self.external_id,
+            "metadata": dict(self.metadata),
+            "sent_at": self.sent_at or now_ms(),
+        }
+
+    @classmethod
+    def from_held(cls, sender_id: str, record: Mapping[str, Any]) -> Inbound:
+        """A message kept by :meth:`held_record`, from the sender ``sender_id``."""
+        return cls(
+            conversation=str(record.get("conversation") or ""),
+            sender_id=sender_id,
+            sender=str(record.get("sender") or ""),
+            text=str(record.get("text") or ""),
+            external_id=str(record.get("external_id") or ""),
+            metadata=dict(record.get("metadata") or {}),
+            sent_at=int(record.get("sent_at") or 0),
+        )
 
 
 HandleOutcome = Literal["queued", "duplicate", "command", "pairing_code", "unpaired", "ignored"]
@@ -330,20 +361,7 @@ class Channel(ChatCommands, Delivery):
 
     def _while_unpaired(self, message: Inbound, check: pairings.PairingCheck) -> HandleOutcome:
         """Keep the message for when the sender is approved; give the code once, remind now and then."""
-        kept = held_messages.hold(
-            self.rt.db,
-            self.name,
-            message.sender_id,
-            {
-                "conversation": message.conversation,
-                "sender_id": message.sender_id,
-                "sender": message.sender,
-                "text": message.text,
-                "external_id": message.external_id,
-                "metadata": dict(message.metadata),
-                "sent_at": message.sent_at or now_ms(),
-            },
-        )
+        kept = held_messages.hold(self.rt.db, self.name, message.sender_id, message.held_record())
         if check.decision == "new_code":
             self.send_pairing_code(message, check.code)
             self._tell_operator(message, check.code)
@@ -358,12 +376,10 @@ class Channel(ChatCommands, Delivery):
         if not chat:
             return
         who = f"{message.sender} ({message.sender_id})" if message.sender else message.sender_id
-        self.rt.queue.enqueue_response(
-            self.name,
-            "",
+        self.reply_to(
+            ChatAddress(self.name, conversation=chat),
             f"New pairing request on {self.name} from {who}. To let them in: agentpost pairing approve {code}",
-            conversation=chat,
-            metadata={"kind": "pairing_request"},
+            kind="pairing_request",
         )
 
     def release_approved(self) -> int:
@@ -373,37 +389,14 @@ class Channel(ChatCommands, Delivery):
         for sender_id, kept in held_messages.approved_with_held(self.rt.db, self.name).items():
             # In the order they were written (an adapter may have taken two in side by side); platform ids
             # are numbers on most platforms, so shorter ones are older at the same millisecond.
-            items = sorted(
-                kept,
-                key=lambda i: (
-                    int(i.get("sent_at") or 0),
-                    len(str(i.get("external_id"))),
-                    str(i.get("external_id")),
-                ),
+            messages = sorted(
+                (Inbound.from_held(sender_id, item) for item in kept),
+                key=lambda m: (m.sent_at, len(m.external_id), m.external_id),
             )
-            first = items[0]
-            self.rt.queue.enqueue_response(
-                self.name,
-                str(first.get("sender") or ""),
-                APPROVED_TEXT
-                if len(items) == 1
-                else APPROVED_TEXT.replace("message", f"{len(items)} messages"),
-                sender_id=sender_id,
-                conversation=str(first.get("conversation") or ""),
-                metadata={"kind": "pairing"},
-            )
-            for item in items:
-                self.handle_sync(
-                    Inbound(
-                        conversation=str(item.get("conversation") or ""),
-                        sender_id=sender_id,
-                        sender=str(item.get("sender") or ""),
-                        text=str(item.get("text") or ""),
-                        external_id=str(item.get("external_id") or ""),
-                        metadata=dict(item.get("metadata") or {}),
-                        sent_at=int(item.get("sent_at") or 0),
-                    )
-                )
+            many = APPROVED_TEXT.replace("message", f"{len(messages)} messages")
+            self.reply(messages[0], APPROVED_TEXT if len(messages) == 1 else many, kind="pairing")
+            for message in messages:
+                self.handle_sync(message)
                 taken += 1
             held_messages.release(self.rt.db, self.name, sender_id)
         return taken
@@ -444,12 +437,17 @@ class Channel(ChatCommands, Delivery):
 
     def reply(self, message: Inbound, text: str, *, kind: str) -> None:
         """Queue a reply of the channel itself (a command answer, a pairing code) for delivery."""
+        self.reply_to(message.address_on(self.name), text, kind=kind)
+
+    def reply_to(self, address: ChatAddress, text: str, *, kind: str) -> None:
+        """Queue a message of the channel itself to ``address`` (durable like any reply); ``kind`` goes in
+        its metadata."""
         self.rt.queue.enqueue_response(
-            self.name,
-            message.sender,
+            address.channel,
+            address.sender,
             text,
-            sender_id=message.sender_id,
-            conversation=message.conversation,
+            sender_id=address.sender_id,
+            conversation=address.conversation,
             metadata={"kind": kind},
         )
 

@@ -195,7 +195,7 @@ class ChatCommands:
         return format_status(status)
 
     def _cmd_stop(self, message: Inbound) -> str:
-        chat = f"{self.name}:{message.conversation}"
+        chat = message.address_on(self.name).label  # the chat as the processor's run names it
         agents = busy_agents(self.rt.db, self.name, message.conversation)
         if not agents:
             # A request left behind would stop this chat's *next* run, so none is written.

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import re
 import time
 import warnings
@@ -235,14 +236,8 @@ class DiscordChannel(Channel):
             return
         dm = str(message.metadata.get("dm_channel") or "")
         if dm:
-            self.rt.queue.enqueue_response(
-                self.name,
-                message.sender,
-                pairing_code_text(code),
-                sender_id=message.sender_id,
-                conversation=dm,
-                metadata={"kind": "pairing"},
-            )
+            private = dataclasses.replace(message.address_on(self.name), conversation=dm)
+            self.reply_to(private, pairing_code_text(code), kind="pairing")
             hint = f"<@{message.sender_id}> I don't know you yet; I sent you a direct message about getting access."
         else:
             hint = (
