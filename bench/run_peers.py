@@ -30,6 +30,7 @@ NOTES = {
     "huey-SqliteStorage": "at most once (dequeue deletes); synchronous=FULL (its default)",
     "persist-queue-SQLiteAckQueue": "its claim scans acked rows, slower as they accumulate",
     "sqlite-claim-agent": "claims all pending rows of one agent per transaction",
+    "sqlite-insert-event": "enqueue = message row + one event row in one transaction; per-op consumer",
     "pg-skip-locked": "synchronous_commit=off (durability of SQLite WAL+NORMAL)",
     "pg-skip-locked-agent": "claims all pending rows of one agent per transaction; synchronous_commit=off",
     "pg-skip-locked-fsync": "synchronous_commit=on (server default): fsync per commit",

@@ -2,10 +2,15 @@
 
 Every class implements `harness.QueueSystem`: picklable config only, connections opened in the processes.
 Consumers yield a claimed id, ack it when resumed, and yield None when nothing is claimable.
+
+Plain sqlite3 baselines (WAL, synchronous=NORMAL): `SqlitePerOp` (one transaction per operation),
+`SqliteInsertEvent` (as per-op, but each enqueue also writes one event row in the same transaction: the
+baseline of issue 17's "enqueue alone" target) and `SqliteClaimAgent` (one claim takes an agent's rows).
 """
 
 from __future__ import annotations
 
+import json
 import sqlite3
 import time
 from collections.abc import Iterator, Sequence
@@ -101,6 +106,48 @@ class SqlitePerOp:
             raise
         conn.execute("COMMIT")
         return rows
+
+
+class SqliteInsertEvent(SqlitePerOp):
+    """Plain sqlite3 as `SqlitePerOp`, but an enqueue is what agentpost's must at least do: the message row
+    and one event row, atomically.
+
+    enqueue: BEGIN IMMEDIATE; INSERT the message; INSERT into an `events`-like table (integer primary key,
+    topic, type, message_id, ~60 bytes of JSON made per message, created_at); COMMIT. BEGIN IMMEDIATE as a
+    writer that reads before writing would need it; here it also keeps the two inserts one transaction.
+    The consumer is the per-op one: the figure this peer exists for is the producer's enq/s.
+    """
+
+    name = "sqlite-insert-event"
+    schema = (
+        *SqlitePerOp.schema,
+        "CREATE TABLE events (id INTEGER PRIMARY KEY, topic TEXT NOT NULL, type TEXT NOT NULL,"
+        " message_id INTEGER, payload TEXT NOT NULL, created_at INTEGER NOT NULL)",
+    )
+
+    def producer(self, target: str, messages: Sequence[Msg]) -> Iterator[int]:
+        conn = _sqlite_connect(target)
+
+        def run() -> Iterator[int]:
+            ins = "INSERT INTO q (id, agent, body) VALUES (?, ?, ?)"
+            event = "INSERT INTO events (topic, type, message_id, payload, created_at) VALUES (?, ?, ?, ?, ?)"
+            for m in messages:
+                # The payload is encoded per message, as a real event's would be (about 60 bytes).
+                payload = json.dumps({"channel": "bench", "sender": "bench-user", "agent": m.agent})
+                conn.execute("BEGIN IMMEDIATE")
+                try:
+                    conn.execute(ins, (m.id, m.agent, m.body))
+                    conn.execute(
+                        event, ("messages", "message_received", m.id, payload, int(time.time() * 1000))
+                    )
+                except BaseException:
+                    conn.execute("ROLLBACK")
+                    raise
+                conn.execute("COMMIT")
+                yield m.id
+            conn.close()
+
+        return run()
 
 
 class SqliteClaimAgent(SqlitePerOp):
@@ -406,6 +453,7 @@ class PgSkipLockedFsync(PgSkipLocked):
 
 ALL_PEERS: tuple[type, ...] = (
     SqlitePerOp,
+    SqliteInsertEvent,
     SqliteClaimAgent,
     HueySqlite,
     PersistQueueAck,
