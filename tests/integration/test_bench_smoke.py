@@ -2,12 +2,16 @@
 
 The harness (bench/harness.py) needs only the standard library, so this runs in the main virtualenv without
 the peers: one producer and two consumer processes over a SQLite file, a small N, and the harness's own
-lost / duplicated classification must come out clean.
+lost / duplicated classification must come out clean. The plain sqlite3 baseline of issue 17's enqueue
+target (sqlite-insert-event) writes its event rows, and the two one-process scripts of issue 17
+(claim_batch.py, enqueue_agents.py) run end to end with tiny sizes (their own checks raise on a wrong drain
+or a wrong route).
 """
 
 from __future__ import annotations
 
 import random
+import sqlite3
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -64,3 +68,38 @@ def test_agentpost_through_the_harness_loses_and_duplicates_nothing(
         queue.db.close()
     assert counts == {"completed": 500}
     assert 1 <= int(responses) <= 500
+
+
+def test_plain_insert_with_event_peer_writes_one_event_per_message(tmp_path: Path, bench_path: None) -> None:
+    from harness import run_once
+    from systems_peers import SqliteInsertEvent
+
+    target = tmp_path / "queue.db"
+    result = run_once(SqliteInsertEvent(), str(target), tmp_path / "run", n=300, timeout_s=60.0)
+    assert result.error is None, result.error
+    assert (result.produced, result.consumed, result.lost, result.duplicated) == (300, 300, 0, 0)
+    assert result.enqueue_per_s > 0
+    conn = sqlite3.connect(target)
+    try:
+        events = conn.execute("SELECT COUNT(*), COUNT(DISTINCT message_id) FROM events").fetchone()
+    finally:
+        conn.close()
+    assert events == (300, 300)
+
+
+def test_claim_batch_drains_every_round_of_both_systems(bench_path: None) -> None:
+    from claim_batch import measure
+
+    r = measure(rounds=2, runs=1, agents=8, per_agent=3)
+    assert r["messages"] == 48
+    assert r["agentpost_median"] > 0 and r["plain_median"] > 0
+    assert r["ratio"] is not None and r["ratio"] > 0
+
+
+def test_enqueue_agents_routes_by_mention_with_either_directory(bench_path: None) -> None:
+    from enqueue_agents import measure
+
+    r = measure(n=80, runs=1, small=8, large=64)
+    assert (r["small_agents"], r["large_agents"]) == (8, 64)
+    assert r["small_median"] > 0 and r["large_median"] > 0
+    assert r["ratio"] is not None and r["ratio"] > 0

@@ -1,0 +1,121 @@
+"""Enqueue with many agents: agentpost's enqueue rate with a directory of 256 agents vs one of 8 (SQLite).
+
+Issue 17's target "enqueue with 256 agents >= 0.9x enqueue with 8": routing must not cost more as the
+directory grows. In one process, per run: a fresh SQLite file, a Queue whose directory is
+``Directory.single(agent-0 .. agent-{K-1})`` (K = --small or --large), then --n calls of the public
+``Queue.enqueue_message`` routed by a leading "@agent-N " mention (no ``agent=`` argument, so routing
+reads the text) to the first 8 agents in turn, each its own transaction. Timed: the enqueues only.
+Runs alternate small and large so drifting machine load hits both alike; the figure is the ratio of the
+medians of --runs runs. Each run checks that every agent got its share (the mention was routed).
+
+    bench/.venv/bin/python bench/enqueue_agents.py --n 5000 --runs 3 --json out.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from harness import make_body
+from systems_agentpost import CHANNEL, AgentpostSqlite
+
+#: Messages go to the first ROUTED agents of either directory, so both runs write the same rows.
+ROUTED = 8
+
+
+def one_run(agents: int, workdir: Path, *, n: int) -> float:
+    """Fresh database with a directory of `agents` agents; returns enqueues per second."""
+    from shared.db import open_database
+    from shared.queue import Directory, Queue, QueueConfig
+
+    folder = Path(tempfile.mkdtemp(prefix=f"agents-{agents}-", dir=workdir))
+    target = str(folder / "queue.db")
+    names = [f"agent-{i}" for i in range(agents)]
+    directory = Directory.single(*names)
+    # The route table is built once per directory (when the settings load); build it before the clock.
+    _ = directory.routes
+    db = open_database(f"sqlite:///{target}", create=True)
+    queue = Queue(db, QueueConfig(lease_ms=AgentpostSqlite.lease_ms), directory)
+    texts = [f"@agent-{i % ROUTED} " + make_body(i, f"agent-{i % ROUTED}", 120) for i in range(n)]
+    try:
+        db.connection()  # connect before the clock
+        t = time.perf_counter()
+        for i, text in enumerate(texts):
+            queue.enqueue_message(CHANNEL, "bench-user", text, conversation=f"chat-{i % ROUTED}")
+        spent = time.perf_counter() - t
+        counts = {
+            r["agent"]: int(r["n"])
+            for r in db.read("SELECT agent, COUNT(*) AS n FROM messages GROUP BY agent")
+        }
+    finally:
+        db.close()
+        shutil.rmtree(folder, ignore_errors=True)
+    want = {f"agent-{a}": len(range(a, n, ROUTED)) for a in range(min(ROUTED, n))}
+    if counts != want:
+        raise RuntimeError(f"{agents} agents: routed {counts}, expected {want}")
+    return n / spent
+
+
+def measure(*, n: int, runs: int, small: int, large: int) -> dict[str, Any]:
+    if min(small, large) < ROUTED:
+        raise ValueError(f"both directories need at least {ROUTED} agents")
+    rates: dict[int, list[float]] = {small: [], large: []}
+    workdir = Path(tempfile.mkdtemp(prefix="agentpost-enqueue-agents-"))
+    try:
+        for k in range(runs):
+            for agents in (small, large):
+                rate = one_run(agents, workdir, n=n)
+                rates[agents].append(rate)
+                print(
+                    f"enqueue-agents {agents:>4} agents run {k + 1}: {rate:8,.0f} enqueues/s",
+                    file=sys.stderr,
+                    flush=True,
+                )
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    med_s, med_l = statistics.median(rates[small]), statistics.median(rates[large])
+    return {
+        "backend": "sqlite",
+        "n": n,
+        "runs": runs,
+        "small_agents": small,
+        "large_agents": large,
+        "small": rates[small],
+        "large": rates[large],
+        "small_median": med_s,
+        "large_median": med_l,
+        "ratio": med_l / med_s if med_s else None,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--n", type=int, default=5_000, help="enqueues per run (default 5000)")
+    p.add_argument("--runs", type=int, default=3, help="runs of each directory, alternating (default 3)")
+    p.add_argument("--small", type=int, default=8, help="agents in the small directory (default 8)")
+    p.add_argument("--large", type=int, default=256, help="agents in the large directory (default 256)")
+    p.add_argument("--json", default=None, help="write the results as JSON")
+    args = p.parse_args(argv)
+    r = measure(n=args.n, runs=args.runs, small=args.small, large=args.large)
+    print(
+        f"enqueue-agents: {r['small_agents']} agents {r['small_median']:,.0f}/s, {r['large_agents']} agents"
+        f" {r['large_median']:,.0f}/s, ratio {r['ratio']:.2f}",
+        file=sys.stderr,
+        flush=True,
+    )
+    if args.json:
+        Path(args.json).write_text(json.dumps(r, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
