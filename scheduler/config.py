@@ -33,7 +33,8 @@ class _Strict(BaseModel):
 
 
 class DlqConfig(_Strict):
-    """``[scheduler.dlq]``: AICP's dead-letter settings (seed 004) on top of the archive.
+    """``[scheduler.dlq]``: AICP's dead-letter settings (its ``dlq:`` block, docs/compatibility.md) on top
+    of the archive.
 
     ``enabled = false`` keeps every dead letter in the database (no archive files). ``max_entries`` bounds
     how many stay in the database: beyond it the oldest are archived early, whatever their age (archived,

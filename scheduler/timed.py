@@ -73,7 +73,3 @@ class TimedJob:
             else:
                 log.info("%s slot %s fired as %s", self.name, slot.isoformat(), result.message_id)
         return result
-
-    def next_fire_time(self, now: datetime) -> datetime | None:
-        found: datetime | None = self.trigger.get_next_fire_time(None, now)
-        return found

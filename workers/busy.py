@@ -20,8 +20,7 @@ the newest — the user's current intent — are the ones answered, and nothing 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
 
 from shared.chat_prefs import BusyPolicy, get_busy_policy, parse_busy_policy
 from shared.db import Database
@@ -51,7 +50,6 @@ class WorkGroup:
     messages: list[QueuedMessage]
     policy: BusyPolicy
     carried: int = 0
-    stopped: bool = field(default=False)
 
     @property
     def key(self) -> tuple[str, str]:
@@ -181,8 +179,3 @@ def build_prompt(group: Sequence[QueuedMessage], carried: int = 0) -> str:
 def _numbered(number: int, m: QueuedMessage) -> str:
     who = f" from {m.sender}" if m.sender else ""
     return f"\n[{number}]{who}:\n{m.message}"
-
-
-def summary(groups: Sequence[WorkGroup]) -> list[dict[str, Any]]:
-    """The waiting groups, for events and logs."""
-    return [{"chat": g.chat, "policy": g.policy, "message_ids": g.ids} for g in groups]

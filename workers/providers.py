@@ -580,8 +580,10 @@ class CommandProvider(CliProvider):
         return [line]
 
 
-def provider_for(kind: str) -> CliProvider:
-    """A fresh provider of the given kind (providers keep per-run state, so one per run)."""
+def provider_for(kind: str) -> AgentProvider:
+    """A fresh provider of the given kind (providers keep per-run state, so one per run). The processor
+    sees only the :class:`AgentProvider` interface; every implementation here derives from
+    :class:`CliProvider`."""
     providers: dict[str, type[CliProvider]] = {
         "claude": ClaudeProvider,
         "codex": CodexProvider,

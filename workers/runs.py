@@ -38,7 +38,14 @@ from workers.files import outbound_files
 from workers.liveness import RunInfo, RunWatch, note_target
 from workers.pauses import RateLimitPauses
 from workers.processor_config import ProcessorSettings, ProcessorStats
-from workers.providers import ProviderError, RunRequest, RunResult, child_env, provider_for
+from workers.providers import (
+    AgentProvider,
+    ProviderError,
+    RunRequest,
+    RunResult,
+    child_env,
+    provider_for,
+)
 from workers.ratelimit import (
     backoff_ms,
     fallback_until,
@@ -260,7 +267,7 @@ class RunSteps:
     async def _invoke(self, drive: Drive, run: RunInfo, request: RunRequest, kind: str) -> RunResult:
         """Run the CLI with a watch beside it; a stop or interrupt cancels the run (``run.reason``)."""
         try:
-            provider = provider_for(kind)
+            provider: AgentProvider = provider_for(kind)
         except ProviderError as exc:
             return RunResult(ok=False, error=str(exc), cannot_start=True)
         ids = run.group.ids
