@@ -19,11 +19,10 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-import tomlkit
-
-from shared.runtime import Runtime, open_runtime
+from shared.runtime import Runtime
 from tests.fakes.discord_api import FakeDiscord
 from tests.fakes.telegram_api import FakeTelegram, TelegramApiError
+from tests.homes import build_home, open_home, scripted_agents  # noqa: F401  (open_home re-exported)
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -71,31 +70,8 @@ def channel_home(
     queue: Mapping[str, Any] | None = None,
 ) -> Path:
     """A home folder: ``db_url``, scripted agents, the given ``[channels]`` and fast test timings."""
-    home = tmp / "home"
-    home.mkdir(parents=True, exist_ok=True)
-    script = agent_script(tmp)
-    data: dict[str, Any] = {
-        "database": {"url": db_url},
-        "queue": {
-            "default_agent": agents[0],
-            "lease_seconds": 3.0,
-            "poll_interval_seconds": 1.0,
-            "backoff_base_seconds": 0.05,
-            "backoff_max_seconds": 0.2,
-            **(queue or {}),
-        },
-        "agents": {a: {"provider": "command", "command": [sys.executable, str(script)]} for a in agents},
-        "processor": {"recover_interval_seconds": 0.5},
-        "channels": dict(channels),
-    }
-    if teams:
-        data["teams"] = dict(teams)
-    (home / "settings.toml").write_text(tomlkit.dumps(data), encoding="utf-8")
-    return home
-
-
-def open_home(home: Path) -> Runtime:
-    return open_runtime(home, env={"PATH": os.environ.get("PATH", "")})
+    agent_settings = scripted_agents(agent_script(tmp), agents)
+    return build_home(tmp, db_url, agent_settings, teams=teams, queue=queue, channels=channels)
 
 
 class Proc:

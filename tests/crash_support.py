@@ -29,11 +29,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import tomlkit
-
 from shared.db import Database
 from tests.fakes.anthropic_api import Chunked, Computed, FakeAnthropic, Reply, last_user_text
 from tests.fakes.claude_env import claude_binary, claude_env
+from tests.homes import build_home
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 LABEL_RE = re.compile(r"\blbl-c(\d+)-m(\d+)\b")
@@ -111,17 +110,8 @@ def write_home(
     queue: Mapping[str, Any] | None = None,
 ) -> Path:
     """A home whose settings name only the database and the claude agents (everything else default)."""
-    home = tmp / "home"
-    home.mkdir(parents=True, exist_ok=True)
-    data: dict[str, Any] = {
-        "database": {"url": db_url},
-        "queue": {"default_agent": agents[0], **(queue or {})},
-        "agents": {name: {"provider": "claude"} for name in agents},
-    }
-    if processor:
-        data["processor"] = dict(processor)
-    (home / "settings.toml").write_text(tomlkit.dumps(data), encoding="utf-8")
-    return home
+    claude = {name: {"provider": "claude"} for name in agents}
+    return build_home(tmp, db_url, claude, processor=processor, queue=queue, fast=False)
 
 
 def processor_env(api: LabelledApi, tmp: Path, home: Path) -> dict[str, str]:

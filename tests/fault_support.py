@@ -18,16 +18,14 @@ from __future__ import annotations
 
 import contextlib
 import secrets
-import sys
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import psycopg
-import tomlkit
 
 from shared.db import open_database
-from tests.channel_support import channel_home
+from tests.homes import build_home, scripted_agents
 
 ADMIN_PG_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
 
@@ -140,16 +138,10 @@ def fault_home(
 ) -> Path:
     """A home like :func:`tests.channel_support.channel_home`, running :data:`FAULT_AGENT`, with extra
     ``[processor]`` settings."""
-    home = channel_home(tmp, db_url, channels, agents=agents, queue=queue)
     script = tmp / "fault_agent.py"
     script.write_text(FAULT_AGENT, encoding="utf-8")
-    path = home / "settings.toml"
-    data = tomlkit.parse(path.read_text(encoding="utf-8"))
-    for agent in agents:
-        data["agents"][agent]["command"] = [sys.executable, str(script)]
-    data["processor"].update(dict(processor or {}))
-    path.write_text(tomlkit.dumps(data), encoding="utf-8")
-    return home
+    agent_settings = scripted_agents(script, agents)
+    return build_home(tmp, db_url, agent_settings, queue=queue, processor=processor, channels=channels)
 
 
 def started_runs(tmp: Path, message_id: str) -> list[Path]:

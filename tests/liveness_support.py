@@ -44,21 +44,14 @@ def claude_home(
     channels: Mapping[str, Any] | None = None,
 ) -> Path:
     """A home with one Claude agent ``coder`` and fast processor timings."""
-    home = make_home(
+    return make_home(
         tmp,
         db_url,
         {"coder": {"provider": "claude", "timeout_seconds": 60, **(agent or {})}},
         processor={**FAST_PROCESSOR, **(processor or {})},
         queue=queue,
+        channels=channels,
     )
-    if channels:
-        import tomlkit
-
-        path = home / "settings.toml"
-        data = tomlkit.parse(path.read_text())
-        data["channels"] = dict(channels)
-        path.write_text(tomlkit.dumps(data))
-    return home
 
 
 def run_with(

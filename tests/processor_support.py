@@ -9,7 +9,6 @@ reaches them unless an agent's ``env`` table names it).
 
 from __future__ import annotations
 
-import os
 import sys
 import time
 from collections.abc import Callable, Mapping
@@ -20,7 +19,8 @@ from typing import Any
 import anyio
 import tomlkit
 
-from shared.runtime import Runtime, open_runtime
+from shared.runtime import Runtime
+from tests.homes import build_home, open_home  # noqa: F401  (re-exported: tests import it from here)
 from workers.processor import Processor, ProcessorSettings, ProcessorStats
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -81,28 +81,18 @@ def make_home(
     teams: Mapping[str, Mapping[str, Any]] | None = None,
     queue: Mapping[str, Any] | None = None,
     processor: Mapping[str, Any] | None = None,
+    channels: Mapping[str, Any] | None = None,
 ) -> Path:
-    """A home folder whose settings use ``db_url``, the given agents, and fast test timings."""
-    home = tmp / "home"
-    q = {
-        "default_agent": next(iter(agents)),
-        "lease_seconds": 3.0,
-        "backoff_base_seconds": 0.05,
-        "backoff_max_seconds": 0.2,
-        "max_retries": 3,
-        "poll_interval_seconds": 1.0,
-        **(queue or {}),
-    }
-    data: dict[str, Any] = {
-        "database": {"url": db_url},
-        "queue": q,
-        "agents": {name: dict(a) for name, a in agents.items()},
-        "processor": {"recover_interval_seconds": 0.5, **(processor or {})},
-    }
-    if teams:
-        data["teams"] = {name: dict(t) for name, t in teams.items()}
-    write_settings(home, data)
-    return home
+    """A home folder whose settings use ``db_url``, the given agents, and fast test timings (3 retries)."""
+    return build_home(
+        tmp,
+        db_url,
+        agents,
+        teams=teams,
+        queue={"max_retries": 3, **(queue or {})},
+        processor=processor,
+        channels=channels,
+    )
 
 
 def run_idle(
@@ -120,11 +110,6 @@ def run_idle(
         return await processor.run_until_idle(include_delayed=include_delayed, timeout=timeout)
 
     return anyio.run(go)
-
-
-def open_home(home: Path) -> Runtime:
-    """Open the runtime of a home folder (environment overrides ignored)."""
-    return open_runtime(home, env={"PATH": os.environ.get("PATH", "")})
 
 
 @dataclass(frozen=True)

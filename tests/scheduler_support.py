@@ -15,9 +15,11 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import psycopg
+import tomlkit
 
 from shared.clock import now_ms
 from shared.queue import Queue
+from tests.homes import build_home
 
 ADMIN_PG_URL = os.environ.get("AGENTPOST_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
 T = TypeVar("T")
@@ -26,12 +28,21 @@ T = TypeVar("T")
 def write_home(
     home: Path, db_url: str, extra: str = "", *, agents: str | None = None, queue: str = "max_retries = 1"
 ) -> Path:
-    """A home folder whose settings use ``db_url``; ``extra`` is appended TOML (scheduler, heartbeats...)."""
-    home.mkdir(parents=True, exist_ok=True)
+    """A home folder whose settings use ``db_url``; ``agents``, ``queue`` and ``extra`` are TOML text (the
+    scheduler tests write their ``[scheduler]``/``[heartbeats]`` tables as the user would)."""
     agents = agents if agents is not None else '[agents.assistant]\nname = "Assistant"\n'
-    text = f'[database]\nurl = "{db_url}"\n\n[queue]\n{queue}\n\n{agents}\n{extra}\n'
-    (home / "settings.toml").write_text(text, encoding="utf-8")
-    return home
+    data = tomlkit.parse(f"[queue]\n{queue}\n\n{agents}\n{extra}\n").unwrap()
+    tables = {k: v for k, v in data.items() if k not in ("queue", "agents")}
+    return build_home(
+        home.parent,
+        db_url,
+        data.get("agents", {}),
+        queue=data["queue"],
+        extra=tables,
+        fast=False,
+        folder=home.name,
+        default_agent=False,
+    )
 
 
 def wait_until(check: Callable[[], T], timeout: float = 20.0, interval: float = 0.05, what: str = "") -> T:
