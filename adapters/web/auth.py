@@ -8,11 +8,18 @@ server's own and ``api.allowed_origins`` — is decided before this, by :mod:`ad
 
 from __future__ import annotations
 
+import enum
 import hmac
 import ipaddress
 from collections.abc import Mapping
 
+from starlette.requests import HTTPConnection
+from starlette.websockets import WebSocket
+
 from shared.settings import SettingsError
+
+from .errors import ApiError
+from .state import web_state
 
 LOOPBACK_NAMES = frozenset({"localhost", "localhost.localdomain", "ip6-localhost"})
 
@@ -61,3 +68,60 @@ def token_matches(given: str | None, expected: str) -> bool:
     if given is None:
         return False
     return hmac.compare_digest(given.encode("utf-8"), expected.encode("utf-8"))
+
+
+class Denial(enum.Enum):
+    """Why a request or WebSocket handshake is refused."""
+
+    #: A token is set and the request did not carry it.
+    TOKEN = "token"
+    #: No token is set and the request is addressed to a name that is not loopback (DNS rebinding).
+    LOOPBACK = "loopback"
+
+
+def access_denial(conn: HTTPConnection, token: str, *, token_in_query: bool = True) -> Denial | None:
+    """The one access rule, for HTTP requests and WebSocket handshakes alike: with a token, the token
+    (``Authorization: Bearer`` or, where ``token_in_query``, ``?token=``, which ``EventSource`` and browsers'
+    WebSockets can send); without one, a loopback ``Host``. ``None``: let it in."""
+    if token:
+        given = bearer_token(conn.headers)
+        if given is None and token_in_query:
+            given = conn.query_params.get("token")
+        return None if token_matches(given, token) else Denial.TOKEN
+    return None if host_header_is_loopback(conn.headers) else Denial.LOOPBACK
+
+
+_HTTP_REFUSALS = {
+    Denial.TOKEN: (401, "missing or wrong API token (send Authorization: Bearer <token>)"),
+    Denial.LOOPBACK: (403, "without an API token the API answers only requests addressed to loopback"),
+}
+_WEBSOCKET_CLOSES = {
+    Denial.TOKEN: (4401, "missing or wrong API token"),
+    Denial.LOOPBACK: (4403, "loopback only without an API token"),
+}
+
+
+async def require_access(conn: HTTPConnection) -> None:
+    """The dependency of every ``/api`` route: :func:`access_denial` answered as 401 or 403."""
+    denial = access_denial(conn, web_state(conn).token)
+    if denial is not None:
+        raise ApiError(*_HTTP_REFUSALS[denial])
+
+
+async def require_metrics_token(conn: HTTPConnection) -> None:
+    """``/metrics`` asks only for the token, in the header, where scrapers send it. Without a token it is
+    open to whoever reaches the server, which then listens on loopback only (:func:`check_bind`)."""
+    token = web_state(conn).token
+    if token and access_denial(conn, token, token_in_query=False) is not None:
+        raise ApiError(*_HTTP_REFUSALS[Denial.TOKEN])
+
+
+async def admit_websocket(websocket: WebSocket) -> bool:
+    """Check a WebSocket handshake by :func:`access_denial`; a refused one is closed (4401 or 4403) and
+    ``False`` returned."""
+    denial = access_denial(websocket, web_state(websocket).token)
+    if denial is None:
+        return True
+    code, reason = _WEBSOCKET_CLOSES[denial]
+    await websocket.close(code=code, reason=reason)
+    return False

@@ -8,6 +8,7 @@ cursors) ride along under names the clients ignore. ``docs/compatibility.md`` li
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -36,6 +37,17 @@ class QueueStatusOut(_Out):
     responses_pending: int
     responses_delivering: int
     cli_replies_unread: int
+
+
+def queue_status_out(counts: Mapping[str, int], active_conversations: int) -> QueueStatusOut:
+    """The queue's counts (:meth:`~shared.queue.Queue.queue_status`) under TinyOffice's names and ours."""
+    return QueueStatusOut(
+        incoming=counts["pending"],
+        queued=counts["pending"],
+        outgoing=counts["responses_pending"] + counts["responses_delivering"],
+        activeConversations=active_conversations,
+        **counts,
+    )
 
 
 class ProcessingOut(_Out):

@@ -20,14 +20,15 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Query
 from fastapi import Path as PathParam
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from shared import api_views, channel_health, pairings, settings_edit
 from shared.clock import now_ms
+from shared.db import Database
+from shared.queue import Queue
 from shared.routing import AGENT_NAME_RE
-from shared.runtime import Runtime
 from shared.sessions import clear_sessions
-from shared.settings import SettingsError
+from shared.settings import Settings, SettingsError
 
 from .dialect import (
     AgentMessageOut,
@@ -42,7 +43,6 @@ from .dialect import (
     PairingApprovedOut,
     PairingPendingOut,
     PairingState,
-    QueueStatusOut,
     ScheduleOut,
     ScheduleSaved,
     ServerState,
@@ -54,9 +54,12 @@ from .dialect import (
     team_out,
 )
 from .errors import ApiError
+from .params import NAME_PATTERN, Body, Name
+from .queue_routes import read_queue_status
+from .state import Web, WebState
 
-NAME = r"^[a-z0-9][a-z0-9_-]{0,31}$"
-Name = Annotated[str, PathParam(pattern=NAME)]
+router = APIRouter()
+ScheduleId = Annotated[str, PathParam(max_length=64)]
 #: TinyAGI's provider names mapped onto ours.
 PROVIDERS = {
     "anthropic": "claude",
@@ -68,20 +71,14 @@ PROVIDERS = {
 HEARTBEAT_FILE = "heartbeat.md"
 STARTED = time.monotonic()
 
-Run = Callable[..., Awaitable[Any]]
 
-
-class _In(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-
-
-class HeartbeatIn(_In):
+class HeartbeatIn(Body):
     enabled: bool | None = None
     interval: float | None = Field(default=None, gt=0, le=366 * 86400)
     content: str | None = Field(default=None, max_length=100_000)
 
 
-class AgentIn(_In):
+class AgentIn(Body):
     """``PUT /api/agents/{id}`` (TinyOffice's ``AgentConfig``)."""
 
     name: str = Field(default="", max_length=200)
@@ -92,18 +89,18 @@ class AgentIn(_In):
     heartbeat: HeartbeatIn | None = None
 
 
-class TeamIn(_In):
+class TeamIn(Body):
     """``PUT /api/teams/{id}`` (TinyOffice's ``TeamConfig``)."""
 
     name: str = Field(default="", max_length=200)
-    agents: list[Annotated[str, Field(pattern=NAME)]] = Field(min_length=1, max_length=64)
+    agents: list[Annotated[str, Field(pattern=NAME_PATTERN)]] = Field(min_length=1, max_length=64)
     leader_agent: str = Field(default="", max_length=32)
 
 
-class ScheduleIn(_In):
+class ScheduleIn(Body):
     """``POST /api/schedules`` and ``PUT /api/schedules/{id}``."""
 
-    agentId: str | None = Field(default=None, pattern=NAME)
+    agentId: str | None = Field(default=None, pattern=NAME_PATTERN)
     message: str | None = Field(default=None, min_length=1, max_length=100_000)
     cron: str | None = Field(default=None, max_length=200)
     runAt: str | None = Field(default=None, max_length=64)
@@ -111,11 +108,11 @@ class ScheduleIn(_In):
     enabled: bool | None = None
 
 
-class PromptIn(_In):
+class PromptIn(Body):
     content: str = Field(max_length=100_000)
 
 
-class CodeIn(_In):
+class CodeIn(Body):
     code: str = Field(min_length=4, max_length=32)
 
 
@@ -139,463 +136,478 @@ def _label_id(label: str, taken: set[str]) -> str:
     return candidate
 
 
-def management_router(runtime: Runtime, run: Run, port: int) -> APIRouter:
-    """The routes above, over ``runtime``; ``run`` runs a blocking call off the event loop with the request's
-    lock-wait bound (see :func:`adapters.web.app.create_app`)."""
-    api = APIRouter()
-    db = runtime.db
+# -- shared steps ------------------------------------------------------------------------------------------
+async def edit(web: WebState, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Settings:
+    """Apply one :mod:`shared.settings_edit` change to settings.toml (400 when the result is invalid: the file
+    is left as it was) and return the settings reloaded from it."""
+    try:
+        await web.run(fn, web.settings, *args, **kwargs)
+    except SettingsError as exc:
+        raise ApiError(400, str(exc), ok=False) from None
+    return await web.run(_reloaded, web)
 
-    def fresh() -> Any:
-        runtime.refresh_settings(force=True)
-        return runtime.settings
 
-    async def edit(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        try:
-            await run(fn, runtime.settings, *args, **kwargs)
-        except SettingsError as exc:
-            raise ApiError(400, str(exc), ok=False) from None
-        return await run(fresh)
+def _reloaded(web: WebState) -> Settings:
+    web.runtime.refresh_settings(force=True)
+    return web.settings
 
-    def known_agent(agent: str) -> None:
-        agents = runtime.settings.agents
-        if agent not in agents:
-            raise ApiError(404, f"no agent {agent!r} (known: {', '.join(sorted(agents)) or 'none'})")
 
-    # -- settings ----------------------------------------------------------------------------------------
-    @api.get("/settings", summary="The settings (secrets shown as ***)")
-    async def get_settings() -> dict[str, Any]:
-        data: dict[str, Any] = await run(settings_edit.public_settings, runtime.settings)
-        return data
+def known_agent(web: WebState, agent: str) -> None:
+    """404 naming the known agents when ``agent`` is none of them."""
+    agents = web.settings.agents
+    if agent not in agents:
+        raise ApiError(404, f"no agent {agent!r} (known: {', '.join(sorted(agents)) or 'none'})")
 
-    @api.put("/settings", summary="Merge changes into settings.toml (validated; *** keeps a secret)")
-    async def put_settings(patch: dict[str, Any]) -> SettingsSaved:
-        settings = await edit(settings_edit.merge_settings, patch)
-        return SettingsSaved(ok=True, settings=await run(settings_edit.public_settings, settings))
 
-    @api.post(
-        "/setup",
-        summary="TinyAGI's first-run setup (not in agentpost)",
-        include_in_schema=False,
-        status_code=501,
+# -- settings ------------------------------------------------------------------------------------------------
+@router.get("/settings", summary="The settings (secrets shown as ***)")
+async def get_settings(web: Web) -> dict[str, Any]:
+    return await web.run(settings_edit.public_settings, web.settings)
+
+
+@router.put("/settings", summary="Merge changes into settings.toml (validated; *** keeps a secret)")
+async def put_settings(patch: dict[str, Any], web: Web) -> SettingsSaved:
+    settings = await edit(web, settings_edit.merge_settings, patch)
+    return SettingsSaved(ok=True, settings=await web.run(settings_edit.public_settings, settings))
+
+
+@router.post(
+    "/setup",
+    summary="TinyAGI's first-run setup (not in agentpost)",
+    include_in_schema=False,
+    status_code=501,
+)
+async def setup() -> Ok:
+    raise _not_here(
+        "setup wizard over the API (run `agentpost init`, then edit settings.toml or PUT /api/settings)"
     )
-    async def setup() -> Ok:
-        raise _not_here(
-            "setup wizard over the API (run `agentpost init`, then edit settings.toml or PUT /api/settings)"
-        )
 
-    # -- agents ------------------------------------------------------------------------------------------
-    @api.get("/agents", summary="Configured agents, keyed by id")
-    async def agents() -> dict[str, AgentOut]:
-        settings = runtime.settings
-        return {name: agent_out(settings, name, a) for name, a in sorted(settings.agents.items())}
 
-    @api.put("/agents/{agent}", summary="Create or replace an agent")
-    async def save_agent(agent: Name, body: AgentIn) -> AgentSaved:
-        if body.working_directory and not Path(body.working_directory).expanduser().is_absolute():
-            raise ApiError(400, "working_directory must be an absolute path (or empty: workspace/<agent>)")
-        provider = PROVIDERS.get(body.provider.lower())
-        if provider is None:
-            raise ApiError(
-                400, f"provider {body.provider!r}: agentpost runs {', '.join(sorted(set(PROVIDERS)))}"
-            )
-        old = runtime.settings.file.agents.get(agent)
-        values: dict[str, Any] = old.model_dump(exclude_defaults=True) if old is not None else {}
-        values.update(
-            {
-                "name": body.name,
-                "provider": provider,
-                "model": body.model,
-                "system_prompt": body.system_prompt,
-                "workspace": body.working_directory,
-            }
-        )
-        settings = await edit(settings_edit.put_agent, agent, values)
-        if body.heartbeat is not None:
-            settings = await save_heartbeat_settings(agent, body.heartbeat)
-        return AgentSaved(ok=True, agent=agent_out(settings, agent, settings.agents[agent]))
+# -- agents --------------------------------------------------------------------------------------------------
+@router.get("/agents", summary="Configured agents, keyed by id")
+async def agents(web: Web) -> dict[str, AgentOut]:
+    settings = web.settings
+    return {name: agent_out(settings, name, a) for name, a in sorted(settings.agents.items())}
 
-    @api.delete("/agents/{agent}", summary="Remove an agent (its workspace is kept)")
-    async def delete_agent(agent: Name) -> Ok:
-        try:
-            await edit(settings_edit.remove_agent, agent)
-        except KeyError:
-            raise ApiError(404, f"no agent {agent!r} in settings.toml") from None
-        return Ok(ok=True)
 
-    @api.post("/agents/{agent}/reset", summary="Start the agent's conversations afresh")
-    async def reset_agent(agent: Name) -> dict[str, Any]:
-        known_agent(agent)
-        n = await run(clear_sessions, db, agent, None, reason="api")
-        return {"ok": True, "agent": agent, "sessionsReset": int(n)}
-
-    @api.get("/agents/{agent}/messages", summary="An agent's turns after ?since_id=, newest first")
-    async def agent_messages(
-        agent: Name,
-        limit: Annotated[int, Query(ge=1, le=1000)] = 100,
-        since_id: Annotated[int, Query(ge=0, le=2**62)] = 0,
-    ) -> list[AgentMessageOut]:
-        known_agent(agent)
-        rows = await run(api_views.agent_history, db, agent, limit=limit, since_id=since_id)
-        return [AgentMessageOut.model_validate(r) for r in rows]
-
-    @api.get("/agents/{agent}/system-prompt", summary="The agent's system prompt text")
-    async def get_prompt(agent: Name) -> dict[str, str]:
-        known_agent(agent)
-        settings = runtime.settings
-        return {"content": settings.agents[agent].system_prompt, "path": str(settings.path)}
-
-    @api.put("/agents/{agent}/system-prompt", summary="Replace the agent's system prompt text")
-    async def put_prompt(agent: Name, body: PromptIn) -> Ok:
-        known_agent(agent)
-        await edit(settings_edit.merge_settings, {"agents": {agent: {"system_prompt": body.content or None}}})
-        return Ok(ok=True)
-
-    @api.get(
-        "/agents/{agent}/memory",
-        summary="TinyAGI's agent memory view (not in agentpost)",
-        include_in_schema=False,
+@router.put("/agents/{agent}", summary="Create or replace an agent")
+async def save_agent(agent: Name, body: AgentIn, web: Web) -> AgentSaved:
+    if body.working_directory and not Path(body.working_directory).expanduser().is_absolute():
+        raise ApiError(400, "working_directory must be an absolute path (or empty: workspace/<agent>)")
+    provider = PROVIDERS.get(body.provider.lower())
+    if provider is None:
+        raise ApiError(400, f"provider {body.provider!r}: agentpost runs {', '.join(sorted(set(PROVIDERS)))}")
+    old = web.settings.file.agents.get(agent)
+    values: dict[str, Any] = old.model_dump(exclude_defaults=True) if old is not None else {}
+    values.update(
+        {
+            "name": body.name,
+            "provider": provider,
+            "model": body.model,
+            "system_prompt": body.system_prompt,
+            "workspace": body.working_directory,
+        }
     )
-    async def agent_memory(agent: Name) -> Ok:
-        raise _not_here("agent memory store (an agent keeps its notes in its workspace)")
+    settings = await edit(web, settings_edit.put_agent, agent, values)
+    if body.heartbeat is not None:
+        settings = await save_heartbeat_settings(web, agent, body.heartbeat)
+    return AgentSaved(ok=True, agent=agent_out(settings, agent, settings.agents[agent]))
 
-    @api.get("/agents/{agent}/skills", summary="Agent skills: none in agentpost (empty list)")
-    async def agent_skills(agent: Name) -> list[dict[str, str]]:
-        known_agent(agent)
-        return []
 
-    @api.get(
-        "/agents/{agent}/skills/registry",
-        summary="Skill registry search (not in agentpost)",
-        include_in_schema=False,
+@router.delete("/agents/{agent}", summary="Remove an agent (its workspace is kept)")
+async def delete_agent(agent: Name, web: Web) -> Ok:
+    try:
+        await edit(web, settings_edit.remove_agent, agent)
+    except KeyError:
+        raise ApiError(404, f"no agent {agent!r} in settings.toml") from None
+    return Ok(ok=True)
+
+
+@router.post("/agents/{agent}/reset", summary="Start the agent's conversations afresh")
+async def reset_agent(agent: Name, web: Web) -> dict[str, Any]:
+    known_agent(web, agent)
+    n = await web.run(clear_sessions, web.db, agent, None, reason="api")
+    return {"ok": True, "agent": agent, "sessionsReset": int(n)}
+
+
+@router.get("/agents/{agent}/messages", summary="An agent's turns after ?since_id=, newest first")
+async def agent_messages(
+    agent: Name,
+    web: Web,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+    since_id: Annotated[int, Query(ge=0, le=2**62)] = 0,
+) -> list[AgentMessageOut]:
+    known_agent(web, agent)
+    rows = await web.run(api_views.agent_history, web.db, agent, limit=limit, since_id=since_id)
+    return [AgentMessageOut.model_validate(r) for r in rows]
+
+
+@router.get("/agents/{agent}/system-prompt", summary="The agent's system prompt text")
+async def get_prompt(agent: Name, web: Web) -> dict[str, str]:
+    known_agent(web, agent)
+    settings = web.settings
+    return {"content": settings.agents[agent].system_prompt, "path": str(settings.path)}
+
+
+@router.put("/agents/{agent}/system-prompt", summary="Replace the agent's system prompt text")
+async def put_prompt(agent: Name, body: PromptIn, web: Web) -> Ok:
+    known_agent(web, agent)
+    await edit(
+        web, settings_edit.merge_settings, {"agents": {agent: {"system_prompt": body.content or None}}}
     )
-    async def skills_registry(agent: Name) -> Ok:
-        raise _not_here("skill registry")
+    return Ok(ok=True)
 
-    @api.post(
-        "/agents/{agent}/skills/install", summary="Skill install (not in agentpost)", include_in_schema=False
-    )
-    async def skills_install(agent: Name) -> Ok:
-        raise _not_here("skill registry")
 
-    # -- heartbeats ----------------------------------------------------------------------------------------
-    async def save_heartbeat_settings(agent: str, body: HeartbeatIn) -> Any:
-        settings = runtime.settings
-        if body.content is not None:
-            path = settings.workspace(agent) / HEARTBEAT_FILE
-            if not path.is_absolute():
-                raise ApiError(400, f"agent {agent!r} has a relative workspace; set an absolute one first")
+@router.get(
+    "/agents/{agent}/memory",
+    summary="TinyAGI's agent memory view (not in agentpost)",
+    include_in_schema=False,
+)
+async def agent_memory(agent: Name) -> Ok:
+    raise _not_here("agent memory store (an agent keeps its notes in its workspace)")
 
-            def write() -> None:
-                path.parent.mkdir(parents=True, exist_ok=True)
-                path.write_text(body.content or "", encoding="utf-8")
 
-            await run(write)
-        beat: dict[str, Any] = {}
-        if body.enabled is not None:
-            beat["enabled"] = body.enabled
-        if body.interval is not None:
-            beat["interval"] = body.interval
-            beat["cron"] = None
-        current = settings.file.heartbeats.get(agent)
-        if beat and not isinstance(current, dict) and "interval" not in beat:
-            beat["interval"] = 3600.0  # a new heartbeat needs a timing: hourly unless told
-        if beat:
-            return await edit(settings_edit.merge_settings, {"heartbeats": {agent: beat}})
-        return runtime.settings
+@router.get("/agents/{agent}/skills", summary="Agent skills: none in agentpost (empty list)")
+async def agent_skills(agent: Name, web: Web) -> list[dict[str, str]]:
+    known_agent(web, agent)
+    return []
 
-    @api.get("/agents/{agent}/heartbeat", summary="The agent's heartbeat prompt and timing")
-    async def get_heartbeat(agent: Name) -> HeartbeatOut:
-        known_agent(agent)
-        settings = runtime.settings
+
+@router.get(
+    "/agents/{agent}/skills/registry",
+    summary="Skill registry search (not in agentpost)",
+    include_in_schema=False,
+)
+async def skills_registry(agent: Name) -> Ok:
+    raise _not_here("skill registry")
+
+
+@router.post(
+    "/agents/{agent}/skills/install", summary="Skill install (not in agentpost)", include_in_schema=False
+)
+async def skills_install(agent: Name) -> Ok:
+    raise _not_here("skill registry")
+
+
+# -- heartbeats ----------------------------------------------------------------------------------------------
+async def save_heartbeat_settings(web: WebState, agent: str, body: HeartbeatIn) -> Settings:
+    """Write the agent's heartbeat prompt (``content``) and timing (``enabled``, ``interval``)."""
+    settings = web.settings
+    if body.content is not None:
         path = settings.workspace(agent) / HEARTBEAT_FILE
+        if not path.is_absolute():
+            raise ApiError(400, f"agent {agent!r} has a relative workspace; set an absolute one first")
+        await web.run(_write_text, path, body.content or "")
+    beat: dict[str, Any] = {}
+    if body.enabled is not None:
+        beat["enabled"] = body.enabled
+    if body.interval is not None:
+        beat["interval"] = body.interval
+        beat["cron"] = None
+    current = settings.file.heartbeats.get(agent)
+    if beat and not isinstance(current, dict) and "interval" not in beat:
+        beat["interval"] = 3600.0  # a new heartbeat needs a timing: hourly unless told
+    if beat:
+        return await edit(web, settings_edit.merge_settings, {"heartbeats": {agent: beat}})
+    return web.settings
 
-        def read() -> str:
-            try:
-                return path.read_text(encoding="utf-8")
-            except (OSError, UnicodeDecodeError):
-                return ""
 
-        beat = settings.file.heartbeats.get(agent)
-        beat = beat if isinstance(beat, dict) else {}
-        interval = beat.get("interval")
-        return HeartbeatOut(
-            content=await run(read),
-            path=str(path),
-            enabled=bool(beat) and bool(beat.get("enabled", True)),
-            interval=float(interval) if interval is not None else None,
-        )
+def _write_text(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text, encoding="utf-8")
 
-    @api.put("/agents/{agent}/heartbeat", summary="Change the agent's heartbeat prompt or timing")
-    async def put_heartbeat(agent: Name, body: HeartbeatIn) -> Ok:
-        known_agent(agent)
-        await save_heartbeat_settings(agent, body)
-        return Ok(ok=True)
 
-    # -- teams ----------------------------------------------------------------------------------------------
-    @api.get("/teams", summary="Configured teams, keyed by id")
-    async def teams() -> dict[str, TeamOut]:
-        settings = runtime.settings
-        return {name: team_out(settings, name) for name in sorted(settings.teams)}
+def _read_text(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return ""
 
-    @api.put("/teams/{team}", summary="Create or replace a team")
-    async def save_team(team: Name, body: TeamIn) -> TeamSaved:
-        members = list(dict.fromkeys(body.agents))
-        settings = await edit(
-            settings_edit.put_team, team, name=body.name, agents=members, leader=body.leader_agent
-        )
-        return TeamSaved(ok=True, team=team_out(settings, team))
 
-    @api.delete("/teams/{team}", summary="Remove a team (its agents stay)")
-    async def delete_team(team: Name) -> Ok:
-        try:
-            await edit(settings_edit.remove_team, team)
-        except KeyError:
-            raise ApiError(404, f"no team {team!r} in settings.toml") from None
-        return Ok(ok=True)
+@router.get("/agents/{agent}/heartbeat", summary="The agent's heartbeat prompt and timing")
+async def get_heartbeat(agent: Name, web: Web) -> HeartbeatOut:
+    known_agent(web, agent)
+    settings = web.settings
+    path = settings.workspace(agent) / HEARTBEAT_FILE
+    beat = settings.file.heartbeats.get(agent)
+    beat = beat if isinstance(beat, dict) else {}
+    interval = beat.get("interval")
+    return HeartbeatOut(
+        content=await web.run(_read_text, path),
+        path=str(path),
+        enabled=bool(beat) and bool(beat.get("enabled", True)),
+        interval=float(interval) if interval is not None else None,
+    )
 
-    # -- logs and status ----------------------------------------------------------------------------------
-    @api.get("/logs", summary="The last lines of the process logs")
-    async def logs(limit: Annotated[int, Query(ge=1, le=5000)] = 100) -> LogsOut:
-        lines = await run(api_views.tail_logs, runtime.settings.home / "logs", limit)
-        return LogsOut(lines=lines)
 
-    @api.get("/status", summary="System status: this server, the channel adapters, heartbeats, the queue")
-    async def status() -> SystemStatus:
-        def read() -> SystemStatus:
-            s = runtime.queue.queue_status()
-            channels: dict[str, ChannelState] = {}
-            for h in channel_health.read_all(db):
-                parts = h.worker.split(":")
-                pid = int(parts[1]) if len(parts) >= 2 and parts[1].isdigit() else None
-                running = h.state in ("up", "connecting", "retrying") and not h.adapter_gone
-                channels[h.channel] = ChannelState(running=running, state=h.state, pid=pid, error=h.error)
-            beats = runtime.settings.file.heartbeats
-            intervals = [
-                float(b["interval"]) for b in beats.values() if isinstance(b, dict) and b.get("interval")
-            ]
-            return SystemStatus(
-                ok=True,
-                uptime=round(time.monotonic() - STARTED, 3),
-                server=ServerState(running=True, port=port),
-                channels=channels,
-                heartbeat=HeartbeatState(
-                    running=bool(beats),
-                    interval=min(intervals) if intervals else 0.0,
-                    lastSent=api_views.last_heartbeats(db),
-                ),
-                queue=QueueStatusOut(
-                    incoming=s["pending"],
-                    queued=s["pending"],
-                    outgoing=s["responses_pending"] + s["responses_delivering"],
-                    activeConversations=api_views.active_conversations(db),
-                    **s,
-                ),
-            )
+@router.put("/agents/{agent}/heartbeat", summary="Change the agent's heartbeat prompt or timing")
+async def put_heartbeat(agent: Name, body: HeartbeatIn, web: Web) -> Ok:
+    known_agent(web, agent)
+    await save_heartbeat_settings(web, agent, body)
+    return Ok(ok=True)
 
-        result: SystemStatus = await run(read)
-        return result
 
-    # -- schedules ----------------------------------------------------------------------------------------
-    def schedule_rows() -> list[tuple[str, dict[str, Any]]]:
-        rows = []
-        for i, entry in enumerate(runtime.settings.file.schedules):
-            rows.append((str(entry.get("name") or f"schedule-{i + 1}"), dict(entry)))
-        return rows
+# -- teams ---------------------------------------------------------------------------------------------------
+@router.get("/teams", summary="Configured teams, keyed by id")
+async def teams(web: Web) -> dict[str, TeamOut]:
+    settings = web.settings
+    return {name: team_out(settings, name) for name in sorted(settings.teams)}
 
-    def schedule_out(sid: str, e: dict[str, Any], created_at: int) -> ScheduleOut:
-        at = e.get("at")
-        return ScheduleOut(
-            id=sid,
-            label=str(e.get("name") or sid),
-            cron=str(e.get("cron") or ""),
-            agentId=str(e.get("agent") or ""),
-            message=str(e.get("message") or ""),
-            channel="schedule",
-            sender="Scheduler",
-            enabled=bool(e.get("enabled", True)),
-            createdAt=created_at,
-            runAt=at.isoformat() if isinstance(at, datetime) else (str(at) if at else None),
-        )
 
-    def schedule_values(body: ScheduleIn, base: dict[str, Any]) -> dict[str, Any]:
-        values = dict(base)
-        if body.agentId is not None:
-            values["agent"] = body.agentId
-        if body.message is not None:
-            values["message"] = body.message
-        if body.cron:
-            values["cron"] = _check_cron(body.cron)
-            values.pop("at", None)
-        if body.runAt:
-            try:
-                values["at"] = datetime.fromisoformat(body.runAt.replace("Z", "+00:00"))
-            except ValueError:
-                raise ApiError(400, f"runAt {body.runAt!r} is not an ISO date and time") from None
-            values.pop("cron", None)
-        if body.enabled is not None:
-            values["enabled"] = body.enabled
-        if not values.get("agent") or not AGENT_NAME_RE.match(str(values["agent"])):
-            raise ApiError(400, "agentId: the agent the schedule writes to is required")
-        if str(values["agent"]) not in runtime.settings.agents:
-            raise ApiError(400, f"agentId: no agent {values['agent']!r}")
-        if not values.get("message"):
-            raise ApiError(400, "message: the text to send is required")
-        if not values.get("cron") and not values.get("at"):
-            raise ApiError(400, "give cron (five fields) or runAt (an ISO date and time)")
-        return values
+@router.put("/teams/{team}", summary="Create or replace a team")
+async def save_team(team: Name, body: TeamIn, web: Web) -> TeamSaved:
+    members = list(dict.fromkeys(body.agents))
+    settings = await edit(
+        web, settings_edit.put_team, team, name=body.name, agents=members, leader=body.leader_agent
+    )
+    return TeamSaved(ok=True, team=team_out(settings, team))
 
-    @api.get("/schedules", summary="Scheduled messages ([[schedules]] in settings.toml)")
-    async def get_schedules(agent: Annotated[str | None, Query(pattern=NAME)] = None) -> list[ScheduleOut]:
-        created = int(runtime.settings.path.stat().st_mtime * 1000) if runtime.settings.path.exists() else 0
-        return [
-            schedule_out(sid, e, created)
-            for sid, e in schedule_rows()
-            if agent is None or e.get("agent") == agent
-        ]
 
-    @api.post("/schedules", status_code=201, summary="Add a scheduled message")
-    async def create_schedule(body: ScheduleIn) -> ScheduleSaved:
-        rows = schedule_rows()
-        sid = _label_id(body.label or f"{body.agentId or 'schedule'}", {s for s, _ in rows})
-        values = schedule_values(body, {"name": sid})
-        entries = [e | {"name": s} for s, e in rows] + [values]
-        await edit(settings_edit.put_schedules, entries)
-        return ScheduleSaved(ok=True, schedule=schedule_out(sid, values, now_ms()))
+@router.delete("/teams/{team}", summary="Remove a team (its agents stay)")
+async def delete_team(team: Name, web: Web) -> Ok:
+    try:
+        await edit(web, settings_edit.remove_team, team)
+    except KeyError:
+        raise ApiError(404, f"no team {team!r} in settings.toml") from None
+    return Ok(ok=True)
 
-    @api.put("/schedules/{sid}", summary="Change a scheduled message")
-    async def update_schedule(
-        sid: Annotated[str, PathParam(max_length=64)], body: ScheduleIn
-    ) -> ScheduleSaved:
-        rows = schedule_rows()
-        found = [e for s, e in rows if s == sid]
-        if not found:
-            raise ApiError(404, f"no schedule {sid!r}")
-        values = schedule_values(body, found[0] | {"name": sid})
-        entries = [values if s == sid else e | {"name": s} for s, e in rows]
-        await edit(settings_edit.put_schedules, entries)
-        return ScheduleSaved(ok=True, schedule=schedule_out(sid, values, now_ms()))
 
-    @api.delete("/schedules/{sid}", summary="Remove a scheduled message")
-    async def delete_schedule(sid: Annotated[str, PathParam(max_length=64)]) -> Ok:
-        rows = schedule_rows()
-        if sid not in {s for s, _ in rows}:
-            raise ApiError(404, f"no schedule {sid!r}")
-        await edit(settings_edit.put_schedules, [e | {"name": s} for s, e in rows if s != sid])
-        return Ok(ok=True)
+# -- logs and status -----------------------------------------------------------------------------------------
+@router.get("/logs", summary="The last lines of the process logs")
+async def logs(web: Web, limit: Annotated[int, Query(ge=1, le=5000)] = 100) -> LogsOut:
+    lines = await web.run(api_views.tail_logs, web.settings.home / "logs", limit)
+    return LogsOut(lines=lines)
 
-    # -- pairing ------------------------------------------------------------------------------------------
-    @api.get("/pairing", summary="Pending pairing codes and approved senders")
-    async def get_pairings() -> PairingState:
-        rows = await run(pairings.list_pairings, db)
-        now = now_ms()
-        pending = [
-            PairingPendingOut(
-                channel=p.channel,
-                senderId=p.sender_id,
-                sender=p.sender,
-                code=p.code,
-                createdAt=p.created_at,
-                lastSeenAt=p.created_at,
-            )
-            for p in rows
-            if p.status == "pending" and not p.expired(now)
-        ]
-        approved = [
-            PairingApprovedOut(
-                channel=p.channel,
-                senderId=p.sender_id,
-                sender=p.sender,
-                approvedAt=p.approved_at or p.created_at,
-                approvedCode=p.code or None,
-            )
-            for p in rows
-            if p.status == "approved"
-        ]
-        return PairingState(pending=pending, approved=approved)
 
-    @api.post("/pairing/approve", summary="Approve a sender by their pairing code")
-    async def approve_pairing(body: CodeIn) -> PairingApproved:
-        try:
-            p = await run(pairings.approve, db, body.code)
-        except pairings.PairingError as exc:
-            raise ApiError(404, str(exc), ok=False) from None
-        return PairingApproved(
-            ok=True,
-            entry=PairingApprovedOut(
-                channel=p.channel,
-                senderId=p.sender_id,
-                sender=p.sender,
-                approvedAt=p.approved_at or now_ms(),
-                approvedCode=p.code,
-            ),
-        )
-
-    @api.delete("/pairing/pending/{code}", summary="Dismiss a pending pairing code")
-    async def dismiss_pending(code: Annotated[str, PathParam(max_length=32)]) -> Ok:
-        wanted = code.strip().upper()
-        rows = await run(pairings.list_pairings, db)
-        found = [p for p in rows if p.status == "pending" and p.code == wanted]
-        if not found:
-            raise ApiError(404, f"no pending pairing has code {wanted!r}", ok=False)
-        await run(pairings.revoke, db, found[0].channel, found[0].sender_id)
-        return Ok(ok=True)
-
-    @api.delete("/pairing/{channel}/{sender_id}", summary="Revoke a sender's pairing")
-    async def revoke_pairing(
-        channel: Name, sender_id: Annotated[str, PathParam(min_length=1, max_length=200)]
-    ) -> Ok:
-        try:
-            await run(pairings.revoke, db, channel, sender_id)
-        except pairings.PairingError as exc:
-            raise ApiError(404, str(exc), ok=False) from None
-        return Ok(ok=True)
-
-    # -- TinyAGI features agentpost does not have ---------------------------------------------------------
-    @api.get("/tasks", summary="Tasks: none in agentpost (empty list)")
-    async def tasks() -> list[dict[str, Any]]:
-        return []
-
-    @api.get("/projects", summary="Projects: none in agentpost (empty list)")
-    async def projects() -> list[dict[str, Any]]:
-        return []
-
-    @api.get("/custom-providers", summary="Custom providers: none in agentpost (empty object)")
-    async def custom_providers() -> dict[str, Any]:
-        return {}
-
-    for method, path, what in [
-        ("POST", "/tasks", "task board"),
-        ("PUT", "/tasks/reorder", "task board"),
-        ("GET", "/tasks/{item}", "task board"),
-        ("PUT", "/tasks/{item}", "task board"),
-        ("DELETE", "/tasks/{item}", "task board"),
-        ("GET", "/tasks/{item}/comments", "task board"),
-        ("POST", "/tasks/{item}/comments", "task board"),
-        ("DELETE", "/comments/{item}", "task board"),
-        ("POST", "/projects", "projects"),
-        ("PUT", "/projects/{item}", "projects"),
-        ("DELETE", "/projects/{item}", "projects"),
-        ("PUT", "/custom-providers/{item}", "custom providers (agents name a provider and model)"),
-        ("DELETE", "/custom-providers/{item}", "custom providers (agents name a provider and model)"),
-        ("POST", "/services/apply", "service control over the API (use `agentpost restart`)"),
-        ("POST", "/services/restart", "service control over the API (use `agentpost restart`)"),
-        (
-            "POST",
-            "/services/channel/{item}/{action}",
-            "service control over the API (use `agentpost restart`)",
+def system_status(db: Database, queue: Queue, settings: Settings, port: int) -> SystemStatus:
+    """This server, the channel adapters that reported in, the heartbeats and the queue (TinyOffice's
+    ``getSystemStatus``)."""
+    channels: dict[str, ChannelState] = {}
+    for h in channel_health.read_all(db):
+        parts = h.worker.split(":")
+        pid = int(parts[1]) if len(parts) >= 2 and parts[1].isdigit() else None
+        running = h.state in ("up", "connecting", "retrying") and not h.adapter_gone
+        channels[h.channel] = ChannelState(running=running, state=h.state, pid=pid, error=h.error)
+    beats = settings.file.heartbeats
+    intervals = [float(b["interval"]) for b in beats.values() if isinstance(b, dict) and b.get("interval")]
+    return SystemStatus(
+        ok=True,
+        uptime=round(time.monotonic() - STARTED, 3),
+        server=ServerState(running=True, port=port),
+        channels=channels,
+        heartbeat=HeartbeatState(
+            running=bool(beats),
+            interval=min(intervals) if intervals else 0.0,
+            lastSent=api_views.last_heartbeats(db),
         ),
-    ]:
-        api.add_api_route(
-            path,
-            _unsupported(what),
-            methods=[method],
-            status_code=501,
-            summary=f"Not in agentpost: {what} (501)",
-            response_model=Ok,
-            # Always 501 by design (docs/compatibility.md): kept out of the schema, which lists what we serve.
-            include_in_schema=False,
+        queue=read_queue_status(queue, db),
+    )
+
+
+@router.get("/status", summary="System status: this server, the channel adapters, heartbeats, the queue")
+async def status(web: Web) -> SystemStatus:
+    return await web.run(system_status, web.db, web.queue, web.settings, web.port)
+
+
+# -- schedules -----------------------------------------------------------------------------------------------
+def schedule_rows(settings: Settings) -> list[tuple[str, dict[str, Any]]]:
+    """The ``[[schedules]]`` entries with their ids (``name``, else ``schedule-<n>``)."""
+    return [
+        (str(entry.get("name") or f"schedule-{i + 1}"), dict(entry))
+        for i, entry in enumerate(settings.file.schedules)
+    ]
+
+
+def schedule_out(sid: str, e: dict[str, Any], created_at: int) -> ScheduleOut:
+    """One schedule as TinyOffice reads it."""
+    at = e.get("at")
+    return ScheduleOut(
+        id=sid,
+        label=str(e.get("name") or sid),
+        cron=str(e.get("cron") or ""),
+        agentId=str(e.get("agent") or ""),
+        message=str(e.get("message") or ""),
+        channel="schedule",
+        sender="Scheduler",
+        enabled=bool(e.get("enabled", True)),
+        createdAt=created_at,
+        runAt=at.isoformat() if isinstance(at, datetime) else (str(at) if at else None),
+    )
+
+
+def schedule_values(settings: Settings, body: ScheduleIn, base: dict[str, Any]) -> dict[str, Any]:
+    """The entry ``base`` with ``body``'s changes, checked (400 saying what is missing or wrong)."""
+    values = dict(base)
+    if body.agentId is not None:
+        values["agent"] = body.agentId
+    if body.message is not None:
+        values["message"] = body.message
+    if body.cron:
+        values["cron"] = _check_cron(body.cron)
+        values.pop("at", None)
+    if body.runAt:
+        try:
+            values["at"] = datetime.fromisoformat(body.runAt.replace("Z", "+00:00"))
+        except ValueError:
+            raise ApiError(400, f"runAt {body.runAt!r} is not an ISO date and time") from None
+        values.pop("cron", None)
+    if body.enabled is not None:
+        values["enabled"] = body.enabled
+    if not values.get("agent") or not AGENT_NAME_RE.match(str(values["agent"])):
+        raise ApiError(400, "agentId: the agent the schedule writes to is required")
+    if str(values["agent"]) not in settings.agents:
+        raise ApiError(400, f"agentId: no agent {values['agent']!r}")
+    if not values.get("message"):
+        raise ApiError(400, "message: the text to send is required")
+    if not values.get("cron") and not values.get("at"):
+        raise ApiError(400, "give cron (five fields) or runAt (an ISO date and time)")
+    return values
+
+
+@router.get("/schedules", summary="Scheduled messages ([[schedules]] in settings.toml)")
+async def get_schedules(
+    web: Web, agent: Annotated[str | None, Query(pattern=NAME_PATTERN)] = None
+) -> list[ScheduleOut]:
+    settings = web.settings
+    created = int(settings.path.stat().st_mtime * 1000) if settings.path.exists() else 0
+    return [
+        schedule_out(sid, e, created)
+        for sid, e in schedule_rows(settings)
+        if agent is None or e.get("agent") == agent
+    ]
+
+
+@router.post("/schedules", status_code=201, summary="Add a scheduled message")
+async def create_schedule(body: ScheduleIn, web: Web) -> ScheduleSaved:
+    rows = schedule_rows(web.settings)
+    sid = _label_id(body.label or f"{body.agentId or 'schedule'}", {s for s, _ in rows})
+    values = schedule_values(web.settings, body, {"name": sid})
+    entries = [e | {"name": s} for s, e in rows] + [values]
+    await edit(web, settings_edit.put_schedules, entries)
+    return ScheduleSaved(ok=True, schedule=schedule_out(sid, values, now_ms()))
+
+
+@router.put("/schedules/{sid}", summary="Change a scheduled message")
+async def update_schedule(sid: ScheduleId, body: ScheduleIn, web: Web) -> ScheduleSaved:
+    rows = schedule_rows(web.settings)
+    found = [e for s, e in rows if s == sid]
+    if not found:
+        raise ApiError(404, f"no schedule {sid!r}")
+    values = schedule_values(web.settings, body, found[0] | {"name": sid})
+    entries = [values if s == sid else e | {"name": s} for s, e in rows]
+    await edit(web, settings_edit.put_schedules, entries)
+    return ScheduleSaved(ok=True, schedule=schedule_out(sid, values, now_ms()))
+
+
+@router.delete("/schedules/{sid}", summary="Remove a scheduled message")
+async def delete_schedule(sid: ScheduleId, web: Web) -> Ok:
+    rows = schedule_rows(web.settings)
+    if sid not in {s for s, _ in rows}:
+        raise ApiError(404, f"no schedule {sid!r}")
+    await edit(web, settings_edit.put_schedules, [e | {"name": s} for s, e in rows if s != sid])
+    return Ok(ok=True)
+
+
+# -- pairing -------------------------------------------------------------------------------------------------
+def _approved_out(p: pairings.Pairing, approved_at: int) -> PairingApprovedOut:
+    return PairingApprovedOut(
+        channel=p.channel,
+        senderId=p.sender_id,
+        sender=p.sender,
+        approvedAt=p.approved_at or approved_at,
+        approvedCode=p.code or None,
+    )
+
+
+@router.get("/pairing", summary="Pending pairing codes and approved senders")
+async def get_pairings(web: Web) -> PairingState:
+    rows = await web.run(pairings.list_pairings, web.db)
+    now = now_ms()
+    pending = [
+        PairingPendingOut(
+            channel=p.channel,
+            senderId=p.sender_id,
+            sender=p.sender,
+            code=p.code,
+            createdAt=p.created_at,
+            lastSeenAt=p.created_at,
         )
-    return api
+        for p in rows
+        if p.status == "pending" and not p.expired(now)
+    ]
+    approved = [_approved_out(p, p.created_at) for p in rows if p.status == "approved"]
+    return PairingState(pending=pending, approved=approved)
+
+
+@router.post("/pairing/approve", summary="Approve a sender by their pairing code")
+async def approve_pairing(body: CodeIn, web: Web) -> PairingApproved:
+    try:
+        p = await web.run(pairings.approve, web.db, body.code)
+    except pairings.PairingError as exc:
+        raise ApiError(404, str(exc), ok=False) from None
+    return PairingApproved(ok=True, entry=_approved_out(p, now_ms()))
+
+
+@router.delete("/pairing/pending/{code}", summary="Dismiss a pending pairing code")
+async def dismiss_pending(code: Annotated[str, PathParam(max_length=32)], web: Web) -> Ok:
+    wanted = code.strip().upper()
+    rows = await web.run(pairings.list_pairings, web.db)
+    found = [p for p in rows if p.status == "pending" and p.code == wanted]
+    if not found:
+        raise ApiError(404, f"no pending pairing has code {wanted!r}", ok=False)
+    await web.run(pairings.revoke, web.db, found[0].channel, found[0].sender_id)
+    return Ok(ok=True)
+
+
+@router.delete("/pairing/{channel}/{sender_id}", summary="Revoke a sender's pairing")
+async def revoke_pairing(
+    channel: Name, sender_id: Annotated[str, PathParam(min_length=1, max_length=200)], web: Web
+) -> Ok:
+    try:
+        await web.run(pairings.revoke, web.db, channel, sender_id)
+    except pairings.PairingError as exc:
+        raise ApiError(404, str(exc), ok=False) from None
+    return Ok(ok=True)
+
+
+# -- TinyAGI features agentpost does not have ----------------------------------------------------------------
+@router.get("/tasks", summary="Tasks: none in agentpost (empty list)")
+async def tasks() -> list[dict[str, Any]]:
+    return []
+
+
+@router.get("/projects", summary="Projects: none in agentpost (empty list)")
+async def projects() -> list[dict[str, Any]]:
+    return []
+
+
+@router.get("/custom-providers", summary="Custom providers: none in agentpost (empty object)")
+async def custom_providers() -> dict[str, Any]:
+    return {}
+
+
+_TASK_BOARD = "task board"
+_PROVIDERS = "custom providers (agents name a provider and model)"
+_SERVICES = "service control over the API (use `agentpost restart`)"
+#: TinyAGI's changes and actions agentpost has no counterpart for: each answers 501 with a sentence.
+_UNSUPPORTED = [
+    ("POST", "/tasks", _TASK_BOARD),
+    ("PUT", "/tasks/reorder", _TASK_BOARD),
+    ("GET", "/tasks/{item}", _TASK_BOARD),
+    ("PUT", "/tasks/{item}", _TASK_BOARD),
+    ("DELETE", "/tasks/{item}", _TASK_BOARD),
+    ("GET", "/tasks/{item}/comments", _TASK_BOARD),
+    ("POST", "/tasks/{item}/comments", _TASK_BOARD),
+    ("DELETE", "/comments/{item}", _TASK_BOARD),
+    ("POST", "/projects", "projects"),
+    ("PUT", "/projects/{item}", "projects"),
+    ("DELETE", "/projects/{item}", "projects"),
+    ("PUT", "/custom-providers/{item}", _PROVIDERS),
+    ("DELETE", "/custom-providers/{item}", _PROVIDERS),
+    ("POST", "/services/apply", _SERVICES),
+    ("POST", "/services/restart", _SERVICES),
+    ("POST", "/services/channel/{item}/{action}", _SERVICES),
+]
 
 
 def _unsupported(what: str) -> Callable[[], Awaitable[Ok]]:
@@ -603,3 +615,16 @@ def _unsupported(what: str) -> Callable[[], Awaitable[Ok]]:
         raise _not_here(what)
 
     return answer
+
+
+for _method, _path, _what in _UNSUPPORTED:
+    router.add_api_route(
+        _path,
+        _unsupported(_what),
+        methods=[_method],
+        status_code=501,
+        summary=f"Not in agentpost: {_what} (501)",
+        response_model=Ok,
+        # Always 501 by design (docs/compatibility.md): kept out of the schema, which lists what we serve.
+        include_in_schema=False,
+    )
