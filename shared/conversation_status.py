@@ -16,7 +16,7 @@ from typing import Any
 
 from shared import kv
 from shared.clock import now_ms
-from shared.db import Database
+from shared.db import Database, Tx
 from shared.kv import Scope
 
 #: SQL for a message's chat key: the conversation, else the sender id, else the sender (as the queue groups).
@@ -37,6 +37,31 @@ def record_run(
     started_at: int,
 ) -> None:
     """Note that ``agent`` now runs ``message_ids`` for the chat ``channel``/``conversation``."""
+    with db.transaction() as tx:
+        record_run_in(
+            tx,
+            agent,
+            run_id=run_id,
+            worker=worker,
+            channel=channel,
+            conversation=conversation,
+            message_ids=message_ids,
+            started_at=started_at,
+        )
+
+
+def record_run_in(
+    tx: Tx,
+    agent: str,
+    *,
+    run_id: str,
+    worker: str,
+    channel: str,
+    conversation: str,
+    message_ids: list[str],
+    started_at: int,
+) -> None:
+    """:func:`record_run` inside the caller's transaction (the processor writes it with the run's start)."""
     value = {
         "run_id": run_id,
         "worker": worker,
@@ -47,7 +72,7 @@ def record_run(
         "last_step": "",
         "last_step_at": 0,
     }
-    _put(db, agent, value)
+    kv.put(tx, Scope.AGENT_RUN, agent, json.dumps(value, separators=(",", ":")))
 
 
 def update_run_step(db: Database, agent: str, run_id: str, step: str, at: int) -> bool:
@@ -66,7 +91,20 @@ def clear_run(db: Database, agent: str, run_id: str) -> None:
     current = _get(db, agent)
     if current is not None and current.get("run_id") == run_id:
         with db.transaction() as tx:
-            kv.delete(tx, Scope.AGENT_RUN, agent)
+            clear_run_in(tx, agent, run_id)
+
+
+def clear_run_in(tx: Tx, agent: str, run_id: str) -> None:
+    """:func:`clear_run` inside the caller's transaction (the processor clears it with the completion)."""
+    value = kv.get(tx, Scope.AGENT_RUN, agent)
+    if value is None:
+        return
+    try:
+        current = json.loads(value)
+    except ValueError:
+        current = None
+    if not isinstance(current, dict) or current.get("run_id") == run_id:
+        kv.delete(tx, Scope.AGENT_RUN, agent)
 
 
 def current_run(db: Database, agent: str, now: int | None = None) -> dict[str, Any] | None:

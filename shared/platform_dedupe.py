@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from shared import kv
 from shared.clock import now_ms
-from shared.db import Database
+from shared.db import Database, Tx
 from shared.kv import Scope, scoped
 
 #: How long an id is remembered: longer than the longest platform retry window (7 days).
@@ -34,9 +34,17 @@ def remember(db: Database, channel: str, external_id: str) -> None:
     """Record that ``external_id`` was taken in (idempotent: the first time is kept)."""
     if not external_id:
         return
-    now = now_ms()
     with db.transaction() as tx:
-        kv.add(tx, scoped(Scope.SEEN, channel), external_id, str(now), now)
+        remember_in(tx, channel, external_id)
+
+
+def remember_in(tx: Tx, channel: str, external_id: str) -> None:
+    """:func:`remember` inside the caller's transaction (an adapter records it with the message it queues,
+    so the update is seen exactly when its message is queued)."""
+    if not external_id:
+        return
+    now = now_ms()
+    kv.add(tx, scoped(Scope.SEEN, channel), external_id, str(now), now)
 
 
 def prune(db: Database, channel: str, *, retention_ms: int = RETENTION_MS) -> int:
