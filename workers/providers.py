@@ -170,6 +170,36 @@ def kill_group(pgid: int, sig: int = signal.SIGKILL) -> None:
         os.killpg(pgid, sig)
 
 
+def _stopped_error(request: RunRequest, stopped_by: str) -> str:
+    """Why the processor killed a run that did not end by itself (``stopped_by``: idle or ceiling)."""
+    if stopped_by == "idle":
+        return (
+            f"no output for {request.idle_timeout:g} s (processor.idle_timeout_seconds); "
+            "the CLI and its process group were killed"
+        )
+    return (
+        f"timed out after {request.timeout:g} s (agents.{request.agent}.timeout_seconds); "
+        "the CLI and its process group were killed"
+    )
+
+
+async def _reap(process: Process, *, timed_out: bool) -> None:
+    """After a run, however it ended: make sure nothing of the CLI's process group survives, then close
+    the process's pipes. Every wait is shielded, so a cancelled run is still cleaned up."""
+    if process.returncode is None:
+        # Cancelled from outside (shutdown, lost lease) or timed out: nothing of the run may survive.
+        kill_group(process.pid, signal.SIGTERM)
+        with anyio.CancelScope(shield=True), anyio.move_on_after(2):
+            await process.wait()
+        kill_group(process.pid)
+        with anyio.CancelScope(shield=True), anyio.move_on_after(2):
+            await process.wait()
+    elif timed_out:
+        kill_group(process.pid)
+    with contextlib.suppress(Exception), anyio.CancelScope(shield=True):
+        await process.aclose()
+
+
 class CliProvider(abc.ABC):
     """Base of the subprocess providers: start, stream, time out, kill the group, judge the result."""
 
@@ -254,34 +284,14 @@ class CliProvider(abc.ABC):
                     tg.cancel_scope.cancel()
             if scope.cancelled_caught:
                 kill_group(process.pid)
-                if stopped_by == ["idle"]:
-                    error = (
-                        f"no output for {request.idle_timeout:g} s (processor.idle_timeout_seconds); "
-                        "the CLI and its process group were killed"
-                    )
-                else:
-                    error = (
-                        f"timed out after {request.timeout:g} s (agents.{request.agent}.timeout_seconds); "
-                        "the CLI and its process group were killed"
-                    )
+                error = _stopped_error(request, stopped_by[0])
                 result = RunResult(ok=False, timed_out=True, error=error, stopped_by=stopped_by[0])
             else:
                 result = self.finish(
                     state, int(process.returncode or 0), stderr_tail.decode(errors="replace")
                 )
         finally:
-            if process.returncode is None:
-                # Cancelled from outside (shutdown, lost lease) or timed out: nothing of the run may survive.
-                kill_group(process.pid, signal.SIGTERM)
-                with anyio.CancelScope(shield=True), anyio.move_on_after(2):
-                    await process.wait()
-                kill_group(process.pid)
-                with anyio.CancelScope(shield=True), anyio.move_on_after(2):
-                    await process.wait()
-            elif result is not None and result.timed_out:
-                kill_group(process.pid)
-            with contextlib.suppress(Exception), anyio.CancelScope(shield=True):
-                await process.aclose()
+            await _reap(process, timed_out=result is not None and result.timed_out)
         result.session_id = result.session_id or state.session_id
         result.exit_code = process.returncode if result.exit_code is None else result.exit_code
         result.duration_ms = int((time.monotonic() - started) * 1000)

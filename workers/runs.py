@@ -89,6 +89,27 @@ class Drive:
             self.groups.remove(group)
 
 
+def step_done(run: RunInfo, result: RunResult) -> dict[str, Any]:
+    """The payload of a run's ``chain_step_done`` event."""
+    done: dict[str, Any] = {
+        "agent": run.agent,
+        "ok": result.ok and not run.reason,
+        "exit_code": result.exit_code,
+        "duration_ms": result.duration_ms,
+        "timed_out": result.timed_out,
+        "pid": result.pid or run.pid,
+        "message_ids": run.group.ids,
+        "run_id": run.run_id,
+    }
+    if run.reason:
+        done["stopped_by"] = run.reason
+    elif not result.ok:
+        done["error"] = result.error[:500]
+        if result.stopped_by:
+            done["stopped_by"] = result.stopped_by
+    return done
+
+
 class RunSteps:
     """The run steps of the processor (a mixin: :class:`workers.processor.Processor` provides the state)."""
 
@@ -162,24 +183,7 @@ class RunSteps:
         run = RunInfo(agent, new_id("run"), group)
         if any(m.retry_count for m in group.messages):
             run.edit_key = retry_edit_key(primary.message_id)
-        uploads = self._upload_dir(primary)
-        extra_env = [("AGENTPOST_AGENT", agent), ("AGENTPOST_MESSAGE_ID", primary.message_id)]
-        if uploads is not None:
-            extra_env.append(("AGENTPOST_UPLOAD_DIR", str(uploads)))
-        request = RunRequest(
-            agent=agent,
-            settings=run_config,
-            workspace=workspace,
-            prompt=self._prompt(config, agent, group),
-            system_prompt=self._system_prompt(config, agent) if config.provider == "claude" else "",
-            session_id=session,
-            env=child_env(self.env, config, extra_env),
-            timeout=config.timeout_seconds,
-            idle_timeout=self.config.idle_timeout_seconds,
-            orphan_guard=self.config.orphan_guard,
-            on_spawn=run.spawned,
-            read_dirs=(uploads,) if uploads is not None else (),
-        )
+        request = self._request(run, config, run_config, workspace, session)
         ids = group.ids
         await self._event(
             "queue",
@@ -222,40 +226,61 @@ class RunSteps:
         finally:
             with anyio.CancelScope(shield=True):
                 await self._quietly(clear_run, self.rt.db, agent, run.run_id)
-        done = {
-            "agent": agent,
-            "ok": result.ok and not run.reason,
-            "exit_code": result.exit_code,
-            "duration_ms": result.duration_ms,
-            "timed_out": result.timed_out,
-            "pid": result.pid or run.pid,
-            "message_ids": ids,
-            "run_id": run.run_id,
-        }
-        if run.reason:
-            done["stopped_by"] = run.reason
-        elif not result.ok:
-            done["error"] = result.error[:500]
-            if result.stopped_by:
-                done["stopped_by"] = result.stopped_by
-        await self._event("queue", "chain_step_done", done, primary.message_id)
+        await self._event("queue", "chain_step_done", step_done(run, result), primary.message_id)
         if run.reason == "stop":
             await self._finish_stopped(drive, group, run.edit_key)
         elif run.reason == "interrupt":
-            # Not completed, not failed: the group waits in front, and the next claim merges the messages
-            # that interrupted it; the next run is told what it had started on. No attempt is counted.
-            self.stats.interrupted += 1
-            group.carried = len(group.messages)
-            drive.running = None
-            drive.groups.insert(0, group)
-            await self._event(
-                "queue", "run_interrupted", {"agent": agent, "message_ids": ids}, primary.message_id
-            )
+            await self._requeue_interrupted(drive, group)
         elif not result.ok:
             await self._finish_failed(drive, group, result, on_fallback)
         else:
             self.pauses.clear_strikes(agent)
             await self._finish_ok(drive, group, run, result, workspace, session_key)
+
+    def _request(
+        self,
+        run: RunInfo,
+        config: AgentSettings,
+        run_config: AgentSettings,
+        workspace: Path,
+        session: str | None,
+    ) -> RunRequest:
+        """What the provider needs for ``run``: prompt, environment, limits (``run_config``: the model in
+        force, the fallback one during a rate limit)."""
+        agent, group = run.agent, run.group
+        primary = group.messages[0]
+        uploads = self._upload_dir(primary)
+        extra_env = [("AGENTPOST_AGENT", agent), ("AGENTPOST_MESSAGE_ID", primary.message_id)]
+        if uploads is not None:
+            extra_env.append(("AGENTPOST_UPLOAD_DIR", str(uploads)))
+        return RunRequest(
+            agent=agent,
+            settings=run_config,
+            workspace=workspace,
+            prompt=self._prompt(config, agent, group),
+            system_prompt=self._system_prompt(config, agent) if config.provider == "claude" else "",
+            session_id=session,
+            env=child_env(self.env, config, extra_env),
+            timeout=config.timeout_seconds,
+            idle_timeout=self.config.idle_timeout_seconds,
+            orphan_guard=self.config.orphan_guard,
+            on_spawn=run.spawned,
+            read_dirs=(uploads,) if uploads is not None else (),
+        )
+
+    async def _requeue_interrupted(self, drive: Drive, group: WorkGroup) -> None:
+        """Not completed, not failed: the group waits in front, and the next claim merges the messages that
+        interrupted it; the next run is told what it had started on. No attempt is counted."""
+        self.stats.interrupted += 1
+        group.carried = len(group.messages)
+        drive.running = None
+        drive.groups.insert(0, group)
+        await self._event(
+            "queue",
+            "run_interrupted",
+            {"agent": drive.agent, "message_ids": group.ids},
+            group.messages[0].message_id,
+        )
 
     def _upload_dir(self, primary: QueuedMessage) -> Path | None:
         """The upload folder of the chat this run answers (a teammate's run: the chat its chain started

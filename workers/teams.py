@@ -96,6 +96,100 @@ def folded_note(count: int) -> str:
     return f"(Answering your {count} messages together.)"
 
 
+def _handoff_draft(
+    agent: str, target: str, text: str, shared: str, chain: str, metadata: dict[str, Any], hops: int
+) -> MessageDraft:
+    """An ``[@target: text]`` handoff as a message to ``target`` in the chain's internal conversation,
+    led by the context the reply shares with every teammate it addresses (``shared``)."""
+    body = f"[Message from teammate @{agent}]:\n"
+    if shared:
+        body += f"{shared}\n\n------\n\nDirected to you:\n"
+    body += text
+    return MessageDraft(
+        channel="internal",
+        prefix="internal",
+        sender=agent,
+        sender_id=agent,
+        message=body,
+        agent=target,
+        from_agent=agent,
+        conversation=chain,
+        metadata=metadata,
+        hops=hops,
+    )
+
+
+def _room_drafts(
+    members: Sequence[str], team: str, agent: str, text: str, base_meta: dict[str, Any], hops: int
+) -> list[MessageDraft]:
+    """A ``[#team: text]`` post as one message to every other member of ``team``."""
+    return [
+        MessageDraft(
+            channel="chat",
+            prefix="chat",
+            sender=agent,
+            sender_id=agent,
+            message=f"[#{team} chat room, from @{agent}]:\n{text}",
+            agent=member,
+            from_agent=agent,
+            conversation=f"#{team}",
+            metadata={**base_meta, "team": team},
+            hops=hops,
+        )
+        for member in members
+        if member != agent
+    ]
+
+
+def _relayed_answer(
+    agent: str,
+    primary: QueuedMessage,
+    origin: dict[str, Any] | None,
+    shown: str,
+    files: Sequence[str],
+    meta: dict[str, Any],
+) -> ResponseDraft | None:
+    """A teammate's answer, sent to the user chat its chain started from (none without one, or when the
+    answer shows nothing)."""
+    if origin is None or not (shown or files):
+        return None
+    text = shown or "(file attached)"
+    if origin.get("agent") != agent:
+        text = f"{speaker_label(agent, str(origin['channel']))} {text}"
+        meta["speaker"] = agent
+    return ResponseDraft(
+        message=text,
+        files=list(files),
+        metadata={**meta, "from_agent": agent, "via": primary.channel},
+        channel=origin["channel"],
+        sender=origin.get("sender", ""),
+        sender_id=origin.get("sender_id", ""),
+        conversation=origin.get("conversation", ""),
+    )
+
+
+def _chat_answer(
+    agent: str,
+    group: Sequence[QueuedMessage],
+    shown: str,
+    files: Sequence[str],
+    meta: dict[str, Any],
+    *,
+    speaker: bool,
+) -> ResponseDraft:
+    """The answer to a user chat: labelled with the agent's name when ``speaker``, and led by a line
+    saying so when it answers several of the user's messages at once."""
+    text = shown or EMPTY_REPLY
+    if speaker:
+        text = f"{speaker_label(agent, group[0].channel)} {text}"
+        meta["speaker"] = agent
+    folded = sum(1 for m in group if m.channel not in INTERNAL_CHANNELS)  # the user's own messages
+    if folded > 1:
+        text = f"{folded_note(folded)}\n{text}"
+        meta["folded"] = folded
+    return ResponseDraft(message=text, files=list(files), metadata=meta)
+
+
 def plan_reply(
     settings: Settings,
     agent: str,
@@ -137,23 +231,9 @@ def plan_reply(
                 plan.ignored.append({"tag": f"#{team_name}", "reason": reason})
                 continue
             plan.chat_posts.append(ChatPost(team_id=team_name, from_agent=agent, message=tag.text))
-            for member in settings.teams[team_name].agents:
-                if member == agent:
-                    continue
-                plan.followups.append(
-                    MessageDraft(
-                        channel="chat",
-                        prefix="chat",
-                        sender=agent,
-                        sender_id=agent,
-                        message=f"[#{team_name} chat room, from @{agent}]:\n{tag.text}",
-                        agent=member,
-                        from_agent=agent,
-                        conversation=f"#{team_name}",
-                        metadata={**base_meta, "team": team_name},
-                        hops=hops,
-                    )
-                )
+            plan.followups.extend(
+                _room_drafts(settings.teams[team_name].agents, team_name, agent, tag.text, base_meta, hops)
+            )
             continue
         for target in tag.targets:
             if target == agent:
@@ -163,53 +243,17 @@ def plan_reply(
                 reason = "unknown agent" if target not in settings.agents else "not a teammate"
                 plan.ignored.append({"tag": f"@{target}", "reason": reason})
                 continue
-            body = f"[Message from teammate @{agent}]:\n"
-            if shared:
-                body += f"{shared}\n\n------\n\nDirected to you:\n"
-            body += tag.text
-            plan.followups.append(
-                MessageDraft(
-                    channel="internal",
-                    prefix="internal",
-                    sender=agent,
-                    sender_id=agent,
-                    message=body,
-                    agent=target,
-                    from_agent=agent,
-                    conversation=chain,
-                    metadata={**base_meta, "team": reachable[target]},
-                    hops=hops,
-                )
-            )
+            to_team = {**base_meta, "team": reachable[target]}
+            plan.followups.append(_handoff_draft(agent, target, tag.text, shared, chain, to_team, hops))
 
-    shown = render_for_user(reply).strip()
     meta = {"agent": agent, **(metadata or {})}
+    shown = render_for_user(reply).strip()
     if primary.channel in AGENT_CHANNELS:
-        if origin is not None and (shown or files):
-            text = shown or "(file attached)"
-            if origin.get("agent") != agent:
-                text = f"{speaker_label(agent, str(origin['channel']))} {text}"
-                meta["speaker"] = agent
-            plan.response = ResponseDraft(
-                message=text,
-                files=list(files),
-                metadata={**meta, "from_agent": agent, "via": primary.channel},
-                channel=origin["channel"],
-                sender=origin.get("sender", ""),
-                sender_id=origin.get("sender_id", ""),
-                conversation=origin.get("conversation", ""),
-            )
+        plan.response = _relayed_answer(agent, primary, origin, shown, files, meta)
     else:
-        text = shown or EMPTY_REPLY
         hands_on = any(f.channel == "internal" for f in plan.followups)
-        if hands_on or len(set(chat_agents) | {agent}) > 1:
-            text = f"{speaker_label(agent, primary.channel)} {text}"
-            meta["speaker"] = agent
-        folded = sum(1 for m in group if m.channel not in INTERNAL_CHANNELS)  # the user's own messages
-        if folded > 1:
-            text = f"{folded_note(folded)}\n{text}"
-            meta["folded"] = folded
-        plan.response = ResponseDraft(message=text, files=list(files), metadata=meta)
+        speaks = hands_on or len(set(chat_agents) | {agent}) > 1
+        plan.response = _chat_answer(agent, group, shown, files, meta, speaker=speaks)
 
     for m in group:
         plan.history.append(AgentTurn(agent, "user", m.message, m.channel, m.sender, m.message_id))
