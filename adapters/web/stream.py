@@ -20,9 +20,9 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import anyio
-import anyio.to_thread
 from starlette.responses import Response
 
+from shared.aio import call
 from shared.clock import now_ms
 from shared.events import CursorExpired, EventEntry, parse_cursor
 from shared.storage_errors import storage_problem
@@ -117,7 +117,7 @@ async def follow(
     cursor = after
     while cursor is None:
         try:
-            cursor = await anyio.to_thread.run_sync(events.last_cursor)
+            cursor = await call(events.last_cursor)
         except Exception as exc:
             await _pause_for(exc, limits)
             yield None
@@ -125,7 +125,7 @@ async def follow(
         # Take the generation before reading: a change that lands between the read and the wait is seen.
         generation = signal.generation
         try:
-            batch = await anyio.to_thread.run_sync(events.read, topic, cursor, limits.page_size)
+            batch = await call(events.read, topic, cursor, limits.page_size)
         except CursorExpired as exc:
             yield Reset(cursor, exc.retained_after)
             cursor = exc.retained_after
@@ -241,7 +241,7 @@ class EventStreamResponse(Response):
         start = self.after
         if start is None:
             try:
-                start = await anyio.to_thread.run_sync(self.events.last_cursor)
+                start = await call(self.events.last_cursor)
             except Exception as exc:
                 if storage_problem(exc) is None:
                     raise

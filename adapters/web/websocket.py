@@ -28,11 +28,12 @@ import re
 from typing import Any
 
 import anyio
-import anyio.to_thread
+from anyio.abc import TaskGroup
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
+from shared.aio import call
 from shared.db import lock_wait_limit
-from shared.events import ALL_TOPICS, EventLog
+from shared.events import ALL_TOPICS, EventEntry, EventLog
 from shared.storage_errors import storage_problem
 
 from .dialect import event_data
@@ -60,114 +61,10 @@ async def serve_websocket(
     await websocket.accept()
     stats.clients += 1
     stats.connections_total += 1
-    send_lock = anyio.Lock()
-    subscriptions: dict[str, anyio.CancelScope] = {}
-    client_id = ["ws"]  # the consumer acks are stored under, until the client names itself
-
-    async def send(data: dict[str, Any]) -> None:
-        async with send_lock:
-            try:
-                with anyio.fail_after(limits.send_timeout):
-                    await websocket.send_text(json.dumps(data, separators=(",", ":")))
-            except TimeoutError:
-                stats.slow_disconnects_total += 1
-                raise _TooSlow from None
-            except (WebSocketDisconnect, RuntimeError, OSError):
-                raise _Gone from None
-
-    async def run_subscription(topic_key: str, after: str | None, scope: anyio.CancelScope) -> None:
-        topic = None if topic_key == ALL_TOPICS else topic_key
-        with scope:
-            async for item in follow(events, signal, topic, after, limits):
-                if item is None:
-                    continue
-                if isinstance(item, Reset):
-                    stats.resets_total += 1
-                    await send(
-                        {
-                            "type": "queue_reset",
-                            "topic": topic_key,
-                            "cursor": item.cursor,
-                            "retainedAfter": item.retained_after,
-                        }
-                    )
-                    continue
-                for entry in item:
-                    await send(
-                        {
-                            "type": "queue_entry",
-                            "topic": topic_key,
-                            "cursor": entry.cursor,
-                            "event": event_data(entry),
-                            "timestamp": entry.created_at,
-                        }
-                    )
-                stats.events_sent_total += len(item)
-
+    connection = _Connection(websocket, events, signal, limits, stats)
     try:
         async with anyio.create_task_group() as tg:
-            while True:
-                try:
-                    raw = await websocket.receive_text()
-                except (WebSocketDisconnect, RuntimeError, KeyError):
-                    break
-                if len(raw) > MAX_FRAME_BYTES:
-                    await send({"type": "error", "error": f"frame larger than {MAX_FRAME_BYTES} bytes"})
-                    continue
-                try:
-                    msg = json.loads(raw)
-                    if not isinstance(msg, dict):
-                        raise ValueError("a frame must be a JSON object")
-                    kind = msg.get("type")
-                    topic_key = str(msg.get("topic") or ALL_TOPICS)
-                    if len(topic_key) > 100:
-                        raise ValueError("topic too long")
-                    named = _opt_str(msg.get("clientId") or msg.get("consumer"))
-                    if named:
-                        if not CONSUMER_RE.match(named):
-                            raise ValueError("clientId: 1 to 100 letters, digits or . _ : -")
-                        client_id[0] = named
-                    if kind == "queue_subscribe":
-                        after = valid_cursor(_opt_str(msg.get("afterCursor")))
-                        if topic_key in subscriptions:
-                            raise ValueError(f"already subscribed to {topic_key!r}; unsubscribe first")
-                        if len(subscriptions) >= MAX_SUBSCRIPTIONS:
-                            raise ValueError(f"at most {MAX_SUBSCRIPTIONS} subscriptions per connection")
-                        scope = anyio.CancelScope()
-                        subscriptions[topic_key] = scope
-                        latest = await anyio.to_thread.run_sync(
-                            events.latest_cursor, None if topic_key == ALL_TOPICS else topic_key
-                        )
-                        if after is None:
-                            # "From now on" starts here, before the confirmation: whatever is appended
-                            # once the client holds queue_subscribed reaches it.
-                            after = await anyio.to_thread.run_sync(events.last_cursor)
-                        await send({"type": "queue_subscribed", "topic": topic_key, "latestCursor": latest})
-                        tg.start_soon(run_subscription, topic_key, after, scope)
-                    elif kind == "queue_unsubscribe":
-                        found = subscriptions.pop(topic_key, None)
-                        if found is not None:
-                            found.cancel()
-                        await send({"type": "queue_unsubscribed", "topic": topic_key})
-                    elif kind == "queue_ack":
-                        cursor = valid_cursor(_opt_str(msg.get("cursor")))
-                        if cursor is None:
-                            raise ValueError("queue_ack needs a cursor")
-                        consumer = client_id[0]
-                        await anyio.to_thread.run_sync(_ack, events, consumer, topic_key, cursor, limits)
-                        await send({"type": "queue_acked", "topic": topic_key, "cursor": cursor})
-                    else:
-                        raise ValueError(f"unknown message type {kind!r}")
-                except (ValueError, TypeError) as exc:
-                    await send({"type": "error", "error": str(exc)})
-                except Exception as exc:
-                    # The database in trouble (an ack that could not be stored): say so and stay connected.
-                    problem = storage_problem(exc)
-                    if problem is None:
-                        raise
-                    await send(
-                        {"type": "error", "error": problem.public(), "retryAfter": problem.retry_after}
-                    )
+            await connection.receive_frames(tg)
             tg.cancel_scope.cancel()
     except* _TooSlow:
         log.warning("websocket client accepted nothing for %.1fs: closing it", limits.send_timeout)
@@ -177,6 +74,137 @@ async def serve_websocket(
         pass  # the client left while we were sending to it
     finally:
         stats.clients -= 1
+
+
+class _Connection:
+    """One client's subscriptions, the consumer its acks are stored under, and the one way to send to it."""
+
+    def __init__(
+        self,
+        websocket: WebSocket,
+        events: EventLog,
+        signal: ChangeSignal,
+        limits: StreamLimits,
+        stats: StreamStats,
+    ) -> None:
+        self.websocket = websocket
+        self.events = events
+        self.signal = signal
+        self.limits = limits
+        self.stats = stats
+        self.send_lock = anyio.Lock()
+        self.subscriptions: dict[str, anyio.CancelScope] = {}
+        self.client_id = "ws"  # the consumer acks are stored under, until the client names itself
+
+    async def send(self, data: dict[str, Any]) -> None:
+        async with self.send_lock:
+            try:
+                with anyio.fail_after(self.limits.send_timeout):
+                    await self.websocket.send_text(json.dumps(data, separators=(",", ":")))
+            except TimeoutError:
+                self.stats.slow_disconnects_total += 1
+                raise _TooSlow from None
+            except (WebSocketDisconnect, RuntimeError, OSError):
+                raise _Gone from None
+
+    async def receive_frames(self, tg: TaskGroup) -> None:
+        """Answer the client's frames until it leaves; an invalid frame or an ack the database could not
+        store is answered with an error frame, and the connection stays open."""
+        while True:
+            try:
+                raw = await self.websocket.receive_text()
+            except (WebSocketDisconnect, RuntimeError, KeyError):
+                return
+            if len(raw) > MAX_FRAME_BYTES:
+                await self.send({"type": "error", "error": f"frame larger than {MAX_FRAME_BYTES} bytes"})
+                continue
+            try:
+                await self.handle(json.loads(raw), tg)
+            except (ValueError, TypeError) as exc:
+                await self.send({"type": "error", "error": str(exc)})
+            except Exception as exc:
+                # The database in trouble (an ack that could not be stored): say so and stay connected.
+                problem = storage_problem(exc)
+                if problem is None:
+                    raise
+                await self.send(
+                    {"type": "error", "error": problem.public(), "retryAfter": problem.retry_after}
+                )
+
+    async def handle(self, msg: Any, tg: TaskGroup) -> None:
+        """One frame of the client (raises :class:`ValueError` with the reason for an invalid one)."""
+        if not isinstance(msg, dict):
+            raise ValueError("a frame must be a JSON object")
+        kind = msg.get("type")
+        topic_key = str(msg.get("topic") or ALL_TOPICS)
+        if len(topic_key) > 100:
+            raise ValueError("topic too long")
+        named = _opt_str(msg.get("clientId") or msg.get("consumer"))
+        if named:
+            if not CONSUMER_RE.match(named):
+                raise ValueError("clientId: 1 to 100 letters, digits or . _ : -")
+            self.client_id = named
+        if kind == "queue_subscribe":
+            await self.subscribe(topic_key, valid_cursor(_opt_str(msg.get("afterCursor"))), tg)
+        elif kind == "queue_unsubscribe":
+            found = self.subscriptions.pop(topic_key, None)
+            if found is not None:
+                found.cancel()
+            await self.send({"type": "queue_unsubscribed", "topic": topic_key})
+        elif kind == "queue_ack":
+            cursor = valid_cursor(_opt_str(msg.get("cursor")))
+            if cursor is None:
+                raise ValueError("queue_ack needs a cursor")
+            await call(_ack, self.events, self.client_id, topic_key, cursor, self.limits)
+            await self.send({"type": "queue_acked", "topic": topic_key, "cursor": cursor})
+        else:
+            raise ValueError(f"unknown message type {kind!r}")
+
+    async def subscribe(self, topic_key: str, after: str | None, tg: TaskGroup) -> None:
+        if topic_key in self.subscriptions:
+            raise ValueError(f"already subscribed to {topic_key!r}; unsubscribe first")
+        if len(self.subscriptions) >= MAX_SUBSCRIPTIONS:
+            raise ValueError(f"at most {MAX_SUBSCRIPTIONS} subscriptions per connection")
+        scope = anyio.CancelScope()
+        self.subscriptions[topic_key] = scope
+        latest = await call(self.events.latest_cursor, None if topic_key == ALL_TOPICS else topic_key)
+        if after is None:
+            # "From now on" starts here, before the confirmation: whatever is appended once the client holds
+            # queue_subscribed reaches it.
+            after = await call(self.events.last_cursor)
+        await self.send({"type": "queue_subscribed", "topic": topic_key, "latestCursor": latest})
+        tg.start_soon(self.run_subscription, topic_key, after, scope)
+
+    async def run_subscription(self, topic_key: str, after: str | None, scope: anyio.CancelScope) -> None:
+        topic = None if topic_key == ALL_TOPICS else topic_key
+        with scope:
+            async for item in follow(self.events, self.signal, topic, after, self.limits):
+                if item is None:
+                    continue
+                if isinstance(item, Reset):
+                    self.stats.resets_total += 1
+                    await self.send(
+                        {
+                            "type": "queue_reset",
+                            "topic": topic_key,
+                            "cursor": item.cursor,
+                            "retainedAfter": item.retained_after,
+                        }
+                    )
+                    continue
+                for entry in item:
+                    await self.send(_entry_frame(topic_key, entry))
+                self.stats.events_sent_total += len(item)
+
+
+def _entry_frame(topic_key: str, entry: EventEntry) -> dict[str, Any]:
+    return {
+        "type": "queue_entry",
+        "topic": topic_key,
+        "cursor": entry.cursor,
+        "event": event_data(entry),
+        "timestamp": entry.created_at,
+    }
 
 
 def _ack(events: EventLog, consumer: str, topic: str, cursor: str, limits: StreamLimits) -> None:
