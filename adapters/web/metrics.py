@@ -120,93 +120,109 @@ class Metrics:
         """The exposition text (call from a worker thread: it reads the database)."""
         with self._lock:
             self._catch_up()
-            status = self.queue.queue_status()
-            depths = self.queue.agent_queue_depths()
             lines: list[str] = []
+            self._queue_families(lines)
+            self._counter_families(lines)
+            self._stream_families(lines)
+            return "\n".join(lines) + "\n"
 
-            def family(
-                name: str, kind: str, help_text: str, samples: Iterable[tuple[dict[str, str], float]]
-            ) -> None:
-                lines.append(f"# HELP {name} {help_text}")
-                lines.append(f"# TYPE {name} {kind}")
-                for labels, value in samples:
-                    lines.append(f"{name}{_labels(labels)} {value:g}")
+    def _queue_families(self, lines: list[str]) -> None:
+        status = self.queue.queue_status()
+        depths = self.queue.agent_queue_depths()
+        _family(lines, "agentpost_up", "gauge", "1 while the web process can read the database.", [({}, 1)])
+        _family(
+            lines,
+            "agentpost_queue_messages",
+            "gauge",
+            "Messages by status.",
+            [
+                ({"status": s}, float(status.get(s, 0)))
+                for s in ("pending", "processing", "completed", "dead")
+            ],
+        )
+        _family(
+            lines,
+            "agentpost_queue_responses",
+            "gauge",
+            "Undelivered responses by status (failed: the platform refused them for good).",
+            [
+                ({"status": "pending"}, float(status.get("responses_pending", 0))),
+                ({"status": "delivering"}, float(status.get("responses_delivering", 0))),
+                ({"status": "failed"}, float(status.get("responses_failed", 0))),
+            ],
+        )
+        _family(
+            lines,
+            "agentpost_agent_queue_depth",
+            "gauge",
+            "Pending and processing messages per agent.",
+            [
+                ({"agent": str(d["agent"]), "status": s}, float(d[s]))
+                for d in depths
+                for s in ("pending", "processing")
+            ],
+        )
 
-            family("agentpost_up", "gauge", "1 while the web process can read the database.", [({}, 1)])
-            family(
-                "agentpost_queue_messages",
-                "gauge",
-                "Messages by status.",
-                [
-                    ({"status": s}, float(status.get(s, 0)))
-                    for s in ("pending", "processing", "completed", "dead")
-                ],
-            )
-            family(
-                "agentpost_queue_responses",
-                "gauge",
-                "Undelivered responses by status (failed: the platform refused them for good).",
-                [
-                    ({"status": "pending"}, float(status.get("responses_pending", 0))),
-                    ({"status": "delivering"}, float(status.get("responses_delivering", 0))),
-                    ({"status": "failed"}, float(status.get("responses_failed", 0))),
-                ],
-            )
-            family(
-                "agentpost_agent_queue_depth",
-                "gauge",
-                "Pending and processing messages per agent.",
-                [
-                    ({"agent": str(d["agent"]), "status": s}, float(d[s]))
-                    for d in depths
-                    for s in ("pending", "processing")
-                ],
-            )
-            for name, help_text in _HELP.items():
-                family(
-                    name, "counter", help_text + " (since this process started)", [({}, self._counters[name])]
-                )
-            family(
-                "agentpost_events_total",
+    def _counter_families(self, lines: list[str]) -> None:
+        for name, help_text in _HELP.items():
+            _family(
+                lines,
+                name,
                 "counter",
-                "Events appended to the log, by type (since this process started).",
-                [({"type": t}, float(n)) for t, n in sorted(self._events_by_type.items())],
+                help_text + " (since this process started)",
+                [({}, self._counters[name])],
             )
-            lines.append(
-                "# HELP agentpost_agent_run_seconds Time from claim to completion or failure per agent."
-            )
-            lines.append("# TYPE agentpost_agent_run_seconds summary")
-            for agent in sorted(self._run_count):
-                lines.append(
-                    f"agentpost_agent_run_seconds_sum{_labels({'agent': agent})} {self._run_sum[agent]:g}"
-                )
-                lines.append(
-                    f"agentpost_agent_run_seconds_count{_labels({'agent': agent})} {self._run_count[agent]}"
-                )
-            st = self.stream_stats
-            family("agentpost_stream_clients", "gauge", "Connected live-stream clients.", [({}, st.clients)])
-            family(
+        _family(
+            lines,
+            "agentpost_events_total",
+            "counter",
+            "Events appended to the log, by type (since this process started).",
+            [({"type": t}, float(n)) for t, n in sorted(self._events_by_type.items())],
+        )
+        lines.append("# HELP agentpost_agent_run_seconds Time from claim to completion or failure per agent.")
+        lines.append("# TYPE agentpost_agent_run_seconds summary")
+        for agent in sorted(self._run_count):
+            labels = _labels({"agent": agent})
+            lines.append(f"agentpost_agent_run_seconds_sum{labels} {self._run_sum[agent]:g}")
+            lines.append(f"agentpost_agent_run_seconds_count{labels} {self._run_count[agent]}")
+
+    def _stream_families(self, lines: list[str]) -> None:
+        st = self.stream_stats
+        for name, kind, help_text, value in [
+            ("agentpost_stream_clients", "gauge", "Connected live-stream clients.", st.clients),
+            (
                 "agentpost_stream_connections_total",
                 "counter",
                 "Live-stream connections.",
-                [({}, st.connections_total)],
-            )
-            family(
+                st.connections_total,
+            ),
+            (
                 "agentpost_stream_events_sent_total",
                 "counter",
                 "Events sent to stream clients.",
-                [({}, st.events_sent_total)],
-            )
-            family(
+                st.events_sent_total,
+            ),
+            (
                 "agentpost_stream_slow_disconnects_total",
                 "counter",
                 "Stream clients cut off because they accepted no data in time.",
-                [({}, st.slow_disconnects_total)],
-            )
-            family(
+                st.slow_disconnects_total,
+            ),
+            (
                 "agentpost_stream_resets_total",
                 "counter",
                 "Reset notices sent for expired cursors.",
-                [({}, st.resets_total)],
-            )
-            return "\n".join(lines) + "\n"
+                st.resets_total,
+            ),
+        ]:
+            _family(lines, name, kind, help_text, [({}, value)])
+
+
+def _family(
+    lines: list[str], name: str, kind: str, help_text: str, samples: Iterable[tuple[dict[str, str], float]]
+) -> None:
+    """One metric family in the exposition format: its HELP and TYPE lines, then its samples."""
+    lines.append(f"# HELP {name} {help_text}")
+    lines.append(f"# TYPE {name} {kind}")
+    for labels, value in samples:
+        lines.append(f"{name}{_labels(labels)} {value:g}")
