@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import json
 import random
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
@@ -187,17 +187,23 @@ class ResponseOps(QueueState):
         *,
         lease_ms: int | None = None,
         platform_id: str | None = None,
+        ack: bool = False,
+        also: Callable[[Tx], None] | None = None,
     ) -> bool:
         """Record that chunk ``chunk_index`` (0-based) was sent, so a restart resumes after it. With
         ``platform_id`` (the platform's id of the sent message) also remember which response it belongs to.
+        With ``ack`` (the last chunk) the response is acknowledged in the same transaction, and ``also(tx)``
+        runs in it too (the adapter's own record of the reply), so a delivered reply costs one write.
 
-        Returns False when the worker no longer holds the response or the chunk was already recorded.
+        Returns False (changing nothing) when the worker no longer holds the response or the chunk was
+        already recorded.
         """
         now = now_ms()
         with self.db.transaction() as tx:
-            n = tx.execute(
+            row = tx.one(
                 "UPDATE responses SET delivered = :next, lease_until = :lease, updated_at = :now WHERE id = :id "
-                "AND claimed_by = :worker AND status = 'delivering' AND delivered = :index",
+                "AND claimed_by = :worker AND status = 'delivering' AND delivered = :index "
+                "RETURNING message_id, channel",
                 {
                     "next": chunk_index + 1,
                     "lease": now + (lease_ms or self.config.lease_ms),
@@ -206,35 +212,29 @@ class ResponseOps(QueueState):
                     "worker": worker,
                     "index": chunk_index,
                 },
-            ).rowcount
-            if n:
-                mid = tx.scalar("SELECT message_id FROM responses WHERE id = :id", {"id": response_id})
-                if platform_id:
-                    channel = tx.scalar("SELECT channel FROM responses WHERE id = :id", {"id": response_id})
-                    kv.put(tx, scoped(Scope.SENT, str(channel)), platform_id, str(response_id), now)
-                append_events(
-                    tx,
-                    [
-                        PendingEvent(
-                            "chunk_delivered", {"response_id": response_id, "chunk": chunk_index}, mid
-                        )
-                    ],
-                    now,
-                )
-        return bool(n)
+            )
+            if row is None:
+                return False
+            mid = row["message_id"]
+            if platform_id:
+                kv.put(tx, scoped(Scope.SENT, str(row["channel"])), platform_id, str(response_id), now)
+            events = [
+                PendingEvent("chunk_delivered", {"response_id": response_id, "chunk": chunk_index}, mid)
+            ]
+            if ack:
+                self._ack_in(tx, response_id, worker, now)
+                events.append(PendingEvent("response_acked", {"response_id": response_id}, mid))
+            append_events(tx, events, now)
+            if also is not None:
+                also(tx)
+        return True
 
     def ack_response(self, response_id: int, worker: str | None = None) -> bool:
         """Mark a response delivered. With ``worker``, only if that worker holds it. Idempotent."""
         now = now_ms()
-        fence = " AND claimed_by = :worker" if worker is not None else ""
         with self.db.transaction() as tx:
-            # A failed response stays failed: an ack arriving late must not turn it into "delivered".
-            row = tx.one(
-                f"UPDATE responses SET status = 'acked', acked_at = :now, updated_at = :now, lease_until = NULL "
-                f"WHERE id = :id AND status <> 'acked' AND status <> 'failed'{fence} RETURNING message_id",
-                {"now": now, "id": response_id, "worker": worker},
-            )
-            if row is None:
+            mid = self._ack_in(tx, response_id, worker, now)
+            if mid is None:
                 exists = tx.scalar("SELECT status FROM responses WHERE id = :id", {"id": response_id})
                 if exists is None:
                     raise NotFound(f"no response with id {response_id}")
@@ -244,11 +244,22 @@ class ResponseOps(QueueState):
                     kv.delete(tx, Scope.DELIVERY_ATTEMPTS, str(response_id))
                     return True
                 return False
-            append_events(
-                tx, [PendingEvent("response_acked", {"response_id": response_id}, row["message_id"])], now
-            )
-            kv.delete(tx, Scope.DELIVERY_ATTEMPTS, str(response_id))
+            append_events(tx, [PendingEvent("response_acked", {"response_id": response_id}, mid)], now)
         return True
+
+    def _ack_in(self, tx: Tx, response_id: int, worker: str | None, now: int) -> str | None:
+        """The ack itself: the response's message id, or None when it was not acked (failed responses stay
+        failed: an ack arriving late must not turn them into "delivered")."""
+        fence = " AND claimed_by = :worker" if worker is not None else ""
+        row = tx.one(
+            f"UPDATE responses SET status = 'acked', acked_at = :now, updated_at = :now, lease_until = NULL "
+            f"WHERE id = :id AND status <> 'acked' AND status <> 'failed'{fence} RETURNING message_id",
+            {"now": now, "id": response_id, "worker": worker},
+        )
+        if row is None:
+            return None
+        kv.delete(tx, Scope.DELIVERY_ATTEMPTS, str(response_id))
+        return str(row["message_id"])
 
     def renew_response_lease(self, response_id: int, worker: str, *, lease_ms: int | None = None) -> bool:
         """Extend the lease of a response this worker is delivering (a slow send must not look dead)."""

@@ -44,3 +44,21 @@ def test_work_added_to_a_transaction_commits_with_it_or_not_at_all(queue: Queue)
         queue.complete_messages([m.message_id], "other", "x", also=_put("lost"))
     queue.complete_messages([m.message_id], "w1", "done", also=_put("completed"))
     assert [e.key for e in kv.entries(queue.db, Scope.AGENT_RUN)] == ["completed", "enqueued", "started"]
+
+
+def test_the_last_chunk_and_the_ack_are_one_write(queue: Queue) -> None:
+    queue.enqueue_message("telegram", "ann", "hi", agent="alpha", conversation="42")
+    (m,) = queue.claim_all_pending_messages("alpha", "w1")
+    queue.complete_messages([m.message_id], "w1", "the answer")
+    (reply,) = queue.claim_responses_for_channel("telegram", "d1")
+    # A deliverer that lost the reply changes nothing, its own record included.
+    assert not queue.mark_chunk_delivered(reply.id, "someone-else", 0, ack=True, also=_put("lost"))
+    assert queue.mark_chunk_delivered(reply.id, "d1", 0, platform_id="777", ack=True, also=_put("sent"))
+    status = queue.db.read("SELECT status, delivered FROM responses WHERE id = :i", {"i": reply.id})
+    assert status == [{"status": "acked", "delivered": 1}]
+    assert [e.key for e in kv.entries(queue.db, Scope.AGENT_RUN)] == ["sent"]
+    kinds = [
+        r["type"] for r in queue.db.read("SELECT type FROM events WHERE message_id = :m", {"m": m.message_id})
+    ]
+    assert kinds[-2:] == ["chunk_delivered", "response_acked"]
+    assert queue.claim_responses_for_channel("telegram", "d1") == []
