@@ -14,7 +14,6 @@ Outcomes, each written in one transaction while the group's leases are held (:me
 
 from __future__ import annotations
 
-import functools
 import logging
 from collections.abc import Callable
 from pathlib import Path
@@ -135,8 +134,7 @@ class RunSteps:
                 conversation=target.get("conversation", ""),
             )
         group = WorkGroup(batch, "collect")
-        write = functools.partial(self.rt.queue.complete_messages, ids, self.worker, draft)
-        if await self._settle(drive, group, write):
+        if await self._settle(drive, group, self.rt.queue.complete_messages, ids, self.worker, draft):
             self.stats.dropped += len(ids)
             await self._event(
                 "queue",
@@ -145,11 +143,20 @@ class RunSteps:
                 ids[0],
             )
 
-    async def _settle(self, drive: Drive, group: WorkGroup, write: Callable[[], Any]) -> bool:
-        """Write a group's outcome (under the renewal lock) and stop holding it; False if the lease was lost."""
+    async def _settle(
+        self,
+        drive: Drive,
+        group: WorkGroup,
+        write: Callable[P, object],
+        /,
+        *args: P.args,
+        **kwargs: P.kwargs,
+    ) -> bool:
+        """Write a group's outcome, ``write(*args, **kwargs)``, under the renewal lock, and stop holding the
+        group; False if the lease was lost."""
         async with drive.lock:
             try:
-                await call(write)
+                await call(write, *args, **kwargs)
                 return True
             except LeaseLost as exc:
                 self.stats.lease_lost += 1
@@ -379,7 +386,9 @@ class RunSteps:
         )
         if silent:
             plan.response = None  # recorded in the history, sent to no one
-        write = functools.partial(
+        if await self._settle(
+            drive,
+            group,
             self.rt.queue.complete_messages,
             group.ids,
             self.worker,
@@ -387,8 +396,7 @@ class RunSteps:
             followups=plan.followups,
             chat_posts=plan.chat_posts,
             history=plan.history,
-        )
-        if await self._settle(drive, group, write):
+        ):
             self.stats.completed += len(group.ids)
             if silent:
                 self.stats.silent += 1
@@ -408,7 +416,9 @@ class RunSteps:
         if diagnosis.kind == "rate_limit":
             await self._rate_limited(drive, group, result, on_fallback)
             return
-        write = functools.partial(
+        if await self._settle(
+            drive,
+            group,
             self.rt.queue.fail_messages,
             ids,
             self.worker,
@@ -417,8 +427,7 @@ class RunSteps:
             explanation=diagnosis.explanation,
             advice=diagnosis.advice,
             tell_retry=True,
-        )
-        if await self._settle(drive, group, write):
+        ):
             self.stats.failed += len(ids)
 
     async def _rate_limited(
@@ -442,7 +451,9 @@ class RunSteps:
                 {"agent": agent, "model": fallback, "until": until, "message_ids": group.ids},
                 group.messages[0].message_id,
             )
-            retry_now = functools.partial(
+            await self._settle(
+                drive,
+                group,
                 self.rt.queue.fail_messages,
                 group.ids,
                 self.worker,
@@ -450,14 +461,15 @@ class RunSteps:
                 count_attempt=False,
                 retry_after_ms=0,
             )
-            await self._settle(drive, group, retry_now)
             return
         reason = f"rate limited{' (stated reset)' if reset else ''}: {error[:200]}"
         await call(self.rt.queue.pause_agent, agent, until, reason)
         wait = max(0, until - now)
         for held in [group, *drive.groups]:
             why = error if held is group else "released: the agent is paused by a rate limit"
-            write = functools.partial(
+            await self._settle(
+                drive,
+                held,
                 self.rt.queue.fail_messages,
                 held.ids,
                 self.worker,
@@ -465,7 +477,6 @@ class RunSteps:
                 count_attempt=False,
                 retry_after_ms=wait,
             )
-            await self._settle(drive, held, write)
         drive.paused = True
         self.pauses.pause(agent, wait / 1000)
         told = await call(
@@ -491,8 +502,7 @@ class RunSteps:
                 sender_id=target.get("sender_id", ""),
                 conversation=target.get("conversation", ""),
             )
-        write = functools.partial(self.rt.queue.complete_messages, group.ids, self.worker, draft)
-        if await self._settle(drive, group, write):
+        if await self._settle(drive, group, self.rt.queue.complete_messages, group.ids, self.worker, draft):
             self.stats.stopped += len(group.ids)
             await self._event(
                 "queue",
