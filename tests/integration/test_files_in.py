@@ -32,7 +32,6 @@ from tests.fakes.whatsapp_api import (
 from tests.files_in_support import DOC, PNG, PNG_B64, read_outcomes, reader
 from tests.liveness_support import claude_home, cli_env
 from tests.processor_support import run_idle
-from workers.providers import read_access
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -158,19 +157,6 @@ def _up(url: str) -> bool:
         return httpx.get(url).status_code == 403
     except httpx.HTTPError:
         return False
-
-
-def test_read_access_arguments() -> None:
-    assert read_access(Path("/srv/agentpost/files/telegram/42")) == [
-        "--allowedTools",
-        "Read(//srv/agentpost/files/telegram/42/**)",
-    ]
-    # A path the permission-rule syntax cannot carry falls back to --add-dir.
-    assert read_access(Path("/srv/my home/files/telegram/42")) == [
-        "--add-dir",
-        "/srv/my home/files/telegram/42",
-    ]
-    assert read_access(Path("/srv/a,b(c)/x")) == ["--add-dir", "/srv/a,b(c)/x"]
 
 
 def test_a_home_with_a_space_still_lets_the_agent_read_uploads(tmp_path: Path, api: FakeAnthropic) -> None:

@@ -27,15 +27,6 @@ def _keys(db: Database, scope: str, **kwargs: object) -> list[str]:
 
 
 # -- scopes ---------------------------------------------------------------------------------------------------
-def test_scope_values_are_unique_and_families_complete_with_a_name() -> None:
-    values = [s.value for s in Scope]
-    assert len(values) == len(set(values))
-    assert scoped(Scope.HELD, "telegram") == "held:telegram"
-    assert scoped(Scope.PROGRESS, "discord") == "progress.discord"
-    with pytest.raises(ValueError):
-        scoped(Scope.AGENT_RUN, "x")
-
-
 # -- single rows ----------------------------------------------------------------------------------------------
 def test_get_put_get_entry_and_delete(db: Database) -> None:
     assert kv.get(db, Scope.AGENT_RUN, "alpha") is None

@@ -14,13 +14,12 @@ import pytest
 
 from shared.chat_prefs import get_busy_policy, set_busy_policy
 from shared.conversation_status import conversation_status, format_status, record_run
-from shared.queue import QueuedMessage
 from shared.settings import AgentSettings
 from tests.liveness_support import claude_home
 from tests.processor_support import open_home
-from workers.busy import WorkGroup, apply_cap, build_prompt, merge_arrivals, resolve_policy
+from workers.busy import resolve_policy
 from workers.providers import RunRequest, provider_for
-from workers.ratelimit import backoff_ms, parse_reset
+from workers.ratelimit import parse_reset
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
@@ -42,43 +41,6 @@ NOW = int(datetime(2026, 3, 2, 10, 30, tzinfo=UTC).timestamp() * 1000)
 )
 def test_parse_reset_reads_the_stated_reset_time(text: str, expected: int | None) -> None:
     assert parse_reset(text, NOW) == expected
-
-
-def test_backoff_doubles_up_to_the_ceiling() -> None:
-    assert [backoff_ms(n, 60, 300) for n in (1, 2, 3, 4)] == [60_000, 120_000, 240_000, 300_000]
-
-
-def _msg(n: int, conversation: str, text: str = "", last_error: str | None = None) -> QueuedMessage:
-    return QueuedMessage(
-        id=n, message_id=f"m_{n:08d}", channel="telegram", sender="ann", sender_id="7", message=text or f"msg {n}",
-        agent="coder", from_agent=None, status="processing", retry_count=0, manual_retries=0,
-        last_error=last_error, created_at=0, updated_at=0, conversation=conversation, metadata={},
-        available_at=0, claimed_by="w", lease_until=0, hops=0, external_id=None,
-    )  # fmt: skip
-
-
-def test_merge_by_policy_and_cap_drops_the_oldest() -> None:
-    groups: list[WorkGroup] = []
-    policies = {("telegram", "a"): "collect", ("telegram", "b"): "followup"}
-    merge_arrivals(groups, [_msg(1, "a"), _msg(2, "b"), _msg(3, "b")], policies.__getitem__)  # type: ignore[arg-type]
-    merge_arrivals(groups, [_msg(4, "a"), _msg(5, "b")], policies.__getitem__)  # type: ignore[arg-type]
-    assert [g.ids for g in groups] == [
-        ["m_00000001", "m_00000004"],
-        ["m_00000002"],
-        ["m_00000003"],
-        ["m_00000005"],
-    ]
-    dropped = apply_cap(groups, 2)
-    assert [[m.message_id for m in batch] for batch in dropped] == [["m_00000002"]]
-    assert [g.ids for g in groups] == [["m_00000001", "m_00000004"], ["m_00000003"], ["m_00000005"]]
-
-
-def test_prompts_for_interrupted_and_crashed_runs() -> None:
-    carried = build_prompt([_msg(1, "a", "old ask"), _msg(2, "a", "new ask")], carried=1)
-    assert carried.index("old ask") < carried.index("The new messages") < carried.index("new ask")
-    crashed = build_prompt([_msg(1, "a", "do it", last_error="interrupted: the lease of worker w expired")])
-    assert crashed.startswith("[Note from agentpost: your previous attempt") and crashed.endswith("do it")
-    assert build_prompt([_msg(1, "a", "plain", last_error="claude exited with code 1")]) == "plain"
 
 
 def test_policy_resolution_chat_then_channel_then_processor(tmp_path: Path, sqlite_url: str) -> None:

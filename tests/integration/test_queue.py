@@ -17,7 +17,6 @@ from shared.queue import (
     ResponseDraft,
     RetryBudgetExhausted,
     UnknownMention,
-    group_by_conversation,
 )
 
 pytestmark = pytest.mark.integration
@@ -376,38 +375,6 @@ def test_status_depths_processing_and_prune(queue: Queue) -> None:
     assert queue.prune() == {"messages": 0, "responses": 0}  # younger than 24 h
     assert queue.prune(completed_older_ms=-1, acked_older_ms=-1) == {"messages": 1, "responses": 1}
     assert queue.queue_status()["processing"] == 1
-
-
-def test_group_by_conversation_keeps_primary_first() -> None:
-    from shared.queue import QueuedMessage
-
-    def msg(i: int, conv: str) -> QueuedMessage:
-        return QueuedMessage(
-            i,
-            f"cli_{i:08d}",
-            "cli",
-            "s",
-            "",
-            "t",
-            "a",
-            None,
-            "processing",
-            0,
-            0,
-            None,
-            0,
-            0,
-            conv,
-            {},
-            0,
-            None,
-            None,
-            0,
-            None,
-        )
-
-    groups = group_by_conversation([msg(3, "b"), msg(1, "a"), msg(2, "b"), msg(4, "a")])
-    assert [[m.id for m in g] for g in groups] == [[1, 4], [2, 3]]
 
 
 def test_debounce_makes_a_burst_from_one_chat_wait_together(queue: Queue) -> None:

@@ -1,0 +1,43 @@
+"""The busy policy's pure parts: arrivals merged into work groups by policy, the cap, the prompts of\ncarried and crashed runs."""
+
+from __future__ import annotations
+
+import pytest
+
+from shared.queue import QueuedMessage
+from workers.busy import WorkGroup, apply_cap, build_prompt, merge_arrivals
+
+pytestmark = pytest.mark.unit
+
+
+def _msg(n: int, conversation: str, text: str = "", last_error: str | None = None) -> QueuedMessage:
+    return QueuedMessage(
+        id=n, message_id=f"m_{n:08d}", channel="telegram", sender="ann", sender_id="7", message=text or f"msg {n}",
+        agent="coder", from_agent=None, status="processing", retry_count=0, manual_retries=0,
+        last_error=last_error, created_at=0, updated_at=0, conversation=conversation, metadata={},
+        available_at=0, claimed_by="w", lease_until=0, hops=0, external_id=None,
+    )  # fmt: skip
+
+
+def test_merge_by_policy_and_cap_drops_the_oldest() -> None:
+    groups: list[WorkGroup] = []
+    policies = {("telegram", "a"): "collect", ("telegram", "b"): "followup"}
+    merge_arrivals(groups, [_msg(1, "a"), _msg(2, "b"), _msg(3, "b")], policies.__getitem__)  # type: ignore[arg-type]
+    merge_arrivals(groups, [_msg(4, "a"), _msg(5, "b")], policies.__getitem__)  # type: ignore[arg-type]
+    assert [g.ids for g in groups] == [
+        ["m_00000001", "m_00000004"],
+        ["m_00000002"],
+        ["m_00000003"],
+        ["m_00000005"],
+    ]
+    dropped = apply_cap(groups, 2)
+    assert [[m.message_id for m in batch] for batch in dropped] == [["m_00000002"]]
+    assert [g.ids for g in groups] == [["m_00000001", "m_00000004"], ["m_00000003"], ["m_00000005"]]
+
+
+def test_prompts_for_interrupted_and_crashed_runs() -> None:
+    carried = build_prompt([_msg(1, "a", "old ask"), _msg(2, "a", "new ask")], carried=1)
+    assert carried.index("old ask") < carried.index("The new messages") < carried.index("new ask")
+    crashed = build_prompt([_msg(1, "a", "do it", last_error="interrupted: the lease of worker w expired")])
+    assert crashed.startswith("[Note from agentpost: your previous attempt") and crashed.endswith("do it")
+    assert build_prompt([_msg(1, "a", "plain", last_error="claude exited with code 1")]) == "plain"
