@@ -45,6 +45,7 @@ from adapters import pairing as pairings
 from adapters.chat_commands import COMMANDS, HELP_TEXT, ChatCommands, reset_conversation
 from adapters.delivery import Delivery, Part, safe_filename
 from shared import channel_health, held_messages, platform_dedupe
+from shared.aio import call
 from shared.channel_cursors import OFFLINE_SENT_AT
 from shared.chat_address import ChatAddress
 from shared.chat_prefs import BusyPolicy
@@ -294,7 +295,7 @@ class Channel(ChatCommands, Delivery):
 
     async def handle(self, message: Inbound) -> HandleOutcome:
         """Authorise, run commands, or queue one inbound message; returns once the outcome is committed."""
-        return await asyncio.to_thread(self.handle_sync, message)
+        return await call(self.handle_sync, message)
 
     def handle_sync(self, message: Inbound) -> HandleOutcome:
         """:meth:`handle` in the calling thread (blocking database work)."""
@@ -409,19 +410,17 @@ class Channel(ChatCommands, Delivery):
         while not self.stop_event.is_set():
             generation = waker.generation
             try:
-                await asyncio.to_thread(self.release_approved)
+                await call(self.release_approved)
                 if time.monotonic() - pruned_at > 3600:
                     pruned_at = time.monotonic()
-                    await asyncio.to_thread(
-                        held_messages.prune_held, self.rt.db, self.name, now_ms() - HELD_FOR_MS
-                    )
+                    await call(held_messages.prune_held, self.rt.db, self.name, now_ms() - HELD_FOR_MS)
             except Exception:
                 self.log.exception("taking back messages of approved senders failed; retrying")
             await waker.wait_async(generation, self.poll_interval)
 
     async def may_download(self, sender_id: str) -> bool:
         """Whether to fetch a sender's attachments: not for strangers (they only get a pairing code)."""
-        return await asyncio.to_thread(self.authorised, sender_id)
+        return await call(self.authorised, sender_id)
 
     def authorised(self, sender_id: str) -> bool:
         """Allowlisted (or ``*``) senders skip pairing; others must be paired."""
@@ -514,7 +513,7 @@ class Channel(ChatCommands, Delivery):
     ) -> None:
         """Record the connection state (best effort: a busy database must not stop the adapter)."""
         try:
-            await asyncio.to_thread(
+            await call(
                 channel_health.report,
                 self.rt.db,
                 self.name,

@@ -34,7 +34,6 @@ import abc
 import asyncio
 import contextlib
 import dataclasses
-import functools
 import json
 import logging
 import os
@@ -47,6 +46,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from adapters.chunking import split_message
 from shared import channel_cursors, chat_lookups, kv, platform_dedupe
+from shared.aio import call
 from shared.clock import now_ms
 from shared.file_access import check_send_path, send_roots
 from shared.kv import Scope, scoped
@@ -226,18 +226,18 @@ class Delivery(abc.ABC):
             return await self._deliver_note(response, edit_key)
         queue = self.rt.queue
         if meta.get("kind") == "final":
-            response = await asyncio.to_thread(self._with_offline_preface, response)
+            response = await call(self._with_offline_preface, response)
         parts = self.plan(response)
         for index in range(response.delivered, len(parts)):
             if self.stop_event.is_set():
                 # Stopping: hand the rest back at once (no attempt charged) instead of waiting for the lease.
-                await asyncio.to_thread(self._give_back, response)
+                await call(self._give_back, response)
                 return False
             try:
                 platform_id = await self.send_part(response.conversation, parts[index])
             except Exception as exc:
                 return await self._send_failed(response, index, exc)
-            held = await asyncio.to_thread(
+            held = await call(
                 queue.mark_chunk_delivered,
                 response.id,
                 self.worker,
@@ -252,7 +252,7 @@ class Delivery(abc.ABC):
             # Before the ack: until then this reply is its chat's head, so a later note of the same run
             # cannot be claimed (and sent) before the note is marked done.
             await self._close_note(response.conversation, edit_key)
-        return bool(await asyncio.to_thread(queue.ack_response, response.id, self.worker))
+        return bool(await call(queue.ack_response, response.id, self.worker))
 
     def _with_offline_preface(self, response: QueuedResponse) -> QueuedResponse:
         """The reply to a message that reached us only after a restart starts by saying so. Derived from the
@@ -289,7 +289,7 @@ class Delivery(abc.ABC):
                 failure.reason,
             )
             return bool(
-                await asyncio.to_thread(
+                await call(
                     queue.fail_response,
                     response.id,
                     failure.reason,
@@ -297,17 +297,15 @@ class Delivery(abc.ABC):
                     explanation=explanation,
                 )
             )
-        retried = await asyncio.to_thread(
-            functools.partial(
-                queue.retry_response_later,
-                response.id,
-                self.worker,
-                failure.reason,
-                base_ms=int(self.config.delivery_backoff_base_seconds * 1000),
-                max_ms=int(self.config.delivery_backoff_max_seconds * 1000),
-                max_attempts=self.config.delivery_attempts,
-                explanation=None if silent else self.failure_explanation(failure, gave_up=True),
-            )
+        retried = await call(
+            queue.retry_response_later,
+            response.id,
+            self.worker,
+            failure.reason,
+            base_ms=int(self.config.delivery_backoff_base_seconds * 1000),
+            max_ms=int(self.config.delivery_backoff_max_seconds * 1000),
+            max_attempts=self.config.delivery_attempts,
+            explanation=None if silent else self.failure_explanation(failure, gave_up=True),
         )
         if retried is None:
             return False  # another deliverer holds it now
@@ -363,20 +361,18 @@ class Delivery(abc.ABC):
         """Send or edit the one progress note of ``edit_key`` (see the module docstring)."""
         queue, conversation = self.rt.queue, response.conversation
         if response.delivered == 0:
-            record = await asyncio.to_thread(self.note_record, conversation, edit_key)
+            record = await call(self.note_record, conversation, edit_key)
             text = self._note_text(response.message)
             try:
                 done = await self._send_or_edit_note(conversation, edit_key, record, text)
             except Exception as exc:
                 return await self._send_failed(response, 0, exc)
             if done is not None:
-                await asyncio.to_thread(self._store_note, conversation, edit_key, done)
-            held = await asyncio.to_thread(
-                queue.mark_chunk_delivered, response.id, self.worker, 0, lease_ms=self.lease_ms
-            )
+                await call(self._store_note, conversation, edit_key, done)
+            held = await call(queue.mark_chunk_delivered, response.id, self.worker, 0, lease_ms=self.lease_ms)
             if not held:
                 return False
-        return bool(await asyncio.to_thread(queue.ack_response, response.id, self.worker))
+        return bool(await call(queue.ack_response, response.id, self.worker))
 
     async def _send_or_edit_note(
         self, conversation: str, edit_key: str, record: dict[str, Any] | None, text: str
@@ -401,7 +397,7 @@ class Delivery(abc.ABC):
     async def _close_note(self, conversation: str, edit_key: str) -> None:
         """After the final reply: edit the note to "done" (best effort) and drop later notes of the key."""
         try:
-            record = await asyncio.to_thread(self.note_record, conversation, edit_key)
+            record = await call(self.note_record, conversation, edit_key)
             if record is None:
                 # No note was sent (a short run): still remember the key so a late note is dropped.
                 record = {"id": "", "at": now_ms()}
@@ -412,7 +408,7 @@ class Delivery(abc.ABC):
                     await self.edit_text(conversation, str(record["id"]), DONE_TEXT)
                 except Exception as exc:
                     self.log.info("could not mark progress note %s done: %s", edit_key, exc)
-            await asyncio.to_thread(self._store_note, conversation, edit_key, {**record, "done": True})
+            await call(self._store_note, conversation, edit_key, {**record, "done": True})
         except Exception:
             self.log.exception("closing progress note %s failed", edit_key)
 
@@ -436,7 +432,7 @@ class Delivery(abc.ABC):
         while True:
             await asyncio.sleep(interval)
             try:
-                held = await asyncio.to_thread(
+                held = await call(
                     self.rt.queue.renew_response_lease, response_id, self.worker, lease_ms=self.lease_ms
                 )
             except Exception as exc:  # a busy database: the next renewal tries again
@@ -446,7 +442,7 @@ class Delivery(abc.ABC):
                 return
 
     async def _claim(self, limit: int) -> list[QueuedResponse]:
-        return await asyncio.to_thread(
+        return await call(
             self.rt.queue.claim_responses_for_channel,
             self.name,
             self.worker,
@@ -506,8 +502,8 @@ class Delivery(abc.ABC):
 
     async def _prune_records(self) -> None:
         try:
-            await asyncio.to_thread(self.rt.queue.prune_delivery_records, self.name)
-            await asyncio.to_thread(platform_dedupe.prune, self.rt.db, self.name)
+            await call(self.rt.queue.prune_delivery_records, self.name)
+            await call(platform_dedupe.prune, self.rt.db, self.name)
         except Exception as exc:
             self.log.info("forgetting old delivery records failed: %s", exc)
 
@@ -536,7 +532,7 @@ class Delivery(abc.ABC):
         while not self.stop_event.is_set():
             generation = waker.generation
             try:
-                busy = await asyncio.to_thread(self.busy_conversations)
+                busy = await call(self.busy_conversations)
             except Exception:
                 self.log.exception("cannot read busy chats")
                 busy = []

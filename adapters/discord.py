@@ -40,6 +40,7 @@ from pydantic import Field
 from adapters.base import Channel, ChannelSettings, Inbound, pairing_code_text, safe_filename
 from adapters.delivery import SendFailure
 from shared import channel_cursors
+from shared.aio import call
 
 with warnings.catch_warnings():
     # discord.py imports the stdlib audioop module, deprecated since Python 3.11.
@@ -216,9 +217,7 @@ class DiscordChannel(Channel):
             )
         )
         # Only now, with the message committed: a catch-up after a crash starts after it.
-        await asyncio.to_thread(
-            channel_cursors.note_seen, self.rt.db, self.name, conversation, message.id, guild
-        )
+        await call(channel_cursors.note_seen, self.rt.db, self.name, conversation, message.id, guild)
 
     async def _dm_channel_of(self, user: discord.User | discord.Member) -> str:
         """The id of the DM channel with ``user`` ("" when Discord will not open one)."""
@@ -256,7 +255,7 @@ class DiscordChannel(Channel):
         oldest = snowflake_at(now - int(self.config.catch_up_window_hours * 3_600_000))
         margin = _CATCH_UP_MARGIN_MS << 22
         taken = 0
-        for cursor in await asyncio.to_thread(channel_cursors.cursors, self.rt.db, self.name):
+        for cursor in await call(channel_cursors.cursors, self.rt.db, self.name):
             if self.stop_event.is_set():
                 return
             after = max(oldest, cursor.last_id - margin)

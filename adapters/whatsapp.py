@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import hashlib
 import hmac
 import json
@@ -58,6 +57,7 @@ from adapters.base import Channel, ChannelSettings, HandleOutcome, Inbound, safe
 from adapters.delivery import SendFailure
 from adapters.web.limits import BodyLimit, ConnectionLimits, server_config
 from shared import inbound_jobs, platform_dedupe
+from shared.aio import call
 from shared.chat_lookups import newest_waiting_external_id
 from shared.settings import SettingsError
 
@@ -390,9 +390,9 @@ class WhatsAppChannel(Channel):
             "attempts": 0,
         }
         wamid = inbound.external_id
-        if await asyncio.to_thread(platform_dedupe.is_seen, self.rt.db, self.name, wamid):
+        if await call(platform_dedupe.is_seen, self.rt.db, self.name, wamid):
             return  # a redelivery of a message already taken in
-        await asyncio.to_thread(inbound_jobs.save, self.rt.db, self.name, wamid, json.dumps(job))
+        await call(inbound_jobs.save, self.rt.db, self.name, wamid, json.dumps(job))
         self.media_wake.set()
 
     # -- media, after the webhook was answered ---------------------------------------------------------------
@@ -401,7 +401,7 @@ class WhatsAppChannel(Channel):
         while not self.stop_event.is_set():
             self.media_wake.clear()
             try:
-                jobs = await asyncio.to_thread(inbound_jobs.pending, self.rt.db, self.name)
+                jobs = await call(inbound_jobs.pending, self.rt.db, self.name)
                 for key, text in jobs:
                     if self.stop_event.is_set():
                         return
@@ -426,7 +426,7 @@ class WhatsAppChannel(Channel):
             )
         except (ValueError, KeyError, TypeError) as exc:
             self.log.error("dropped an unreadable media job %s: %s", key, exc)
-            await asyncio.to_thread(inbound_jobs.finish, db, self.name, key)
+            await call(inbound_jobs.finish, db, self.name, key)
             return
         kind = str(job.get("kind") or "file")
         try:
@@ -439,22 +439,22 @@ class WhatsAppChannel(Channel):
             self.log.warning("downloading the %s of %s failed (attempt %s): %s", kind, key, attempts, reason)
             if attempts < self.config.media_attempts:
                 job["attempts"] = attempts
-                await asyncio.to_thread(inbound_jobs.update, db, self.name, key, json.dumps(job))
+                await call(inbound_jobs.update, db, self.name, key, json.dumps(job))
                 await asyncio.sleep(min(5.0, 0.5 * 2**attempts))
                 return
             await self._media_failed(inbound, media, kind)
         else:
             self._taken_in(inbound, await self.handle(replace(inbound, files=[path])))
-        await asyncio.to_thread(inbound_jobs.finish, db, self.name, key)
+        await call(inbound_jobs.finish, db, self.name, key)
 
     async def _media_failed(self, inbound: Inbound, media: dict[str, Any], kind: str) -> None:
         """The file could not be fetched: tell the user, and still pass their message on (without it)."""
         name = str(media.get("filename") or f"a {kind}")
         note = f"(The user sent {name}, but it could not be downloaded.)"
         text = f"{inbound.text}\n{note}" if inbound.text else note
-        if await asyncio.to_thread(platform_dedupe.is_seen, self.rt.db, self.name, inbound.external_id):
+        if await call(platform_dedupe.is_seen, self.rt.db, self.name, inbound.external_id):
             return
-        await asyncio.to_thread(
+        await call(
             self.reply,
             inbound,
             f"I could not fetch the file you sent ({name}). I passed your message on without it; "
@@ -518,7 +518,7 @@ class WhatsAppChannel(Channel):
         if not self.config.read_receipts:
             return  # the Cloud API's typing indicator is part of a read receipt
         # Typing shows on the chat's newest waiting message.
-        wamid = await asyncio.to_thread(newest_waiting_external_id, self.rt.db, self.name, conversation)
+        wamid = await call(newest_waiting_external_id, self.rt.db, self.name, conversation)
         if wamid is None:
             return
         now = time.monotonic()
@@ -534,7 +534,7 @@ class WhatsAppChannel(Channel):
         if status.get("status") != "failed":
             return
         wamid = str(status.get("id") or "")
-        response_id = await asyncio.to_thread(self.rt.queue.response_for_platform_id, self.name, wamid)
+        response_id = await call(self.rt.queue.response_for_platform_id, self.name, wamid)
         errors = [e for e in _list(status.get("errors")) if isinstance(e, dict)]
         error = errors[0] if errors else {}
         code = _int(error.get("code"))
@@ -544,13 +544,11 @@ class WhatsAppChannel(Channel):
         if response_id is None:
             self.log.info("a message %s we do not know (any more) failed: %s", wamid, reason)
             return
-        changed = await asyncio.to_thread(
-            functools.partial(
-                self.rt.queue.fail_response,
-                response_id,
-                reason,
-                explanation=f"WhatsApp: {explain(code, title)}",
-            )
+        changed = await call(
+            self.rt.queue.fail_response,
+            response_id,
+            reason,
+            explanation=f"WhatsApp: {explain(code, title)}",
         )
         if changed:
             self.log.error("WhatsApp reported reply %s (message %s) failed: %s", response_id, wamid, reason)
