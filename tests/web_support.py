@@ -82,6 +82,15 @@ def runtime_for(home: Path, **env: str) -> Runtime:
     return open_runtime(home, {**base, **env})
 
 
+def home_runtime(tmp: Path) -> Iterator[Runtime]:
+    """The body of a test's ``rt`` fixture: a runtime over :func:`make_home` in ``tmp``, closed afterwards."""
+    runtime = runtime_for(make_home(tmp))
+    try:
+        yield runtime
+    finally:
+        runtime.close()
+
+
 @dataclass
 class LiveServer:
     """The web app served by a real uvicorn on 127.0.0.1 in a background thread."""

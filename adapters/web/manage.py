@@ -147,6 +147,15 @@ async def edit(web: WebState, fn: Callable[..., Any], *args: Any, **kwargs: Any)
     return await web.run(_reloaded, web)
 
 
+async def remove(web: WebState, fn: Callable[[Settings, str], Any], what: str, name: str) -> Ok:
+    """Remove the ``what`` called ``name`` from settings.toml with ``fn`` (404 when it is not there)."""
+    try:
+        await edit(web, fn, name)
+    except KeyError:
+        raise ApiError(404, f"no {what} {name!r} in settings.toml") from None
+    return Ok(ok=True)
+
+
 def _reloaded(web: WebState) -> Settings:
     web.runtime.refresh_settings(force=True)
     return web.settings
@@ -216,11 +225,7 @@ async def save_agent(agent: Name, body: AgentIn, web: Web) -> AgentSaved:
 
 @router.delete("/agents/{agent}", summary="Remove an agent (its workspace is kept)")
 async def delete_agent(agent: Name, web: Web) -> Ok:
-    try:
-        await edit(web, settings_edit.remove_agent, agent)
-    except KeyError:
-        raise ApiError(404, f"no agent {agent!r} in settings.toml") from None
-    return Ok(ok=True)
+    return await remove(web, settings_edit.remove_agent, "agent", agent)
 
 
 @router.post("/agents/{agent}/reset", summary="Start the agent's conversations afresh")
@@ -365,11 +370,7 @@ async def save_team(team: Name, body: TeamIn, web: Web) -> TeamSaved:
 
 @router.delete("/teams/{team}", summary="Remove a team (its agents stay)")
 async def delete_team(team: Name, web: Web) -> Ok:
-    try:
-        await edit(web, settings_edit.remove_team, team)
-    except KeyError:
-        raise ApiError(404, f"no team {team!r} in settings.toml") from None
-    return Ok(ok=True)
+    return await remove(web, settings_edit.remove_team, "team", team)
 
 
 # -- logs and status -----------------------------------------------------------------------------------------

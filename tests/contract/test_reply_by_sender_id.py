@@ -10,7 +10,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.channel_support import HoldingTelegram, Proc, channel_home, open_home, telegram_env, wait_for
+from tests.channel_support import HoldingTelegram, Proc, channel_home, telegram_env, wait_for
+from tests.homes import open_home
 from tests.web_support import free_port, web_process
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(90)]

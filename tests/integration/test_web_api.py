@@ -15,16 +15,21 @@ import pytest
 
 from shared.queue_types import MAX_MESSAGE_CHARS
 from shared.runtime import Runtime
-from tests.web_support import LiveServer, kill_until_dead, make_home, play_processor, runtime_for
+from tests.web_support import (
+    LiveServer,
+    home_runtime,
+    kill_until_dead,
+    make_home,
+    play_processor,
+    runtime_for,
+)
 
 pytestmark = pytest.mark.integration
 
 
 @pytest.fixture
 def rt(tmp_path: Path) -> Iterator[Runtime]:
-    runtime = runtime_for(make_home(tmp_path))
-    yield runtime
-    runtime.close()
+    yield from home_runtime(tmp_path)
 
 
 @pytest.fixture

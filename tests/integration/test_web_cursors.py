@@ -17,7 +17,7 @@ from websockets.sync.client import ClientConnection, connect
 
 from shared.events import MAX_CURSOR, PendingEvent, append_events
 from shared.runtime import Runtime
-from tests.web_support import LiveServer, SseReader, make_home, runtime_for
+from tests.web_support import LiveServer, SseReader, home_runtime
 
 pytestmark = pytest.mark.integration
 
@@ -26,9 +26,7 @@ BAD_CURSORS = [str(MAX_CURSOR + 1), str(2**64), "9" * 19, "9" * 25, "-1", "abc",
 
 @pytest.fixture
 def rt(tmp_path: Path) -> Iterator[Runtime]:
-    runtime = runtime_for(make_home(tmp_path))
-    yield runtime
-    runtime.close()
+    yield from home_runtime(tmp_path)
 
 
 @pytest.fixture
@@ -62,7 +60,7 @@ def test_rest_refuses_out_of_range_cursors_with_400(rt: Runtime, live: LiveServe
 def test_sse_refuses_bad_cursors_and_keeps_serving_good_ones(rt: Runtime, live: LiveServer) -> None:
     with live.client() as client:
         for bad in BAD_CURSORS:
-            tries = [({"after": bad}, {})]
+            tries: list[tuple[dict[str, str], dict[str, str]]] = [({"after": bad}, {})]
             # HTTP drops a header value's outer spaces (" 1" arrives as "1") and carries only ASCII.
             if bad.strip() == bad and bad.isascii():
                 tries.append(({}, {"Last-Event-ID": bad}))

@@ -17,16 +17,14 @@ from websockets.sync.client import connect
 from adapters.web.stream import StreamLimits
 from shared.events import PendingEvent, append_events
 from shared.runtime import Runtime
-from tests.web_support import LiveServer, SseReader, make_home, runtime_for, wait_until
+from tests.web_support import LiveServer, SseReader, home_runtime, make_home, runtime_for, wait_until
 
 pytestmark = pytest.mark.integration
 
 
 @pytest.fixture
 def rt(tmp_path: Path) -> Iterator[Runtime]:
-    runtime = runtime_for(make_home(tmp_path))
-    yield runtime
-    runtime.close()
+    yield from home_runtime(tmp_path)
 
 
 def bulk_append(rt: Runtime, topic: str, start: int, count: int, pad: int = 0) -> None:
