@@ -5,6 +5,7 @@ protocol of seed 001."""
 from __future__ import annotations
 
 import json
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -220,3 +221,15 @@ def test_websocket_requires_token_when_set(tmp_path: Path) -> None:
                 }
     finally:
         runtime.close()
+
+
+def test_websocket_without_token_answers_only_loopback_hosts(rt: Runtime) -> None:
+    # The same rule as every /api route: a page of another site reaching us through DNS rebinding names
+    # its own host in the handshake, and is refused.
+    with LiveServer(rt) as live:
+        with socket.create_connection(("127.0.0.1", live.port)) as sock, pytest.raises(InvalidStatus) as info:
+            connect(f"ws://rebound.example:{live.port}/api/events/ws", sock=sock)
+        assert info.value.response.status_code == 403
+        with connect(f"ws://localhost:{live.port}/api/events/ws") as ws:
+            ws.send(json.dumps({"type": "queue_subscribe", "topic": "t"}))
+            assert json.loads(ws.recv(timeout=5))["type"] == "queue_subscribed"
