@@ -50,6 +50,7 @@ from shared.channel_cursors import OFFLINE_SENT_AT
 from shared.chat_address import ChatAddress
 from shared.chat_prefs import BusyPolicy
 from shared.clock import now_ms
+from shared.file_access import chat_upload_dir
 from shared.queue import UnknownMention
 from shared.runtime import Runtime, open_runtime
 from shared.settings import Settings, SettingsError
@@ -282,6 +283,17 @@ class Channel(ChatCommands, Delivery):
         """Receive inbound messages until :attr:`stop_event` is set, calling :meth:`handle` for each."""
         await self.stop_event.wait()
 
+    async def run_until_stopped(self, task: asyncio.Task[None], what: str) -> None:
+        """:meth:`receive` for a plugin whose platform client or server runs as ``task``: wait until
+        :attr:`stop_event` is set (``task`` is left to :meth:`close`), or until ``task`` ends — then raise
+        why it ended, or a ``RuntimeError`` saying ``what`` stopped."""
+        stop = asyncio.create_task(self.stop_event.wait())
+        done, _ = await asyncio.wait({task, stop}, return_when=asyncio.FIRST_COMPLETED)
+        stop.cancel()
+        if task in done:
+            task.result()
+            raise RuntimeError(f"{what} stopped")
+
     # The sending methods (send_text, send_file, send_typing, send_note, edit_text, measure) are declared
     # with the delivery in adapters.delivery.Delivery.
 
@@ -417,6 +429,13 @@ class Channel(ChatCommands, Delivery):
             except Exception:
                 self.log.exception("taking back messages of approved senders failed; retrying")
             await waker.wait_async(generation, self.poll_interval)
+
+    def upload_folder(self, conversation: str) -> Path:
+        """Where a chat's inbound files are saved (created if missing): the chat's upload folder of
+        :func:`shared.file_access.chat_upload_dir`, so replies to that chat may attach them again."""
+        folder = chat_upload_dir(self.settings, self.name, conversation)
+        folder.mkdir(parents=True, exist_ok=True)
+        return folder
 
     async def may_download(self, sender_id: str) -> bool:
         """Whether to fetch a sender's attachments: not for strangers (they only get a pairing code)."""

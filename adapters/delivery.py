@@ -37,7 +37,6 @@ import dataclasses
 import json
 import logging
 import os
-import re
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -48,7 +47,7 @@ from adapters.chunking import split_message
 from shared import channel_cursors, chat_lookups, kv, platform_dedupe
 from shared.aio import call
 from shared.clock import now_ms
-from shared.file_access import check_send_path, send_roots
+from shared.file_access import check_send_path, safe_name, send_roots
 from shared.kv import Scope, scoped
 from shared.queue import QueuedResponse
 from shared.runtime import Runtime
@@ -67,7 +66,6 @@ RECORD_PRUNE_INTERVAL_S = 3600.0
 _SILENT_FAILURE_KINDS = frozenset({"progress", "undelivered_notice"})
 #: Chats whose pending messages wait longer than this (a long backoff) show no typing.
 TYPING_HORIZON_MS = 60_000
-_SAFE_NAME_RE = re.compile(r"[^A-Za-z0-9._-]+")
 
 
 @dataclass(frozen=True)
@@ -94,9 +92,9 @@ class SendFailure:
 
 
 def safe_filename(name: str, fallback: str = "file") -> str:
-    """A file name with no path parts or odd characters (inbound attachments are saved under it)."""
-    cleaned = _SAFE_NAME_RE.sub("_", Path(name).name).strip("._")
-    return cleaned[:100] or fallback
+    """A file name with no path parts or odd characters (inbound attachments are saved under it); the rule
+    of :func:`shared.file_access.safe_name`, under the name plugins import."""
+    return safe_name(name, fallback)
 
 
 def offline_preface(sent_at_ms: int) -> str:

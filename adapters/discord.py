@@ -170,12 +170,7 @@ class DiscordChannel(Channel):
         assert self.client_task is not None
         if self.config.catch_up:
             self.catch_up_task = asyncio.create_task(self.catch_up(), name="discord-catch-up")
-        stop = asyncio.create_task(self.stop_event.wait())
-        done, _ = await asyncio.wait({self.client_task, stop}, return_when=asyncio.FIRST_COMPLETED)
-        stop.cancel()
-        if self.client_task in done:
-            self.client_task.result()
-            raise RuntimeError("the Discord client stopped")
+        await self.run_until_stopped(self.client_task, "the Discord client")
 
     # -- receiving -----------------------------------------------------------------------------------------
     async def on_message(self, message: discord.Message, *, guild_id: str = "") -> None:
@@ -275,8 +270,7 @@ class DiscordChannel(Channel):
     async def _save_attachments(self, message: discord.Message, conversation: str) -> list[Path]:
         if not message.attachments:
             return []
-        folder = self.settings.home / "files" / self.name / safe_filename(conversation)
-        folder.mkdir(parents=True, exist_ok=True)
+        folder = self.upload_folder(conversation)
         saved = []
         for attachment in message.attachments:
             path = folder / f"{message.id}-{safe_filename(attachment.filename)}"

@@ -235,8 +235,7 @@ class TelegramChannel(Channel):
             target = (message.photo[-1].file_id, "photo.jpg")
         if target is None:
             return []
-        folder = self.settings.home / "files" / self.name / safe_filename(conversation)
-        folder.mkdir(parents=True, exist_ok=True)
+        folder = self.upload_folder(conversation)
         path = folder / f"{message.message_id}-{safe_filename(target[1])}"
         if not path.exists():
             remote = await self.bot.get_file(target[0])

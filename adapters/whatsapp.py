@@ -268,15 +268,12 @@ class WhatsAppChannel(Channel):
     async def receive(self) -> None:
         assert self.server_task is not None
         media = asyncio.create_task(self.media_loop(), name="whatsapp-media")
-        stop = asyncio.create_task(self.stop_event.wait())
-        done, _ = await asyncio.wait({self.server_task, stop}, return_when=asyncio.FIRST_COMPLETED)
-        stop.cancel()
-        media.cancel()
-        with contextlib.suppress(asyncio.CancelledError, Exception):
-            await media
-        if self.server_task in done:
-            self.server_task.result()
-            raise RuntimeError("the webhook server stopped")
+        try:
+            await self.run_until_stopped(self.server_task, "the webhook server")
+        finally:
+            media.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await media
 
     # -- webhook -------------------------------------------------------------------------------------------
     async def _verify(self, request: Request) -> Response:
@@ -465,8 +462,7 @@ class WhatsAppChannel(Channel):
 
     async def _download(self, sender: str, wamid: str, media: dict[str, Any], kind: str) -> Path:
         assert self.http is not None
-        folder = self.settings.home / "files" / self.name / safe_filename(sender)
-        folder.mkdir(parents=True, exist_ok=True)
+        folder = self.upload_folder(sender)
         extension = mimetypes.guess_extension(str(media.get("mime_type") or "")) or ".bin"
         name = str(media.get("filename") or f"{kind}{extension}")
         path = folder / f"{safe_filename(wamid)[-16:]}-{safe_filename(name)}"
