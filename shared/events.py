@@ -279,6 +279,14 @@ class SqlEventLog(LocalSubscriptions):
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
 
+    def append_many(self, events: Sequence[PendingEvent]) -> None:
+        """Append several events in one transaction, in order (a run's batched progress, say)."""
+        if not events:
+            return
+        with self.db.transaction() as tx:
+            append_events(tx, events)
+        self._deliver_local()
+
     def append(self, topic: str, type: str, payload: dict[str, Any], *, message_id: str | None = None) -> str:
         with self.db.transaction() as tx:
             append_events(tx, [PendingEvent(type=type, payload=payload, message_id=message_id, topic=topic)])

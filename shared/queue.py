@@ -452,6 +452,8 @@ class Queue(ResponseOps, AdminOps, ControlOps):
         now = now_ms()
         with self.db.transaction() as tx:
             rows = self._take_group(tx, message_ids, worker)
+            if also is not None:
+                also(tx)  # first: the caller's events (the run's end) come before the reply's
             clause, params = _in("m", [r["message_id"] for r in rows])
             tx.execute(
                 "UPDATE messages SET status = 'completed', updated_at = :now, lease_until = NULL "
@@ -544,8 +546,6 @@ class Queue(ResponseOps, AdminOps, ControlOps):
                 )
             append_events(tx, events, now)
             tx.signal("responses")
-            if also is not None:
-                also(tx)
             released = release_when_idle and self._release_if_idle(tx, str(primary["agent"]), worker, now)
         return CompleteOutcome(response_id, queued, refused, released)
 

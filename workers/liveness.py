@@ -30,6 +30,7 @@ import anyio
 from shared.aio import call
 from shared.clock import now_ms
 from shared.conversation_status import format_duration, update_run_step
+from shared.events import PendingEvent
 from shared.queue import INTERNAL_CHANNELS, QueuedMessage
 from shared.runtime import Runtime
 from workers.busy import WorkGroup
@@ -39,6 +40,8 @@ log = logging.getLogger("agentpost.processor")
 
 #: Never check the database more often than this, however busy it is.
 MIN_CHECK_SECONDS = 0.2
+#: A running agent's progress events reach the event log at least this often (batched in between).
+PROGRESS_EVENTS_SECONDS = 1.0
 
 
 @dataclass
@@ -59,9 +62,24 @@ class RunInfo:
     # The key the run's notes and its final reply share (so a channel edits one note in place). A retry
     # continues the "trying again" note of its message instead of starting a new one.
     edit_key: str = ""
+    #: ``agent_progress`` events not written yet: at most one write per ``PROGRESS_EVENTS_SECONDS`` while
+    #: the run goes on, the rest with the run's end (a short run's steps cost no transaction of their own).
+    pending_events: list[PendingEvent] = field(default_factory=list)
+    events_written: float = field(default_factory=time.monotonic)
 
     def __post_init__(self) -> None:
         self.edit_key = self.edit_key or self.run_id
+
+    def add_progress_event(self, event: PendingEvent) -> bool:
+        """Keep ``event`` for writing; True when the pending events are due now."""
+        self.pending_events.append(event)
+        return time.monotonic() - self.events_written >= PROGRESS_EVENTS_SECONDS
+
+    def take_events(self) -> list[PendingEvent]:
+        """The pending events, oldest first, now counted as written."""
+        taken, self.pending_events = self.pending_events, []
+        self.events_written = time.monotonic()
+        return taken
 
     def spawned(self, pid: int) -> None:
         """``RunRequest.on_spawn``: remember the CLI's pid (for events about a run stopped mid-way)."""
@@ -126,12 +144,24 @@ class RunWatch:
                 self.info.reason = reason
                 scope.cancel()
                 return
+            await self._write_due_events()
             timeout = self.control_interval
             if self.note_seconds > 0 and self.target is not None:
                 due = self.info.started + self.note_seconds * (self.info.notes + 1)
                 timeout = min(timeout, max(0.0, due - time.monotonic()))
             await self.rt.waker.wait_async(generation, max(MIN_CHECK_SECONDS, timeout))
             await anyio.sleep(MIN_CHECK_SECONDS)
+
+    async def _write_due_events(self) -> None:
+        # A step reported and then a long silence: its event must not wait for the run's end. Taken here, in
+        # the event loop's thread like the progress callback that adds them, so none is lost between the two.
+        info = self.info
+        if info.pending_events and time.monotonic() - info.events_written >= PROGRESS_EVENTS_SECONDS:
+            events = info.take_events()
+            try:
+                await call(self.rt.events.append_many, events)
+            except Exception as exc:  # observability: the run goes on
+                log.warning("agent %s: could not write %d progress events: %s", info.agent, len(events), exc)
 
     def check(self) -> str:
         """One round of checks (in a worker thread); returns why to stop the run, or ``""``."""

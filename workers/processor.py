@@ -284,6 +284,7 @@ class Processor(RunSteps):
                 while not self._stopping and not drive.paused:
                     claimed = await call(self._claim, agent)
                     if claimed:
+                        drive.released = False  # the claim took the agent's lease again
                         await self._take_in(drive, claimed)
                     elif first:
                         # Taken by another processor or paused between our look and our claim: do not
@@ -311,8 +312,9 @@ class Processor(RunSteps):
                         "queue", "lease_lost", {"agent": agent, "worker": self.worker, "during": "run"}
                     )
                 await self._release(drive, "lease lost" if drive.lost else "processor stopping")
-                with contextlib.suppress(Exception):
-                    await call(self.rt.queue.release_agent, agent, self.worker)
+                if not drive.released:
+                    with contextlib.suppress(Exception):
+                        await call(self.rt.queue.release_agent, agent, self.worker)
             self._active.discard(agent)
             self._slot_freed()
 

@@ -24,10 +24,12 @@ import anyio
 from shared.aio import call
 from shared.chat_agents import record_answer
 from shared.clock import now_ms
-from shared.conversation_status import clear_run, record_run
+from shared.conversation_status import clear_run, clear_run_in, record_run_in
+from shared.db import Tx
+from shared.events import PendingEvent, append_events
 from shared.file_access import chat_upload_dir, send_roots
 from shared.ids import new_id
-from shared.queue import LeaseLost, QueuedMessage, ResponseDraft, retry_edit_key
+from shared.queue import CompleteOutcome, LeaseLost, QueuedMessage, ResponseDraft, TxWork, retry_edit_key
 from shared.runtime import Runtime
 from shared.sessions import AGENT_SCOPE_KEY, get_session, set_session
 from shared.settings import AgentSettings, Settings
@@ -74,6 +76,8 @@ class Drive:
         self.lock = anyio.Lock()  # renewal and completion must not interleave (a completed id is not "lost")
         self.lost = False
         self.paused = False
+        #: The agent lease went with the last completion (nothing else waited): no release is due.
+        self.released = False
 
     def held(self) -> list[WorkGroup]:
         return ([self.running] if self.running is not None else []) + list(self.groups)
@@ -192,8 +196,7 @@ class RunSteps:
             run.edit_key = retry_edit_key(primary.message_id)
         request = self._request(run, config, run_config, workspace, session)
         ids = group.ids
-        await self._event(
-            "queue",
+        start = PendingEvent(
             "chain_step_start",
             {
                 "agent": agent,
@@ -208,41 +211,63 @@ class RunSteps:
                 **({"model": run_config.model, "fallback": True} if on_fallback else {}),
             },
             primary.message_id,
+            topic="queue",
         )
+
+        def started(tx: Tx) -> None:
+            # The start event and the run record (for /status) commit with the start itself.
+            append_events(tx, [start])
+            record_run_in(
+                tx,
+                agent,
+                run_id=run.run_id,
+                worker=self.worker,
+                channel=group.key[0],
+                conversation=group.key[1],
+                message_ids=ids,
+                started_at=run.started_ms,
+            )
+
         try:
             # From here a crash of this processor costs these messages an interrupted run; before, nothing.
-            await call(self.rt.queue.mark_run_started, ids, self.worker)
+            await call(self.rt.queue.mark_run_started, ids, self.worker, also=started)
         except LeaseLost:
             drive.lost = True
             drive.forget(group)
             return
         self.stats.invocations += 1
-        await self._quietly(
-            record_run,
-            self.rt.db,
-            agent,
-            run_id=run.run_id,
-            worker=self.worker,
-            channel=group.key[0],
-            conversation=group.key[1],
-            message_ids=ids,
-            started_at=run.started_ms,
-        )
         try:
             result = await self._invoke(drive, run, request, config.provider)
-        finally:
+        except BaseException:
             with anyio.CancelScope(shield=True):
                 await self._quietly(clear_run, self.rt.db, agent, run.run_id)
-        await self._event("queue", "chain_step_done", step_done(run, result), primary.message_id)
+            raise
+        done = PendingEvent("chain_step_done", step_done(run, result), primary.message_id, topic="queue")
+
+        def ended(tx: Tx) -> None:
+            # The last progress, the end event and the run record's removal commit with the run's outcome.
+            append_events(tx, [*run.pending_events, done])  # taken once the write has succeeded
+            clear_run_in(tx, agent, run.run_id)
+
+        if not run.reason and result.ok:
+            self.pauses.clear_strikes(agent)
+            try:
+                finished = await self._finish_ok(drive, group, run, result, workspace, session_key, ended)
+            except BaseException:
+                with anyio.CancelScope(shield=True):
+                    await self._quietly(clear_run, self.rt.db, agent, run.run_id)
+                raise
+            if finished:
+                run.take_events()
+                return
+        await self._quietly(clear_run, self.rt.db, agent, run.run_id)
+        await self._events([*run.take_events(), done])
         if run.reason == "stop":
             await self._finish_stopped(drive, group, run.edit_key)
         elif run.reason == "interrupt":
             await self._requeue_interrupted(drive, group)
         elif not result.ok:
             await self._finish_failed(drive, group, result, on_fallback)
-        else:
-            self.pauses.clear_strikes(agent)
-            await self._finish_ok(drive, group, run, result, workspace, session_key)
 
     def _request(
         self,
@@ -306,13 +331,11 @@ class RunSteps:
 
         async def progress(text: str) -> None:
             run.step(text)
-            if self.config.progress_events:
-                await self._event(
-                    "progress",
-                    "agent_progress",
-                    {"agent": run.agent, "text": text[:4000], "message_ids": ids, "run_id": run.run_id},
-                    ids[0],
-                )
+            if not self.config.progress_events:
+                return
+            payload = {"agent": run.agent, "text": text[:4000], "message_ids": ids, "run_id": run.run_id}
+            if run.add_progress_event(PendingEvent("agent_progress", payload, ids[0], topic="progress")):
+                await self._events(run.take_events())
 
         watch = RunWatch(
             self.rt,
@@ -338,7 +361,10 @@ class RunSteps:
         result: RunResult,
         workspace: Path,
         session_key: str,
-    ) -> None:
+        ended: TxWork,
+    ) -> bool:
+        """Complete a successful run with its reply; ``ended`` (the run's end event and record) is written
+        with it. True when that write happened; False (lease lost) leaves ``ended`` to the caller."""
         agent, primary = drive.agent, group.messages[0]
         if result.session_id:
             await call(
@@ -386,26 +412,32 @@ class RunSteps:
         )
         if silent:
             plan.response = None  # recorded in the history, sent to no one
-        if await self._settle(
-            drive,
-            group,
-            self.rt.queue.complete_messages,
-            group.ids,
-            self.worker,
-            plan.response,
-            followups=plan.followups,
-            chat_posts=plan.chat_posts,
-            history=plan.history,
-        ):
-            self.stats.completed += len(group.ids)
-            if silent:
-                self.stats.silent += 1
-                await self._event(
-                    "queue",
-                    "heartbeat_silent",
-                    {"agent": agent, "message_ids": group.ids},
-                    primary.message_id,
+        outcome: list[CompleteOutcome] = []
+
+        def complete() -> None:
+            outcome.append(
+                self.rt.queue.complete_messages(
+                    group.ids,
+                    self.worker,
+                    plan.response,
+                    followups=plan.followups,
+                    chat_posts=plan.chat_posts,
+                    history=plan.history,
+                    release_when_idle=not drive.groups,
+                    also=ended,
                 )
+            )
+
+        if not await self._settle(drive, group, complete):
+            return False
+        drive.released = outcome[0].released
+        self.stats.completed += len(group.ids)
+        if silent:
+            self.stats.silent += 1
+            await self._event(
+                "queue", "heartbeat_silent", {"agent": agent, "message_ids": group.ids}, primary.message_id
+            )
+        return True
 
     async def _finish_failed(
         self, drive: Drive, group: WorkGroup, result: RunResult, on_fallback: bool = False
@@ -539,6 +571,13 @@ class RunSteps:
             await call(write, *args, **kwargs)
         except Exception as exc:
             log.warning("could not update the run record: %s", exc)
+
+    async def _events(self, events: list[PendingEvent]) -> None:
+        # Events are observability: a failure to write them must not fail the run they describe.
+        try:
+            await call(self.rt.events.append_many, events)
+        except Exception as exc:
+            log.warning("could not append %d events: %s", len(events), exc)
 
     async def _event(
         self, topic: str, type_: str, payload: dict[str, Any], message_id: str | None = None
