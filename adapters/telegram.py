@@ -41,6 +41,7 @@ from adapters.base import Channel, ChannelSettings, Inbound, safe_filename
 from adapters.chunking import utf16_len
 from adapters.delivery import SendFailure
 from shared.aio import call
+from shared.kv import Scope
 
 DEFAULT_API = "https://api.telegram.org"
 
@@ -148,7 +149,7 @@ class TelegramChannel(Channel):
 
     async def receive(self) -> None:
         db = self.rt.db
-        offset = int(await call(chat_state.kv_get, db, "telegram", self.offset_key) or 0)
+        offset = int(await call(chat_state.kv_get, db, Scope.TELEGRAM, self.offset_key) or 0)
         while not self.stop_event.is_set():
             try:
                 updates = await self._fetch(offset)
@@ -175,7 +176,7 @@ class TelegramChannel(Channel):
                     await asyncio.sleep(1.0)
                     break
                 offset = update.update_id + 1
-                await call(chat_state.kv_set, db, "telegram", self.offset_key, str(offset))
+                await call(chat_state.kv_set, db, Scope.TELEGRAM, self.offset_key, str(offset))
 
     def _addressed(self, message: Message, text: str) -> tuple[bool, str]:
         """Whether a group message is meant for the bot, and its text without the bot's @mention."""
