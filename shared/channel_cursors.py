@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from shared import kv
 from shared.db import Database
 from shared.kv import Scope, scoped
+from shared.queue_reports import message_metadata
 
 #: Metadata key of an inbound message the platform handed over late (after a restart): when it was sent.
 OFFLINE_SENT_AT = "offline_sent_at"
@@ -56,7 +57,7 @@ def cursors(db: Database, channel: str) -> list[Cursor]:
 
 def offline_sent_at(db: Database, message_id: str) -> int | None:
     """When the message ``message_id`` was sent, if it reached us only after a restart; else None."""
-    raw = db.read_scalar("SELECT metadata FROM messages WHERE message_id = :m", {"m": message_id})
+    raw = message_metadata(db, message_id)
     if not raw:
         return None
     try:

@@ -366,13 +366,17 @@ class Database:
                 )
         return SCHEMA_VERSION
 
+    def recorded_schema_version(self) -> int | None:
+        """The schema version the database records (None: none yet); a missing table raises."""
+        found = self.read_scalar("SELECT MAX(version) FROM schema_version")
+        return None if found is None else int(found)
+
     def _recorded_version(self) -> int | None:
         """The schema version the database records, or None (no schema yet, or not readable now)."""
         try:
-            found = self.read_scalar("SELECT MAX(version) FROM schema_version")
+            return self.recorded_schema_version()
         except Exception:  # no such table yet; anything real shows again on the full path
             return None
-        return None if found is None else int(found)
 
     def _add_missing_columns(self) -> None:
         """Columns added by a newer schema version: ``ALTER TABLE … ADD COLUMN`` with their defaults, so an

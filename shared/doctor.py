@@ -59,7 +59,7 @@ def check_database(settings: Settings) -> list[Check]:
     try:
         db = open_database(settings.database_url, create=False)
         try:
-            version = db.read_scalar("SELECT MAX(version) FROM schema_version")
+            version = db.recorded_schema_version()
         finally:
             db.close()
     except Exception as exc:

@@ -100,3 +100,9 @@ def oldest_pending_at(db: Database) -> int | None:
     """When the oldest pending message was queued (epoch ms); ``None`` when none waits."""
     value = db.read_scalar("SELECT MIN(created_at) FROM messages WHERE status = 'pending'")
     return None if value is None else int(value)
+
+
+def message_metadata(db: Database, message_id: str) -> str | None:
+    """The stored metadata (JSON text) of one message, or None when there is no such message."""
+    raw = db.read_scalar("SELECT metadata FROM messages WHERE message_id = :m", {"m": message_id})
+    return None if raw is None else str(raw)
