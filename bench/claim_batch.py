@@ -65,8 +65,11 @@ def _agentpost(target: str) -> tuple[Fill, Drain, Callable[[], None]]:
                 if not group:
                     continue
                 got.extend(msg_id_of(m.message) for m in group)
-                queue.complete_messages([m.message_id for m in group], worker, REPLY)
-                queue.release_agent(agent, worker)
+                outcome = queue.complete_messages(
+                    [m.message_id for m in group], worker, REPLY, release_when_idle=True
+                )
+                if not outcome.released:
+                    queue.release_agent(agent, worker)
 
     return fill, drain, queue.db.close
 

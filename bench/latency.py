@@ -77,8 +77,11 @@ def _consumer(backend: str, target: str, n: int, wake_ms: int, ready: Any, start
             got = True
             for m in group:
                 claims[msg_id_of(m.message)] = now
-            queue.complete_messages([m.message_id for m in group], worker, "ok")
-            queue.release_agent(agent, worker)
+            outcome = queue.complete_messages(
+                [m.message_id for m in group], worker, "ok", release_when_idle=True
+            )
+            if not outcome.released:
+                queue.release_agent(agent, worker)
         if not got:
             waker.wait(gen, 1.0)
     waker.stop()

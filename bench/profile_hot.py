@@ -58,8 +58,11 @@ def main(argv: list[str] | None = None) -> int:
         for agent in queue.agents_with_pending():
             group = queue.claim_all_pending_messages(agent, "profiler")
             done += sum(1 for m in group if msg_id_of(m.message) >= 0)
-            queue.complete_messages([m.message_id for m in group], "profiler", REPLY)
-            queue.release_agent(agent, "profiler")
+            outcome = queue.complete_messages(
+                [m.message_id for m in group], "profiler", REPLY, release_when_idle=True
+            )
+            if not outcome.released:
+                queue.release_agent(agent, "profiler")
         t_cons += time.perf_counter() - t
         cons.stop()
     queue.db.close()

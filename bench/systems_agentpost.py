@@ -7,7 +7,8 @@ Only the public queue operations are used, exactly as the processor uses them:
 * consumer: :meth:`Queue.agents_with_pending`, then per agent :meth:`Queue.claim_all_pending_messages`
   (the agent lease plus every available message of that agent), yield each id, then one
   :meth:`Queue.complete_messages` for the group (which enqueues the response with its events in the same
-  transaction) and :meth:`Queue.release_agent`. When nothing is claimable: :meth:`recover_stale_messages`
+  transaction; with ``release_when_idle`` it also gives up the agent when nothing else waits, else
+  :meth:`Queue.release_agent` follows). When nothing is claimable: :meth:`recover_stale_messages`
   (returns the messages of a SIGKILLed consumer once its 2 s lease lapses) and yield None.
 
 A (re)started consumer takes a new worker id, as a restarted processor does. On PostgreSQL the sessions
@@ -103,9 +104,14 @@ class AgentpostSqlite:
                         for m in group:
                             yield msg_id_of(m.message)
                         # LeaseLost: our lease lapsed and another worker took over; it completes them.
+                        # The release rides with the completion when nothing else waits, as in the processor.
+                        released = False
                         with contextlib.suppress(LeaseLost):
-                            queue.complete_messages([m.message_id for m in group], worker, REPLY)
-                        queue.release_agent(agent, worker)
+                            released = queue.complete_messages(
+                                [m.message_id for m in group], worker, REPLY, release_when_idle=True
+                            ).released
+                        if not released:
+                            queue.release_agent(agent, worker)
                     if not got:
                         queue.recover_stale_messages()
                         yield None
