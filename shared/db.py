@@ -15,6 +15,7 @@ import re
 import sqlite3
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -186,6 +187,12 @@ class Database:
             self._local.generation = self._generation
             with self._all_lock:
                 self._all.append(conn)
+            # Worker threads come and go (anyio retires idle ones after 10 s): when this thread ends, its
+            # thread-local guard goes with it and the connection is closed, instead of staying open (on
+            # PostgreSQL, a server connection) for the life of the process.
+            guard = _ThreadGuard()
+            self._local.guard = guard
+            self._local.retire = weakref.finalize(guard, _retire, self._all, self._all_lock, conn)
         if self.dialect.is_sqlite:
             wanted = self.lock_wait_ms()
             if self._local.wait_ms != wanted:
@@ -197,12 +204,17 @@ class Database:
         """Close this thread's connection; the next use opens a fresh one."""
         conn = getattr(self._local, "conn", None)
         self._local.conn = None
-        if conn is None:
-            return
-        with self._all_lock, contextlib.suppress(ValueError):
-            self._all.remove(conn)
-        with contextlib.suppress(Exception):
-            conn.close()
+        retire = getattr(self._local, "retire", None)
+        self._local.retire = self._local.guard = None
+        if retire is not None:
+            retire()
+        elif conn is not None:
+            _retire(self._all, self._all_lock, conn)
+
+    def open_connections(self) -> int:
+        """How many driver connections this object holds open now (one per thread that used it)."""
+        with self._all_lock:
+            return len(self._all)
 
     def lock_wait_ms(self) -> int:
         """How long a lock wait may last on this thread now (see :func:`lock_wait_limit`)."""
@@ -419,6 +431,18 @@ class Database:
         if self._engine is not None:
             self._engine.dispose()
             self._engine = None
+
+
+class _ThreadGuard:
+    """Lives exactly as long as one thread's connection may be used (held only by the thread's locals)."""
+
+
+def _retire(conns: list[Any], lock: threading.Lock, conn: Any) -> None:
+    """Close a connection whose thread is gone (or that is being replaced) and forget it."""
+    with lock, contextlib.suppress(ValueError):
+        conns.remove(conn)
+    with contextlib.suppress(Exception):
+        conn.close()
 
 
 def refuse_unwritable(path: str) -> None:
