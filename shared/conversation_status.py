@@ -10,6 +10,7 @@ processed under a live lease (a processor killed mid-run leaves a stale record, 
 
 from __future__ import annotations
 
+import functools
 import json
 from datetime import UTC, datetime
 from typing import Any
@@ -25,29 +26,10 @@ CHAT_KEY_SQL = (
 )
 
 
-def record_run(
-    db: Database,
-    agent: str,
-    *,
-    run_id: str,
-    worker: str,
-    channel: str,
-    conversation: str,
-    message_ids: list[str],
-    started_at: int,
-) -> None:
-    """Note that ``agent`` now runs ``message_ids`` for the chat ``channel``/``conversation``."""
-    with db.transaction() as tx:
-        record_run_in(
-            tx,
-            agent,
-            run_id=run_id,
-            worker=worker,
-            channel=channel,
-            conversation=conversation,
-            message_ids=message_ids,
-            started_at=started_at,
-        )
+def record_run(db: Database, agent: str, **fields: Any) -> None:
+    """Note that ``agent`` now runs ``message_ids`` for the chat ``channel``/``conversation`` (the fields of
+    :func:`record_run_in`), in a transaction of its own."""
+    db.run_transaction(functools.partial(record_run_in, agent=agent, **fields))
 
 
 def record_run_in(

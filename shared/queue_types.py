@@ -77,8 +77,25 @@ class Directory:
         return RouteTable(self.agents, self.teams, self.default_agent)
 
 
+class _ChatRow:
+    """What a message row and a response row share: the chat they belong to."""
+
+    channel: str
+    sender: str
+    sender_id: str
+    conversation: str
+
+    @property
+    def address(self) -> ChatAddress:
+        """The chat the message came from, or the reply goes to."""
+        return ChatAddress(self.channel, self.sender, self.sender_id, self.conversation)
+
+    def as_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
 @dataclass(frozen=True)
-class QueuedMessage:
+class QueuedMessage(_ChatRow):
     """A row of ``messages``."""
 
     id: int
@@ -112,21 +129,13 @@ class QueuedMessage:
         return cls(**data)
 
     @property
-    def address(self) -> ChatAddress:
-        """The chat the message came from (and its reply goes to)."""
-        return ChatAddress(self.channel, self.sender, self.sender_id, self.conversation)
-
-    @property
     def conversation_key(self) -> tuple[str, str]:
         """Messages with the same key belong to one chat (and are batched into one run)."""
         return self.address.key
 
-    def as_dict(self) -> dict[str, Any]:
-        return dict(self.__dict__)
-
 
 @dataclass(frozen=True)
-class QueuedResponse:
+class QueuedResponse(_ChatRow):
     """A row of ``responses``."""
 
     id: int
@@ -155,14 +164,6 @@ class QueuedResponse:
         data["files"] = json.loads(data.pop("files") or "[]")
         data["metadata"] = json.loads(data.pop("metadata") or "{}")
         return cls(**data)
-
-    @property
-    def address(self) -> ChatAddress:
-        """The chat the reply goes to."""
-        return ChatAddress(self.channel, self.sender, self.sender_id, self.conversation)
-
-    def as_dict(self) -> dict[str, Any]:
-        return dict(self.__dict__)
 
 
 @dataclass(frozen=True)
