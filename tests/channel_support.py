@@ -14,8 +14,7 @@ import signal
 import subprocess
 import sys
 import threading
-import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +22,7 @@ from shared.runtime import Runtime
 from tests.fakes.discord_api import FakeDiscord
 from tests.fakes.telegram_api import FakeTelegram, TelegramApiError
 from tests.homes import build_home, open_home, scripted_agents  # noqa: F401  (open_home re-exported)
+from tests.probes import count, free_port, wait_for  # noqa: F401  (re-exported: tests import them from here)
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -141,22 +141,6 @@ def run_cli(home: Path, *args: str, env: Mapping[str, str] | None = None) -> sub
     )
 
 
-def wait_for(condition: Callable[[], Any], timeout: float, what: str, interval: float = 0.05) -> Any:
-    """Poll ``condition`` until truthy; fail naming ``what`` after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(interval)
-
-
-def count(rt: Runtime, sql: str, params: Mapping[str, Any] | None = None) -> int:
-    return int(rt.db.read_scalar(sql, dict(params or {})) or 0)
-
-
 class HoldingTelegram(FakeTelegram):
     """A fake Bot API that can hold the N-th ``sendMessage`` (from now on) until released.
 
@@ -221,14 +205,6 @@ def discord_env(fake: FakeDiscord, **extra: str) -> dict[str, str]:
         "DISCORD_GATEWAY_URL": fake.gateway_url,
         **extra,
     }
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def events(rt: Runtime, type_: str) -> list[dict[str, Any]]:

@@ -10,8 +10,7 @@ reaches them unless an agent's ``env`` table names it).
 from __future__ import annotations
 
 import sys
-import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,6 +20,7 @@ import tomlkit
 
 from shared.runtime import Runtime
 from tests.homes import build_home, open_home  # noqa: F401  (re-exported: tests import it from here)
+from tests.probes import count, wait_for  # noqa: F401  (re-exported: tests import them from here)
 from workers.processor import Processor, ProcessorSettings, ProcessorStats
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -155,23 +155,6 @@ def overlapping(runs: list[Invocation]) -> list[tuple[Invocation, Invocation]]:
             if a.start < b.end and b.start < a.end:
                 pairs.append((a, b))
     return pairs
-
-
-def wait_for(condition: Callable[[], Any], timeout: float, what: str, interval: float = 0.05) -> Any:
-    """Poll ``condition`` until it returns something truthy; fail with ``what`` after ``timeout`` s."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(interval)
-
-
-def count(rt: Runtime, sql: str, params: Mapping[str, Any] | None = None) -> int:
-    """``SELECT COUNT(*) ...`` helper."""
-    return int(rt.db.read_scalar(sql, dict(params or {})) or 0)
 
 
 def event_types(rt: Runtime, message_id: str | None = None) -> list[str]:

@@ -5,10 +5,8 @@ from __future__ import annotations
 
 import os
 import secrets
-import socket
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
@@ -20,6 +18,7 @@ import tomlkit
 from shared.clock import now_ms
 from shared.queue import Queue
 from tests.homes import build_home
+from tests.probes import free_port, wait_for  # noqa: F401  (free_port re-exported: tests import it from here)
 
 ADMIN_PG_URL = os.environ.get("AGENTPOST_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
 T = TypeVar("T")
@@ -47,20 +46,7 @@ def write_home(
 
 def wait_until(check: Callable[[], T], timeout: float = 20.0, interval: float = 0.05, what: str = "") -> T:
     """Poll ``check`` until it returns something truthy; fail with ``what`` after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:g}s waiting for {what or check}")
-        time.sleep(interval)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    return wait_for(check, timeout, what or repr(check), interval)
 
 
 def cli_env(home: Path, extra: Mapping[str, str] | None = None) -> dict[str, str]:

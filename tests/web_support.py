@@ -9,7 +9,6 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,6 +21,7 @@ from adapters.web.app import create_app
 from shared.events import EventLog
 from shared.queue import Queue, QueuedMessage
 from shared.runtime import Runtime, open_runtime
+from tests.probes import free_port, wait_for  # noqa: F401  (free_port re-exported: tests import it from here)
 
 REPO = Path(__file__).resolve().parents[1]
 AGENTPOST = str(Path(sys.executable).parent / "agentpost")
@@ -50,20 +50,7 @@ leader = "beta"
 
 def wait_until(predicate: Callable[[], Any], timeout: float = 10.0, what: str = "condition") -> Any:
     """Poll ``predicate`` until it returns something truthy; fail with ``what`` after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.02)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    return wait_for(predicate, timeout, what, interval=0.02)
 
 
 def make_home(tmp: Path, *, db_url: str | None = None, max_retries: int = 2, extra: str = "") -> Path:

@@ -1,0 +1,43 @@
+"""Small probes shared by the test support modules and the benchmarks: polling a condition until it holds
+(with a deadline), a free TCP port on the loopback interface, and a ``SELECT COUNT(*)`` on a runtime's
+database."""
+
+from __future__ import annotations
+
+import socket
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from shared.runtime import Runtime
+
+
+def wait_for(
+    condition: Callable[[], Any],
+    timeout: float,
+    what: str,
+    interval: float = 0.05,
+    error: type[Exception] = AssertionError,
+) -> Any:
+    """Poll ``condition`` until it returns something truthy and return that; after ``timeout`` seconds,
+    raise ``error`` naming ``what``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise error(f"timed out after {timeout:g} s waiting for {what}")
+        time.sleep(interval)
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on (at the time of asking)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def count(rt: Runtime, sql: str, params: Mapping[str, Any] | None = None) -> int:
+    """``SELECT COUNT(*) ...`` helper."""
+    return int(rt.db.read_scalar(sql, dict(params or {})) or 0)
