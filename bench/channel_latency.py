@@ -40,7 +40,6 @@ import json
 import os
 import shutil
 import socket
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -55,10 +54,12 @@ sys.path.insert(0, str(REPO))
 
 import httpx  # noqa: E402
 import tomlkit  # noqa: E402
+from measure import spread  # noqa: E402
 
 from shared.runtime import Runtime, open_runtime  # noqa: E402
 from tests.fakes.telegram_api import FakeTelegram, _Handler  # noqa: E402
 from tests.fakes.whatsapp_api import FakeWhatsApp, signed_webhook, text_message_payload  # noqa: E402
+from tests.probes import free_port, wait_for  # noqa: E402
 
 CHAT = 42
 WA_USER = "15550001111"
@@ -105,14 +106,7 @@ def _start(kind: str, home: Path, env: dict[str, str], log: Path) -> subprocess.
 
 
 def _wait(condition: Callable[[], Any], timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out waiting for {what}")
-        time.sleep(0.001)
+    return wait_for(condition, timeout, what, interval=0.001, error=TimeoutError)
 
 
 def _events(rt: Runtime, message_id: str) -> dict[str, int] | None:
@@ -229,9 +223,7 @@ class _Stream:
 
 
 def run_web(root: Path, home: Path, rt: Runtime, n: int, warmup: int) -> list[dict[str, float]]:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     proc = _start("web", home, {"AGENTPOST_API_PORT": str(port)}, root / "web.log")
     samples = []
     try:
@@ -288,9 +280,7 @@ def run_cli(root: Path, home: Path, rt: Runtime, n: int, warmup: int) -> list[di
 def run_whatsapp(root: Path, home: Path, rt: Runtime, n: int, warmup: int) -> list[dict[str, float]]:
     samples = []
     with FakeWhatsApp() as fake:
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            port = probe.getsockname()[1]
+        port = free_port()
         env = {
             "WHATSAPP_ACCESS_TOKEN": fake.access_token,
             "WHATSAPP_PHONE_NUMBER_ID": fake.phone_number_id,
@@ -350,11 +340,6 @@ CHANNELS: dict[str, Callable[[Path, Path, Runtime, int, int], list[dict[str, flo
 KEYS = ("in", "intake", "in_enqueued", "out", "cli_run", "total")
 
 
-def _pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
-
-
 def measure(channel: str, n: int, warmup: int, debounce_ms: int | None) -> dict[str, Any]:
     root = Path(tempfile.mkdtemp(prefix=f"latency-{channel}-"))
     home = _home(root, debounce_ms)
@@ -371,13 +356,7 @@ def measure(channel: str, n: int, warmup: int, debounce_ms: int | None) -> dict[
     shutil.rmtree(root, ignore_errors=True)
     summary: dict[str, Any] = {"channel": channel, "n": len(samples), "debounce_ms": debounce_ms}
     for key in KEYS:
-        values = [s[key] for s in samples]
-        summary[key] = {
-            "p50": round(statistics.median(values), 1),
-            "p90": round(_pct(values, 0.90), 1),
-            "p99": round(_pct(values, 0.99), 1),
-            "max": round(max(values), 1),
-        }
+        summary[key] = spread([s[key] for s in samples])
     return summary
 
 

@@ -22,10 +22,8 @@ bench/profile_hot.py --group 20.
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
 import sqlite3
-import statistics
 import sys
 import tempfile
 import time
@@ -36,6 +34,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from harness import Msg, make_messages, msg_id_of
+from measure import alternate, medians, ratio, say, scratch_dir, write_json
 from systems_agentpost import REPLY, AgentpostSqlite
 from systems_peers import SqliteClaimAgent, _sqlite_connect
 
@@ -129,21 +128,14 @@ def one_run(system: str, workdir: Path, *, rounds: int, agents: int, per_agent: 
 
 
 def measure(*, rounds: int, runs: int, agents: int, per_agent: int) -> dict[str, Any]:
-    rates: dict[str, list[float]] = {name: [] for name in SYSTEMS}
-    workdir = Path(tempfile.mkdtemp(prefix="agentpost-claim-batch-"))
-    try:
-        for k in range(runs):
-            for name in SYSTEMS:
-                rate = one_run(name, workdir, rounds=rounds, agents=agents, per_agent=per_agent)
-                rates[name].append(rate)
-                print(
-                    f"claim-batch {name:<9} run {k + 1}: {rate:9,.0f} msg/s drained",
-                    file=sys.stderr,
-                    flush=True,
-                )
-    finally:
-        shutil.rmtree(workdir, ignore_errors=True)
-    med = {name: statistics.median(v) for name, v in rates.items()}
+    with scratch_dir("agentpost-claim-batch-") as workdir:
+        rates = alternate(
+            runs,
+            list(SYSTEMS),
+            lambda name, k: one_run(name, workdir, rounds=rounds, agents=agents, per_agent=per_agent),
+            lambda name, k, rate: f"claim-batch {name:<9} run {k + 1}: {rate:9,.0f} msg/s drained",
+        )
+    med = medians(rates)
     return {
         "backend": "sqlite",
         "agents": agents,
@@ -155,7 +147,7 @@ def measure(*, rounds: int, runs: int, agents: int, per_agent: int) -> dict[str,
         "plain": rates["plain"],
         "agentpost_median": med["agentpost"],
         "plain_median": med["plain"],
-        "ratio": med["agentpost"] / med["plain"] if med["plain"] else None,
+        "ratio": ratio(med["agentpost"], med["plain"]),
     }
 
 
@@ -168,14 +160,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", default=None, help="write the results as JSON")
     args = p.parse_args(argv)
     r = measure(rounds=args.rounds, runs=args.runs, agents=args.agents, per_agent=args.per_agent)
-    print(
+    say(
         f"claim-batch: agentpost {r['agentpost_median']:,.0f} msg/s, plain claim-all {r['plain_median']:,.0f}"
-        f" msg/s, ratio {r['ratio']:.2f} ({r['per_agent']} waiting per agent, {r['messages']:,} per run)",
-        file=sys.stderr,
-        flush=True,
+        f" msg/s, ratio {r['ratio']:.2f} ({r['per_agent']} waiting per agent, {r['messages']:,} per run)"
     )
-    if args.json:
-        Path(args.json).write_text(json.dumps(r, indent=2))
+    write_json(args.json, r)
     return 0
 
 

@@ -23,7 +23,6 @@ import argparse
 import json
 import os
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -35,9 +34,11 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 import tomlkit  # noqa: E402
+from measure import spread  # noqa: E402
 
 from shared.runtime import open_runtime  # noqa: E402
 from tests.fakes.discord_api import FakeDiscord  # noqa: E402
+from tests.probes import wait_for  # noqa: E402
 
 ALICE, DM = 5001, 7001
 
@@ -66,19 +67,7 @@ def _start(kind: str, home: Path, env: dict[str, str], log: Path) -> subprocess.
 
 
 def _wait(condition: Any, timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out waiting for {what}")
-        time.sleep(0.002)
-
-
-def _pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+    return wait_for(condition, timeout, what, interval=0.002, error=TimeoutError)
 
 
 def measure(n: int, warmup: int) -> dict[str, Any]:
@@ -157,13 +146,7 @@ def measure(n: int, warmup: int) -> dict[str, Any]:
     shutil.rmtree(root, ignore_errors=True)
     summary: dict[str, Any] = {"n": len(samples)}
     for key in ("total", "cli", "overhead", "intake", "to_run", "to_reply"):
-        values = [s[key] for s in samples]
-        summary[key] = {
-            "p50": round(statistics.median(values), 1),
-            "p90": round(_pct(values, 0.90), 1),
-            "p99": round(_pct(values, 0.99), 1),
-            "max": round(max(values), 1),
-        }
+        summary[key] = spread([s[key] for s in samples])
     return summary
 
 

@@ -14,9 +14,7 @@ medians of --runs runs. Each run checks that every agent got its share (the ment
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
-import statistics
 import sys
 import tempfile
 import time
@@ -26,6 +24,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from harness import make_body
+from measure import alternate, medians, ratio, say, scratch_dir, write_json
 from systems_agentpost import CHANNEL, AgentpostSqlite
 
 #: Messages go to the first ROUTED agents of either directory, so both runs write the same rows.
@@ -68,21 +67,14 @@ def one_run(agents: int, workdir: Path, *, n: int) -> float:
 def measure(*, n: int, runs: int, small: int, large: int) -> dict[str, Any]:
     if min(small, large) < ROUTED:
         raise ValueError(f"both directories need at least {ROUTED} agents")
-    rates: dict[int, list[float]] = {small: [], large: []}
-    workdir = Path(tempfile.mkdtemp(prefix="agentpost-enqueue-agents-"))
-    try:
-        for k in range(runs):
-            for agents in (small, large):
-                rate = one_run(agents, workdir, n=n)
-                rates[agents].append(rate)
-                print(
-                    f"enqueue-agents {agents:>4} agents run {k + 1}: {rate:8,.0f} enqueues/s",
-                    file=sys.stderr,
-                    flush=True,
-                )
-    finally:
-        shutil.rmtree(workdir, ignore_errors=True)
-    med_s, med_l = statistics.median(rates[small]), statistics.median(rates[large])
+    with scratch_dir("agentpost-enqueue-agents-") as workdir:
+        rates = alternate(
+            runs,
+            (small, large),
+            lambda agents, k: one_run(agents, workdir, n=n),
+            lambda agents, k, rate: f"enqueue-agents {agents:>4} agents run {k + 1}: {rate:8,.0f} enqueues/s",
+        )
+    med = medians(rates)
     return {
         "backend": "sqlite",
         "n": n,
@@ -91,9 +83,9 @@ def measure(*, n: int, runs: int, small: int, large: int) -> dict[str, Any]:
         "large_agents": large,
         "small": rates[small],
         "large": rates[large],
-        "small_median": med_s,
-        "large_median": med_l,
-        "ratio": med_l / med_s if med_s else None,
+        "small_median": med[small],
+        "large_median": med[large],
+        "ratio": ratio(med[large], med[small]),
     }
 
 
@@ -106,14 +98,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", default=None, help="write the results as JSON")
     args = p.parse_args(argv)
     r = measure(n=args.n, runs=args.runs, small=args.small, large=args.large)
-    print(
+    say(
         f"enqueue-agents: {r['small_agents']} agents {r['small_median']:,.0f}/s, {r['large_agents']} agents"
-        f" {r['large_median']:,.0f}/s, ratio {r['ratio']:.2f}",
-        file=sys.stderr,
-        flush=True,
+        f" {r['large_median']:,.0f}/s, ratio {r['ratio']:.2f}"
     )
-    if args.json:
-        Path(args.json).write_text(json.dumps(r, indent=2))
+    write_json(args.json, r)
     return 0
 
 

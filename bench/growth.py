@@ -12,19 +12,17 @@ with the history is at least 0.9x the median without.
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import shutil
-import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from harness import DEFAULT_PG_URL, pg_admin, run_once, target_for
+from harness import DEFAULT_PG_URL, run_once, target_for
+from measure import backends, medians, ratio, say, scratch_dir, write_json
 from systems_agentpost import (
     AgentpostPostgres,
     AgentpostPostgresRetained,
@@ -40,27 +38,26 @@ def measure(backend: str, *, n: int, runs: int, retained: int, pg_url: str) -> d
     full.retained = retained
     rates: dict[str, list[float]] = {"empty": [], "retained": []}
     problems: list[str] = []
-    workdir = Path(tempfile.mkdtemp(prefix="agentpost-growth-"))
-    try:
-        for k in range(runs):
-            for label, system in (("empty", empty), ("retained", full)):
-                rundir = workdir / f"{label}-{k}"
-                t0 = time.monotonic()
-                r = run_once(system, target_for(system, rundir, pg_url), rundir, n=n, rng=random.Random(k))
-                shutil.rmtree(rundir, ignore_errors=True)
-                if r.error or r.lost or r.duplicated:
-                    problems.append(f"{label} run {k}: error={r.error} lost={r.lost} dup={r.duplicated}")
-                rates[label].append(r.msgs_per_s)
-                print(
-                    f"growth {backend:<8} {label:<8} run {k + 1}: {r.msgs_per_s:8,.0f} msg/s"
-                    f"  (setup + run {time.monotonic() - t0:5.1f} s, load {r.load1:.1f})",
-                    file=sys.stderr,
-                    flush=True,
-                )
-    finally:
-        cleanup_templates()
-        shutil.rmtree(workdir, ignore_errors=True)
-    med_e, med_r = statistics.median(rates["empty"]), statistics.median(rates["retained"])
+    with scratch_dir("agentpost-growth-") as workdir:
+        try:
+            for k in range(runs):
+                for label, system in (("empty", empty), ("retained", full)):
+                    rundir = workdir / f"{label}-{k}"
+                    t0 = time.monotonic()
+                    r = run_once(
+                        system, target_for(system, rundir, pg_url), rundir, n=n, rng=random.Random(k)
+                    )
+                    shutil.rmtree(rundir, ignore_errors=True)
+                    if r.error or r.lost or r.duplicated:
+                        problems.append(f"{label} run {k}: error={r.error} lost={r.lost} dup={r.duplicated}")
+                    rates[label].append(r.msgs_per_s)
+                    say(
+                        f"growth {backend:<8} {label:<8} run {k + 1}: {r.msgs_per_s:8,.0f} msg/s"
+                        f"  (setup + run {time.monotonic() - t0:5.1f} s, load {r.load1:.1f})"
+                    )
+        finally:
+            cleanup_templates()
+    med = medians(rates)
     return {
         "backend": backend,
         "n": n,
@@ -68,9 +65,9 @@ def measure(backend: str, *, n: int, runs: int, retained: int, pg_url: str) -> d
         "runs": runs,
         "empty": rates["empty"],
         "with_retained": rates["retained"],
-        "empty_median": med_e,
-        "retained_median": med_r,
-        "ratio": med_r / med_e if med_e else None,
+        "empty_median": med["empty"],
+        "retained_median": med["retained"],
+        "ratio": ratio(med["retained"], med["empty"]),
         "problems": problems,
     }
 
@@ -85,27 +82,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", default=None, help="write the results as JSON")
     args = p.parse_args(argv)
     results = []
-    for backend in args.backend or ["sqlite", "postgres"]:
-        if backend == "postgres":
-            try:
-                pg_admin(args.pg_url, "create")
-            except Exception as exc:
-                print(f"PostgreSQL unavailable ({exc}); skipped", file=sys.stderr)
-                continue
-        try:
-            r = measure(backend, n=args.n, runs=args.runs, retained=args.retained, pg_url=args.pg_url)
-        finally:
-            if backend == "postgres":
-                pg_admin(args.pg_url, "drop")
+    for backend in backends(args.backend, args.pg_url):
+        r = measure(backend, n=args.n, runs=args.runs, retained=args.retained, pg_url=args.pg_url)
         results.append(r)
-        print(
+        say(
             f"growth {backend}: empty {r['empty_median']:,.0f} msg/s, with {args.retained:,} retained"
-            f" {r['retained_median']:,.0f} msg/s, ratio {r['ratio']:.2f}",
-            file=sys.stderr,
-            flush=True,
+            f" {r['retained_median']:,.0f} msg/s, ratio {r['ratio']:.2f}"
         )
-    if args.json:
-        Path(args.json).write_text(json.dumps(results, indent=2))
+    write_json(args.json, results)
     return 0
 
 

@@ -29,7 +29,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from harness import DEFAULT_PG_URL, make_messages, msg_id_of, pg_admin
+from harness import DEFAULT_PG_URL, make_messages, msg_id_of
+from measure import backends, say, write_json
 from systems_agentpost import AgentpostPostgres, AgentpostSqlite
 
 
@@ -177,32 +178,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", default=None, help="write the results as JSON")
     args = p.parse_args(argv)
     results = []
-    for backend in args.backend or ["sqlite", "postgres"]:
+    for backend in backends(args.backend, args.pg_url):
         wakes = [int(w) for w in args.wake_ms.split(",")] if backend == "sqlite" else [20]
-        if backend == "postgres":
-            try:
-                pg_admin(args.pg_url, "create")
-            except Exception as exc:
-                print(f"PostgreSQL unavailable ({exc}); skipped", file=sys.stderr)
-                continue
-        try:
-            for wake in wakes:
-                r = measure(
-                    backend, n=args.n, rate=args.rate, wake_ms=wake, idle_s=args.idle_s, pg_url=args.pg_url
-                )
-                results.append(r)
-                print(
-                    f"latency {backend:<8} wake={wake:>3}ms  p50 {r['p50_ms']:6.2f} ms  p99 {r['p99_ms']:6.2f} ms"
-                    f"  max {r['max_ms']:6.1f} ms  claimed {r['claimed']}/{r['n']}"
-                    f"  idle CPU {r['idle_cpu_share'] * 100:.2f}% of a core",
-                    file=sys.stderr,
-                    flush=True,
-                )
-        finally:
-            if backend == "postgres":
-                pg_admin(args.pg_url, "drop")
-    if args.json:
-        Path(args.json).write_text(json.dumps(results, indent=2))
+        for wake in wakes:
+            r = measure(
+                backend, n=args.n, rate=args.rate, wake_ms=wake, idle_s=args.idle_s, pg_url=args.pg_url
+            )
+            results.append(r)
+            say(
+                f"latency {backend:<8} wake={wake:>3}ms  p50 {r['p50_ms']:6.2f} ms  p99 {r['p99_ms']:6.2f} ms"
+                f"  max {r['max_ms']:6.1f} ms  claimed {r['claimed']}/{r['n']}"
+                f"  idle CPU {r['idle_cpu_share'] * 100:.2f}% of a core"
+            )
+    write_json(args.json, results)
     return 0
 
 

@@ -23,6 +23,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from measure import say, write_json
+
 AGENT_SCRIPT = "import sys, time\nsys.stdin.read()\ntime.sleep(1.0)\nprint('done after one second')\n"
 PER_AGENT = 5
 
@@ -114,14 +118,11 @@ def main(argv: list[str] | None = None) -> int:
     for k in (int(x) for x in args.k.split(",")):
         r = measure(k, args.cap)
         results.append(r)
-        print(
+        say(
             f"parallel K={k} cap={args.cap}: {r['messages']} runs of 1 s in {r['wall_s']:.2f} s,"
-            f" ratio to 5 s {r['ratio']:.2f}",
-            file=sys.stderr,
-            flush=True,
+            f" ratio to 5 s {r['ratio']:.2f}"
         )
-    if args.json:
-        Path(args.json).write_text(json.dumps(results, indent=2))
+    write_json(args.json, results)
     return 0
 
 

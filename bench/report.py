@@ -23,6 +23,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from measure import PEER_COLUMNS, fmt_rate, peer_cells
+
 HERE = Path(__file__).resolve().parent
 
 
@@ -214,8 +216,15 @@ def _md_table(head: list[str], body: list[list[str]], right: Callable[[int], boo
     return "\n".join(lines)
 
 
-def _fmt(x: float | None) -> str:
-    return "-" if x is None else f"{x:,.0f}"
+def _runs_table(head: list[str], result: dict[str, Any], rows: list[tuple[str, str]]) -> str:
+    """A table of alternating runs (claim_batch.py, enqueue_agents.py): per (label, key) of ``rows`` the
+    rates of ``result[key]`` and their median ``result[key + "_median"]``, then the ratio of the medians."""
+    body = [
+        [label, " / ".join(fmt_rate(x) for x in result[key]), fmt_rate(result[f"{key}_median"])]
+        for label, key in rows
+    ]
+    body.append(["ratio", "", f"{result['ratio']:.2f}" if result["ratio"] is not None else "-"])
+    return _md_table(head, body, lambda i: i >= 2)
 
 
 def render(results: Path) -> tuple[str, str]:
@@ -272,40 +281,8 @@ def render(results: Path) -> tuple[str, str]:
             " SIGKILLs of consumer processes). lost/dup/recovered are summed over a row's runs."
         )
         md.append("")
-        body = []
-        for r in peers["rows"]:
-            body.append(
-                [
-                    r["system"],
-                    r["variant"],
-                    f"{r['n']:,}",
-                    _fmt(r["median"]) if not r["errors"] else "ERROR",
-                    _fmt(r["min"]),
-                    _fmt(r["max"]),
-                    _fmt(r["enqueue_median"]),
-                    str(r["lost"]),
-                    str(r["duplicated"]),
-                    str(r["recovered"]),
-                    str(r["dup_unexplained"]),
-                    str(r["kills"]),
-                    f"{r['max_load1']:.1f}",
-                ]
-            )
-        head = [
-            "system",
-            "variant",
-            "N",
-            "msgs/s median",
-            "min",
-            "max",
-            "enq/s",
-            "lost",
-            "dup",
-            "recov",
-            "dup-other",
-            "kills",
-            "load",
-        ]
+        head = PEER_COLUMNS
+        body = [peer_cells(r, f"{r['n']:,}") for r in peers["rows"]]
         md.append(_md_table(head, body, lambda i: i >= 2))
         md += [
             "",
@@ -330,12 +307,8 @@ def render(results: Path) -> tuple[str, str]:
             f" agent's rows, one UPDATE per message marks it done). Runs alternate; medians of {cb['runs']}."
         )
         md.append("")
-        body = [
-            [name, " / ".join(_fmt(x) for x in cb[key]), _fmt(cb[f"{key}_median"])]
-            for name, key in (("agentpost", "agentpost"), ("plain sqlite3 claim-all", "plain"))
-        ]
-        body.append(["ratio", "", f"{cb['ratio']:.2f}" if cb["ratio"] is not None else "-"])
-        md.append(_md_table(["system", "msg/s drained (runs)", "median"], body, lambda i: i >= 2))
+        rows = [("agentpost", "agentpost"), ("plain sqlite3 claim-all", "plain")]
+        md.append(_runs_table(["system", "msg/s drained (runs)", "median"], cb, rows))
     if enqueue_agents:
         ea = enqueue_agents
         md += ["", f"## Enqueue with {ea['large_agents']} agents", ""]
@@ -346,12 +319,8 @@ def render(results: Path) -> tuple[str, str]:
             f" medians of {ea['runs']}."
         )
         md.append("")
-        body = [
-            [str(ea[f"{key}_agents"]), " / ".join(_fmt(x) for x in ea[key]), _fmt(ea[f"{key}_median"])]
-            for key in ("small", "large")
-        ]
-        body.append(["ratio", "", f"{ea['ratio']:.2f}" if ea["ratio"] is not None else "-"])
-        md.append(_md_table(["agents", "enqueues/s (runs)", "median"], body, lambda i: i >= 2))
+        rows = [(str(ea[f"{key}_agents"]), key) for key in ("small", "large")]
+        md.append(_runs_table(["agents", "enqueues/s (runs)", "median"], ea, rows))
     if latency:
         md += ["", "## Pickup latency and idle cost", ""]
         md.append(
@@ -386,8 +355,8 @@ def render(results: Path) -> tuple[str, str]:
                 g["backend"],
                 f"{g['n']:,}",
                 f"{g['retained']:,}",
-                " / ".join(_fmt(x) for x in g["empty"]),
-                " / ".join(_fmt(x) for x in g["with_retained"]),
+                " / ".join(fmt_rate(x) for x in g["empty"]),
+                " / ".join(fmt_rate(x) for x in g["with_retained"]),
                 f"{g['ratio']:.2f}",
             ]
             for g in growth

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from harness import DEFAULT_PG_URL, QueueSystem, RunResult, Series, Variant, effective_n, pg_admin, run_series
+from measure import PEER_COLUMNS, peer_cells
 
 NOTES = {
     "huey-SqliteStorage": "at most once (dequeue deletes); synchronous=FULL (its default)",
@@ -72,45 +73,9 @@ def build_variants(args: argparse.Namespace) -> list[tuple[Variant, int]]:
     return out
 
 
-def fmt_rate(x: float | None) -> str:
-    return "-" if x is None else f"{x:,.0f}"
-
-
 def print_table(rows: list[dict[str, Any]], out: Any = sys.stdout) -> None:
-    head = [
-        "system",
-        "variant",
-        "N",
-        "msgs/s median",
-        "min",
-        "max",
-        "enq/s",
-        "lost",
-        "dup",
-        "recov",
-        "dup-other",
-        "kills",
-        "load",
-    ]
-    body = []
-    for r in rows:
-        body.append(
-            [
-                r["system"],
-                r["variant"],
-                str(r["n"]),
-                fmt_rate(r["median"]) if not r["errors"] else "ERROR",
-                fmt_rate(r["min"]),
-                fmt_rate(r["max"]),
-                fmt_rate(r["enqueue_median"]),
-                str(r["lost"]),
-                str(r["duplicated"]),
-                str(r["recovered"]),
-                str(r["dup_unexplained"]),
-                str(r["kills"]),
-                f"{r['max_load1']:.1f}",
-            ]
-        )
+    head = PEER_COLUMNS
+    body = [peer_cells(r, str(r["n"])) for r in rows]
     widths = [max(len(h), *(len(b[i]) for b in body)) if body else len(h) for i, h in enumerate(head)]
     right = set(range(2, len(head)))
 

@@ -231,6 +231,15 @@ class HueySqlite:
         return run()
 
 
+def _put_bodies(q: Any, messages: Sequence[Msg]) -> Iterator[int]:
+    """A producer over a queue object with ``put`` and ``close`` (persist-queue, litequeue): put each
+    message's body, yielding its id once put, then close the queue."""
+    for m in messages:
+        q.put(m.body)
+        yield m.id
+    q.close()
+
+
 # --------------------------------------------------------------------------------------- persist-queue
 
 
@@ -253,15 +262,7 @@ class PersistQueueAck:
         self._queue(target).close()
 
     def producer(self, target: str, messages: Sequence[Msg]) -> Iterator[int]:
-        q = self._queue(target)
-
-        def run() -> Iterator[int]:
-            for m in messages:
-                q.put(m.body)
-                yield m.id
-            q.close()
-
-        return run()
+        return _put_bodies(self._queue(target), messages)
 
     def consumer(self, target: str, slot: int) -> Iterator[int | None]:
         from persistqueue.exceptions import Empty
@@ -310,15 +311,7 @@ class LiteQueueSystem:
         self._queue(target).close()
 
     def producer(self, target: str, messages: Sequence[Msg]) -> Iterator[int]:
-        q = self._queue(target)
-
-        def run() -> Iterator[int]:
-            for m in messages:
-                q.put(m.body)
-                yield m.id
-            q.close()
-
-        return run()
+        return _put_bodies(self._queue(target), messages)
 
     def consumer(self, target: str, slot: int) -> Iterator[int | None]:
         q = self._queue(target)
