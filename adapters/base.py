@@ -50,8 +50,9 @@ from shared.channel_cursors import OFFLINE_SENT_AT
 from shared.chat_address import ChatAddress
 from shared.chat_prefs import BusyPolicy
 from shared.clock import now_ms
+from shared.db import Tx
 from shared.file_access import chat_upload_dir
-from shared.queue import UnknownMention
+from shared.queue import TxWork, UnknownMention
 from shared.runtime import Runtime, open_runtime
 from shared.settings import Settings, SettingsError
 from shared.worker_identity import new_worker_id
@@ -305,11 +306,14 @@ class Channel(ChatCommands, Delivery):
             self.log.warning("test hook: paused %.1f s after fetching %s", seconds, what)
             await asyncio.sleep(seconds)
 
-    async def handle(self, message: Inbound) -> HandleOutcome:
-        """Authorise, run commands, or queue one inbound message; returns once the outcome is committed."""
-        return await call(self.handle_sync, message)
+    async def handle(self, message: Inbound, *, also: TxWork | None = None) -> HandleOutcome:
+        """Authorise, run commands, or queue one inbound message; returns once the outcome is committed.
 
-    def handle_sync(self, message: Inbound) -> HandleOutcome:
+        ``also(tx)`` is written in the transaction that queues the message (a plugin's cursor, so the
+        update and the message commit together); it is not called for a message that is not queued."""
+        return await call(self.handle_sync, message, also=also)
+
+    def handle_sync(self, message: Inbound, *, also: TxWork | None = None) -> HandleOutcome:
         """:meth:`handle` in the calling thread (blocking database work)."""
         db = self.rt.db
         text = message.text.strip()
@@ -364,13 +368,23 @@ class Channel(ChatCommands, Delivery):
                 agent=agent,
                 prefix=self.prefix or self.name,
                 debounce_ms=self.settings.queue.debounce_ms if self.config.debounce else 0,
+                also=self._commits_with_message(message.external_id, also),
             )
         except UnknownMention as exc:  # "@nosuch hi": answered with the names we know, nothing queued
             self.reply(message, self.unknown_mention_reply(message, exc), kind="command")
             self._mark_seen(message.external_id)
             return "command"
-        self._mark_seen(message.external_id)
         return "duplicate" if result.duplicate else "queued"
+
+    def _commits_with_message(self, external_id: str, also: TxWork | None) -> TxWork:
+        """What commits with a queued message: the platform id marked seen, and the plugin's own record."""
+
+        def write(tx: Tx) -> None:
+            platform_dedupe.remember_in(tx, self.name, external_id)
+            if also is not None:
+                also(tx)
+
+        return write
 
     def _while_unpaired(self, message: Inbound, check: pairings.PairingCheck) -> HandleOutcome:
         """Keep the message for when the sender is approved; give the code once, remind now and then."""

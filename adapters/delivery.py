@@ -47,9 +47,10 @@ from adapters.chunking import split_message
 from shared import channel_cursors, chat_lookups, kv, platform_dedupe
 from shared.aio import call
 from shared.clock import now_ms
+from shared.db import Tx
 from shared.file_access import check_send_path, safe_name, send_roots
 from shared.kv import Scope, scoped
-from shared.queue import QueuedResponse
+from shared.queue import QueuedResponse, TxWork
 from shared.runtime import Runtime
 
 if TYPE_CHECKING:
@@ -235,6 +236,10 @@ class Delivery(abc.ABC):
                 platform_id = await self.send_part(response.conversation, parts[index])
             except Exception as exc:
                 return await self._send_failed(response, index, exc)
+            last = index == len(parts) - 1
+            # The last part, the progress note marked done and the ack are one write: until it commits this
+            # reply is its chat's head, so a later note of the same run cannot be sent before it.
+            note = await self._note_closing(response.conversation, edit_key) if last and edit_key else None
             held = await call(
                 queue.mark_chunk_delivered,
                 response.id,
@@ -242,11 +247,15 @@ class Delivery(abc.ABC):
                 index,
                 lease_ms=self.lease_ms,
                 platform_id=platform_id,
+                ack=last,
+                also=note,
             )
             if not held:
                 self.log.warning("lost response %s to another deliverer after part %s", response.id, index)
                 return False
-        if edit_key:
+            if last:
+                return True
+        if edit_key:  # every part was recorded before a restart: only the note and the ack are left
             # Before the ack: until then this reply is its chat's head, so a later note of the same run
             # cannot be claimed (and sent) before the note is marked done.
             await self._close_note(response.conversation, edit_key)
@@ -344,11 +353,18 @@ class Delivery(abc.ABC):
         return record if isinstance(record, dict) else None
 
     def _store_note(self, conversation: str, edit_key: str, record: dict[str, Any]) -> None:
-        scope, now = self._note_scope(), now_ms()
+        self.rt.db.run_transaction(self._note_writer(conversation, edit_key, record))
+
+    def _note_writer(self, conversation: str, edit_key: str, record: dict[str, Any]) -> TxWork:
+        """The write of a note's record (for a transaction of the caller's)."""
         value = json.dumps(record, separators=(",", ":"))
-        with self.rt.db.transaction() as tx:
+
+        def write(tx: Tx) -> None:
+            scope, now = self._note_scope(), now_ms()
             kv.put(tx, scope, note_key(conversation, edit_key), value, now)
             kv.delete_older(tx, scope, now - NOTE_RECORD_TTL_MS)  # forget the notes of runs long over
+
+        return write
 
     def _note_text(self, text: str) -> str:
         text = " ".join(text.split()) or "…"
@@ -394,21 +410,32 @@ class Delivery(abc.ABC):
 
     async def _close_note(self, conversation: str, edit_key: str) -> None:
         """After the final reply: edit the note to "done" (best effort) and drop later notes of the key."""
+        write = await self._note_closing(conversation, edit_key)
+        if write is not None:
+            try:
+                await call(self.rt.db.run_transaction, write)
+            except Exception:
+                self.log.exception("closing progress note %s failed", edit_key)
+
+    async def _note_closing(self, conversation: str, edit_key: str) -> TxWork | None:
+        """The platform half of closing a note (edited to "done", best effort) and the write that records
+        it done, for the caller's transaction; None when there is nothing to record."""
         try:
             record = await call(self.note_record, conversation, edit_key)
             if record is None:
                 # No note was sent (a short run): still remember the key so a late note is dropped.
                 record = {"id": "", "at": now_ms()}
             elif record.get("done"):
-                return
+                return None
             if record.get("id") and self.can_edit:
                 try:
                     await self.edit_text(conversation, str(record["id"]), DONE_TEXT)
                 except Exception as exc:
                     self.log.info("could not mark progress note %s done: %s", edit_key, exc)
-            await call(self._store_note, conversation, edit_key, {**record, "done": True})
+            return self._note_writer(conversation, edit_key, {**record, "done": True})
         except Exception:
             self.log.exception("closing progress note %s failed", edit_key)
+            return None
 
     # -- the loop --------------------------------------------------------------------------------------------
     async def deliver_claimed(self, response: QueuedResponse) -> bool:

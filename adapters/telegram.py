@@ -40,8 +40,11 @@ from adapters import chat_state
 from adapters.base import Channel, ChannelSettings, Inbound, safe_filename
 from adapters.chunking import utf16_len
 from adapters.delivery import SendFailure
+from shared import kv
 from shared.aio import call
+from shared.db import Tx
 from shared.kv import Scope
+from shared.queue import TxWork
 
 DEFAULT_API = "https://api.telegram.org"
 
@@ -166,8 +169,15 @@ class TelegramChannel(Channel):
             if updates:
                 await self.test_pause_after_fetch(f"{len(updates)} Telegram update(s)")
             for update in updates:
+                written: list[int] = []
+
+                def keep_offset(tx: Tx, after: int = update.update_id + 1, done: list[int] = written) -> None:
+                    # The offset commits with the message the update queued: one write, not two.
+                    kv.put(tx, Scope.TELEGRAM, self.offset_key, str(after))
+                    done.append(after)
+
                 try:
-                    await self.handle_update(update)
+                    await self.handle_update(update, also=keep_offset)
                 except Exception:
                     # Not committed: keep the offset here so the update is fetched and handled again.
                     self.log.exception(
@@ -176,7 +186,8 @@ class TelegramChannel(Channel):
                     await asyncio.sleep(1.0)
                     break
                 offset = update.update_id + 1
-                await call(chat_state.kv_set, db, Scope.TELEGRAM, self.offset_key, str(offset))
+                if not written:  # not a queued message (a command, an ignored update): its own write
+                    await call(chat_state.kv_set, db, Scope.TELEGRAM, self.offset_key, str(offset))
 
     def _addressed(self, message: Message, text: str) -> tuple[bool, str]:
         """Whether a group message is meant for the bot, and its text without the bot's @mention."""
@@ -194,8 +205,9 @@ class TelegramChannel(Channel):
             text = re.sub(re.escape(mention), "", text, flags=re.IGNORECASE).strip()
         return True, text
 
-    async def handle_update(self, update: Update) -> None:
-        """Turn one update into an :class:`Inbound` and hand it to the base (returns once committed)."""
+    async def handle_update(self, update: Update, *, also: TxWork | None = None) -> None:
+        """Turn one update into an :class:`Inbound` and hand it to the base (returns once committed);
+        ``also`` commits with the message if one is queued (see :meth:`Channel.handle`)."""
         message = update.message
         if message is None or message.from_user is None or message.from_user.is_bot:
             return
@@ -225,7 +237,8 @@ class TelegramChannel(Channel):
                 metadata={"chat_type": message.chat.type, "telegram_message_id": message.message_id},
                 # Updates wait at Telegram (24 h) while we are down: a late one's reply says so.
                 sent_at=int(message.date.timestamp() * 1000),
-            )
+            ),
+            also=also,
         )
 
     async def _save_attachments(self, message: Message, conversation: str) -> list[Path]:

@@ -232,6 +232,11 @@ class Database:
         self._write_observers.append(observer)
         return lambda: self._write_observers.remove(observer)
 
+    def run_transaction(self, work: Callable[[Tx], None]) -> None:
+        """``work(tx)`` in a write transaction of its own (for work written to join a caller's one)."""
+        with self.transaction() as tx:
+            work(tx)
+
     @contextlib.contextmanager
     def transaction(self, *, write: bool = True) -> Iterator[Tx]:
         """A transaction: ``BEGIN IMMEDIATE`` for SQLite writes, so a writer never fails on upgrade."""
