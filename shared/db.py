@@ -39,6 +39,9 @@ if TYPE_CHECKING:
 #: SQLAlchemy and the models.
 SCHEMA_VERSION = 2
 
+#: WAL pages after which a commit checkpoints (4 KB pages: 16 MB).
+WAL_CHECKPOINT_PAGES = 4000
+
 Row = dict[str, Any]
 _SIGNAL_RE = re.compile(r"^[a-z_]{1,32}$")
 Params = Mapping[str, Any]
@@ -470,6 +473,9 @@ def configure_sqlite(conn: Any, busy_timeout_ms: int) -> None:
     conn.execute("PRAGMA journal_mode = WAL")
     conn.execute("PRAGMA synchronous = NORMAL")
     conn.execute("PRAGMA temp_store = MEMORY")
+    # The commit that crosses this many WAL pages runs the checkpoint (with its fsyncs) for everyone: every
+    # 16 MB instead of SQLite's 4 MB makes that four times rarer (enqueue +15% measured, bench/analysis.md).
+    conn.execute(f"PRAGMA wal_autocheckpoint = {WAL_CHECKPOINT_PAGES}")
 
 
 def open_database(
