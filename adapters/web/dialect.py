@@ -69,21 +69,28 @@ class ProcessingOut(_Out):
     claimedBy: str | None = Field(description="The processor holding the message.")
 
 
+def _row_fields(r: QueuedMessage | QueuedResponse) -> dict[str, Any]:
+    """The fields every message and reply row shows TinyAGI's clients under the same names."""
+    return {
+        "id": r.id,
+        "messageId": r.message_id,
+        "channel": r.channel,
+        "sender": r.sender,
+        "senderId": r.sender_id,
+        "message": r.message,
+        "agent": r.agent,
+        "conversation": r.conversation,
+    }
+
+
 def processing_out(m: QueuedMessage, now: int) -> ProcessingOut:
     started = m.run_started_at or m.updated_at
     return ProcessingOut(
-        id=m.id,
-        messageId=m.message_id,
-        channel=m.channel,
-        sender=m.sender,
-        senderId=m.sender_id,
-        message=m.message,
-        agent=m.agent,
+        **_row_fields(m),
         status="processing" if m.run_started_at else "queued",
         processAlive=bool(m.lease_until and m.lease_until > now),
         startedAt=started,
         duration=max(0, now - started),
-        conversation=m.conversation,
         updatedAt=m.updated_at,
         claimedBy=m.claimed_by,
     )
@@ -118,19 +125,12 @@ class ResponseOut(_Out):
 
 def response_out(r: QueuedResponse) -> ResponseOut:
     return ResponseOut(
-        id=r.id,
-        messageId=r.message_id,
-        channel=r.channel,
-        sender=r.sender,
-        senderId=r.sender_id,
-        message=r.message,
+        **_row_fields(r),
         originalMessage=r.original_message,
         timestamp=r.created_at,
-        agent=r.agent,
         files=list(r.files),
         metadata=dict(r.metadata),
         status=r.status,
-        conversation=r.conversation,
         ackedAt=r.acked_at,
     )
 
