@@ -1,4 +1,4 @@
-"""Every queue operation, implemented once for SQLite and PostgreSQL (seed 000's names, in snake_case).
+"""Every queue operation, implemented once for SQLite and PostgreSQL (TinyAGI's queue API names, in snake_case).
 
 Messages move ``pending → processing → completed | dead``; responses ``pending → delivering → acked``.
 Each operation is one transaction that also appends the events reporting it and signals waiting processes.
@@ -8,7 +8,6 @@ Workers hold leases (renewed while they run), and every write a worker makes is 
 
 from __future__ import annotations
 
-import random
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -17,10 +16,9 @@ from shared.clock import now_ms
 from shared.db import Database, Row, Tx
 from shared.events import PendingEvent, append_events
 from shared.ids import is_message_id, new_id
-from shared.notices import gave_up_notice, retry_note
 from shared.queue_admin import AdminOps
 from shared.queue_control import ControlOps
-from shared.queue_delivery import ResponseOps
+from shared.queue_failures import FailureOps, retry_edit_key
 from shared.queue_types import (
     CHANNEL_RE,
     INTERNAL_CHANNELS,
@@ -48,7 +46,6 @@ from shared.queue_types import sql_in as _in
 from shared.queue_types import to_json as _json
 from shared.routing import AGENT_NAME_RE
 from shared.settings import Settings
-from shared.worker_identity import Holder, holder_state
 
 
 class UnknownMention(InvalidInput):
@@ -86,6 +83,7 @@ __all__ = [
     "TxWork",
     "UnknownMention",
     "group_by_conversation",
+    "retry_edit_key",
 ]
 
 _MESSAGE_COLUMNS = (
@@ -110,7 +108,7 @@ _SLIDE_WAITING = (
 )
 
 
-class Queue(ResponseOps, AdminOps, ControlOps):
+class Queue(FailureOps, AdminOps, ControlOps):
     """The queue operations over one :class:`~shared.db.Database`."""
 
     def __init__(
@@ -412,21 +410,6 @@ class Queue(ResponseOps, AdminOps, ControlOps):
         return held
 
     # -- complete / fail ---------------------------------------------------------------------------------
-    def _take_group(self, tx: Tx, message_ids: Sequence[str], worker: str) -> list[Row]:
-        if not message_ids:
-            raise InvalidInput("no message ids given")
-        clause, params = _in("m", list(message_ids))
-        rows = tx.rows(
-            f"SELECT * FROM messages WHERE message_id IN {clause} AND status = 'processing' AND claimed_by = :worker",
-            {"worker": worker, **params},
-        )
-        if len(rows) != len(set(message_ids)):
-            raise LeaseLost(
-                f"worker {worker} no longer holds {len(set(message_ids)) - len(rows)} of {len(message_ids)} messages"
-            )
-        rows.sort(key=lambda r: int(r["id"]))
-        return rows
-
     def complete_messages(
         self,
         message_ids: Sequence[str],
@@ -481,73 +464,87 @@ class Queue(ResponseOps, AdminOps, ControlOps):
                 )
             else:
                 events.append(PendingEvent("message_completed", {"message_ids": ids}, primary["message_id"]))
-            queued: list[str] = []
-            refused = 0
-            for draft_msg in followups:
-                if draft_msg.hops > self.config.max_hops:
-                    refused += 1
-                    events.append(
-                        PendingEvent(
-                            "chain_handoff_refused",
-                            {"to": draft_msg.agent, "hops": draft_msg.hops, "max_hops": self.config.max_hops},
-                            primary["message_id"],
-                        )
-                    )
-                    continue
-                root = _chain_root(draft_msg)
-                if root is not None:
-                    granted, first_refusal = take_chain_run(tx, root, self.config.max_chain_runs, now)
-                    if not granted:
-                        refused += 1
-                        events.append(
-                            PendingEvent(
-                                "chain_budget_spent",
-                                {"to": draft_msg.agent, "max_chain_runs": self.config.max_chain_runs},
-                                primary["message_id"],
-                            )
-                        )
-                        if first_refusal:
-                            self._tell_budget_spent(tx, primary, draft_msg, root, now)
-                        continue
-                mid = self._insert_draft(tx, draft_msg, now)
-                if mid is not None:
-                    queued.append(mid)
-                    events.append(
-                        PendingEvent(
-                            "chain_handoff",
-                            {
-                                "from": draft_msg.from_agent,
-                                "to": draft_msg.agent,
-                                "message_id": mid,
-                                "hops": draft_msg.hops,
-                            },
-                            primary["message_id"],
-                        )
-                    )
-            for post in chat_posts:
-                tx.execute(
-                    "INSERT INTO chat_messages (team_id, from_agent, message, created_at) "
-                    "VALUES (:team, :agent, :message, :now)",
-                    {"team": post.team_id, "agent": post.from_agent, "message": post.message, "now": now},
-                )
-            for turn in history:
-                tx.execute(
-                    "INSERT INTO agent_messages (agent_id, role, channel, sender, message_id, content, created_at) "
-                    "VALUES (:agent, :role, :channel, :sender, :mid, :content, :now)",
-                    {
-                        "agent": turn.agent_id,
-                        "role": turn.role,
-                        "channel": turn.channel,
-                        "sender": turn.sender,
-                        "mid": turn.message_id,
-                        "content": turn.content,
-                        "now": now,
-                    },
-                )
+            queued, refused = self._queue_followups(tx, primary, followups, now, events)
+            self._record_posts_and_history(tx, chat_posts, history, now)
             append_events(tx, events, now)
             tx.signal("responses")
             released = release_when_idle and self._release_if_idle(tx, str(primary["agent"]), worker, now)
         return CompleteOutcome(response_id, queued, refused, released)
+
+    def _queue_followups(
+        self, tx: Tx, primary: Row, followups: Sequence[MessageDraft], now: int, events: list[PendingEvent]
+    ) -> tuple[list[str], int]:
+        """Queue a completion's handoffs within ``max_hops`` and the chain's run budget; returns the new
+        message ids and how many were refused (each refusal is an event)."""
+        queued: list[str] = []
+        refused = 0
+        for draft_msg in followups:
+            if draft_msg.hops > self.config.max_hops:
+                refused += 1
+                events.append(
+                    PendingEvent(
+                        "chain_handoff_refused",
+                        {"to": draft_msg.agent, "hops": draft_msg.hops, "max_hops": self.config.max_hops},
+                        primary["message_id"],
+                    )
+                )
+                continue
+            root = _chain_root(draft_msg)
+            if root is not None:
+                granted, first_refusal = take_chain_run(tx, root, self.config.max_chain_runs, now)
+                if not granted:
+                    refused += 1
+                    events.append(
+                        PendingEvent(
+                            "chain_budget_spent",
+                            {"to": draft_msg.agent, "max_chain_runs": self.config.max_chain_runs},
+                            primary["message_id"],
+                        )
+                    )
+                    if first_refusal:
+                        self._tell_budget_spent(tx, primary, draft_msg, root, now)
+                    continue
+            mid = self._insert_draft(tx, draft_msg, now)
+            if mid is not None:
+                queued.append(mid)
+                events.append(
+                    PendingEvent(
+                        "chain_handoff",
+                        {
+                            "from": draft_msg.from_agent,
+                            "to": draft_msg.agent,
+                            "message_id": mid,
+                            "hops": draft_msg.hops,
+                        },
+                        primary["message_id"],
+                    )
+                )
+        return queued, refused
+
+    @staticmethod
+    def _record_posts_and_history(
+        tx: Tx, chat_posts: Sequence[ChatPost], history: Sequence[AgentTurn], now: int
+    ) -> None:
+        for post in chat_posts:
+            tx.execute(
+                "INSERT INTO chat_messages (team_id, from_agent, message, created_at) "
+                "VALUES (:team, :agent, :message, :now)",
+                {"team": post.team_id, "agent": post.from_agent, "message": post.message, "now": now},
+            )
+        for turn in history:
+            tx.execute(
+                "INSERT INTO agent_messages (agent_id, role, channel, sender, message_id, content, created_at) "
+                "VALUES (:agent, :role, :channel, :sender, :mid, :content, :now)",
+                {
+                    "agent": turn.agent_id,
+                    "role": turn.role,
+                    "channel": turn.channel,
+                    "sender": turn.sender,
+                    "mid": turn.message_id,
+                    "content": turn.content,
+                    "now": now,
+                },
+            )
 
     def _release_if_idle(self, tx: Tx, agent: str, worker: str, now: int) -> bool:
         """Give up the agent lease when this worker holds no other message of the agent and none waits."""
@@ -604,12 +601,6 @@ class Queue(ResponseOps, AdminOps, ControlOps):
         message_id = str(params["message_id"])
         return message_id if self._insert_message(tx, params, False) is not None else None
 
-    def backoff_ms(self, attempt: int) -> int:
-        """Exponential backoff with jitter for the given failed-attempt count (1-based)."""
-        ceiling = min(self.config.backoff_max_ms, self.config.backoff_base_ms * (2 ** max(0, attempt - 1)))
-        # Jitter in [50%, 100%] keeps a herd of failures from retrying in lockstep but never retries early.
-        return int(ceiling * (0.5 + random.random() / 2))
-
     def mark_run_started(
         self, message_ids: Sequence[str], worker: str, *, also: TxWork | None = None
     ) -> None:
@@ -630,300 +621,9 @@ class Queue(ResponseOps, AdminOps, ControlOps):
             if also is not None:
                 also(tx)
 
-    def fail_messages(
-        self,
-        message_ids: Sequence[str],
-        worker: str,
-        error: str,
-        *,
-        count_attempt: bool = True,
-        retry_after_ms: int | None = None,
-        permanent: bool = False,
-        explanation: str = "",
-        advice: str = "",
-        tell_retry: bool = False,
-    ) -> FailOutcome:
-        """Fail a claimed group: back to ``pending`` after a backoff, or ``dead`` at ``max_retries`` — at
-        once when ``permanent`` (an error that cannot succeed on a retry).
-
-        ``error`` is the technical cause (kept in ``last_error`` for the operator); ``explanation`` says it
-        in a user's words and ``advice`` what they can do. When messages die, the sender is told once with a
-        notice response. With ``tell_retry`` the chat sees one note, edited on each attempt, saying the
-        message will be tried again and when. With ``count_attempt=False`` (a rate limit, a release) the
-        attempt is not counted and ``retry_after_ms`` sets the wait.
-        Raises :class:`LeaseLost` (changing nothing) when the worker no longer holds every message.
-        """
-        now = now_ms()
-        error = (error or "unknown error")[:2000]
-        with self.db.transaction() as tx:
-            rows = self._take_group(tx, message_ids, worker)
-            outcome = self._fail_rows(
-                tx,
-                rows,
-                error,
-                now,
-                count_attempt,
-                retry_after_ms,
-                permanent=permanent,
-                explanation=explanation,
-                advice=advice,
-                tell_retry=tell_retry,
-            )
-        return outcome
-
-    def _fail_rows(
-        self,
-        tx: Tx,
-        rows: list[Row],
-        error: str,
-        now: int,
-        count_attempt: bool,
-        retry_after_ms: int | None,
-        *,
-        permanent: bool = False,
-        explanation: str = "",
-        advice: str = "",
-        tell_retry: bool = False,
-    ) -> FailOutcome:
-        retried: list[Row] = []
-        dead: list[Row] = []
-        next_at: int | None = None
-        events: list[PendingEvent] = []
-        for row in rows:
-            attempts = int(row["retry_count"]) + (1 if count_attempt else 0)
-            if permanent or (count_attempt and attempts >= self.config.max_retries):
-                self._bury(tx, row, attempts, int(row["interruptions"]), error, now, events, permanent)
-                dead.append(row)
-                continue
-            wait = retry_after_ms if retry_after_ms is not None else self.backoff_ms(max(attempts, 1))
-            at = now + max(0, wait)
-            next_at = at if next_at is None else min(next_at, at)
-            tx.execute(
-                "UPDATE messages SET status = 'pending', retry_count = :n, last_error = :err, updated_at = :now, "
-                "available_at = :at, lease_until = NULL, claimed_by = NULL, run_started_at = NULL WHERE id = :id",
-                {"n": attempts, "err": error, "now": now, "at": at, "id": row["id"]},
-            )
-            retried.append(row)
-            events.append(
-                PendingEvent(
-                    "message_failed",
-                    {"attempts": attempts, "error": error, "retry_at": at, "counted": count_attempt},
-                    row["message_id"],
-                )
-            )
-        what = explanation or _short(error)
-        if tell_retry and count_attempt and retried and next_at is not None:
-            self._note_retry(
-                tx, retried[0], int(retried[0]["retry_count"]) + 1, next_at - now, what, now, events
-            )
-        self._notify_dead(tx, dead, what, advice, permanent, now, events)
-        append_events(tx, events, now)
-        tx.signal("messages")
-        return FailOutcome([r["message_id"] for r in retried], [r["message_id"] for r in dead], next_at)
-
-    @staticmethod
-    def _bury(
-        tx: Tx,
-        row: Row,
-        attempts: int,
-        interruptions: int,
-        error: str,
-        now: int,
-        events: list[PendingEvent],
-        permanent: bool,
-    ) -> None:
-        tx.execute(
-            "UPDATE messages SET status = 'dead', retry_count = :n, interruptions = :i, last_error = :err, "
-            "updated_at = :now, lease_until = NULL, run_started_at = NULL WHERE id = :id",
-            {"n": attempts, "i": interruptions, "err": error, "now": now, "id": row["id"]},
-        )
-        events.append(
-            PendingEvent(
-                "message_dead",
-                {
-                    "attempts": attempts,
-                    "interruptions": interruptions,
-                    "error": error,
-                    "permanent": permanent,
-                },
-                row["message_id"],
-            )
-        )
-
-    def _note_retry(
-        self, tx: Tx, row: Row, attempt: int, wait_ms: int, what: str, now: int, events: list[PendingEvent]
-    ) -> None:
-        if row["channel"] in INTERNAL_CHANNELS:
-            return
-        note = ResponseDraft(
-            message=retry_note(row["agent"], attempt, self.config.max_retries, wait_ms, what),
-            metadata={
-                "kind": "progress",
-                "edit_key": retry_edit_key(row["message_id"]),
-                "agent": row["agent"],
-            },
-        )
-        rid = self._insert_response(tx, row, note, now)
-        events.append(PendingEvent("retry_notice_queued", {"response_id": rid}, row["message_id"]))
-        tx.signal("responses")
-
-    def _notify_dead(
-        self,
-        tx: Tx,
-        dead: list[Row],
-        what: str,
-        advice: str,
-        permanent: bool,
-        now: int,
-        events: list[PendingEvent],
-    ) -> None:
-        # One notice per chat, in plain words, never the raw error dressed up as an answer. It carries the
-        # retry note's edit key, so a "trying again" note is closed by it.
-        told: set[tuple[str, str]] = set()
-        for row in dead:
-            key = (row["channel"], row["conversation"] or row["sender_id"] or row["sender"])
-            if row["channel"] in INTERNAL_CHANNELS or key in told:
-                continue
-            told.add(key)
-            notice = ResponseDraft(
-                message=gave_up_notice(
-                    row["agent"],
-                    what,
-                    row["message_id"],
-                    attempts=int(row["retry_count"]) + 1,
-                    permanent=permanent,
-                    advice=advice,
-                ),
-                metadata={
-                    "kind": "dead_notice",
-                    "agent": row["agent"],
-                    "edit_key": retry_edit_key(row["message_id"]),
-                },
-            )
-            rid = self._insert_response(tx, row, notice, now)
-            events.append(PendingEvent("dead_notice_queued", {"response_id": rid}, row["message_id"]))
-        if told:
-            tx.signal("responses")
-
-    def recover_stale_messages(self, now: int | None = None) -> FailOutcome:
-        """Take back the messages of workers that died.
-
-        A claim comes back when its holder is known to be gone (a process on this host that no longer runs:
-        at once, without waiting for the lease), or when its lease expired and its holder is not known to be
-        alive (another host). A holder on this host that is alive keeps its claims past its lease — a stalled
-        database or lease renewal is not a failure of the message — up to ``stall_ceiling_ms``.
-
-        What it costs the message: nothing when it was merely claimed (it is back at once, uncounted and
-        without a note); one *interrupted run* when a run containing it had started. Interrupted runs have
-        their own budget (``max_interruptions``), so a message that kills its processor every time still
-        ends as a dead letter, while operators' restarts do not use up its retries. Agent leases of such
-        holders are freed too.
-        """
-        now = now_ms() if now is None else now
-        claims = self.db.read(
-            "SELECT message_id, claimed_by, lease_until FROM messages WHERE status = 'processing'"
-        )
-        holders = self.db.read("SELECT agent, holder, lease_until FROM agent_leases WHERE holder IS NOT NULL")
-        states: dict[str, Holder] = {}
-
-        def takeable(worker: str | None, lease_until: int | None) -> bool:
-            if worker is None:
-                return True
-            state = states.setdefault(worker, holder_state(worker))
-            expired = lease_until is None or int(lease_until) < now
-            if state is Holder.GONE:
-                return True
-            if state is Holder.ALIVE:
-                return lease_until is not None and int(lease_until) < now - self.config.stall_ceiling_ms
-            return expired
-
-        stale = [r["message_id"] for r in claims if takeable(r["claimed_by"], r["lease_until"])]
-        free_agents = [h["agent"] for h in holders if takeable(h["holder"], h["lease_until"])]
-        if not stale and not free_agents:
-            return FailOutcome([], [], None)
-        retried: list[str] = []
-        dead: list[Row] = []
-        events: list[PendingEvent] = []
-        with self.db.transaction() as tx:
-            for agent in free_agents:
-                holder = next(h for h in holders if h["agent"] == agent)
-                tx.execute(
-                    "UPDATE agent_leases SET holder = NULL, lease_until = 0 WHERE agent = :a AND holder = :h",
-                    {"a": agent, "h": holder["holder"]},
-                )
-            rows: list[Row] = []
-            if stale:
-                clause, params = _in("m", stale)
-                # Re-read under the write lock: a claim completed or renewed since the look above stays.
-                rows = [
-                    r
-                    for r in tx.rows(
-                        f"SELECT * FROM messages WHERE status = 'processing' AND message_id IN {clause} ORDER BY id",
-                        params,
-                    )
-                    if takeable(r["claimed_by"], r["lease_until"])
-                ]
-            for row in rows:
-                worker = str(row["claimed_by"])
-                if row["run_started_at"] is None:
-                    tx.execute(
-                        "UPDATE messages SET status = 'pending', claimed_by = NULL, lease_until = NULL, "
-                        "available_at = :now, updated_at = :now WHERE id = :id",
-                        {"now": now, "id": row["id"]},
-                    )
-                    events.append(
-                        PendingEvent(
-                            "message_released", {"worker": worker, "reason": "worker gone"}, row["message_id"]
-                        )
-                    )
-                    retried.append(row["message_id"])
-                    continue
-                interruptions = int(row["interruptions"]) + 1
-                error = f"interrupted: the processor running it stopped (worker {worker})"
-                if interruptions >= self.config.max_interruptions:
-                    self._bury(tx, row, int(row["retry_count"]), interruptions, error, now, events, False)
-                    dead.append(row)
-                    continue
-                tx.execute(
-                    "UPDATE messages SET status = 'pending', interruptions = :i, last_error = :err, "
-                    "claimed_by = NULL, lease_until = NULL, run_started_at = NULL, available_at = :now, "
-                    "updated_at = :now WHERE id = :id",
-                    {"i": interruptions, "err": error, "now": now, "id": row["id"]},
-                )
-                events.append(
-                    PendingEvent(
-                        "message_interrupted",
-                        {"worker": worker, "interruptions": interruptions},
-                        row["message_id"],
-                    )
-                )
-                retried.append(row["message_id"])
-            self._notify_dead(
-                tx,
-                dead,
-                "the agent stopped in the middle of it every time it tried",
-                "Type /retry to try it once more; if it keeps happening, the operator can look it up.",
-                False,
-                now,
-                events,
-            )
-            append_events(tx, events, now)
-            tx.signal("messages")
-        return FailOutcome(retried, [r["message_id"] for r in dead], now if retried else None)
-
-
-def retry_edit_key(message_id: str) -> str:
-    """The edit key of the one "trying again" note of a message (and of what closes it)."""
-    return f"retry_{message_id}"
-
 
 def _chain_root(draft: MessageDraft) -> str | None:
     """The user message a handoff's chain started from (its run budget is counted against it)."""
     origin = draft.metadata.get("origin")
     root = origin.get("message_id") if isinstance(origin, Mapping) else None
     return str(root) if root else None
-
-
-def _short(error: str) -> str:
-    line = error.strip().splitlines()[0] if error.strip() else "an unknown error"
-    return line[:200]

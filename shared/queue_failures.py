@@ -1,0 +1,349 @@
+"""Failure and recovery: a claimed group failed (retried after a backoff, or a dead letter), and the claims of
+workers that died taken back. Part of :class:`shared.queue.Queue`.
+
+What a failure costs and what the chat is told follows one rule: a counted attempt (an error) backs off and
+retries up to ``max_retries``; an uncounted one (a rate limit, a release) waits as long as it is told; a
+permanent error dies at once. A dead message's chat gets one plain notice; a retried one one "trying again"
+note, edited in place. Recovery charges nothing for a message merely claimed and one *interrupted run* for a
+message whose run had started.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Sequence
+
+from shared.chat_address import ChatAddress
+from shared.clock import now_ms
+from shared.db import Row, Tx
+from shared.events import PendingEvent, append_events
+from shared.notices import gave_up_notice, retry_note
+from shared.queue_delivery import ResponseOps
+from shared.queue_types import INTERNAL_CHANNELS, FailOutcome, InvalidInput, LeaseLost, ResponseDraft
+from shared.queue_types import sql_in as _in
+from shared.worker_identity import Holder, holder_state
+
+
+class FailureOps(ResponseOps):
+    """Failing claimed groups and recovering dead workers' claims (notices are written as responses)."""
+
+    def _take_group(self, tx: Tx, message_ids: Sequence[str], worker: str) -> list[Row]:
+        if not message_ids:
+            raise InvalidInput("no message ids given")
+        clause, params = _in("m", list(message_ids))
+        rows = tx.rows(
+            f"SELECT * FROM messages WHERE message_id IN {clause} AND status = 'processing' AND claimed_by = :worker",
+            {"worker": worker, **params},
+        )
+        if len(rows) != len(set(message_ids)):
+            raise LeaseLost(
+                f"worker {worker} no longer holds {len(set(message_ids)) - len(rows)} of {len(message_ids)} messages"
+            )
+        rows.sort(key=lambda r: int(r["id"]))
+        return rows
+
+    def backoff_ms(self, attempt: int) -> int:
+        """Exponential backoff with jitter for the given failed-attempt count (1-based)."""
+        ceiling = min(self.config.backoff_max_ms, self.config.backoff_base_ms * (2 ** max(0, attempt - 1)))
+        # Jitter in [50%, 100%] keeps a herd of failures from retrying in lockstep but never retries early.
+        return int(ceiling * (0.5 + random.random() / 2))
+
+    def fail_messages(
+        self,
+        message_ids: Sequence[str],
+        worker: str,
+        error: str,
+        *,
+        count_attempt: bool = True,
+        retry_after_ms: int | None = None,
+        permanent: bool = False,
+        explanation: str = "",
+        advice: str = "",
+        tell_retry: bool = False,
+    ) -> FailOutcome:
+        """Fail a claimed group: back to ``pending`` after a backoff, or ``dead`` at ``max_retries`` — at
+        once when ``permanent`` (an error that cannot succeed on a retry).
+
+        ``error`` is the technical cause (kept in ``last_error`` for the operator); ``explanation`` says it
+        in a user's words and ``advice`` what they can do. When messages die, the sender is told once with a
+        notice response. With ``tell_retry`` the chat sees one note, edited on each attempt, saying the
+        message will be tried again and when. With ``count_attempt=False`` (a rate limit, a release) the
+        attempt is not counted and ``retry_after_ms`` sets the wait.
+        Raises :class:`LeaseLost` (changing nothing) when the worker no longer holds every message.
+        """
+        now = now_ms()
+        error = (error or "unknown error")[:2000]
+        with self.db.transaction() as tx:
+            rows = self._take_group(tx, message_ids, worker)
+            outcome = self._fail_rows(
+                tx,
+                rows,
+                error,
+                now,
+                count_attempt,
+                retry_after_ms,
+                permanent=permanent,
+                explanation=explanation,
+                advice=advice,
+                tell_retry=tell_retry,
+            )
+        return outcome
+
+    def _fail_rows(
+        self,
+        tx: Tx,
+        rows: list[Row],
+        error: str,
+        now: int,
+        count_attempt: bool,
+        retry_after_ms: int | None,
+        *,
+        permanent: bool = False,
+        explanation: str = "",
+        advice: str = "",
+        tell_retry: bool = False,
+    ) -> FailOutcome:
+        retried: list[Row] = []
+        dead: list[Row] = []
+        next_at: int | None = None
+        events: list[PendingEvent] = []
+        for row in rows:
+            attempts = int(row["retry_count"]) + (1 if count_attempt else 0)
+            if permanent or (count_attempt and attempts >= self.config.max_retries):
+                self._bury(tx, row, attempts, int(row["interruptions"]), error, now, events, permanent)
+                dead.append(row)
+                continue
+            wait = retry_after_ms if retry_after_ms is not None else self.backoff_ms(max(attempts, 1))
+            at = now + max(0, wait)
+            next_at = at if next_at is None else min(next_at, at)
+            tx.execute(
+                "UPDATE messages SET status = 'pending', retry_count = :n, last_error = :err, updated_at = :now, "
+                "available_at = :at, lease_until = NULL, claimed_by = NULL, run_started_at = NULL WHERE id = :id",
+                {"n": attempts, "err": error, "now": now, "at": at, "id": row["id"]},
+            )
+            retried.append(row)
+            events.append(
+                PendingEvent(
+                    "message_failed",
+                    {"attempts": attempts, "error": error, "retry_at": at, "counted": count_attempt},
+                    row["message_id"],
+                )
+            )
+        what = explanation or _short(error)
+        if tell_retry and count_attempt and retried and next_at is not None:
+            self._note_retry(
+                tx, retried[0], int(retried[0]["retry_count"]) + 1, next_at - now, what, now, events
+            )
+        self._notify_dead(tx, dead, what, advice, permanent, now, events)
+        append_events(tx, events, now)
+        tx.signal("messages")
+        return FailOutcome([r["message_id"] for r in retried], [r["message_id"] for r in dead], next_at)
+
+    @staticmethod
+    def _bury(
+        tx: Tx,
+        row: Row,
+        attempts: int,
+        interruptions: int,
+        error: str,
+        now: int,
+        events: list[PendingEvent],
+        permanent: bool,
+    ) -> None:
+        tx.execute(
+            "UPDATE messages SET status = 'dead', retry_count = :n, interruptions = :i, last_error = :err, "
+            "updated_at = :now, lease_until = NULL, run_started_at = NULL WHERE id = :id",
+            {"n": attempts, "i": interruptions, "err": error, "now": now, "id": row["id"]},
+        )
+        events.append(
+            PendingEvent(
+                "message_dead",
+                {
+                    "attempts": attempts,
+                    "interruptions": interruptions,
+                    "error": error,
+                    "permanent": permanent,
+                },
+                row["message_id"],
+            )
+        )
+
+    def _note_retry(
+        self, tx: Tx, row: Row, attempt: int, wait_ms: int, what: str, now: int, events: list[PendingEvent]
+    ) -> None:
+        if row["channel"] in INTERNAL_CHANNELS:
+            return
+        note = ResponseDraft(
+            message=retry_note(row["agent"], attempt, self.config.max_retries, wait_ms, what),
+            metadata={
+                "kind": "progress",
+                "edit_key": retry_edit_key(row["message_id"]),
+                "agent": row["agent"],
+            },
+        )
+        rid = self._insert_response(tx, row, note, now)
+        events.append(PendingEvent("retry_notice_queued", {"response_id": rid}, row["message_id"]))
+        tx.signal("responses")
+
+    def _notify_dead(
+        self,
+        tx: Tx,
+        dead: list[Row],
+        what: str,
+        advice: str,
+        permanent: bool,
+        now: int,
+        events: list[PendingEvent],
+    ) -> None:
+        # One notice per chat, in plain words, never the raw error dressed up as an answer. It carries the
+        # retry note's edit key, so a "trying again" note is closed by it.
+        told: set[tuple[str, str]] = set()
+        for row in dead:
+            key = ChatAddress.of(row).key
+            if row["channel"] in INTERNAL_CHANNELS or key in told:
+                continue
+            told.add(key)
+            notice = ResponseDraft(
+                message=gave_up_notice(
+                    row["agent"],
+                    what,
+                    row["message_id"],
+                    attempts=int(row["retry_count"]) + 1,
+                    permanent=permanent,
+                    advice=advice,
+                ),
+                metadata={
+                    "kind": "dead_notice",
+                    "agent": row["agent"],
+                    "edit_key": retry_edit_key(row["message_id"]),
+                },
+            )
+            rid = self._insert_response(tx, row, notice, now)
+            events.append(PendingEvent("dead_notice_queued", {"response_id": rid}, row["message_id"]))
+        if told:
+            tx.signal("responses")
+
+    def recover_stale_messages(self, now: int | None = None) -> FailOutcome:
+        """Take back the messages of workers that died.
+
+        A claim comes back when its holder is known to be gone (a process on this host that no longer runs:
+        at once, without waiting for the lease), or when its lease expired and its holder is not known to be
+        alive (another host). A holder on this host that is alive keeps its claims past its lease — a stalled
+        database or lease renewal is not a failure of the message — up to ``stall_ceiling_ms``.
+
+        What it costs the message: nothing when it was merely claimed (it is back at once, uncounted and
+        without a note); one *interrupted run* when a run containing it had started. Interrupted runs have
+        their own budget (``max_interruptions``), so a message that kills its processor every time still
+        ends as a dead letter, while operators' restarts do not use up its retries. Agent leases of such
+        holders are freed too.
+        """
+        now = now_ms() if now is None else now
+        claims = self.db.read(
+            "SELECT message_id, claimed_by, lease_until FROM messages WHERE status = 'processing'"
+        )
+        holders = self.db.read("SELECT agent, holder, lease_until FROM agent_leases WHERE holder IS NOT NULL")
+        takeable = self._takeable_at(now)
+        stale = [r["message_id"] for r in claims if takeable(r["claimed_by"], r["lease_until"])]
+        free = [h for h in holders if takeable(h["holder"], h["lease_until"])]
+        if not stale and not free:
+            return FailOutcome([], [], None)
+        retried: list[str] = []
+        dead: list[Row] = []
+        events: list[PendingEvent] = []
+        with self.db.transaction() as tx:
+            for holder in free:
+                tx.execute(
+                    "UPDATE agent_leases SET holder = NULL, lease_until = 0 WHERE agent = :a AND holder = :h",
+                    {"a": holder["agent"], "h": holder["holder"]},
+                )
+            for row in self._still_stale(tx, stale, takeable):
+                if self._take_back(tx, row, now, events):
+                    retried.append(row["message_id"])
+                else:
+                    dead.append(row)
+            self._notify_dead(
+                tx,
+                dead,
+                "the agent stopped in the middle of it every time it tried",
+                "Type /retry to try it once more; if it keeps happening, the operator can look it up.",
+                False,
+                now,
+                events,
+            )
+            append_events(tx, events, now)
+            tx.signal("messages")
+        return FailOutcome(retried, [r["message_id"] for r in dead], now if retried else None)
+
+    def _takeable_at(self, now: int) -> Callable[[str | None, int | None], bool]:
+        """Whether a claim or lease held by ``worker`` until ``lease_until`` may be taken back now."""
+        states: dict[str, Holder] = {}
+
+        def takeable(worker: str | None, lease_until: int | None) -> bool:
+            if worker is None:
+                return True
+            state = states.setdefault(worker, holder_state(worker))
+            if state is Holder.GONE:
+                return True
+            if state is Holder.ALIVE:
+                return lease_until is not None and int(lease_until) < now - self.config.stall_ceiling_ms
+            return lease_until is None or int(lease_until) < now
+
+        return takeable
+
+    @staticmethod
+    def _still_stale(
+        tx: Tx, stale: list[str], takeable: Callable[[str | None, int | None], bool]
+    ) -> list[Row]:
+        # Re-read under the write lock: a claim completed or renewed since the look above stays.
+        if not stale:
+            return []
+        clause, params = _in("m", stale)
+        rows = tx.rows(
+            f"SELECT * FROM messages WHERE status = 'processing' AND message_id IN {clause} ORDER BY id",
+            params,
+        )
+        return [r for r in rows if takeable(r["claimed_by"], r["lease_until"])]
+
+    def _take_back(self, tx: Tx, row: Row, now: int, events: list[PendingEvent]) -> bool:
+        """Return one stale claim to ``pending``: free when its run had not started, else one interrupted
+        run. False when that used up its interrupted runs (it is buried instead)."""
+        worker = str(row["claimed_by"])
+        if row["run_started_at"] is None:
+            tx.execute(
+                "UPDATE messages SET status = 'pending', claimed_by = NULL, lease_until = NULL, "
+                "available_at = :now, updated_at = :now WHERE id = :id",
+                {"now": now, "id": row["id"]},
+            )
+            events.append(
+                PendingEvent(
+                    "message_released", {"worker": worker, "reason": "worker gone"}, row["message_id"]
+                )
+            )
+            return True
+        interruptions = int(row["interruptions"]) + 1
+        error = f"interrupted: the processor running it stopped (worker {worker})"
+        if interruptions >= self.config.max_interruptions:
+            self._bury(tx, row, int(row["retry_count"]), interruptions, error, now, events, False)
+            return False
+        tx.execute(
+            "UPDATE messages SET status = 'pending', interruptions = :i, last_error = :err, "
+            "claimed_by = NULL, lease_until = NULL, run_started_at = NULL, available_at = :now, "
+            "updated_at = :now WHERE id = :id",
+            {"i": interruptions, "err": error, "now": now, "id": row["id"]},
+        )
+        events.append(
+            PendingEvent(
+                "message_interrupted", {"worker": worker, "interruptions": interruptions}, row["message_id"]
+            )
+        )
+        return True
+
+
+def retry_edit_key(message_id: str) -> str:
+    """The edit key of the one "trying again" note of a message (and of what closes it)."""
+    return f"retry_{message_id}"
+
+
+def _short(error: str) -> str:
+    line = error.strip().splitlines()[0] if error.strip() else "an unknown error"
+    return line[:200]
