@@ -10,7 +10,7 @@ conversation (a reset blanks the id). Channel adapters' ``/reset`` and ``agentpo
 from __future__ import annotations
 
 from shared.clock import now_ms
-from shared.db import Database
+from shared.db import Database, Tx
 from shared.events import PendingEvent, append_events
 
 #: The conversation key used when one conversation spans all of an agent's chats.
@@ -34,14 +34,22 @@ def set_session(
     With ``started_at`` (when the run began, epoch ms) a reset made during the run wins: the row is left
     alone when it changed after the run started. Returns whether the id was stored.
     """
-    guard = " WHERE sessions.updated_at <= :started" if started_at is not None else ""
     with db.transaction() as tx:
-        n = tx.execute(
-            "INSERT INTO sessions (agent, conversation, session_id, updated_at) VALUES (:a, :c, :s, :now) "
-            "ON CONFLICT (agent, conversation) DO UPDATE SET session_id = excluded.session_id, "
-            f"updated_at = excluded.updated_at{guard}",
-            {"a": agent, "c": conversation, "s": session_id, "now": now_ms(), "started": started_at},
-        ).rowcount
+        return set_session_in(tx, agent, conversation, session_id, started_at=started_at)
+
+
+def set_session_in(
+    tx: Tx, agent: str, conversation: str, session_id: str, *, started_at: int | None = None
+) -> bool:
+    """:func:`set_session` inside the caller's transaction (the processor writes it with the completion,
+    so the conversation moves forward exactly when the run's answer is stored)."""
+    guard = " WHERE sessions.updated_at <= :started" if started_at is not None else ""
+    n = tx.execute(
+        "INSERT INTO sessions (agent, conversation, session_id, updated_at) VALUES (:a, :c, :s, :now) "
+        "ON CONFLICT (agent, conversation) DO UPDATE SET session_id = excluded.session_id, "
+        f"updated_at = excluded.updated_at{guard}",
+        {"a": agent, "c": conversation, "s": session_id, "now": now_ms(), "started": started_at},
+    ).rowcount
     return bool(n)
 
 

@@ -31,11 +31,11 @@ from shared.file_access import chat_upload_dir, send_roots
 from shared.ids import new_id
 from shared.queue import CompleteOutcome, LeaseLost, QueuedMessage, ResponseDraft, TxWork, retry_edit_key
 from shared.runtime import Runtime
-from shared.sessions import AGENT_SCOPE_KEY, get_session, set_session
+from shared.sessions import AGENT_SCOPE_KEY, get_session, set_session_in
 from shared.settings import AgentSettings, Settings
 from workers.busy import WorkGroup, build_prompt, dropped_notice, resolve_policy
 from workers.errors import diagnose
-from workers.files import outbound_files
+from workers.files import OutboundFiles, outbound_files
 from workers.liveness import RunInfo, RunWatch, note_target
 from workers.pauses import RateLimitPauses
 from workers.processor_config import ProcessorSettings, ProcessorStats
@@ -195,42 +195,11 @@ class RunSteps:
         if any(m.retry_count for m in group.messages):
             run.edit_key = retry_edit_key(primary.message_id)
         request = self._request(run, config, run_config, workspace, session)
-        ids = group.ids
-        start = PendingEvent(
-            "chain_step_start",
-            {
-                "agent": agent,
-                "provider": config.provider,
-                "message_ids": ids,
-                "attempt": primary.retry_count + 1,
-                "worker": self.worker,
-                "session": "continue" if session else "new",
-                "run_id": run.run_id,
-                "policy": group.policy,
-                **({"carried": group.carried} if group.carried else {}),
-                **({"model": run_config.model, "fallback": True} if on_fallback else {}),
-            },
-            primary.message_id,
-            topic="queue",
-        )
-
-        def started(tx: Tx) -> None:
-            # The start event and the run record (for /status) commit with the start itself.
-            append_events(tx, [start])
-            record_run_in(
-                tx,
-                agent,
-                run_id=run.run_id,
-                worker=self.worker,
-                channel=group.key[0],
-                conversation=group.key[1],
-                message_ids=ids,
-                started_at=run.started_ms,
-            )
-
+        fallback_model = run_config.model if on_fallback else None
+        started = self._run_start(run, config.provider, session is not None, fallback_model)
         try:
             # From here a crash of this processor costs these messages an interrupted run; before, nothing.
-            await call(self.rt.queue.mark_run_started, ids, self.worker, also=started)
+            await call(self.rt.queue.mark_run_started, group.ids, self.worker, also=started)
         except LeaseLost:
             drive.lost = True
             drive.forget(group)
@@ -242,10 +211,57 @@ class RunSteps:
             with anyio.CancelScope(shield=True):
                 await self._quietly(clear_run, self.rt.db, agent, run.run_id)
             raise
-        done = PendingEvent("chain_step_done", step_done(run, result), primary.message_id, topic="queue")
+        await self._conclude(drive, run, result, workspace, session_key, on_fallback)
+
+    def _run_start(self, run: RunInfo, provider: str, resumed: bool, fallback_model: str | None) -> TxWork:
+        """What commits with the run's start: its ``chain_step_start`` event and its status record."""
+        group, primary = run.group, run.group.messages[0]
+        payload: dict[str, Any] = {
+            "agent": run.agent,
+            "provider": provider,
+            "message_ids": group.ids,
+            "attempt": primary.retry_count + 1,
+            "worker": self.worker,
+            "session": "continue" if resumed else "new",
+            "run_id": run.run_id,
+            "policy": group.policy,
+            **({"carried": group.carried} if group.carried else {}),
+            **({"model": fallback_model, "fallback": True} if fallback_model is not None else {}),
+        }
+        start = PendingEvent("chain_step_start", payload, primary.message_id, topic="queue")
+
+        def started(tx: Tx) -> None:
+            append_events(tx, [start])
+            record_run_in(
+                tx,
+                run.agent,
+                run_id=run.run_id,
+                worker=self.worker,
+                channel=group.key[0],
+                conversation=group.key[1],
+                message_ids=group.ids,
+                started_at=run.started_ms,
+            )
+
+        return started
+
+    async def _conclude(
+        self,
+        drive: Drive,
+        run: RunInfo,
+        result: RunResult,
+        workspace: Path,
+        session_key: str,
+        on_fallback: bool,
+    ) -> None:
+        """Write what the run came to. A success's end event, last progress events and the status record's
+        removal commit with its completion; any other end writes them first, then its own outcome."""
+        agent, group = run.agent, run.group
+        done = PendingEvent(
+            "chain_step_done", step_done(run, result), group.messages[0].message_id, topic="queue"
+        )
 
         def ended(tx: Tx) -> None:
-            # The last progress, the end event and the run record's removal commit with the run's outcome.
             append_events(tx, [*run.pending_events, done])  # taken once the write has succeeded
             clear_run_in(tx, agent, run.run_id)
 
@@ -363,38 +379,13 @@ class RunSteps:
         session_key: str,
         ended: TxWork,
     ) -> bool:
-        """Complete a successful run with its reply; ``ended`` (the run's end event and record) is written
-        with it. True when that write happened; False (lease lost) leaves ``ended`` to the caller."""
+        """Complete a successful run with its reply; ``ended`` (the run's end event and record) and the
+        conversation's new session are written with it. True when that write happened; False (lease lost)
+        leaves ``ended`` to the caller."""
         agent, primary = drive.agent, group.messages[0]
-        if result.session_id:
-            await call(
-                set_session, self.rt.db, agent, session_key, result.session_id, started_at=run.started_ms
-            )
         target = note_target(primary) or {"channel": primary.channel, "conversation": primary.conversation}
-        roots = send_roots(
-            self.settings, agent, str(target["channel"]), str(target.get("conversation") or "")
-        )
-        out = outbound_files(result.text, workspace, roots)
-        for path, reason in out.refused:
-            log.warning("agent %s: refused to send %s: %s", agent, path, reason)
-            await self._event(
-                "queue",
-                "send_file_refused",
-                {"agent": agent, "path": path, "reason": reason},
-                primary.message_id,
-            )
-        chat_agents: list[str] = []
-        if note_target(primary) is not None:  # a user chat (or the one a teammate's chain started from)
-            try:
-                chat_agents = await call(
-                    record_answer,
-                    self.rt.db,
-                    str(target["channel"]),
-                    str(target.get("conversation") or ""),
-                    agent,
-                )
-            except Exception as exc:  # who answered is presentation: never fail a finished run over it
-                log.warning("could not record who answered %s: %s", target.get("conversation"), exc)
+        out = await self._outbound(agent, primary, target, result.text, workspace)
+        chat_agents = await self._chat_agents(agent, primary, target)
         plan = plan_reply(
             self.settings,
             agent,
@@ -412,6 +403,13 @@ class RunSteps:
         )
         if silent:
             plan.response = None  # recorded in the history, sent to no one
+        session_id = result.session_id
+
+        def written_with(tx: Tx) -> None:
+            ended(tx)
+            if session_id:
+                set_session_in(tx, agent, session_key, session_id, started_at=run.started_ms)
+
         outcome: list[CompleteOutcome] = []
 
         def complete() -> None:
@@ -424,7 +422,7 @@ class RunSteps:
                     chat_posts=plan.chat_posts,
                     history=plan.history,
                     release_when_idle=not drive.groups,
-                    also=ended,
+                    also=written_with,
                 )
             )
 
@@ -438,6 +436,41 @@ class RunSteps:
                 "queue", "heartbeat_silent", {"agent": agent, "message_ids": group.ids}, primary.message_id
             )
         return True
+
+    async def _outbound(
+        self, agent: str, primary: QueuedMessage, target: dict[str, Any], text: str, workspace: Path
+    ) -> OutboundFiles:
+        """The reply's text and the files it may attach (refused ones logged and reported as events)."""
+        roots = send_roots(
+            self.settings, agent, str(target["channel"]), str(target.get("conversation") or "")
+        )
+        out = outbound_files(text, workspace, roots)
+        for path, reason in out.refused:
+            log.warning("agent %s: refused to send %s: %s", agent, path, reason)
+            await self._event(
+                "queue",
+                "send_file_refused",
+                {"agent": agent, "path": path, "reason": reason},
+                primary.message_id,
+            )
+        return out
+
+    async def _chat_agents(self, agent: str, primary: QueuedMessage, target: dict[str, Any]) -> list[str]:
+        """The agents a user chat has talked to, ``agent`` now included (replies name their agent once
+        there is more than one); empty for agentpost's own channels."""
+        if note_target(primary) is None:
+            return []
+        try:
+            return await call(
+                record_answer,
+                self.rt.db,
+                str(target["channel"]),
+                str(target.get("conversation") or ""),
+                agent,
+            )
+        except Exception as exc:  # who answered is presentation: never fail a finished run over it
+            log.warning("could not record who answered %s: %s", target.get("conversation"), exc)
+            return []
 
     async def _finish_failed(
         self, drive: Drive, group: WorkGroup, result: RunResult, on_fallback: bool = False
