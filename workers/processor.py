@@ -61,9 +61,10 @@ from shared.queue import LeaseLost, QueuedMessage
 from shared.runtime import Runtime, open_runtime
 from shared.settings import Settings, SettingsError
 from workers.busy import apply_cap, build_prompt, merge_arrivals, resolve_policy
+from workers.drive import Drive
 from workers.pauses import RateLimitPauses
 from workers.processor_config import ProcessorSettings, ProcessorStats, default_worker_id
-from workers.runs import Drive, RunSteps
+from workers.runs import RunSteps
 
 __all__ = ["Processor", "ProcessorSettings", "ProcessorStats", "build_prompt", "main", "run_processor"]
 
