@@ -7,7 +7,8 @@ from pathlib import Path
 
 from shared.doctor import Check
 from shared.settings import AgentSettings, Settings
-from workers.providers import ProviderError, RunRequest, child_env, find_binary, passes_to_agent
+from workers.agent_env import child_env, passes_to_agent
+from workers.providers import ProviderError, RunRequest, find_binary
 
 _BINARIES = {"claude": ("claude", "AGENTPOST_CLAUDE_BIN"), "codex": ("codex", "AGENTPOST_CODEX_BIN")}
 

@@ -33,6 +33,7 @@ from shared.queue import CompleteOutcome, LeaseLost, QueuedMessage, ResponseDraf
 from shared.runtime import Runtime
 from shared.sessions import AGENT_SCOPE_KEY, get_session, set_session_in
 from shared.settings import AgentSettings, Settings
+from workers.agent_env import child_env
 from workers.busy import WorkGroup, build_prompt, dropped_notice, resolve_policy
 from workers.drive import Drive, step_done
 from workers.errors import diagnose
@@ -45,7 +46,6 @@ from workers.providers import (
     ProviderError,
     RunRequest,
     RunResult,
-    child_env,
     provider_for,
 )
 from workers.ratelimit import (
