@@ -14,13 +14,17 @@ import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+import httpx
+
+from adapters.whatsapp import WhatsAppChannel
 from shared.runtime import Runtime
 from tests.fakes.discord_api import FakeDiscord
 from tests.fakes.telegram_api import FakeTelegram, TelegramApiError
+from tests.fakes.whatsapp_api import FakeWhatsApp
 from tests.homes import build_home, open_home, scripted_agents  # noqa: F401  (open_home re-exported)
 from tests.probes import count, free_port, wait_for  # noqa: F401  (re-exported: tests import them from here)
 
@@ -205,6 +209,39 @@ def discord_env(fake: FakeDiscord, **extra: str) -> dict[str, str]:
         "DISCORD_GATEWAY_URL": fake.gateway_url,
         **extra,
     }
+
+
+def whatsapp_env(
+    fake: FakeWhatsApp, secret: str, port: int, verify: str = "v", **extra: str
+) -> dict[str, str]:
+    """The environment of a WhatsApp adapter against ``fake``: app secret ``secret``, webhook on ``port``."""
+    return {
+        "WHATSAPP_ACCESS_TOKEN": fake.access_token,
+        "WHATSAPP_PHONE_NUMBER_ID": fake.phone_number_id,
+        "WHATSAPP_APP_SECRET": secret,
+        "WHATSAPP_VERIFY_TOKEN": verify,
+        "WHATSAPP_GRAPH_URL": fake.graph_url,
+        "WHATSAPP_WEBHOOK_PORT": str(port),
+        **extra,
+    }
+
+
+def webhook_up(url: str) -> bool:
+    """Whether the WhatsApp webhook at ``url`` answers (a GET without the verify token is refused: 403)."""
+    try:
+        return httpx.get(url).status_code == 403
+    except httpx.HTTPError:
+        return False
+
+
+@contextlib.contextmanager
+def whatsapp_webhook(rt: Runtime, fake: FakeWhatsApp, secret: str, port: int | None = None) -> Iterator[str]:
+    """A WhatsApp adapter running in-process against ``fake``; yields its webhook's URL once it answers."""
+    port = port or free_port()
+    with RunningChannel(WhatsAppChannel(rt, env=whatsapp_env(fake, secret, port))):
+        url = f"http://127.0.0.1:{port}/webhook"
+        wait_for(lambda: webhook_up(url), 10, "the webhook")
+        yield url
 
 
 def events(rt: Runtime, type_: str) -> list[dict[str, Any]]:

@@ -4,24 +4,17 @@ run telegram`` against the fake Bot API — and acknowledged only after it was s
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 
 from tests.channel_support import HoldingTelegram, Proc, channel_home, telegram_env, wait_for
+from tests.fixtures import telegram_fake  # noqa: F401  (fixtures)
 from tests.homes import open_home
 from tests.web_support import free_port, web_process
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(90)]
-
-
-@pytest.fixture
-def fake(monkeypatch: pytest.MonkeyPatch) -> Iterator[HoldingTelegram]:
-    monkeypatch.setenv("PTB_TIMEDELTA", "1")
-    with HoldingTelegram() as server:
-        yield server
 
 
 def test_send_message_skill_reply_reaches_the_telegram_user(tmp_path: Path, fake: HoldingTelegram) -> None:

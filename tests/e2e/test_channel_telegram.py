@@ -3,7 +3,6 @@ processor running a scripted agent: replies in the right chat, chunked, with fil
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -19,19 +18,13 @@ from tests.channel_support import (
     telegram_env,
     wait_for,
 )
+from tests.fixtures import telegram_fake  # noqa: F401  (fixtures)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(90)]
 
 CHANNELS = {
     "telegram": {"allowlist": ["42", "43"], "poll_timeout_seconds": 1, "typing_interval_seconds": 0.5}
 }
-
-
-@pytest.fixture
-def fake(monkeypatch: pytest.MonkeyPatch) -> Iterator[HoldingTelegram]:
-    monkeypatch.setenv("PTB_TIMEDELTA", "1")
-    with HoldingTelegram() as server:
-        yield server
 
 
 def test_reply_chunked_and_file_in_the_right_chats(tmp_path: Path, fake: HoldingTelegram) -> None:

@@ -10,7 +10,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.channel_support import Proc, channel_home, count, free_port, open_home, wait_for
+from tests.channel_support import Proc, channel_home, count, free_port, open_home, wait_for, whatsapp_env
 from tests.fakes.whatsapp_api import (
     FakeWhatsApp,
     signed_webhook,
@@ -33,14 +33,7 @@ def fake() -> Iterator[FakeWhatsApp]:
 
 
 def _env(fake: FakeWhatsApp, port: int) -> dict[str, str]:
-    return {
-        "WHATSAPP_ACCESS_TOKEN": fake.access_token,
-        "WHATSAPP_PHONE_NUMBER_ID": fake.phone_number_id,
-        "WHATSAPP_APP_SECRET": SECRET,
-        "WHATSAPP_VERIFY_TOKEN": VERIFY,
-        "WHATSAPP_GRAPH_URL": fake.graph_url,
-        "WHATSAPP_WEBHOOK_PORT": str(port),
-    }
+    return whatsapp_env(fake, SECRET, port, verify=VERIFY)
 
 
 def _post(port: int, payload: dict[str, object], secret: str = SECRET) -> httpx.Response:

@@ -13,24 +13,13 @@ from pathlib import Path
 import pytest
 
 from tests.fakes.anthropic_api import ApiError, FakeAnthropic, Text
-from tests.fakes.claude_env import claude_binary
+from tests.fixtures import anthropic_api, cli_installed  # noqa: F401  (fixtures)
 from tests.liveness_support import claude_home, cli_env
 from tests.processor_support import open_home, wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
 
 AGENTPOST = str(Path(sys.executable).with_name("agentpost"))
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _cli_installed() -> None:
-    claude_binary()
-
-
-@pytest.fixture
-def api() -> Iterator[FakeAnthropic]:
-    with FakeAnthropic() as fake:
-        yield fake
 
 
 @pytest.fixture

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +18,7 @@ import pytest
 import tomlkit
 
 from tests.channel_support import HoldingTelegram, Proc, count, free_port, open_home, telegram_env, wait_for
+from tests.fixtures import telegram_fake  # noqa: F401  (fixtures)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
 
@@ -77,13 +77,6 @@ def _home(tmp: Path, db_url: str = "") -> Path:
     }
     (home / "settings.toml").write_text(tomlkit.dumps(data), encoding="utf-8")
     return home
-
-
-@pytest.fixture
-def fake(monkeypatch: pytest.MonkeyPatch) -> Iterator[HoldingTelegram]:
-    monkeypatch.setenv("PTB_TIMEDELTA", "1")
-    with HoldingTelegram() as server:
-        yield server
 
 
 def _need_chromium() -> None:

@@ -43,8 +43,8 @@ from tests.crash_support import (
     tally,
     write_home,
 )
-from tests.fakes.claude_env import claude_binary
 from tests.fault_support import fresh_pg_database
+from tests.liveness_support import cli_installed  # noqa: F401  (the fixture ``_cli_installed``)
 from tests.processor_support import open_home
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(480)]
@@ -56,11 +56,6 @@ KILLS = 6
 SECOND_WAVE_AFTER = 3
 #: From the last kill to every message finished (a fixed processor needs well under a minute).
 SETTLE_SECONDS = 150.0
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _cli_installed() -> None:
-    claude_binary()
 
 
 @pytest.fixture

@@ -33,6 +33,7 @@ from tests.channel_support import (
     wait_for,
 )
 from tests.fault_support import fresh_pg_database
+from tests.fixtures import telegram_fake  # noqa: F401  (fixtures)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
 
@@ -88,14 +89,6 @@ def measure(expected: list[str], received: list[str]) -> ChatFigures:
             highest = index
     figures.lost = len(set(expected) - set(received))
     return figures
-
-
-@pytest.fixture
-def fake(monkeypatch: pytest.MonkeyPatch) -> Iterator[HoldingTelegram]:
-    monkeypatch.setenv("PTB_TIMEDELTA", "1")
-    server = HoldingTelegram()
-    with server:
-        yield server
 
 
 @pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])

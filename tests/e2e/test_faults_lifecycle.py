@@ -18,7 +18,6 @@ with exactly one final reply, visible in its chat as exactly that reply's chunks
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -27,6 +26,7 @@ from adapters.chunking import split_message, utf16_len
 from shared.runtime import Runtime
 from tests.channel_support import HoldingTelegram, Proc, count, open_home, telegram_env, wait_for
 from tests.fault_support import KillPoints, fault_home, fresh_pg_database, started_runs
+from tests.fixtures import telegram_fake  # noqa: F401  (fixtures)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.postgres, pytest.mark.timeout(120)]
 
@@ -40,14 +40,6 @@ CHANNELS = {
 }
 QUEUE = {"lease_seconds": 1.5, "poll_interval_seconds": 0.5, "debounce_ms": 200}
 PROCESSOR = {"recover_interval_seconds": 0.3, "progress_note_seconds": 0, "control_interval_seconds": 0.3}
-
-
-@pytest.fixture
-def fake(monkeypatch: pytest.MonkeyPatch) -> Iterator[HoldingTelegram]:
-    monkeypatch.setenv("PTB_TIMEDELTA", "1")
-    server = HoldingTelegram()
-    with server:
-        yield server
 
 
 class Lifecycle:

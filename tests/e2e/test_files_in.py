@@ -13,22 +13,26 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.channel_support import HoldingTelegram, Proc, count, free_port, open_home, telegram_env, wait_for
+from tests.channel_support import (
+    HoldingTelegram,
+    Proc,
+    count,
+    free_port,
+    open_home,
+    telegram_env,
+    wait_for,
+    whatsapp_env,
+)
 from tests.fakes.anthropic_api import Computed, FakeAnthropic, tool_images, tool_result_text
-from tests.fakes.claude_env import claude_binary
 from tests.fakes.whatsapp_api import FakeWhatsApp, image_message_payload, signed_webhook
 from tests.files_in_support import DOC, PNG, PNG_B64, read_outcomes, reader
+from tests.fixtures import cli_installed  # noqa: F401  (fixtures)
 from tests.liveness_support import claude_home, cli_env
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(150)]
 
 SECRET = "app-secret-for-tests"
 ALICE = "15550001111"
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _cli_installed() -> None:
-    claude_binary()
 
 
 @pytest.fixture
@@ -48,14 +52,7 @@ def test_files_sent_on_telegram_and_whatsapp_are_read_by_the_agent(
     home = claude_home(tmp_path, f"sqlite:///{tmp_path / 'a.db'}", channels=channels)
     port = free_port()
     with HoldingTelegram() as telegram, FakeWhatsApp() as whatsapp, open_home(home) as rt:
-        wa_env = {
-            "WHATSAPP_ACCESS_TOKEN": whatsapp.access_token,
-            "WHATSAPP_PHONE_NUMBER_ID": whatsapp.phone_number_id,
-            "WHATSAPP_APP_SECRET": SECRET,
-            "WHATSAPP_VERIFY_TOKEN": "v",
-            "WHATSAPP_GRAPH_URL": whatsapp.graph_url,
-            "WHATSAPP_WEBHOOK_PORT": str(port),
-        }
+        wa_env = whatsapp_env(whatsapp, SECRET, port)
         procs = [
             Proc("telegram", home, telegram_env(telegram), tmp_path / "telegram.log"),
             Proc("whatsapp", home, wa_env, tmp_path / "whatsapp.log"),

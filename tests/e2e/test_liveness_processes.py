@@ -16,7 +16,7 @@ import pytest
 
 from shared.conversation_status import conversation_status
 from tests.fakes.anthropic_api import Chunked, FakeAnthropic
-from tests.fakes.claude_env import claude_binary
+from tests.fixtures import anthropic_api, cli_installed  # noqa: F401  (fixtures)
 from tests.liveness_support import claude_home, cli_env, of_kind, payloads, process_gone
 from tests.processor_support import open_home, wait_for
 from workers.busy import INTERRUPTED_NOTE
@@ -24,17 +24,6 @@ from workers.busy import INTERRUPTED_NOTE
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(90)]
 
 AGENTPOST = str(Path(sys.executable).with_name("agentpost"))
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _cli_installed() -> None:
-    claude_binary()
-
-
-@pytest.fixture
-def api() -> Iterator[FakeAnthropic]:
-    with FakeAnthropic() as fake:
-        yield fake
 
 
 class Processors:

@@ -24,7 +24,7 @@ import pytest
 from websockets.exceptions import InvalidStatus
 from websockets.sync.client import connect
 
-from tests.channel_support import Proc, channel_home
+from tests.channel_support import Proc, channel_home, whatsapp_env
 from tests.fakes.whatsapp_api import FakeWhatsApp
 from tests.web_support import free_port, make_home, wait_until, web_process
 
@@ -144,14 +144,7 @@ def test_huge_unsigned_whatsapp_webhook_is_refused_before_the_signature_check(tm
     )
     port = free_port()
     with FakeWhatsApp() as fake:
-        env = {
-            "WHATSAPP_ACCESS_TOKEN": fake.access_token,
-            "WHATSAPP_PHONE_NUMBER_ID": fake.phone_number_id,
-            "WHATSAPP_APP_SECRET": "app-secret",
-            "WHATSAPP_VERIFY_TOKEN": "verify",
-            "WHATSAPP_GRAPH_URL": fake.graph_url,
-            "WHATSAPP_WEBHOOK_PORT": str(port),
-        }
+        env = whatsapp_env(fake, "app-secret", port, verify="verify")
         adapter = Proc("whatsapp", home, env, tmp_path / "whatsapp.log")
         try:
             adapter.wait_output("webhook listening")

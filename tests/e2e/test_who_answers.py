@@ -4,7 +4,6 @@ name the agent that wrote them."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -18,17 +17,11 @@ from tests.channel_support import (
     telegram_env,
     wait_for,
 )
+from tests.fixtures import telegram_fake  # noqa: F401  (fixtures)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(90)]
 
 CHANNELS = {"telegram": {"allowlist": ["42"], "poll_timeout_seconds": 1, "typing": False}}
-
-
-@pytest.fixture
-def fake(monkeypatch: pytest.MonkeyPatch) -> Iterator[HoldingTelegram]:
-    monkeypatch.setenv("PTB_TIMEDELTA", "1")
-    with HoldingTelegram() as server:
-        yield server
 
 
 def test_unknown_mention_gets_the_list_and_a_team_reply_names_its_agent(

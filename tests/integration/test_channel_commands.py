@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -11,15 +10,9 @@ import pytest
 from adapters.telegram import TelegramChannel
 from shared.sessions import get_session, set_session
 from tests.channel_support import HoldingTelegram, RunningChannel, channel_home, open_home, wait_for
+from tests.fixtures import telegram_fake  # noqa: F401  (fixtures)
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
-
-
-@pytest.fixture
-def fake(monkeypatch: pytest.MonkeyPatch) -> Iterator[HoldingTelegram]:
-    monkeypatch.setenv("PTB_TIMEDELTA", "1")
-    with HoldingTelegram() as server:
-        yield server
 
 
 def test_commands_and_sticky_agent(tmp_path: Path, fake: HoldingTelegram) -> None:

@@ -30,21 +30,15 @@ from tests.channel_support import (
     free_port,
     open_home,
     wait_for,
+    whatsapp_env,
 )
 from tests.fakes.discord_api import FakeDiscord
 from tests.fakes.whatsapp_api import FakeWhatsApp
+from tests.fixtures import telegram_fake  # noqa: F401  (fixtures)
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
 TG = {"allowlist": ["42"], "poll_timeout_seconds": 1, "typing_interval_seconds": 0.3}
-
-
-@pytest.fixture
-def fake(monkeypatch: pytest.MonkeyPatch) -> Iterator[HoldingTelegram]:
-    monkeypatch.setenv("PTB_TIMEDELTA", "1")
-    server = HoldingTelegram()
-    with server:
-        yield server
 
 
 @pytest.fixture
@@ -264,14 +258,7 @@ def test_whatsapp_notes_are_new_messages_at_most_once_per_interval(tmp_path: Pat
     acked = "SELECT COUNT(*) FROM responses WHERE status = 'acked'"
     try:
         with FakeWhatsApp() as fake:
-            env = {
-                "WHATSAPP_ACCESS_TOKEN": fake.access_token,
-                "WHATSAPP_PHONE_NUMBER_ID": fake.phone_number_id,
-                "WHATSAPP_APP_SECRET": "s",
-                "WHATSAPP_VERIFY_TOKEN": "v",
-                "WHATSAPP_GRAPH_URL": fake.graph_url,
-                "WHATSAPP_WEBHOOK_PORT": str(free_port()),
-            }
+            env = whatsapp_env(fake, "s", free_port())
             channel = WhatsAppChannel(rt, env=env)
             for n, (kind, text) in enumerate(
                 [

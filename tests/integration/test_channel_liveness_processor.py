@@ -17,19 +17,12 @@ from adapters.telegram import TelegramChannel
 from shared.runtime import Runtime
 from tests.channel_support import HoldingTelegram, Proc, RunningChannel, count, events, open_home, wait_for
 from tests.fault_support import fault_home
+from tests.fixtures import telegram_fake  # noqa: F401  (fixtures)
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
 
 CHANNELS = {"telegram": {"allowlist": ["42"], "poll_timeout_seconds": 1, "typing_interval_seconds": 0.5}}
 PROCESSOR = {"progress_note_seconds": 1.0, "control_interval_seconds": 0.2, "recover_interval_seconds": 0.5}
-
-
-@pytest.fixture
-def fake(monkeypatch: pytest.MonkeyPatch) -> Iterator[HoldingTelegram]:
-    monkeypatch.setenv("PTB_TIMEDELTA", "1")
-    server = HoldingTelegram()
-    with server:
-        yield server
 
 
 @pytest.fixture

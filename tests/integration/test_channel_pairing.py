@@ -4,7 +4,6 @@ an unknown sender gets one code, once, and their message is never queued (so nev
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -21,15 +20,9 @@ from tests.channel_support import (
     run_cli,
     wait_for,
 )
+from tests.fixtures import telegram_fake  # noqa: F401  (fixtures)
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
-
-
-@pytest.fixture
-def fake(monkeypatch: pytest.MonkeyPatch) -> Iterator[HoldingTelegram]:
-    monkeypatch.setenv("PTB_TIMEDELTA", "1")
-    with HoldingTelegram() as server:
-        yield server
 
 
 def _home(tmp_path: Path, **telegram: object) -> Path:

@@ -13,17 +13,11 @@ from adapters.base import Inbound
 from adapters.telegram import TelegramChannel
 from shared.runtime import Runtime
 from tests.channel_support import HoldingTelegram, RunningChannel, channel_home, count, open_home, wait_for
+from tests.fixtures import telegram_fake  # noqa: F401  (fixtures)
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
 SETTINGS = {"allowlist": ["42", "900"], "poll_timeout_seconds": 1, "typing_interval_seconds": 0.3}
-
-
-@pytest.fixture
-def fake(monkeypatch: pytest.MonkeyPatch) -> Iterator[HoldingTelegram]:
-    monkeypatch.setenv("PTB_TIMEDELTA", "1")
-    with HoldingTelegram() as server:
-        yield server
 
 
 def _channel(rt: Runtime, fake: HoldingTelegram, worker: str | None = None) -> TelegramChannel:

@@ -8,8 +8,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from adapters.whatsapp import WhatsAppChannel, valid_signature
-from tests.channel_support import RunningChannel, channel_home, count, free_port, open_home, wait_for
+from adapters.whatsapp import valid_signature
+from tests.channel_support import channel_home, count, open_home, wait_for, whatsapp_webhook
 from tests.fakes.whatsapp_api import FakeWhatsApp, document_message_payload, signed_webhook
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
@@ -22,20 +22,9 @@ def test_inbound_document_saved_and_referenced(tmp_path: Path) -> None:
         tmp_path, f"sqlite:///{tmp_path / 'a.db'}", {"whatsapp": {"allowlist": ["111"], "typing": False}}
     )
     rt = open_home(home)
-    port = free_port()
     with FakeWhatsApp() as fake:
-        env = {
-            "WHATSAPP_ACCESS_TOKEN": fake.access_token,
-            "WHATSAPP_PHONE_NUMBER_ID": fake.phone_number_id,
-            "WHATSAPP_APP_SECRET": SECRET,
-            "WHATSAPP_VERIFY_TOKEN": "v",
-            "WHATSAPP_GRAPH_URL": fake.graph_url,
-            "WHATSAPP_WEBHOOK_PORT": str(port),
-        }
         try:
-            with RunningChannel(WhatsAppChannel(rt, env=env)):
-                url = f"http://127.0.0.1:{port}/webhook"
-                wait_for(lambda: _up(url), 10, "the webhook")
+            with whatsapp_webhook(rt, fake, SECRET) as url:
                 for sender in ("111", "222"):
                     media = fake.add_media(b"%PDF-1.4 fake", "application/pdf", "spec.pdf")
                     item = fake.media(media)
@@ -59,13 +48,6 @@ def test_inbound_document_saved_and_referenced(tmp_path: Path) -> None:
     saved = Path(message.split("[file: ")[1].rstrip("]"))
     assert saved.read_bytes() == b"%PDF-1.4 fake" and saved.name.endswith("spec.pdf")
     assert len(downloads) == 1  # the stranger (222) got a pairing code; their file was not fetched
-
-
-def _up(url: str) -> bool:
-    try:
-        return httpx.get(url).status_code == 403
-    except httpx.HTTPError:
-        return False
 
 
 def test_signature_is_checked_over_the_raw_bytes() -> None:

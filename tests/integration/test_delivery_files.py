@@ -4,7 +4,6 @@ a file from the agent's workspace and from the chat's own uploads, and refuses e
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -12,15 +11,9 @@ import pytest
 from adapters.telegram import TelegramChannel
 from shared.file_access import chat_upload_dir
 from tests.channel_support import HoldingTelegram, RunningChannel, channel_home, open_home, wait_for
+from tests.fixtures import telegram_fake  # noqa: F401  (fixtures)
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
-
-
-@pytest.fixture
-def fake(monkeypatch: pytest.MonkeyPatch) -> Iterator[HoldingTelegram]:
-    monkeypatch.setenv("PTB_TIMEDELTA", "1")
-    with HoldingTelegram() as server:
-        yield server
 
 
 def test_delivery_sends_only_allowed_files_and_says_so_for_the_rest(

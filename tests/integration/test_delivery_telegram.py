@@ -5,7 +5,6 @@ failed with Telegram's reason, not retried, and the user is told the next time t
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -14,6 +13,7 @@ from adapters.telegram import TelegramChannel
 from shared.runtime import Runtime
 from shared.trace import trace_message
 from tests.channel_support import HoldingTelegram, RunningChannel, channel_home, count, open_home, wait_for
+from tests.fixtures import telegram_fake  # noqa: F401  (fixtures)
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
 
@@ -23,13 +23,6 @@ SETTINGS = {
     "typing": False,
     "delivery_backoff_base_seconds": 4.0,
 }
-
-
-@pytest.fixture
-def fake(monkeypatch: pytest.MonkeyPatch) -> Iterator[HoldingTelegram]:
-    monkeypatch.setenv("PTB_TIMEDELTA", "1")
-    with HoldingTelegram() as server:
-        yield server
 
 
 def _channel(rt: Runtime, fake: HoldingTelegram) -> TelegramChannel:

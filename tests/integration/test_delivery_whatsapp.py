@@ -18,7 +18,16 @@ import pytest
 from adapters.whatsapp import WhatsAppChannel
 from shared.runtime import Runtime
 from shared.trace import trace_message
-from tests.channel_support import RunningChannel, channel_home, count, free_port, open_home, wait_for
+from tests.channel_support import (
+    RunningChannel,
+    channel_home,
+    count,
+    free_port,
+    open_home,
+    wait_for,
+    whatsapp_env,
+    whatsapp_webhook,
+)
 from tests.fakes.whatsapp_api import (
     FakeWhatsApp,
     document_message_payload,
@@ -74,28 +83,11 @@ def wa(tmp_path: Path) -> Iterator[Harness]:
     rt = open_home(home)
     port = free_port()
     with FakeWhatsApp() as fake:
-        env = {
-            "WHATSAPP_ACCESS_TOKEN": fake.access_token,
-            "WHATSAPP_PHONE_NUMBER_ID": fake.phone_number_id,
-            "WHATSAPP_APP_SECRET": SECRET,
-            "WHATSAPP_VERIFY_TOKEN": "v",
-            "WHATSAPP_GRAPH_URL": fake.graph_url,
-            "WHATSAPP_WEBHOOK_PORT": str(port),
-        }
         try:
-            with RunningChannel(WhatsAppChannel(rt, env=env)):
-                harness = Harness(rt, fake, port)
-                wait_for(lambda: _up(harness.url), 10, "the webhook")
-                yield harness
+            with whatsapp_webhook(rt, fake, SECRET, port):
+                yield Harness(rt, fake, port)
         finally:
             rt.close()
-
-
-def _up(url: str) -> bool:
-    try:
-        return httpx.get(url).status_code == 403
-    except httpx.HTTPError:
-        return False
 
 
 def _notice(wa: Harness) -> str:
@@ -236,20 +228,12 @@ def test_a_media_job_outlives_the_adapter(tmp_path: Path) -> None:
     rt = open_home(home)
     port = free_port()
     with FakeWhatsApp() as fake:
-        env = {
-            "WHATSAPP_ACCESS_TOKEN": fake.access_token,
-            "WHATSAPP_PHONE_NUMBER_ID": fake.phone_number_id,
-            "WHATSAPP_APP_SECRET": SECRET,
-            "WHATSAPP_VERIFY_TOKEN": "v",
-            "WHATSAPP_GRAPH_URL": fake.graph_url,
-            "WHATSAPP_WEBHOOK_PORT": str(port),
-        }
+        env = whatsapp_env(fake, SECRET, port)
         try:
             fake.media_delay = 4.0
             media = fake.add_media(b"%PDF-1.4 later", "application/pdf", "spec.pdf")
-            with RunningChannel(WhatsAppChannel(rt, env=env)):
+            with whatsapp_webhook(rt, fake, SECRET, port):
                 harness = Harness(rt, fake, port)
-                wait_for(lambda: _up(harness.url), 10, "the webhook")
                 assert harness.post(_document_and_text(fake, media, "wamid.TXT3")).status_code == 200
                 wait_for(lambda: any(c.path.startswith("/v") for c in fake.calls), 10, "the download begun")
             assert harness.messages() == ["and this"]  # stopped mid-download: the document is not queued yet
@@ -272,14 +256,7 @@ def test_one_chats_throughput_backoff_does_not_delay_another_chat(tmp_path: Path
     home = channel_home(tmp_path, f"sqlite:///{tmp_path / 'a.db'}", {"whatsapp": settings})
     rt = open_home(home)
     with FakeWhatsApp() as fake:
-        env = {
-            "WHATSAPP_ACCESS_TOKEN": fake.access_token,
-            "WHATSAPP_PHONE_NUMBER_ID": fake.phone_number_id,
-            "WHATSAPP_APP_SECRET": SECRET,
-            "WHATSAPP_VERIFY_TOKEN": "v",
-            "WHATSAPP_GRAPH_URL": fake.graph_url,
-            "WHATSAPP_WEBHOOK_PORT": str(free_port()),
-        }
+        env = whatsapp_env(fake, SECRET, free_port())
         fake.throttle_recipient(ALICE, times=3)  # Alice's chat backs off ~1 + 2 + 4 s
         try:
             with RunningChannel(WhatsAppChannel(rt, env=env), deliver_only=True):

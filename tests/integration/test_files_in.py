@@ -17,11 +17,16 @@ import httpx
 import pytest
 
 from adapters.telegram import TelegramChannel
-from adapters.whatsapp import WhatsAppChannel
 from shared.file_access import chat_upload_dir
-from tests.channel_support import HoldingTelegram, RunningChannel, count, free_port, open_home, wait_for
+from tests.channel_support import (
+    HoldingTelegram,
+    RunningChannel,
+    count,
+    open_home,
+    wait_for,
+    whatsapp_webhook,
+)
 from tests.fakes.anthropic_api import Computed, FakeAnthropic, tool_images, tool_result_text, tool_results
-from tests.fakes.claude_env import claude_binary
 from tests.fakes.whatsapp_api import (
     FakeWhatsApp,
     WhatsAppSent,
@@ -30,17 +35,13 @@ from tests.fakes.whatsapp_api import (
     signed_webhook,
 )
 from tests.files_in_support import DOC, PNG, PNG_B64, read_outcomes, reader
+from tests.fixtures import cli_installed  # noqa: F401  (fixtures)
 from tests.liveness_support import claude_home, cli_env
 from tests.processor_support import run_idle
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
 SECRET = "s3cret"
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _cli_installed() -> None:
-    claude_binary()
 
 
 @pytest.fixture
@@ -107,33 +108,21 @@ def test_whatsapp_document_and_image_are_read_by_the_agent(tmp_path: Path, api: 
     home = claude_home(
         tmp_path, f"sqlite:///{tmp_path / 'a.db'}", channels=channels, queue={"debounce_ms": 0}
     )
-    port = free_port()
-    with FakeWhatsApp() as fake, open_home(home) as rt:
-        env = {
-            "WHATSAPP_ACCESS_TOKEN": fake.access_token,
-            "WHATSAPP_PHONE_NUMBER_ID": fake.phone_number_id,
-            "WHATSAPP_APP_SECRET": SECRET,
-            "WHATSAPP_VERIFY_TOKEN": "v",
-            "WHATSAPP_GRAPH_URL": fake.graph_url,
-            "WHATSAPP_WEBHOOK_PORT": str(port),
-        }
-        with RunningChannel(WhatsAppChannel(rt, env=env)):
-            url = f"http://127.0.0.1:{port}/webhook"
-            wait_for(lambda: _up(url), 10, "the webhook")
-            doc_id = fake.add_media(DOC, "text/plain", "notes.txt")
-            image_id = fake.add_media(PNG, "image/png", "")
-            payloads = [
-                document_message_payload(
-                    "111", doc_id, filename="notes.txt", mime_type="text/plain", sha256=_sha(fake, doc_id)
-                ),
-                image_message_payload("112", image_id, sha256=_sha(fake, image_id), caption="what is this?"),
-            ]
-            for payload in payloads:
-                body, headers = signed_webhook(SECRET, fake.inbound(payload))
-                assert httpx.post(url, content=body, headers=headers).status_code == 200
-            wait_for(lambda: count(rt, "SELECT COUNT(*) FROM messages") == 2, 15, "both messages queued")
-            run_idle(rt, env=cli_env(api, tmp_path))
-            replies = {to: _reply_to(fake, to) for to in ("111", "112")}
+    with FakeWhatsApp() as fake, open_home(home) as rt, whatsapp_webhook(rt, fake, SECRET) as url:
+        doc_id = fake.add_media(DOC, "text/plain", "notes.txt")
+        image_id = fake.add_media(PNG, "image/png", "")
+        payloads = [
+            document_message_payload(
+                "111", doc_id, filename="notes.txt", mime_type="text/plain", sha256=_sha(fake, doc_id)
+            ),
+            image_message_payload("112", image_id, sha256=_sha(fake, image_id), caption="what is this?"),
+        ]
+        for payload in payloads:
+            body, headers = signed_webhook(SECRET, fake.inbound(payload))
+            assert httpx.post(url, content=body, headers=headers).status_code == 200
+        wait_for(lambda: count(rt, "SELECT COUNT(*) FROM messages") == 2, 15, "both messages queued")
+        run_idle(rt, env=cli_env(api, tmp_path))
+        replies = {to: _reply_to(fake, to) for to in ("111", "112")}
     _check_reads(api)
     assert replies["111"].startswith("READ OK") and "PELICAN-7" in replies["111"]
     assert replies["112"].startswith("READ OK") and "image/png" in replies["112"]
@@ -150,13 +139,6 @@ def _sha(fake: FakeWhatsApp, media_id: str) -> str:
     media = fake.media(media_id)
     assert media is not None
     return media.sha256
-
-
-def _up(url: str) -> bool:
-    try:
-        return httpx.get(url).status_code == 403
-    except httpx.HTTPError:
-        return False
 
 
 def test_a_home_with_a_space_still_lets_the_agent_read_uploads(tmp_path: Path, api: FakeAnthropic) -> None:

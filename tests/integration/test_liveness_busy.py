@@ -14,26 +14,13 @@ from shared.chat_prefs import set_busy_policy
 from shared.clock import now_ms
 from shared.queue import Queue
 from tests.fakes.anthropic_api import Chunked, FakeAnthropic, Text
-from tests.fakes.claude_env import claude_binary
-from tests.liveness_support import (
-    claude_home,
-    cli_env,
-    group_gone,
-    of_kind,
-    payloads,
-    responses,
-    run_with,
-)
+from tests.fixtures import cli_installed  # noqa: F401  (fixtures)
+from tests.liveness_support import claude_home, cli_env, group_gone, of_kind, payloads, responses, run_with
 from tests.processor_support import open_home, run_idle
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
 
 SLOW = Chunked(["working "] * 6, interval=0.5)  # about 3 s of streaming
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _cli_installed() -> None:
-    claude_binary()
 
 
 @pytest.fixture

@@ -6,38 +6,18 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from shared.conversation_status import conversation_status, format_status
 from tests.fakes.anthropic_api import JSON, Chunked, Computed, FakeAnthropic, RateLimited, Reply, Text
-from tests.fakes.claude_env import claude_binary
-from tests.liveness_support import (
-    claude_home,
-    cli_env,
-    group_gone,
-    of_kind,
-    payloads,
-    responses,
-    run_with,
-)
+from tests.fixtures import anthropic_api, cli_installed  # noqa: F401  (fixtures)
+from tests.liveness_support import claude_home, cli_env, group_gone, of_kind, payloads, responses, run_with
 from tests.processor_support import open_home, run_idle, wait_for
 from workers.busy import INTERRUPTED_NOTE
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _cli_installed() -> None:
-    claude_binary()
-
-
-@pytest.fixture
-def api() -> Iterator[FakeAnthropic]:
-    with FakeAnthropic() as fake:
-        yield fake
 
 
 def test_streaming_run_outlives_idle_timeout_with_progress_notes_and_one_final_reply(

@@ -10,7 +10,6 @@ import json
 import os
 import re
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -20,20 +19,10 @@ from shared.runtime import Runtime
 from shared.sessions import clear_sessions, get_session
 from tests.fakes.anthropic_api import ApiError, Computed, FakeAnthropic, RateLimited, Text, last_user_text
 from tests.fakes.claude_env import claude_binary, claude_env
+from tests.fixtures import anthropic_api, cli_installed  # noqa: F401  (fixtures)
 from tests.processor_support import count, event_types, make_home, open_home, run_idle, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _cli_installed() -> None:
-    claude_binary()  # a clear FileNotFoundError (run `npm ci`) rather than every test failing obscurely
-
-
-@pytest.fixture
-def api() -> Iterator[FakeAnthropic]:
-    with FakeAnthropic() as fake:
-        yield fake
 
 
 def _env(api: FakeAnthropic, tmp_path: Path) -> dict[str, str]:

@@ -17,9 +17,8 @@ from typing import Any
 import httpx
 import pytest
 
-from adapters.whatsapp import WhatsAppChannel
 from shared.runtime import Runtime
-from tests.channel_support import RunningChannel, channel_home, count, free_port, open_home, wait_for
+from tests.channel_support import channel_home, count, open_home, wait_for, whatsapp_webhook
 from tests.fakes.whatsapp_api import FakeWhatsApp, ReadReceipt, signed_webhook, text_message_payload
 from tests.processor_support import run_idle
 
@@ -36,20 +35,8 @@ def _running(tmp_path: Path, settings: Mapping[str, Any]) -> Iterator[tuple[Runt
         {"whatsapp": {"allowlist": ["111"], **settings}},
         queue={"debounce_ms": 0},
     )
-    port = free_port()
-    with FakeWhatsApp() as fake, open_home(home) as rt:
-        env = {
-            "WHATSAPP_ACCESS_TOKEN": fake.access_token,
-            "WHATSAPP_PHONE_NUMBER_ID": fake.phone_number_id,
-            "WHATSAPP_APP_SECRET": SECRET,
-            "WHATSAPP_VERIFY_TOKEN": "v",
-            "WHATSAPP_GRAPH_URL": fake.graph_url,
-            "WHATSAPP_WEBHOOK_PORT": str(port),
-        }
-        with RunningChannel(WhatsAppChannel(rt, env=env)):
-            url = f"http://127.0.0.1:{port}/webhook"
-            wait_for(lambda: _up(url), 10, "the webhook")
-            yield rt, fake, url
+    with FakeWhatsApp() as fake, open_home(home) as rt, whatsapp_webhook(rt, fake, SECRET) as url:
+        yield rt, fake, url
 
 
 def _send(fake: FakeWhatsApp, url: str, sender: str, text: str) -> str:
@@ -58,13 +45,6 @@ def _send(fake: FakeWhatsApp, url: str, sender: str, text: str) -> str:
     body, headers = signed_webhook(SECRET, payload)
     assert httpx.post(url, content=body, headers=headers).status_code == 200
     return wamid
-
-
-def _up(url: str) -> bool:
-    try:
-        return httpx.get(url).status_code == 403
-    except httpx.HTTPError:
-        return False
 
 
 def _of(fake: FakeWhatsApp, wamid: str) -> list[ReadReceipt]:

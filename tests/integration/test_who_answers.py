@@ -19,19 +19,13 @@ from shared.queue import UnknownMention
 from shared.routing import Team, unknown_mention
 from shared.runtime import Runtime
 from tests.channel_support import HoldingTelegram, RunningChannel, channel_home, count, open_home, wait_for
+from tests.fixtures import telegram_fake  # noqa: F401  (fixtures)
 from tests.processor_support import run_idle
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
 
 TELEGRAM = {"telegram": {"allowlist": ["42", "43"], "poll_timeout_seconds": 1, "typing": False}}
 TEAMS = {"dev": {"agents": ["beta", "gamma"], "leader": "beta"}}
-
-
-@pytest.fixture
-def fake(monkeypatch: pytest.MonkeyPatch) -> Iterator[HoldingTelegram]:
-    monkeypatch.setenv("PTB_TIMEDELTA", "1")
-    with HoldingTelegram() as server:
-        yield server
 
 
 @pytest.fixture
