@@ -548,12 +548,20 @@ class Queue(FailureOps, AdminOps, ControlOps):
 
     def _release_if_idle(self, tx: Tx, agent: str, worker: str, now: int) -> bool:
         """Give up the agent lease when this worker holds no other message of the agent and none waits."""
-        busy = tx.scalar(
-            "SELECT 1 FROM messages WHERE agent = :agent AND ((status = 'processing' AND claimed_by = :worker) "
-            "OR (status = 'pending' AND available_at <= :now)) LIMIT 1",
-            {"agent": agent, "worker": worker, "now": now},
+        # Two probes, each on its partial index (pending; processing): one query with OR would scan the table,
+        # and the table keeps every completed message for a day.
+        waiting = tx.scalar(
+            "SELECT 1 FROM messages WHERE status = 'pending' AND agent = :agent AND available_at <= :now LIMIT 1",
+            {"agent": agent, "now": now},
         )
-        if busy is not None:
+        if waiting is not None:
+            return False
+        holding = tx.scalar(
+            "SELECT 1 FROM messages WHERE status = 'processing' AND claimed_by = :worker AND agent = :agent "
+            "LIMIT 1",
+            {"agent": agent, "worker": worker},
+        )
+        if holding is not None:
             return False
         self._release_agent(tx, agent, worker)
         return True
