@@ -77,6 +77,14 @@ class Directory:
         return RouteTable(self.agents, self.teams, self.default_agent)
 
 
+def _json_object(text: str | None) -> dict[str, Any]:
+    """A stored JSON object; most rows hold none (``{}``), which needs no parsing."""
+    if not text or text == "{}":
+        return {}
+    value: dict[str, Any] = json.loads(text)
+    return value
+
+
 class _ChatRow:
     """What a message row and a response row share: the chat they belong to."""
 
@@ -125,7 +133,7 @@ class QueuedMessage(_ChatRow):
     @classmethod
     def from_row(cls, row: Row) -> QueuedMessage:
         data = dict(row)
-        data["metadata"] = json.loads(data.pop("metadata") or "{}")
+        data["metadata"] = _json_object(data.pop("metadata"))
         return cls(**data)
 
     @property
@@ -161,8 +169,9 @@ class QueuedResponse(_ChatRow):
     @classmethod
     def from_row(cls, row: Row) -> QueuedResponse:
         data = dict(row)
-        data["files"] = json.loads(data.pop("files") or "[]")
-        data["metadata"] = json.loads(data.pop("metadata") or "{}")
+        files = data.pop("files")
+        data["files"] = json.loads(files) if files and files != "[]" else []
+        data["metadata"] = _json_object(data.pop("metadata"))
         return cls(**data)
 
 
