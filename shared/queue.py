@@ -434,15 +434,15 @@ class Queue(FailureOps, AdminOps, ControlOps):
         """
         now = now_ms()
         with self.db.transaction() as tx:
-            rows = self._take_group(tx, message_ids, worker)
+            rows = self._take_group(
+                tx,
+                message_ids,
+                worker,
+                "status = 'completed', updated_at = :now, lease_until = NULL",
+                {"now": now},
+            )
             if also is not None:
                 also(tx)  # first: the caller's events (the run's end) come before the reply's
-            clause, params = _in("m", [r["message_id"] for r in rows])
-            tx.execute(
-                "UPDATE messages SET status = 'completed', updated_at = :now, lease_until = NULL "
-                f"WHERE message_id IN {clause}",
-                {"now": now, **params},
-            )
             primary = rows[0]
             ids = [r["message_id"] for r in rows]
             response_id: int | None = None
@@ -620,12 +620,7 @@ class Queue(FailureOps, AdminOps, ControlOps):
         """
         now = now_ms()
         with self.db.transaction() as tx:
-            rows = self._take_group(tx, message_ids, worker)
-            clause, params = _in("m", [r["message_id"] for r in rows])
-            tx.execute(
-                f"UPDATE messages SET run_started_at = :now WHERE message_id IN {clause}",
-                {"now": now, **params},
-            )
+            self._take_group(tx, message_ids, worker, "run_started_at = :now", {"now": now})
             if also is not None:
                 also(tx)
 

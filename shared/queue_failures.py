@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from shared.chat_address import ChatAddress
 from shared.clock import now_ms
@@ -27,14 +28,27 @@ from shared.worker_identity import Holder, holder_state
 class FailureOps(ResponseOps):
     """Failing claimed groups and recovering dead workers' claims (notices are written as responses)."""
 
-    def _take_group(self, tx: Tx, message_ids: Sequence[str], worker: str) -> list[Row]:
+    def _take_group(
+        self,
+        tx: Tx,
+        message_ids: Sequence[str],
+        worker: str,
+        assignments: str = "",
+        values: dict[str, Any] | None = None,
+    ) -> list[Row]:
+        """The rows of a group this worker still holds, oldest first; with ``assignments`` (``col = :v, …``)
+        they are updated in the same statement. Raises :class:`LeaseLost` when the worker lost any of them
+        (the caller's transaction then rolls back, so nothing changed)."""
         if not message_ids:
             raise InvalidInput("no message ids given")
         clause, params = _in("m", list(message_ids))
-        rows = tx.rows(
-            f"SELECT * FROM messages WHERE message_id IN {clause} AND status = 'processing' AND claimed_by = :worker",
-            {"worker": worker, **params},
+        held = f"WHERE message_id IN {clause} AND status = 'processing' AND claimed_by = :worker"
+        sql = (
+            f"UPDATE messages SET {assignments} {held} RETURNING *"
+            if assignments
+            else f"SELECT * FROM messages {held}"
         )
+        rows = tx.rows(sql, {"worker": worker, **params, **(values or {})})
         if len(rows) != len(set(message_ids)):
             raise LeaseLost(
                 f"worker {worker} no longer holds {len(set(message_ids)) - len(rows)} of {len(message_ids)} messages"
