@@ -68,10 +68,12 @@ import time
 import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from types import TracebackType
 from typing import Any, Literal, Self, TypeAlias
 from urllib.parse import urlsplit
+
+from tests.fakes.http_fake import QuietHandler
 
 JSON: TypeAlias = dict[str, Any]
 RequestKind = Literal["main", "side", "count_tokens", "other"]
@@ -315,12 +317,8 @@ class _Server(ThreadingHTTPServer):
         super().handle_error(request, client_address)
 
 
-class _Handler(BaseHTTPRequestHandler):
+class _Handler(QuietHandler):
     server: _Server
-    protocol_version = "HTTP/1.1"
-
-    def log_message(self, format: str, *args: Any) -> None:
-        return
 
     def do_GET(self) -> None:
         self._record(None, "other", 200)
@@ -423,15 +421,7 @@ class _Handler(BaseHTTPRequestHandler):
             message = _message(message_id, model, "".join(parts), input_tokens, output_tokens)
             self._send_json(200, message)
             return
-        self.send_response(200)
-        self.send_header("content-type", "text/event-stream")
-        self.send_header("cache-control", "no-cache")
-        self.send_header("connection", "close")
-        self.send_header("request-id", fake._next_id("req"))
-        self.end_headers()
-        self.close_connection = True
-        start = _message(message_id, model, None, input_tokens, 1)
-        self._event("message_start", {"type": "message_start", "message": start})
+        self._start_stream(_message(message_id, model, None, input_tokens, 1))
         block = {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}
         self._event("content_block_start", block)
         for number, part in enumerate(parts):
@@ -460,15 +450,7 @@ class _Handler(BaseHTTPRequestHandler):
             message.update(content=content, stop_reason="tool_use")
             self._send_json(200, message)
             return
-        self.send_response(200)
-        self.send_header("content-type", "text/event-stream")
-        self.send_header("cache-control", "no-cache")
-        self.send_header("connection", "close")
-        self.send_header("request-id", fake._next_id("req"))
-        self.end_headers()
-        self.close_connection = True
-        start = _message(message_id, model, None, input_tokens, 1)
-        self._event("message_start", {"type": "message_start", "message": start})
+        self._start_stream(_message(message_id, model, None, input_tokens, 1))
         index = 0
         if reply.text:
             block = {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}
@@ -493,6 +475,17 @@ class _Handler(BaseHTTPRequestHandler):
         usage = {"output_tokens": max(1, len(arguments) // 4)}
         self._event("message_delta", {"type": "message_delta", "delta": end, "usage": usage})
         self._event("message_stop", {"type": "message_stop"})
+
+    def _start_stream(self, start: JSON) -> None:
+        """Answer 200 with an event stream (closed after it) and send its ``message_start`` with ``start``."""
+        self.send_response(200)
+        self.send_header("content-type", "text/event-stream")
+        self.send_header("cache-control", "no-cache")
+        self.send_header("connection", "close")
+        self.send_header("request-id", self.server.fake._next_id("req"))
+        self.end_headers()
+        self.close_connection = True
+        self._event("message_start", {"type": "message_start", "message": start})
 
     def _event(self, name: str, data: JSON) -> None:
         self.wfile.write(f"event: {name}\ndata: {json.dumps(data)}\n\n".encode())

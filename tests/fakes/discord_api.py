@@ -35,10 +35,11 @@ import zlib
 from collections.abc import Awaitable, Callable, Coroutine, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from types import TracebackType
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, Self, TypeVar
 
 from aiohttp import BodyPartReader, WSMsgType, web
+
+from tests.fakes.http_fake import ContextFake, wait_for_record
 
 JSON = dict[str, Any]
 T = TypeVar("T")
@@ -152,7 +153,7 @@ def _json_response(body: Any, status: int = 200, headers: dict[str, str] | None 
     return web.Response(status=status, body=json.dumps(body).encode(), headers=all_headers)
 
 
-class FakeDiscord:
+class FakeDiscord(ContextFake):
     """A fake Discord REST API + gateway running in a background thread on ``127.0.0.1``.
 
     Use it as a context manager (or :meth:`start` / :meth:`close`). Test-side methods are thread-safe and
@@ -205,7 +206,7 @@ class FakeDiscord:
 
     # ------------------------------------------------------------------ lifecycle
 
-    def start(self) -> FakeDiscord:
+    def start(self) -> Self:
         """Start the event loop thread and bind a free port."""
         loop = asyncio.new_event_loop()
         self._loop = loop
@@ -227,14 +228,6 @@ class FakeDiscord:
                 self._thread.join(timeout=5)
             loop.close()
             self._loop = None
-
-    def __enter__(self) -> FakeDiscord:
-        return self.start()
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.close()
 
     async def _start_server(self) -> None:
         app = web.Application(middlewares=[self._record_middleware])
@@ -370,20 +363,12 @@ class FakeDiscord:
 
     def wait_for(self, predicate: Callable[[DiscordSent], bool], timeout: float = 5.0) -> DiscordSent:
         """Block until a record in :attr:`sent` matches ``predicate``; return the first match."""
-        found: list[DiscordSent] = []
 
-        def ready() -> bool:
-            for record in self._sent:
-                if predicate(record):
-                    found.append(record)
-                    return True
-            return False
+        def failure() -> str:
+            seen = [(r.kind, r.channel_id, r.content) for r in self._sent]
+            return f"fake Discord: no matching record after {timeout}s; sent {seen}"
 
-        with self._cond:
-            if not self._cond.wait_for(ready, timeout=timeout):
-                seen = [(r.kind, r.channel_id, r.content) for r in self._sent]
-                raise TimeoutError(f"fake Discord: no matching record after {timeout}s; sent {seen}")
-        return found[0]
+        return wait_for_record(self._cond, lambda: self._sent, predicate, timeout, failure)
 
     async def wait_for_async(
         self, predicate: Callable[[DiscordSent], bool], timeout: float = 5.0

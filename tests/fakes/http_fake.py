@@ -1,11 +1,15 @@
-"""The lifecycle every thread-served HTTP fake shares: bind a free loopback port, serve, stop, its URL."""
+"""What the platform fakes share: the lifecycle of a thread-served HTTP fake (bind a free loopback port, serve,
+stop, its URL), a quiet HTTP/1.1 handler, use as a context manager, and waiting for a recorded request."""
 
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable, Iterable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import TracebackType
-from typing import Any, ClassVar, Self
+from typing import Any, ClassVar, Self, TypeVar
+
+R = TypeVar("R")
 
 
 class QuietServer(ThreadingHTTPServer):
@@ -18,7 +22,58 @@ class QuietServer(ThreadingHTTPServer):
         return
 
 
-class ThreadedHttpFake:
+class QuietHandler(BaseHTTPRequestHandler):
+    """An HTTP/1.1 request handler that logs nothing."""
+
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, format: str, *args: Any) -> None:
+        return
+
+
+class ContextFake:
+    """``with fake:`` for a fake with ``start()`` (returning itself) and ``close()``."""
+
+    def start(self) -> Self:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+
+def wait_for_record(
+    cond: threading.Condition,
+    records: Callable[[], Iterable[R]],
+    predicate: Callable[[R], bool],
+    timeout: float,
+    failure: Callable[[], str],
+) -> R:
+    """Block on ``cond`` until one of ``records()`` matches ``predicate``; return the first match. After
+    ``timeout`` seconds raise ``TimeoutError(failure())`` (called with ``cond`` held)."""
+    found: list[R] = []
+
+    def ready() -> bool:
+        for record in records():
+            if predicate(record):
+                found.append(record)
+                return True
+        return False
+
+    with cond:
+        if not cond.wait_for(ready, timeout=timeout):
+            raise TimeoutError(failure())
+    return found[0]
+
+
+class ThreadedHttpFake(ContextFake):
     """Base of a fake served by :class:`QuietServer` in a daemon thread; handlers reach it as
     ``self.server.fake``. Subclasses name their server and handler classes and may add to :meth:`close`."""
 
@@ -46,14 +101,6 @@ class ThreadedHttpFake:
             self._server.server_close()
         if self._thread is not None:
             self._thread.join(timeout=5)
-
-    def __enter__(self) -> Self:
-        return self.start()
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.close()
 
     @property
     def url(self) -> str:

@@ -28,11 +28,10 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler
 from typing import Any, Literal
 from urllib.parse import parse_qsl, unquote, urlsplit
 
-from tests.fakes.http_fake import QuietServer, ThreadedHttpFake
+from tests.fakes.http_fake import QuietHandler, QuietServer, ThreadedHttpFake, wait_for_record
 
 JSON = dict[str, Any]
 
@@ -128,6 +127,10 @@ class TelegramCall:
         """Whether the fake answered the call successfully."""
         return self.error is None
 
+    def _str_param(self, name: str) -> str | None:
+        value = self.params.get(name)
+        return None if value is None else str(value)
+
     @property
     def chat_id(self) -> int | str | None:
         """The ``chat_id`` parameter, as an int when numeric."""
@@ -140,20 +143,17 @@ class TelegramCall:
     @property
     def text(self) -> str | None:
         """The ``text`` parameter (sendMessage, editMessageText)."""
-        value = self.params.get("text")
-        return None if value is None else str(value)
+        return self._str_param("text")
 
     @property
     def caption(self) -> str | None:
         """The ``caption`` parameter (sendDocument)."""
-        value = self.params.get("caption")
-        return None if value is None else str(value)
+        return self._str_param("caption")
 
     @property
     def parse_mode(self) -> str | None:
         """The ``parse_mode`` parameter, or None for plain text."""
-        value = self.params.get("parse_mode")
-        return None if value is None else str(value)
+        return self._str_param("parse_mode")
 
     @property
     def reply_to_message_id(self) -> int | None:
@@ -241,12 +241,8 @@ class _Server(QuietServer):
     fake: FakeTelegram
 
 
-class _Handler(BaseHTTPRequestHandler):
+class _Handler(QuietHandler):
     server: _Server
-    protocol_version = "HTTP/1.1"
-
-    def log_message(self, format: str, *args: Any) -> None:
-        return
 
     def _read_body(self) -> bytes:
         if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
@@ -611,22 +607,11 @@ class FakeTelegram(ThreadedHttpFake):
         timeout: float,
         name: str,
     ) -> TelegramCall:
-        found: list[TelegramCall] = []
+        def failure() -> str:
+            seen = [(r.method, r.chat_id, r.text or r.caption, r.error) for r in records]
+            return f"fake Telegram: no matching record in {name} after {timeout}s; saw {seen}"
 
-        def ready() -> bool:
-            for record in records:
-                if predicate(record):
-                    found.append(record)
-                    return True
-            return False
-
-        with self._cond:
-            if not self._cond.wait_for(ready, timeout=timeout):
-                seen = [(r.method, r.chat_id, r.text or r.caption, r.error) for r in records]
-                raise TimeoutError(
-                    f"fake Telegram: no matching record in {name} after {timeout}s; saw {seen}"
-                )
-        return found[0]
+        return wait_for_record(self._cond, lambda: records, predicate, timeout, failure)
 
     # ------------------------------------------------------------------ internals: state
 

@@ -25,11 +25,10 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler
 from typing import Any, Literal
 from urllib.parse import unquote, urlsplit
 
-from tests.fakes.http_fake import QuietServer, ThreadedHttpFake
+from tests.fakes.http_fake import QuietHandler, QuietServer, ThreadedHttpFake, wait_for_record
 
 JSON = dict[str, Any]
 
@@ -177,12 +176,8 @@ class _Server(QuietServer):
     fake: FakeWhatsApp
 
 
-class _Handler(BaseHTTPRequestHandler):
+class _Handler(QuietHandler):
     server: _Server
-    protocol_version = "HTTP/1.1"
-
-    def log_message(self, format: str, *args: Any) -> None:
-        return
 
     def _serve(self, verb: str) -> None:
         length = int(self.headers.get("Content-Length") or 0)
@@ -303,18 +298,13 @@ class FakeWhatsApp(ThreadedHttpFake):
 
     def wait_for_read(self, predicate: Callable[[ReadReceipt], bool], timeout: float = 5.0) -> ReadReceipt:
         """Block until a read receipt matching ``predicate`` was accepted; return the first match."""
-        found: list[ReadReceipt] = []
-
-        def ready() -> bool:
-            found[:] = [r for r in self._reads if predicate(r)][:1]
-            return bool(found)
-
-        with self._cond:
-            if not self._cond.wait_for(ready, timeout=timeout):
-                raise TimeoutError(
-                    f"fake WhatsApp: no matching read receipt after {timeout}s; got {self._reads}"
-                )
-        return found[0]
+        return wait_for_record(
+            self._cond,
+            lambda: self._reads,
+            predicate,
+            timeout,
+            lambda: f"fake WhatsApp: no matching read receipt after {timeout}s; got {self._reads}",
+        )
 
     @property
     def sent(self) -> list[WhatsAppSent]:
@@ -330,20 +320,12 @@ class FakeWhatsApp(ThreadedHttpFake):
 
     def wait_for(self, predicate: Callable[[WhatsAppSent], bool], timeout: float = 5.0) -> WhatsAppSent:
         """Block until a record in :attr:`sent` matches ``predicate``; return the first match."""
-        found: list[WhatsAppSent] = []
 
-        def ready() -> bool:
-            for record in self._sent:
-                if predicate(record):
-                    found.append(record)
-                    return True
-            return False
+        def failure() -> str:
+            seen = [(r.to, r.type, r.text) for r in self._sent]
+            return f"fake WhatsApp: no matching message after {timeout}s; sent {seen}"
 
-        with self._cond:
-            if not self._cond.wait_for(ready, timeout=timeout):
-                seen = [(r.to, r.type, r.text) for r in self._sent]
-                raise TimeoutError(f"fake WhatsApp: no matching message after {timeout}s; sent {seen}")
-        return found[0]
+        return wait_for_record(self._cond, lambda: self._sent, predicate, timeout, failure)
 
     async def wait_for_async(
         self, predicate: Callable[[WhatsAppSent], bool], timeout: float = 5.0
@@ -628,17 +610,9 @@ def document_message_payload(
 ) -> JSON:
     """A webhook payload carrying an inbound document (fetch it via ``GET /v{N}/{media_id}``)."""
     document: JSON = {"filename": filename, "mime_type": mime_type, "sha256": sha256, "id": media_id}
-    if caption is not None:
-        document["caption"] = caption
-    message = {
-        "from": from_number,
-        "id": wamid or _wamid(),
-        "timestamp": str(int(time.time())),
-        "type": "document",
-        "document": document,
-    }
-    value = {"contacts": [{"profile": {"name": name}, "wa_id": from_number}], "messages": [message]}
-    return _envelope(phone_number_id, display_phone_number, value)
+    return _media_payload(
+        from_number, "document", document, caption, wamid, name, phone_number_id, display_phone_number
+    )
 
 
 def image_message_payload(
@@ -655,14 +629,30 @@ def image_message_payload(
 ) -> JSON:
     """A webhook payload carrying an inbound image (no file name, as WhatsApp sends photos)."""
     image: JSON = {"mime_type": mime_type, "sha256": sha256, "id": media_id}
+    return _media_payload(
+        from_number, "image", image, caption, wamid, name, phone_number_id, display_phone_number
+    )
+
+
+def _media_payload(
+    from_number: str,
+    kind: str,
+    media: JSON,
+    caption: str | None,
+    wamid: str | None,
+    name: str,
+    phone_number_id: str,
+    display_phone_number: str,
+) -> JSON:
+    """A webhook payload carrying one inbound media message of type ``kind`` (``media`` plus the caption)."""
     if caption is not None:
-        image["caption"] = caption
+        media["caption"] = caption
     message = {
         "from": from_number,
         "id": wamid or _wamid(),
         "timestamp": str(int(time.time())),
-        "type": "image",
-        "image": image,
+        "type": kind,
+        kind: media,
     }
     value = {"contacts": [{"profile": {"name": name}, "wa_id": from_number}], "messages": [message]}
     return _envelope(phone_number_id, display_phone_number, value)
