@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.liveness_support import process_gone
 from tests.processor_support import make_home, open_home, wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(90)]
@@ -56,14 +57,6 @@ def _descendants(root: int) -> dict[int, str]:
                 if state != "Z":
                     found[pid] = cmd
     return found
-
-
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
 
 
 @pytest.fixture
@@ -115,7 +108,7 @@ def test_sigkill_of_the_processor_kills_every_descendant_of_the_agent(
     proc.send_signal(signal.SIGKILL)
     proc.wait(timeout=10)
     wait_for(
-        lambda: not any(_alive(pid) for pid in tree),
+        lambda: all(process_gone(pid) for pid in tree),
         5,
         f"every descendant of the killed processor to be gone: {tree}",
     )
@@ -139,7 +132,7 @@ def test_the_launcher_reports_the_cli_status_and_ends_what_the_cli_left_behind(t
     done = _launch("sh", "-c", f"sleep 304 & echo $! > {pid_file}; echo reply; exit 5")
     assert (done.returncode, done.stdout) == (5, "reply\n")
     # The background sleep did not outlive its run (it would otherwise escape every guard).
-    assert not _alive(int(pid_file.read_text()))
+    assert process_gone(int(pid_file.read_text()))
 
     assert _launch("sh", "-c", "kill -TERM $$").returncode == -signal.SIGTERM
     missing = _launch(str(tmp_path / "no-such-cli"))

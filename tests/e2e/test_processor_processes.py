@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from shared.runtime import Runtime
+from tests.liveness_support import process_gone
 from tests.processor_support import (
     agent_script,
     command_agent,
@@ -74,14 +75,6 @@ def procs(tmp_path: Path) -> Iterator[Processes]:
     processes.kill_all()
 
 
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
-
-
 def _status(rt: Runtime, message_id: str) -> str:
     msg = rt.queue.get_message(message_id)
     assert msg is not None
@@ -112,7 +105,7 @@ def test_sigkill_mid_run_then_restart_runs_it_once_more_without_waiting_for_the_
         first.send_signal(signal.SIGKILL)
         first.wait(timeout=10)
         # The CLI dies with its processor (parent-death signal), so it cannot run beside a successor.
-        wait_for(lambda: not _alive(run1.pid), 5, "the orphaned CLI to die")
+        wait_for(lambda: process_gone(run1.pid), 5, "the orphaned CLI to die")
         assert _status(rt, sent.message_id) == "processing"
 
         procs.start(home, log, "second")
@@ -165,7 +158,7 @@ def test_sigterm_past_the_grace_period_releases_without_counting_an_attempt(
         assert msg is not None and msg.status == "pending" and msg.retry_count == 0
         assert msg.available_at <= int(time.time() * 1000)
         assert "released" in (msg.last_error or "")
-        assert not _alive(run.pid)
+        assert process_gone(run.pid)
         assert count(rt, "SELECT COUNT(*) FROM responses") == 0
 
 

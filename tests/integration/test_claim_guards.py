@@ -51,6 +51,16 @@ def _row(queue: Queue, table: str, key: str, value: object) -> dict[str, Any]:
     return dict(rows[0])
 
 
+def _claimed_once(queue: Queue, owner: dict[int, str], rnd: int, worker: str, got: list[int]) -> None:
+    """The message rows ``got``, claimed by ``worker`` in round ``rnd``: none was claimed before (``owner``
+    records each row's claimer) and each is now processing, claimed by ``worker``."""
+    for row_id in got:
+        assert row_id not in owner, f"round {rnd}: row {row_id} claimed again ({owner[row_id]})"
+        owner[row_id] = worker
+        row = _row(queue, "messages", "id", row_id)
+        assert (row["status"], row["claimed_by"]) == ("processing", worker)
+
+
 def _message(queue: Queue, message_id: str) -> dict[str, Any]:
     return _row(queue, "messages", "message_id", message_id)
 
@@ -248,11 +258,7 @@ def test_postgres_message_claims_for_distinct_agents_never_share_or_wait(pg_url:
                 got = [m.id for m in claimed]
                 assert all(m.agent == AGENTS[i] for m in claimed), (rnd, i, claimed)
                 assert sorted(got) == sorted(set(mine[AGENTS[i]]) - set(locked)), (rnd, AGENTS[i], got)
-                for row_id in got:
-                    assert row_id not in owner, f"round {rnd}: row {row_id} claimed again ({owner[row_id]})"
-                    owner[row_id] = workers[i]
-                    row = _row(queue, "messages", "id", row_id)
-                    assert (row["status"], row["claimed_by"]) == ("processing", workers[i])
+                _claimed_once(queue, owner, rnd, workers[i], got)
             for i, agent in enumerate(AGENTS):
                 assert _row(queue, "messages", "id", locked[i])["status"] == "pending"
                 # The lock gone, the row passed over is claimed next, by the agent's holder.
@@ -294,11 +300,7 @@ def test_postgres_message_claims_for_one_agent_give_each_row_to_one_worker(pg_ur
             (winner,) = winners
             got = [m.id for m in results[winner]]
             assert sorted(got) == sorted(set(ids) - set(locked)), (rnd, got)
-            for row_id in got:
-                assert row_id not in owner, f"round {rnd}: row {row_id} claimed again ({owner[row_id]})"
-                owner[row_id] = workers[winner]
-                row = _row(queue, "messages", "id", row_id)
-                assert (row["status"], row["claimed_by"]) == ("processing", workers[winner])
+            _claimed_once(queue, owner, rnd, workers[winner], got)
             assert queue.agent_holder("alpha") == workers[winner]
             assert _row(queue, "messages", "id", locked[0])["status"] == "pending"
             again = queue.claim_all_pending_messages("alpha", workers[winner])

@@ -20,6 +20,7 @@ from shared.sessions import clear_sessions, get_session
 from tests.fakes.anthropic_api import ApiError, Computed, FakeAnthropic, RateLimited, Text, last_user_text
 from tests.fakes.claude_env import claude_binary, claude_env
 from tests.fixtures import anthropic_api, cli_installed  # noqa: F401  (fixtures)
+from tests.liveness_support import group_gone
 from tests.processor_support import count, event_types, make_home, open_home, run_idle, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
@@ -293,19 +294,7 @@ def test_timeout_kills_the_cli_and_its_process_group(
         assert msg is not None and msg.status == "pending" and "timed out" in (msg.last_error or "")
         (note,) = _responses(rt)  # no answer: only the note that it is being tried again
         assert '"progress"' in str(note["metadata"]) and "time limit" in str(note["message"])
-    wait_for(lambda: _group_gone(pid), 5, f"process group {pid} to be gone")
-
-
-def _group_gone(pgid: int) -> bool:
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if int(fields[2]) == pgid and fields[0] != "Z":
-                return False
-    return True
+    wait_for(lambda: group_gone(pid), 5, f"process group {pid} to be gone")
 
 
 def test_send_file_attaches_only_the_workspace_and_this_chats_uploads(
