@@ -44,7 +44,7 @@ from tests.crash_support import (
     write_home,
 )
 from tests.fault_support import fresh_pg_database
-from tests.liveness_support import cli_installed  # noqa: F401  (the fixture ``_cli_installed``)
+from tests.fixtures import cli_installed  # noqa: F401  (fixtures)
 from tests.processor_support import open_home
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(480)]
