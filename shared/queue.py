@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from shared.chain_budget import take_chain_run
+from shared.chat_address import ChatAddress
 from shared.clock import now_ms
 from shared.db import Database, Row, Tx
 from shared.events import PendingEvent, append_events
@@ -570,17 +571,12 @@ class Queue(FailureOps, AdminOps, ControlOps):
         origin = draft.metadata.get("origin") or {}
         if origin.get("channel") in INTERNAL_CHANNELS or not origin.get("channel"):
             return
-        notice = ResponseDraft(
-            message=(
-                f"The agents have used up the {self.config.max_chain_runs} runs one message may set off, so they "
-                "stopped handing your request on to each other. Their answers so far are above; send a new "
-                f"message to carry on. (ref {root})"
-            ),
+        notice = ResponseDraft.to(
+            ChatAddress.of(origin),
+            f"The agents have used up the {self.config.max_chain_runs} runs one message may set off, so they "
+            "stopped handing your request on to each other. Their answers so far are above; send a new "
+            f"message to carry on. (ref {root})",
             metadata={"kind": "budget_notice", "agent": draft.from_agent or primary["agent"]},
-            channel=str(origin["channel"]),
-            sender=str(origin.get("sender") or ""),
-            sender_id=str(origin.get("sender_id") or ""),
-            conversation=str(origin.get("conversation") or ""),
         )
         self._insert_response(tx, primary, notice, now)
 

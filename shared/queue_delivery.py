@@ -34,6 +34,7 @@ from functools import cached_property
 from typing import Any
 
 from shared import kv
+from shared.chat_address import ChatAddress
 from shared.clock import now_ms
 from shared.db import Row, Tx
 from shared.events import PendingEvent, append_events
@@ -423,6 +424,17 @@ class ResponseOps(QueueState):
             # Every chat of this channel: the notice scopes ``undelivered:<channel>:<conversation>``.
             n += kv.delete_older(tx, _notice_scope(channel, ""), cut, family=True)
         return n
+
+    def reply_to(self, address: ChatAddress, message: str, **options: Any) -> QueuedResponse:
+        """:meth:`enqueue_response` to the chat ``address`` names (``options``: its keyword arguments)."""
+        return self.enqueue_response(
+            address.channel,
+            address.sender,
+            message,
+            sender_id=address.sender_id,
+            conversation=address.conversation,
+            **options,
+        )
 
     def enqueue_response(
         self,

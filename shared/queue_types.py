@@ -213,6 +213,26 @@ class ResponseDraft:
     sender_id: str | None = None
     conversation: str | None = None
 
+    @classmethod
+    def to(
+        cls,
+        address: ChatAddress,
+        message: str,
+        *,
+        files: Sequence[str] = (),
+        metadata: Mapping[str, Any] | None = None,
+    ) -> ResponseDraft:
+        """A reply addressed to ``address`` (instead of the group's first message)."""
+        return cls(
+            message=message,
+            files=files,
+            metadata=dict(metadata or {}),
+            channel=address.channel,
+            sender=address.sender,
+            sender_id=address.sender_id,
+            conversation=address.conversation,
+        )
+
 
 @dataclass(frozen=True)
 class AgentTurn:

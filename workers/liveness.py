@@ -23,11 +23,11 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 import anyio
 
 from shared.aio import call
+from shared.chat_address import ChatAddress
 from shared.clock import now_ms
 from shared.conversation_status import format_duration, update_run_step
 from shared.events import PendingEvent
@@ -93,13 +93,13 @@ class RunInfo:
             self.last_step_at = now_ms()
 
 
-def note_target(message: QueuedMessage) -> dict[str, Any] | None:
+def note_target(message: QueuedMessage) -> ChatAddress | None:
     """Where notes about a run for ``message`` go: its chat, or the user chat a teammate's chain started
     from; ``None`` for agentpost's own channels (heartbeats, schedules, chains without an origin)."""
     origin = origin_of(message)
     if origin is None or origin["channel"] in INTERNAL_CHANNELS:
         return None
-    return origin
+    return ChatAddress.of(origin)
 
 
 def progress_text(elapsed_ms: int, last_step: str) -> str:
@@ -194,12 +194,9 @@ class RunWatch:
         # Count the note first: a failure to queue one must not make every later check retry it at once.
         info.notes = int(elapsed_ms / 1000 / self.note_seconds)
         primary = info.group.messages[0]
-        self.rt.queue.enqueue_response(
-            target["channel"],
-            str(target.get("sender") or ""),
+        self.rt.queue.reply_to(
+            target,
             progress_text(elapsed_ms, info.last_step),
-            sender_id=str(target.get("sender_id") or ""),
-            conversation=str(target.get("conversation") or ""),
             agent=info.agent,
             metadata={"kind": "progress", "edit_key": info.edit_key, "agent": info.agent, "note": info.notes},
             message_id=primary.message_id,

@@ -143,19 +143,15 @@ def notify_waiting_chats(queue: Queue, agent: str, until: int, text: str) -> lis
         target = note_target(batch[0])
         if target is None:
             continue
-        key = (str(target["channel"]), str(target.get("conversation") or target.get("sender_id") or ""))
-        if key in seen:
+        if target.key in seen:
             continue
-        seen.add(key)
-        queue.enqueue_response(
-            target["channel"],
-            str(target.get("sender") or ""),
+        seen.add(target.key)
+        queue.reply_to(
+            target,
             text,
-            sender_id=str(target.get("sender_id") or ""),
-            conversation=str(target.get("conversation") or ""),
             agent=agent,
             metadata={"kind": "paused", "until": until, "agent": agent},
             message_id=batch[0].message_id,
         )
-        told.append("{}:{}".format(*key))
+        told.append(target.label)
     return told

@@ -22,6 +22,7 @@ from typing import Any, ParamSpec
 import anyio
 
 from shared.aio import call
+from shared.chat_address import ChatAddress
 from shared.chat_agents import record_answer
 from shared.clock import now_ms
 from shared.conversation_status import clear_run, clear_run_in, record_run_in
@@ -82,13 +83,10 @@ class RunSteps:
         target = note_target(batch[0])
         draft = None
         if target is not None:
-            draft = ResponseDraft(
-                message=dropped_notice(batch, self.config.max_waiting),
+            draft = ResponseDraft.to(
+                target,
+                dropped_notice(batch, self.config.max_waiting),
                 metadata={"kind": "dropped", "dropped": ids, "agent": drive.agent},
-                channel=target["channel"],
-                sender=target.get("sender", ""),
-                sender_id=target.get("sender_id", ""),
-                conversation=target.get("conversation", ""),
             )
         group = WorkGroup(batch, "collect")
         if await self._settle(drive, group, self.rt.queue.complete_messages, ids, self.worker, draft):
@@ -286,8 +284,8 @@ class RunSteps:
     def _upload_dir(self, primary: QueuedMessage) -> Path | None:
         """The upload folder of the chat this run answers (a teammate's run: the chat its chain started
         from), when it exists: the run may read it, so the files the user sent reach the agent."""
-        target = note_target(primary) or {"channel": primary.channel, "conversation": primary.conversation}
-        folder = chat_upload_dir(self.settings, str(target["channel"]), str(target.get("conversation") or ""))
+        target = note_target(primary) or primary.address
+        folder = chat_upload_dir(self.settings, target.channel, target.conversation)
         return folder if folder.is_dir() else None
 
     async def _invoke(self, drive: Drive, run: RunInfo, request: RunRequest, kind: str) -> RunResult:
@@ -336,9 +334,10 @@ class RunSteps:
         conversation's new session are written with it. True when that write happened; False (lease lost)
         leaves ``ended`` to the caller."""
         agent, primary = drive.agent, group.messages[0]
-        target = note_target(primary) or {"channel": primary.channel, "conversation": primary.conversation}
+        user_chat = note_target(primary)  # None for agentpost's own channels
+        target = user_chat or primary.address
         out = await self._outbound(agent, primary, target, result.text, workspace)
-        chat_agents = await self._chat_agents(agent, primary, target)
+        chat_agents = await self._chat_agents(agent, user_chat)
         plan = plan_reply(
             self.settings,
             agent,
@@ -391,12 +390,10 @@ class RunSteps:
         return True
 
     async def _outbound(
-        self, agent: str, primary: QueuedMessage, target: dict[str, Any], text: str, workspace: Path
+        self, agent: str, primary: QueuedMessage, target: ChatAddress, text: str, workspace: Path
     ) -> OutboundFiles:
         """The reply's text and the files it may attach (refused ones logged and reported as events)."""
-        roots = send_roots(
-            self.settings, agent, str(target["channel"]), str(target.get("conversation") or "")
-        )
+        roots = send_roots(self.settings, agent, target.channel, target.conversation)
         out = outbound_files(text, workspace, roots)
         for path, reason in out.refused:
             log.warning("agent %s: refused to send %s: %s", agent, path, reason)
@@ -408,21 +405,15 @@ class RunSteps:
             )
         return out
 
-    async def _chat_agents(self, agent: str, primary: QueuedMessage, target: dict[str, Any]) -> list[str]:
+    async def _chat_agents(self, agent: str, chat: ChatAddress | None) -> list[str]:
         """The agents a user chat has talked to, ``agent`` now included (replies name their agent once
-        there is more than one); empty for agentpost's own channels."""
-        if note_target(primary) is None:
+        there is more than one); empty for agentpost's own channels (``chat`` None)."""
+        if chat is None:
             return []
         try:
-            return await call(
-                record_answer,
-                self.rt.db,
-                str(target["channel"]),
-                str(target.get("conversation") or ""),
-                agent,
-            )
+            return await call(record_answer, self.rt.db, chat.channel, chat.conversation, agent)
         except Exception as exc:  # who answered is presentation: never fail a finished run over it
-            log.warning("could not record who answered %s: %s", target.get("conversation"), exc)
+            log.warning("could not record who answered %s: %s", chat.label, exc)
             return []
 
     async def _finish_failed(
@@ -508,17 +499,14 @@ class RunSteps:
         target = note_target(primary)
         draft = None
         if target is not None:
-            draft = ResponseDraft(
-                message=STOPPED_TEXT,
+            draft = ResponseDraft.to(
+                target,
+                STOPPED_TEXT,
                 metadata={
                     "kind": "stopped",
                     "agent": drive.agent,
                     **({"edit_key": run_id} if run_id else {}),
                 },
-                channel=target["channel"],
-                sender=target.get("sender", ""),
-                sender_id=target.get("sender_id", ""),
-                conversation=target.get("conversation", ""),
             )
         if await self._settle(drive, group, self.rt.queue.complete_messages, group.ids, self.worker, draft):
             self.stats.stopped += len(group.ids)

@@ -29,6 +29,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from shared.chat_address import ChatAddress
 from shared.queue import INTERNAL_CHANNELS, AgentTurn, ChatPost, MessageDraft, QueuedMessage, ResponseDraft
 from shared.routing import HandoffTag, parse_handoff_tags, render_for_user
 from shared.settings import Settings
@@ -157,14 +158,11 @@ def _relayed_answer(
     if origin.get("agent") != agent:
         text = f"{speaker_label(agent, str(origin['channel']))} {text}"
         meta["speaker"] = agent
-    return ResponseDraft(
-        message=text,
+    return ResponseDraft.to(
+        ChatAddress.of(origin),
+        text,
         files=list(files),
         metadata={**meta, "from_agent": agent, "via": primary.channel},
-        channel=origin["channel"],
-        sender=origin.get("sender", ""),
-        sender_id=origin.get("sender_id", ""),
-        conversation=origin.get("conversation", ""),
     )
 
 
