@@ -25,7 +25,7 @@ from shared.chat_lookups import busy_agents
 from shared.chat_prefs import BUSY_POLICIES, get_busy_policy, parse_busy_policy, set_busy_policy
 from shared.conversation_status import conversation_status, format_status
 from shared.queue import InvalidInput, NotFound, RetryBudgetExhausted, UnknownMention
-from shared.routing import AGENT_NAME_RE, resolve_route, unknown_mention
+from shared.routing import AGENT_NAME_RE
 from shared.runtime import Runtime
 from shared.sessions import AGENT_SCOPE_KEY, clear_sessions
 
@@ -79,11 +79,10 @@ class ChatCommands:
         sticky = chat_state.sticky_agent(self.rt.db, self.name, conversation)
         if not sticky or not self._known(sticky):
             return None
-        directory = self.rt.queue.directory
-        if unknown_mention(text, directory.agents, directory.teams) is not None:
+        routes = self.rt.queue.directory.routes  # the table the queue routes with, built once
+        if routes.unknown_mention(text) is not None:
             return None  # "@nosuch ..." addresses nobody we know: the queue refuses it, the chat is told
-        route = resolve_route(text, directory.agents, directory.teams, directory.default_agent, None)
-        return None if route.explicit else sticky  # "@other ..." still addresses other, once
+        return None if routes.resolve(text).explicit else sticky  # "@other ..." still addresses other, once
 
     def unknown_mention_reply(self, message: Inbound, exc: UnknownMention) -> str:
         """The answer to ``@nosuch …``: nothing was sent, who can be addressed, and how."""
