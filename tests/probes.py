@@ -1,12 +1,13 @@
 """Small probes shared by the test support modules and the benchmarks: polling a condition until it holds
-(with a deadline), a free TCP port on the loopback interface, and a ``SELECT COUNT(*)`` on a runtime's
-database."""
+(with a deadline), a free TCP port on the loopback interface, a ``SELECT COUNT(*)`` on a runtime's
+database, and killing the processes a test started."""
 
 from __future__ import annotations
 
 import socket
+import subprocess
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from shared.runtime import Runtime
@@ -41,3 +42,11 @@ def free_port() -> int:
 def count(rt: Runtime, sql: str, params: Mapping[str, Any] | None = None) -> int:
     """``SELECT COUNT(*) ...`` helper."""
     return int(rt.db.read_scalar(sql, dict(params or {})) or 0)
+
+
+def kill_all(procs: Iterable[subprocess.Popen[Any]]) -> None:
+    """SIGKILL each of ``procs`` that is still running, and reap it."""
+    for proc in procs:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=10)

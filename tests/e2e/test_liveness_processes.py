@@ -18,6 +18,7 @@ from shared.conversation_status import conversation_status
 from tests.fakes.anthropic_api import Chunked, FakeAnthropic
 from tests.fixtures import anthropic_api, cli_installed  # noqa: F401  (fixtures)
 from tests.liveness_support import claude_home, cli_env, of_kind, payloads, process_gone
+from tests.probes import kill_all
 from tests.processor_support import open_home, wait_for
 from workers.busy import INTERRUPTED_NOTE
 
@@ -43,10 +44,7 @@ class Processors:
         return proc
 
     def kill_all(self) -> None:
-        for proc in self.started:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait(timeout=10)
+        kill_all(self.started)
 
 
 @pytest.fixture

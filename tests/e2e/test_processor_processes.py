@@ -19,6 +19,7 @@ import pytest
 
 from shared.runtime import Runtime
 from tests.liveness_support import process_gone
+from tests.probes import kill_all
 from tests.processor_support import (
     agent_script,
     command_agent,
@@ -62,10 +63,7 @@ class Processes:
         return (self.tmp / f"{name}.out").read_text(errors="replace")
 
     def kill_all(self) -> None:
-        for proc in self.started:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait(timeout=10)
+        kill_all(self.started)
 
 
 @pytest.fixture

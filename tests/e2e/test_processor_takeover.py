@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from shared.runtime import Runtime
+from tests.probes import kill_all
 from tests.processor_support import (
     agent_script,
     command_agent,
@@ -35,10 +36,7 @@ AGENTPOST = str(Path(sys.executable).with_name("agentpost"))
 def started(tmp_path: Path) -> Iterator[list[subprocess.Popen[bytes]]]:
     procs: list[subprocess.Popen[bytes]] = []
     yield procs
-    for proc in procs:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(timeout=10)
+    kill_all(procs)
 
 
 def _start(procs: list[subprocess.Popen[bytes]], home: Path, tmp: Path, name: str) -> subprocess.Popen[bytes]:
