@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 import uvicorn
 
 from adapters.web.app import create_app
@@ -62,6 +63,27 @@ def make_home(tmp: Path, *, db_url: str | None = None, max_retries: int = 2, ext
         text = f'[database]\nurl = "{db_url}"\n\n' + text
     (home / "settings.toml").write_text(text, encoding="utf-8")
     return home
+
+
+#: The browser of the dashboard tests (Playwright drives it), and its flags.
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--headless",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+
+
+def need_chromium() -> None:
+    """Skip the test when Chromium is not installed; fail it in CI, where it must be."""
+    if not os.path.exists(CHROMIUM):
+        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+            pytest.fail("chromium is required in CI (.ci/install-system-packages installs it)")
+        pytest.skip("chromium is not installed (run .ci/install-system-packages)")
 
 
 def runtime_for(home: Path, **env: str) -> Runtime:

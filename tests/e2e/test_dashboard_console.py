@@ -19,19 +19,10 @@ import tomlkit
 
 from tests.channel_support import HoldingTelegram, Proc, count, free_port, open_home, telegram_env, wait_for
 from tests.fixtures import telegram_fake  # noqa: F401  (fixtures)
+from tests.web_support import CHROMIUM, CHROMIUM_ARGS, need_chromium
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
 
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = [
-    "--no-sandbox",
-    "--headless",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-]
 REPO = Path(__file__).resolve().parents[2]
 AXE = REPO / "node_modules" / "axe-core" / "axe.min.js"
 
@@ -80,10 +71,7 @@ def _home(tmp: Path, db_url: str = "") -> Path:
 
 
 def _need_chromium() -> None:
-    if not os.path.exists(CHROMIUM):
-        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
-            pytest.fail("chromium is required in CI (.ci/install-system-packages installs it)")
-        pytest.skip("chromium is not installed (run .ci/install-system-packages)")
+    need_chromium()
     if not AXE.exists():
         pytest.fail("node_modules/axe-core is missing: run npm ci")
 

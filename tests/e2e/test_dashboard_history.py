@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from shared.runtime import Runtime
-from tests.e2e.test_dashboard_console import CHROMIUM, CHROMIUM_ARGS, _need_chromium
-from tests.web_support import LiveServer, make_home, play_processor, runtime_for
+from tests.e2e.test_dashboard_console import _need_chromium
+from tests.web_support import CHROMIUM, CHROMIUM_ARGS, LiveServer, home_runtime, play_processor
 
 pytestmark = pytest.mark.e2e
 
@@ -24,9 +24,7 @@ HOSTILE = (
 
 @pytest.fixture
 def rt(tmp_path: Path) -> Iterator[Runtime]:
-    runtime = runtime_for(make_home(tmp_path))
-    yield runtime
-    runtime.close()
+    yield from home_runtime(tmp_path)
 
 
 def test_long_history_is_paged_and_markdown_is_inert(rt: Runtime) -> None:

@@ -4,41 +4,33 @@ queue API), and a dead letter is retried with its button."""
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from shared.runtime import Runtime
-from tests.web_support import LiveServer, kill_until_dead, make_home, play_processor, runtime_for, wait_until
+from tests.web_support import (
+    CHROMIUM,
+    CHROMIUM_ARGS,
+    LiveServer,
+    home_runtime,
+    kill_until_dead,
+    need_chromium,
+    play_processor,
+    wait_until,
+)
 
 pytestmark = pytest.mark.e2e
-
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = [
-    "--no-sandbox",
-    "--headless",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-]
 
 
 @pytest.fixture
 def rt(tmp_path: Path) -> Iterator[Runtime]:
-    runtime = runtime_for(make_home(tmp_path))
-    yield runtime
-    runtime.close()
+    yield from home_runtime(tmp_path)
 
 
 def test_dashboard_chat_reply_and_dead_letter_retry(rt: Runtime) -> None:
-    if not os.path.exists(CHROMIUM):
-        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
-            pytest.fail("chromium is required in CI (.ci/install-system-packages installs it)")
-        pytest.skip("chromium is not installed (run .ci/install-system-packages)")
+    need_chromium()
     from playwright.sync_api import expect, sync_playwright
 
     doomed = rt.queue.enqueue_message("api", "ops", "this one keeps failing", agent="beta").message_id
