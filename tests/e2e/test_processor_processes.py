@@ -12,8 +12,9 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -73,6 +74,14 @@ def procs(tmp_path: Path) -> Iterator[Processes]:
     processes.kill_all()
 
 
+def _solo_home(tmp: Path, **sections: Mapping[str, Any]) -> tuple[Path, Path]:
+    """A SQLite home whose one agent, ``solo``, runs the scripted CLI (``sections``: settings tables for
+    :func:`make_home`); returns the home and the CLI's invocation log."""
+    script = agent_script(tmp)
+    home = make_home(tmp, f"sqlite:///{tmp / 'agentpost.db'}", {"solo": command_agent(script)}, **sections)
+    return home, tmp / "runs.log"
+
+
 def _status(rt: Runtime, message_id: str) -> str:
     msg = rt.queue.get_message(message_id)
     assert msg is not None
@@ -82,13 +91,7 @@ def _status(rt: Runtime, message_id: str) -> str:
 def test_sigkill_mid_run_then_restart_runs_it_once_more_without_waiting_for_the_lease(
     tmp_path: Path, procs: Processes
 ) -> None:
-    script, log = agent_script(tmp_path), tmp_path / "runs.log"
-    home = make_home(
-        tmp_path,
-        f"sqlite:///{tmp_path / 'agentpost.db'}",
-        {"solo": command_agent(script)},
-        queue={"lease_seconds": 30},
-    )
+    home, log = _solo_home(tmp_path, queue={"lease_seconds": 30})
     with open_home(home) as rt:
         sent = rt.queue.enqueue_message(
             "telegram", "ann", "long job sleep=2.5", sender_id="1", conversation="c"
@@ -123,8 +126,7 @@ def test_sigkill_mid_run_then_restart_runs_it_once_more_without_waiting_for_the_
 
 
 def test_sigterm_lets_the_current_run_finish(tmp_path: Path, procs: Processes) -> None:
-    script, log = agent_script(tmp_path), tmp_path / "runs.log"
-    home = make_home(tmp_path, f"sqlite:///{tmp_path / 'agentpost.db'}", {"solo": command_agent(script)})
+    home, log = _solo_home(tmp_path)
     with open_home(home) as rt:
         sent = rt.queue.enqueue_message("cli", "me", "job sleep=1.5")
         proc = procs.start(home, log, "p")
@@ -139,13 +141,7 @@ def test_sigterm_lets_the_current_run_finish(tmp_path: Path, procs: Processes) -
 def test_sigterm_past_the_grace_period_releases_without_counting_an_attempt(
     tmp_path: Path, procs: Processes
 ) -> None:
-    script, log = agent_script(tmp_path), tmp_path / "runs.log"
-    home = make_home(
-        tmp_path,
-        f"sqlite:///{tmp_path / 'agentpost.db'}",
-        {"solo": command_agent(script)},
-        processor={"shutdown_grace_seconds": 0.5},
-    )
+    home, log = _solo_home(tmp_path, processor={"shutdown_grace_seconds": 0.5})
     with open_home(home) as rt:
         sent = rt.queue.enqueue_message("cli", "me", "job sleep=30")
         proc = procs.start(home, log, "p")
