@@ -48,9 +48,11 @@ def build_home(
     fast: bool = True,
     folder: str = "home",
     default_agent: bool = True,
+    toml: str = "",
 ) -> Path:
     """Write ``tmp/<folder>/settings.toml`` and return the folder.
 
+    ``toml`` is appended as written (tests that check comments survive an edit write it so).
     The first agent is the default one unless ``queue`` names another (or ``default_agent=False``); ``extra`` adds whole tables (e.g.
     ``{"scheduler": {...}}``). With ``fast=False`` only what is given is written (defaults everywhere else).
     """
@@ -59,12 +61,15 @@ def build_home(
     data: dict[str, Any] = {}
     if db_url:
         data["database"] = {"url": db_url}
-    data["queue"] = {
+    queue_table = {
         **({"default_agent": next(iter(agents))} if agents and default_agent else {}),
         **(FAST_QUEUE if fast else {}),
         **(queue or {}),
     }
-    data["agents"] = {name: dict(settings) for name, settings in agents.items()}
+    if queue_table:
+        data["queue"] = queue_table
+    if agents:
+        data["agents"] = {name: dict(settings) for name, settings in agents.items()}
     if fast or processor:
         data["processor"] = {**(FAST_PROCESSOR if fast else {}), **(processor or {})}
     if teams:
@@ -73,7 +78,8 @@ def build_home(
         data["channels"] = dict(channels)
     for table, value in (extra or {}).items():
         data[table] = value
-    (home / "settings.toml").write_text(tomlkit.dumps(data), encoding="utf-8")
+    text = tomlkit.dumps(data) + (f"\n{toml}\n" if toml else "")
+    (home / "settings.toml").write_text(text, encoding="utf-8")
     return home
 
 

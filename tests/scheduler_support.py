@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import psycopg
-import tomlkit
 
 from shared.clock import now_ms
 from shared.queue import Queue
@@ -30,18 +29,8 @@ def write_home(
     """A home folder whose settings use ``db_url``; ``agents``, ``queue`` and ``extra`` are TOML text (the
     scheduler tests write their ``[scheduler]``/``[heartbeats]`` tables as the user would)."""
     agents = agents if agents is not None else '[agents.assistant]\nname = "Assistant"\n'
-    data = tomlkit.parse(f"[queue]\n{queue}\n\n{agents}\n{extra}\n").unwrap()
-    tables = {k: v for k, v in data.items() if k not in ("queue", "agents")}
-    return build_home(
-        home.parent,
-        db_url,
-        data.get("agents", {}),
-        queue=data["queue"],
-        extra=tables,
-        fast=False,
-        folder=home.name,
-        default_agent=False,
-    )
+    text = f"[queue]\n{queue}\n\n{agents}\n{extra}"
+    return build_home(home.parent, db_url, {}, fast=False, folder=home.name, toml=text)
 
 
 def wait_until(check: Callable[[], T], timeout: float = 20.0, interval: float = 0.05, what: str = "") -> T:
