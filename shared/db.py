@@ -299,6 +299,27 @@ class Database:
                     raise
                 time.sleep(0.005)
 
+    def write_statement(self, sql: str, params: Params, signals: set[str]) -> list[Row]:
+        """One writing statement that is a whole transaction by itself (PostgreSQL's autocommit), with the
+        change ``signals`` it raises for this process's waiters — the same effect as a :meth:`transaction`
+        holding only that statement, in one round trip instead of three."""
+        if self.dialect.is_sqlite:
+            raise RuntimeError("write_statement is for PostgreSQL; SQLite writes go through transaction()")
+        try:
+            cur = self.connection().cursor()
+            cur.execute(self.dialect.sql(sql), params)
+            names = [d[0] for d in cur.description] if cur.description is not None else []
+            rows = [dict(zip(names, r, strict=True)) for r in cur.fetchall()] if names else []
+        except BaseException as exc:
+            self._after_failed_write(exc)
+            raise
+        if signals and rows:
+            for listener in self._commit_listeners:
+                listener(signals)
+        for observer in tuple(self._write_observers):
+            observer()
+        return rows
+
     def read(self, sql: str, params: Params | Sequence[Any] = ()) -> list[Row]:
         """A single read statement outside any explicit transaction (autocommit snapshot)."""
         cur = self.connection().cursor()

@@ -52,6 +52,28 @@ class Dialect:
             )
         return self.sql(f"INSERT INTO events ({columns}) VALUES ({values})")
 
+    def enqueue_statement(self, insert_message: str, events: int) -> str | None:
+        """The whole enqueue as one statement (PostgreSQL: the message row, its ``events`` rows under the
+        commit-order lock, and the NOTIFYs, in data-modifying CTEs), or None where the engine has no such
+        statements (SQLite, which enqueues in a transaction); ``:name`` parameters like every statement
+        before :meth:`sql`. ``insert_message`` must end in
+        ``RETURNING id, message_id``; event ``i`` takes ``:ev_topic<i>``, ``:ev_type<i>``, ``:ev_payload<i>``,
+        all ``:now``. Returns the new row's ``id``, or no row when the message was a duplicate (then nothing
+        was written and nobody is woken)."""
+        if self.is_sqlite:
+            return None
+        rows = ", ".join(f"({i}, :ev_topic{i}, :ev_type{i}, :ev_payload{i})" for i in range(events))
+        return (
+            f"WITH m AS ({insert_message}), "
+            f"commit_order AS (SELECT pg_advisory_xact_lock({EVENT_APPEND_LOCK_KEY}) AS held FROM m), "
+            "e AS (INSERT INTO events (topic, type, message_id, payload, created_at) "
+            "SELECT v.topic, v.type, m.message_id, v.payload, CAST(:now AS BIGINT) FROM m, commit_order, "
+            f"(VALUES {rows}) AS v(n, topic, type, payload) ORDER BY v.n RETURNING id), "
+            f"woken AS (SELECT pg_notify('{NOTIFY_CHANNEL}', 'events'), pg_notify('{NOTIFY_CHANNEL}', 'messages') "
+            "FROM m) "
+            "SELECT m.id, (SELECT COUNT(*) FROM e) AS events, (SELECT COUNT(*) FROM woken) AS woken FROM m"
+        )
+
     def commit_sql(self, signals: set[str]) -> str:
         """COMMIT, preceded on PostgreSQL by the NOTIFYs of the transaction in the same round trip (they
         are delivered at commit and dropped on rollback, exactly like the change they report)."""

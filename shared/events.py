@@ -231,7 +231,7 @@ class PendingEvent:
 
 
 #: One compact encoder for every payload (``json.dumps`` with options builds a new encoder per call).
-_encode_payload = json.JSONEncoder(separators=(",", ":"), default=str).encode
+encode_payload = json.JSONEncoder(separators=(",", ":"), default=str).encode
 
 
 def append_events(tx: Tx, events: Sequence[PendingEvent], created_at: int | None = None) -> None:
@@ -245,7 +245,7 @@ def append_events(tx: Tx, events: Sequence[PendingEvent], created_at: int | None
             "topic": e.topic,
             "type": e.type,
             "message_id": e.message_id,
-            "payload": _encode_payload(e.payload),
+            "payload": encode_payload(e.payload),
             "created_at": ts,
         }
         for e in events

@@ -15,7 +15,7 @@ from shared.chain_budget import take_chain_run
 from shared.chat_address import ChatAddress
 from shared.clock import now_ms
 from shared.db import Database, Row, Tx
-from shared.events import PendingEvent, append_events
+from shared.events import PendingEvent, append_events, encode_payload
 from shared.ids import is_message_id, new_id
 from shared.queue_admin import AdminOps
 from shared.queue_control import ControlOps
@@ -96,6 +96,9 @@ _INSERT_MESSAGE = (
     ":message, :agent, :from_agent, 'pending', 0, :now, :now, :conversation, :metadata, :available_at, "
     ":hops, :external_id) ON CONFLICT DO NOTHING RETURNING id"
 )
+
+#: The same INSERT as the head of the one-statement enqueue (shared.dialect.Dialect.enqueue_statement).
+_INSERT_MESSAGE_RETURNING = _INSERT_MESSAGE.replace("RETURNING id", "RETURNING id, message_id")
 
 #: enqueue_message's debounce: another message of the same chat still waiting for the same agent.
 _OTHER_WAITING = (
@@ -211,6 +214,43 @@ class Queue(FailureOps, AdminOps, ControlOps):
         new_row = tx.scalar(_INSERT_MESSAGE, params)
         if new_row is None:
             return None
+        append_events(tx, self._enqueue_events(params, explicit), params["now"])
+        tx.signal("messages")
+        return int(new_row)
+
+    def _enqueue_in_one_statement(self, params: dict[str, Any], explicit: bool) -> EnqueueResult | None:
+        """PostgreSQL: the plain enqueue (no debounce, nothing added to the transaction) as one statement,
+        one round trip; the same rows, events and wake-ups as :meth:`_insert_message`. None on SQLite."""
+        events = self._enqueue_events(params, explicit)
+        sql = self.db.dialect.enqueue_statement(_INSERT_MESSAGE_RETURNING, len(events))
+        if sql is None:
+            return None
+        values = dict(params)
+        for i, event in enumerate(events):
+            values[f"ev_topic{i}"], values[f"ev_type{i}"] = event.topic, event.type
+            values[f"ev_payload{i}"] = encode_payload(event.payload)
+        rows = self.db.write_statement(sql, values, {"messages", "events"})
+        if rows:
+            return EnqueueResult(params["message_id"], params["agent"], False, int(rows[0]["id"]))
+        existing = self._existing(params)
+        if existing is not None:
+            return existing
+        return EnqueueResult(params["message_id"], params["agent"], True, None)
+
+    def _existing(self, params: dict[str, Any]) -> EnqueueResult | None:
+        """The queued message a duplicate enqueue refers to (same message id, or same platform id)."""
+        found = self.db.read(
+            "SELECT id, message_id, agent FROM messages WHERE message_id = :m OR (channel = :c AND external_id = :e)",
+            {"m": params["message_id"], "c": params["channel"], "e": params["external_id"]},
+        )
+        if not found:
+            return None
+        row = found[0]
+        return EnqueueResult(row["message_id"], row["agent"], True, int(row["id"]))
+
+    @staticmethod
+    def _enqueue_events(params: dict[str, Any], explicit: bool) -> list[PendingEvent]:
+        """The events an enqueue appends: the message received, and its routing when the sender chose it."""
         events = [
             PendingEvent(
                 "message_received",
@@ -220,9 +260,7 @@ class Queue(FailureOps, AdminOps, ControlOps):
         ]
         if explicit:
             events.append(PendingEvent("agent_routed", {"agent": params["agent"]}, params["message_id"]))
-        append_events(tx, events, params["now"])
-        tx.signal("messages")
-        return int(new_row)
+        return events
 
     def enqueue_message(
         self,
@@ -277,6 +315,10 @@ class Queue(FailureOps, AdminOps, ControlOps):
             prefix=prefix,
             now=now,
         )
+        if also is None and slide_to is None:
+            one = self._enqueue_in_one_statement(params, explicit)
+            if one is not None:
+                return one
         with self.db.transaction() as tx:
             row_id = self._insert_message(tx, params, explicit)
             if also is not None:
