@@ -20,6 +20,7 @@ from shared.ids import is_message_id, new_id
 from shared.queue_admin import AdminOps
 from shared.queue_control import ControlOps
 from shared.queue_failures import FailureOps, retry_edit_key
+from shared.queue_leases import LeaseOps
 from shared.queue_types import (
     CHANNEL_RE,
     INTERNAL_CHANNELS,
@@ -43,7 +44,6 @@ from shared.queue_types import (
     TxWork,
     group_by_conversation,
 )
-from shared.queue_types import sql_in as _in
 from shared.queue_types import to_json as _json
 from shared.routing import AGENT_NAME_RE
 from shared.settings import Settings
@@ -112,7 +112,7 @@ _SLIDE_WAITING = (
 )
 
 
-class Queue(FailureOps, AdminOps, ControlOps):
+class Queue(FailureOps, LeaseOps, AdminOps, ControlOps):
     """The queue operations over one :class:`~shared.db.Database`."""
 
     def __init__(
@@ -391,67 +391,6 @@ class Queue(FailureOps, AdminOps, ControlOps):
             )
         return claimed
 
-    def _take_agent(self, tx: Tx, agent: str, worker: str, now: int, lease: int) -> bool:
-        holder = tx.scalar(
-            "INSERT INTO agent_leases (agent, holder, lease_until, acquired_at, paused_until, stop_requested, note) "
-            "VALUES (:agent, :worker, :lease, :now, 0, '', '') ON CONFLICT (agent) DO UPDATE SET "
-            "holder = excluded.holder, lease_until = excluded.lease_until, acquired_at = CASE WHEN "
-            "agent_leases.holder = excluded.holder THEN agent_leases.acquired_at ELSE excluded.acquired_at END "
-            "WHERE agent_leases.paused_until <= :now AND (agent_leases.holder IS NULL OR "
-            "agent_leases.holder = excluded.holder OR agent_leases.lease_until < :now) RETURNING holder",
-            {"agent": agent, "worker": worker, "lease": lease, "now": now},
-        )
-        return bool(holder == worker)
-
-    @staticmethod
-    def _release_agent(tx: Tx, agent: str, worker: str) -> None:
-        tx.execute(
-            "UPDATE agent_leases SET holder = NULL, lease_until = 0 WHERE agent = :agent AND holder = :worker",
-            {"agent": agent, "worker": worker},
-        )
-
-    def release_agent(self, agent: str, worker: str) -> None:
-        """Give up the agent lease (after the worker's last group of that agent is done)."""
-        with self.db.transaction() as tx:
-            self._release_agent(tx, agent, worker)
-
-    def agent_holder(self, agent: str) -> str | None:
-        """The worker holding the agent's lease now, if any."""
-        row = self.db.read("SELECT holder, lease_until FROM agent_leases WHERE agent = :a", {"a": agent})
-        if not row or row[0]["holder"] is None or int(row[0]["lease_until"]) < now_ms():
-            return None
-        return str(row[0]["holder"])
-
-    def renew_leases(
-        self,
-        worker: str,
-        message_ids: Sequence[str],
-        *,
-        agent: str | None = None,
-        lease_ms: int | None = None,
-    ) -> int:
-        """Extend the leases of messages (and the agent) a live worker is still running.
-
-        Returns how many messages are still held; fewer than asked means the worker lost some.
-        """
-        now = now_ms()
-        lease = now + (lease_ms or self.config.lease_ms)
-        held = 0
-        with self.db.transaction() as tx:
-            if message_ids:
-                clause, params = _in("m", list(message_ids))
-                held = tx.execute(
-                    "UPDATE messages SET lease_until = :lease WHERE status = 'processing' AND claimed_by = :worker "
-                    f"AND message_id IN {clause}",
-                    {"lease": lease, "worker": worker, **params},
-                ).rowcount
-            if agent is not None:
-                tx.execute(
-                    "UPDATE agent_leases SET lease_until = :lease WHERE agent = :agent AND holder = :worker",
-                    {"lease": lease, "agent": agent, "worker": worker},
-                )
-        return held
-
     # -- complete / fail ---------------------------------------------------------------------------------
     def complete_messages(
         self,
@@ -588,26 +527,6 @@ class Queue(FailureOps, AdminOps, ControlOps):
                     "now": now,
                 },
             )
-
-    def _release_if_idle(self, tx: Tx, agent: str, worker: str, now: int) -> bool:
-        """Give up the agent lease when this worker holds no other message of the agent and none waits."""
-        # Two probes, each on its partial index (pending; processing): one query with OR would scan the table,
-        # and the table keeps every completed message for a day.
-        waiting = tx.scalar(
-            "SELECT 1 FROM messages WHERE status = 'pending' AND agent = :agent AND available_at <= :now LIMIT 1",
-            {"agent": agent, "now": now},
-        )
-        if waiting is not None:
-            return False
-        holding = tx.scalar(
-            "SELECT 1 FROM messages WHERE status = 'processing' AND claimed_by = :worker AND agent = :agent "
-            "LIMIT 1",
-            {"agent": agent, "worker": worker},
-        )
-        if holding is not None:
-            return False
-        self._release_agent(tx, agent, worker)
-        return True
 
     def _tell_budget_spent(self, tx: Tx, primary: Row, draft: MessageDraft, root: str, now: int) -> None:
         origin = draft.metadata.get("origin") or {}

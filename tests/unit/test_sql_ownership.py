@@ -35,6 +35,7 @@ STORAGE_MODULES = frozenset(
         "shared/queue_control.py",
         "shared/queue_delivery.py",
         "shared/queue_failures.py",
+        "shared/queue_leases.py",
         "shared/queue_reports.py",
         "shared/queue_unserved.py",
         "shared/sessions.py",
