@@ -218,6 +218,8 @@ def test_dashboard_as_a_user(tmp_path: Path, db_url: str, fake: HoldingTelegram)
                 # Edit it, add and remove a team, reset an agent (the page asks first; the test agrees).
                 page.on("dialog", lambda dialog: dialog.accept())
                 page.locator("#agents-table tr[data-agent='delta'] button.edit").click()
+                # The form opens once it holds the saved values (no late overwrite of what is typed).
+                expect(page.locator("#agent-form")).to_be_visible()
                 expect(page.locator("#af-name")).to_have_value("Delta Desk")
                 page.select_option("#af-permission", "plan")
                 page.fill("#af-timeout", "900")

@@ -409,19 +409,26 @@ async function agentAction(method, path, question) {
 }
 
 async function editAgent(id) {
+  // The form stays hidden until it holds this agent's saved values: shown earlier, a late answer
+  // from the server would overwrite what the person had already changed.
   const form = $("#agent-form");
-  form.hidden = false;
+  const opening = (state.agentFormOpening = (state.agentFormOpening || 0) + 1);
+  form.hidden = true;
+  form.reset();
   showError("#agent-form-error", null);
-  state.editing = id;
-  $("#agent-form-title").textContent = id ? `Edit agent @${id}` : "Add an agent";
-  $("#af-id").disabled = !!id;
   let a = {};
   if (id) {
-    const settings = await api("GET", "/api/settings");
-    a = (settings.agents || {})[id] || {};
+    try {
+      const settings = await api("GET", "/api/settings");
+      a = (settings.agents || {})[id] || {};
+    } catch (e) { showError("#agents-error", e); return; }
     const shown = state.agents[id] || {};
     a = { ...a, name: a.name || shown.name, provider: a.provider || shown.provider, model: a.model || shown.model };
   }
+  if (opening !== state.agentFormOpening) return;  // a later click opened the form again
+  state.editing = id;
+  $("#agent-form-title").textContent = id ? `Edit agent @${id}` : "Add an agent";
+  $("#af-id").disabled = !!id;
   $("#af-id").value = id || "";
   $("#af-name").value = a.name || "";
   $("#af-provider").value = a.provider || "claude";
@@ -431,6 +438,7 @@ async function editAgent(id) {
   $("#af-timeout").value = a.timeout_seconds || 1800;
   $("#af-command").value = Array.isArray(a.command) ? a.command.join(" ") : "";
   syncCommandField();
+  form.hidden = false;
   (id ? $("#af-name") : $("#af-id")).focus();
 }
 
