@@ -57,7 +57,7 @@ def post_to_chat_room(
     failure anywhere leaves neither a post nobody was told of nor messages about a post that is not there.
 
     Each member's message is recorded as :meth:`Queue.enqueue_message` with ``agent=`` would
-    (``message_received`` then ``agent_routed``). Raises :class:`InvalidInput` (nothing written) when the
+    (``message_received`` with ``"named": true``). Raises :class:`InvalidInput` (nothing written) when the
     text with its chat-room heading is too long or a member is no known agent."""
     text = f"[Chat room #{team} — {sender or 'user'}]: {message}"
     if len(text) > MAX_MESSAGE_CHARS:
@@ -78,11 +78,9 @@ def post_to_chat_room(
                 agent=agent,
                 prefix="chatroom",
                 conversation=f"team:{team}",
+                named=True,
             )
-            for message_id in queue.insert_drafts(tx, [draft], now):
-                # The agent was named, not guessed: reported as enqueue_message(agent=...) reports it.
-                append_events(tx, [PendingEvent("agent_routed", {"agent": agent}, message_id)], now)
-                queued.append(message_id)
+            queued.extend(queue.insert_drafts(tx, [draft], now))
         row_id = tx.scalar(
             "INSERT INTO chat_messages (team_id, from_agent, message, created_at) "
             "VALUES (:t, :f, :m, :now) RETURNING id",

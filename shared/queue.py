@@ -210,11 +210,11 @@ class Queue(FailureOps, LeaseOps, AdminOps, ControlOps):
         }
         return params, route.explicit
 
-    def _insert_message(self, tx: Tx, params: dict[str, Any], explicit: bool) -> int | None:
+    def _insert_message(self, tx: Tx, params: dict[str, Any], named: bool) -> int | None:
         new_row = tx.scalar(_INSERT_MESSAGE, params)
         if new_row is None:
             return None
-        append_events(tx, self._enqueue_events(params, explicit), params["now"])
+        append_events(tx, self._enqueue_events(params, named), params["now"])
         tx.signal("messages")
         return int(new_row)
 
@@ -249,18 +249,13 @@ class Queue(FailureOps, LeaseOps, AdminOps, ControlOps):
         return EnqueueResult(row["message_id"], row["agent"], True, int(row["id"]))
 
     @staticmethod
-    def _enqueue_events(params: dict[str, Any], explicit: bool) -> list[PendingEvent]:
-        """The events an enqueue appends: the message received, and its routing when the sender chose it."""
-        events = [
-            PendingEvent(
-                "message_received",
-                {"channel": params["channel"], "sender": params["sender"], "agent": params["agent"]},
-                params["message_id"],
-            )
-        ]
-        if explicit:
-            events.append(PendingEvent("agent_routed", {"agent": params["agent"]}, params["message_id"]))
-        return events
+    def _enqueue_events(params: dict[str, Any], named: bool) -> list[PendingEvent]:
+        """The one event an enqueue appends: ``message_received``, with ``"named": true`` when the sender
+        chose the agent (an ``agent=`` or a mention) rather than falling back to the default agent."""
+        payload: dict[str, Any] = {"channel": params["channel"], "sender": params["sender"], "agent": params["agent"]}
+        if named:
+            payload["named"] = True
+        return [PendingEvent("message_received", payload, params["message_id"])]
 
     def enqueue_message(
         self,
@@ -564,7 +559,7 @@ class Queue(FailureOps, LeaseOps, AdminOps, ControlOps):
             "now": now,
         }
         message_id = str(params["message_id"])
-        return message_id if self._insert_message(tx, params, False) is not None else None
+        return message_id if self._insert_message(tx, params, draft.named) is not None else None
 
     def mark_run_started(
         self, message_ids: Sequence[str], worker: str, *, also: TxWork | None = None

@@ -199,6 +199,9 @@ class MessageDraft:
     conversation: str = ""
     metadata: Mapping[str, Any] = field(default_factory=dict)
     hops: int = 0
+    #: The agent was chosen by the sender (a chat-room post names its members), not by a fallback:
+    #: reported as ``"named": true`` in the ``message_received`` event.
+    named: bool = False
 
 
 @dataclass(frozen=True)

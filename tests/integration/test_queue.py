@@ -44,8 +44,13 @@ def test_enqueue_routes_and_records_events(queue: Queue) -> None:
     assert plain.message_id.startswith("cli_") and len(plain.message_id) == 12
     stored = queue.get_message(team.message_id)
     assert stored is not None and stored.message == "@dev build it" and stored.status == "pending"
-    assert _types(queue, mention.message_id) == ["message_received", "agent_routed"]
+    # One event per enqueue; a chosen agent (mention or agent=) is marked "named", a fallback is not.
+    assert _types(queue, mention.message_id) == ["message_received"]
     assert _types(queue, plain.message_id) == ["message_received"]
+    received = {e.message_id: e.payload for e in SqlEventLog(queue.db).read(None, None, 1000)}
+    assert received[mention.message_id] == {"channel": "cli", "sender": "ann", "agent": "gamma", "named": True}
+    assert received[explicit.message_id]["named"] is True and received[team.message_id]["named"] is True
+    assert "named" not in received[plain.message_id]
 
 
 def test_enqueue_rejects_bad_input_and_changes_nothing(queue: Queue) -> None:

@@ -293,14 +293,13 @@ def test_chatroom_post_reports_each_member_and_the_post_in_order(client: httpx.C
     beta, gamma = body["queued"]
     assert [(e["type"], e["message_id"]) for e in rows] == [
         ("message_received", beta),
-        ("agent_routed", beta),
         ("message_received", gamma),
-        ("agent_routed", gamma),
         ("chatroom_post", None),
     ]
-    assert json.loads(rows[0]["payload"]) == {"channel": "chatroom", "sender": "ann", "agent": "beta"}
-    assert json.loads(rows[3]["payload"]) == {"agent": "gamma"}
-    assert json.loads(rows[4]["payload"]) == {"team": "dev", "id": body["id"], "queued": [beta, gamma]}
+    # Each member was named by the post, not guessed: said in the one event of its message.
+    assert json.loads(rows[0]["payload"]) == {"channel": "chatroom", "sender": "ann", "agent": "beta", "named": True}
+    assert json.loads(rows[1]["payload"]) == {"channel": "chatroom", "sender": "ann", "agent": "gamma", "named": True}
+    assert json.loads(rows[2]["payload"]) == {"team": "dev", "id": body["id"], "queued": [beta, gamma]}
     message = rt.queue.get_message(gamma)
     assert message is not None and message.conversation == "team:dev" and message.sender == "ann"
     assert message.message == "[Chat room #dev — ann]: standup" and message.message_id.startswith("chatroom_")

@@ -597,7 +597,7 @@ function scheduleRefresh() {
 // -- live events ---------------------------------------------------------------------------------------
 const EVENT_NAMES = [
   "message:incoming", "agent:invoke", "agent:progress", "agent:response", "agent:mention", "message:done",
-  "agent_routed", "message_claimed", "message_completed", "message_failed", "message_dead", "message_retried",
+  "message_claimed", "message_completed", "message_failed", "message_dead", "message_retried",
   "message_deleted", "message_restored", "message_interrupted", "response_acked", "response_failed",
   "response_unserved", "chain_handoff_refused", "chain_handoff_ignored", "chain_budget_spent", "chatroom_post",
   "processor_start", "processor_stop", "scheduler_start", "pairing_requested", "pairing_approved",
