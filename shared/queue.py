@@ -252,7 +252,11 @@ class Queue(FailureOps, LeaseOps, AdminOps, ControlOps):
     def _enqueue_events(params: dict[str, Any], named: bool) -> list[PendingEvent]:
         """The one event an enqueue appends: ``message_received``, with ``"named": true`` when the sender
         chose the agent (an ``agent=`` or a mention) rather than falling back to the default agent."""
-        payload: dict[str, Any] = {"channel": params["channel"], "sender": params["sender"], "agent": params["agent"]}
+        payload: dict[str, Any] = {
+            "channel": params["channel"],
+            "sender": params["sender"],
+            "agent": params["agent"],
+        }
         if named:
             payload["named"] = True
         return [PendingEvent("message_received", payload, params["message_id"])]

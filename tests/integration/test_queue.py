@@ -48,7 +48,12 @@ def test_enqueue_routes_and_records_events(queue: Queue) -> None:
     assert _types(queue, mention.message_id) == ["message_received"]
     assert _types(queue, plain.message_id) == ["message_received"]
     received = {e.message_id: e.payload for e in SqlEventLog(queue.db).read(None, None, 1000)}
-    assert received[mention.message_id] == {"channel": "cli", "sender": "ann", "agent": "gamma", "named": True}
+    assert received[mention.message_id] == {
+        "channel": "cli",
+        "sender": "ann",
+        "agent": "gamma",
+        "named": True,
+    }
     assert received[explicit.message_id]["named"] is True and received[team.message_id]["named"] is True
     assert "named" not in received[plain.message_id]
 

@@ -297,8 +297,18 @@ def test_chatroom_post_reports_each_member_and_the_post_in_order(client: httpx.C
         ("chatroom_post", None),
     ]
     # Each member was named by the post, not guessed: said in the one event of its message.
-    assert json.loads(rows[0]["payload"]) == {"channel": "chatroom", "sender": "ann", "agent": "beta", "named": True}
-    assert json.loads(rows[1]["payload"]) == {"channel": "chatroom", "sender": "ann", "agent": "gamma", "named": True}
+    assert json.loads(rows[0]["payload"]) == {
+        "channel": "chatroom",
+        "sender": "ann",
+        "agent": "beta",
+        "named": True,
+    }
+    assert json.loads(rows[1]["payload"]) == {
+        "channel": "chatroom",
+        "sender": "ann",
+        "agent": "gamma",
+        "named": True,
+    }
     assert json.loads(rows[2]["payload"]) == {"team": "dev", "id": body["id"], "queued": [beta, gamma]}
     message = rt.queue.get_message(gamma)
     assert message is not None and message.conversation == "team:dev" and message.sender == "ann"
