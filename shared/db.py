@@ -70,6 +70,7 @@ def lock_wait_limit(ms: int) -> Iterator[None]:
 class DBAPICursor(Protocol):
     description: Any
     rowcount: int
+    lastrowid: Any  # sqlite3's new row id (None on drivers that have none)
 
     def execute(self, sql: Any, params: Any = ..., /) -> Any: ...
     def fetchall(self) -> Sequence[Sequence[Any]]: ...
@@ -120,6 +121,15 @@ class Tx:
     def one(self, sql: str, params: Params | Sequence[Any] = ()) -> Row | None:
         found = self.rows(sql, params)
         return found[0] if found else None
+
+    def insert(self, sql: str, params: Params) -> int | None:
+        """Run one ``INSERT`` (without ``RETURNING``) into a table with an integer ``id``: the new row's id,
+        or None when nothing was inserted (``ON CONFLICT DO NOTHING`` met an existing row)."""
+        if self.dialect.id_by_returning:
+            value = self.scalar(sql + " RETURNING id", params)
+            return None if value is None else int(value)
+        cur = self.execute(sql, params)
+        return int(cur.lastrowid) if cur.rowcount == 1 and cur.lastrowid is not None else None
 
     def scalar(self, sql: str, params: Params | Sequence[Any] = ()) -> Any:
         row = self.execute(sql, params).fetchone()

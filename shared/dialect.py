@@ -37,6 +37,10 @@ class Dialect:
     #: a sqlite_sequence write per insert) would reuse ids once cleanup emptied the table, so it continues
     #: from the newest row or from the highest id cleanup ever removed, whichever is larger.
     next_event_id: str = "DEFAULT"
+    #: How an INSERT reports its new row's id: SQLite's driver has it after the statement (``lastrowid``,
+    #: with ``rowcount`` 0 when ON CONFLICT skipped the row), which costs less than a RETURNING clause;
+    #: PostgreSQL's driver only has what the statement returns.
+    id_by_returning: bool = True
 
     def insert_event_sql(self, *, take_order_lock: bool) -> str:
         """The INSERT of one event. On PostgreSQL the first event of a transaction takes the
@@ -95,6 +99,7 @@ SQLITE = Dialect(
     name="sqlite",
     skip_locked="",
     begin_write="BEGIN IMMEDIATE",
+    id_by_returning=False,
     next_event_id=(
         "(SELECT MAX(COALESCE((SELECT MAX(id) FROM events), 0), COALESCE((SELECT CAST(value AS INTEGER) "
         "FROM kv WHERE scope = 'events.pruned' AND key = '*'), 0)) + 1)"

@@ -94,11 +94,11 @@ _MESSAGE_COLUMNS = (
 _INSERT_MESSAGE = (
     f"INSERT INTO messages ({_MESSAGE_COLUMNS}) VALUES (:message_id, :channel, :sender, :sender_id, "
     ":message, :agent, :from_agent, 'pending', 0, :now, :now, :conversation, :metadata, :available_at, "
-    ":hops, :external_id) ON CONFLICT DO NOTHING RETURNING id"
+    ":hops, :external_id) ON CONFLICT DO NOTHING"
 )
 
 #: The same INSERT as the head of the one-statement enqueue (shared.dialect.Dialect.enqueue_statement).
-_INSERT_MESSAGE_RETURNING = _INSERT_MESSAGE.replace("RETURNING id", "RETURNING id, message_id")
+_INSERT_MESSAGE_RETURNING = _INSERT_MESSAGE + " RETURNING id, message_id"
 
 #: enqueue_message's debounce: another message of the same chat still waiting for the same agent.
 _OTHER_WAITING = (
@@ -211,7 +211,7 @@ class Queue(FailureOps, LeaseOps, AdminOps, ControlOps):
         return params, route.explicit
 
     def _insert_message(self, tx: Tx, params: dict[str, Any], named: bool) -> int | None:
-        new_row = tx.scalar(_INSERT_MESSAGE, params)
+        new_row = tx.insert(_INSERT_MESSAGE, params)
         if new_row is None:
             return None
         append_events(tx, self._enqueue_events(params, named), params["now"])

@@ -97,7 +97,7 @@ _INSERT_RESPONSE = (
     "INSERT INTO responses (message_id, channel, sender, sender_id, message, original_message, agent, files, "
     "metadata, status, created_at, updated_at, conversation, delivered) VALUES (:message_id, :channel, "
     ":sender, :sender_id, :message, :original_message, :agent, :files, :metadata, 'pending', :now, :now, "
-    ":conversation, 0) RETURNING id"
+    ":conversation, 0)"
 )
 
 
@@ -126,26 +126,25 @@ class ResponseOps(QueueState):
         return sorted(str(r["claimed_by"]) for r in rows if holder_state(str(r["claimed_by"])) is Holder.GONE)
 
     def _insert_response(self, tx: Tx, primary: Row, draft: ResponseDraft, now: int) -> int:
-        return int(
-            tx.scalar(
-                _INSERT_RESPONSE,
-                {
-                    "message_id": primary["message_id"],
-                    "channel": draft.channel or primary["channel"],
-                    "sender": primary["sender"] if draft.sender is None else draft.sender,
-                    "sender_id": primary["sender_id"] if draft.sender_id is None else draft.sender_id,
-                    "message": draft.message,
-                    "original_message": primary["message"],
-                    "agent": primary["agent"],
-                    "files": _json(list(draft.files)),
-                    "metadata": _json(dict(draft.metadata)),
-                    "conversation": primary["conversation"]
-                    if draft.conversation is None
-                    else draft.conversation,
-                    "now": now,
-                },
-            )
+        new_id = tx.insert(
+            _INSERT_RESPONSE,
+            {
+                "message_id": primary["message_id"],
+                "channel": draft.channel or primary["channel"],
+                "sender": primary["sender"] if draft.sender is None else draft.sender,
+                "sender_id": primary["sender_id"] if draft.sender_id is None else draft.sender_id,
+                "message": draft.message,
+                "original_message": primary["message"],
+                "agent": primary["agent"],
+                "files": _json(list(draft.files)),
+                "metadata": _json(dict(draft.metadata)),
+                "conversation": primary["conversation"] if draft.conversation is None else draft.conversation,
+                "now": now,
+            },
         )
+        if new_id is None:  # responses have no unique key besides id: an INSERT always adds its row
+            raise RuntimeError("the response row was not inserted")
+        return new_id
 
     def claim_responses_for_channel(
         self, channel: str, worker: str, *, limit: int = 10, lease_ms: int | None = None

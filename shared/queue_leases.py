@@ -17,16 +17,18 @@ class LeaseOps(QueueState):
     """Taking, renewing and giving up agent leases."""
 
     def _take_agent(self, tx: Tx, agent: str, worker: str, now: int, lease: int) -> bool:
-        holder = tx.scalar(
+        # The row is written (rowcount 1) exactly when the worker now holds the agent: a new row, or the
+        # update whose WHERE found the agent free, expired or already this worker's.
+        taken = tx.execute(
             "INSERT INTO agent_leases (agent, holder, lease_until, acquired_at, paused_until, stop_requested, note) "
             "VALUES (:agent, :worker, :lease, :now, 0, '', '') ON CONFLICT (agent) DO UPDATE SET "
             "holder = excluded.holder, lease_until = excluded.lease_until, acquired_at = CASE WHEN "
             "agent_leases.holder = excluded.holder THEN agent_leases.acquired_at ELSE excluded.acquired_at END "
             "WHERE agent_leases.paused_until <= :now AND (agent_leases.holder IS NULL OR "
-            "agent_leases.holder = excluded.holder OR agent_leases.lease_until < :now) RETURNING holder",
+            "agent_leases.holder = excluded.holder OR agent_leases.lease_until < :now)",
             {"agent": agent, "worker": worker, "lease": lease, "now": now},
-        )
-        return bool(holder == worker)
+        ).rowcount
+        return taken == 1
 
     @staticmethod
     def _release_agent(tx: Tx, agent: str, worker: str) -> None:
