@@ -376,19 +376,19 @@ class Queue(FailureOps, LeaseOps, AdminOps, ControlOps):
             if not rows:
                 self._release_agent(tx, agent, worker)
                 return []
-            claimed = sorted((QueuedMessage.from_row(r) for r in rows), key=lambda m: m.id)
+            rows.sort(key=lambda r: int(r["id"]))
+            ids = [str(r["message_id"]) for r in rows]
             append_events(
                 tx,
                 [
                     PendingEvent(
-                        "message_claimed",
-                        {"agent": agent, "worker": worker, "message_ids": [m.message_id for m in claimed]},
-                        claimed[0].message_id,
+                        "message_claimed", {"agent": agent, "worker": worker, "message_ids": ids}, ids[0]
                     )
                 ],
                 now,
             )
-        return claimed
+        # Built after the commit: the write lock is held for the statements only.
+        return [QueuedMessage.from_row(r) for r in rows]
 
     # -- complete / fail ---------------------------------------------------------------------------------
     def complete_messages(
