@@ -100,6 +100,9 @@ _INSERT_MESSAGE = (
 #: The same INSERT as the head of the one-statement enqueue (shared.dialect.Dialect.enqueue_statement).
 _INSERT_MESSAGE_RETURNING = _INSERT_MESSAGE + " RETURNING id, message_id"
 
+#: What a completion reads of its group's rows: the ids, and the first message's chat for the reply.
+_COMPLETION_COLUMNS = "id, message_id, agent, channel, sender, sender_id, message, conversation"
+
 #: enqueue_message's debounce: another message of the same chat still waiting for the same agent.
 _OTHER_WAITING = (
     "SELECT 1 FROM messages WHERE status = 'pending' AND agent = :agent AND channel = :channel "
@@ -421,6 +424,7 @@ class Queue(FailureOps, LeaseOps, AdminOps, ControlOps):
                 worker,
                 "status = 'completed', updated_at = :now, lease_until = NULL",
                 {"now": now},
+                _COMPLETION_COLUMNS,
             )
             if also is not None:
                 also(tx)  # first: the caller's events (the run's end) come before the reply's
@@ -576,7 +580,7 @@ class Queue(FailureOps, LeaseOps, AdminOps, ControlOps):
         """
         now = now_ms()
         with self.db.transaction() as tx:
-            self._take_group(tx, message_ids, worker, "run_started_at = :now", {"now": now})
+            self._take_group(tx, message_ids, worker, "run_started_at = :now", {"now": now}, "id")
             if also is not None:
                 also(tx)
 

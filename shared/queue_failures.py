@@ -35,18 +35,20 @@ class FailureOps(ResponseOps):
         worker: str,
         assignments: str = "",
         values: dict[str, Any] | None = None,
+        columns: str = "*",
     ) -> list[Row]:
-        """The rows of a group this worker still holds, oldest first; with ``assignments`` (``col = :v, …``)
-        they are updated in the same statement. Raises :class:`LeaseLost` when the worker lost any of them
-        (the caller's transaction then rolls back, so nothing changed)."""
+        """The rows of a group this worker still holds (their ``columns``, which must include ``id``), oldest
+        first; with ``assignments`` (``col = :v, …``) they are updated in the same statement. Raises
+        :class:`LeaseLost` when the worker lost any of them (the caller's transaction then rolls back, so
+        nothing changed)."""
         if not message_ids:
             raise InvalidInput("no message ids given")
         clause, params = _in("m", list(message_ids))
         held = f"WHERE message_id IN {clause} AND status = 'processing' AND claimed_by = :worker"
         sql = (
-            f"UPDATE messages SET {assignments} {held} RETURNING *"
+            f"UPDATE messages SET {assignments} {held} RETURNING {columns}"
             if assignments
-            else f"SELECT * FROM messages {held}"
+            else f"SELECT {columns} FROM messages {held}"
         )
         rows = tx.rows(sql, {"worker": worker, **params, **(values or {})})
         if len(rows) != len(set(message_ids)):

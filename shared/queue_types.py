@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from shared.chat_address import ChatAddress
@@ -133,13 +133,22 @@ class QueuedMessage(_ChatRow):
     @classmethod
     def from_row(cls, row: Row) -> QueuedMessage:
         data = dict(row)
-        data["metadata"] = _json_object(data.pop("metadata"))
+        data["metadata"] = _json_object(data["metadata"])
+        if data.keys() == _MESSAGE_FIELDS:
+            # A whole row (every column, as the claim reads it): filled in directly, which costs a fifth
+            # of the frozen dataclass's field-by-field __init__ on the claim path.
+            message = object.__new__(cls)
+            message.__dict__.update(data)
+            return message
         return cls(**data)
 
     @property
     def conversation_key(self) -> tuple[str, str]:
         """Messages with the same key belong to one chat (and are batched into one run)."""
         return self.address.key
+
+
+_MESSAGE_FIELDS = frozenset(f.name for f in fields(QueuedMessage))
 
 
 @dataclass(frozen=True)

@@ -39,3 +39,24 @@ def test_group_by_conversation_keeps_primary_first() -> None:
 
     groups = group_by_conversation([msg(3, "b"), msg(1, "a"), msg(2, "b"), msg(4, "a")])
     assert [[m.id for m in g] for g in groups] == [[1, 4], [2, 3]]
+
+
+def test_message_from_a_whole_row_equals_the_constructed_one() -> None:
+    from dataclasses import fields
+
+    from shared.queue import QueuedMessage
+
+    names = [f.name for f in fields(QueuedMessage)]
+    row = {name: i for i, name in enumerate(names)}
+    row.update(message_id="cli_00000001", metadata='{"origin": {"channel": "cli"}}', external_id=None)
+    whole = QueuedMessage.from_row(row)
+    built = QueuedMessage(**{**row, "metadata": {"origin": {"channel": "cli"}}})
+    assert whole == built and whole.metadata == {"origin": {"channel": "cli"}}
+    assert whole.address == built.address and whole.as_dict() == built.as_dict()
+    # A row without the newer columns (their defaults apply) takes the constructor's path.
+    partial = {k: v for k, v in row.items() if k not in ("run_started_at", "interruptions")}
+    assert QueuedMessage.from_row(partial) == QueuedMessage(
+        **{**partial, "metadata": {"origin": {"channel": "cli"}}}
+    )
+    with pytest.raises(TypeError):
+        QueuedMessage.from_row({**row, "unknown_column": 1})
