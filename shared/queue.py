@@ -224,6 +224,8 @@ class Queue(FailureOps, LeaseOps, AdminOps, ControlOps):
     def _enqueue_in_one_statement(self, params: dict[str, Any], explicit: bool) -> EnqueueResult | None:
         """PostgreSQL: the plain enqueue (no debounce, nothing added to the transaction) as one statement,
         one round trip; the same rows, events and wake-ups as :meth:`_insert_message`. None on SQLite."""
+        if self.db.dialect.is_sqlite:
+            return None
         events = self._enqueue_events(params, explicit)
         sql = self.db.dialect.enqueue_statement(_INSERT_MESSAGE_RETURNING, len(events))
         if sql is None:
