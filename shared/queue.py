@@ -453,9 +453,11 @@ class Queue(FailureOps, LeaseOps, AdminOps, ControlOps):
                 events.append(PendingEvent("message_completed", {"message_ids": ids}, primary["message_id"]))
             queued, refused = self._queue_followups(tx, primary, followups, now, events)
             self._record_posts_and_history(tx, chat_posts, history, now)
+            released = release_when_idle and self._release_if_idle(tx, str(primary["agent"]), worker, now)
+            # Last: on PostgreSQL the first event appended takes the event-order lock until the commit, and
+            # every other writer's events wait for it.
             append_events(tx, events, now)
             tx.signal("responses")
-            released = release_when_idle and self._release_if_idle(tx, str(primary["agent"]), worker, now)
         return CompleteOutcome(response_id, queued, refused, released)
 
     def _queue_followups(
