@@ -1,6 +1,7 @@
 """Agent providers: how one agent CLI is started, what its output means, and when a run has failed.
 
-One small interface, :class:`AgentProvider`, and three implementations:
+One small interface, :class:`AgentProvider`, the subprocess runner they share (:class:`CliProvider`), and
+three implementations (in :mod:`workers.provider_clis`):
 
 - ``claude``: ``claude -p --output-format stream-json --verbose [-c | --resume ID] [--model M]
   [--fallback-model F] [--append-system-prompt S] [--permission-mode P]`` in the agent's workspace. The
@@ -25,9 +26,7 @@ from __future__ import annotations
 
 import abc
 import contextlib
-import json
 import os
-import re
 import shutil
 import signal
 import subprocess
@@ -36,7 +35,7 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 import anyio
 from anyio.abc import ByteReceiveStream, Process
@@ -370,230 +369,12 @@ async def _drain(
         done.set()
 
 
-def _json_line(line: str) -> dict[str, Any] | None:
-    line = line.strip()
-    if not line.startswith("{"):
-        return None
-    try:
-        value = json.loads(line)
-    except ValueError:
-        return None
-    return value if isinstance(value, dict) else None
-
-
-# -- claude --------------------------------------------------------------------------------------------
-class ClaudeProvider(CliProvider):
-    """Claude Code in print mode with ``stream-json`` output."""
-
-    name = "claude"
-
-    def argv(self, request: RunRequest) -> list[str]:
-        s = request.settings
-        argv = [find_binary("claude", request, "AGENTPOST_CLAUDE_BIN"), *s.command[1:]]
-        # Partial messages: a line per streamed delta, so a long reply shows it is alive (idle timeout).
-        argv += ["-p", "--output-format", "stream-json", "--verbose", "--include-partial-messages"]
-        if request.session_id:
-            # A fork: the run writes into a new session (its id is recorded only when the run succeeds),
-            # so a refused, failed or killed run leaves nothing in the conversation the next run resumes.
-            argv += ["--resume", request.session_id, "--fork-session"]
-        if s.model:
-            argv += ["--model", s.model]
-        if s.fallback_model:
-            argv += ["--fallback-model", s.fallback_model]
-        if request.system_prompt:
-            argv += ["--append-system-prompt", request.system_prompt]
-        if s.permission_mode != "default":
-            argv += ["--permission-mode", s.permission_mode]
-        for folder in request.read_dirs:
-            argv += read_access(folder)
-        return argv
-
-    def parse_line(self, line: str, state: StreamState) -> list[str]:
-        event = _json_line(line)
-        if event is None:
-            return []
-        kind = event.get("type")
-        if isinstance(event.get("session_id"), str) and event["session_id"]:
-            state.session_id = event["session_id"]
-        if kind == "assistant":
-            message = event.get("message") or {}
-            if event.get("is_api_error_message") or event.get("error"):
-                return []  # the CLI's synthetic error text: never progress, never the answer
-            blocks = [b for b in message.get("content") or [] if isinstance(b, dict)]
-            texts = [b.get("text", "") for b in blocks if b.get("type") == "text"]
-            state.text_parts.extend(texts)
-            # Tool calls are steps too (for "last step" notes), but never part of the answer.
-            steps = [_tool_step(b) for b in blocks if b.get("type") == "tool_use"]
-            return texts + steps
-        if kind == "result":
-            result = event.get("result")
-            if event.get("is_error") or event.get("subtype") not in (None, "success"):
-                status = event.get("api_error_status")
-                state.status = status if isinstance(status, int) else _status_in(str(result or ""))
-                state.rate_limited = status in (429, 529) or looks_rate_limited(str(result or ""))
-                detail = result if isinstance(result, str) and result else str(event.get("subtype"))
-                state.error = (
-                    f"claude reported an error ({event.get('terminal_reason') or 'error'}): {detail}"
-                )
-            else:
-                state.final_text = result if isinstance(result, str) else ""
-        return []
-
-    def finish(self, state: StreamState, exit_code: int, stderr: str) -> RunResult:
-        if state.error is None and exit_code == 0 and state.final_text is None:
-            return RunResult(ok=False, error="claude exited without a result line", exit_code=exit_code)
-        return super().finish(state, exit_code, stderr)
-
-
-#: Paths a Claude permission rule can carry as written (the rule syntax has its own meaning for brackets,
-#: wildcards, commas and spaces).
-_RULE_SAFE_PATH = re.compile(r"/[A-Za-z0-9._/+@=-]*")
-
-
-def read_access(folder: Path) -> list[str]:
-    """Claude arguments that let a run read ``folder`` and everything in it, without asking and without
-    write access: the permission rule ``Read(//abs/folder/**)`` (``//`` marks an absolute path).
-    ``--add-dir`` would work too, but it makes the folder a working directory, writable under
-    ``acceptEdits`` (measured with 2.1.332); it is used only for a path the rule syntax cannot carry.
-    """
-    path = str(folder.resolve() if folder.is_absolute() else folder.absolute())
-    if _RULE_SAFE_PATH.fullmatch(path):
-        return ["--allowedTools", f"Read(/{path.rstrip('/')}/**)"]
-    return ["--add-dir", path]
-
-
-_RATE_LIMIT_WORDS = (
-    "usage limit",
-    "rate limit",
-    "rate_limit",
-    "hit your limit",
-    "limit reached",
-    "overloaded",
-)
-
-
-def _status_in(text: str) -> int | None:
-    """An HTTP status named in the CLI's error text (``API Error: 400 {...}``), if any."""
-    match = re.search(r"\b(?:API Error|status)[: ]+([45]\d\d)\b", text, re.IGNORECASE)
-    return int(match.group(1)) if match else None
-
-
-def looks_rate_limited(text: str) -> bool:
-    """Whether an error text reports a usage limit, a rate limit or an overload (not the agent's fault)."""
-    lowered = text.lower()
-    return bool(re.search(r"\b(429|529)\b", lowered)) or any(word in lowered for word in _RATE_LIMIT_WORDS)
-
-
-def _tool_step(block: dict[str, Any]) -> str:
-    """``Bash: npm test``: one tool call as a short step description."""
-    name = str(block.get("name") or "tool")
-    args = block.get("input") if isinstance(block.get("input"), dict) else {}
-    assert isinstance(args, dict)
-    detail = next(
-        (
-            str(args[k])
-            for k in ("command", "description", "file_path", "path", "pattern", "url")
-            if args.get(k)
-        ),
-        "",
-    )
-    return f"{name}: {' '.join(detail.split())[:120]}" if detail else name
-
-
-# -- codex ---------------------------------------------------------------------------------------------
-class CodexProvider(CliProvider):
-    """OpenAI Codex CLI in ``exec --json`` mode (JSONL events; the last agent message is the reply)."""
-
-    name = "codex"
-
-    def argv(self, request: RunRequest) -> list[str]:
-        s = request.settings
-        argv = [
-            find_binary("codex", request, "AGENTPOST_CODEX_BIN"),
-            *s.command[1:],
-            "exec",
-            "--json",
-            "--skip-git-repo-check",
-        ]
-        if s.model:
-            argv += ["--model", s.model]
-        if s.permission_mode == "bypassPermissions":
-            argv.append("--dangerously-bypass-approvals-and-sandbox")
-        elif s.permission_mode in ("acceptEdits", "dontAsk"):
-            argv.append("--full-auto")
-        else:
-            argv += ["--sandbox", "read-only"]
-        if request.session_id:
-            argv += ["resume", request.session_id]
-        argv.append("-")
-        return argv
-
-    def parse_line(self, line: str, state: StreamState) -> list[str]:
-        event = _json_line(line)
-        if event is None:
-            return []
-        kind = event.get("type")
-        if kind == "thread.started" and isinstance(event.get("thread_id"), str):
-            state.session_id = event["thread_id"]
-        elif kind == "item.completed":
-            item = event.get("item") or {}
-            if item.get("type") == "agent_message" and isinstance(item.get("text"), str):
-                state.final_text = item["text"]
-                return [item["text"]]
-        elif kind == "turn.failed":
-            error = event.get("error") or {}
-            state.error = f"codex turn failed: {error.get('message', 'unknown error')}"
-            state.rate_limited = looks_rate_limited(state.error)
-        elif kind == "error":
-            state.error = f"codex error: {event.get('message', 'unknown error')}"
-            state.rate_limited = looks_rate_limited(state.error)
-        return []
-
-
-# -- any command ---------------------------------------------------------------------------------------
-class CommandProvider(CliProvider):
-    """Any CLI from ``agents.NAME.command``: stdout is the reply; a non-zero exit is a failure."""
-
-    name = "command"
-
-    def argv(self, request: RunRequest) -> list[str]:
-        template = request.settings.command
-        if not template:
-            raise ProviderError(f"agents.{request.agent}.command is empty")
-        values = {
-            "prompt": request.prompt,
-            "workspace": str(request.workspace),
-            "agent": request.agent,
-            "session": request.session_id or "",
-            "model": request.settings.model,
-        }
-        argv = []
-        for part in template:
-            try:
-                argv.append(part.format_map(values))
-            except (KeyError, IndexError, ValueError) as exc:
-                raise ProviderError(
-                    f"agents.{request.agent}.command: bad placeholder in {part!r} ({exc}); "
-                    "use {prompt}, {workspace}, {agent}, {session}, {model} and {{ }} for braces"
-                ) from None
-        self.stdin_prompt = not any("{prompt}" in part for part in template)
-        first = argv[0]
-        if os.sep not in first:
-            found = shutil.which(first, path=request.env.get("PATH", os.environ.get("PATH")))
-            if found is None:
-                raise ProviderError(f"agents.{request.agent}.command[0] = {first!r} is not on PATH")
-            argv[0] = found
-        return argv
-
-    def parse_line(self, line: str, state: StreamState) -> list[str]:
-        state.text_parts.append(line + "\n")
-        return [line]
-
-
 def provider_for(kind: str) -> AgentProvider:
     """A fresh provider of the given kind (providers keep per-run state, so one per run). The processor
     sees only the :class:`AgentProvider` interface; every implementation here derives from
     :class:`CliProvider`."""
+    from workers.provider_clis import ClaudeProvider, CodexProvider, CommandProvider
+
     providers: dict[str, type[CliProvider]] = {
         "claude": ClaudeProvider,
         "codex": CodexProvider,

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from workers.providers import read_access
+from workers.provider_clis import read_access
 
 pytestmark = pytest.mark.unit
 
