@@ -34,7 +34,16 @@ from shared.aio import call
 from shared.events import EventLog
 from shared.runtime import Runtime
 
-from . import chatroom_routes, console, event_routes, health_routes, manage, queue_routes, response_routes
+from . import (
+    chatroom_routes,
+    console,
+    event_routes,
+    health_routes,
+    manage,
+    queue_routes,
+    response_routes,
+    schedule_routes,
+)
 from .auth import require_access
 from .errors import install_error_handlers
 from .limits import BodyLimit
@@ -94,7 +103,15 @@ def create_app(
     app.state.limits = web.limits
 
     api = APIRouter(prefix="/api", dependencies=[Depends(require_access)])
-    for area in (queue_routes, response_routes, chatroom_routes, event_routes, manage, console):
+    for area in (
+        queue_routes,
+        response_routes,
+        chatroom_routes,
+        event_routes,
+        manage,
+        schedule_routes,
+        console,
+    ):
         api.include_router(area.router)
     app.include_router(api)
     app.include_router(event_routes.websocket_router)
