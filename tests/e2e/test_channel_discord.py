@@ -76,7 +76,9 @@ def test_unpaired_discord_sender_gets_a_code_and_is_not_run(tmp_path: Path, fake
         wait_for(lambda: fake.identifies > 0, 20, "the adapter to identify")
         fake.push_message(DM, "run this please", ALICE, "alice")
         fake.push_message(DM, "and this", ALICE, "alice")
-        reply = fake.wait_for(lambda s: s.kind == "message" and "pairing code" in (s.content or ""), 20)
+        # The two messages are handled side by side, so the reminder of the second may be sent before the
+        # code given to the first: wait for the code itself.
+        reply = fake.wait_for(lambda s: s.kind == "message" and "pairing code is " in (s.content or ""), 20)
         code = (reply.content or "").split("pairing code is ")[1][:8]
         assert count(rt, "SELECT COUNT(*) FROM messages") == 0
         approved = run_cli(home, "pairing", "approve", code.lower())
