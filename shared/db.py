@@ -118,6 +118,14 @@ class Tx:
         names = [d[0] for d in cur.description]
         return [dict(zip(names, r, strict=True)) for r in cur.fetchall()]
 
+    def tuples(self, sql: str, params: Params | Sequence[Any] = ()) -> tuple[list[str], list[Sequence[Any]]]:
+        """Run a statement and return its column names and its rows as the driver's tuples (for hot paths
+        that build their own objects: no dict per row)."""
+        cur = self.execute(sql, params)
+        if cur.description is None:
+            return [], []
+        return [d[0] for d in cur.description], list(cur.fetchall())
+
     def one(self, sql: str, params: Params | Sequence[Any] = ()) -> Row | None:
         found = self.rows(sql, params)
         return found[0] if found else None

@@ -23,6 +23,7 @@ from shared.queue_failures import FailureOps, retry_edit_key
 from shared.queue_leases import LeaseOps
 from shared.queue_types import (
     CHANNEL_RE,
+    CLAIM_RETURNS,
     INTERNAL_CHANNELS,
     MAX_MESSAGE_CHARS,
     AgentTurn,
@@ -100,8 +101,12 @@ _INSERT_MESSAGE = (
 #: The same INSERT as the head of the one-statement enqueue (shared.dialect.Dialect.enqueue_statement).
 _INSERT_MESSAGE_RETURNING = _INSERT_MESSAGE + " RETURNING id, message_id"
 
-#: What a completion reads of its group's rows: the ids, and the first message's chat for the reply.
-_COMPLETION_COLUMNS = "id, message_id, agent, channel, sender, sender_id, message, conversation"
+#: What a completion reads of the group's first message, for the reply (the other rows give only their ids:
+#: a group of 20 then converts 40 values instead of 160).
+_PRIMARY = (
+    "SELECT id, message_id, agent, channel, sender, sender_id, message, conversation FROM messages "
+    "WHERE id = :id"
+)
 
 #: enqueue_message's debounce: another message of the same chat still waiting for the same agent.
 _OTHER_WAITING = (
@@ -129,7 +134,7 @@ class Queue(FailureOps, LeaseOps, AdminOps, ControlOps):
         self.claim_sql = (
             "UPDATE messages SET status = 'processing', claimed_by = :worker, lease_until = :lease, "
             "updated_at = :now, run_started_at = NULL WHERE id IN (SELECT id FROM messages WHERE status = 'pending' AND agent = :agent "
-            f"AND available_at <= :now ORDER BY id{db.dialect.skip_locked}) RETURNING *"
+            f"AND available_at <= :now ORDER BY id{db.dialect.skip_locked}) RETURNING {CLAIM_RETURNS}"
         )
 
     @classmethod
@@ -377,12 +382,14 @@ class Queue(FailureOps, LeaseOps, AdminOps, ControlOps):
         with self.db.transaction() as tx:
             if not self._take_agent(tx, agent, worker, now, lease):
                 return []
-            rows = tx.rows(self.claim_sql, {"worker": worker, "lease": lease, "now": now, "agent": agent})
+            names, rows = tx.tuples(
+                self.claim_sql, {"worker": worker, "lease": lease, "now": now, "agent": agent}
+            )
             if not rows:
                 self._release_agent(tx, agent, worker)
                 return []
-            rows.sort(key=lambda r: int(r["id"]))
-            ids = [str(r["message_id"]) for r in rows]
+            rows.sort(key=_first)  # CLAIM_RETURNS: id, message_id, ...
+            ids = [str(r[1]) for r in rows]
             append_events(
                 tx,
                 [
@@ -393,7 +400,15 @@ class Queue(FailureOps, LeaseOps, AdminOps, ControlOps):
                 now,
             )
         # Built after the commit: the write lock is held for the statements only.
-        return [QueuedMessage.from_row(r) for r in rows]
+        claimed = {
+            "agent": agent,
+            "status": "processing",
+            "claimed_by": worker,
+            "lease_until": lease,
+            "updated_at": now,
+            "run_started_at": None,
+        }
+        return [QueuedMessage.from_claim(names, r, claimed) for r in rows]
 
     # -- complete / fail ---------------------------------------------------------------------------------
     def complete_messages(
@@ -426,11 +441,13 @@ class Queue(FailureOps, LeaseOps, AdminOps, ControlOps):
                 worker,
                 "status = 'completed', updated_at = :now, lease_until = NULL",
                 {"now": now},
-                _COMPLETION_COLUMNS,
+                "id, message_id",
             )
             if also is not None:
                 also(tx)  # first: the caller's events (the run's end) come before the reply's
-            primary = rows[0]
+            primary = tx.one(_PRIMARY, {"id": rows[0]["id"]})
+            if primary is None:  # the row was updated by this transaction a moment ago
+                raise RuntimeError(f"message {rows[0]['message_id']} vanished during its completion")
             ids = [r["message_id"] for r in rows]
             response_id: int | None = None
             events: list[PendingEvent] = []
@@ -587,6 +604,10 @@ class Queue(FailureOps, LeaseOps, AdminOps, ControlOps):
             self._take_group(tx, message_ids, worker, "run_started_at = :now", {"now": now}, "id")
             if also is not None:
                 also(tx)
+
+
+def _first(row: Sequence[Any]) -> Any:
+    return row[0]
 
 
 def _chain_root(draft: MessageDraft) -> str | None:

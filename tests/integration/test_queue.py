@@ -102,6 +102,23 @@ def test_claim_takes_all_of_one_agent_in_order_under_its_lease(queue: Queue) -> 
     assert queue.agent_holder("gamma") is None
 
 
+def test_a_claimed_message_is_the_row_the_database_holds(queue: Queue) -> None:
+    # The claim reads back only the columns it did not set itself and fills in the rest: what it hands
+    # out must still equal the stored row, field for field (metadata decoded, every column present).
+    sent = queue.enqueue_message(
+        "telegram", "Ann", "hello", sender_id="42", conversation="c9", metadata={"origin": {"x": 1}}
+    )
+    (claimed,) = queue.claim_all_pending_messages("alpha", "w1")
+    stored = queue.get_message(sent.message_id)
+    assert stored is not None
+    assert claimed == stored and claimed.as_dict() == stored.as_dict()
+    assert claimed.metadata == {"origin": {"x": 1}} and claimed.address == stored.address
+    # Completing it reads the first message's chat for the reply.
+    queue.complete_messages([claimed.message_id], "w1", "hi Ann")
+    (reply,) = queue.chat_responses("telegram", "c9")
+    assert (reply.message, reply.sender_id, reply.original_message) == ("hi Ann", "42", "hello")
+
+
 def test_claim_respects_backoff_and_releases_when_empty(queue: Queue) -> None:
     queue.enqueue_message("cli", "s", "later", available_at=now_ms() + 60_000)
     assert queue.agents_with_pending() == []
