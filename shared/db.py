@@ -44,6 +44,7 @@ WAL_CHECKPOINT_PAGES = 4000
 
 Row = dict[str, Any]
 _SIGNAL_RE = re.compile(r"^[a-z_]{1,32}$")
+_GOOD_SIGNALS: set[str] = set()
 Params = Mapping[str, Any]
 _SQLITE_READONLY = 8
 
@@ -145,8 +146,10 @@ class Tx:
 
     def signal(self, kind: str) -> None:
         """Wake other processes (and this one) once this transaction commits."""
-        if not _SIGNAL_RE.match(kind):
-            raise ValueError(f"signal kind {kind!r} must be lowercase letters and '_'")
+        if kind not in _GOOD_SIGNALS:
+            if not _SIGNAL_RE.match(kind):
+                raise ValueError(f"signal kind {kind!r} must be lowercase letters and '_'")
+            _GOOD_SIGNALS.add(kind)  # a handful of kinds exist: checked once each
         self.signals.add(kind)
 
     def take_event_order_lock(self) -> bool:
@@ -305,7 +308,7 @@ class Database:
     def _begin(self, cur: Any, begin: str) -> None:
         # The busy timeout covers ordinary waits; this loop covers the rare SQLITE_BUSY that SQLite returns
         # without waiting (a WAL checkpoint or recovery in another process), so "locked" never escapes.
-        deadline = time.monotonic() + self.lock_wait_ms() / 1000
+        deadline: float | None = None  # set at the first refusal: the usual first try costs no clock read
         while True:
             try:
                 cur.execute(begin)
@@ -313,7 +316,9 @@ class Database:
             except sqlite3.OperationalError as exc:
                 if "locked" not in str(exc) and "busy" not in str(exc):
                     raise
-                if time.monotonic() > deadline:
+                if deadline is None:
+                    deadline = time.monotonic() + self.lock_wait_ms() / 1000
+                elif time.monotonic() > deadline:
                     raise
                 time.sleep(0.005)
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from functools import lru_cache
+from functools import cached_property, lru_cache
 from typing import Literal
 
 # One advisory-lock key for all event appends on PostgreSQL: holding it until commit makes the order in
@@ -45,6 +45,14 @@ class Dialect:
     def insert_event_sql(self, *, take_order_lock: bool) -> str:
         """The INSERT of one event. On PostgreSQL the first event of a transaction takes the
         event-order advisory lock inside the same statement (one round trip instead of two)."""
+        return self._event_inserts[take_order_lock]
+
+    @cached_property
+    def _event_inserts(self) -> dict[bool, str]:
+        # Built once per dialect: every enqueue and completion appends events.
+        return {first: self._build_event_insert(first) for first in (False, True)}
+
+    def _build_event_insert(self, take_order_lock: bool) -> str:
         columns = "topic, type, message_id, payload, created_at"
         values = ":topic, :type, :message_id, :payload, :created_at"
         if self.is_sqlite:

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import hashlib
+import os
 import re
-import secrets
 import string
 
 ALPHABET = string.ascii_lowercase + string.digits
@@ -58,7 +58,9 @@ def new_id(prefix: str) -> str:
             raise ValueError(f"id prefix {prefix!r} must be lowercase letters, digits or '_'")
         if len(_GOOD_PREFIXES) < 256:
             _GOOD_PREFIXES.add(prefix)
-    return prefix + "_" + _encode(secrets.randbelow(_SPACE))
+    # 64 random bits reduced to the 41-bit space: one system call, no rejection loop (the bias, 1 in 6.5
+    # million, is far below anything that matters for an id).
+    return prefix + "_" + _encode(int.from_bytes(os.urandom(8), "big") % _SPACE)
 
 
 def derived_id(prefix: str, *parts: str) -> str:
