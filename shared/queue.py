@@ -101,6 +101,11 @@ _INSERT_MESSAGE = (
 #: The same INSERT as the head of the one-statement enqueue (shared.dialect.Dialect.enqueue_statement).
 _INSERT_MESSAGE_RETURNING = _INSERT_MESSAGE + " RETURNING id, message_id"
 
+#: How often an enqueue draws a new random id when the one drawn is already taken (41 random bits: with a
+#: million messages kept, one enqueue in 2.8 million meets an older id once; twice in a row practically never).
+_REDRAWS = 3
+_PLATFORM_ID = "SELECT 1 FROM messages WHERE channel = :c AND external_id = :e"
+
 #: What a completion reads of the group's first message, for the reply (the other rows give only their ids:
 #: a group of 20 then converts 40 values instead of 160).
 _PRIMARY = (
@@ -218,17 +223,30 @@ class Queue(FailureOps, LeaseOps, AdminOps, ControlOps):
         }
         return params, route.explicit
 
-    def _insert_message(self, tx: Tx, params: dict[str, Any], named: bool) -> int | None:
+    def _insert_message(
+        self, tx: Tx, params: dict[str, Any], named: bool, *, drawn_id: str | None = None
+    ) -> int | None:
+        """Insert a message row with its event; None when it is a duplicate. ``drawn_id``: the id was drawn
+        at random with this prefix, so a conflict on it alone is a chance meeting with an older message,
+        not a duplicate: a fresh id is drawn (the message would otherwise be dropped as "already queued")."""
         new_row = tx.insert(_INSERT_MESSAGE, params)
+        for _ in range(_REDRAWS if drawn_id is not None else 0):
+            if new_row is not None or self._platform_id_taken(tx, params):
+                break
+            params["message_id"] = new_id(str(drawn_id))
+            new_row = tx.insert(_INSERT_MESSAGE, params)
         if new_row is None:
             return None
         append_events(tx, self._enqueue_events(params, named), params["now"])
         tx.signal("messages")
         return int(new_row)
 
-    def _enqueue_in_one_statement(self, params: dict[str, Any], explicit: bool) -> EnqueueResult | None:
+    def _enqueue_in_one_statement(
+        self, params: dict[str, Any], explicit: bool, drawn_id: str | None
+    ) -> EnqueueResult | None:
         """PostgreSQL: the plain enqueue (no debounce, nothing added to the transaction) as one statement,
-        one round trip; the same rows, events and wake-ups as :meth:`_insert_message`. None on SQLite."""
+        one round trip; the same rows, events and wake-ups as :meth:`_insert_message` (a random id that met
+        an older message's is drawn again there too). None on SQLite."""
         if self.db.dialect.is_sqlite:
             return None
         events = self._enqueue_events(params, explicit)
@@ -240,12 +258,31 @@ class Queue(FailureOps, LeaseOps, AdminOps, ControlOps):
             values[f"ev_topic{i}"], values[f"ev_type{i}"] = event.topic, event.type
             values[f"ev_payload{i}"] = encode_payload(event.payload)
         rows = self.db.write_statement(sql, values, {"messages", "events"})
+        for _ in range(_REDRAWS if drawn_id is not None else 0):
+            if rows or self._existing_platform_id(params):
+                break
+            values["message_id"] = params["message_id"] = new_id(str(drawn_id))
+            rows = self.db.write_statement(sql, values, {"messages", "events"})
         if rows:
             return EnqueueResult(params["message_id"], params["agent"], False, int(rows[0]["id"]))
         existing = self._existing(params)
         if existing is not None:
             return existing
         return EnqueueResult(params["message_id"], params["agent"], True, None)
+
+    def _existing_platform_id(self, params: dict[str, Any]) -> bool:
+        """True when the message's platform id (``channel``, ``external_id``) is already queued."""
+        if params["external_id"] is None:
+            return False
+        found = self.db.read_scalar(_PLATFORM_ID, {"c": params["channel"], "e": params["external_id"]})
+        return found is not None
+
+    @staticmethod
+    def _platform_id_taken(tx: Tx, params: dict[str, Any]) -> bool:
+        """:meth:`_existing_platform_id` inside a transaction."""
+        if params["external_id"] is None:
+            return False
+        return tx.scalar(_PLATFORM_ID, {"c": params["channel"], "e": params["external_id"]}) is not None
 
     def _existing(self, params: dict[str, Any]) -> EnqueueResult | None:
         """The queued message a duplicate enqueue refers to (same message id, or same platform id)."""
@@ -324,12 +361,13 @@ class Queue(FailureOps, LeaseOps, AdminOps, ControlOps):
             prefix=prefix,
             now=now,
         )
+        drawn_id = (prefix or channel) if message_id is None else None
         if also is None and slide_to is None:
-            one = self._enqueue_in_one_statement(params, explicit)
+            one = self._enqueue_in_one_statement(params, explicit, drawn_id)
             if one is not None:
                 return one
         with self.db.transaction() as tx:
-            row_id = self._insert_message(tx, params, explicit)
+            row_id = self._insert_message(tx, params, explicit, drawn_id=drawn_id)
             if also is not None:
                 also(tx)
             if row_id is not None and slide_to is not None:
@@ -587,8 +625,9 @@ class Queue(FailureOps, LeaseOps, AdminOps, ControlOps):
             "external_id": None,
             "now": now,
         }
-        message_id = str(params["message_id"])
-        return message_id if self._insert_message(tx, params, draft.named) is not None else None
+        if self._insert_message(tx, params, draft.named, drawn_id=draft.prefix) is None:
+            return None
+        return str(params["message_id"])
 
     def mark_run_started(
         self, message_ids: Sequence[str], worker: str, *, also: TxWork | None = None

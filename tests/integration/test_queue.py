@@ -464,3 +464,30 @@ def test_recover_takes_a_gone_local_holder_at_once_and_leaves_a_live_one_stalled
     # A live holder that has not renewed for longer than the stall ceiling is taken over after all.
     late = now_ms() + queue.config.stall_ceiling_ms + 10
     assert queue.recover_stale_messages(now=late).retried == [b]
+
+
+def test_a_random_id_that_meets_an_older_message_is_drawn_again(
+    queue: Queue, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # 41 random bits meet a kept message's id now and then (1 in 2.8 million enqueues with a million kept);
+    # that message must still be queued, not reported as "already queued" and dropped. Eight zero bytes
+    # from the OS make the id "cli_aaaaaaaa", which an older message holds.
+    import os
+
+    older = queue.enqueue_message("cli", "s", "older", message_id="cli_aaaaaaaa")
+    real = os.urandom
+    draws: list[int] = []
+
+    def unlucky_then_real(n: int) -> bytes:
+        draws.append(n)
+        return bytes(n) if len(draws) == 1 else real(n)
+
+    monkeypatch.setattr(os, "urandom", unlucky_then_real)
+    newer = queue.enqueue_message("cli", "s", "newer")
+    assert not newer.duplicate and newer.message_id != older.message_id and len(draws) == 2
+    assert queue.get_message(newer.message_id) is not None
+    # A platform id seen before is still a duplicate, whatever id was drawn for it.
+    first = queue.enqueue_message("telegram", "s", "hi", external_id="u1")
+    draws.clear()
+    again = queue.enqueue_message("telegram", "s", "hi", external_id="u1")
+    assert again.duplicate and again.message_id == first.message_id
