@@ -114,18 +114,20 @@ class Tx:
     def rows(self, sql: str, params: Params | Sequence[Any] = ()) -> list[Row]:
         """Run a statement and return its rows as dicts."""
         cur = self.execute(sql, params)
-        if cur.description is None:
+        description = cur.description  # psycopg builds it anew on every access
+        if description is None:
             return []
-        names = [d[0] for d in cur.description]
+        names = [d[0] for d in description]
         return [dict(zip(names, r, strict=True)) for r in cur.fetchall()]
 
     def tuples(self, sql: str, params: Params | Sequence[Any] = ()) -> tuple[list[str], list[Sequence[Any]]]:
         """Run a statement and return its column names and its rows as the driver's tuples (for hot paths
         that build their own objects: no dict per row)."""
         cur = self.execute(sql, params)
-        if cur.description is None:
+        description = cur.description
+        if description is None:
             return [], []
-        return [d[0] for d in cur.description], list(cur.fetchall())
+        return [d[0] for d in description], list(cur.fetchall())
 
     def one(self, sql: str, params: Params | Sequence[Any] = ()) -> Row | None:
         found = self.rows(sql, params)
@@ -331,7 +333,8 @@ class Database:
         try:
             cur = self.connection().cursor()
             cur.execute(self.dialect.sql(sql), params)
-            names = [d[0] for d in cur.description] if cur.description is not None else []
+            description = cur.description  # psycopg builds it anew on every access
+            names = [d[0] for d in description] if description is not None else []
             rows = [dict(zip(names, r, strict=True)) for r in cur.fetchall()] if names else []
         except BaseException as exc:
             self._after_failed_write(exc)
@@ -347,9 +350,10 @@ class Database:
         """A single read statement outside any explicit transaction (autocommit snapshot)."""
         cur = self.connection().cursor()
         cur.execute(self.dialect.sql(sql), params)
-        if cur.description is None:
+        description = cur.description  # psycopg builds it anew on every access
+        if description is None:
             return []
-        names = [d[0] for d in cur.description]
+        names = [d[0] for d in description]
         return [dict(zip(names, r, strict=True)) for r in cur.fetchall()]
 
     def read_scalar(self, sql: str, params: Params | Sequence[Any] = ()) -> Any:

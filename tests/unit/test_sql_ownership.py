@@ -34,6 +34,7 @@ STORAGE_MODULES = frozenset(
         "shared/queue_admin.py",
         "shared/queue_control.py",
         "shared/queue_delivery.py",
+        "shared/queue_enqueue.py",
         "shared/queue_failures.py",
         "shared/queue_leases.py",
         "shared/queue_reports.py",
