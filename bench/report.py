@@ -1,7 +1,8 @@
 """Turn the JSON results of one `make bench` run into a printed table and docs/benchmarks.md.
 
 Inputs (in --results): peers.json (run_peers.py), latency.json, growth.json, parallel.json,
-claim_batch.json (claim_batch.py), enqueue_agents.json (enqueue_agents.py), meta.json (written by
+claim_batch.json (claim_batch.py), enqueue_agents.json (enqueue_agents.py), instructions.json
+(instructions.py), meta.json (written by
 bench/run.sh: command, start/end, load samples). Everything missing is reported as missing.
 The Targets table lists the acceptance figures of issue 17 ("Enqueue at the speed of SQLite"), each
 judged from this one run; the other sections show the measurements behind them.
@@ -235,6 +236,7 @@ def render(results: Path) -> tuple[str, str]:
     parallel = _load(results / "parallel.json")
     claim_batch = _load(results / "claim_batch.json")
     enqueue_agents = _load(results / "enqueue_agents.json")
+    instructions = _load(results / "instructions.json")
     meta = _load(results / "meta.json") or {}
     tg = targets(peers, latency, growth, claim_batch, enqueue_agents)
 
@@ -321,6 +323,36 @@ def render(results: Path) -> tuple[str, str]:
         md.append("")
         rows = [(str(ea[f"{key}_agents"]), key) for key in ("small", "large")]
         md.append(_runs_table(["agents", "enqueues/s (runs)", "median"], ea, rows))
+    if instructions:
+        md += ["", "## Instructions per message (callgrind)", ""]
+        md.append(
+            "bench/instructions.py: each workload in its own process under valgrind's callgrind, counting only"
+            f" the measured part ({instructions['n']:,} messages after {instructions['warm']:,} uncounted)."
+            " Unlike the rates above, the counts do not drift with the machine's load: the same code gives the"
+            " same count. The kernel's work (writes, fsync, locks) is not counted. Ratio: the baseline's count"
+            " over agentpost's (1.00 = as cheap, the way the rate ratios read). enqueue-sql is agentpost's two"
+            " enqueue statements alone, from a bare loop: the floor its schema sets."
+        )
+        md.append("")
+        body = [
+            [
+                name,
+                f"{pair['agentpost']:,.0f}",
+                f"{pair['baseline']:,.0f}" if pair["baseline"] else "-",
+                f"{pair['ratio']:.2f}" if pair["ratio"] else "-",
+            ]
+            for name, pair in instructions["pairs"].items()
+        ]
+        md.append(
+            _md_table(
+                ["workload", "agentpost instr/msg", "baseline instr/msg", "ratio"], body, lambda i: i >= 1
+            )
+        )
+        md += [
+            "",
+            "Baselines: enqueue and enqueue-sql — the sqlite-insert-event peer's producer; drain — plain"
+            " claim-all as in the section above.",
+        ]
     if latency:
         md += ["", "## Pickup latency and idle cost", ""]
         md.append(

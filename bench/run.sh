@@ -3,7 +3,7 @@
 # Targets table holds the acceptance figures of issue 17 ("Enqueue at the speed of SQLite").
 # Peers and agentpost side by side (run_peers.py), draining with 20 messages waiting per agent vs plain
 # claim-all (claim_batch.py), enqueue with 256 agents vs 8 (enqueue_agents.py), pickup latency and idle
-# cost (latency.py), growth with a million retained messages (growth.py), agent parallelism through the
+# cost (latency.py), instructions per message under callgrind (instructions.py), growth with a million retained messages (growth.py), agent parallelism through the
 # real processor (parallel.py).
 # About 12-14 minutes on 2 cores. BENCH_QUICK=1 runs a small version (minutes) that still writes the doc.
 set -euo pipefail
@@ -47,6 +47,9 @@ sample_load claim-batch
 echo "bench: enqueue with 256 agents vs 8 (enqueue_agents.py ${agents_args[*]})"
 "$py" "$here/enqueue_agents.py" "${agents_args[@]}" --json "$out/enqueue_agents.json" || echo "bench: enqueue_agents failed"
 sample_load enqueue-agents
+echo "bench: instructions per message under callgrind, agentpost vs plain sqlite3 (instructions.py)"
+"$py" "$here/instructions.py" --json "$out/instructions.json" || echo "bench: instructions failed"
+sample_load instructions
 echo "bench: pickup latency at 200 messages/s and idle cost (latency.py)"
 "$py" "$here/latency.py" "${latency_args[@]}" --wake-ms 20 --json "$out/latency.json"
 sample_load latency

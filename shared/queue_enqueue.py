@@ -42,14 +42,14 @@ _MESSAGE_COLUMNS = (
     "message_id, channel, sender, sender_id, message, agent, from_agent, status, retry_count, "
     "created_at, updated_at, conversation, metadata, available_at, hops, external_id"
 )
-_INSERT_MESSAGE = (
+INSERT_MESSAGE = (
     f"INSERT INTO messages ({_MESSAGE_COLUMNS}) VALUES (:message_id, :channel, :sender, :sender_id, "
     ":message, :agent, :from_agent, 'pending', 0, :now, :now, :conversation, :metadata, :available_at, "
     ":hops, :external_id) ON CONFLICT DO NOTHING"
 )
 
 #: The same INSERT as the head of the one-statement enqueue (shared.dialect.Dialect.enqueue_statement).
-_INSERT_MESSAGE_RETURNING = _INSERT_MESSAGE + " RETURNING id, message_id"
+INSERT_MESSAGE_RETURNING = INSERT_MESSAGE + " RETURNING id, message_id"
 
 #: How often an enqueue draws a new random id when the one drawn is already taken (41 random bits: with a
 #: million messages kept, one enqueue in 2.8 million meets an older id once; twice in a row practically never).
@@ -139,12 +139,12 @@ class EnqueueOps(QueueState):
         """Insert a message row with its event; None when it is a duplicate. ``drawn_id``: the id was drawn
         at random with this prefix, so a conflict on it alone is a chance meeting with an older message,
         not a duplicate: a fresh id is drawn (the message would otherwise be dropped as "already queued")."""
-        new_row = tx.insert(_INSERT_MESSAGE, params)
+        new_row = tx.insert(INSERT_MESSAGE, params)
         for _ in range(_REDRAWS if drawn_id is not None else 0):
             if new_row is not None or self._platform_id_taken(tx, params):
                 break
             params["message_id"] = new_id(str(drawn_id))
-            new_row = tx.insert(_INSERT_MESSAGE, params)
+            new_row = tx.insert(INSERT_MESSAGE, params)
         if new_row is None:
             return None
         append_events(tx, self._enqueue_events(params, named), params["now"])
@@ -160,7 +160,7 @@ class EnqueueOps(QueueState):
         if self.db.dialect.is_sqlite:
             return None
         events = self._enqueue_events(params, explicit)
-        sql = self.db.dialect.enqueue_statement(_INSERT_MESSAGE_RETURNING, len(events))
+        sql = self.db.dialect.enqueue_statement(INSERT_MESSAGE_RETURNING, len(events))
         if sql is None:
             return None
         values = dict(params)

@@ -1,0 +1,294 @@
+"""Instructions per message, counted by callgrind: agentpost vs the plain sqlite3 baselines, SQLite.
+
+Wall-clock rates on this kind of machine drift by up to 2x between minutes (run_peers' own peers move as
+much as agentpost between two runs), which hides changes of 5-15%. Counting the instructions a workload
+executes does not drift: valgrind's callgrind gives the same count for the same code and input whatever
+else the machine does. Each workload runs in its own ``valgrind --tool=callgrind --instr-atstart=no``
+process, which switches counting on (``callgrind_control -i on``) only around the measured part, so the
+interpreter's start-up, the imports and the untimed fills are not counted. Counts include the C code of
+SQLite and Python; the kernel's work (write, fsync, locks) is not counted, so use this beside the rates,
+not instead of them.
+
+Workloads (the same code paths as the throughput benchmarks):
+
+* ``enqueue``: ``Queue.enqueue_message`` (agent named, one conversation per agent) vs the
+  ``sqlite-insert-event`` peer's producer (INSERT of the message + INSERT of its event, one transaction).
+* ``enqueue-sql``: agentpost's enqueue statements alone (the message INSERT and its event INSERT as the
+  queue runs them, in BEGIN IMMEDIATE ... COMMIT, from a bare loop): the floor our schema sets, whatever
+  the Python around it costs.
+* ``drain``: 20 messages waiting per agent, drained as bench/claim_batch.py drains them (agentpost: claim
+  all of an agent, complete with a reply; plain: claim all of an agent, one UPDATE per message).
+
+    bench/.venv/bin/python bench/instructions.py --json out.json      # ~2 minutes
+
+Needs valgrind (``apt-get install valgrind``); without it, prints why and exits 0 with no results.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from measure import say, write_json  # noqa: E402
+
+#: workload -> (agentpost's, the baseline's); None: no baseline of its own (see the module docstring).
+PAIRS: dict[str, tuple[str, str | None]] = {
+    "enqueue": ("enqueue-agentpost", "enqueue-plain"),
+    "enqueue-sql": ("enqueue-sql-agentpost", "enqueue-plain"),
+    "drain": ("drain-agentpost", "drain-plain"),
+}
+
+
+# ---------------------------------------------------------------------------------- inside valgrind
+
+
+def _counting(on: bool) -> None:
+    subprocess.run(
+        ["callgrind_control", "-i", "on" if on else "off", str(os.getpid())],
+        stdout=subprocess.DEVNULL,
+        check=True,
+    )
+
+
+def _enqueue_agentpost(folder: Path, n: int, warm: int) -> int:
+    from harness import make_messages
+    from systems_agentpost import CHANNEL, AgentpostSqlite
+
+    system = AgentpostSqlite()
+    target = str(folder / "queue.db")
+    system.setup(target)
+    queue = system.open_queue(target)
+    messages = make_messages(warm + n, 8, 120)
+    for m in messages[:warm]:
+        queue.enqueue_message(CHANNEL, "bench-user", m.body, agent=m.agent, conversation=m.agent)
+    _counting(True)
+    for m in messages[warm:]:
+        queue.enqueue_message(CHANNEL, "bench-user", m.body, agent=m.agent, conversation=m.agent)
+    _counting(False)
+    queue.db.close()
+    return n
+
+
+def _enqueue_plain(folder: Path, n: int, warm: int) -> int:
+    from harness import make_messages
+    from systems_peers import SqliteInsertEvent
+
+    peer = SqliteInsertEvent()
+    target = str(folder / "queue.db")
+    peer.setup(target)
+    messages = make_messages(warm + n, 8, 120)
+    produce = peer.producer(target, messages)
+    for _ in range(warm):
+        next(produce)
+    _counting(True)
+    for _ in range(n):
+        next(produce)
+    _counting(False)
+    produce.close()
+    return n
+
+
+def _enqueue_sql_agentpost(folder: Path, n: int, warm: int) -> int:
+    """agentpost's two enqueue statements, parameters prepared beforehand, from a bare loop."""
+    import sqlite3
+
+    from harness import make_messages
+    from systems_agentpost import CHANNEL, AgentpostSqlite
+
+    from shared.dialect import SQLITE
+    from shared.events import encode_payload
+    from shared.ids import new_id
+    from shared.queue_enqueue import INSERT_MESSAGE
+
+    target = str(folder / "queue.db")
+    AgentpostSqlite().setup(target)
+    conn = sqlite3.connect(target, isolation_level=None)
+    from shared.db import configure_sqlite
+
+    configure_sqlite(conn, 5_000)
+    event_sql = SQLITE.insert_event_sql(take_order_lock=True)
+    rows = []
+    for m in make_messages(warm + n, 8, 120):
+        now = int(time.time() * 1000)
+        mid = new_id(CHANNEL)
+        message = {
+            "message_id": mid,
+            "channel": CHANNEL,
+            "sender": "bench-user",
+            "sender_id": "",
+            "message": m.body,
+            "agent": m.agent,
+            "from_agent": None,
+            "conversation": m.agent,
+            "metadata": "{}",
+            "available_at": now,
+            "hops": 0,
+            "external_id": None,
+            "now": now,
+        }
+        payload = {"channel": CHANNEL, "sender": "bench-user", "agent": m.agent, "named": True}
+        event = {
+            "topic": "queue",
+            "type": "message_received",
+            "message_id": mid,
+            "payload": encode_payload(payload),
+            "created_at": now,
+        }
+        rows.append((message, event))
+
+    def one(message: dict[str, Any], event: dict[str, Any]) -> None:
+        conn.execute("BEGIN IMMEDIATE")
+        conn.execute(INSERT_MESSAGE, message)
+        conn.execute(event_sql, event)
+        conn.execute("COMMIT")
+
+    for message, event in rows[:warm]:
+        one(message, event)
+    _counting(True)
+    for message, event in rows[warm:]:
+        one(message, event)
+    _counting(False)
+    conn.close()
+    return n
+
+
+def _drain(system: str) -> Callable[[Path, int, int], int]:
+    def run(folder: Path, n: int, warm: int) -> int:
+        from claim_batch import SYSTEMS
+        from harness import make_messages
+
+        size = 8 * 20
+        rounds, warm_rounds = max(1, n // size), max(1, warm // size)
+        fill, drain, close = SYSTEMS[system](str(folder / "queue.db"))
+        messages = make_messages((warm_rounds + rounds) * size, 8, 120)
+        drained = 0
+        for r in range(warm_rounds + rounds):
+            batch = messages[r * size : (r + 1) * size]
+            fill(batch)
+            counted = r >= warm_rounds
+            if counted:
+                _counting(True)
+            got = drain()
+            if counted:
+                _counting(False)
+                drained += len(got)
+            if sorted(got) != [m.id for m in batch]:
+                raise RuntimeError(f"{system} round {r}: drained {len(got)} of the {size} messages")
+        close()
+        return drained
+
+    return run
+
+
+WORKLOADS: dict[str, Callable[[Path, int, int], int]] = {
+    "enqueue-agentpost": _enqueue_agentpost,
+    "enqueue-plain": _enqueue_plain,
+    "enqueue-sql-agentpost": _enqueue_sql_agentpost,
+    "drain-agentpost": _drain("agentpost"),
+    "drain-plain": _drain("plain"),
+}
+
+
+def _inside(workload: str, n: int, warm: int, result: Path) -> int:
+    sys.path.insert(0, str(HERE.parent))  # the checkout this script belongs to
+    folder = Path(tempfile.mkdtemp(prefix=f"agentpost-instr-{workload}-"))
+    try:
+        counted = WORKLOADS[workload](folder, n, warm)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    result.write_text(json.dumps({"messages": counted}))
+    return 0
+
+
+# ---------------------------------------------------------------------------------- outside valgrind
+
+
+def count(workload: str, n: int, warm: int) -> dict[str, Any]:
+    """Run one workload under callgrind; its instructions in all and per message."""
+    with tempfile.TemporaryDirectory(prefix="agentpost-callgrind-") as tmp:
+        out, result = Path(tmp) / "callgrind.out", Path(tmp) / "result.json"
+        cmd = [
+            "valgrind",
+            "--tool=callgrind",
+            "--instr-atstart=no",
+            f"--callgrind-out-file={out}",
+            sys.executable,
+            __file__,
+            "--inside",
+            workload,
+            "--n",
+            str(n),
+            "--warm",
+            str(warm),
+            "--result",
+            str(result),
+        ]
+        done = subprocess.run(cmd, capture_output=True, text=True)
+        found = re.search(r"Collected : (\d+)", done.stderr)
+        if done.returncode != 0 or found is None or not result.exists():
+            raise RuntimeError(f"{workload} failed under callgrind:\n{done.stderr[-3000:]}")
+        messages = int(json.loads(result.read_text())["messages"])
+        total = int(found.group(1))
+    return {
+        "workload": workload,
+        "messages": messages,
+        "instructions": total,
+        "per_message": total / messages,
+    }
+
+
+def measure(n: int, warm: int) -> dict[str, Any]:
+    counts: dict[str, dict[str, Any]] = {}
+    for workload in WORKLOADS:
+        t = time.perf_counter()
+        counts[workload] = count(workload, n, warm)
+        say(
+            f"instructions {workload:<22} {counts[workload]['per_message']:>10,.0f} per message "
+            f"({counts[workload]['messages']:,} messages, {time.perf_counter() - t:.0f} s)"
+        )
+    pairs = {}
+    for name, (ours, theirs) in PAIRS.items():
+        a = counts[ours]["per_message"]
+        b = counts[theirs]["per_message"] if theirs else None
+        pairs[name] = {"agentpost": a, "baseline": b, "ratio": (b / a) if b else None}
+    return {"n": n, "warm": warm, "counts": counts, "pairs": pairs}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--n", type=int, default=1_600, help="messages counted per workload (default 1,600)")
+    p.add_argument("--warm", type=int, default=320, help="messages before counting starts (default 320)")
+    p.add_argument("--json", default=None, help="write the results as JSON")
+    p.add_argument("--inside", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--result", default=None, help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.inside:
+        return _inside(args.inside, args.n, args.warm, Path(args.result))
+    if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
+        say("instructions: valgrind is not installed here (apt-get install valgrind); nothing measured")
+        return 0
+    r = measure(args.n, args.warm)
+    for name, pair in r["pairs"].items():
+        say(
+            f"instructions {name}: agentpost {pair['agentpost']:,.0f}, baseline {pair['baseline']:,.0f} per "
+            f"message, ratio {pair['ratio']:.2f} (baseline / agentpost: 1.00 = as cheap)"
+        )
+    write_json(args.json, r)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
