@@ -413,6 +413,7 @@ class Database:
                     raise
                 time.sleep(min(2.0, 0.05 * 2**attempt) * (0.5 + random.random() / 2))
         self._add_missing_columns()
+        self._drop_retired_indexes()
         if self.dialect.is_sqlite:
             # All chat content lives here: created 0600 under agentpost's umask; older files tightened.
             tighten(sqlite_files(Path(sqlite_path(self.url))))
@@ -470,6 +471,21 @@ class Database:
                     except Exception as exc:  # another process added it between our look and our ALTER
                         if "duplicate" not in str(exc).lower() and "already exists" not in str(exc):
                             raise
+
+    def _drop_retired_indexes(self) -> None:
+        """Indexes a newer schema replaced (:data:`shared.models.RETIRED_INDEXES`): each one only costs
+        writes, so it goes; looked up first, so a current database takes no write lock here."""
+        from sqlalchemy import inspect
+
+        from shared.models import RETIRED_INDEXES
+
+        inspector = inspect(self.engine)
+        for table, names in RETIRED_INDEXES.items():
+            present = {ix["name"] for ix in inspector.get_indexes(table)}
+            for name in names:
+                if name in present:
+                    with self.transaction() as tx:
+                        tx.execute(f"DROP INDEX IF EXISTS {name}")
 
     def table_names(self) -> list[str]:
         from sqlalchemy import inspect

@@ -39,6 +39,8 @@ _SPACE = len(ALPHABET) ** 8
 #: Every two-character string of the alphabet, by value: an id is four lookups instead of eight divisions.
 _PAIRS = [a + b for b in ALPHABET for a in ALPHABET]
 _PAIR_SPACE = len(_PAIRS)
+#: Byte value -> an id character (value mod 36), for ``bytes.translate``.
+_BYTE_TO_CHAR = bytes(ord(ALPHABET[b % len(ALPHABET)]) for b in range(256))
 #: Prefixes already checked (a handful per process), so the hot path skips the regular expression.
 _GOOD_PREFIXES: set[str] = set()
 
@@ -58,9 +60,9 @@ def new_id(prefix: str) -> str:
             raise ValueError(f"id prefix {prefix!r} must be lowercase letters, digits or '_'")
         if len(_GOOD_PREFIXES) < 256:
             _GOOD_PREFIXES.add(prefix)
-    # 64 random bits reduced to the 41-bit space: one system call, no rejection loop (the bias, 1 in 6.5
-    # million, is far below anything that matters for an id).
-    return prefix + "_" + _encode(int.from_bytes(os.urandom(8), "big") % _SPACE)
+    # Eight random bytes, each mapped to a character by one table lookup in C. 256 = 7 * 36 + 4, so four
+    # characters are a little likelier than the rest: 5.167 bits a character instead of 5.170, 41.3 in all.
+    return prefix + "_" + os.urandom(8).translate(_BYTE_TO_CHAR).decode("ascii")
 
 
 def derived_id(prefix: str, *parts: str) -> str:

@@ -39,6 +39,40 @@ def test_a_newer_schema_is_refused(db_url: str) -> None:
         db.close()
 
 
+def test_the_retired_topic_index_is_dropped_when_the_schema_is_brought_up_to_date(db_url: str) -> None:
+    # Databases made before the busy "queue" topic lost its index still carry the full topic index, which
+    # costs a page write per event: bringing the schema up to date drops it, and keeps the quiet topics'.
+    from sqlalchemy import inspect
+
+    db = open_database(db_url)
+    with db.transaction() as tx:
+        tx.execute("CREATE INDEX IF NOT EXISTS ix_events_topic ON events (topic, id)")
+
+    def index_names() -> set[str]:
+        return {str(ix["name"]) for ix in inspect(db.engine).get_indexes("events")}
+
+    assert "ix_events_topic" in index_names()
+    assert db.create_schema() == SCHEMA_VERSION
+    assert "ix_events_topic" not in index_names() and "ix_events_quiet_topics" in index_names()
+    db.close()
+
+
+def test_event_reads_by_topic_use_the_quiet_topics_index_or_the_ids(sqlite_url: str) -> None:
+    from shared.events import topic_filter
+
+    db = open_database(sqlite_url)
+    for topic, expected in (("agents", "ix_events_quiet_topics"), ("queue", "PRIMARY KEY")):
+        for sql in (
+            f"SELECT * FROM events WHERE {topic_filter(topic)} AND id > :after ORDER BY id LIMIT 10",
+            f"DELETE FROM events WHERE {topic_filter(topic)} AND id <= :after",
+        ):
+            plan = " ".join(
+                str(r["detail"]) for r in db.read("EXPLAIN QUERY PLAN " + sql, {"topic": topic, "after": 1})
+            )
+            assert expected in plan and "SCAN" not in plan, (topic, plan)
+    db.close()
+
+
 def test_sqlite_runs_in_wal_with_normal_sync(sqlite_url: str) -> None:
     db = open_database(sqlite_url)
     assert db.read_scalar("PRAGMA journal_mode") == "wal"
