@@ -55,6 +55,15 @@ INSERT_MESSAGE_RETURNING = INSERT_MESSAGE + " RETURNING id, message_id"
 #: million messages kept, one enqueue in 2.8 million meets an older id once; twice in a row practically never).
 _REDRAWS = 3
 _PLATFORM_ID = "SELECT 1 FROM messages WHERE channel = :c AND external_id = :e"
+#: The queued message an enqueue that inserted nothing duplicates (same message id, or same platform id).
+_DUPLICATE_OF = (
+    "SELECT id, message_id, agent FROM messages WHERE message_id = :m OR (channel = :c AND external_id = :e)"
+)
+
+
+def _duplicate_keys(params: dict[str, Any]) -> dict[str, Any]:
+    return {"m": params["message_id"], "c": params["channel"], "e": params["external_id"]}
+
 
 #: enqueue_message's debounce: another message of the same chat still waiting for the same agent.
 _OTHER_WAITING = (
@@ -196,10 +205,7 @@ class EnqueueOps(QueueState):
 
     def _existing(self, params: dict[str, Any]) -> EnqueueResult | None:
         """The queued message a duplicate enqueue refers to (same message id, or same platform id)."""
-        found = self.db.read(
-            "SELECT id, message_id, agent FROM messages WHERE message_id = :m OR (channel = :c AND external_id = :e)",
-            {"m": params["message_id"], "c": params["channel"], "e": params["external_id"]},
-        )
+        found = self.db.read(_DUPLICATE_OF, _duplicate_keys(params))
         if not found:
             return None
         row = found[0]
@@ -288,11 +294,7 @@ class EnqueueOps(QueueState):
                 if tx.scalar(_OTHER_WAITING, {**chat, "id": row_id}) is not None:
                     tx.execute(_SLIDE_WAITING, {**chat, "at": slide_to})
             if row_id is None:
-                existing = tx.one(
-                    "SELECT id, message_id, agent FROM messages WHERE message_id = :m OR "
-                    "(channel = :c AND external_id = :e)",
-                    {"m": params["message_id"], "c": channel, "e": external_id},
-                )
+                existing = tx.one(_DUPLICATE_OF, _duplicate_keys(params))
                 if existing is not None:
                     return EnqueueResult(existing["message_id"], existing["agent"], True, int(existing["id"]))
         return EnqueueResult(params["message_id"], params["agent"], row_id is None, row_id)
