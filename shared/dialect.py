@@ -31,6 +31,10 @@ class Dialect:
     name: Literal["sqlite", "postgresql"]
     #: Appended to the ``SELECT`` inside a claim, so concurrent claimers skip each other's rows.
     skip_locked: str = field(default="")
+    #: Appended to a ``SELECT`` whose rows the transaction then updates on what it read: PostgreSQL locks
+    #: them (and, under READ COMMITTED, re-reads a row another transaction changed meanwhile), so nobody
+    #: changes them in between. SQLite needs nothing: its write transaction already excludes every writer.
+    lock_rows: str = field(default="")
     #: How a write transaction starts: SQLite takes the write lock up front so no reader upgrades later.
     begin_write: str = "BEGIN"
     #: The id of a new event. PostgreSQL's sequence never repeats. SQLite without AUTOINCREMENT (which costs
@@ -113,7 +117,9 @@ SQLITE = Dialect(
         "FROM kv WHERE scope = 'events.pruned' AND key = '*'), 0)) + 1)"
     ),
 )
-POSTGRESQL = Dialect(name="postgresql", skip_locked=" FOR UPDATE SKIP LOCKED", begin_write="BEGIN")
+POSTGRESQL = Dialect(
+    name="postgresql", skip_locked=" FOR UPDATE SKIP LOCKED", lock_rows=" FOR UPDATE", begin_write="BEGIN"
+)
 
 
 def dialect_for_url(url: str) -> Dialect:

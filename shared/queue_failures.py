@@ -268,9 +268,11 @@ class FailureOps(ResponseOps):
         events: list[PendingEvent] = []
         with self.db.transaction() as tx:
             for holder in free:
+                # Only the lease judged above: a holder that renewed it since keeps it.
+                seen = "" if holder["lease_until"] is None else " AND lease_until = :seen"
                 tx.execute(
-                    "UPDATE agent_leases SET holder = NULL, lease_until = 0 WHERE agent = :a AND holder = :h",
-                    {"a": holder["agent"], "h": holder["holder"]},
+                    f"UPDATE agent_leases SET holder = NULL, lease_until = 0 WHERE agent = :a AND holder = :h{seen}",
+                    {"a": holder["agent"], "h": holder["holder"], "seen": holder["lease_until"]},
                 )
             for row in self._still_stale(tx, stale, takeable):
                 if self._take_back(tx, row, now, events):
@@ -310,12 +312,15 @@ class FailureOps(ResponseOps):
     def _still_stale(
         tx: Tx, stale: list[str], takeable: Callable[[str | None, int | None], bool]
     ) -> list[Row]:
-        # Re-read under the write lock: a claim completed or renewed since the look above stays.
+        # Re-read under the write lock (SQLite) or with the rows locked (PostgreSQL): a claim completed,
+        # renewed or taken back by another recovery since the look above stays as it is now, and nobody
+        # changes these rows between this read and the updates that act on it.
         if not stale:
             return []
         clause, params = _in("m", stale)
         rows = tx.rows(
-            f"SELECT * FROM messages WHERE status = 'processing' AND message_id IN {clause} ORDER BY id",
+            f"SELECT * FROM messages WHERE status = 'processing' AND message_id IN {clause} ORDER BY id"
+            f"{tx.dialect.lock_rows}",
             params,
         )
         return [r for r in rows if takeable(r["claimed_by"], r["lease_until"])]

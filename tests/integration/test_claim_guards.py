@@ -348,3 +348,61 @@ def test_postgres_response_claims_never_give_one_response_to_two_deliverers(pg_u
             owner[locked[0]] = f"d{rnd}-late"
     finally:
         db.close()
+
+
+def _waiting_for_a_lock(pg_url: str, pid: int, deadline: float) -> bool:
+    """True once server process ``pid`` waits for a row lock (before ``deadline``, time.monotonic)."""
+    with psycopg.connect(libpq_url(pg_url), autocommit=True) as watcher:
+        while time.monotonic() < deadline:
+            row = watcher.execute(
+                "SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s", (pid,)
+            ).fetchone()
+            if row is not None and row[0] == "Lock":
+                return True
+            time.sleep(0.01)
+    return False
+
+
+@pytest.mark.postgres
+def test_postgres_recovery_keeps_a_claim_renewed_while_it_was_deciding(pg_url: str) -> None:
+    # A worker that stalled past its lease renews it while another process's recovery has already read the
+    # claim as expired. Recovery must act on the row as it is when it takes it back (renewed: keep it), not
+    # as it read it a moment before; otherwise the live worker's message is handed out a second time while
+    # it runs (seen as "delivered twice to processes never killed" in the benchmark's kill test).
+    db = open_database(pg_url)
+    try:
+        queue = Queue(db, QueueConfig(lease_ms=30_000), Directory(frozenset(AGENTS), {}, "alpha"))
+        mid = queue.enqueue_message("api", "ann", "long job", agent="alpha", conversation="c").message_id
+        assert queue.claim_all_pending_messages("alpha", "w-stalled", lease_ms=1)
+        _wait_past(int(_message(queue, mid)["lease_until"]))
+        with psycopg.connect(libpq_url(pg_url)) as renewer:
+            # The renewal, as the stalled worker sends it, in a transaction not yet committed.
+            renewer.execute(
+                "UPDATE messages SET lease_until = %s WHERE status = 'processing' AND claimed_by = %s "
+                "AND message_id = %s",
+                (now_ms() + 600_000, "w-stalled", mid),
+            )
+            recovery_pid: list[int] = []
+            outcome: list[Any] = []
+
+            def recover() -> None:
+                recovery_pid.append(queue.db.connection().info.backend_pid)
+                outcome.append(queue.recover_stale_messages())
+
+            worker = threading.Thread(target=recover)
+            worker.start()
+            deadline = time.monotonic() + 10
+            while not recovery_pid and time.monotonic() < deadline:
+                time.sleep(0.005)
+            # Recovery read the claim as expired and now waits for the renewal's row lock.
+            assert recovery_pid and _waiting_for_a_lock(pg_url, recovery_pid[0], deadline)
+            renewer.commit()
+            worker.join(timeout=10)
+            assert not worker.is_alive()
+        kept = _message(queue, mid)
+        assert (kept["status"], kept["claimed_by"]) == ("processing", "w-stalled"), kept
+        assert outcome and outcome[0].retried == []
+        queue.complete_messages([mid], "w-stalled", "done")
+        assert _message(queue, mid)["status"] == "completed"
+    finally:
+        db.close()
