@@ -471,25 +471,42 @@ def run_series(
     **kwargs: Any,
 ) -> Series:
     """`runs` runs of one variant; on_run(series, result) is called after each (progress display)."""
-    n_eff = effective_n(system, variant.n or n)
-    series = Series(system.name, variant.name, n_eff)
-    for k in range(runs):
-        rundir = workdir / f"{system.name}-{variant.name}-{k}"
-        result = run_once(
-            system,
-            target_for(system, rundir, pg_url),
-            rundir,
-            n=n_eff,
-            variant=variant.name,
-            consumers=variant.consumers,
-            kills=variant.kills,
-            rng=random.Random(seed * 1000 + k),
-            **kwargs,
-        )
-        series.runs.append(result)
-        if on_run is not None:
-            on_run(series, result)
+    series = Series(system.name, variant.name, effective_n(system, variant.n or n))
+    for _ in range(runs):
+        run_next(system, variant, series, workdir=workdir, pg_url=pg_url, seed=seed, on_run=on_run, **kwargs)
     return series
+
+
+def run_next(
+    system: QueueSystem,
+    variant: Variant,
+    series: Series,
+    *,
+    workdir: Path,
+    pg_url: str = DEFAULT_PG_URL,
+    seed: int = 0,
+    on_run: Any = None,
+    **kwargs: Any,
+) -> RunResult:
+    """One more run of ``series`` (of ``system`` and ``variant``), appended to it; so runs of several
+    systems can alternate, each series keeping its own run numbers and crash schedules."""
+    k = len(series.runs)
+    rundir = workdir / f"{system.name}-{variant.name}-{k}"
+    result = run_once(
+        system,
+        target_for(system, rundir, pg_url),
+        rundir,
+        n=series.n,
+        variant=variant.name,
+        consumers=variant.consumers,
+        kills=variant.kills,
+        rng=random.Random(seed * 1000 + k),
+        **kwargs,
+    )
+    series.runs.append(result)
+    if on_run is not None:
+        on_run(series, result)
+    return result
 
 
 def pg_admin(url: str, action: Literal["create", "drop"]) -> None:

@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from harness import DEFAULT_PG_URL, QueueSystem, RunResult, Series, Variant, effective_n, pg_admin, run_series
+from harness import DEFAULT_PG_URL, QueueSystem, RunResult, Series, Variant, effective_n, pg_admin, run_next
 from measure import PEER_COLUMNS, peer_cells
 
 NOTES = {
@@ -174,26 +174,33 @@ def main(argv: list[str] | None = None) -> int:
         )
 
     try:
-        for system in systems:
-            for variant, runs in variants:
-                series = run_series(
-                    system,
-                    variant,
-                    runs=runs,
-                    n=args.n,
-                    workdir=workdir,
-                    pg_url=args.pg_url,
-                    seed=args.seed,
-                    on_run=on_run,
-                    agents=args.agents,
-                    payload_size=args.payload,
-                )
-                row = series.summary()
+        # Runs alternate between the systems (run 1 of each, then run 2 of each, ...), as the one-process
+        # benchmarks do: a machine that drifts, or a server still busy after the previous system's runs,
+        # then weighs on every system alike instead of on whichever runs last.
+        for variant, runs in variants:
+            series = {
+                s.name: Series(s.name, variant.name, effective_n(s, variant.n or args.n)) for s in systems
+            }
+            for _ in range(runs):
+                for system in systems:
+                    run_next(
+                        system,
+                        variant,
+                        series[system.name],
+                        workdir=workdir,
+                        pg_url=args.pg_url,
+                        seed=args.seed,
+                        on_run=on_run,
+                        agents=args.agents,
+                        payload_size=args.payload,
+                    )
+                    if not args.keep:
+                        for d in workdir.glob(f"{system.name}-{variant.name}-*"):
+                            shutil.rmtree(d, ignore_errors=True)
+            for system in systems:
+                row = series[system.name].summary()
                 row["note"] = note_for(system, args.n)
                 rows.append(row)
-                if not args.keep:
-                    for d in workdir.glob(f"{system.name}-{variant.name}-*"):
-                        shutil.rmtree(d, ignore_errors=True)
     finally:
         if pg_made:
             try:
