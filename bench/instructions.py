@@ -18,6 +18,12 @@ Workloads (the same code paths as the throughput benchmarks):
   the Python around it costs.
 * ``drain``: 20 messages waiting per agent, drained as bench/claim_batch.py drains them (agentpost: claim
   all of an agent, complete with a reply; plain: claim all of an agent, one UPDATE per message).
+* ``drain-sql``: agentpost's two status changes alone (the claim UPDATE as the queue runs it, then the
+  completion UPDATE of the group, each in BEGIN IMMEDIATE ... COMMIT, from a bare loop; no lease, event or
+  reply): the floor the messages table sets for a drain.
+* ``drain-sql-hot-split``: the same two status changes on an experimental schema that keeps the state that
+  changes (status, holder, lease, times) in a narrow table of its own beside the message content, the claim
+  then reading the content by id. It answers "would a narrow hot-state table make the drain cheaper?".
 
     bench/.venv/bin/python bench/instructions.py --json out.json      # ~2 minutes
 
@@ -49,6 +55,8 @@ PAIRS: dict[str, tuple[str, str | None]] = {
     "enqueue": ("enqueue-agentpost", "enqueue-plain"),
     "enqueue-sql": ("enqueue-sql-agentpost", "enqueue-plain"),
     "drain": ("drain-agentpost", "drain-plain"),
+    "drain-sql": ("drain-sql-agentpost", "drain-plain"),
+    "drain-sql-hot-split": ("drain-sql-hot-split", "drain-plain"),
 }
 
 
@@ -193,12 +201,145 @@ def _drain(system: str) -> Callable[[Path, int, int], int]:
     return run
 
 
+#: The split schema of ``drain-sql-hot-split``: content (written once) and state (rewritten by every status
+#: change) in two tables joined by id, with the state table carrying the partial indexes the queue reads.
+_HOT_SPLIT_SCHEMA = (
+    "CREATE TABLE content (id INTEGER PRIMARY KEY, message_id TEXT NOT NULL UNIQUE, channel TEXT NOT NULL,"
+    " sender TEXT NOT NULL, sender_id TEXT NOT NULL, message TEXT NOT NULL, from_agent TEXT,"
+    " retry_count INTEGER NOT NULL DEFAULT 0, manual_retries INTEGER NOT NULL DEFAULT 0, last_error TEXT,"
+    " created_at INTEGER NOT NULL, conversation TEXT NOT NULL, metadata TEXT NOT NULL,"
+    " hops INTEGER NOT NULL DEFAULT 0, external_id TEXT, interruptions INTEGER NOT NULL DEFAULT 0)",
+    "CREATE UNIQUE INDEX ux_content_external ON content (channel, external_id) WHERE external_id IS NOT NULL",
+    "CREATE TABLE state (id INTEGER PRIMARY KEY, agent TEXT NOT NULL, status TEXT NOT NULL,"
+    " available_at INTEGER NOT NULL, claimed_by TEXT, lease_until INTEGER, updated_at INTEGER NOT NULL,"
+    " run_started_at INTEGER, channel TEXT NOT NULL, conversation TEXT NOT NULL)",
+    "CREATE INDEX ix_state_pending ON state (agent, available_at, id) WHERE status = 'pending'",
+    "CREATE INDEX ix_state_processing ON state (lease_until) WHERE status = 'processing'",
+    "CREATE INDEX ix_state_open ON state (channel, conversation) WHERE status IN ('pending', 'processing')",
+    "CREATE INDEX ix_state_completed ON state (updated_at) WHERE status = 'completed'",
+    "CREATE INDEX ix_state_dead ON state (updated_at) WHERE status = 'dead'",
+)
+_HOT_SPLIT_CLAIM = (
+    "UPDATE state SET status = 'processing', claimed_by = :worker, lease_until = :lease, updated_at = :now,"
+    " run_started_at = NULL WHERE id IN (SELECT id FROM state WHERE status = 'pending' AND agent = :agent"
+    " AND available_at <= :now ORDER BY id) RETURNING id, available_at"
+)
+
+
+def _drain_sql(split: bool) -> Callable[[Path, int, int], int]:
+    """The drain's two status changes alone, on agentpost's messages table or on the split schema."""
+
+    def run(folder: Path, n: int, warm: int) -> int:
+        import sqlite3
+
+        from systems_agentpost import CHANNEL, AgentpostSqlite
+
+        from shared.db import configure_sqlite
+        from shared.queue_enqueue import INSERT_MESSAGE
+        from shared.queue_types import CLAIM_RETURNS, sql_in
+
+        target = str(folder / "queue.db")
+        if split:
+            conn = sqlite3.connect(target, isolation_level=None)
+            configure_sqlite(conn, 5_000)
+            for statement in _HOT_SPLIT_SCHEMA:
+                conn.execute(statement)
+            content = CLAIM_RETURNS.replace("available_at, ", "")
+        else:
+            system = AgentpostSqlite()
+            system.setup(target)
+            queue = system.open_queue(target)
+            claim_sql = queue.claim_sql  # the statement itself, as the queue runs it
+            queue.db.close()
+            conn = sqlite3.connect(target, isolation_level=None)
+            configure_sqlite(conn, 5_000)
+        agents, per_agent = 8, 20
+        rounds, warm_rounds = max(1, n // (agents * per_agent)), max(1, warm // (agents * per_agent))
+        drained = 0
+        for r in range(warm_rounds + rounds):
+            now = int(time.time() * 1000)
+            conn.execute("BEGIN IMMEDIATE")
+            for a in range(agents):
+                for k in range(per_agent):
+                    row = {
+                        "message_id": f"bench_{r}x{a}x{k}",
+                        "channel": CHANNEL,
+                        "sender": "bench-user",
+                        "sender_id": "",
+                        "message": "x" * 120,
+                        "agent": f"agent-{a}",
+                        "from_agent": None,
+                        "conversation": f"agent-{a}",
+                        "metadata": "{}",
+                        "available_at": now,
+                        "hops": 0,
+                        "external_id": None,
+                        "now": now,
+                    }
+                    if split:
+                        new = conn.execute(
+                            "INSERT INTO content (message_id, channel, sender, sender_id, message, from_agent,"
+                            " created_at, conversation, metadata, hops, external_id) VALUES (:message_id,"
+                            " :channel, :sender, :sender_id, :message, :from_agent, :now, :conversation,"
+                            " :metadata, :hops, :external_id)",
+                            row,
+                        ).lastrowid
+                        conn.execute(
+                            "INSERT INTO state (id, agent, status, available_at, updated_at, channel,"
+                            " conversation) VALUES (:id, :agent, 'pending', :now, :now, :channel, :conversation)",
+                            {**row, "id": new},
+                        )
+                    else:
+                        conn.execute(INSERT_MESSAGE, row)
+            conn.execute("COMMIT")
+            counted = r >= warm_rounds
+            if counted:
+                _counting(True)
+            for a in range(agents):
+                claim = {"worker": "w", "lease": now + 60_000, "now": now, "agent": f"agent-{a}"}
+                conn.execute("BEGIN IMMEDIATE")
+                if split:
+                    ids = [row[0] for row in conn.execute(_HOT_SPLIT_CLAIM, claim).fetchall()]
+                    clause, keys = sql_in("i", ids)
+                    got = conn.execute(f"SELECT {content} FROM content WHERE id IN {clause}", keys).fetchall()
+                    # Completed by message id, as complete_messages is called: the same lookups as below.
+                    clause, keys = sql_in("m", [row[1] for row in got])
+                    done = (
+                        "UPDATE state SET status = 'completed', updated_at = :now, lease_until = NULL"
+                        f" WHERE id IN (SELECT id FROM content WHERE message_id IN {clause})"
+                        " AND status = 'processing' AND claimed_by = :worker RETURNING id"
+                    )
+                else:
+                    got = conn.execute(claim_sql, claim).fetchall()
+                    clause, keys = sql_in("m", [row[1] for row in got])
+                    done = (  # as complete_messages' _take_group runs it
+                        "UPDATE messages SET status = 'completed', updated_at = :now, lease_until = NULL"
+                        f" WHERE message_id IN {clause} AND status = 'processing' AND claimed_by = :worker"
+                        " RETURNING id, message_id"
+                    )
+                conn.execute("COMMIT")
+                conn.execute("BEGIN IMMEDIATE")
+                finished = conn.execute(done, {**keys, "now": now, "worker": "w"}).fetchall()
+                conn.execute("COMMIT")
+                if len(got) != per_agent or len(finished) != per_agent:
+                    raise RuntimeError(f"round {r} agent {a}: claimed {len(got)}, completed {len(finished)}")
+            if counted:
+                _counting(False)
+                drained += agents * per_agent
+        conn.close()
+        return drained
+
+    return run
+
+
 WORKLOADS: dict[str, Callable[[Path, int, int], int]] = {
     "enqueue-agentpost": _enqueue_agentpost,
     "enqueue-plain": _enqueue_plain,
     "enqueue-sql-agentpost": _enqueue_sql_agentpost,
     "drain-agentpost": _drain("agentpost"),
     "drain-plain": _drain("plain"),
+    "drain-sql-agentpost": _drain_sql(split=False),
+    "drain-sql-hot-split": _drain_sql(split=True),
 }
 
 
@@ -250,9 +391,9 @@ def count(workload: str, n: int, warm: int) -> dict[str, Any]:
     }
 
 
-def measure(n: int, warm: int) -> dict[str, Any]:
+def measure(n: int, warm: int, only: list[str] | None = None) -> dict[str, Any]:
     counts: dict[str, dict[str, Any]] = {}
-    for workload in WORKLOADS:
+    for workload in only or list(WORKLOADS):
         t = time.perf_counter()
         counts[workload] = count(workload, n, warm)
         say(
@@ -261,6 +402,8 @@ def measure(n: int, warm: int) -> dict[str, Any]:
         )
     pairs = {}
     for name, (ours, theirs) in PAIRS.items():
+        if ours not in counts or (theirs is not None and theirs not in counts):
+            continue
         a = counts[ours]["per_message"]
         b = counts[theirs]["per_message"] if theirs else None
         pairs[name] = {"agentpost": a, "baseline": b, "ratio": (b / a) if b else None}
@@ -272,6 +415,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--n", type=int, default=1_600, help="messages counted per workload (default 1,600)")
     p.add_argument("--warm", type=int, default=320, help="messages before counting starts (default 320)")
     p.add_argument("--json", default=None, help="write the results as JSON")
+    p.add_argument(
+        "--only",
+        default=None,
+        help=f"comma-separated workloads to count (default all: {', '.join(WORKLOADS)}); pairs need both sides",
+    )
     p.add_argument("--inside", default=None, help=argparse.SUPPRESS)
     p.add_argument("--result", default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -280,7 +428,11 @@ def main(argv: list[str] | None = None) -> int:
     if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
         say("instructions: valgrind is not installed here (apt-get install valgrind); nothing measured")
         return 0
-    r = measure(args.n, args.warm)
+    only = args.only.split(",") if args.only else None
+    unknown = [w for w in only or [] if w not in WORKLOADS]
+    if unknown:
+        p.error(f"unknown workload {', '.join(unknown)} (known: {', '.join(WORKLOADS)})")
+    r = measure(args.n, args.warm, only)
     for name, pair in r["pairs"].items():
         say(
             f"instructions {name}: agentpost {pair['agentpost']:,.0f}, baseline {pair['baseline']:,.0f} per "

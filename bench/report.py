@@ -331,7 +331,9 @@ def render(results: Path) -> tuple[str, str]:
             " Unlike the rates above, the counts do not drift with the machine's load: the same code gives the"
             " same count. The kernel's work (writes, fsync, locks) is not counted. Ratio: the baseline's count"
             " over agentpost's (1.00 = as cheap, the way the rate ratios read). enqueue-sql is agentpost's two"
-            " enqueue statements alone, from a bare loop: the floor its schema sets."
+            " enqueue statements alone, from a bare loop: the floor its schema sets; drain-sql the same for"
+            " the drain's two status changes (claim, completion); drain-sql-hot-split those two on an"
+            " experimental schema with the changing state in a narrow table of its own."
         )
         md.append("")
         body = [
@@ -350,8 +352,8 @@ def render(results: Path) -> tuple[str, str]:
         )
         md += [
             "",
-            "Baselines: enqueue and enqueue-sql — the sqlite-insert-event peer's producer; drain — plain"
-            " claim-all as in the section above.",
+            "Baselines: enqueue and enqueue-sql — the sqlite-insert-event peer's producer; drain, drain-sql"
+            " and drain-sql-hot-split — plain claim-all as in the section above (its whole drain).",
         ]
     if latency:
         md += ["", "## Pickup latency and idle cost", ""]

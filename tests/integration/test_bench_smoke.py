@@ -118,3 +118,14 @@ def test_instruction_counts_cover_only_the_measured_messages(bench_path: None) -
         assert 20_000 < measured["per_message"] < 2_000_000, measured
     # Our enqueue statements write more index entries than a bare INSERT with its event: never cheaper.
     assert ours["per_message"] > plain["per_message"]
+
+
+def test_drain_statement_counts_drain_every_message_on_both_schemas(bench_path: None) -> None:
+    # The drain floor and its split-schema variant each claim and complete a full round (they raise when
+    # a claim or completion comes back short), and count that round alone.
+    from instructions import count
+
+    for workload in ("drain-sql-agentpost", "drain-sql-hot-split"):
+        measured = count(workload, 160, 160)
+        assert measured["messages"] == 160, measured
+        assert 20_000 < measured["per_message"] < 2_000_000, measured
