@@ -70,7 +70,8 @@ def approve(db: Database, code: str, *, ttl_ms: int = CODE_TTL_MS, now: int | No
     wanted = code.strip().upper()
     with db.transaction() as tx:
         row = tx.one(
-            "SELECT * FROM pairings WHERE code = :code AND status = 'pending' ORDER BY created_at DESC",
+            "SELECT * FROM pairings WHERE code = :code AND status = 'pending' ORDER BY created_at DESC"
+            + tx.dialect.lock_rows,
             {"code": wanted},
         )
         if row is None:

@@ -51,7 +51,11 @@ class AdminOps(QueueState):
         where, params = self._dead_where(ref)
         now = now_ms()
         with self.db.transaction() as tx:
-            row = tx.one(f"SELECT * FROM messages WHERE status = 'dead' AND {where}", params)
+            # Locked (PostgreSQL) so that a retry racing this one waits, then finds the row no longer dead;
+            # SQLite's write transaction already excludes it.
+            row = tx.one(
+                f"SELECT * FROM messages WHERE status = 'dead' AND {where}{tx.dialect.lock_rows}", params
+            )
             if row is None:
                 raise NotFound(f"no dead letter {ref}")
             if int(row["manual_retries"]) >= self.config.manual_retry_budget:
@@ -62,7 +66,7 @@ class AdminOps(QueueState):
             updated = tx.one(
                 "UPDATE messages SET status = 'pending', retry_count = 0, manual_retries = manual_retries + 1, "
                 "available_at = :now, updated_at = :now, claimed_by = NULL, lease_until = NULL WHERE id = :id "
-                "RETURNING *",
+                "AND status = 'dead' RETURNING *",
                 {"now": now, "id": row["id"]},
             )
             append_events(
@@ -90,7 +94,7 @@ class AdminOps(QueueState):
         with self.db.transaction() as tx:
             rows = tx.rows(
                 "SELECT id, message_id FROM messages WHERE status = 'dead' AND updated_at < :cut "
-                "ORDER BY updated_at, id LIMIT :l",
+                f"ORDER BY updated_at, id LIMIT :l{tx.dialect.skip_locked}",
                 {"cut": died_before_ms, "l": max(1, min(limit, 10_000))},
             )
             done_by_id = kv.get_many(tx, Scope.DLQ_AUTO_RETRIES, [str(r["message_id"]) for r in rows])
@@ -99,11 +103,13 @@ class AdminOps(QueueState):
                 done = int(done_by_id.get(str(row["message_id"]), "0"))
                 if done >= budget:
                     continue
-                tx.execute(
+                put_back = tx.execute(
                     "UPDATE messages SET status = 'pending', retry_count = 0, available_at = :now, "
                     "updated_at = :now, claimed_by = NULL, lease_until = NULL WHERE id = :id AND status = 'dead'",
                     {"now": now, "id": row["id"]},
                 )
+                if put_back.rowcount != 1:  # retried or deleted by hand since the look above
+                    continue
                 kv.put(tx, Scope.DLQ_AUTO_RETRIES, str(row["message_id"]), str(done + 1), now)
                 events.append(
                     PendingEvent(

@@ -103,7 +103,7 @@ class ControlOps(QueueState):
         with self.db.transaction() as tx:
             row = tx.one(
                 "SELECT stop_requested FROM agent_leases WHERE agent = :agent AND holder = :worker "
-                "AND stop_requested <> ''",
+                f"AND stop_requested <> ''{tx.dialect.lock_rows}",
                 {"agent": agent, "worker": worker},
             )
             if row is None:

@@ -294,9 +294,10 @@ class ResponseOps(QueueState):
         """
         now = now_ms()
         with self.db.transaction() as tx:
+            # Locked (PostgreSQL): a takeover racing this waits, or has happened and the row is not held.
             held = tx.one(
                 "SELECT message_id FROM responses WHERE id = :id AND claimed_by = :worker "
-                "AND status = 'delivering'",
+                f"AND status = 'delivering'{tx.dialect.lock_rows}",
                 {"id": response_id, "worker": worker},
             )
             if held is None:

@@ -48,7 +48,9 @@ class FailureOps(ResponseOps):
         sql = (
             f"UPDATE messages SET {assignments} {held} RETURNING {columns}"
             if assignments
-            else f"SELECT {columns} FROM messages {held}"
+            # Locked (PostgreSQL) for the updates the caller makes next: a recovery racing them waits. In id
+            # order, as recovery locks them, so the two never wait for each other.
+            else f"SELECT {columns} FROM messages {held} ORDER BY id{tx.dialect.lock_rows}"
         )
         rows = tx.rows(sql, {"worker": worker, **params, **(values or {})})
         if len(rows) != len(set(message_ids)):

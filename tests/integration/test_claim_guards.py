@@ -27,6 +27,7 @@ from shared.clock import now_ms
 from shared.db import Database, open_database
 from shared.dialect import libpq_url
 from shared.queue import Directory, Queue, QueueConfig
+from shared.queue_types import LeaseLost, NotFound
 
 pytestmark = pytest.mark.integration
 
@@ -404,5 +405,115 @@ def test_postgres_recovery_keeps_a_claim_renewed_while_it_was_deciding(pg_url: s
         assert outcome and outcome[0].retried == []
         queue.complete_messages([mid], "w-stalled", "done")
         assert _message(queue, mid)["status"] == "completed"
+    finally:
+        db.close()
+
+
+def _act_behind_an_uncommitted_change(
+    queue: Queue, pg_url: str, change: str, params: Sequence[Any], act: Callable[[], Any]
+) -> Any:
+    """Run ``change`` in a transaction of another connection, left open; run ``act`` (a queue operation) in
+    a thread until its connection waits for that transaction's row lock (seen in ``pg_stat_activity``);
+    commit the change; return what ``act`` returned or raised. The operation has by then read the row as
+    it was before the change, as a real race would have it."""
+    with psycopg.connect(libpq_url(pg_url)) as other:
+        other.execute(change, params)
+        pid: list[int] = []
+        outcome: list[Any] = []
+
+        def run() -> None:
+            pid.append(queue.db.connection().info.backend_pid)
+            try:
+                outcome.append(act())
+            except Exception as exc:  # the caller checks what happened
+                outcome.append(exc)
+
+        thread = threading.Thread(target=run)
+        thread.start()
+        deadline = time.monotonic() + 10
+        while not pid and time.monotonic() < deadline:
+            time.sleep(0.005)
+        assert pid and _waiting_for_a_lock(pg_url, pid[0], deadline), "the operation never met the lock"
+        other.commit()
+        thread.join(timeout=10)
+        assert not thread.is_alive() and outcome
+    return outcome[0]
+
+
+@pytest.mark.postgres
+def test_postgres_retry_of_a_dead_letter_retried_meanwhile_changes_nothing(pg_url: str) -> None:
+    # Two retries of one dead letter at once (a double click on the dashboard, /retry in the chat beside
+    # it): the first puts it back and a worker claims it before the second acts. The second must see the
+    # row as it is then (no longer dead) and leave it alone; acting on what it read a moment earlier would
+    # hand the running message back to the queue, and it would run twice.
+    db = open_database(pg_url)
+    try:
+        queue = Queue(db, QueueConfig(manual_retry_budget=5), Directory(frozenset(AGENTS), {}, "alpha"))
+        mid = queue.enqueue_message("api", "ann", "doomed", agent="alpha", conversation="c").message_id
+        assert queue.claim_all_pending_messages("alpha", "w1")
+        queue.fail_messages([mid], "w1", "broken", permanent=True)
+        queue.release_agent("alpha", "w1")
+        assert _message(queue, mid)["status"] == "dead"
+        outcome = _act_behind_an_uncommitted_change(
+            queue,
+            pg_url,
+            # The first retry, and the claim that follows it.
+            "UPDATE messages SET status = 'processing', claimed_by = 'w2', manual_retries = 1, "
+            "lease_until = %s WHERE message_id = %s",
+            (now_ms() + 600_000, mid),
+            lambda: queue.retry_dead(mid),
+        )
+        kept = _message(queue, mid)
+        assert (kept["status"], kept["claimed_by"], kept["manual_retries"]) == ("processing", "w2", 1), kept
+        assert isinstance(outcome, NotFound), outcome
+    finally:
+        db.close()
+
+
+@pytest.mark.postgres
+def test_postgres_send_retry_of_a_response_taken_over_meanwhile_changes_nothing(pg_url: str) -> None:
+    # A deliverer gives a response back after a send error while another deliverer has just taken it over
+    # (its lease had lapsed) and sent it. Giving it back on the strength of the look before the takeover
+    # would make it pending again: the chat would get the reply twice.
+    db = open_database(pg_url)
+    try:
+        queue = Queue(db, QueueConfig(), Directory(frozenset(AGENTS), {}, "alpha"))
+        reply = queue.enqueue_response("telegram", "ann", "the reply", sender_id="1", conversation="1")
+        [claimed] = queue.claim_responses_for_channel("telegram", "d-slow")
+        assert claimed.id == reply.id
+        outcome = _act_behind_an_uncommitted_change(
+            queue,
+            pg_url,
+            "UPDATE responses SET claimed_by = 'd-new', delivered = 1 WHERE id = %s",
+            (reply.id,),
+            lambda: queue.retry_response_later(reply.id, "d-slow", "timed out", base_ms=1000, max_ms=60_000),
+        )
+        kept = _row(queue, "responses", "id", reply.id)
+        assert (kept["status"], kept["claimed_by"], kept["delivered"]) == ("delivering", "d-new", 1), kept
+        assert outcome is None, outcome
+    finally:
+        db.close()
+
+
+@pytest.mark.postgres
+def test_postgres_failure_of_a_message_taken_back_meanwhile_changes_nothing(pg_url: str) -> None:
+    # A worker that stalled past its lease reports its run failed while recovery has just taken the
+    # message back and another worker claimed it. The report must find the message no longer held and
+    # change nothing; putting it back to pending would run it a second time beside the new worker's run.
+    db = open_database(pg_url)
+    try:
+        queue = Queue(db, QueueConfig(), Directory(frozenset(AGENTS), {}, "alpha"))
+        mid = queue.enqueue_message("api", "ann", "job", agent="alpha", conversation="c").message_id
+        assert queue.claim_all_pending_messages("alpha", "w-stalled")
+        outcome = _act_behind_an_uncommitted_change(
+            queue,
+            pg_url,
+            "UPDATE messages SET claimed_by = 'w-new', lease_until = %s WHERE message_id = %s",
+            (now_ms() + 600_000, mid),
+            lambda: queue.fail_messages([mid], "w-stalled", "the CLI exited with status 1"),
+        )
+        kept = _message(queue, mid)
+        assert (kept["status"], kept["claimed_by"], kept["retry_count"]) == ("processing", "w-new", 0), kept
+        assert isinstance(outcome, LeaseLost), outcome
     finally:
         db.close()
