@@ -25,6 +25,8 @@
   WhatsApp cannot edit a sent message, so a run's progress notes are new messages, at most one every
   ``progress_min_interval_seconds`` (see :mod:`adapters.delivery`).
 
+Meta's payloads and errors are read by :mod:`adapters.whatsapp_graph` (no I/O there).
+
 Environment: ``WHATSAPP_ACCESS_TOKEN``, ``WHATSAPP_PHONE_NUMBER_ID``, ``WHATSAPP_APP_SECRET``,
 ``WHATSAPP_VERIFY_TOKEN``, ``WHATSAPP_GRAPH_URL`` (default ``https://graph.facebook.com``),
 ``WHATSAPP_WEBHOOK_PORT`` (default 8787).
@@ -34,14 +36,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import hmac
 import json
 import mimetypes
 import random
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -53,9 +54,23 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
 
+from adapters import whatsapp_graph
 from adapters.base import Channel, ChannelSettings, HandleOutcome, Inbound, safe_filename
 from adapters.delivery import SendFailure
 from adapters.web.limits import BodyLimit, ConnectionLimits, server_config
+from adapters.whatsapp_graph import (
+    THROUGHPUT_CODES,
+    GraphSendError,
+    ParsedMessage,
+    as_dict,
+    as_int,
+    as_list,
+    explain,
+    parse_messages,
+    valid_signature,
+    wamid_of,
+    webhook_values,
+)
 from shared import inbound_jobs, platform_dedupe
 from shared.aio import call
 from shared.chat_lookups import newest_waiting_external_id
@@ -64,33 +79,6 @@ from shared.settings import SettingsError
 DEFAULT_GRAPH = "https://graph.facebook.com"
 #: Meta's webhook payloads are at most a few MB (batched notifications); anything larger is refused unread.
 WEBHOOK_MAX_BODY_BYTES = 3 * 1024 * 1024
-THROUGHPUT_CODES = frozenset({130429, 131056})
-#: Errors that are about our account or Meta's side, not this reply: retried (the operator may fix them).
-RETRY_CODES = frozenset({1, 2, 4, 190, 131000, 131016, 133004})
-MEDIA_KINDS = ("document", "image", "audio", "video", "sticker")
-#: MIME types the Cloud API accepts for documents; text of any kind goes as text/plain.
-DOCUMENT_TYPES = frozenset(
-    {
-        "text/plain",
-        "application/pdf",
-        "application/msword",
-        "application/vnd.ms-excel",
-        "application/vnd.ms-powerpoint",
-        "application/vnd.openxmlformats-officedocument.wordprocessingml.document",
-        "application/vnd.openxmlformats-officedocument.spreadsheetml.sheet",
-        "application/vnd.openxmlformats-officedocument.presentationml.presentation",
-    }
-)
-_TEXT_LIKE = frozenset({"application/json", "application/xml", "application/x-yaml", "application/toml"})
-#: Plain words for WhatsApp's refusals a user may meet (error code → explanation).
-_EXPLANATIONS = {
-    131047: "more than 24 hours had passed since your last message, and WhatsApp only allows replies within "
-    "24 hours",
-    131026: "WhatsApp could not deliver it to this number",
-    131051: "WhatsApp does not support that kind of message",
-    131052: "WhatsApp could not handle the attached file",
-    131053: "WhatsApp refused the attached file",
-}
 
 
 class WhatsAppSettings(ChannelSettings):
@@ -111,60 +99,6 @@ class WhatsAppSettings(ChannelSettings):
     )
     # WhatsApp shows "typing…" for up to 25 s per call (or until the reply arrives): refresh well inside it.
     typing_interval_seconds: float = Field(default=20.0, gt=0, le=24)
-
-
-class GraphSendError(Exception):
-    """The Graph API refused a request (after the retries for throughput errors)."""
-
-    def __init__(self, status: int, error: dict[str, Any]) -> None:
-        self.status = status
-        self.code = _int(error.get("code"))
-        self.title = str(error.get("message") or error.get("title") or "")
-        details = error.get("error_data")
-        self.details = str(details.get("details") or "") if isinstance(details, dict) else ""
-        super().__init__(
-            f"Graph API {status}: {self.title or error}" + (f" ({self.details})" if self.details else "")
-        )
-
-
-@dataclass(frozen=True)
-class _Parsed:
-    """One inbound message of a webhook, checked: what to queue now, or a media job to finish later."""
-
-    inbound: Inbound
-    media: dict[str, Any] | None = None
-
-
-def _int(value: Any) -> int | None:
-    try:
-        return int(value)
-    except (TypeError, ValueError):
-        return None
-
-
-def _dict(value: Any) -> dict[str, Any]:
-    return value if isinstance(value, dict) else {}
-
-
-def _list(value: Any) -> list[Any]:
-    return value if isinstance(value, list) else []
-
-
-def explain(code: int | None, text: str = "") -> str:
-    """What a WhatsApp refusal means, in plain words."""
-    if code in _EXPLANATIONS:
-        return _EXPLANATIONS[code]
-    if code == 100 and "type" in text.lower():
-        return "WhatsApp does not accept that type of file"
-    return "WhatsApp refused the message"
-
-
-def valid_signature(app_secret: str, body: bytes, header: str | None) -> bool:
-    """Whether ``header`` is ``sha256=<hex HMAC-SHA256(app_secret, body)>`` (constant-time compare)."""
-    if not header or not header.startswith("sha256="):
-        return False
-    expected = hmac.new(app_secret.encode(), body, hashlib.sha256).hexdigest()
-    return hmac.compare_digest(expected.encode(), header.removeprefix("sha256=").strip().lower().encode())
 
 
 class _QuietServer(uvicorn.Server):
@@ -292,13 +226,13 @@ class WhatsAppChannel(Channel):
             return PlainTextResponse("bad signature", status_code=403)
         try:
             payload = json.loads(body)
-            changes = list(self._changes(payload))
+            changes = list(webhook_values(payload, self.phone_number_id))
         except Exception as exc:
             # Signed by Meta but not what we understand: redelivering it would not help, so acknowledge.
             self.log.warning("ignored a signed webhook payload of unexpected shape (%s): %.300r", exc, body)
             return PlainTextResponse("ok")
-        parsed = [p for value in changes for p in self._parse_messages(value)]
-        statuses = [s for value in changes for s in _list(value.get("statuses")) if isinstance(s, dict)]
+        parsed = [p for value in changes for p in parse_messages(value, self.log)]
+        statuses = [s for value in changes for s in as_list(value.get("statuses")) if isinstance(s, dict)]
         if parsed:
             await self.test_pause_after_fetch(f"{len(parsed)} WhatsApp message(s)")
         try:
@@ -312,61 +246,7 @@ class WhatsAppChannel(Channel):
             return PlainTextResponse("try again", status_code=503, headers={"Retry-After": "5"})
         return PlainTextResponse("ok")
 
-    def _changes(self, payload: Any) -> Iterator[dict[str, Any]]:
-        """The ``value`` objects of this phone number in a webhook payload (anything else is skipped)."""
-        if not isinstance(payload, dict):
-            raise ValueError("the payload is not an object")
-        entries = payload.get("entry")
-        if entries is not None and not isinstance(entries, list):
-            raise ValueError("entry is not a list")
-        for entry in _list(entries):
-            for change in _list(_dict(entry).get("changes")):
-                value = _dict(_dict(change).get("value"))
-                number = _dict(value.get("metadata")).get("phone_number_id")
-                if number and str(number) != self.phone_number_id:
-                    continue  # another number of the same app
-                yield value
-
-    def _parse_messages(self, value: dict[str, Any]) -> Iterator[_Parsed]:
-        """The inbound messages of one ``value`` that we can take in; odd ones are logged and skipped."""
-        names = {}
-        for contact in _list(value.get("contacts")):
-            contact = _dict(contact)
-            names[str(contact.get("wa_id"))] = str(_dict(contact.get("profile")).get("name") or "")
-        for message in _list(value.get("messages")):
-            try:
-                parsed = self._parse_message(_dict(message), names)
-            except Exception as exc:
-                self.log.warning("skipped a WhatsApp message of unexpected shape (%s): %.300r", exc, message)
-                continue
-            if parsed is not None:
-                yield parsed
-
-    def _parse_message(self, message: dict[str, Any], names: dict[str, str]) -> _Parsed | None:
-        sender = str(message.get("from") or "")
-        wamid = str(message.get("id") or "")
-        kind = str(message.get("type") or "")
-        if not sender or not wamid:
-            return None
-        inbound = Inbound(
-            conversation=sender,
-            sender_id=sender,
-            sender=names.get(sender) or sender,
-            text="",
-            external_id=wamid,
-            metadata={"wamid": wamid, "type": kind},
-        )
-        if kind == "text":
-            text = str(_dict(message.get("text")).get("body") or "")
-            return _Parsed(replace(inbound, text=text))
-        if kind in MEDIA_KINDS:
-            media = _dict(message.get(kind))
-            caption = str(media.get("caption") or "")
-            return _Parsed(replace(inbound, text=caption), media=media)
-        self.log.info("ignored a WhatsApp %s message from %s", kind, sender)
-        return None
-
-    async def _accept(self, item: _Parsed) -> None:
+    async def _accept(self, item: ParsedMessage) -> None:
         """Queue a message now, or store its media job (fetched afterwards by :meth:`media_loop`)."""
         inbound = item.inbound
         if item.media is None:
@@ -412,7 +292,7 @@ class WhatsAppChannel(Channel):
         db = self.rt.db
         try:
             job = json.loads(text)
-            media = _dict(job.get("media"))
+            media = as_dict(job.get("media"))
             inbound = Inbound(
                 conversation=str(job["conversation"]),
                 sender_id=str(job["conversation"]),
@@ -472,7 +352,7 @@ class WhatsAppChannel(Channel):
             raise ValueError("the message names no media id")
         info = await self.http.get(self._url(str(media.get("id"))), headers=self._auth)
         info.raise_for_status()
-        data = await self.http.get(str(_dict(info.json())["url"]), headers=self._auth)
+        data = await self.http.get(str(as_dict(info.json())["url"]), headers=self._auth)
         data.raise_for_status()
         tmp = path.with_name(path.name + ".part")
         tmp.write_bytes(data.content)
@@ -531,11 +411,11 @@ class WhatsAppChannel(Channel):
             return
         wamid = str(status.get("id") or "")
         response_id = await call(self.rt.queue.response_for_platform_id, self.name, wamid)
-        errors = [e for e in _list(status.get("errors")) if isinstance(e, dict)]
+        errors = [e for e in as_list(status.get("errors")) if isinstance(e, dict)]
         error = errors[0] if errors else {}
-        code = _int(error.get("code"))
+        code = as_int(error.get("code"))
         title = str(error.get("title") or error.get("message") or "failed")
-        details = str(_dict(error.get("error_data")).get("details") or "")
+        details = str(as_dict(error.get("error_data")).get("details") or "")
         reason = f"WhatsApp {code}: {title}" + (f" ({details})" if details else "")
         if response_id is None:
             self.log.info("a message %s we do not know (any more) failed: %s", wamid, reason)
@@ -569,7 +449,7 @@ class WhatsAppChannel(Channel):
                 or response.status_code >= 500
             )
             if not retryable or attempt == self.config.send_retries:
-                raise GraphSendError(response.status_code, _dict(error))
+                raise GraphSendError(response.status_code, as_dict(error))
             delay = min(self.config.backoff_max_seconds, self.config.backoff_base_seconds * 2**attempt)
             self.log.info("Graph API throughput limit (%s); retrying in %.2f s", error.get("code"), delay)
             await asyncio.sleep(delay * random.uniform(0.8, 1.2))
@@ -586,24 +466,10 @@ class WhatsAppChannel(Channel):
                 "text": {"body": text, "preview_url": False},
             },
         )
-        return _wamid_of(sent)
+        return wamid_of(sent)
 
-    @staticmethod
-    def document_type(path: Path) -> str:
-        """The MIME type to upload ``path`` as: its own when the Cloud API takes it, text/plain for any text
-        (Markdown, code, JSON — the Cloud API refuses text/markdown)."""
-        mime = mimetypes.guess_type(path.name)[0] or ""
-        if mime in DOCUMENT_TYPES:
-            return mime
-        if mime.startswith("text/") or mime in _TEXT_LIKE:
-            return "text/plain"
-        if not mime:
-            try:
-                path.read_bytes()[:4096].decode("utf-8")
-            except UnicodeDecodeError:
-                return "application/octet-stream"
-            return "text/plain"
-        return mime
+    #: The MIME type a file is uploaded as (:func:`adapters.whatsapp_graph.document_type`).
+    document_type = staticmethod(whatsapp_graph.document_type)
 
     async def send_file(self, conversation: str, path: Path, caption: str) -> str | None:
         mime = self.document_type(path)
@@ -624,25 +490,7 @@ class WhatsAppChannel(Channel):
                 "document": document,
             },
         )
-        return _wamid_of(sent)
+        return wamid_of(sent)
 
     def classify_send_error(self, exc: Exception) -> SendFailure:
-        if not isinstance(exc, GraphSendError):
-            return SendFailure(False, f"{type(exc).__name__}: {exc}")  # network trouble: try again
-        reason = f"WhatsApp {exc.code}: {exc.title}" + (f" ({exc.details})" if exc.details else "")
-        transient = (
-            exc.status == 429
-            or exc.status >= 500
-            or exc.status == 401
-            or exc.code in THROUGHPUT_CODES
-            or exc.code in RETRY_CODES
-        )
-        if transient:
-            return SendFailure(False, reason)
-        return SendFailure(True, reason, explain(exc.code, exc.title))
-
-
-def _wamid_of(result: dict[str, Any]) -> str | None:
-    messages = _list(result.get("messages"))
-    first = _dict(messages[0]) if messages else {}
-    return str(first["id"]) if first.get("id") else None
+        return whatsapp_graph.classify_send_error(exc)
