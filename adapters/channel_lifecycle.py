@@ -10,6 +10,8 @@ import asyncio
 import contextlib
 import signal
 import socket
+from collections.abc import Callable, Coroutine
+from typing import Any
 
 from adapters.delivery import Delivery
 from shared import channel_health
@@ -42,9 +44,8 @@ class ChannelLifecycle(Delivery):
             task.result()
             raise RuntimeError(f"{what} stopped")
 
-    async def pairing_loop(self) -> None:
-        """Take back held messages of senders approved since they wrote (the channel base has it)."""
-        raise NotImplementedError
+    #: Takes back held messages of senders approved since they wrote (:meth:`adapters.base.Channel.pairing_loop`).
+    pairing_loop: Callable[[], Coroutine[Any, Any, None]]
 
     # -- running ---------------------------------------------------------------------------------------------
     async def run(self) -> None:
