@@ -92,6 +92,8 @@ class AdminOps(QueueState):
         now = now_ms()
         retried: list[str] = []
         with self.db.transaction() as tx:
+            # Locked (PostgreSQL; SQLite's write transaction excludes every other writer): a hand retry or
+            # delete racing this waits for it, and another scheduler passes these rows by.
             rows = tx.rows(
                 "SELECT id, message_id FROM messages WHERE status = 'dead' AND updated_at < :cut "
                 f"ORDER BY updated_at, id LIMIT :l{tx.dialect.skip_locked}",
@@ -103,13 +105,11 @@ class AdminOps(QueueState):
                 done = int(done_by_id.get(str(row["message_id"]), "0"))
                 if done >= budget:
                     continue
-                put_back = tx.execute(
+                tx.execute(
                     "UPDATE messages SET status = 'pending', retry_count = 0, available_at = :now, "
                     "updated_at = :now, claimed_by = NULL, lease_until = NULL WHERE id = :id AND status = 'dead'",
                     {"now": now, "id": row["id"]},
                 )
-                if put_back.rowcount != 1:  # retried or deleted by hand since the look above
-                    continue
                 kv.put(tx, Scope.DLQ_AUTO_RETRIES, str(row["message_id"]), str(done + 1), now)
                 events.append(
                     PendingEvent(

@@ -10,6 +10,10 @@ queue code fails it every time, not sometimes.
   for that lock, which the test sees as a claim that does not return while the lock is held — so removing
   ``SKIP LOCKED`` fails every round. Rows claimed in earlier rounds stay claimed, so a claim that ignores
   the status (re-taking rows already held) fails from the second round on, also every time.
+- On PostgreSQL, an operation that reads a row and then changes it (a dead letter's retry, a response given
+  back after a send error, a group failed, a pairing approved) acts on the row as another transaction left
+  it: that transaction's change is held uncommitted until the operation waits for its row lock, then
+  committed. Without the lock the operation acts on its stale read, and each test fails (checked).
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from typing import Any, Generic, TypeVar
 import psycopg
 import pytest
 
+from adapters import pairing
 from shared.clock import now_ms
 from shared.db import Database, open_database
 from shared.dialect import libpq_url
@@ -410,10 +415,10 @@ def test_postgres_recovery_keeps_a_claim_renewed_while_it_was_deciding(pg_url: s
 
 
 def _act_behind_an_uncommitted_change(
-    queue: Queue, pg_url: str, change: str, params: Sequence[Any], act: Callable[[], Any]
+    db: Database, pg_url: str, change: str, params: Sequence[Any], act: Callable[[], Any]
 ) -> Any:
-    """Run ``change`` in a transaction of another connection, left open; run ``act`` (a queue operation) in
-    a thread until its connection waits for that transaction's row lock (seen in ``pg_stat_activity``);
+    """Run ``change`` in a transaction of another connection, left open; run ``act`` (an operation on
+    ``db``) in a thread until its connection waits for that transaction's row lock (``pg_stat_activity``);
     commit the change; return what ``act`` returned or raised. The operation has by then read the row as
     it was before the change, as a real race would have it."""
     with psycopg.connect(libpq_url(pg_url)) as other:
@@ -422,7 +427,7 @@ def _act_behind_an_uncommitted_change(
         outcome: list[Any] = []
 
         def run() -> None:
-            pid.append(queue.db.connection().info.backend_pid)
+            pid.append(db.connection().info.backend_pid)
             try:
                 outcome.append(act())
             except Exception as exc:  # the caller checks what happened
@@ -455,7 +460,7 @@ def test_postgres_retry_of_a_dead_letter_retried_meanwhile_changes_nothing(pg_ur
         queue.release_agent("alpha", "w1")
         assert _message(queue, mid)["status"] == "dead"
         outcome = _act_behind_an_uncommitted_change(
-            queue,
+            db,
             pg_url,
             # The first retry, and the claim that follows it.
             "UPDATE messages SET status = 'processing', claimed_by = 'w2', manual_retries = 1, "
@@ -482,7 +487,7 @@ def test_postgres_send_retry_of_a_response_taken_over_meanwhile_changes_nothing(
         [claimed] = queue.claim_responses_for_channel("telegram", "d-slow")
         assert claimed.id == reply.id
         outcome = _act_behind_an_uncommitted_change(
-            queue,
+            db,
             pg_url,
             "UPDATE responses SET claimed_by = 'd-new', delivered = 1 WHERE id = %s",
             (reply.id,),
@@ -506,7 +511,7 @@ def test_postgres_failure_of_a_message_taken_back_meanwhile_changes_nothing(pg_u
         mid = queue.enqueue_message("api", "ann", "job", agent="alpha", conversation="c").message_id
         assert queue.claim_all_pending_messages("alpha", "w-stalled")
         outcome = _act_behind_an_uncommitted_change(
-            queue,
+            db,
             pg_url,
             "UPDATE messages SET claimed_by = 'w-new', lease_until = %s WHERE message_id = %s",
             (now_ms() + 600_000, mid),
@@ -515,5 +520,26 @@ def test_postgres_failure_of_a_message_taken_back_meanwhile_changes_nothing(pg_u
         kept = _message(queue, mid)
         assert (kept["status"], kept["claimed_by"], kept["retry_count"]) == ("processing", "w-new", 0), kept
         assert isinstance(outcome, LeaseLost), outcome
+    finally:
+        db.close()
+
+
+@pytest.mark.postgres
+def test_postgres_approval_of_a_pairing_revoked_meanwhile_changes_nothing(pg_url: str) -> None:
+    # The operator approves a code while the sender's pairing is being revoked: the approval must see the
+    # revocation and refuse, not approve on the strength of the pending row it read a moment earlier.
+    db = open_database(pg_url)
+    try:
+        check = pairing.check_sender(db, "telegram", "42", "Ann")
+        assert check.decision == "new_code"
+        outcome = _act_behind_an_uncommitted_change(
+            db,
+            pg_url,
+            "UPDATE pairings SET status = 'revoked' WHERE channel = %s AND sender_id = %s",
+            ("telegram", "42"),
+            lambda: pairing.approve(db, check.code),
+        )
+        assert isinstance(outcome, pairing.PairingError), outcome
+        assert not pairing.is_approved(db, "telegram", "42")
     finally:
         db.close()
