@@ -29,7 +29,8 @@ from shared.dialect import (
     sqlite_path,
 )
 from shared.private_files import sqlite_files, tighten
-from shared.storage_errors import DatabaseNotWritable
+from shared.storage_errors import refuse_unwritable
+from shared.wal_checkpoint import CHECKPOINTER
 
 if TYPE_CHECKING:
     from sqlalchemy import Engine
@@ -177,8 +178,11 @@ class Database:
         self._engine: Engine | None = None
         #: Bumped to make every thread open a new connection at its next use (see _after_failed_write).
         self._generation = 0
+        #: The SQLite file whose log the background checkpointer keeps short (None on PostgreSQL).
+        self._checkpoint_file: str | None = None
         if self.dialect.is_sqlite:
             Path(sqlite_path(url)).parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            self._checkpoint_file = os.path.abspath(sqlite_path(url))
 
     # -- connections -------------------------------------------------------------------------------
     def _open(self) -> Any:
@@ -291,6 +295,8 @@ class Database:
                 cur.execute("ROLLBACK")
             self._after_failed_write(exc)
             raise
+        if write and self._checkpoint_file is not None:
+            CHECKPOINTER.wrote(self._checkpoint_file)
         if tx.signals:
             for listener in self._commit_listeners:
                 listener(tx.signals)
@@ -517,19 +523,6 @@ def _retire(conns: list[Any], lock: threading.Lock, conn: Any) -> None:
         conn.close()
 
 
-def refuse_unwritable(path: str) -> None:
-    """Raise :class:`~shared.storage_errors.DatabaseNotWritable` when this process may not write the SQLite
-    file (or its ``-wal``/``-shm`` companions).
-
-    SQLite would otherwise open such a file read-only without a word, and that connection — and, through
-    the shared ``-shm`` mapping, every later one of this process — would keep refusing writes even after
-    the file is writable again. Refused here, nothing read-only is ever opened, so the process resumes
-    as soon as the file is fixed."""
-    for name in (path, f"{path}-wal", f"{path}-shm"):
-        if os.path.exists(name) and not os.access(name, os.W_OK):
-            raise DatabaseNotWritable(name)
-
-
 def configure_sqlite(conn: Any, busy_timeout_ms: int) -> None:
     """WAL, ``synchronous=NORMAL`` (durable across process crashes; a power cut may lose the last
     commits) and a busy timeout, on every SQLite connection we open."""
@@ -537,8 +530,8 @@ def configure_sqlite(conn: Any, busy_timeout_ms: int) -> None:
     conn.execute("PRAGMA journal_mode = WAL")
     conn.execute("PRAGMA synchronous = NORMAL")
     conn.execute("PRAGMA temp_store = MEMORY")
-    # The commit that crosses this many WAL pages runs the checkpoint (with its fsyncs) for everyone: every
-    # 16 MB instead of SQLite's 4 MB makes that four times rarer (enqueue +15% measured, bench/analysis.md).
+    # Checkpoints run in the background (shared.wal_checkpoint); the commit that crosses this many WAL
+    # pages runs one itself only when that falls behind (16 MB instead of SQLite's 4 MB: rarer still).
     conn.execute(f"PRAGMA wal_autocheckpoint = {WAL_CHECKPOINT_PAGES}")
 
 

@@ -202,3 +202,16 @@ def _kind(err: BaseException) -> Kind | None:
     if isinstance(err, OSError) and err.errno is not None:
         return _OS_KINDS.get(err.errno)
     return None
+
+
+def refuse_unwritable(path: str) -> None:
+    """Raise :class:`~shared.storage_errors.DatabaseNotWritable` when this process may not write the SQLite
+    file (or its ``-wal``/``-shm`` companions).
+
+    SQLite would otherwise open such a file read-only without a word, and that connection — and, through
+    the shared ``-shm`` mapping, every later one of this process — would keep refusing writes even after
+    the file is writable again. Refused here, nothing read-only is ever opened, so the process resumes
+    as soon as the file is fixed."""
+    for name in (path, f"{path}-wal", f"{path}-shm"):
+        if os.path.exists(name) and not os.access(name, os.W_OK):
+            raise DatabaseNotWritable(name)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -98,3 +99,20 @@ def queue(db: Database) -> Queue:
     )
     config = QueueConfig(backoff_base_ms=1000, backoff_max_ms=60_000, lease_ms=30_000)
     return Queue(db, config, directory)
+
+
+@pytest.fixture
+def read_only_view(tmp_path: Path) -> Iterator[tuple[Path, Path]]:
+    """``(writable, view)``: a folder and a read-only bind mount of it (root only; skipped elsewhere).
+    Read-only at the mount, it stops root's writes too, unlike ``chmod``."""
+    writable, view = tmp_path / "rw", tmp_path / "view"
+    writable.mkdir()
+    view.mkdir()
+    made = subprocess.run(["mount", "--bind", str(writable), str(view)], capture_output=True, text=True)
+    if made.returncode != 0:
+        pytest.skip(f"cannot bind-mount here: {made.stderr.strip()}")
+    try:
+        subprocess.run(["mount", "-o", "remount,bind,ro", str(view)], check=True)
+        yield writable, view
+    finally:
+        subprocess.run(["umount", "-l", str(view)], check=False)

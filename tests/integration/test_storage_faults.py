@@ -217,23 +217,6 @@ def test_disk_full_is_503_and_one_cli_line_then_resumes(small_disk: Path) -> Non
 
 
 # -- a read-only file --------------------------------------------------------------------------------------
-@pytest.fixture
-def read_only_view(tmp_path: Path) -> Iterator[tuple[Path, Path]]:
-    """``(writable, view)``: a folder and a read-only bind mount of it (root only; skipped elsewhere).
-    Read-only at the mount, it stops root's writes too, unlike ``chmod``."""
-    writable, view = tmp_path / "rw", tmp_path / "view"
-    writable.mkdir()
-    view.mkdir()
-    made = subprocess.run(["mount", "--bind", str(writable), str(view)], capture_output=True, text=True)
-    if made.returncode != 0:
-        pytest.skip(f"cannot bind-mount here: {made.stderr.strip()}")
-    try:
-        subprocess.run(["mount", "-o", "remount,bind,ro", str(view)], check=True)
-        yield writable, view
-    finally:
-        subprocess.run(["umount", "-l", str(view)], check=False)
-
-
 @pytest.mark.e2e
 def test_read_only_database_gives_one_line_from_cli_and_web_then_resumes(
     read_only_view: tuple[Path, Path],
