@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import os
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Any
@@ -418,26 +418,17 @@ def _load(ep: Any) -> Any | None:
         return None
 
 
-def _process_kinds() -> dict[str, Callable[[Path | None], None]]:
+def _process_kinds() -> dict[str, tuple[bool, Any]]:
+    """Installed process kinds by name: ``(is_channel, entry point)``. Nothing is imported: a process
+    loads only its own code, so a restart is not slowed by every other process's imports."""
     from importlib.metadata import entry_points
 
-    kinds: dict[str, Callable[[Path | None], None]] = {}
+    kinds: dict[str, tuple[bool, Any]] = {}
     for ep in entry_points(group="agentpost.processes"):
-        target = _load(ep)
-        if target is not None:
-            kinds[ep.name] = target
+        kinds.setdefault(ep.name, (False, ep))
     for ep in entry_points(group="agentpost.channels"):
-        if ep.name not in kinds and _load(ep) is not None:
-            kinds[ep.name] = _channel_runner(ep.name, ep.load)
+        kinds.setdefault(ep.name, (True, ep))
     return kinds
-
-
-def _channel_runner(name: str, load: Callable[[], Any]) -> Callable[[Path | None], None]:
-    def run(home: Path | None) -> None:
-        load().run_process(home)
-
-    run.__doc__ = f"channel adapter {name}"
-    return run
 
 
 @app.command("run")
@@ -449,8 +440,18 @@ def run(
     if kind not in kinds:
         known = ", ".join(sorted(kinds)) or "none installed"
         raise fail(f"unknown process kind {kind!r} (available: {known})", 2)
+    is_channel, ep = kinds[kind]
     try:
-        kinds[kind](None)
+        target = ep.load()
+    except (ImportError, AttributeError) as exc:
+        raise fail(
+            f"the {kind} process is installed but its code did not load ({ep.value}): {exc}", 1
+        ) from None
+    try:
+        if is_channel:
+            target.run_process(None)
+        else:
+            target(None)
     except SettingsError as exc:
         raise fail(str(exc), 2) from None
     except KeyboardInterrupt:

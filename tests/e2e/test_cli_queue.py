@@ -107,3 +107,32 @@ def test_help_explains_commands(tmp_path: Path) -> None:
     for word in ("init", "send", "queue", "dead", "run"):
         assert word in out
     assert "Queue a message" in run(tmp_path, "send", "--help").stdout
+
+
+def test_running_one_process_loads_only_its_own_code(tmp_path: Path) -> None:
+    # A restart is on the clock (a successor re-runs a killed processor's message within 3 s): `agentpost run
+    # processor` must not import the web server and every channel library first. Bad settings stop the
+    # processor right after its own code loaded, and the interpreter then lists what was imported.
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "settings.toml").write_text("[queue]\nmax_retries = -1\n")
+    probe = (
+        "import sys\n"
+        "from shared.cli import main\n"
+        "sys.argv = ['agentpost', 'run', 'processor']\n"
+        "try:\n    main()\nexcept SystemExit as done:\n    print('exit', done.code)\n"
+        "print(' '.join(sorted(m for m in sys.modules if m.split('.')[0] in ('adapters', 'workers', 'scheduler'))))\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", probe],
+        env={**os.environ, "AGENTPOST_HOME": str(home)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    lines = proc.stdout.splitlines()
+    assert lines[0] == "exit 2" and "max_retries" in proc.stderr, (proc.stdout, proc.stderr)
+    loaded = set(lines[1].split())
+    assert "workers.processor" in loaded
+    assert not loaded & {"adapters.web.server", "adapters.discord", "adapters.telegram", "adapters.whatsapp"}
+    assert "scheduler.service" not in loaded

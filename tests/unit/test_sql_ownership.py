@@ -26,6 +26,7 @@ STORAGE_MODULES = frozenset(
         "shared/db.py",
         "shared/dialect.py",
         "shared/wake.py",
+        "shared/wal_checkpoint.py",
         "shared/models.py",
         "shared/kv.py",
         "shared/events.py",
