@@ -448,8 +448,10 @@ class ResponseOps(QueueState):
         files: Sequence[str] = (),
         metadata: Mapping[str, Any] | None = None,
         message_id: str | None = None,
+        also: Callable[[Tx], None] | None = None,
     ) -> QueuedResponse:
-        """Queue an outgoing message nobody asked for (a proactive message, a progress note)."""
+        """Queue an outgoing message nobody asked for (a proactive message, a progress note). ``also(tx)``
+        commits with it (an adapter's answer to a command, with the command's update marked seen)."""
         if not isinstance(message, str) or not message.strip():
             raise InvalidInput("message is empty")
         if not CHANNEL_RE.match(channel or ""):
@@ -484,6 +486,8 @@ class ResponseOps(QueueState):
             )
             tx.signal("responses")
             row = tx.one("SELECT * FROM responses WHERE id = :id", {"id": rid})
+            if also is not None:
+                also(tx)
         assert row is not None
         return QueuedResponse.from_row(row)
 
