@@ -103,15 +103,8 @@ def create_app(
     app.state.limits = web.limits
 
     api = APIRouter(prefix="/api", dependencies=[Depends(require_access)])
-    for area in (
-        queue_routes,
-        response_routes,
-        chatroom_routes,
-        event_routes,
-        manage,
-        schedule_routes,
-        console,
-    ):
+    areas = (queue_routes, response_routes, chatroom_routes, event_routes, manage, schedule_routes, console)
+    for area in areas:
         api.include_router(area.router)
     app.include_router(api)
     app.include_router(event_routes.websocket_router)
@@ -126,5 +119,11 @@ def create_app(
         limit=max_body_bytes if max_body_bytes is not None else settings.api.max_body_bytes,
         timeout=settings.api.body_timeout_seconds,
     )
-    app.add_middleware(OriginGuard, allowed=settings.api.allowed_origins)
+    served = {
+        method
+        for router in (*(area.router for area in areas), health_routes.router)
+        for route in router.routes
+        for method in (getattr(route, "methods", None) or ())
+    }
+    app.add_middleware(OriginGuard, allowed=settings.api.allowed_origins, methods=served)
     return app

@@ -26,7 +26,8 @@ Origin = tuple[str, str, int]
 
 _DEFAULT_PORTS = {"http": 80, "https": 443}
 _SCHEMES = {"http": "http", "https": "https", "ws": "http", "wss": "https"}
-ALLOW_METHODS = b"GET, POST, DELETE, OPTIONS"
+#: Used when the app does not say which methods its routes serve.
+DEFAULT_METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
 ALLOW_HEADERS = b"Authorization, Content-Type, Last-Event-ID"
 #: What a script on an allowed origin may read besides the basic response headers.
 EXPOSE_HEADERS = b"Retry-After"
@@ -65,9 +66,12 @@ def _header(scope: Scope, name: bytes) -> str | None:
 class OriginGuard:
     """ASGI middleware: refuse foreign origins, answer CORS for allowed ones (see the module docstring)."""
 
-    def __init__(self, app: ASGIApp, allowed: Iterable[str]) -> None:
+    def __init__(self, app: ASGIApp, allowed: Iterable[str], methods: Iterable[str] = DEFAULT_METHODS) -> None:
         self.app = app
         self.allowed = {o for o in (parse_origin(text) for text in allowed) if o is not None}
+        # A preflight must name every method a route serves: TinyOffice saves with PUT, and a browser that
+        # is not told PUT is allowed never sends the request (curl, which ignores CORS, would succeed).
+        self.allow_methods = ", ".join(sorted({m.upper() for m in methods} | {"OPTIONS"})).encode()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] not in ("http", "websocket"):
@@ -95,7 +99,7 @@ class OriginGuard:
             # auth: all it reveals is what the API would accept from this origin.
             headers = [
                 *cors,
-                (b"access-control-allow-methods", ALLOW_METHODS),
+                (b"access-control-allow-methods", self.allow_methods),
                 (b"access-control-allow-headers", ALLOW_HEADERS),
                 (b"access-control-max-age", PREFLIGHT_MAX_AGE),
                 (b"content-length", b"0"),

@@ -172,3 +172,22 @@ def test_allowed_origins_setting_is_checked(tmp_path: Path) -> None:
         load_settings(home, {})
     (home / "settings.toml").write_text('[api]\nallowed_origins = ["https://a.example/"]\n', encoding="utf-8")
     assert load_settings(home, {}).api.allowed_origins == ["https://a.example"]
+
+
+def test_preflight_allows_every_method_each_route_serves(server: tuple[str, int, str]) -> None:
+    """TinyOffice saves settings, agents, teams, heartbeats and schedules with PUT: a preflight that does not
+    list PUT makes the browser drop the request ("Failed to fetch") while curl gets 200."""
+    url, _, token = server
+    spec = httpx.get(f"{url}/openapi.json", headers=auth(token), timeout=5).json()
+    pairs = [(path, method.upper()) for path, ops in spec["paths"].items() for method in ops]
+    assert ("/api/settings", "PUT") in pairs and ("/api/agents/{agent}", "PUT") in pairs, pairs
+    for path, method in pairs:
+        concrete = path.replace("{", "x").replace("}", "")
+        r = httpx.options(
+            f"{url}{concrete}",
+            headers={"Origin": ALLOWED, "Access-Control-Request-Method": method},
+            timeout=5,
+        )
+        assert r.status_code == 204, (path, r.text)
+        allowed = {m.strip() for m in r.headers["access-control-allow-methods"].split(",")}
+        assert method in allowed, f"preflight for {method} {path} allows only {sorted(allowed)}"
