@@ -38,7 +38,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, create_model
+from pydantic import ConfigDict, create_model
 
 from adapters import pairing as pairings
 from adapters.channel_lifecycle import ChannelLifecycle
@@ -48,13 +48,13 @@ from shared import held_messages, platform_dedupe
 from shared.aio import call
 from shared.channel_cursors import OFFLINE_SENT_AT
 from shared.chat_address import ChatAddress
-from shared.chat_prefs import BusyPolicy
 from shared.clock import now_ms
 from shared.db import Tx
 from shared.file_access import chat_upload_dir
 from shared.queue import TxWork, UnknownMention
 from shared.runtime import Runtime, open_runtime
 from shared.settings import Settings, SettingsError
+from shared.settings_channels import ChannelSettings
 from shared.worker_identity import new_worker_id
 
 TEST_PAUSE_ENV = "AGENTPOST_TEST_PAUSE_AFTER_FETCH"
@@ -79,51 +79,6 @@ __all__ = [
 
 class MissingSecret(SettingsError):
     """A token or secret the channel needs is not in the environment (the message names the variable)."""
-
-
-class ChannelSettings(BaseModel):
-    """Settings every channel has, in ``[channels.<name>]`` of settings.toml."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    allowlist: list[str] = Field(
-        default_factory=list, description="sender ids served without pairing; '*' serves everyone"
-    )
-    pairing: bool = Field(
-        default=True, description="give unknown senders a pairing code (false: ignore them)"
-    )
-    pairing_max_pending: int = Field(default=pairings.MAX_PENDING, ge=1, le=100)
-    operator_chat: str = Field(
-        default="", description="a chat of this channel told about each new pairing request (empty: none)"
-    )
-    max_chunks: int = Field(default=4, ge=1, le=50, description="longer replies are sent as a file")
-    delivery_batch: int = Field(default=10, ge=1, le=100)
-    delivery_attempts: int = Field(
-        default=8, ge=1, le=100, description="transient send failures before a reply counts as undeliverable"
-    )
-    delivery_backoff_base_seconds: float = Field(
-        default=2.0, ge=0, description="wait before re-sending after a transient failure (doubles each time)"
-    )
-    delivery_backoff_max_seconds: float = Field(default=300.0, ge=0)
-    typing: bool = True
-    typing_interval_seconds: float = Field(default=4.0, gt=0)
-    poll_interval_seconds: float = Field(default=0.0, ge=0, description="0: the queue's poll interval")
-    busy_policy: BusyPolicy | None = Field(
-        default=None, description="this channel's busy policy (unset: [processor] busy_policy)"
-    )
-    debounce: bool = Field(default=True, description="apply [queue] debounce_ms to this channel's messages")
-    progress_min_interval_seconds: float = Field(
-        default=180.0, ge=0, description="platforms that cannot edit: at most one progress note per interval"
-    )
-    late_message_seconds: float = Field(
-        default=60.0, gt=0, description="a message handled this long after it was sent arrived while offline"
-    )
-    start_retry_base_seconds: float = Field(
-        default=1.0, gt=0, description="platform unreachable at start: first wait before trying again"
-    )
-    start_retry_max_seconds: float = Field(
-        default=60.0, gt=0, description="... doubling up to this wait between tries (until stopped)"
-    )
 
 
 @dataclass(frozen=True)
@@ -287,8 +242,9 @@ class Channel(ChatCommands, ChannelLifecycle):
     async def handle(self, message: Inbound, *, also: TxWork | None = None) -> HandleOutcome:
         """Authorise, run commands, or queue one inbound message; returns once the outcome is committed.
 
-        ``also(tx)`` is written in the transaction that queues the message (a plugin's cursor, so the
-        update and the message commit together); it is not called for a message that is not queued."""
+        ``also(tx)`` is written in the transaction that queues the message or its answer (a plugin's
+        cursor, so the update and what it caused commit together); it is not called for a message that is
+        neither queued nor answered (ignored, a duplicate, a sender waiting for pairing)."""
         return await call(self.handle_sync, message, also=also)
 
     def handle_sync(self, message: Inbound, *, also: TxWork | None = None) -> HandleOutcome:
@@ -314,20 +270,22 @@ class Channel(ChatCommands, ChannelLifecycle):
         if self._seen(message.external_id):
             return "duplicate"  # a redelivery of a message taken in before (even one pruned since)
         self._tell_undelivered(message)
+        # A chat-answered message (a command, ``@agent`` alone, ``@nosuch …``) is taken in like a queued
+        # one: its answer, its seen mark and the plugin's cursor commit together, so a crash can neither
+        # answer it twice (answer kept, update handed over again) nor lose the answer (update confirmed).
+        taken_in = self._commits_with_message(message.external_id, also)
         command = _COMMAND_RE.match(text)
         if command and command.group("name").lower() in COMMANDS:
             answer = self.run_command(
                 message, command.group("name").lower(), (command.group("args") or "").strip()
             )
-            self.reply(message, answer, kind="command")
-            self._mark_seen(message.external_id)
+            self.reply(message, answer, kind="command", also=taken_in)
             return "command"
         switch = _MENTION_ONLY_RE.match(text)
         if switch and not refs:
             switched = self._switch(message, switch.group("name").lower())
             if switched is not None:
-                self.reply(message, switched, kind="command")
-                self._mark_seen(message.external_id)
+                self.reply(message, switched, kind="command", also=taken_in)
                 return "command"
         body = "\n".join([text, *refs]) if text else "\n".join(refs)
         agent = self._sticky_for(message.conversation, text)
@@ -346,16 +304,17 @@ class Channel(ChatCommands, ChannelLifecycle):
                 agent=agent,
                 prefix=self.prefix or self.name,
                 debounce_ms=self.settings.queue.debounce_ms if self.config.debounce else 0,
-                also=self._commits_with_message(message.external_id, also),
+                also=taken_in,
             )
         except UnknownMention as exc:  # "@nosuch hi": answered with the names we know, nothing queued
-            self.reply(message, self.unknown_mention_reply(message, exc), kind="command")
-            self._mark_seen(message.external_id)
+            self.reply(message, self.unknown_mention_reply(message, exc), kind="command", also=taken_in)
             return "command"
         return "duplicate" if result.duplicate else "queued"
 
     def _commits_with_message(self, external_id: str, also: TxWork | None) -> TxWork:
-        """What commits with a queued message: the platform id marked seen, and the plugin's own record."""
+        """What commits with a queued message or a chat's answer: the platform id marked seen (commands
+        are not queue messages, and queued ones are pruned a day after completion, so the queue's duplicate
+        check alone cannot catch every redelivery; this record outlives both), and the plugin's own record."""
 
         def write(tx: Tx) -> None:
             platform_dedupe.remember_in(tx, self.name, external_id)
@@ -445,13 +404,14 @@ class Channel(ChatCommands, ChannelLifecycle):
         override this to send it privately)."""
         self.reply(message, pairing_code_text(code), kind="pairing")
 
-    def reply(self, message: Inbound, text: str, *, kind: str) -> None:
-        """Queue a reply of the channel itself (a command answer, a pairing code) for delivery."""
-        self.reply_to(message.address_on(self.name), text, kind=kind)
+    def reply(self, message: Inbound, text: str, *, kind: str, also: TxWork | None = None) -> None:
+        """Queue a reply of the channel itself (a command answer, a pairing code) for delivery; ``also(tx)``
+        commits with it."""
+        self.reply_to(message.address_on(self.name), text, kind=kind, also=also)
 
-    def reply_to(self, address: ChatAddress, text: str, *, kind: str) -> None:
+    def reply_to(self, address: ChatAddress, text: str, *, kind: str, also: TxWork | None = None) -> None:
         """Queue a message of the channel itself to ``address`` (durable like any reply); ``kind`` goes in
-        its metadata."""
+        its metadata, ``also(tx)`` commits with it."""
         self.rt.queue.enqueue_response(
             address.channel,
             address.sender,
@@ -459,15 +419,11 @@ class Channel(ChatCommands, ChannelLifecycle):
             sender_id=address.sender_id,
             conversation=address.conversation,
             metadata={"kind": kind},
+            also=also,
         )
 
     def _seen(self, external_id: str) -> bool:
         return platform_dedupe.is_seen(self.rt.db, self.name, external_id)
-
-    def _mark_seen(self, external_id: str) -> None:
-        # Commands are not queue messages, and queued messages are pruned a day after completion, so the
-        # queue's duplicate check alone cannot catch every redelivery; this record outlives both.
-        platform_dedupe.remember(self.rt.db, self.name, external_id)
 
     def _tell_undelivered(self, message: Inbound) -> None:
         """Queue a note about replies of this chat that could not be delivered, before anything else the

@@ -20,9 +20,8 @@ import contextlib
 import os
 import re
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar
 
-from pydantic import Field
 from telegram import Bot, BotCommand, Message, Update
 from telegram.constants import ChatAction
 from telegram.error import (
@@ -45,18 +44,9 @@ from shared.aio import call
 from shared.db import Tx
 from shared.kv import Scope
 from shared.queue import TxWork
+from shared.settings_channels import TelegramSettings
 
 DEFAULT_API = "https://api.telegram.org"
-
-
-class TelegramSettings(ChannelSettings):
-    """``[channels.telegram]``."""
-
-    token_env: str = Field(default="TELEGRAM_BOT_TOKEN", description="variable holding the bot token")
-    api_base_url: str = Field(default="", description="Bot API root; TELEGRAM_API_BASE_URL wins")
-    parse_mode: Literal["Markdown", "MarkdownV2", "HTML", ""] = "Markdown"
-    poll_timeout_seconds: int = Field(default=25, ge=0, le=50)
-    rate_limit_retries: int = Field(default=3, ge=0, le=20)
 
 
 def split_conversation(conversation: str) -> tuple[int | str, int | None]:
@@ -172,7 +162,8 @@ class TelegramChannel(Channel):
                 written: list[int] = []
 
                 def keep_offset(tx: Tx, after: int = update.update_id + 1, done: list[int] = written) -> None:
-                    # The offset commits with the message the update queued: one write, not two.
+                    # The offset commits with the message the update queued, or with the answer to its
+                    # command: one write, and never a confirmed update without what it caused.
                     kv.put(tx, Scope.TELEGRAM, self.offset_key, str(after))
                     done.append(after)
 
@@ -186,7 +177,7 @@ class TelegramChannel(Channel):
                     await asyncio.sleep(1.0)
                     break
                 offset = update.update_id + 1
-                if not written:  # not a queued message (a command, an ignored update): its own write
+                if not written:  # nothing queued or answered (ignored, a duplicate): its own write
                     await call(chat_state.kv_set, db, Scope.TELEGRAM, self.offset_key, str(offset))
 
     def _addressed(self, message: Message, text: str) -> tuple[bool, str]:
