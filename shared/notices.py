@@ -35,3 +35,25 @@ def gave_up_notice(
         head = f"Sorry — {_quoted(agent)} could not answer your message {tries}: {what}.".replace("  ", " ")
         todo = advice or "Type /retry to try it again, or send it again later."
     return f"{head} {todo} (ref {ref})"
+
+
+def busy_note(agent: str, policy: str, *, same_chat: bool) -> str:
+    """The one note a chat gets when its message waits behind a run of ``agent`` (once per run and chat).
+
+    ``policy`` is the chat's busy policy (``collect``, ``followup``, ``interrupt``); ``same_chat`` says
+    whether the run going on answers this chat's earlier message or another conversation.
+    """
+    who = _quoted(agent)
+    if same_chat and policy == "interrupt":
+        return f"Got it — stopping {who}'s current run to include this message."
+    if same_chat:
+        head = f"Queued: {who} is still working on your previous message."
+    else:
+        head = f"Queued: {who} is busy with another conversation."
+    if policy == "collect":
+        how = "together with anything else you send meanwhile, after the current run"
+    elif policy == "followup":
+        how = "after the current run, each of your messages in turn"
+    else:
+        how = "after the current run"
+    return f"{head} This will be answered {how}."

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from shared.chat_address import ChatAddress
 from shared.clock import now_ms
 from shared.conversation_status import CHAT_KEY_SQL
 from shared.events import PendingEvent, append_events
@@ -121,3 +122,13 @@ class ControlOps(QueueState):
             {"a": agent, "c": channel, "conv": conversation, "now": now_ms() if now is None else now},
         )
         return found is not None
+
+    def waiting_arrivals(self, agent: str, limit: int = 200) -> list[tuple[str, ChatAddress]]:
+        """Messages for ``agent`` that wait for the first time (no retry), oldest first, as (message id,
+        chat): while the agent runs, they wait behind that run, and their chats are told so once. Read-only."""
+        rows = self.db.read(
+            "SELECT message_id, channel, sender, sender_id, conversation FROM messages "
+            "WHERE status = 'pending' AND agent = :a AND retry_count = 0 ORDER BY id LIMIT :n",
+            {"a": agent, "n": limit},
+        )
+        return [(str(r["message_id"]), ChatAddress.of(r)) for r in rows]

@@ -78,6 +78,14 @@ def channel_policy(settings: Settings, channel: str) -> BusyPolicy | None:
         return None
 
 
+def busy_notice_on(settings: Settings, channel: str) -> bool:
+    """``[channels.<channel>] busy_notice``: whether a message waiting behind a run gets a note (default
+    yes)."""
+    section = settings.file.channels.get(channel)
+    value = section.get("busy_notice", True) if isinstance(section, Mapping) else True
+    return value is not False
+
+
 def resolve_policy(db: Database, settings: Settings, default: BusyPolicy, key: tuple[str, str]) -> BusyPolicy:
     """The busy policy of one chat: its own (``/queue``), else its channel's, else ``default``."""
     channel, conversation = key

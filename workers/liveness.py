@@ -13,6 +13,10 @@ least every ``[processor] control_interval_seconds`` (at most five times a secon
   metadata ``{"kind": "progress", "edit_key": RUN_ID}`` so a channel can edit one message in place; the
   final reply carries ``{"kind": "final", "edit_key": RUN_ID}``.
 - refreshes the run record :func:`shared.conversation_status.conversation_status` reads (last step).
+- tells a chat whose message waits behind this run — the run's own chat or another of the agent's — once
+  per run, that it is queued and how the chat's busy policy will handle it (:func:`shared.notices.busy_note`;
+  ``[channels.<name>] busy_notice = false`` turns it off). It is a note (``kind: progress``) with its own
+  edit key, never the message's final reply.
 
 Idle and ceiling timeouts are the provider's (:mod:`workers.providers`): they need the CLI's output.
 """
@@ -28,12 +32,14 @@ import anyio
 
 from shared.aio import call
 from shared.chat_address import ChatAddress
+from shared.chat_prefs import BusyPolicy
 from shared.clock import now_ms
 from shared.conversation_status import format_duration, update_run_step
 from shared.events import PendingEvent
+from shared.notices import busy_note
 from shared.queue import INTERNAL_CHANNELS, QueuedMessage
 from shared.runtime import Runtime
-from workers.busy import WorkGroup
+from workers.busy import WorkGroup, busy_notice_on, resolve_policy
 from workers.teams import origin_of
 
 log = logging.getLogger("agentpost.processor")
@@ -122,6 +128,7 @@ class RunWatch:
         control_interval: float,
         note_seconds: float,
         on_foreign_stop: Callable[[str], None],
+        default_policy: BusyPolicy = "collect",
     ) -> None:
         self.rt = rt
         self.worker = worker
@@ -129,7 +136,10 @@ class RunWatch:
         self.control_interval = control_interval
         self.note_seconds = note_seconds
         self.on_foreign_stop = on_foreign_stop
+        self.default_policy = default_policy
         self.target = note_target(info.group.messages[0])
+        #: The chats told during this run that their message waits behind it.
+        self.told: set[tuple[str, str]] = set()
 
     async def run(self, scope: anyio.CancelScope) -> None:
         """Watch until the run ends (the caller cancels this) or the watch stops it (cancels ``scope``)."""
@@ -172,6 +182,7 @@ class RunWatch:
             return "stop"
         if taken:
             self.on_foreign_stop(taken)
+        self._tell_waiting()
         if info.group.policy == "interrupt":
             channel, conversation = info.group.key
             if self.rt.queue.chat_has_arrival(info.agent, channel, conversation):
@@ -201,3 +212,44 @@ class RunWatch:
             metadata={"kind": "progress", "edit_key": info.edit_key, "agent": info.agent, "note": info.notes},
             message_id=primary.message_id,
         )
+
+    def _tell_waiting(self) -> None:
+        """Send the busy note to each chat with a message newly waiting behind this run (once per run)."""
+        info = self.info
+        try:
+            arrivals = self.rt.queue.waiting_arrivals(info.agent)
+        except Exception as exc:  # a note is a courtesy: the run goes on
+            log.warning("agent %s: could not look for waiting messages: %s", info.agent, exc)
+            return
+        for message_id, address in arrivals:
+            key = address.key
+            if key in self.told or address.channel in INTERNAL_CHANNELS:
+                continue
+            # Counted first: a note that cannot be queued is not retried on every check.
+            self.told.add(key)
+            settings = self.rt.settings
+            if not busy_notice_on(settings, address.channel):
+                continue
+            try:
+                policy = (
+                    info.group.policy
+                    if key == info.group.key
+                    else resolve_policy(self.rt.db, settings, self.default_policy, key)
+                )
+                same_chat = self.target is not None and key == self.target.key
+                self.rt.queue.reply_to(
+                    address,
+                    busy_note(info.agent, policy, same_chat=same_chat),
+                    agent=info.agent,
+                    metadata={
+                        "kind": "progress",
+                        "note": "busy",
+                        "edit_key": f"busy_{message_id}",
+                        "agent": info.agent,
+                        "policy": policy,
+                        "run_id": info.run_id,
+                    },
+                    message_id=message_id,
+                )
+            except Exception as exc:
+                log.warning("agent %s: could not queue the busy note for %s: %s", info.agent, message_id, exc)

@@ -1,5 +1,6 @@
 """Busy chats with the real Claude Code CLI against the fake API: what messages sent while a run is going
-become under each busy policy, the debounce window, and the cap on waiting messages."""
+become under each busy policy, the one note telling their chat so, the debounce window, and the cap on
+waiting messages."""
 
 from __future__ import annotations
 
@@ -7,12 +8,14 @@ import re
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from shared.chat_prefs import set_busy_policy
 from shared.clock import now_ms
 from shared.queue import Queue
+from shared.runtime import Runtime
 from tests.fakes.anthropic_api import Chunked, FakeAnthropic, Text
 from tests.fixtures import cli_installed  # noqa: F401  (fixtures)
 from tests.liveness_support import claude_home, cli_env, group_gone, of_kind, payloads, responses, run_with
@@ -58,7 +61,7 @@ def test_collect_five_messages_during_a_run_become_one_followup_run(
             msg = rt.queue.get_message(mid)
             assert msg is not None and msg.status == "completed" and msg.retry_count == 0
         finals = of_kind(rt, "final")
-        assert len(finals) == 2 and len(responses(rt)) == 2
+        assert len(finals) == 2 and len(responses(rt)) == 3  # the two answers and the one busy note
         assert finals[1]["message_id"] == ids[0]  # the follow-up run answers the five as one group
     main = api.main_requests()
     assert len(main) == 2
@@ -170,3 +173,60 @@ def test_waiting_messages_past_the_cap_are_dropped_with_one_notice(
             assert msg is not None and msg.status == "completed"
     follow = api.main_requests()[1].last_user_text
     assert "extra 1" not in follow and all(f"extra {n}" in follow for n in (3, 4, 5))
+
+
+def _busy_notes(rt: Runtime) -> list[dict[str, Any]]:
+    return [r for r in of_kind(rt, "progress") if r["metadata"].get("note") == "busy"]
+
+
+@pytest.mark.parametrize(
+    ("policy", "said"),
+    [
+        ("collect", "answered together with anything else you send meanwhile, after the current run"),
+        ("followup", "answered after the current run, each of your messages in turn"),
+        ("interrupt", "stopping “coder”'s current run to include this message"),
+    ],
+)
+def test_messages_sent_during_a_run_get_one_busy_note_per_chat_saying_how_they_will_be_handled(
+    tmp_path: Path, sqlite_url: str, api: FakeAnthropic, policy: str, said: str
+) -> None:
+    api.script()
+    api.add_rule(re.compile(r"^first"), Chunked(["working "] * 10, interval=0.5))  # 5 s unless stopped
+    home = claude_home(tmp_path, sqlite_url, processor={"busy_policy": policy})
+    burst = 1 if policy == "interrupt" else 5  # an interrupt starts a new run at the first one
+    with open_home(home) as rt:
+        first = rt.queue.enqueue_message("telegram", "ann", "first task", sender_id="7", conversation="c1")
+        mine: list[str] = []
+        other: list[str] = []
+
+        def act() -> None:
+            api.wait_for_main_requests(1, 30)
+            other.append(
+                rt.queue.enqueue_message(
+                    "telegram", "bo", "hello", sender_id="8", conversation="c2"
+                ).message_id
+            )
+            for n in range(1, burst + 1):
+                sent = rt.queue.enqueue_message(
+                    "telegram", "ann", f"extra {n}", sender_id="7", conversation="c1"
+                )
+                mine.append(sent.message_id)
+
+        run_with(rt, cli_env(api, tmp_path), act)
+        notes = _busy_notes(rt)
+        finals = of_kind(rt, "final")
+        for mid in [first.message_id, *mine, *other]:
+            msg = rt.queue.get_message(mid)
+            assert msg is not None and msg.status == "completed", (mid, msg)
+    c1 = [n for n in notes if n["conversation"] == "c1"]
+    c2 = [n for n in notes if n["conversation"] == "c2"]
+    assert len(c1) == 1 and len(c2) == 1, notes  # a burst of five mid-run: one note, not five
+    assert c1[0]["message_id"] == mine[0] and said in c1[0]["message"], c1
+    assert "busy with another conversation" in c2[0]["message"] and c2[0]["message_id"] == other[0]
+    for note in (c1[0], c2[0]):
+        # A note, never the answer: every final of its chat comes after it, and each chat has its answers.
+        assert note["metadata"]["kind"] == "progress" and note["metadata"]["edit_key"]
+        chat = [f for f in finals if f["conversation"] == note["conversation"]]
+        assert chat and all(f["id"] > note["id"] for f in chat)
+    answered = {f["message_id"] for f in finals}
+    assert other[0] in answered and (first.message_id in answered or mine[0] in answered)
