@@ -311,6 +311,7 @@ class RunSteps:
             control_interval=self.config.control_interval_seconds,
             note_seconds=self.config.progress_note_seconds,
             on_foreign_stop=drive.stops.add,
+            default_policy=self.config.busy_policy,
         )
         result = RunResult(ok=False, error="stopped before the CLI finished")
         with anyio.CancelScope() as scope:
