@@ -19,16 +19,10 @@ import pytest
 from shared.db import Database, open_database
 from shared.models import SCHEMA_VERSION, TABLE_NAMES
 from shared.queue import Directory, Queue, QueueConfig
+from tests.probes import service_unavailable
 
 ADMIN_PG_URL = os.environ.get("AGENTPOST_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
 REDIS_URL = os.environ.get("AGENTPOST_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
-IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
-
-
-def _unavailable(what: str, exc: Exception) -> None:
-    if IN_CI:
-        pytest.fail(f"{what} is required in CI but unavailable: {exc}")
-    pytest.skip(f"{what} unavailable: {exc}")
 
 
 def _with_db(url: str, name: str) -> str:
@@ -44,7 +38,7 @@ def pg_server_url() -> Iterator[str]:
         with psycopg.connect(ADMIN_PG_URL, autocommit=True, connect_timeout=5) as conn:
             conn.execute(f'CREATE DATABASE "{name}"')
     except psycopg.Error as exc:
-        _unavailable("PostgreSQL", exc)
+        service_unavailable("PostgreSQL", exc)
     url = _with_db(ADMIN_PG_URL, name)
     open_database(url).close()
     yield url
@@ -116,3 +110,16 @@ def read_only_view(tmp_path: Path) -> Iterator[tuple[Path, Path]]:
         yield writable, view
     finally:
         subprocess.run(["umount", "-l", str(view)], check=False)
+
+
+TIERS = ("unit", "integration", "e2e")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Every test names its tier: an unmarked one is missed by ``make test-fast`` (``-m unit``) and by any run
+    that selects tiers, so collection stops with the list of them instead."""
+    del config
+    unmarked = [item.nodeid for item in items if not any(item.get_closest_marker(t) for t in TIERS)]
+    if unmarked:
+        shown = "\n  ".join(unmarked[:20])
+        raise pytest.UsageError(f"tests without a tier marker ({', '.join(TIERS)}):\n  {shown}")

@@ -4,11 +4,14 @@ database, and killing the processes a test started."""
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import time
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any
+from typing import Any, NoReturn
+
+import pytest
 
 from shared.runtime import Runtime
 
@@ -30,6 +33,19 @@ def wait_for(
         if time.monotonic() > deadline:
             raise error(f"timed out after {timeout:g} s waiting for {what}")
         time.sleep(interval)
+
+
+def in_ci() -> bool:
+    """``CI`` is set as CI sets it (``.ci/run`` exports ``CI=true`` itself, so a local run behaves alike)."""
+    return os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+
+def service_unavailable(what: str, detail: object) -> NoReturn:
+    """A server or program a test needs is missing: skip the test on a developer's machine, fail it in CI,
+    where ``.ci/run`` must have provided it (the one place this rule is written)."""
+    if in_ci():
+        pytest.fail(f"{what} is required in CI but unavailable: {detail}")
+    pytest.skip(f"{what} unavailable: {detail}")
 
 
 def free_port() -> int:

@@ -17,7 +17,7 @@ import psycopg
 from shared.clock import now_ms
 from shared.queue import Queue
 from tests.homes import build_home
-from tests.probes import free_port, wait_for  # noqa: F401  (free_port re-exported: tests import it from here)
+from tests.probes import free_port, service_unavailable, wait_for  # noqa: F401  (free_port re-exported: tests import it from here)
 
 ADMIN_PG_URL = os.environ.get("AGENTPOST_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
 T = TypeVar("T")
@@ -135,16 +135,12 @@ def count(queue: Queue, status: str) -> int:
 @contextmanager
 def fresh_pg_database() -> Iterator[str]:
     """A new, empty PostgreSQL database on the local server, dropped afterwards."""
-    import pytest
-
     name = f"agentpost_sched_{secrets.token_hex(4)}"
     try:
         with psycopg.connect(ADMIN_PG_URL, autocommit=True, connect_timeout=5) as conn:
             conn.execute(f'CREATE DATABASE "{name}"')
     except psycopg.Error as exc:
-        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
-            pytest.fail(f"PostgreSQL is required in CI: {exc}")
-        pytest.skip(f"PostgreSQL unavailable: {exc}")
+        service_unavailable("PostgreSQL", exc)
     base, _, _ = ADMIN_PG_URL.rpartition("/")
     try:
         yield f"{base}/{name}"

@@ -15,14 +15,13 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import pytest
 import uvicorn
 
 from adapters.web.app import create_app
 from shared.events import EventLog
 from shared.queue import Queue, QueuedMessage
 from shared.runtime import Runtime, open_runtime
-from tests.probes import free_port, wait_for  # noqa: F401  (free_port re-exported: tests import it from here)
+from tests.probes import free_port, service_unavailable, wait_for  # noqa: F401  (free_port re-exported: tests import it from here)
 
 REPO = Path(__file__).resolve().parents[1]
 AGENTPOST = str(Path(sys.executable).parent / "agentpost")
@@ -81,9 +80,7 @@ CHROMIUM_ARGS = [
 def need_chromium() -> None:
     """Skip the test when Chromium is not installed; fail it in CI, where it must be."""
     if not os.path.exists(CHROMIUM):
-        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
-            pytest.fail("chromium is required in CI (.ci/install-system-packages installs it)")
-        pytest.skip("chromium is not installed (run .ci/install-system-packages)")
+        service_unavailable("chromium", "not installed (.ci/install-system-packages installs it)")
 
 
 def runtime_for(home: Path, **env: str) -> Runtime:

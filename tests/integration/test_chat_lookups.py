@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import pytest
+
 from shared import chat_lookups, pairings
 from shared.clock import now_ms
 from shared.queue import Queue
+
+pytestmark = pytest.mark.integration
 
 
 def test_busy_agents_lists_processing_ones_first(queue: Queue) -> None:

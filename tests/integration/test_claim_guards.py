@@ -100,8 +100,6 @@ def test_recovery_at_one_moment_returns_the_expired_claim_and_keeps_the_live_one
 
 
 def test_a_crash_during_one_run_charges_only_that_group(queue: Queue) -> None:
-    if not hasattr(queue, "mark_run_started"):
-        pytest.skip("Queue.mark_run_started(message_ids, worker) does not exist yet (issue 11)")
     groups = {
         chat: [
             queue.enqueue_message("telegram", chat, f"{chat} message {n}", sender_id=chat, conversation=chat)

@@ -20,6 +20,7 @@ from shared.db import open_database
 from shared.event_drivers import RelayedEventLog, open_event_log, redis_prefix
 from shared.events import CursorExpired, EventEntry, EventLog, MemoryEventLog, SqlEventLog, read_with_acks
 from shared.events_redis import RedisEventLog
+from tests.probes import service_unavailable
 from tests.web_support import make_home, runtime_for, wait_until
 
 pytestmark = pytest.mark.integration
@@ -32,9 +33,7 @@ def redis_client() -> redis.Redis:
     try:
         client.ping()
     except redis.RedisError as exc:
-        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
-            pytest.fail(f"Redis is required in CI but unavailable: {exc}")
-        pytest.skip(f"Redis unavailable: {exc}")
+        service_unavailable("Redis", exc)
     return client
 
 

@@ -220,7 +220,11 @@ def test_fail_backs_off_then_dies_with_one_notice(queue: Queue) -> None:
     text = notices[0].message
     assert "boom" in text and "could not answer" in text and "after 5 tries" in text and ids[0] in text
     assert "/retry" in text and "dead letter" not in text
-    assert now_ms() >= before
+    # The dead letters keep the last error and the attempts made, stamped when they died.
+    after = now_ms()
+    for dead in queue.list_dead():
+        assert dead.last_error == "exit 1: boom" and dead.retry_count == 5
+        assert before <= dead.updated_at <= after
 
 
 def test_rate_limit_failure_does_not_count_an_attempt(queue: Queue) -> None:

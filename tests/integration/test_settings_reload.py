@@ -14,6 +14,8 @@ from shared.runtime import SETTINGS_CHECK_INTERVAL_S
 from tests.processor_support import agent_script, command_agent, make_home, open_home, run_idle, wait_for
 from workers.processor import Processor
 
+pytestmark = pytest.mark.integration
+
 
 def _touch_later(path: Path, text: str) -> None:
     """Write ``text`` so that the file's signature surely changes (mtime granularity aside)."""

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import pytest
+
 from adapters.base import Inbound
 from shared.chat_address import ChatAddress
+
+pytestmark = pytest.mark.unit
 
 
 def test_an_inbound_message_is_addressed_by_its_chat() -> None:
