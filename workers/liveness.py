@@ -12,6 +12,8 @@ least every ``[processor] control_interval_seconds`` (at most five times a secon
 - every ``progress_note_seconds`` enqueues a "still working — 6 min, last step: …" note to the chat, with
   metadata ``{"kind": "progress", "edit_key": RUN_ID}`` so a channel can edit one message in place; the
   final reply carries ``{"kind": "final", "edit_key": RUN_ID}``.
+- sends a notice the provider reported (:attr:`RunInfo.notice`: the AI service is overloaded and the CLI
+  retries) as such a note at once, not at the next "still working" time.
 - refreshes the run record :func:`shared.conversation_status.conversation_status` reads (last step).
 - tells a chat whose message waits behind this run — the run's own chat or another of the agent's — once
   per run, that it is queued and how the chat's busy policy will handle it (:func:`shared.notices.busy_note`;
@@ -64,6 +66,8 @@ class RunInfo:
     stored_step: str = ""
     notes: int = 0
     pid: int | None = None  # the CLI's pid (= its process group), known once it is spawned
+    notice: str = ""  # the latest notice for the chat (RunRequest.on_notice); sent by the watch
+    notice_sent: str = ""
     reason: str = ""  # "stop" or "interrupt" when the watch ended the run
     # The key the run's notes and its final reply share (so a channel edits one note in place). A retry
     # continues the "trying again" note of its message instead of starting a new one.
@@ -90,6 +94,12 @@ class RunInfo:
     def spawned(self, pid: int) -> None:
         """``RunRequest.on_spawn``: remember the CLI's pid (for events about a run stopped mid-way)."""
         self.pid = pid
+
+    def tell(self, text: str) -> None:
+        """``RunRequest.on_notice``: a notice for the chat, sent as a progress note by the watch within a
+        check interval; it is the run's last step too (``/status``, later "still working" notes)."""
+        self.notice = text
+        self.step(text)
 
     def step(self, text: str) -> None:
         """Remember the latest progress text (its first non-empty line) as the run's last step."""
@@ -194,20 +204,24 @@ class RunWatch:
             and elapsed >= self.note_seconds * (info.notes + 1)
         ):
             self._send_note(int(elapsed * 1000))
+        if info.notice != info.notice_sent and self.target is not None:
+            info.notice_sent = info.notice
+            self._send_note(int(elapsed * 1000), info.notice)
         if info.last_step != info.stored_step:
             info.stored_step = info.last_step
             update_run_step(self.rt.db, info.agent, info.run_id, info.last_step, info.last_step_at)
         return ""
 
-    def _send_note(self, elapsed_ms: int) -> None:
+    def _send_note(self, elapsed_ms: int, text: str = "") -> None:
         info, target = self.info, self.target
         assert target is not None
         # Count the note first: a failure to queue one must not make every later check retry it at once.
-        info.notes = int(elapsed_ms / 1000 / self.note_seconds)
+        if not text:
+            info.notes = int(elapsed_ms / 1000 / self.note_seconds)
         primary = info.group.messages[0]
         self.rt.queue.reply_to(
             target,
-            progress_text(elapsed_ms, info.last_step),
+            text or progress_text(elapsed_ms, info.last_step),
             agent=info.agent,
             metadata={"kind": "progress", "edit_key": info.edit_key, "agent": info.agent, "note": info.notes},
             message_id=primary.message_id,

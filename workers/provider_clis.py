@@ -11,7 +11,13 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from workers.errors import api_retry_notice
 from workers.providers import CliProvider, ProviderError, RunRequest, RunResult, StreamState, find_binary
+
+#: A retry the CLI reports is told to the chat from this retry on, or earlier when its wait is this long:
+#: a single quick retry that works (a blip) is not worth a message, a run gone quiet for minutes is.
+NOTICE_FROM_RETRY = 2
+NOTICE_FROM_DELAY_MS = 3000
 
 
 def _json_line(line: str) -> dict[str, Any] | None:
@@ -30,6 +36,7 @@ class ClaudeProvider(CliProvider):
     """Claude Code in print mode with ``stream-json`` output."""
 
     name = "claude"
+    service = "Anthropic"
 
     def argv(self, request: RunRequest) -> list[str]:
         s = request.settings
@@ -59,6 +66,9 @@ class ClaudeProvider(CliProvider):
         kind = event.get("type")
         if isinstance(event.get("session_id"), str) and event["session_id"]:
             state.session_id = event["session_id"]
+        if kind == "system" and event.get("subtype") == "api_retry":
+            self._api_retry(event, state)
+            return []
         if kind == "assistant":
             message = event.get("message") or {}
             if event.get("is_api_error_message") or event.get("error"):
@@ -74,7 +84,17 @@ class ClaudeProvider(CliProvider):
             if event.get("is_error") or event.get("subtype") not in (None, "success"):
                 status = event.get("api_error_status")
                 state.status = status if isinstance(status, int) else _status_in(str(result or ""))
-                state.rate_limited = status in (429, 529) or looks_rate_limited(str(result or ""))
+                text = str(result or "")
+                state.overloaded = (
+                    state.status == 529
+                    or event.get("api_error_type") == "overloaded_error"
+                    or looks_overloaded(text)
+                )
+                state.rate_limited = not state.overloaded and (
+                    state.status == 429
+                    or event.get("api_error_type") == "rate_limit_error"
+                    or looks_rate_limited(text)
+                )
                 detail = result if isinstance(result, str) and result else str(event.get("subtype"))
                 state.error = (
                     f"claude reported an error ({event.get('terminal_reason') or 'error'}): {detail}"
@@ -82,6 +102,25 @@ class ClaudeProvider(CliProvider):
             else:
                 state.final_text = result if isinstance(result, str) else ""
         return []
+
+    def _api_retry(self, event: dict[str, Any], state: StreamState) -> None:
+        """``{"type": "system", "subtype": "api_retry", "attempt": 1, "max_retries": 10, "retry_delay_ms":
+        565, "error_status": 529, "error": "overloaded"}``: the CLI is about to retry a failed API call
+        (2.1.332 prints one per retry, for 401, 408, 409, 429, 5xx, 529 and refused connections)."""
+        attempt, delay = _int(event.get("attempt")), _int(event.get("retry_delay_ms"))
+        if attempt < NOTICE_FROM_RETRY and delay < NOTICE_FROM_DELAY_MS:
+            return
+        status = event.get("error_status")
+        state.notices.append(
+            api_retry_notice(
+                self.service,
+                status=status if isinstance(status, int) else None,
+                error=str(event.get("error") or ""),
+                attempt=attempt,
+                max_retries=_int(event.get("max_retries")),
+                delay_ms=delay,
+            )
+        )
 
     def finish(self, state: StreamState, exit_code: int, stderr: str) -> RunResult:
         if state.error is None and exit_code == 0 and state.final_text is None:
@@ -112,8 +151,11 @@ _RATE_LIMIT_WORDS = (
     "rate_limit",
     "hit your limit",
     "limit reached",
-    "overloaded",
 )
+
+
+def _int(value: object) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
 
 
 def _status_in(text: str) -> int | None:
@@ -123,9 +165,15 @@ def _status_in(text: str) -> int | None:
 
 
 def looks_rate_limited(text: str) -> bool:
-    """Whether an error text reports a usage limit, a rate limit or an overload (not the agent's fault)."""
+    """Whether an error text reports a usage or rate limit of this account (not the agent's fault)."""
     lowered = text.lower()
-    return bool(re.search(r"\b(429|529)\b", lowered)) or any(word in lowered for word in _RATE_LIMIT_WORDS)
+    return bool(re.search(r"\b429\b", lowered)) or any(word in lowered for word in _RATE_LIMIT_WORDS)
+
+
+def looks_overloaded(text: str) -> bool:
+    """Whether an error text reports the AI service's servers overloaded (HTTP 529): nobody's limit."""
+    lowered = text.lower()
+    return bool(re.search(r"\b529\b", lowered)) or "overloaded" in lowered
 
 
 def _tool_step(block: dict[str, Any]) -> str:
@@ -149,6 +197,7 @@ class CodexProvider(CliProvider):
     """OpenAI Codex CLI in ``exec --json`` mode (JSONL events; the last agent message is the reply)."""
 
     name = "codex"
+    service = "OpenAI"
 
     def argv(self, request: RunRequest) -> list[str]:
         s = request.settings
@@ -187,10 +236,12 @@ class CodexProvider(CliProvider):
         elif kind == "turn.failed":
             error = event.get("error") or {}
             state.error = f"codex turn failed: {error.get('message', 'unknown error')}"
-            state.rate_limited = looks_rate_limited(state.error)
+            state.overloaded = looks_overloaded(state.error)
+            state.rate_limited = not state.overloaded and looks_rate_limited(state.error)
         elif kind == "error":
             state.error = f"codex error: {event.get('message', 'unknown error')}"
-            state.rate_limited = looks_rate_limited(state.error)
+            state.overloaded = looks_overloaded(state.error)
+            state.rate_limited = not state.overloaded and looks_rate_limited(state.error)
         return []
 
 

@@ -16,6 +16,11 @@ shutdown kills the CLI *and* everything it started) and is launched through :mod
 makes the CLI die with the processor, so a crashed processor leaves no agent running behind its lease.
 A run fails on a non-zero exit, a timeout or a reported error; an error is never returned as a reply.
 
+Some things the person waiting should hear while the run goes on, not only after it: Claude Code retries a
+failed API call inside one run for minutes (an overloaded or rate-limited API, a refused connection), and says
+so in ``system``/``api_retry`` lines. A provider turns such a line into a plain-words notice for the chat and
+hands it to ``RunRequest.on_notice`` as soon as it is read.
+
 Liveness is judged by output: any bytes on stdout or stderr count (Claude runs with
 ``--include-partial-messages``, so a streaming reply prints a line per delta). A run silent for
 ``RunRequest.idle_timeout`` seconds is killed (``stopped_by = "idle"``); ``RunRequest.timeout`` is the
@@ -44,6 +49,8 @@ from shared.settings import AgentSettings
 
 #: Called with each piece of assistant text as it streams out.
 ProgressFn = Callable[[str], Awaitable[None]]
+#: Called with a notice for the person waiting ("Anthropic's servers are overloaded; trying again…").
+NoticeFn = Callable[[str], None]
 
 _LAUNCHER = Path(__file__).with_name("launch.py")
 _REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -77,6 +84,7 @@ class RunRequest:
     # permission rule for each; codex's sandbox limits writes, not reads; a command template gets the
     # folder in ``$AGENTPOST_UPLOAD_DIR`` (set by the processor) and runs unsandboxed anyway.
     read_dirs: tuple[Path, ...] = ()
+    on_notice: NoticeFn | None = None  # told each notice for the chat while the run goes on
 
 
 @dataclass
@@ -90,12 +98,14 @@ class RunResult:
     exit_code: int | None = None
     duration_ms: int = 0
     timed_out: bool = False
-    rate_limited: bool = False
+    rate_limited: bool = False  # a usage or rate limit (429): the agent waits until it resets
+    overloaded: bool = False  # the AI service's servers are overloaded (529): not a limit of this account
     pid: int | None = None
     argv: list[str] = field(default_factory=list)
     stopped_by: str = ""  # "idle" or "ceiling" when the processor killed a run that did not end by itself
     status: int | None = None  # the HTTP status the AI service answered with, when the CLI reports it
     cannot_start: bool = False  # the CLI is missing or its command template is broken
+    service: str = ""  # whose AI service the CLI talks to ("Anthropic"), for messages; "" when unknown
 
 
 class AgentProvider(Protocol):
@@ -159,7 +169,9 @@ class StreamState:
     error: str | None = None
     session_id: str | None = None
     rate_limited: bool = False
+    overloaded: bool = False
     status: int | None = None
+    notices: list[str] = field(default_factory=list)  # for RunRequest.on_notice, not yet handed over
     last_output: float = 0.0  # time.monotonic() of the last byte the CLI wrote (stdout or stderr)
 
 
@@ -203,6 +215,7 @@ class CliProvider(abc.ABC):
     """Base of the subprocess providers: start, stream, time out, kill the group, judge the result."""
 
     name = "cli"
+    service = ""  # whose AI service the CLI talks to, for RunResult.service
     stdin_prompt = True
 
     @abc.abstractmethod
@@ -221,6 +234,7 @@ class CliProvider(abc.ABC):
                 error=state.error,
                 exit_code=exit_code,
                 rate_limited=state.rate_limited,
+                overloaded=state.overloaded,
                 status=state.status,
             )
         if exit_code != 0:
@@ -236,7 +250,7 @@ class CliProvider(abc.ABC):
         try:
             argv = self.argv(request)
         except ProviderError as exc:
-            return RunResult(ok=False, error=str(exc), cannot_start=True)
+            return RunResult(ok=False, error=str(exc), cannot_start=True, service=self.service)
         launch = argv
         if request.orphan_guard and sys.platform.startswith("linux"):
             launch = [sys.executable, "-I", "-S", str(_LAUNCHER), str(os.getpid()), *argv]
@@ -253,7 +267,8 @@ class CliProvider(abc.ABC):
                     start_new_session=True,
                 )
         except OSError as exc:
-            return RunResult(ok=False, error=f"cannot start {argv[0]}: {exc.strerror or exc}", argv=argv)
+            error = f"cannot start {argv[0]}: {exc.strerror or exc}"
+            return RunResult(ok=False, error=error, argv=argv, cannot_start=True, service=self.service)
         if request.on_spawn is not None:
             request.on_spawn(process.pid)
         state = StreamState(last_output=time.monotonic())
@@ -269,7 +284,7 @@ class CliProvider(abc.ABC):
                     tg.start_soon(_drain, process.stderr, stderr_tail, stderr_done, state)
 
                     async def read() -> None:
-                        await self._read_stdout(process, state, progress)
+                        await self._read_stdout(process, state, progress, request.on_notice)
                         stdout_done.set()
 
                     tg.start_soon(read)
@@ -296,6 +311,7 @@ class CliProvider(abc.ABC):
         result.duration_ms = int((time.monotonic() - started) * 1000)
         result.pid = process.pid
         result.argv = argv
+        result.service = self.service
         return result
 
     async def _feed_stdin(self, process: Process, prompt: str) -> None:
@@ -306,7 +322,9 @@ class CliProvider(abc.ABC):
         with contextlib.suppress(Exception):
             await process.stdin.aclose()
 
-    async def _read_stdout(self, process: Process, state: StreamState, progress: ProgressFn) -> None:
+    async def _read_stdout(
+        self, process: Process, state: StreamState, progress: ProgressFn, on_notice: NoticeFn | None
+    ) -> None:
         assert process.stdout is not None
         buffer = bytearray()
         while True:
@@ -322,17 +340,23 @@ class CliProvider(abc.ABC):
                     break
                 line = bytes(buffer[:cut]).decode(errors="replace")
                 del buffer[: cut + 1]
-                await self._handle(line, state, progress)
+                await self._handle(line, state, progress, on_notice)
             if len(buffer) > _MAX_LINE:
-                await self._handle(bytes(buffer).decode(errors="replace"), state, progress)
+                await self._handle(bytes(buffer).decode(errors="replace"), state, progress, on_notice)
                 buffer.clear()
         if buffer:
-            await self._handle(bytes(buffer).decode(errors="replace"), state, progress)
+            await self._handle(bytes(buffer).decode(errors="replace"), state, progress, on_notice)
 
-    async def _handle(self, line: str, state: StreamState, progress: ProgressFn) -> None:
+    async def _handle(
+        self, line: str, state: StreamState, progress: ProgressFn, on_notice: NoticeFn | None
+    ) -> None:
         for text in self.parse_line(line, state):
             if text.strip():
                 await progress(text)
+        notices, state.notices = state.notices, []
+        if on_notice is not None:
+            for notice in notices:
+                on_notice(notice)
 
 
 async def _watchdog(

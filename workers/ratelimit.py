@@ -1,6 +1,7 @@
 """Rate limits: when an agent may run again, the fallback model, and telling waiting chats once.
 
-When a run reports a usage limit or an API 429/529 (``RunResult.rate_limited``), the processor:
+When a run reports a usage limit or an API 429 (``RunResult.rate_limited``), or the AI service's servers
+overloaded, an API 529 (``RunResult.overloaded``: nobody's limit, and never told as one), the processor:
 
 1. works out the reset time: :func:`parse_reset` reads it from the error text when the CLI reports one
    (``…limit reached|1760000000``, ``resets at 3pm (Europe/Berlin)``, ``resets at 2025-01-01T12:00Z``,
@@ -29,6 +30,7 @@ from shared.conversation_status import format_duration, format_time
 from shared.db import Database
 from shared.kv import Scope
 from shared.queue import Queue, group_by_conversation
+from workers.errors import servers
 from workers.liveness import note_target
 
 #: A reset further away than this is not believed (a misread number); the backoff is used instead.
@@ -125,11 +127,23 @@ def use_fallback_until(db: Database, agent: str, until: int) -> None:
 
 
 # -- telling the waiting chats --------------------------------------------------------------------------
-def paused_text(until: int, now: int, fallback_failed: bool = False) -> str:
-    """The one notice a waiting chat gets when its agent is paused by a rate limit."""
-    why = "its usage limit (the fallback model too)" if fallback_failed else "a usage or rate limit"
+def paused_text(
+    until: int, now: int, fallback_failed: bool = False, *, overloaded: bool = False, service: str = ""
+) -> str:
+    """The one notice a waiting chat gets when its agent is paused by a rate limit, or because ``service``'s
+    servers are ``overloaded`` (the agent tries again then; it has hit no limit)."""
+    if overloaded:
+        also = " (for the fallback model too)" if fallback_failed else ""
+        head = (
+            f"{servers(service)[:1].upper()}{servers(service)[1:]} are overloaded{also}, so the agent is "
+            "waiting before it tries again (this is not a usage limit)."
+        )
+        when = "tries again"
+    else:
+        why = "its usage limit (the fallback model too)" if fallback_failed else "a usage or rate limit"
+        head, when = f"The agent has hit {why}.", "resumes"
     return (
-        f"The agent has hit {why}. Your message is kept and will be answered when it resumes at "
+        f"{head} Your message is kept and will be answered when it {when} at "
         f"{format_time(until)} (in about {format_duration(until - now)})."
     )
 

@@ -264,6 +264,7 @@ class RunSteps:
             idle_timeout=self.config.idle_timeout_seconds,
             orphan_guard=self.config.orphan_guard,
             on_spawn=run.spawned,
+            on_notice=run.tell,
             read_dirs=(uploads,) if uploads is not None else (),
         )
 
@@ -423,7 +424,7 @@ class RunSteps:
         ids = group.ids
         log.warning("agent %s: run failed for %s: %s", drive.agent, ", ".join(ids), result.error)
         diagnosis = diagnose(result)
-        if diagnosis.kind == "rate_limit":
+        if diagnosis.pauses_agent:
             await self._rate_limited(drive, group, result, on_fallback)
             return
         if await self._settle(
@@ -490,7 +491,11 @@ class RunSteps:
         drive.paused = True
         self.pauses.pause(agent, wait / 1000)
         told = await call(
-            notify_waiting_chats, self.rt.queue, agent, until, paused_text(until, now, on_fallback)
+            notify_waiting_chats,
+            self.rt.queue,
+            agent,
+            until,
+            paused_text(until, now, on_fallback, overloaded=result.overloaded, service=result.service),
         )
         await self._event("agents", "rate_limit_notice", {"agent": agent, "until": until, "chats": told})
 

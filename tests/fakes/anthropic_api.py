@@ -126,6 +126,18 @@ class RateLimited:
 
 
 @dataclass(frozen=True)
+class Overloaded:
+    """Answer HTTP 529 ``overloaded_error``, as the real API does when its servers are overloaded.
+
+    The CLI retries it like a 429 (``api_retry`` lines with ``"error": "overloaded"``, ``error_status``
+    529); ``should_retry`` sends ``x-should-retry: true/false`` when given.
+    """
+
+    message: str = "Overloaded"
+    should_retry: bool | None = None
+
+
+@dataclass(frozen=True)
 class ToolUse:
     """Answer with a call of the CLI tool ``name`` (for example ``"Read"``) with ``input``.
 
@@ -148,8 +160,8 @@ class Computed:
     fn: Callable[[JSON], str | Reply]
 
 
-Reply: TypeAlias = Text | Chunked | ApiError | RateLimited | ToolUse | Computed
-_Resolved: TypeAlias = Text | Chunked | ApiError | RateLimited | ToolUse
+Reply: TypeAlias = Text | Chunked | ApiError | RateLimited | Overloaded | ToolUse | Computed
+_Resolved: TypeAlias = Text | Chunked | ApiError | RateLimited | Overloaded | ToolUse
 
 
 @dataclass
@@ -393,11 +405,13 @@ class _Handler(QuietHandler):
 
     def _answer(self, body: JSON, reply: _Resolved) -> None:
         fake = self.server.fake
-        if isinstance(reply, ApiError | RateLimited):
+        if isinstance(reply, ApiError | RateLimited | Overloaded):
             headers: dict[str, str] = {}
             if isinstance(reply, RateLimited):
                 status, error_type = 429, "rate_limit_error"
                 headers["retry-after"] = str(reply.retry_after)
+            elif isinstance(reply, Overloaded):
+                status, error_type = 529, "overloaded_error"
             else:
                 status, error_type = reply.status, reply.error_type
             if reply.should_retry is not None:
@@ -509,6 +523,8 @@ def _message(message_id: str, model: str, text: str | None, input_tokens: int, o
 def _status_of(reply: _Resolved) -> int:
     if isinstance(reply, RateLimited):
         return 429
+    if isinstance(reply, Overloaded):
+        return 529
     if isinstance(reply, ApiError):
         return reply.status
     return 200
