@@ -56,6 +56,7 @@ _LAUNCHER = Path(__file__).with_name("launch.py")
 _REPO_ROOT = Path(__file__).resolve().parents[1]
 _STDERR_KEEP = 8_000
 _MAX_LINE = 64 * 1024 * 1024
+_CANNOT_EXEC = 127  # the exit code of workers/launch.py when the CLI cannot be executed
 
 
 class ProviderError(Exception):
@@ -240,7 +241,11 @@ class CliProvider(abc.ABC):
         if exit_code != 0:
             detail = stderr.strip().splitlines()[-1] if stderr.strip() else "no error output"
             return RunResult(
-                ok=False, error=f"{self.name} exited with code {exit_code}: {detail}", exit_code=exit_code
+                ok=False,
+                error=f"{self.name} exited with code {exit_code}: {detail}",
+                exit_code=exit_code,
+                # The orphan guard (workers/launch.py) could not exec the CLI: as missing as a failed spawn.
+                cannot_start=exit_code == _CANNOT_EXEC and detail.startswith("cannot run "),
             )
         text = state.final_text if state.final_text is not None else "".join(state.text_parts)
         return RunResult(ok=True, text=text.strip(), exit_code=exit_code)
