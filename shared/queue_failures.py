@@ -294,6 +294,73 @@ class FailureOps(ResponseOps):
             tx.signal("messages")
         return FailOutcome(retried, [r["message_id"] for r in dead], now if retried else None)
 
+    def note_in(self, tx: Tx, message_id: str, agent: str, draft: ResponseDraft) -> int:
+        """Queue ``draft`` (addressed to a chat) as a note about ``message_id`` inside the caller's
+        transaction, so it commits with the caller's write and, written before it, goes out first."""
+        now = now_ms()
+        about = {
+            "message_id": message_id,
+            "channel": draft.channel,
+            "sender": "",
+            "sender_id": "",
+            "message": "",
+            "agent": agent,
+            "conversation": "",
+        }
+        rid = self._insert_response(tx, about, draft, now)
+        payload = {"response_id": rid, "channel": draft.channel, "agent": agent, "note": True}
+        append_events(tx, [PendingEvent("response_ready", payload, message_id)], now)
+        tx.signal("responses")
+        return rid
+
+    def claims_of(self, worker: str) -> dict[str, str]:
+        """The messages ``worker`` holds in ``processing``, oldest first: message id → agent."""
+        rows = self.db.read(
+            "SELECT message_id, agent FROM messages WHERE status = 'processing' AND claimed_by = :worker "
+            "ORDER BY id",
+            {"worker": worker},
+        )
+        return {str(r["message_id"]): str(r["agent"]) for r in rows}
+
+    def release_stranded(self, worker: str, message_ids: Sequence[str]) -> FailOutcome:
+        """Put back claims a live ``worker`` holds but runs no more: it lost track of them (a claim whose
+        commit it never heard of when the connection dropped, an outcome it could not write), so no
+        lease expiry or dead holder would ever return them.
+
+        As :meth:`recover_stale_messages` charges: nothing for a message merely claimed, one interrupted
+        run for one whose run had started. Only rows the worker still holds are touched."""
+        if not message_ids:
+            return FailOutcome([], [], None)
+        now = now_ms()
+        clause, params = _in("m", list(message_ids))
+        retried: list[str] = []
+        dead: list[Row] = []
+        events: list[PendingEvent] = []
+        with self.db.transaction() as tx:
+            rows = tx.rows(
+                f"SELECT * FROM messages WHERE status = 'processing' AND claimed_by = :worker "
+                f"AND message_id IN {clause} ORDER BY id{tx.dialect.lock_rows}",
+                {"worker": worker, **params},
+            )
+            for row in rows:
+                if self._take_back(tx, row, now, events, why="not running"):
+                    retried.append(row["message_id"])
+                else:
+                    dead.append(row)
+            self._notify_dead(
+                tx,
+                dead,
+                "the agent stopped in the middle of it every time it tried",
+                "Type /retry to try it once more; if it keeps happening, the operator can look it up.",
+                False,
+                now,
+                events,
+            )
+            append_events(tx, events, now)
+            if rows:
+                tx.signal("messages")
+        return FailOutcome(retried, [r["message_id"] for r in dead], now if retried else None)
+
     def _takeable_at(self, now: int) -> Callable[[str | None, int | None], bool]:
         """Whether a claim or lease held by ``worker`` until ``lease_until`` may be taken back now."""
         states: dict[str, Holder] = {}
@@ -327,9 +394,12 @@ class FailureOps(ResponseOps):
         )
         return [r for r in rows if takeable(r["claimed_by"], r["lease_until"])]
 
-    def _take_back(self, tx: Tx, row: Row, now: int, events: list[PendingEvent]) -> bool:
+    def _take_back(
+        self, tx: Tx, row: Row, now: int, events: list[PendingEvent], *, why: str = "worker gone"
+    ) -> bool:
         """Return one stale claim to ``pending``: free when its run had not started, else one interrupted
-        run. False when that used up its interrupted runs (it is buried instead)."""
+        run. False when that used up its interrupted runs (it is buried instead). ``why`` is the reason
+        its release event gives."""
         worker = str(row["claimed_by"])
         if row["run_started_at"] is None:
             tx.execute(
@@ -338,13 +408,11 @@ class FailureOps(ResponseOps):
                 {"now": now, "id": row["id"]},
             )
             events.append(
-                PendingEvent(
-                    "message_released", {"worker": worker, "reason": "worker gone"}, row["message_id"]
-                )
+                PendingEvent("message_released", {"worker": worker, "reason": why}, row["message_id"])
             )
             return True
         interruptions = int(row["interruptions"]) + 1
-        error = f"interrupted: the processor running it stopped (worker {worker})"
+        error = f"interrupted: the processor running it stopped (worker {worker}, {why})"
         if interruptions >= self.config.max_interruptions:
             self._bury(tx, row, int(row["retry_count"]), interruptions, error, now, events, False)
             return False

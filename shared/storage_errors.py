@@ -156,6 +156,23 @@ def storage_problem(exc: BaseException, url: str | None = None) -> StorageProble
     return None
 
 
+def transient_problem(exc: BaseException, url: str | None = None) -> StorageProblem | None:
+    """The storage fault behind ``exc`` when writing the same thing again later can succeed, else ``None``.
+
+    Every recognised kind is a state of the storage, not of the request, and clears on its own (a lock, a
+    restarting server) or after an operator's fix (space freed, the file made writable): a long-running
+    process keeps what it could not write and writes it again, instead of dropping it. The one judgement
+    lives here so every process makes it alike; anything unrecognised (a bug, a malformed database) is
+    not retried."""
+    problem = storage_problem(exc, url)
+    return problem if problem is not None and problem.kind in TRANSIENT_KINDS else None
+
+
+#: The kinds :func:`transient_problem` retries: all of them (see there); kept as a set so a kind added
+#: later must be placed on purpose.
+TRANSIENT_KINDS: frozenset[Kind] = frozenset(RETRY_AFTER)
+
+
 def _sqlite_unwritable(url: str | None) -> bool:
     """True when the SQLite file of ``url`` exists and this process may not write it or its folder."""
     if not url or not url.startswith("sqlite:///"):

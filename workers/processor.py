@@ -45,30 +45,40 @@ this one holds the agent.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import signal
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import TypeVar
 
 import anyio
 
 from shared.aio import call
 from shared.chat_prefs import BusyPolicy
 from shared.clock import now_ms
-from shared.queue import LeaseLost, QueuedMessage
+from shared.db import Tx
+from shared.queue import LeaseLost, QueuedMessage, ResponseDraft, group_by_conversation
 from shared.runtime import Runtime, open_runtime
 from shared.settings import Settings, SettingsError
+from shared.storage_errors import transient_problem
 from workers.busy import apply_cap, build_prompt, merge_arrivals, resolve_policy
 from workers.drive import Drive
-from workers.pauses import RateLimitPauses
+from workers.liveness import note_target
+from workers.pauses import Outage, RateLimitPauses, StorageOutage, WaitedNote, waited_text
 from workers.processor_config import ProcessorSettings, ProcessorStats, default_worker_id
 from workers.runs import RunSteps
 
 __all__ = ["Processor", "ProcessorSettings", "ProcessorStats", "build_prompt", "main", "run_processor"]
 
 log = logging.getLogger("agentpost.processor")
+
+T = TypeVar("T")
+
+#: A note about a storage outage is considered only for refusals this recent (a quick first check).
+_LONGEST_WAIT_MS = 24 * 3600 * 1000
 
 
 class Processor(RunSteps):
@@ -103,6 +113,15 @@ class Processor(RunSteps):
         self._last_recover = 0.0
         self._cooldown: dict[str, float] = {}
         self.pauses = RateLimitPauses()
+        self.outage = StorageOutage(runtime.db.url)
+        #: The agents driven now and what each holds: every claim of this worker that is not held here is
+        #: stranded (see _sweep_stranded).
+        self._drives: dict[str, Drive] = {}
+        #: Claims under way (their rows may be committed but not yet held by a drive), and how many began.
+        self._claiming = 0
+        self._claims_begun = 0
+        #: When each chat was last told its message waited through a storage outage (epoch ms).
+        self._told_waiting: dict[tuple[str, str], int] = {}
 
     # -- public -----------------------------------------------------------------------------------------
     @property
@@ -200,6 +219,7 @@ class Processor(RunSteps):
                 log.warning(
                     "recovered %d expired message(s), %d now dead", len(outcome.retried), len(outcome.dead)
                 )
+            await self._sweep_stranded()
         pending = await call(self.rt.queue.agents_with_pending)
         if any(agent not in self.rt.settings.agents for agent in pending):
             # Work for an agent these settings do not know: it may have been added a moment ago (the
@@ -274,20 +294,122 @@ class Processor(RunSteps):
         if self._wakeup is not None:
             self._wakeup.set()
 
+    # -- storage trouble ---------------------------------------------------------------------------------
+    async def _persist(self, what: str, write: Callable[[], T]) -> T:
+        """``write()`` until the database takes it (see :meth:`workers.pauses.StorageOutage.keep_trying`):
+        a claim, a run's start, an outcome or a release refused by a full disk or a server away is kept,
+        not dropped. When it ends an outage, the chats that waited long are told before this drive goes
+        on (so the note comes before their answers), and the loop is woken to take back what the outage
+        stranded."""
+        result = await self.outage.keep_trying(what, write, stopping=lambda: self._stopping)
+        ended = self.outage.take_ended()
+        if ended:
+            await self._tell_waiting(ended[-1])
+            self._last_recover = 0.0
+            self._slot_freed()
+        return result
+
+    async def _sweep_stranded(self) -> None:
+        """Put back this worker's claims that no drive holds: ones whose claim committed although the
+        connection dropped before it said so, or whose outcome could not be written. Recovery leaves them
+        to a live holder, and the holder is this process, so only it can see they run nowhere."""
+        if self._claiming:
+            return  # a claim's rows may be committed and not yet held: look again next round
+        begun = self._claims_begun
+        mine = await call(self.rt.queue.claims_of, self.worker)
+        if not mine or self._claiming or begun != self._claims_begun:
+            return
+        held = {i for drive in self._drives.values() for i in drive.held_ids()}
+        stranded = [i for i in mine if i not in held]
+        if not stranded:
+            return
+        outcome = await call(self.rt.queue.release_stranded, self.worker, stranded)
+        log.warning(
+            "took back %d claim(s) of this processor that no run held: %s%s",
+            len(outcome.retried) + len(outcome.dead),
+            ", ".join(stranded),
+            f" ({len(outcome.dead)} now dead)" if outcome.dead else "",
+        )
+
+    async def _tell_waiting(self, outage: Outage) -> None:
+        """After an outage: one note to each chat whose waiting message (of an agent driven here) has
+        waited longer than ``progress_note_seconds`` (the wait after which a running chat hears "still
+        working"; 0: no notes) while the database refused writes, unless that chat was told already
+        during this wait."""
+        threshold = int(self.config.progress_note_seconds * 1000)
+        if not threshold or self.outage.refused_since(outage.started_ms - _LONGEST_WAIT_MS) < threshold:
+            return
+        del outage  # each chat is told the time refused during its own wait
+        try:
+            agents = set(self._drives) | set((await call(self.rt.queue.claims_of, self.worker)).values())
+        except Exception as exc:
+            log.warning("could not tell the waiting chats about the outage: %s", exc)
+            return
+        for agent in sorted(agents):
+            try:
+                waiting = await call(self.rt.queue.waiting_messages, agent)
+                for batch in group_by_conversation(waiting):
+                    note = self._waited_note(batch[0])
+                    if note is not None:
+                        await call(self.rt.db.run_transaction, note.write)
+                        note.told()
+            except Exception as exc:  # a note is a courtesy: the messages themselves go on regardless
+                log.warning("agent %s: could not tell the waiting chats about the outage: %s", agent, exc)
+
+    def _waited_note(self, first: QueuedMessage) -> WaitedNote | None:
+        """What tells the chat of ``first`` (the oldest message of a group) why it waited, when the database
+        refused writes for longer than ``progress_note_seconds`` of its wait and the chat has not been told
+        during it; None otherwise. Written in the transaction of the group's outcome, the note goes before
+        the answer; the chat counts as told once that transaction has committed (``told()``)."""
+        target = note_target(first)
+        threshold = int(self.config.progress_note_seconds * 1000)
+        kind = self.outage.last_kind
+        if target is None or not threshold or kind is None:
+            return None
+        refused = self.outage.refused_since(first.created_at)
+        if refused < threshold or self._told_waiting.get(target.key, 0) >= first.created_at:
+            return None
+        draft = ResponseDraft.to(
+            target,
+            waited_text(kind, refused),
+            metadata={
+                "kind": "progress",
+                "notice": "storage_wait",
+                "edit_key": f"storage_wait_{first.message_id}",
+                "agent": first.agent,
+            },
+        )
+
+        def write(tx: Tx) -> None:
+            self.rt.queue.note_in(tx, first.message_id, first.agent, draft)
+
+        def told() -> None:
+            self._told_waiting[target.key] = now_ms()
+
+        return WaitedNote(write, told)
+
     # -- one agent ---------------------------------------------------------------------------------------
     async def _drive(self, agent: str) -> None:
         """Claim and run ``agent``'s messages until none is left, then release the agent."""
         drive = Drive(agent)
+        self._drives[agent] = drive
         try:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(self._renew_loop, drive, tg.cancel_scope)
                 first = True
                 while not self._stopping and not drive.paused:
-                    claimed = await call(self._claim, agent)
-                    if claimed:
-                        drive.released = False  # the claim took the agent's lease again
-                        await self._take_in(drive, claimed)
-                    elif first:
+                    self._claiming += 1
+                    self._claims_begun += 1
+                    try:
+                        claimed = await self._persist(
+                            f"agent {agent}: claim", functools.partial(self._claim, agent)
+                        )
+                        if claimed:
+                            drive.released = False  # the claim took the agent's lease again
+                            await self._take_in(drive, claimed)
+                    finally:
+                        self._claiming -= 1
+                    if not claimed and first:
                         # Taken by another processor or paused between our look and our claim: do not
                         # retry it on every wake-up for a moment.
                         self._cooldown[agent] = time.monotonic() + 1.0
@@ -299,11 +421,24 @@ class Processor(RunSteps):
                     await self._run_group(drive, drive.running)
                 tg.cancel_scope.cancel()
         except Exception as exc:
-            # A bug or a database failure while handling a run: fail what is still held, counting the
-            # attempt, so a message that keeps triggering it ends as a dead letter instead of looping.
-            log.exception("agent %s: error while running %s", agent, drive.held_ids())
+            problem = transient_problem(exc, self.rt.db.url)
             with anyio.CancelScope(shield=True):
-                await self._release(drive, f"processor error: {exc!r}"[:500], count_attempt=True)
+                if problem is not None:
+                    # The database, not the message: give back what is held, uncounted, to be claimed
+                    # again in order once the database answers.
+                    log.warning(
+                        "agent %s: %s; releasing %s",
+                        agent,
+                        problem.describe(),
+                        drive.held_ids(),
+                        exc_info=True,
+                    )
+                    await self._release(drive, f"storage trouble: {problem.kind}")
+                else:
+                    # A bug while handling a run: fail what is still held, counting the attempt, so a
+                    # message that keeps triggering it ends as a dead letter instead of looping.
+                    log.exception("agent %s: error while running %s", agent, drive.held_ids())
+                    await self._release(drive, f"processor error: {exc!r}"[:500], count_attempt=True)
         finally:
             with anyio.CancelScope(shield=True):
                 if drive.lost:
@@ -316,6 +451,7 @@ class Processor(RunSteps):
                 if not drive.released:
                     with contextlib.suppress(Exception):
                         await call(self.rt.queue.release_agent, agent, self.worker)
+            self._drives.pop(agent, None)
             self._active.discard(agent)
             self._slot_freed()
 
@@ -373,13 +509,16 @@ class Processor(RunSteps):
         attempt and without delay."""
         for group in drive.held():
             try:
-                await call(
-                    self.rt.queue.fail_messages,
-                    group.ids,
-                    self.worker,
-                    f"released: {why}",
-                    count_attempt=count_attempt,
-                    retry_after_ms=None if count_attempt else 0,
+                await self._persist(
+                    f"agent {drive.agent}: release of {', '.join(group.ids)}",
+                    functools.partial(
+                        self.rt.queue.fail_messages,
+                        group.ids,
+                        self.worker,
+                        f"released: {why}",
+                        count_attempt=count_attempt,
+                        retry_after_ms=None if count_attempt else 0,
+                    ),
                 )
                 if count_attempt:
                     self.stats.failed += len(group.ids)

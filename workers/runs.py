@@ -14,10 +14,11 @@ Outcomes, each written in one transaction while the group's leases are held (:me
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, ParamSpec
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
 import anyio
 
@@ -40,7 +41,7 @@ from workers.drive import Drive, step_done
 from workers.errors import diagnose
 from workers.files import OutboundFiles, outbound_files
 from workers.liveness import RunInfo, RunWatch, note_target
-from workers.pauses import RateLimitPauses
+from workers.pauses import RateLimitPauses, WaitedNote
 from workers.processor_config import ProcessorSettings, ProcessorStats
 from workers.providers import (
     AgentProvider,
@@ -63,6 +64,7 @@ from workers.workspace import ensure_workspace, team_instructions
 log = logging.getLogger("agentpost.processor")
 
 P = ParamSpec("P")
+T = TypeVar("T")
 
 STOPPED_TEXT = "Stopped. I did not finish this; send it again when you want me to continue."
 
@@ -77,6 +79,12 @@ class RunSteps:
     env: dict[str, str]
     stats: ProcessorStats
     pauses: RateLimitPauses
+
+    if TYPE_CHECKING:
+
+        async def _persist(self, what: str, write: Callable[[], T]) -> T: ...
+
+        def _waited_note(self, first: QueuedMessage) -> WaitedNote | None: ...
 
     async def _drop(self, drive: Drive, batch: list[QueuedMessage]) -> None:
         ids = [m.message_id for m in batch]
@@ -108,10 +116,16 @@ class RunSteps:
         **kwargs: P.kwargs,
     ) -> bool:
         """Write a group's outcome, ``write(*args, **kwargs)``, under the renewal lock, and stop holding the
-        group; False if the lease was lost."""
+        group; False if the lease was lost. A write the database refuses for a while (a full disk, a server
+        restarting) is made again until it lands, still held: the reply of a finished run is not thrown
+        away, and its messages are not left behind in ``processing``. Should the leases lapse meanwhile
+        and another worker take the messages over, the write is fenced off (``LeaseLost``), never doubled."""
         async with drive.lock:
             try:
-                await call(write, *args, **kwargs)
+                await self._persist(
+                    f"agent {drive.agent}: outcome of {', '.join(group.ids)}",
+                    functools.partial(write, *args, **kwargs),
+                )
                 return True
             except LeaseLost as exc:
                 self.stats.lease_lost += 1
@@ -150,7 +164,10 @@ class RunSteps:
         started = self._run_start(run, config.provider, session is not None, fallback_model)
         try:
             # From here a crash of this processor costs these messages an interrupted run; before, nothing.
-            await call(self.rt.queue.mark_run_started, group.ids, self.worker, also=started)
+            await self._persist(
+                f"agent {agent}: start of the run for {', '.join(group.ids)}",
+                functools.partial(self.rt.queue.mark_run_started, group.ids, self.worker, also=started),
+            )
         except LeaseLost:
             drive.lost = True
             drive.forget(group)
@@ -358,9 +375,14 @@ class RunSteps:
         if silent:
             plan.response = None  # recorded in the history, sent to no one
         session_id = result.session_id
+        waited: list[WaitedNote] = []
 
         def written_with(tx: Tx) -> None:
             ended(tx)
+            # Asked again on every try: a reply held back by a full disk may have waited long enough by now.
+            waited[:] = [n for n in [self._waited_note(primary)] if n is not None]
+            for note in waited:
+                note.write(tx)
             if session_id:
                 set_session_in(tx, agent, session_key, session_id, started_at=run.started_ms)
 
@@ -382,6 +404,8 @@ class RunSteps:
 
         if not await self._settle(drive, group, complete):
             return False
+        for note in waited:
+            note.told()
         drive.released = outcome[0].released
         self.stats.completed += len(group.ids)
         if silent:
