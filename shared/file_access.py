@@ -18,6 +18,20 @@ from shared.settings import Settings
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 OUTSIDE = "outside the agent's workspace and this chat's uploads"
+LINK_OUT = "a link to a place outside the agent's workspace and this chat's uploads"
+MISSING = "no such file"
+NOT_A_FILE = "not a regular file"
+NOT_ABSOLUTE = "not an absolute path"
+UNRESOLVABLE = "cannot resolve the path"
+
+#: What the agent tells the chat about a file it could not attach, by the refusal's reason.
+_IN_WORDS = {
+    OUTSIDE: "it is outside my workspace",
+    LINK_OUT: "it is a link to a place outside my workspace",
+    MISSING: "there is no such file",
+    NOT_A_FILE: "it is not a file",
+    NOT_ABSOLUTE: "its path is not absolute",
+}
 
 
 def _under(path: Path, root: Path) -> bool:
@@ -52,7 +66,7 @@ def check_send_path(raw: str, roots: Sequence[Path], base: Path | None = None) -
     candidate = Path(raw)
     if not candidate.is_absolute():
         if base is None:
-            return None, "not an absolute path"
+            return None, NOT_ABSOLUTE
         candidate = base / candidate
     allowed = [root.resolve() for root in roots]
     # First by the path as written (no look at the disk): whether a file outside the roots exists is none
@@ -66,11 +80,21 @@ def check_send_path(raw: str, roots: Sequence[Path], base: Path | None = None) -
     try:
         resolved = candidate.resolve(strict=True)
     except (FileNotFoundError, NotADirectoryError):
-        return None, "no such file"
+        return None, MISSING
     except (OSError, RuntimeError) as exc:  # RuntimeError: a symlink loop
-        return None, f"cannot resolve the path ({exc})"
+        return None, f"{UNRESOLVABLE} ({exc})"
     if not any(_under(resolved, root) for root in allowed):
-        return None, OUTSIDE
+        return None, LINK_OUT  # written inside, so a link on the way points out
     if not resolved.is_file():
-        return None, "not a regular file"
+        return None, NOT_A_FILE
     return str(resolved), ""
+
+
+def refusal_words(raw: str, reason: str) -> str:
+    """The line a reply gets for a file it could not attach, in the agent's voice and plain words:
+    ``(I couldn't attach secrets.txt: it is outside my workspace.)``."""
+    name = Path(raw).name or raw
+    why = _IN_WORDS.get(reason) or (
+        "its path cannot be followed" if reason.startswith(UNRESOLVABLE) else "it may not be sent"
+    )
+    return f"(I couldn't attach {name}: {why}.)"

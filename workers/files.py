@@ -9,7 +9,9 @@ Outbound: ``[send_file: path]`` in a reply attaches a file only when it resolves
 regular file inside the agent's workspace or the upload folder of the chat the reply goes to
 (:mod:`shared.file_access`). Anything else — a missing file, a folder, ``/etc/passwd``, ``../../secret``, a
 symlink pointing out, another chat's upload — is refused with a reason the processor logs as a
-``send_file_refused`` event. Relative paths are taken relative to the workspace.
+``send_file_refused`` event, and the reply says in one plain line per file that it was not attached and
+why (:func:`shared.file_access.refusal_words`): the user would otherwise wait for a file that never comes.
+Relative paths are taken relative to the workspace.
 """
 
 from __future__ import annotations
@@ -18,13 +20,17 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from shared.file_access import check_send_path
+from shared.file_access import check_send_path, refusal_words
 from shared.routing import parse_file_refs, parse_send_files, strip_send_file_tags
+
+#: A reply names at most this many refused files one by one (an agent may tag many).
+MAX_REFUSAL_LINES = 8
 
 
 @dataclass(frozen=True)
 class OutboundFiles:
-    """The reply without its send_file tags, the files to attach and the ones refused (with why)."""
+    """The reply without its send_file tags (with a line per refused file), the files to attach and the
+    ones refused (with why)."""
 
     text: str
     files: list[str]
@@ -45,7 +51,14 @@ def outbound_files(reply: str, workspace: Path, roots: Sequence[Path]) -> Outbou
             refused.append((raw, reason))
         elif resolved not in files:
             files.append(resolved)
-    return OutboundFiles(strip_send_file_tags(reply), files, refused)
+    text = strip_send_file_tags(reply)
+    if refused:
+        lines = [refusal_words(raw, reason) for raw, reason in refused[:MAX_REFUSAL_LINES]]
+        if len(refused) > MAX_REFUSAL_LINES:
+            more = len(refused) - MAX_REFUSAL_LINES
+            lines.append(f"(… and {more} more file{'s' if more > 1 else ''} I couldn't attach.)")
+        text = "\n\n".join(part for part in (text.rstrip(), "\n".join(lines)) if part)
+    return OutboundFiles(text, files, refused)
 
 
 def describe_inbound(text: str) -> str:

@@ -1,5 +1,7 @@
-"""Files are checked again when a reply is sent, not only when it was queued: the real Telegram adapter sends
-a file from the agent's workspace and from the chat's own uploads, and refuses everything else with a note."""
+"""Files a reply attaches, as a Telegram chat receives them: checked again when a reply is sent, not only when
+it was queued (the real Telegram adapter sends a file from the agent's workspace and from the chat's own
+uploads, and refuses everything else with a note), and a file the agent asked for but may not send is named
+in the reply with the reason (the real claude CLI against the fake API, the real processor loop)."""
 
 from __future__ import annotations
 
@@ -11,7 +13,10 @@ import pytest
 from adapters.telegram import TelegramChannel
 from shared.file_access import chat_upload_dir
 from tests.channel_support import HoldingTelegram, RunningChannel, channel_home, open_home, wait_for
-from tests.fixtures import telegram_fake  # noqa: F401  (fixtures)
+from tests.fakes.anthropic_api import FakeAnthropic, Text
+from tests.fixtures import anthropic_api, cli_installed, telegram_fake  # noqa: F401  (fixtures)
+from tests.liveness_support import claude_home, cli_env
+from tests.processor_support import run_idle
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
@@ -56,3 +61,40 @@ def test_delivery_sends_only_allowed_files_and_says_so_for_the_rest(
     assert sorted(documents) == [("ok.txt", b"from the workspace"), ("pic.txt", b"upload of 42")]
     notes = [t for t in texts if "was not sent" in t]
     assert len(notes) == 3 and all("outside" in n for n in notes)
+
+
+def test_a_refused_send_file_is_named_in_the_reply_the_chat_receives(
+    tmp_path: Path, fake: HoldingTelegram, api: FakeAnthropic
+) -> None:
+    """The real claude CLI asks for four files; the processor attaches the one in its workspace and the
+    Telegram chat reads, under the answer, which ones were not attached and why."""
+    channels = {"telegram": {"allowlist": ["42"], "typing": False}}
+    home = claude_home(tmp_path, f"sqlite:///{tmp_path / 'a.db'}", channels=channels)
+    secret = tmp_path / "secrets.txt"
+    secret.write_text("do not send")
+    asked = ["report.txt", str(secret), "link.txt", "/proc/self/environ"]
+    api.add_rule("the report", Text("Here you go." + "".join(f"\n[send_file: {p}]" for p in asked)))
+    fake.add_chat(42)
+    rt = open_home(home)
+    try:
+        workspace = rt.settings.workspace("coder")
+        workspace.mkdir(parents=True)
+        (workspace / "report.txt").write_text("the numbers")
+        (workspace / "link.txt").symlink_to(secret)
+        rt.queue.enqueue_message("telegram", "ann", "send me the report", sender_id="42", conversation="42")
+        run_idle(rt, env=cli_env(api, tmp_path))
+        with RunningChannel(
+            TelegramChannel(rt, env={"TELEGRAM_BOT_TOKEN": fake.token, "TELEGRAM_API_BASE_URL": fake.url}),
+            deliver_only=True,
+        ):
+            wait_for(lambda: fake.texts(42) and fake.documents(42), 20, "the reply and its one file")
+            texts, documents = fake.texts(42), fake.documents(42)
+    finally:
+        rt.close()
+    assert texts == [
+        "Here you go.\n\n"
+        "(I couldn't attach secrets.txt: it is outside my workspace.)\n"
+        "(I couldn't attach link.txt: it is a link to a place outside my workspace.)\n"
+        "(I couldn't attach environ: it is outside my workspace.)"
+    ]
+    assert documents == [("report.txt", b"the numbers")]

@@ -325,7 +325,18 @@ def test_send_file_attaches_only_the_workspace_and_this_chats_uploads(
         rt.queue.enqueue_message("telegram", "ann", "send the report", sender_id="7", conversation="7")
         run_idle(rt, env=_env(api, tmp_path))
         (resp,) = _responses(rt)
-        assert resp["message"] == "Here it is."
+        # Each refused file is named in the reply, in plain words: the user is not left waiting for it.
+        assert resp["message"] == "\n".join(
+            [
+                "Here it is.\n",
+                "(I couldn't attach passwd: it is outside my workspace.)",
+                "(I couldn't attach settings.toml: it is outside my workspace.)",
+                "(I couldn't attach agentpost.db: it is outside my workspace.)",
+                "(I couldn't attach escape: it is a link to a place outside my workspace.)",
+                "(I couldn't attach photo.jpg: it is outside my workspace.)",
+                "(I couldn't attach environ: it is outside my workspace.)",
+            ]
+        )
         assert json.loads(str(resp["files"])) == [
             str(workspace.resolve() / "report.txt"),
             str(mine.resolve() / "photo.jpg"),
