@@ -8,7 +8,8 @@ NODE_STAMP := node_modules/.installed-stamp
 .PHONY: install run test test-fast lint typecheck bench clean
 
 # One line per step instead of library noise: pip and npm print only errors (npm's summary on stdout is
-# dropped), and warnings Python tools print while building the editable install (setuptools' build
+# dropped, and so is its "new version of npm available" notice, which is about the user's npm, not this
+# project), and warnings Python tools print while building the editable install (setuptools' build
 # backend) are silenced for the install alone.
 QUIET_PIP := PYTHONWARNINGS=ignore PIP_DISABLE_PIP_VERSION_CHECK=1 $(BIN)/python -m pip install --quiet --quiet --progress-bar off
 
@@ -21,14 +22,22 @@ $(STAMP): pyproject.toml
 
 $(NODE_STAMP): package.json package-lock.json
 	@echo "installing the Claude Code CLI (pinned in package.json)…"
-	@npm ci --no-audit --no-fund --loglevel=error >/dev/null
+	@NO_UPDATE_NOTIFIER=1 npm ci --no-audit --no-fund --no-update-notifier --loglevel=error >/dev/null
 	@touch $@
 
 install: $(STAMP) $(NODE_STAMP)
 
+# After a successful `up` (it exits non-zero, naming the cause, when a process does not start), the next
+# steps: the command is not on PATH, so name it as it must be typed.
 run: install
 	@echo "starting agentpost…"
 	@$(BIN)/agentpost up
+	@echo ""
+	@echo "Next: the agentpost command is $(BIN)/agentpost (not on your PATH; or run: . $(BIN)/activate)"
+	@echo "  $(BIN)/agentpost init               write a starter settings.toml (agents, channels) to edit"
+	@echo "  $(BIN)/agentpost doctor             check settings, the agents' CLI and login, channels"
+	@echo "  $(BIN)/agentpost send -w \"hello\"     send a message to the default agent and wait for the reply"
+	@echo "  $(BIN)/agentpost down               stop everything (make run starts it again)"
 
 test: install
 	$(BIN)/python -m pytest

@@ -16,7 +16,7 @@ from scheduler import audit as audit_mod
 from scheduler import dlq, supervise
 from scheduler.config import load_scheduler_config
 from scheduler.migrate import MigrationError, migrate
-from shared.cli import JsonFlag, console, fail, print_json, queue_app, runtime
+from shared.cli import JsonFlag, console, err_console, fail, print_json, queue_app, runtime
 from shared.settings import SettingsError, default_home, load_settings
 
 dlq_app = typer.Typer(
@@ -236,7 +236,8 @@ def _print_states(states: list[dict[str, Any]]) -> None:
 
 
 def up_command() -> None:
-    """Start every enabled process under supervisord, print the dashboard address and what is missing."""
+    """Start every enabled process under supervisord and wait until each serves; print the dashboard
+    address and what is missing. Exits 1, naming the cause, when a process does not start."""
     try:
         settings = load_settings()
     except SettingsError as exc:
@@ -244,29 +245,53 @@ def up_command() -> None:
     settings.home.mkdir(parents=True, exist_ok=True)
     plan = supervise.plan_processes(settings, os.environ)
     p = supervise.paths(settings.home)
+    port = supervise.web_port(settings, os.environ)
+    web_port = port if "web" in plan.names else None
     try:
-        states = supervise.up(p, plan.programs)
+        outcome = supervise.up(p, plan.programs, os.environ, web_port=web_port)
     except supervise.SuperviseError as exc:
         for note in plan.missing:
             console.print(f"  - {escape(note)}")
         raise fail(str(exc)) from None
-    console.print(
-        f"agentpost is up under supervisord (config {escape(str(p.conf))}, logs {escape(str(p.logs))})"
-    )
-    _print_states(states)
-    if "web" in plan.names:
-        console.print(f"dashboard: [bold]http://{settings.api.host}:{settings.api.port}/[/]")
+    if outcome.failed:
+        console.print(
+            f"agentpost started under supervisord, but not every process is up (config {escape(str(p.conf))}, "
+            f"logs {escape(str(p.logs))})"
+        )
     else:
+        console.print(
+            f"agentpost is up under supervisord (config {escape(str(p.conf))}, logs {escape(str(p.logs))})"
+        )
+    _print_states(outcome.states)
+    for name, variables in outcome.env_changed.items():
+        if name not in outcome.failed:
+            console.print(f"{name}: restarted to take the changed {', '.join(variables)}", highlight=False)
+    if "web" not in plan.names:
         console.print("dashboard: not available (the web adapter is not installed)")
+    elif outcome.ready("web"):
+        console.print(f"dashboard: [bold]http://{settings.api.host}:{port}/[/]")
     if plan.missing or plan.providers:
         console.print("not running, and what to do about it:")
         for note in [*plan.missing, *plan.providers]:
             console.print(f"  - {escape(note)}")
-    failed = [s["name"] for s in states if s["statename"] not in ("RUNNING", "STARTING")]
-    if failed:
-        console.print(
-            f"[yellow]these did not stay up:[/] {', '.join(failed)}; see {escape(str(p.logs))}/<name>.log"
+    _report_failed(outcome, p)
+
+
+def _report_failed(outcome: supervise.Outcome, p: supervise.Paths) -> None:
+    """One line per process that did not start (its cause, stopped), then exit 1."""
+    if not outcome.failed:
+        return
+    for name, cause in outcome.failed.items():
+        err_console.print(
+            f"[bold red]error:[/] {escape(name)}: {escape(cause)}", highlight=False, soft_wrap=True
         )
+    err_console.print(
+        f"{'it was' if len(outcome.failed) == 1 else 'they were'} stopped; logs in {escape(str(p.logs))}; "
+        "after fixing, run `agentpost up` again",
+        highlight=False,
+        soft_wrap=True,
+    )
+    raise typer.Exit(1)
 
 
 def status_command(as_json: JsonFlag = False) -> None:
@@ -330,22 +355,23 @@ def restart_command(
         typer.Argument(help="Which process (processor, web, scheduler, a channel); leave out for all."),
     ] = None,
 ) -> None:
-    """Restart one process, or every process, under the running supervisord (`agentpost up`)."""
+    """Restart one process, or every process, under the running supervisord (`agentpost up`), with the
+    environment the last `agentpost up` passed it, and wait until each is up again."""
     p = supervise.paths(default_home())
+    env = supervise.process_env(p, "web", os.environ)
     try:
-        states = supervise.restart(p, process)
+        web_port: int | None = supervise.web_port(load_settings(p.home, env), env)
+    except SettingsError:
+        web_port = None  # the web process says what is wrong with them when it starts
+    try:
+        outcome = supervise.restart(p, process, web_port=web_port)
     except supervise.SuperviseError as exc:
         raise fail(str(exc), 3 if "not running" in str(exc) else 2) from None
     except (OSError, xmlrpc.client.Error) as exc:
         raise fail(f"supervisord did not answer on {p.sock}: {exc}") from None
     console.print(f"restarted {process or 'every process'}")
-    _print_states(states)
-    failed = [s["name"] for s in states if s["statename"] != "RUNNING"]
-    if failed:
-        console.print(
-            f"[yellow]these did not come back up:[/] {', '.join(failed)}; see {escape(str(p.logs))}/<name>.log"
-        )
-        raise typer.Exit(1)
+    _print_states(outcome.states)
+    _report_failed(outcome, p)
 
 
 def register(app: typer.Typer) -> None:

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import logging
 import os
+import socket
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -11,7 +14,9 @@ import uvicorn
 
 from shared.event_drivers import open_event_log
 from shared.events import EventLog
+from shared.port_owner import describe_holder
 from shared.runtime import open_runtime
+from shared.settings import SettingsError
 
 from .app import create_app
 from .auth import check_bind
@@ -31,6 +36,40 @@ def port_env(env: Mapping[str, str]) -> dict[str, str]:
     return out
 
 
+def listen(host: str, port: int) -> list[socket.socket]:
+    """Bind ``host:port`` (every address ``host`` resolves to, as uvicorn would) before anything is served
+    or announced, so a taken port is reported in one plain line naming who holds it, not as uvicorn's
+    ``[Errno 98]`` after the address was already printed.
+
+    Raises :class:`~shared.settings.SettingsError` (``api.port`` cannot be used as set) when it is taken."""
+    try:
+        infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as exc:
+        raise SettingsError(f"api.host {host!r} cannot be resolved ({exc.strerror})") from None
+    socks: list[socket.socket] = []
+    try:
+        for family, kind, proto, _name, address in dict.fromkeys(infos):
+            sock = socket.socket(family, kind, proto)
+            socks.append(sock)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            # Bound only: uvicorn listens once the app has started, so an open port means it is served.
+            sock.bind(address)
+    except OSError as exc:
+        for sock in socks:
+            sock.close()
+        if exc.errno == errno.EADDRINUSE:
+            raise SettingsError(
+                f"port {port} is in use by {describe_holder(port)}; set AGENTPOST_API_PORT to a free port "
+                "(or api.port in settings.toml) or stop that program"
+            ) from None
+        raise SettingsError(
+            f"cannot listen on {host}:{port} ({exc.strerror}); check api.host and api.port"
+        ) from None
+    return socks
+
+
 def main(home: Path | None = None) -> None:
     """Run the web process in the foreground until interrupted.
 
@@ -41,6 +80,7 @@ def main(home: Path | None = None) -> None:
     try:
         api = runtime.settings.api
         check_bind(api.host, api.token)
+        sockets = listen(api.host, api.port)
         events: EventLog
         if runtime.settings.events.driver == "sql":
             events = runtime.events
@@ -69,7 +109,12 @@ def main(home: Path | None = None) -> None:
             proxy_headers=False,
             server_header=False,
         )
-        uvicorn.Server(config).run()
+        try:
+            uvicorn.Server(config).run(sockets=sockets)
+        finally:
+            for sock in sockets:
+                with contextlib.suppress(OSError):
+                    sock.close()
         if events is not runtime.events:
             events.close()
     finally:
