@@ -46,7 +46,7 @@ async def chatroom(
     rows = await web.run(
         api_views.chat_room_posts, web.db, team, since_id=max(since, after or 0), limit=limit
     )
-    return [ChatMessageOut.model_validate(r) for r in rows]
+    return [ChatMessageOut.from_row(r) for r in rows]
 
 
 @router.post("/chatroom/{team}", status_code=201, summary="Post to a team chat room (every member is told)")

@@ -304,13 +304,29 @@ class AgentMessageOut(_Out):
 
 
 class ChatMessageOut(_Out):
-    """One post of a team chat room (TinyOffice's ``ChatMessage``)."""
+    """One post of a team chat room (TinyOffice's ``ChatMessage``). A person's post is stored as
+    ``user:<sender>``; TinyOffice styles a post as the user's only when ``from_agent`` is exactly ``"user"``
+    (as TinyAGI writes it), so that is what is answered, with who it was in ``sender``."""
 
     id: int
     team_id: str
     from_agent: str
     message: str
     created_at: int
+    sender: str = ""
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> ChatMessageOut:
+        author = str(row["from_agent"])
+        person = author.startswith("user:")
+        return cls(
+            id=int(row["id"]),
+            team_id=str(row["team_id"]),
+            from_agent="user" if person else author,
+            message=str(row["message"]),
+            created_at=int(row["created_at"]),
+            sender=author.removeprefix("user:") if person else author,
+        )
 
 
 class ChatPosted(_Out):
@@ -395,8 +411,42 @@ class SystemStatus(_Out):
     """``GET /api/status`` (TinyOffice's control plane view)."""
 
     ok: bool
-    uptime: float
+    uptime: int  # whole seconds, as TinyAGI answers (TinyOffice prints the number as it comes)
     server: ServerState
     channels: dict[str, ChannelState]
     heartbeat: HeartbeatState
     queue: QueueStatusOut
+
+
+#: TinyAGI names a provider by whose model it runs; agentpost names the CLI that runs it.
+TINYAGI_PROVIDER = {"claude": "anthropic", "codex": "openai"}
+#: Keys of ``GET /api/settings`` that are derived for TinyOffice, not stored: a save that sends them back
+#: (TinyOffice's settings page PUTs the whole object it read) leaves them out of settings.toml.
+DERIVED_SETTINGS_KEYS = ("models", "monitoring")
+
+
+def tinyagi_settings(public: dict[str, Any], settings: Settings) -> dict[str, Any]:
+    """``public`` (settings.toml as JSON, secrets masked) plus the TinyAGI keys TinyOffice's settings page reads:
+    ``models.provider`` (the default agent's, in TinyAGI's names) and ``monitoring.heartbeat_interval`` (the
+    shortest heartbeat interval in seconds; absent when no heartbeat runs on an interval)."""
+    out = {k: v for k, v in public.items() if k not in DERIVED_SETTINGS_KEYS}
+    default = settings.agents.get(settings.queue.default_agent)
+    if default is not None:
+        provider = TINYAGI_PROVIDER.get(default.provider, default.provider)
+        models: dict[str, Any] = {"provider": provider}
+        if default.model:
+            models[provider] = {"model": default.model}
+        out["models"] = models
+    intervals = [
+        float(beat["interval"])
+        for beat in settings.file.heartbeats.values()
+        if isinstance(beat, dict) and beat.get("interval") and beat.get("enabled", True)
+    ]
+    if intervals:
+        out["monitoring"] = {"heartbeat_interval": int(min(intervals))}
+    return out
+
+
+def stored_settings_patch(patch: dict[str, Any]) -> dict[str, Any]:
+    """A ``PUT /api/settings`` body without the keys :func:`tinyagi_settings` derives."""
+    return {k: v for k, v in patch.items() if k not in DERIVED_SETTINGS_KEYS}

@@ -46,7 +46,9 @@ from .dialect import (
     TeamOut,
     TeamSaved,
     agent_out,
+    stored_settings_patch,
     team_out,
+    tinyagi_settings,
 )
 from .errors import ApiError
 from .params import NAME_PATTERN, Body, Name
@@ -138,13 +140,15 @@ def known_agent(web: WebState, agent: str) -> None:
 # -- settings ------------------------------------------------------------------------------------------------
 @router.get("/settings", summary="The settings (secrets shown as ***)")
 async def get_settings(web: Web) -> dict[str, Any]:
-    return await web.run(settings_edit.public_settings, web.settings)
+    public = await web.run(settings_edit.public_settings, web.settings)
+    return tinyagi_settings(public, web.settings)
 
 
 @router.put("/settings", summary="Merge changes into settings.toml (validated; *** keeps a secret)")
 async def put_settings(patch: dict[str, Any], web: Web) -> SettingsSaved:
-    settings = await edit(web, settings_edit.merge_settings, patch)
-    return SettingsSaved(ok=True, settings=await web.run(settings_edit.public_settings, settings))
+    settings = await edit(web, settings_edit.merge_settings, stored_settings_patch(patch))
+    public = await web.run(settings_edit.public_settings, settings)
+    return SettingsSaved(ok=True, settings=tinyagi_settings(public, settings))
 
 
 @router.post(
@@ -360,7 +364,7 @@ def system_status(db: Database, queue: Queue, settings: Settings, port: int) -> 
     intervals = [float(b["interval"]) for b in beats.values() if isinstance(b, dict) and b.get("interval")]
     return SystemStatus(
         ok=True,
-        uptime=round(time.monotonic() - STARTED, 3),
+        uptime=int(time.monotonic() - STARTED),
         server=ServerState(running=True, port=port),
         channels=channels,
         heartbeat=HeartbeatState(

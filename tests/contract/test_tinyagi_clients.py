@@ -42,11 +42,9 @@ EXTRA = f"""
 [api]
 allowed_origins = ["{TINYOFFICE_ORIGIN}"]
 
-[channels.telegram]
-bot_token = "123456:very-secret-token"
-
 [agents.alpha.env]
 SERVICE_CREDENTIAL_VALUE = "env-secret-value"
+BOT_TOKEN = "123456:very-secret-token"
 """
 
 JSON = {"Content-Type": "application/json"}  # TinyOffice sends it on every call
@@ -111,14 +109,13 @@ def test_check_connection_and_settings_read_write(live: Live) -> None:
         settings = r.json()
         # getSettings: Settings (agents and teams keyed by id); secrets never leave the server.
         has(settings, {"agents": dict, "teams": dict})
-        assert settings["channels"]["telegram"]["bot_token"] == "***"
+        assert settings["agents"]["alpha"]["env"] == {"SERVICE_CREDENTIAL_VALUE": "***", "BOT_TOKEN": "***"}
         assert "very-secret-token" not in r.text
-        assert settings["agents"]["alpha"]["env"] == {"SERVICE_CREDENTIAL_VALUE": "***"}
         assert "env-secret-value" not in r.text
         # updateSettings: PUT /api/settings (partial) -> {ok, settings}; the file really changes.
         r = c.put(
             "/api/settings",
-            json={"queue": {"max_retries": 4}, "channels": {"telegram": {"bot_token": "***"}}},
+            json={"queue": {"max_retries": 4}, "agents": {"alpha": {"env": {"BOT_TOKEN": "***"}}}},
         )
         assert r.status_code == 200, r.text
         has(r.json(), {"ok": bool, "settings": dict})
@@ -129,6 +126,29 @@ def test_check_connection_and_settings_read_write(live: Live) -> None:
         r = c.put("/api/settings", json={"queue": {"max_retries": 0}})
         assert r.status_code == 400 and "max_retries" in r.json()["error"]
         assert (live.home / "settings.toml").read_text() == text
+
+
+def test_settings_page_reads_tinyagi_keys_and_saves_them_back(live: Live) -> None:
+    """settings/page.tsx shows ``models.provider`` (falling back to "anthropic") and
+    ``monitoring.heartbeat_interval`` (else "Disabled"), and its Save PUTs the whole object it read."""
+    with live.client() as c:
+        r = c.put("/api/agents/gamma/heartbeat", json={"content": "Ping.", "enabled": True, "interval": 900})
+        assert r.json() == {"ok": True}
+        c.put("/api/agents/beta", json={"name": "Beta", "provider": "openai", "model": "gpt-5"})
+        settings = c.get("/api/settings").json()
+        assert settings["monitoring"] == {"heartbeat_interval": 900}
+        assert settings["models"]["provider"] == "anthropic"  # alpha, the default agent, runs claude
+        before = (live.home / "settings.toml").read_text()
+        r = c.put("/api/settings", json=settings)
+        assert r.status_code == 200, r.text
+        assert r.json()["settings"]["monitoring"] == {"heartbeat_interval": 900}
+        after = (live.home / "settings.toml").read_text()
+        assert "monitoring" not in after and "[models" not in after
+        assert "very-secret-token" in after and after.count("[agents.") == before.count("[agents.")
+        # A default agent on codex is shown as TinyAGI's "openai".
+        c.put("/api/settings", json={"queue": {"default_agent": "beta"}})
+        assert c.get("/api/settings").json()["models"] == {"provider": "openai", "openai": {"model": "gpt-5"}}
+        c.put("/api/settings", json={"queue": {"default_agent": "alpha"}})
 
 
 def test_agents_and_teams_keyed_by_id_with_create_update_delete(live: Live) -> None:
@@ -265,6 +285,8 @@ def test_responses_and_agent_history_and_chatroom(live: Live) -> None:
         posts = c.get("/api/chatroom/dev", params={"limit": 100, "since": 0}).json()
         assert [p["message"] for p in posts] == ["retro", "standup"]
         has(posts[0], {"id": int, "team_id": str, "from_agent": str, "message": str, "created_at": int})
+        # chatroom-view.tsx styles a post as the person's only when from_agent is exactly "user".
+        assert [p["from_agent"] for p in posts] == ["user", "user"]
         assert [
             p["message"] for p in c.get("/api/chatroom/dev", params={"since": posts[1]["id"]}).json()
         ] == ["retro"]
@@ -296,7 +318,9 @@ def test_logs_system_prompt_heartbeat_and_status(live: Live) -> None:
         assert Path(beat["path"]).read_text() == "Check the build."
         # getSystemStatus: GET /api/status
         status = c.get("/api/status").json()
-        has(status, {"ok": bool, "uptime": (int, float), "server": dict, "channels": dict, "heartbeat": dict})
+        has(status, {"ok": bool, "uptime": int, "server": dict, "channels": dict, "heartbeat": dict})
+        # control/page.tsx prints the seconds as they come: a float showed "6m 25.211000000000013s".
+        assert not isinstance(status["uptime"], bool) and status["uptime"] >= 0
         has(status["server"], {"running": bool, "port": int})
         has(status["heartbeat"], {"running": bool, "interval": (int, float), "lastSent": dict})
         assert status["server"]["port"] == live.port and status["heartbeat"]["running"] is True
