@@ -154,8 +154,11 @@ def send(
 ) -> None:
     """Queue a message and print its id; with --wait, print the reply when it comes.
 
-    With --wait the exit status is 1 when the message ended in an error (the explanation is printed) and
-    2 when the wait ran out (the reply then waits for `agentpost replies`).
+    With --wait, replies to earlier messages of the chat that arrive meanwhile are printed too, each
+    under a line "earlier reply to …". When no processor is running (none started, or it refused its
+    settings) the wait says so after 5 s, in one line, and keeps waiting: a processor started later
+    still answers. The exit status is 1 when the message ended in an error (the explanation is
+    printed), 2 when the wait ran out and 130 after Ctrl-C (the reply then waits for `agentpost replies`).
     """
     if wait and channel != CLI_CHANNEL:
         raise fail("--wait reads replies of the cli channel; leave out --channel", 2)
@@ -193,10 +196,11 @@ def send(
                 "agent": result.agent,
                 "status": outcome.status,
                 "replies": [reply_json(r) for r in outcome.replies],
+                "earlier_replies": [reply_json(r) for r in outcome.earlier],
             }
         )
-    if outcome.status == "waiting":
-        raise typer.Exit(2)
+    if outcome.status in ("waiting", "interrupted"):
+        raise typer.Exit(2 if outcome.status == "waiting" else 130)
     if outcome.failed:
         raise typer.Exit(1)
 
@@ -209,11 +213,15 @@ def chat(
         float, typer.Option(min=1, help="Give up waiting for one reply after this long.")
     ] = 1800,
 ) -> None:
-    """Talk with an agent in the terminal: each line is a message; replies render as Markdown."""
+    """Talk with an agent in the terminal: each line is a message; replies render as Markdown.
+
+    /status, /retry, /stop, /reset and /help work as in the other channels. The exit status is 1 when a
+    message ended in an error and 130 after Ctrl-C during a wait (the reply then waits for
+    `agentpost replies`)."""
     from shared.cli_talk import Printer, chat_loop
 
     with runtime() as rt:
-        failures = chat_loop(
+        code = chat_loop(
             rt,
             Printer(console),
             conversation,
@@ -222,8 +230,8 @@ def chat(
             timeout=timeout,
             history=rt.settings.home / "chat_history",
         )
-    if failures:
-        raise typer.Exit(1)
+    if code:
+        raise typer.Exit(code)
 
 
 @app.command()

@@ -18,16 +18,20 @@ from rich.console import Console
 from rich.markdown import Markdown
 from rich.markup import escape
 
-from shared.cli_chat import CLI_CHANNEL, ERROR_KINDS, Followed, follow_message, read_replies
-from shared.queue import InvalidInput, QueuedResponse
+from shared.chat_address import ChatAddress
+from shared.cli_chat import CLI_CHANNEL, ERROR_KINDS, Followed, first_line, follow_message, read_replies
+from shared.queue import InvalidInput, NotFound, QueuedResponse, RetryBudgetExhausted
 from shared.runtime import Runtime
-from shared.sessions import clear_sessions
+from shared.sessions import AGENT_SCOPE_KEY, clear_sessions
 
 CHAT_HELP = """Type a message and press Enter; the reply is shown when it arrives.
+/status - what the agent is doing for this chat
 /reset - start a fresh conversation with the agent
-/retry - try again the last message here that could not be answered
+/retry - try again the last message here that could not be answered, and wait for its answer
 /stop - stop the agent's current run for this chat
 /help - this help;  /exit or Ctrl-D - leave"""
+#: The exit status after Ctrl-C (128 + SIGINT, as a shell reports it).
+EXIT_INTERRUPTED = 130
 
 
 def reply_json(response: QueuedResponse) -> dict[str, Any]:
@@ -66,6 +70,20 @@ class Printer:
         else:
             self.console.print(f"… {line}", highlight=False, markup=False)
 
+    def note(self, text: str) -> None:
+        self.console.print(text, highlight=False, markup=False)
+
+    def earlier(self, response: QueuedResponse) -> None:
+        """A reply to an earlier message, read while waiting for another: labelled with what it answers."""
+        asked = first_line(response.original_message)
+        asked = asked if len(asked) <= 60 else asked[:59] + "…"
+        label = f"earlier reply to “{asked}” (ref {response.message_id}):"
+        if self.rich:
+            self.console.print(f"[dim]{escape(label)}[/]", highlight=False)
+        else:
+            self.console.print(label, highlight=False, markup=False)
+        self.reply(response)
+
     def reply(self, response: QueuedResponse) -> None:
         meta = response.metadata or {}
         who = meta.get("from_agent") or response.agent or "agent"
@@ -89,24 +107,23 @@ def wait_and_print(
     after_cursor: str,
     timeout: float,
 ) -> Followed:
-    """Follow one message, printing its steps and replies; says what to do if the wait runs out."""
+    """Follow one message, printing its steps and replies; says what to do if the wait runs out or is
+    given up with Ctrl-C (status ``interrupted``): the message stays queued either way."""
     started = time.monotonic()
-    with printer.waiting(f"waiting for {message_id}…"):
-        outcome = follow_message(
-            rt,
-            message_id,
-            conversation,
-            after_cursor=after_cursor,
-            timeout=timeout,
-            on_step=printer.step,
-            on_reply=printer.reply,
+    try:
+        with printer.waiting(f"waiting for {message_id}…"):
+            outcome = follow_message(
+                rt, message_id, conversation, after_cursor=after_cursor, timeout=timeout, view=printer
+            )
+    except KeyboardInterrupt:
+        printer.note(
+            f"Stopped waiting; the agent goes on, and its reply will be in `agentpost replies` (ref {message_id})."
         )
+        return Followed("interrupted")
     if outcome.status == "waiting":
-        printer.console.print(
+        printer.note(
             f"No reply after {time.monotonic() - started:.0f} s; it is still queued. "
-            f"`agentpost replies` shows it when it arrives (ref {message_id}).",
-            highlight=False,
-            markup=False,
+            f"`agentpost replies` shows it when it arrives (ref {message_id})."
         )
     return outcome
 
@@ -122,66 +139,90 @@ def chat_loop(
     history: Path,
     read_line: Callable[[str], str] = input,
 ) -> int:
-    """The interactive chat: one message per line, each answered before the next prompt. Returns the
-    number of messages that ended in an error."""
+    """The interactive chat: one message per line, each answered before the next prompt. Returns the exit
+    status: 0, 1 when a message ended in an error, :data:`EXIT_INTERRUPTED` after Ctrl-C during a wait."""
     _setup_history(history)
+    # The chat as the queue and the processor name it (the sender stands in for an empty conversation):
+    # /status, /stop and /reset must name the same chat its runs and sessions are kept under.
+    chat = ChatAddress(CLI_CHANNEL, sender, "", conversation)
     failures = 0
     printer.console.print("Chatting with agentpost. /help for commands, /exit to leave.", highlight=False)
-    while True:
-        try:
-            line = read_line("you> ").strip()
-        except (EOFError, KeyboardInterrupt):
-            printer.console.print()
-            break
-        if not line:
-            continue
-        if line in ("/exit", "/quit"):
-            break
-        if line.startswith("/"):
-            printer.console.print(_chat_command(rt, line, conversation, agent), highlight=False, markup=False)
-            continue
-        cursor = rt.events.last_cursor()
-        try:
-            result = rt.queue.enqueue_message(
-                CLI_CHANNEL, sender, line, agent=agent, conversation=conversation
+    try:
+        while True:
+            try:
+                line = read_line("you> ").strip()
+            except (EOFError, KeyboardInterrupt):
+                printer.console.print()
+                break
+            if not line:
+                continue
+            if line in ("/exit", "/quit"):
+                break
+            cursor = rt.events.last_cursor()
+            if line.startswith("/"):
+                answer, retried = _chat_command(rt, line, chat, agent)
+                printer.console.print(answer, highlight=False, markup=False)
+                if retried is None:
+                    continue
+                message_id = retried
+            else:
+                try:
+                    message_id = rt.queue.enqueue_message(
+                        CLI_CHANNEL, sender, line, agent=agent, conversation=conversation
+                    ).message_id
+                except InvalidInput as exc:  # "@nosuch hi", an empty or oversized message: say so, go on
+                    printer.console.print(str(exc), highlight=False, markup=False)
+                    continue
+            outcome = wait_and_print(
+                rt, printer, message_id, conversation, after_cursor=cursor, timeout=timeout
             )
-        except InvalidInput as exc:  # "@nosuch hi", an empty or oversized message: say so, keep chatting
-            printer.console.print(str(exc), highlight=False, markup=False)
-            continue
-        outcome = wait_and_print(
-            rt, printer, result.message_id, conversation, after_cursor=cursor, timeout=timeout
-        )
-        failures += outcome.failed
-    _save_history(history)
-    return failures
+            if outcome.status == "interrupted":
+                return EXIT_INTERRUPTED
+            failures += outcome.failed
+    finally:
+        _save_history(history)
+    return 1 if failures else 0
 
 
-def _chat_command(rt: Runtime, line: str, conversation: str, agent: str | None) -> str:
+def _chat_command(rt: Runtime, line: str, chat: ChatAddress, agent: str | None) -> tuple[str, str | None]:
+    """What a chat command answers, and the id of a message to wait for (``/retry``'s) or ``None``."""
     name = line[1:].split()[0].lower() if len(line) > 1 else ""
     target = agent or rt.settings.queue.default_agent
     if name == "help":
-        return CHAT_HELP
+        return CHAT_HELP, None
+    if name == "status":
+        return _status(rt, chat, target), None
     if name == "reset":
         config = rt.settings.agents.get(target)
-        key = (
-            "" if config is not None and config.session_scope == "agent" else f"{CLI_CHANNEL}:{conversation}"
-        )
+        key = AGENT_SCOPE_KEY if config is not None and config.session_scope == "agent" else chat.label
         clear_sessions(rt.db, target, key, reason="/reset in cli")
-        return f"Started a fresh conversation with @{target}."
+        return f"Started a fresh conversation with @{target}.", None
     if name == "stop":
-        rt.queue.request_stop(target, f"{CLI_CHANNEL}:{conversation}")
-        return "Stopping…"
+        rt.queue.request_stop(target, chat.label)
+        return "Stopping…", None
     if name == "retry":
-        from shared.queue import NotFound, RetryBudgetExhausted
-
         try:
-            retried = rt.queue.retry_last_failed(CLI_CHANNEL, conversation)
+            retried = rt.queue.retry_last_failed(CLI_CHANNEL, chat.conversation)
         except NotFound:
-            return "There is no failed message in this chat to try again."
+            return "There is no failed message in this chat to try again.", None
         except RetryBudgetExhausted:
-            return "That message was already tried again as often as allowed; send it again as a new message."
-        return f"Trying your message again (ref {retried.message_id}); its reply will show after your next message."
-    return f"Unknown command {line.split()[0]!r}. {CHAT_HELP.splitlines()[1]}"
+            return (
+                "That message was already tried again as often as allowed; send it again as a new message.",
+                None,
+            )
+        return f"Trying your message again (ref {retried.message_id})…", retried.message_id
+    return f"Unknown command {line.split()[0]!r}; /help lists the commands.", None
+
+
+def _status(rt: Runtime, chat: ChatAddress, target: str) -> str:
+    """``/status``: what the agent is doing for this chat, as the other channels say it."""
+    from shared.conversation_status import conversation_status, format_status
+
+    status = conversation_status(rt.db, None, CLI_CHANNEL, chat.chat)
+    if not status["running"] and not status["waiting"] and target in rt.settings.agents:
+        # Nothing queued: still say whether the chat's agent is paused (a rate limit, say).
+        status = conversation_status(rt.db, target, CLI_CHANNEL, chat.chat)
+    return format_status(status)
 
 
 def show_unread(rt: Runtime, printer: Printer, conversation: str, *, as_json: bool) -> int:

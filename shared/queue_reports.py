@@ -1,5 +1,5 @@
 """Read-only statistics over the queue and the event log: how busy an agent is, what traffic the event log
-recorded (for ``agentpost queue audit``).
+recorded (for ``agentpost queue audit``), whether any processor runs (for ``agentpost send --wait``).
 
 Nothing here writes or takes a write lock; every function is one or a few plain reads.
 """
@@ -9,9 +9,15 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
+from shared.clock import now_ms
 from shared.db import Database
+from shared.events import topic_filter
+from shared.worker_identity import Holder, holder_state
 
 HOUR_MS = 3_600_000
+#: How many of the newest processor start and stop events are read to find the processors that run now
+#: (two per processor life: enough for many restarts in a row).
+PROCESSOR_EVENTS_READ = 1000
 
 
 @dataclass(frozen=True)
@@ -106,3 +112,33 @@ def message_metadata(db: Database, message_id: str) -> str | None:
     """The stored metadata (JSON text) of one message, or None when there is no such message."""
     raw = db.read_scalar("SELECT metadata FROM messages WHERE message_id = :m", {"m": message_id})
     return None if raw is None else str(raw)
+
+
+def processor_running(db: Database, now: int | None = None) -> bool:
+    """Whether some processor may be running: one whose ``processor_start`` event has no ``processor_stop``
+    after it, or one holding an agent's unexpired lease, unless its process is known to be gone. Only the
+    processor's own host can tell that (:mod:`shared.worker_identity`), so one on another host counts as
+    running. A start event is kept ``events.ttl_hours``: a processor running longer is seen through the
+    leases it holds while it works.
+    """
+    rows = db.read(
+        f"SELECT type, payload FROM events WHERE {topic_filter('processor')} "
+        "AND type IN ('processor_start', 'processor_stop') ORDER BY id DESC LIMIT :n",
+        {"topic": "processor", "n": PROCESSOR_EVENTS_READ},
+    )
+    latest: dict[str, bool] = {}  # worker -> its newest event is a start
+    for row in rows:
+        try:
+            payload = json.loads(str(row["payload"]))
+        except ValueError:
+            continue
+        worker = str(payload.get("worker") or "") if isinstance(payload, dict) else ""
+        if worker:
+            latest.setdefault(worker, row["type"] == "processor_start")
+    workers = {worker for worker, started in latest.items() if started}
+    holders = db.read(
+        "SELECT holder FROM agent_leases WHERE holder IS NOT NULL AND lease_until >= :now",
+        {"now": now_ms() if now is None else now},
+    )
+    workers.update(str(row["holder"]) for row in holders)
+    return any(holder_state(worker) is not Holder.GONE for worker in workers)

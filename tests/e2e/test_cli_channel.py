@@ -14,8 +14,9 @@ import pytest
 
 from tests.fakes.anthropic_api import ApiError, FakeAnthropic, Text
 from tests.fixtures import anthropic_api, cli_installed  # noqa: F401  (fixtures)
+from tests.homes import open_home
 from tests.liveness_support import claude_home, cli_env
-from tests.processor_support import open_home, wait_for
+from tests.probes import wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
 
@@ -48,11 +49,12 @@ def _cli(home: Path, *args: str, stdin: str | None = None) -> subprocess.Complet
     )
 
 
-def test_send_wait_prints_the_reply_and_acknowledges_it(home: Path, api: FakeAnthropic) -> None:
+def test_send_wait_piped_prints_the_reply_once_and_acknowledges_it(home: Path, api: FakeAnthropic) -> None:
     api.add_rule("what is 2+2", Text("It is **4**."))
-    done = _cli(home, "send", "--wait", "what is 2+2")
+    done = _cli(home, "send", "--wait", "what is 2+2")  # stdout is a pipe
     assert done.returncode == 0, done.stderr
-    assert "It is **4**." in done.stdout  # piped: the reply as written, not terminal codes
+    # Piped: the reply as written, not terminal codes, and once (the agent's last text is not also a step).
+    assert done.stdout.count("It is **4**.") == 1, done.stdout
     with open_home(home) as rt:
         assert rt.queue.queue_status()["cli_replies_unread"] == 0
         assert rt.db.read_scalar("SELECT status FROM responses") == "acked"
@@ -98,3 +100,13 @@ def test_chat_answers_each_line_and_continues_the_conversation(home: Path, api: 
     assert session.stdout.index("Hello Ann.") < session.stdout.index("You told me: Ann.")
     second = [r for r in api.main_requests() if r.last_user_text.endswith("what is my name")]
     assert second and "my name is ann" in str(second[-1].body)  # one conversation across the lines
+
+
+def test_chat_reset_starts_a_fresh_conversation(home: Path, api: FakeAnthropic) -> None:
+    api.add_rule("my name is bob", Text("Hello Bob."))
+    api.add_rule("who am i", Text("I do not know."))
+    session = _cli(home, "chat", stdin="my name is bob\n/reset\nwho am i\n/exit\n")
+    assert session.returncode == 0, session.stderr
+    assert "Started a fresh conversation with @coder." in session.stdout
+    last = [r for r in api.main_requests() if r.last_user_text.endswith("who am i")]
+    assert last and "my name is bob" not in str(last[-1].body)  # the session before /reset is not resumed
