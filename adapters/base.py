@@ -27,16 +27,17 @@ message and before handling it (tests kill the process in that window). Never se
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import re
 import secrets
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, create_model
 
@@ -55,9 +56,13 @@ from shared.file_access import chat_upload_dir
 from shared.queue import TxWork, UnknownMention
 from shared.runtime import Runtime, open_runtime
 from shared.settings import Settings, SettingsError
+from shared.storage_errors import transient_problem
 from shared.worker_identity import new_worker_id
 
 TEST_PAUSE_ENV = "AGENTPOST_TEST_PAUSE_AFTER_FETCH"
+_T = TypeVar("_T")
+#: Longest pause between two tries to reach a database that is away.
+_STORAGE_RETRY_MAX_SECONDS = 5.0
 _COMMAND_RE = re.compile(r"^/(?P<name>[A-Za-z_]+)(?:@[A-Za-z0-9_]+)?(?:\s+(?P<args>.*))?$", re.DOTALL)
 _MENTION_ONLY_RE = re.compile(r"^@(?P<name>[A-Za-z0-9][A-Za-z0-9_-]{0,31})$")
 
@@ -223,6 +228,11 @@ class Channel(ChatCommands, ChannelLifecycle):
     limit: ClassVar[int] = 2000
     #: The settings model of ``[channels.<name>]``.
     settings_model: ClassVar[type[ChannelSettings]] = ChannelSettings
+    #: How long :meth:`handle` waits for a database that is away (a restarting server, a lock, a full
+    #: disk) before it gives up and raises; None: until the adapter is stopped. A plugin whose platform
+    #: redelivers what was not acknowledged (a webhook answered with an error) sets a bound, so the
+    #: platform is told to try again instead of being kept waiting.
+    storage_wait_seconds: ClassVar[float | None] = None
 
     def __init__(
         self,
@@ -287,10 +297,46 @@ class Channel(ChatCommands, ChannelLifecycle):
     async def handle(self, message: Inbound, *, also: TxWork | None = None) -> HandleOutcome:
         """Authorise, run commands, or queue one inbound message; returns once the outcome is committed.
 
+        While the database is away it waits and tries again (:meth:`until_stored`): a plugin acknowledges
+        an update to its platform only after this returns, so an update is never dropped, nor confirmed
+        before it is stored.
+
         ``also(tx)`` is written in the transaction that queues the message or its answer (a plugin's
         cursor, so the update and what it caused commit together); it is not called for a message that is
         neither queued nor answered (ignored, a duplicate, a sender waiting for pairing)."""
-        return await call(self.handle_sync, message, also=also)
+        return await self.until_stored(
+            lambda: call(self.handle_sync, message, also=also), f"taking in message {message.external_id}"
+        )
+
+    async def until_stored(self, work: Callable[[], Awaitable[_T]], what: str) -> _T:
+        """``await work()``; while it fails on storage trouble (:func:`shared.storage_errors.transient_problem`:
+        a server restarting or unreachable, a lock, a full disk), wait with a doubling pause and run it
+        again, up to :attr:`storage_wait_seconds` or until the adapter is stopped — then raise. ``work``
+        must be safe to run again: it is one transaction, or checks what an earlier try committed (an
+        update already taken in is a duplicate). Other errors are raised at once."""
+        limit = self.storage_wait_seconds
+        deadline = None if limit is None else time.monotonic() + limit
+        pause = 0.25
+        waiting = False
+        while True:
+            try:
+                result = await work()
+            except Exception as exc:
+                problem = transient_problem(exc, self.rt.db.url)
+                if problem is None or self.stop_event.is_set():
+                    raise
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise
+                if not waiting:  # once per wait, not per try: an outage is one event for the operator
+                    self.log.warning("%s: %s; waiting for the database", what, problem.describe())
+                    waiting = True
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self.stop_event.wait(), pause)
+                pause = min(pause * 2, _STORAGE_RETRY_MAX_SECONDS)
+                continue
+            if waiting:
+                self.log.info("%s: done, the database is back", what)
+            return result
 
     def handle_sync(self, message: Inbound, *, also: TxWork | None = None) -> HandleOutcome:
         """:meth:`handle` in the calling thread (blocking database work)."""
@@ -435,7 +481,9 @@ class Channel(ChatCommands, ChannelLifecycle):
 
     async def may_download(self, sender_id: str) -> bool:
         """Whether to fetch a sender's attachments: not for strangers (they only get a pairing code)."""
-        return await call(self.authorised, sender_id)
+        return await self.until_stored(
+            lambda: call(self.authorised, sender_id), f"checking sender {sender_id}"
+        )
 
     def authorised(self, sender_id: str) -> bool:
         """Allowlisted (or ``*``) senders skip pairing; others must be paired."""

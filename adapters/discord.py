@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import re
 import time
 import warnings
@@ -199,7 +200,8 @@ class DiscordChannel(Channel):
                 text = "(an attachment)"  # a stranger still gets a pairing code, but nothing is downloaded
             if guild:
                 metadata["dm_channel"] = await self._dm_channel_of(message.author)
-        await self.handle(
+        cursor = (self.name, conversation, message.id, guild)
+        outcome = await self.handle(
             Inbound(
                 conversation=conversation,
                 sender_id=sender_id,
@@ -209,10 +211,14 @@ class DiscordChannel(Channel):
                 files=files,
                 metadata=metadata,
                 sent_at=int(message.created_at.timestamp() * 1000),
-            )
+            ),
+            # The chat's catch-up cursor moves in the transaction that takes the message in, so a
+            # catch-up after a crash starts after it, never before a message it already has.
+            also=lambda tx: channel_cursors.note_seen_in(tx, *cursor),
         )
-        # Only now, with the message committed: a catch-up after a crash starts after it.
-        await call(channel_cursors.note_seen, self.rt.db, self.name, conversation, message.id, guild)
+        if outcome not in ("queued", "command"):  # nothing was committed with the cursor: its own write
+            note = functools.partial(call, channel_cursors.note_seen, self.rt.db, *cursor)
+            await self.until_stored(note, f"recording message {message.id}")
 
     async def _dm_channel_of(self, user: discord.User | discord.Member) -> str:
         """The id of the DM channel with ``user`` ("" when Discord will not open one)."""

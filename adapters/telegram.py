@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import os
 import re
 from pathlib import Path
@@ -37,7 +38,7 @@ from telegram.error import (
 from telegram.ext import AIORateLimiter, Application
 
 from adapters import chat_state
-from adapters.base import Channel, ChannelSettings, Inbound, safe_filename
+from adapters.base import Channel, ChannelSettings, HandleOutcome, Inbound, safe_filename
 from adapters.chunking import utf16_len
 from adapters.delivery import SendFailure
 from shared import kv
@@ -169,16 +170,20 @@ class TelegramChannel(Channel):
             if updates:
                 await self.test_pause_after_fetch(f"{len(updates)} Telegram update(s)")
             for update in updates:
-                written: list[int] = []
+                after = update.update_id + 1
 
-                def keep_offset(tx: Tx, after: int = update.update_id + 1, done: list[int] = written) -> None:
+                def keep_offset(tx: Tx, after: int = after) -> None:
                     # The offset commits with the message the update queued, or with the answer to its
                     # command: one write, and never a confirmed update without what it caused.
                     kv.put(tx, Scope.TELEGRAM, self.offset_key, str(after))
-                    done.append(after)
 
                 try:
-                    await self.handle_update(update, also=keep_offset)
+                    outcome = await self.handle_update(update, also=keep_offset)
+                    if outcome not in ("queued", "command"):  # nothing committed the offset: its own write
+                        confirm = functools.partial(
+                            call, chat_state.kv_set, db, Scope.TELEGRAM, self.offset_key, str(after)
+                        )
+                        await self.until_stored(confirm, f"confirming update {update.update_id}")
                 except Exception:
                     # Not committed: keep the offset here so the update is fetched and handled again.
                     self.log.exception(
@@ -186,9 +191,7 @@ class TelegramChannel(Channel):
                     )
                     await asyncio.sleep(1.0)
                     break
-                offset = update.update_id + 1
-                if not written:  # nothing queued or answered (ignored, a duplicate): its own write
-                    await call(chat_state.kv_set, db, Scope.TELEGRAM, self.offset_key, str(offset))
+                offset = after
 
     def _addressed(self, message: Message, text: str) -> tuple[bool, str]:
         """Whether a group message is meant for the bot, and its text without the bot's @mention."""
@@ -206,16 +209,16 @@ class TelegramChannel(Channel):
             text = re.sub(re.escape(mention), "", text, flags=re.IGNORECASE).strip()
         return True, text
 
-    async def handle_update(self, update: Update, *, also: TxWork | None = None) -> None:
+    async def handle_update(self, update: Update, *, also: TxWork | None = None) -> HandleOutcome:
         """Turn one update into an :class:`Inbound` and hand it to the base (returns once committed);
-        ``also`` commits with the message if one is queued (see :meth:`Channel.handle`)."""
+        ``also`` commits with the message if one is queued or answered (see :meth:`Channel.handle`)."""
         message = update.message
         if message is None or message.from_user is None or message.from_user.is_bot:
-            return
+            return "ignored"
         text = message.text or message.caption or ""
         addressed, text = self._addressed(message, text)
         if not addressed:
-            return
+            return "ignored"
         chat_id = message.chat.id
         conversation = str(chat_id)
         if message.is_topic_message and message.message_thread_id:
@@ -227,7 +230,7 @@ class TelegramChannel(Channel):
             files = await self._save_attachments(message, conversation)
         elif not text:
             text = "(an attachment)"  # a stranger still gets a pairing code, but nothing is downloaded
-        await self.handle(
+        return await self.handle(
             Inbound(
                 conversation=conversation,
                 sender_id=str(user.id),

@@ -112,6 +112,9 @@ class WhatsAppChannel(Channel):
     """The WhatsApp Cloud API adapter (``agentpost run whatsapp``)."""
 
     name: ClassVar[str] = "whatsapp"
+    #: Meta redelivers a webhook answered with an error: while the database is away, answer 503 after a
+    #: short wait instead of holding the request open (:meth:`Channel.until_stored`).
+    storage_wait_seconds: ClassVar[float | None] = 5.0
     prefix: ClassVar[str] = "whatsapp"
     limit: ClassVar[int] = 4096
     settings_model: ClassVar[type[ChannelSettings]] = WhatsAppSettings

@@ -17,7 +17,7 @@ import json
 from dataclasses import dataclass
 
 from shared import kv
-from shared.db import Database
+from shared.db import Database, Tx
 from shared.kv import Scope, scoped
 from shared.queue_reports import message_metadata
 
@@ -38,11 +38,16 @@ class Cursor:
 
 def note_seen(db: Database, channel: str, conversation: str, message_id: int, note: str = "") -> None:
     """Record that ``message_id`` of ``conversation`` was taken in (kept only if newer than the record)."""
+    with db.transaction() as tx:
+        note_seen_in(tx, channel, conversation, message_id, note)
+
+
+def note_seen_in(tx: Tx, channel: str, conversation: str, message_id: int, note: str = "") -> None:
+    """:func:`note_seen` inside the caller's transaction (the one that takes the message in)."""
     if message_id < 0 or len(str(message_id)) > _WIDTH:
         raise ValueError(f"message id {message_id} does not fit a cursor")
     value = f"{message_id:0{_WIDTH}d}|{note}"
-    with db.transaction() as tx:
-        kv.put_max(tx, scoped(Scope.CURSOR, channel), conversation, value)
+    kv.put_max(tx, scoped(Scope.CURSOR, channel), conversation, value)
 
 
 def cursors(db: Database, channel: str) -> list[Cursor]:
