@@ -28,7 +28,7 @@ from rich.markup import escape
 
 from shared.cli_chat import CLI_CHANNEL
 from shared.db import lock_wait_limit
-from shared.private_files import private_umask
+from shared.private_files import not_dumpable, private_umask
 from shared.queue import QueueError
 from shared.runtime import Runtime, open_runtime
 from shared.settings import SettingsError, default_home, load_settings, write_starter_settings
@@ -504,6 +504,9 @@ def main() -> None:
     """Console-script entry point."""
     # Chat content, tokens and uploads: nothing any agentpost process creates is for other users.
     private_umask()
+    # Tokens and secrets sit in this process's environment and memory: no other process of the same user
+    # (an agent's command, where no sandbox can be had) may read them through /proc or a debugger.
+    not_dumpable()
     if _needs_plugins(sys.argv[1:]):
         _load_plugins()
     try:

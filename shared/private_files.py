@@ -9,8 +9,10 @@ agentpost opens them (:func:`tighten`), and ``agentpost doctor`` names any that 
 
 from __future__ import annotations
 
+import ctypes
 import os
 import stat
+import sys
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -20,6 +22,23 @@ PRIVATE_UMASK = 0o077
 def private_umask() -> None:
     """Make everything this process creates from now on private to its user."""
     os.umask(PRIVATE_UMASK)
+
+
+PR_SET_DUMPABLE = 4
+
+
+def not_dumpable() -> bool:
+    """Make this process non-dumpable: another process of the same user (an agent's command, say) can then
+    read neither its environment (``/proc/<pid>/environ``: channel tokens, app secrets) nor its memory, nor
+    attach a debugger to it. Children get the flag back at ``exec``, so the agent CLIs are unaffected. Returns
+    whether it took effect (False off Linux)."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return int(libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)) == 0
+    except (OSError, AttributeError):
+        return False
 
 
 def private_dir(path: Path) -> Path:
