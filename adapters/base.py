@@ -39,7 +39,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, ClassVar, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, create_model
+from pydantic import ConfigDict, create_model
 
 from adapters import pairing as pairings
 from adapters.channel_lifecycle import ChannelLifecycle
@@ -49,13 +49,13 @@ from shared import held_messages, platform_dedupe
 from shared.aio import call
 from shared.channel_cursors import OFFLINE_SENT_AT
 from shared.chat_address import ChatAddress
-from shared.chat_prefs import BusyPolicy
 from shared.clock import now_ms
 from shared.db import Tx
 from shared.file_access import chat_upload_dir
 from shared.queue import TxWork, UnknownMention
 from shared.runtime import Runtime, open_runtime
 from shared.settings import Settings, SettingsError
+from shared.settings_channels import ChannelSettings
 from shared.storage_errors import transient_problem
 from shared.worker_identity import new_worker_id
 
@@ -84,51 +84,6 @@ __all__ = [
 
 class MissingSecret(SettingsError):
     """A token or secret the channel needs is not in the environment (the message names the variable)."""
-
-
-class ChannelSettings(BaseModel):
-    """Settings every channel has, in ``[channels.<name>]`` of settings.toml."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    allowlist: list[str] = Field(
-        default_factory=list, description="sender ids served without pairing; '*' serves everyone"
-    )
-    pairing: bool = Field(
-        default=True, description="give unknown senders a pairing code (false: ignore them)"
-    )
-    pairing_max_pending: int = Field(default=pairings.MAX_PENDING, ge=1, le=100)
-    operator_chat: str = Field(
-        default="", description="a chat of this channel told about each new pairing request (empty: none)"
-    )
-    max_chunks: int = Field(default=4, ge=1, le=50, description="longer replies are sent as a file")
-    delivery_batch: int = Field(default=10, ge=1, le=100)
-    delivery_attempts: int = Field(
-        default=8, ge=1, le=100, description="transient send failures before a reply counts as undeliverable"
-    )
-    delivery_backoff_base_seconds: float = Field(
-        default=2.0, ge=0, description="wait before re-sending after a transient failure (doubles each time)"
-    )
-    delivery_backoff_max_seconds: float = Field(default=300.0, ge=0)
-    typing: bool = True
-    typing_interval_seconds: float = Field(default=4.0, gt=0)
-    poll_interval_seconds: float = Field(default=0.0, ge=0, description="0: the queue's poll interval")
-    busy_policy: BusyPolicy | None = Field(
-        default=None, description="this channel's busy policy (unset: [processor] busy_policy)"
-    )
-    debounce: bool = Field(default=True, description="apply [queue] debounce_ms to this channel's messages")
-    progress_min_interval_seconds: float = Field(
-        default=180.0, ge=0, description="platforms that cannot edit: at most one progress note per interval"
-    )
-    late_message_seconds: float = Field(
-        default=60.0, gt=0, description="a message handled this long after it was sent arrived while offline"
-    )
-    start_retry_base_seconds: float = Field(
-        default=1.0, gt=0, description="platform unreachable at start: first wait before trying again"
-    )
-    start_retry_max_seconds: float = Field(
-        default=60.0, gt=0, description="... doubling up to this wait between tries (until stopped)"
-    )
 
 
 @dataclass(frozen=True)

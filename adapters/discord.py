@@ -36,12 +36,12 @@ from typing import Any, ClassVar
 
 import aiohttp
 import yarl
-from pydantic import Field
 
 from adapters.base import Channel, ChannelSettings, Inbound, pairing_code_text, safe_filename
 from adapters.delivery import SendFailure
 from shared import channel_cursors
 from shared.aio import call
+from shared.settings_channels import DiscordSettings
 
 with warnings.catch_warnings():
     # discord.py imports the stdlib audioop module, deprecated since Python 3.11.
@@ -60,23 +60,6 @@ _CATCH_UP_MARGIN_MS = 60_000
 def snowflake_at(epoch_ms: int) -> int:
     """The smallest Discord id of a message sent at ``epoch_ms``."""
     return max(0, epoch_ms - _DISCORD_EPOCH_MS) << 22
-
-
-class DiscordSettings(ChannelSettings):
-    """``[channels.discord]``."""
-
-    token_env: str = Field(default="DISCORD_BOT_TOKEN", description="variable holding the bot token")
-    api_base_url: str = Field(default="", description="REST root with version; DISCORD_API_BASE_URL wins")
-    gateway_url: str = Field(default="", description="gateway websocket URL; DISCORD_GATEWAY_URL wins")
-    guild_ready_timeout_seconds: float = Field(default=2.0, ge=0)
-    ready_timeout_seconds: float = Field(default=60.0, gt=0)
-    catch_up: bool = Field(default=True, description="after a start, read what arrived while down")
-    catch_up_window_hours: float = Field(
-        default=24.0, gt=0, description="catch up on messages at most this old"
-    )
-    catch_up_max_per_channel: int = Field(
-        default=50, ge=1, le=1000, description="catch up on at most this many messages per channel"
-    )
 
 
 def point_discord_at(api_base: str, gateway: str) -> None:

@@ -31,11 +31,12 @@ from shared.pairings import (
     pending_since,
     revoke,
 )
+from shared.settings_channels import MAX_PENDING_PAIRINGS
 
 #: Letters and digits that cannot be mistaken for each other when read aloud or typed (no 0/O, 1/I/L).
 CODE_ALPHABET = "ABCDEFGHJKMNPQRSTUVWXYZ23456789"
 CODE_LENGTH = 8
-MAX_PENDING = 3
+MAX_PENDING = MAX_PENDING_PAIRINGS  # the default of [channels.*] pairing_max_pending
 
 Decision = Literal["approved", "new_code", "pending", "full"]
 

@@ -21,9 +21,8 @@ import functools
 import os
 import re
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar
 
-from pydantic import Field
 from telegram import Bot, BotCommand, Message, Update
 from telegram.constants import ChatAction
 from telegram.error import (
@@ -46,18 +45,9 @@ from shared.aio import call
 from shared.db import Tx
 from shared.kv import Scope
 from shared.queue import TxWork
+from shared.settings_channels import TelegramSettings
 
 DEFAULT_API = "https://api.telegram.org"
-
-
-class TelegramSettings(ChannelSettings):
-    """``[channels.telegram]``."""
-
-    token_env: str = Field(default="TELEGRAM_BOT_TOKEN", description="variable holding the bot token")
-    api_base_url: str = Field(default="", description="Bot API root; TELEGRAM_API_BASE_URL wins")
-    parse_mode: Literal["Markdown", "MarkdownV2", "HTML", ""] = "Markdown"
-    poll_timeout_seconds: int = Field(default=25, ge=0, le=50)
-    rate_limit_retries: int = Field(default=3, ge=0, le=20)
 
 
 def split_conversation(conversation: str) -> tuple[int | str, int | None]:

@@ -48,7 +48,6 @@ from typing import Any, ClassVar
 
 import httpx
 import uvicorn
-from pydantic import Field
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
@@ -75,30 +74,11 @@ from shared import inbound_jobs, platform_dedupe
 from shared.aio import call
 from shared.chat_lookups import newest_waiting_external_id
 from shared.settings import SettingsError
+from shared.settings_channels import WhatsAppSettings
 
 DEFAULT_GRAPH = "https://graph.facebook.com"
 #: Meta's webhook payloads are at most a few MB (batched notifications); anything larger is refused unread.
 WEBHOOK_MAX_BODY_BYTES = 3 * 1024 * 1024
-
-
-class WhatsAppSettings(ChannelSettings):
-    """``[channels.whatsapp]``."""
-
-    graph_url: str = Field(default="", description="Graph API root; WHATSAPP_GRAPH_URL wins")
-    api_version: str = Field(default="v21.0", pattern=r"^v\d+\.\d+$")
-    webhook_host: str = Field(default="127.0.0.1", description="put a TLS reverse proxy in front")
-    webhook_port: int = Field(default=8787, ge=1, le=65535, description="WHATSAPP_WEBHOOK_PORT wins")
-    send_retries: int = Field(default=5, ge=0, le=20)
-    backoff_base_seconds: float = Field(default=0.5, ge=0)
-    backoff_max_seconds: float = Field(default=30.0, ge=0)
-    media_timeout_seconds: float = Field(default=60.0, gt=0, description="one inbound media download")
-    media_attempts: int = Field(default=3, ge=1, le=20, description="downloads tried before giving up")
-    media_poll_seconds: float = Field(default=5.0, gt=0)
-    read_receipts: bool = Field(
-        default=True, description="mark each message read (blue ticks) once it is taken in"
-    )
-    # WhatsApp shows "typing…" for up to 25 s per call (or until the reply arrives): refresh well inside it.
-    typing_interval_seconds: float = Field(default=20.0, gt=0, le=24)
 
 
 class _QuietServer(uvicorn.Server):

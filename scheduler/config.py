@@ -1,165 +1,58 @@
-"""The settings sections the scheduler owns: ``[scheduler]``, ``[heartbeats.<agent>]`` and ``[[schedules]]``.
+"""The settings sections the scheduler owns: ``[scheduler]``, ``[heartbeats.<agent>]`` and ``[[schedules]]``,
+and the triggers they become.
 
-They are validated here (``Settings.section``) so `shared` needs no knowledge of them; every error names the
-dotted key. Every interval and age the scheduler uses is one of these settings.
+Their models are in :mod:`shared.settings_sections`: every command validates these sections (including
+that each heartbeat and schedule names a configured agent) when it loads the settings, so ``agentpost
+doctor`` refuses what the scheduler would. Every interval and age the scheduler uses is one of these
+settings.
 """
 
 from __future__ import annotations
 
-import hashlib
 from datetime import datetime, timedelta
-from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+from zoneinfo import ZoneInfo
 
 from apscheduler.triggers.base import BaseTrigger  # type: ignore[import-untyped]
 from apscheduler.triggers.cron import CronTrigger  # type: ignore[import-untyped]
 from apscheduler.triggers.date import DateTrigger  # type: ignore[import-untyped]
 from apscheduler.triggers.interval import IntervalTrigger  # type: ignore[import-untyped]
-from pydantic import BaseModel, ConfigDict, Field, RootModel, field_validator, model_validator
 
-from shared.routing import AGENT_NAME_RE
-from shared.settings import Settings, SettingsError
+from shared.settings import Settings
+from shared.settings_sections import (
+    DEFAULT_HEARTBEAT_PROMPT,
+    DlqConfig,
+    HeartbeatConfig,
+    Heartbeats,
+    ScheduleConfig,
+    SchedulerConfig,
+    Schedules,
+    parse_active_hours,
+    zone,
+)
+
+__all__ = [
+    "DEFAULT_HEARTBEAT_PROMPT",
+    "EPOCH",
+    "DlqConfig",
+    "HeartbeatConfig",
+    "Heartbeats",
+    "ScheduleConfig",
+    "SchedulerConfig",
+    "Schedules",
+    "heartbeat_trigger",
+    "latest_fire_time",
+    "load_heartbeats",
+    "load_scheduler_config",
+    "load_schedules",
+    "parse_active_hours",
+    "schedule_trigger",
+    "within_active_hours",
+    "zone",
+]
 
 #: Interval heartbeats count their slots from this instant, so every scheduler process computes the same
 #: slot times (and therefore the same message ids) no matter when it started.
 EPOCH = datetime(1970, 1, 1, tzinfo=ZoneInfo("UTC"))
-
-DEFAULT_HEARTBEAT_PROMPT = (
-    "Heartbeat: check on your pending tasks and report anything that needs attention. Keep it brief."
-)
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class DlqConfig(_Strict):
-    """``[scheduler.dlq]``: AICP's dead-letter settings (its ``dlq:`` block, docs/compatibility.md) on top
-    of the archive.
-
-    ``enabled = false`` keeps every dead letter in the database (no archive files). ``max_entries`` bounds
-    how many stay in the database: beyond it the oldest are archived early, whatever their age (archived,
-    never dropped). ``auto_retry`` (off by default) puts a dead letter back ``retry_delay_seconds`` after
-    it died, at most ``max_retries`` times each (apart from the manual retry budget)."""
-
-    enabled: bool = True
-    max_entries: int = Field(default=10_000, ge=1, le=10_000_000)
-    auto_retry: bool = False
-    retry_delay_seconds: float = Field(default=600.0, gt=0)
-    max_retries: int = Field(default=1, ge=0, le=100)
-
-
-class SchedulerConfig(_Strict):
-    """``[scheduler]``: how often each maintenance job runs and the ages it acts on."""
-
-    timezone: str = "UTC"
-    recover_interval_seconds: float = Field(default=60.0, gt=0)
-    prune_interval_seconds: float = Field(default=60.0, gt=0)
-    completed_max_age_hours: float = Field(default=24.0, gt=0)
-    acked_max_age_hours: float = Field(default=24.0, gt=0)
-    events_cleanup_interval_seconds: float = Field(default=300.0, gt=0)
-    dlq_archive_interval_seconds: float = Field(default=3600.0, gt=0)
-    dlq_archive_age_hours: float = Field(default=168.0, ge=0)
-    dlq_archive_batch: int = Field(default=500, ge=1, le=100_000)
-    dlq: DlqConfig = DlqConfig()
-    #: Channels no adapter delivers (the processor answers heartbeats and schedules there); their replies
-    #: are acknowledged after this age so they do not pile up, and recorded in the event log.
-    unserved_channels: list[str] = Field(default_factory=lambda: ["heartbeat", "schedule"])
-    unserved_response_age_seconds: float = Field(default=3600.0, ge=0)
-    #: A scheduler that starts (or restarts) fires the latest slot missed within this window, once.
-    catchup_seconds: float = Field(default=300.0, ge=0)
-    misfire_grace_seconds: float = Field(default=30.0, gt=0)
-    default_heartbeat_prompt: str = DEFAULT_HEARTBEAT_PROMPT
-    #: What `agentpost queue audit` compares the measured peak with (messages per second one SQLite file
-    #: handles on this machine class; set it from your own `make bench` run).
-    audit_sqlite_capacity_per_second: float = Field(default=1000.0, gt=0)
-
-    @field_validator("timezone")
-    @classmethod
-    def _known_zone(cls, value: str) -> str:
-        zone(value)
-        return value
-
-    @field_validator("unserved_channels")
-    @classmethod
-    def _channel_names(cls, value: list[str]) -> list[str]:
-        for name in value:
-            if not AGENT_NAME_RE.match(name):
-                raise ValueError(f"channel name {name!r} must match {AGENT_NAME_RE.pattern}")
-        return value
-
-    @model_validator(mode="after")
-    def _catchup_within_dedupe_window(self) -> SchedulerConfig:
-        # A slot is refused a second time only while its message is still in the table; completed messages
-        # are pruned after completed_max_age_hours, so catching up further back could fire a slot twice.
-        if self.catchup_seconds >= self.completed_max_age_hours * 3600:
-            raise ValueError("catchup_seconds must be shorter than completed_max_age_hours")
-        return self
-
-
-def zone(name: str) -> ZoneInfo:
-    """A time zone by IANA name (``UTC``, ``Europe/Berlin``), or a ValueError naming it."""
-    try:
-        return ZoneInfo(name)
-    except (ZoneInfoNotFoundError, ValueError):
-        raise ValueError(
-            f"unknown time zone {name!r} (use an IANA name such as 'UTC' or 'Europe/Berlin')"
-        ) from None
-
-
-def _check_cron(expr: str) -> str:
-    try:
-        CronTrigger.from_crontab(expr, timezone="UTC")
-    except ValueError as exc:
-        raise ValueError(f"invalid cron expression {expr!r}: {exc}") from None
-    return expr
-
-
-class HeartbeatConfig(_Strict):
-    """``[heartbeats.<agent>]``: every ``interval`` seconds or on a ``cron`` expression (exactly one)."""
-
-    interval: float | None = Field(default=None, gt=0)
-    cron: str | None = None
-    enabled: bool = True
-    # "HH:MM-HH:MM" in the scheduler's timezone (may wrap past midnight); empty: around the clock.
-    active_hours: str = ""
-    # A heartbeat while the agent is working (or has messages waiting) would only queue behind the work.
-    skip_when_busy: bool = True
-
-    @field_validator("cron")
-    @classmethod
-    def _cron(cls, value: str | None) -> str | None:
-        return None if value is None else _check_cron(value)
-
-    @field_validator("active_hours")
-    @classmethod
-    def _hours(cls, value: str) -> str:
-        if value:
-            parse_active_hours(value)
-        return value
-
-    @model_validator(mode="after")
-    def _one_timing(self) -> HeartbeatConfig:
-        if (self.interval is None) == (self.cron is None):
-            raise ValueError("set exactly one of 'interval' (seconds) or 'cron'")
-        return self
-
-
-def parse_active_hours(value: str) -> tuple[int, int]:
-    """``"08:00-22:30"`` as minutes of the day ``(start, end)``; raises ValueError naming the format."""
-    try:
-        start_text, end_text = value.split("-")
-        minutes = []
-        for part in (start_text, end_text):
-            hours, mins = part.strip().split(":")
-            h, m = int(hours), int(mins)
-            if not (0 <= h <= 24 and 0 <= m < 60) or (h == 24 and m):
-                raise ValueError
-            minutes.append(h * 60 + m)
-    except ValueError:
-        raise ValueError(f"active_hours {value!r} must look like '08:00-22:00'") from None
-    if minutes[0] == minutes[1]:
-        raise ValueError(f"active_hours {value!r} is an empty window")
-    return minutes[0], minutes[1]
 
 
 def within_active_hours(value: str, minute_of_day: int) -> bool:
@@ -172,80 +65,19 @@ def within_active_hours(value: str, minute_of_day: int) -> bool:
     return minute_of_day >= start or minute_of_day < end
 
 
-class Heartbeats(RootModel[dict[str, HeartbeatConfig]]):
-    """All ``[heartbeats.*]`` tables, keyed by agent name."""
-
-
-class ScheduleConfig(_Strict):
-    """One ``[[schedules]]`` entry: a message to an agent on a ``cron`` expression or once ``at`` a time."""
-
-    name: str = ""
-    agent: str
-    message: str = Field(min_length=1)
-    cron: str | None = None
-    at: datetime | None = None
-    enabled: bool = True
-
-    @field_validator("cron")
-    @classmethod
-    def _cron(cls, value: str | None) -> str | None:
-        return None if value is None else _check_cron(value)
-
-    @model_validator(mode="after")
-    def _one_timing(self) -> ScheduleConfig:
-        if (self.cron is None) == (self.at is None):
-            raise ValueError("set exactly one of 'cron' or 'at' (a one-off date and time)")
-        if not AGENT_NAME_RE.match(self.agent):
-            raise ValueError(f"agent name {self.agent!r} must match {AGENT_NAME_RE.pattern}")
-        return self
-
-    @property
-    def key(self) -> str:
-        """A stable identity for slot ids: the name, else a digest of what the entry does."""
-        if self.name:
-            return self.name
-        what = "\x1f".join(
-            [self.agent, self.cron or "", self.at.isoformat() if self.at else "", self.message]
-        )
-        return "auto-" + hashlib.blake2b(what.encode(), digest_size=6).hexdigest()
-
-
-class Schedules(RootModel[list[ScheduleConfig]]):
-    """The ``[[schedules]]`` array."""
-
-
 def load_scheduler_config(settings: Settings) -> SchedulerConfig:
-    return settings.section("scheduler", SchedulerConfig)
+    """``[scheduler]``, validated when the settings were loaded."""
+    return settings.scheduler
 
 
 def load_heartbeats(settings: Settings) -> dict[str, HeartbeatConfig]:
-    """The heartbeats, checked against the configured agents (an unknown agent is a settings error)."""
-    beats = settings.section("heartbeats", Heartbeats).root
-    for agent in beats:
-        if agent not in settings.agents:
-            raise SettingsError(
-                f"invalid settings in {settings.path}:\n  heartbeats.{agent}: unknown agent "
-                f"(known: {', '.join(sorted(settings.agents))})"
-            )
-    return beats
+    """The heartbeats, each for a configured agent (checked when the settings were loaded)."""
+    return settings.heartbeats
 
 
 def load_schedules(settings: Settings) -> list[ScheduleConfig]:
-    """The user schedules, checked against the configured agents and teams; names must be unique."""
-    entries = settings.section("schedules", Schedules).root
-    seen: set[str] = set()
-    for i, entry in enumerate(entries):
-        if entry.agent not in settings.agents and entry.agent not in settings.teams:
-            raise SettingsError(
-                f"invalid settings in {settings.path}:\n  schedules.{i}.agent: unknown agent or team {entry.agent!r}"
-            )
-        if entry.key in seen:
-            raise SettingsError(
-                f"invalid settings in {settings.path}:\n  schedules.{i}: two schedules are the same "
-                f"({entry.key!r}); give them different names"
-            )
-        seen.add(entry.key)
-    return entries
+    """The user schedules, each for a configured agent or team, names unique (checked at load)."""
+    return settings.schedules
 
 
 def heartbeat_trigger(beat: HeartbeatConfig, tz: ZoneInfo) -> BaseTrigger:

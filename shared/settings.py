@@ -1,8 +1,10 @@
 """Settings: ``$AGENTPOST_HOME/settings.toml`` validated into typed models, with environment overrides.
 
-Every error names the file and the dotted key that is wrong, so an operator can fix it without reading code.
-Sections that belong to one process kind (``channels``, ``scheduler``, ...) are kept as raw tables here and
-validated by that process through :meth:`Settings.section`, so `shared` needs no knowledge of them.
+Every error names the file and the dotted key that is wrong, so an operator can fix it without reading code. The sections one process kind reads (``[processor]``,
+``[scheduler]``, ``[heartbeats]``, ``[[schedules]]``, ``[channels.*]``) are validated here too, with the
+models of :mod:`shared.settings_sections` and :mod:`shared.settings_channels` that those processes use, so
+``doctor``, ``send`` or an edit refuse what the processor or an adapter would refuse when it starts.
+:attr:`SettingsFile` keeps them as the raw tables; :class:`Settings` holds them validated.
 """
 
 from __future__ import annotations
@@ -17,6 +19,15 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from shared.private_files import private_dir, tighten
 from shared.routing import AGENT_NAME_RE, Team
+from shared.settings_channels import channel_model
+from shared.settings_sections import (
+    HeartbeatConfig,
+    Heartbeats,
+    ProcessorSettings,
+    ScheduleConfig,
+    SchedulerConfig,
+    Schedules,
+)
 
 DEFAULT_API_PORT = 3777
 SETTINGS_FILE = "settings.toml"
@@ -25,7 +36,19 @@ M = TypeVar("M", bound=BaseModel)
 
 
 class SettingsError(Exception):
-    """Raised for settings that cannot be used; the message names the file and the key."""
+    """Raised for settings that cannot be used; the message names the file and the key (or the line).
+
+    ``fix`` says in a few words what to do about it (``agentpost doctor`` shows it under the finding)."""
+
+    def __init__(self, message: str, *, fix: str = "", problems: tuple[str, ...] = ()) -> None:
+        super().__init__(message)
+        self.fix = fix or "correct the setting named above"
+        #: One ``dotted.key: what is wrong`` per problem, when the file's content is the cause.
+        self.problems = problems
+
+
+_FIX_KEYS = "correct the key(s) named above"
+_FIX_PORT = "set AGENTPOST_API_PORT to a port number (1-65535), or unset it"
 
 
 class _Strict(BaseModel):
@@ -152,7 +175,7 @@ class SettingsFile(_Strict):
     agents: dict[str, AgentSettings] = Field(default_factory=dict)
     teams: dict[str, TeamSettings] = Field(default_factory=dict)
     workspace_dir: str = ""
-    # Owned by the process kinds that read them; validated there through Settings.section().
+    # Read by one process kind each; validated into Settings.processor, .scheduler, ... (see Settings).
     processor: dict[str, Any] = Field(default_factory=dict)
     channels: dict[str, Any] = Field(default_factory=dict)
     scheduler: dict[str, Any] = Field(default_factory=dict)
@@ -194,10 +217,12 @@ class Settings:
                 port = int(port_text)
             except ValueError:
                 raise SettingsError(
-                    f"environment AGENTPOST_API_PORT={port_text!r} is not a port number"
+                    f"environment AGENTPOST_API_PORT={port_text!r} is not a port number", fix=_FIX_PORT
                 ) from None
             if not 1 <= port <= 65535:
-                raise SettingsError(f"environment AGENTPOST_API_PORT={port} is outside 1..65535")
+                raise SettingsError(
+                    f"environment AGENTPOST_API_PORT={port} is outside 1..65535", fix=_FIX_PORT
+                )
         api_fields = data.api.model_dump() | {
             "host": env.get("AGENTPOST_API_HOST") or data.api.host,
             "port": port,
@@ -209,12 +234,12 @@ class Settings:
         try:
             self.api = ApiSettings.model_validate(api_fields)
         except ValidationError as exc:
-            message = _describe(exc, path, prefix="api")
+            message = str(_invalid(path, _problems(exc, prefix="api")))
             if origins_text is not None:
                 message += (
                     f"\n  (api.allowed_origins came from AGENTPOST_API_ALLOWED_ORIGINS={origins_text!r})"
                 )
-            raise SettingsError(message) from None
+            raise SettingsError(message, fix=_FIX_KEYS) from None
         self.events = data.events.model_copy(
             update={"redis_url": env.get("AGENTPOST_REDIS_URL") or data.events.redis_url}
         )
@@ -225,7 +250,8 @@ class Settings:
         if self.queue.default_agent not in self.agents:
             raise SettingsError(
                 f"{path}: queue.default_agent = {self.queue.default_agent!r} is not an agent "
-                f"(known: {', '.join(sorted(self.agents))})"
+                f"(known: {', '.join(sorted(self.agents))})",
+                fix=_FIX_KEYS,
             )
         self.teams = {
             name: Team(name=name, agents=tuple(t.agents), leader=t.leader) for name, t in data.teams.items()
@@ -233,6 +259,55 @@ class Settings:
         self.workspace_dir = (
             home / Path(data.workspace_dir).expanduser() if data.workspace_dir else home / "workspace"
         )
+        self._validate_sections()
+
+    def _validate_sections(self) -> None:
+        """Validate the sections the processes read, all of them, and raise one error listing every
+        problem (so ``doctor`` shows them at once)."""
+        problems: list[str] = []
+
+        def take(name: str, model: type[M], raw: Any) -> M | None:
+            try:
+                return model.model_validate(raw)
+            except ValidationError as exc:
+                problems.extend(_problems(exc, prefix=name))
+                return None
+
+        data = self.file
+        processor = take("processor", ProcessorSettings, data.processor)
+        scheduler = take("scheduler", SchedulerConfig, data.scheduler)
+        beats = take("heartbeats", Heartbeats, data.heartbeats)
+        schedules = take("schedules", Schedules, data.schedules)
+        channels: dict[str, BaseModel] = {}
+        for name, raw in data.channels.items():
+            if not isinstance(raw, dict):
+                problems.append(f"channels.{name}: must be a table ([channels.{name}])")
+                continue
+            model = channel_model(name)
+            section = take(f"channels.{name}", model, raw) if model is not None else None
+            if section is not None:
+                channels[name] = section
+        known = ", ".join(sorted(self.agents))
+        for agent in beats.root if beats is not None else {}:
+            if agent not in self.agents:
+                problems.append(f"heartbeats.{agent}: unknown agent (known: {known})")
+        seen: set[str] = set()
+        for i, entry in enumerate(schedules.root if schedules is not None else []):
+            if entry.agent not in self.agents and entry.agent not in self.teams:
+                problems.append(f"schedules.{i}.agent: unknown agent or team {entry.agent!r}")
+            elif entry.key in seen:
+                problems.append(
+                    f"schedules.{i}: two schedules are the same ({entry.key!r}); give them different names"
+                )
+            seen.add(entry.key)
+        if problems or processor is None or scheduler is None or beats is None or schedules is None:
+            raise _invalid(self.path, problems)
+        self.processor: ProcessorSettings = processor
+        self.scheduler: SchedulerConfig = scheduler
+        self.heartbeats: dict[str, HeartbeatConfig] = beats.root
+        self.schedules: list[ScheduleConfig] = schedules.root
+        #: The ``[channels.<name>]`` sections present, each validated with its channel's model.
+        self.channels: dict[str, BaseModel] = channels
 
     @property
     def env(self) -> Mapping[str, str]:
@@ -245,7 +320,7 @@ class Settings:
         try:
             return model.model_validate(raw)
         except ValidationError as exc:
-            raise SettingsError(_describe(exc, self.path, prefix=name)) from None
+            raise _invalid(self.path, _problems(exc, prefix=name)) from None
 
     def workspace(self, agent: str) -> Path:
         """The working folder of one agent."""
@@ -268,7 +343,8 @@ def default_sqlite_url(home: Path) -> str:
     return f"sqlite:///{home / 'agentpost.db'}"
 
 
-def _describe(exc: ValidationError, path: Path, prefix: str = "") -> str:
+def _problems(exc: ValidationError, prefix: str = "") -> list[str]:
+    """One ``dotted.key: what is wrong`` line per error."""
     lines = []
     for err in exc.errors():
         key = ".".join(str(p) for p in err["loc"])
@@ -278,7 +354,13 @@ def _describe(exc: ValidationError, path: Path, prefix: str = "") -> str:
         if err["type"] == "extra_forbidden":
             message = "unknown key (check its spelling)"
         lines.append(f"{key or '(top level)'}: {message}")
-    return f"invalid settings in {path}:\n  " + "\n  ".join(lines)
+    return lines
+
+
+def _invalid(path: Path, problems: list[str]) -> SettingsError:
+    return SettingsError(
+        f"invalid settings in {path}:\n  " + "\n  ".join(problems), fix=_FIX_KEYS, problems=tuple(problems)
+    )
 
 
 def load_settings(home: Path | None = None, env: Mapping[str, str] | None = None) -> Settings:
@@ -289,18 +371,29 @@ def load_settings(home: Path | None = None, env: Mapping[str, str] | None = None
     env = dict(os.environ) if env is None else dict(env)
     home = home or default_home(env)
     path = home / SETTINGS_FILE
-    raw: dict[str, Any] = {}
+    text = ""
     if path.exists():
         try:
-            raw = tomllib.loads(path.read_text(encoding="utf-8"))
-        except tomllib.TOMLDecodeError as exc:
-            raise SettingsError(f"{path} is not valid TOML: {exc}") from None
-        except OSError as exc:
-            raise SettingsError(f"cannot read {path}: {exc.strerror}") from None
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeError) as exc:
+            reason = exc.strerror if isinstance(exc, OSError) else "it is not UTF-8 text"
+            raise SettingsError(
+                f"cannot read {path}: {reason}", fix=f"make {path} a readable UTF-8 text file"
+            ) from None
+    return parse_settings(home, path, text, env)
+
+
+def parse_settings(home: Path, path: Path, text: str, env: Mapping[str, str]) -> Settings:
+    """The settings ``text`` (the content of ``path``) stands for, validated as every process validates
+    them: the one check :func:`load_settings` and an edit (:mod:`shared.settings_edit`) go through."""
+    try:
+        raw = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise SettingsError(f"{path} is not valid TOML: {exc}") from None
     try:
         data = SettingsFile.model_validate(raw)
     except ValidationError as exc:
-        raise SettingsError(_describe(exc, path)) from None
+        raise _invalid(path, _problems(exc)) from None
     return Settings(home=home, data=data, path=path, env=env)
 
 

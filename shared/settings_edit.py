@@ -1,8 +1,9 @@
 """Editing ``settings.toml`` safely, for the CLI (``agentpost agent add`` …) and the web API alike.
 
 Every edit goes through :func:`edit_settings`: the file is changed with tomlkit (the operator's comments and
-layout survive), the whole result is validated with the rules the processes use, and only then is the file
-replaced atomically. An edit can never leave a settings file that a process would refuse. Running processes
+layout survive), the whole result is validated with the rules the processes use (every section, the
+processor's, the scheduler's and the channels' included: :func:`shared.settings.parse_settings`), and only
+then is the file replaced atomically. An edit can never leave a settings file that a process would refuse. Running processes
 pick the change up by themselves (they re-read an edited settings.toml).
 
 :func:`public_settings` is what may be shown to an API caller: the settings as data with every secret
@@ -20,13 +21,12 @@ from pathlib import Path
 from typing import Any
 
 import tomlkit
-from pydantic import ValidationError
 from tomlkit.container import OutOfOrderTableProxy
 from tomlkit.exceptions import TOMLKitError
 from tomlkit.items import Table as TomlTable
 from tomlkit.toml_document import TOMLDocument
 
-from shared.settings import SETTINGS_FILE, Settings, SettingsError, SettingsFile
+from shared.settings import SETTINGS_FILE, Settings, SettingsError, parse_settings
 
 REDACTED = "***"
 #: Keys whose values are secrets wherever they appear in the settings.
@@ -43,11 +43,10 @@ def edit_settings(home: Path, change: Callable[[TOMLDocument], None]) -> Path:
     change(doc)
     new_text = tomlkit.dumps(doc)
     try:
-        data = SettingsFile.model_validate(tomllib.loads(new_text))
-    except ValidationError as exc:
-        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors())
-        raise SettingsError(f"the change would make {path} invalid: {problems}") from None
-    Settings(home, data, path, dict(os.environ))  # cross-checks (the default agent exists, ...)
+        parse_settings(home, path, new_text, dict(os.environ))
+    except SettingsError as exc:
+        problems = "; ".join(exc.problems) or str(exc)
+        raise SettingsError(f"the change would make {path} invalid: {problems}", fix=exc.fix) from None
     home.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{SETTINGS_FILE}.{os.getpid()}.tmp")
     tmp.write_text(new_text, encoding="utf-8")
