@@ -47,7 +47,8 @@ def check_settings(home: Path | None) -> tuple[Settings | None, list[Check]]:
     try:
         settings = load_settings(home)
     except SettingsError as exc:
-        return None, [Check("settings", "settings.toml", "fail", str(exc), "correct the key named above")]
+        # The fix says what the error is about: the keys it names, a TOML line, an environment variable.
+        return None, [Check("settings", "settings.toml", "fail", str(exc), exc.fix)]
     where = settings.path if settings.path.exists() else f"{settings.path} (absent: all defaults)"
     return settings, [Check("settings", "settings.toml", "ok", f"valid: {where}")]
 

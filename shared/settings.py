@@ -1,6 +1,7 @@
 """Settings: ``$AGENTPOST_HOME/settings.toml`` validated into typed models, with environment overrides.
 
-Every error names the file and the dotted key that is wrong, so an operator can fix it without reading code. The sections one process kind reads (``[processor]``,
+Every error names the file and the dotted key that is wrong (or, for a file that is not TOML, the line and
+column), so an operator can fix it without reading code. The sections one process kind reads (``[processor]``,
 ``[scheduler]``, ``[heartbeats]``, ``[[schedules]]``, ``[channels.*]``) are validated here too, with the
 models of :mod:`shared.settings_sections` and :mod:`shared.settings_channels` that those processes use, so
 ``doctor``, ``send`` or an edit refuse what the processor or an adapter would refuse when it starts.
@@ -10,6 +11,7 @@ models of :mod:`shared.settings_sections` and :mod:`shared.settings_channels` th
 from __future__ import annotations
 
 import os
+import re
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
@@ -363,6 +365,55 @@ def _invalid(path: Path, problems: list[str]) -> SettingsError:
     )
 
 
+#: Where tomllib (Python 3.11-3.13) puts the position in its message.
+_TOML_AT = re.compile(
+    r"^(?P<msg>.*) \(at (?:line (?P<line>\d+), column (?P<col>\d+)|end of document)\)$", re.S
+)
+#: tomllib's terse messages, in the words of someone editing the file.
+_TOML_HINTS = {
+    "Invalid value": 'a value is missing or malformed (text needs quotes: key = "text")',
+    "Cannot overwrite a value": "this key or table is set twice",
+    "Cannot declare": "this table is declared twice",
+    "Illegal character '\\n'": "the line ends inside a quoted text (is a closing quote missing?)",
+    "Expected newline or end of document after a statement": (
+        "unexpected text after the value (text needs quotes: key = \"text\")"
+    ),
+}
+
+
+def toml_error(path: Path, text: str, exc: tomllib.TOMLDecodeError) -> SettingsError:
+    """A syntax error as a person fixes it: the line and column, that line's text and a caret under the
+    column. At the end of the file (a value or a bracket missing) the last line with text is shown."""
+    message = str(exc)
+    line_no: int | None = getattr(exc, "lineno", None)  # Python 3.14+ carries the position itself
+    col: int | None = getattr(exc, "colno", None)
+    what = getattr(exc, "msg", "") if line_no else ""
+    match = _TOML_AT.match(message)
+    if not what and match:
+        what = match["msg"]
+        if match["line"]:
+            line_no, col = int(match["line"]), int(match["col"])
+        else:
+            line_no = 0
+    lines = text.splitlines()
+    at_end = line_no == 0 or (line_no is not None and line_no > len(lines))
+    if at_end:
+        written = [i for i, line in enumerate(lines, 1) if line.strip()]
+        line_no = written[-1] if written else 1
+        col = len(lines[line_no - 1]) + 1 if lines else 1
+    if line_no is None or col is None:  # a message whose form we do not know: shown as it is
+        return SettingsError(f"{path} is not valid TOML: {message}", fix=f"fix the TOML syntax in {path}")
+    hint = next((h for start, h in _TOML_HINTS.items() if what.startswith(start)), "")
+    where = f"line {line_no}, column {col}" + (" (the end of the file)" if at_end else "")
+    source = lines[line_no - 1].replace("\t", " ") if line_no <= len(lines) else ""
+    gutter = " " * len(str(line_no))
+    return SettingsError(
+        f"{path} is not valid TOML at {where}: {hint or what}\n"
+        f"  {line_no} | {source}\n  {gutter} | {' ' * (col - 1)}^",
+        fix=f"fix the TOML syntax on line {line_no} of {path}",
+    )
+
+
 def load_settings(home: Path | None = None, env: Mapping[str, str] | None = None) -> Settings:
     """Read and validate the settings of ``home`` (default: :func:`default_home`).
 
@@ -389,7 +440,7 @@ def parse_settings(home: Path, path: Path, text: str, env: Mapping[str, str]) ->
     try:
         raw = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
-        raise SettingsError(f"{path} is not valid TOML: {exc}") from None
+        raise toml_error(path, text, exc) from None
     try:
         data = SettingsFile.model_validate(raw)
     except ValidationError as exc:

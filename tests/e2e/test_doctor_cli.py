@@ -80,3 +80,35 @@ def test_trace_tells_a_queued_message_and_an_unknown_id(tmp_path: Path) -> None:
     assert "waiting for a processor" in story["verdict"]
     unknown = run(home, "trace", "cli_zzzzzzzz")
     assert unknown.returncode == 1 and "unknown" in unknown.stdout
+
+
+@pytest.mark.parametrize(
+    ("text", "named"),
+    [
+        ('[processor]\nbusy_policy = "x"\n', "processor.busy_policy: Input should be"),
+        ('[processor]\nbusy_polcy = "collect"\n', "processor.busy_polcy: unknown key"),
+        ("[processor]\nbusy_policy = ", "at line 2, column 15"),
+    ],
+    ids=["bad-value", "unknown-key", "toml-syntax"],
+)
+def test_doctor_and_send_refuse_what_the_processor_refuses(tmp_path: Path, text: str, named: str) -> None:
+    home = tmp_path / "home"
+    assert run(home, "init").returncode == 0
+    (home / "settings.toml").write_text(text)
+    # The processor refuses the file when it starts...
+    processor = run(home, "run", "processor")
+    assert processor.returncode == 2 and named in processor.stderr, processor.stderr
+    # ... and so do doctor and send, with the same words, before anything is queued.
+    report = run(home, "doctor", "--json")
+    found = {(c["area"], c["name"]): c for c in json.loads(report.stdout)}
+    assert report.returncode == 1
+    assert found[("settings", "settings.toml")]["level"] == "fail"
+    assert named in found[("settings", "settings.toml")]["detail"]
+    shown = run(home, "doctor").stdout
+    assert named in shown and "valid:" not in shown
+    sent = run(home, "send", "hello")
+    assert sent.returncode == 2 and named in sent.stderr and sent.stdout == "", sent.stderr
+    if "line" in named:  # a syntax error shows the line, and no key is named to correct
+        assert "2 | busy_policy =" in shown and "2 | busy_policy =" in sent.stderr
+        assert "fix: fix the TOML syntax on line 2" in shown and "key" not in shown.split("fix:")[1]
+        assert "end of document" not in shown + sent.stderr

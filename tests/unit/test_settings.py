@@ -192,3 +192,46 @@ def test_an_edit_the_processor_would_refuse_is_refused(tmp_path: Path) -> None:
     assert path.read_text() == "# mine\n[queue]\nmax_retries = 4\n"
     merge_settings(settings, {"processor": {"busy_policy": "interrupt"}})
     assert load_settings(tmp_path, env={}).processor.busy_policy == "interrupt"
+
+
+# -- a file that is not TOML ---------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("text", "where", "shown"),
+    [
+        # The value is missing at the very end: tomllib says only "at end of document".
+        ("[processor]\nbusy_policy = ", "line 2, column 15 (the end of the file)", "  2 | busy_policy = "),
+        ("[processor]\nbusy_policy = \n\n", "line 2, column 15", "  2 | busy_policy = "),
+        ("[queue]\nmax_retries = 3\nlease_seconds = 3O\n", "line 3, column 18", "  3 | lease_seconds = 3O"),
+        ('[queue]\nlease_seconds = "x\n', "line 2, column 19", '  2 | lease_seconds = "x'),
+        ("[queue\n", "line 1, column 7", "  1 | [queue"),
+    ],
+)
+def test_a_toml_syntax_error_names_the_line_and_column(
+    tmp_path: Path, text: str, where: str, shown: str
+) -> None:
+    path = write(tmp_path, text)
+    with pytest.raises(SettingsError) as err:
+        load_settings(tmp_path, env={})
+    message = str(err.value)
+    assert message.startswith(f"{path} is not valid TOML at {where}: "), message
+    assert "end of document" not in message
+    source, caret = message.splitlines()[1:]
+    assert source == shown
+    column = int(where.split("column ")[1].split()[0])
+    assert caret.index("^") - caret.index("|") - 1 == column  # the caret sits under the column
+    line = where.split()[1].rstrip(",")
+    assert err.value.fix == f"fix the TOML syntax on line {line} of {path}"
+    assert "key" not in err.value.fix
+
+
+def test_doctor_tells_how_to_fix_each_kind_of_settings_error(tmp_path: Path) -> None:
+    from shared.doctor import check_settings
+
+    write(tmp_path, "[processor]\nbusy_policy = ")
+    settings, (found,) = check_settings(tmp_path)
+    assert settings is None and found.level == "fail"
+    assert "line 2, column 15" in found.detail and found.fix.startswith("fix the TOML syntax on line 2")
+    write(tmp_path, '[processor]\nbusy_policy = "x"\n')
+    settings, (found,) = check_settings(tmp_path)
+    assert settings is None and found.level == "fail"
+    assert "processor.busy_policy" in found.detail and found.fix == "correct the key(s) named above"
