@@ -39,12 +39,12 @@ from websockets.sync.client import connect
 
 from adapters.web.stream import StreamLimits
 from shared.storage_errors import storage_problem
+from tests.probes import free_port
 from tests.web_support import (
     AGENTPOST,
     REPO,
     LiveServer,
     SseReader,
-    free_port,
     make_home,
     runtime_for,
     wait_until,
