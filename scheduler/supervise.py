@@ -323,7 +323,7 @@ def render_config(p: Paths, programs: list[Program], digests: Mapping[str, str] 
             f"environment={env}",
             "autostart=true",
             "autorestart=true",
-            "startsecs=2",
+            "startsecs=3",
             "startretries=10",
             "stopsignal=TERM",
             "stopwaitsecs=30",

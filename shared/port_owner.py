@@ -54,12 +54,13 @@ def _listening_inodes(port: int) -> dict[int, int]:
     return found
 
 
-def _command(pid: int, limit: int = 80) -> str:
+def _command(pid: int, limit: int = 200) -> str:
     try:
         raw = (_PROC / str(pid) / "cmdline").read_bytes()
     except OSError:
         return ""
-    text = " ".join(part.decode(errors="replace") for part in raw.split(b"\0") if part)
+    # One line whatever the arguments hold (a `python -c` script spans several).
+    text = " ".join(raw.replace(b"\0", b" ").decode(errors="replace").split())
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
