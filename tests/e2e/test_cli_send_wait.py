@@ -178,6 +178,8 @@ def test_send_wait_says_when_no_processor_runs_and_goes_on_when_one_starts(
         waiting.stop()
     assert "answer: hello there" in waiting.text
     assert waiting.text.count("no processor is running") == 1
+    documented = " ".join(_cli(home, "send", "--help").stdout.split())
+    assert "no processor is running" in documented and "keeps waiting" in documented
 
 
 def test_send_wait_labels_earlier_replies_and_answers_with_its_own(
