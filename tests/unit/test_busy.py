@@ -1,9 +1,11 @@
-"""The busy policy's pure parts: arrivals merged into work groups by policy, the cap, the prompts of\ncarried and crashed runs."""
+"""The busy policy's pure parts: arrivals merged into work groups by policy, the cap, the prompts of
+carried and crashed runs, the note a waiting chat gets."""
 
 from __future__ import annotations
 
 import pytest
 
+from shared.notices import busy_note
 from shared.queue import QueuedMessage
 from workers.busy import WorkGroup, apply_cap, build_prompt, merge_arrivals
 
@@ -41,3 +43,19 @@ def test_prompts_for_interrupted_and_crashed_runs() -> None:
     crashed = build_prompt([_msg(1, "a", "do it", last_error="interrupted: the lease of worker w expired")])
     assert crashed.startswith("[Note from agentpost: your previous attempt") and crashed.endswith("do it")
     assert build_prompt([_msg(1, "a", "plain", last_error="claude exited with code 1")]) == "plain"
+
+
+def test_the_busy_note_says_how_the_chats_policy_handles_the_waiting_message() -> None:
+    same = {p: busy_note("coder", p, same_chat=True) for p in ("collect", "followup", "interrupt")}
+    assert same["collect"] == (
+        "Queued: “coder” is still working on your previous message. This will be answered together with "
+        "anything else you send meanwhile, after the current run."
+    )
+    assert same["followup"].endswith("answered after the current run, each of your messages in turn.")
+    assert same["interrupt"] == "Got it — stopping “coder”'s current run to include this message."
+    # Another chat's run is never stopped for this one: it waits, whatever its policy.
+    other = busy_note("coder", "interrupt", same_chat=False)
+    assert (
+        other
+        == "Queued: “coder” is busy with another conversation. This will be answered after the current run."
+    )
