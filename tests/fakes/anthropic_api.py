@@ -53,6 +53,12 @@ What Claude Code 2.1.332 does against it (measured on this machine, 2 cores):
 * HTTP 500 (:class:`ApiError` with ``status=500, error_type="api_error"``): retried the same way (about
   0.6, 1, 2, 4, 10, 18, 35, 38, 35, 38 s: 183 s in all for 10 retries), ending with exit 1 and ``result:
   "API Error: 500 <message>. This is a server-side issue..."``, ``api_error_status: 500``.
+* HTTP 529 (:class:`Overloaded`): retried like a 429; the ``api_retry`` lines say ``"error_status": 529,
+  "error": "overloaded"``; at the end ``api_error_status: 529``, ``api_error_type: "overloaded_error"``,
+  ``result: "API Error: 529 Overloaded. This is a server-side issue..."``. A 401 is retried as well
+  (``"error": "authentication_failed"``, three minutes by default); 408 and 409 too (``"server_error"``),
+  and a refused connection (``error_status: null``, ``"error": "unknown"``). What each kind prints is kept
+  in ``tests/fixtures/cli_errors/`` (``capture.py`` there regenerates it).
 * ``x-should-retry: false`` (``should_retry=False``) on a 429 or 500 is obeyed: one request, then the
   error result at once. With it or ``CLAUDE_CODE_MAX_RETRIES`` tests of failures stay fast.
 """
