@@ -1,6 +1,6 @@
 """Read views and chat actions the dashboard uses (any client may): whether a token is required, the chats
-across channels, one chat's history page by page with its live state, stopping or resetting one chat, each
-agent's state and the channels' health. Backed by :mod:`shared.conversations`,
+across channels, one chat's history page by page with its live state, sending in a web chat, stopping or
+resetting one chat, each agent's state and the channels' health. Backed by :mod:`shared.conversations`,
 :mod:`shared.conversation_status` and :mod:`shared.channel_health`; no SQL here."""
 
 from __future__ import annotations
@@ -13,7 +13,8 @@ from pydantic import Field
 from adapters.chat_commands import reset_conversation
 from shared import channel_health, conversations
 from shared.db import Database
-from shared.queue import NotFound, Queue, RetryBudgetExhausted
+from shared.queue import EnqueueResult, NotFound, Queue, RetryBudgetExhausted, UnknownMention
+from shared.queue_types import MAX_MESSAGE_CHARS
 
 from .errors import ApiError
 from .params import NAME_PATTERN, Body, Name
@@ -27,6 +28,57 @@ class ChatIn(Body):
 
     conversation: str = Field(min_length=1, max_length=500)
     agent: str | None = Field(default=None, pattern=NAME_PATTERN)
+
+
+class TypedIn(Body):
+    """A message typed in a web chat; ``agent`` is the one chosen beside the box (an ``@name`` at the start
+    of the text wins over it)."""
+
+    conversation: str = Field(min_length=1, max_length=500)
+    message: str = Field(min_length=1, max_length=MAX_MESSAGE_CHARS)
+    agent: str | None = Field(default=None, pattern=NAME_PATTERN)
+
+
+def chosen_unless_named(queue: Queue, text: str, chosen: str | None) -> str | None:
+    """The agent chosen beside the chat box, unless the text itself addresses someone: a leading ``@agent``
+    or ``@team`` wins (as on every channel), and an unknown ``@name`` is left for the queue to refuse."""
+    routes = queue.directory.routes  # the table the queue routes with
+    if chosen is None or routes.unknown_mention(text) is not None or routes.resolve(text).explicit:
+        return None
+    return chosen
+
+
+def send_typed(queue: Queue, body: TypedIn) -> EnqueueResult:
+    """Queue a message typed in the web chat ``body.conversation``, routed as any channel's message."""
+    agent = chosen_unless_named(queue, body.message, body.agent)
+    return queue.enqueue_message("web", "web", body.message, agent=agent, conversation=body.conversation)
+
+
+def unknown_name_refusal(exc: UnknownMention) -> ApiError:
+    """``@nosuch …``: nothing was sent; who can be addressed instead, in words."""
+    known = f"Agents: {', '.join('@' + a for a in exc.agents) or 'none'}."
+    if exc.teams:
+        known += f" Teams: {', '.join('@' + t for t in exc.teams)}."
+    return ApiError(
+        400,
+        f"There is no agent or team called @{exc.name} here, so your message was not sent. {known}",
+        unknown=exc.name,
+        agents=exc.agents,
+        teams=exc.teams,
+    )
+
+
+@router.post(
+    "/conversations/web/messages",
+    status_code=201,
+    summary="Send a message in a web chat (an @agent at its start wins over the agent chosen)",
+)
+async def send_in_web_chat(body: TypedIn, web: Web) -> dict[str, Any]:
+    try:
+        result = await web.run(send_typed, web.queue, body)
+    except UnknownMention as exc:
+        raise unknown_name_refusal(exc) from None
+    return {"ok": True, "messageId": result.message_id, "agent": result.agent}
 
 
 @router.get("/conversations", summary="Chats across channels, most recently active first")

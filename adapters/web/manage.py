@@ -24,6 +24,7 @@ from shared import api_views, channel_health, pairings, settings_edit
 from shared.clock import now_ms
 from shared.db import Database
 from shared.queue import Queue
+from shared.routing import is_valid_name
 from shared.sessions import clear_sessions
 from shared.settings import Settings, SettingsError
 
@@ -51,7 +52,7 @@ from .dialect import (
     tinyagi_settings,
 )
 from .errors import ApiError
-from .params import NAME_PATTERN, Body, Name
+from .params import Body, Name
 from .queue_routes import read_queue_status
 from .state import Web, WebState
 
@@ -89,7 +90,7 @@ class TeamIn(Body):
     """``PUT /api/teams/{id}`` (TinyOffice's ``TeamConfig``)."""
 
     name: str = Field(default="", max_length=200)
-    agents: list[Annotated[str, Field(pattern=NAME_PATTERN)]] = Field(min_length=1, max_length=64)
+    agents: list[Annotated[str, Field(max_length=200)]] = Field(min_length=1, max_length=64)
     leader_agent: str = Field(default="", max_length=32)
 
 
@@ -99,6 +100,22 @@ class PromptIn(Body):
 
 class CodeIn(Body):
     code: str = Field(min_length=4, max_length=32)
+
+
+#: The id of an agent or team being created: checked by :func:`check_ids`, which says the rule in words.
+NewId = Annotated[str, PathParam(max_length=200)]
+#: The id rule in words: a person reads the refusal (the pattern itself is for programs).
+ID_RULE = "lowercase letters, digits, - and _, starting with a letter or digit, at most 32 characters"
+
+
+def check_ids(kind: str, names: Any) -> None:
+    """400 in words when one of ``names`` (a list, or the keys of a settings table) cannot be an agent or team
+    id; anything else is left to the settings' own validation."""
+    for name in names if isinstance(names, dict | list) else ():
+        if not is_valid_name(name):
+            raise ApiError(
+                400, f"The {kind} id {name!r} is not allowed: use {ID_RULE}.", ok=False, field=kind
+            )
 
 
 def _not_here(what: str) -> ApiError:
@@ -146,6 +163,8 @@ async def get_settings(web: Web) -> dict[str, Any]:
 
 @router.put("/settings", summary="Merge changes into settings.toml (validated; *** keeps a secret)")
 async def put_settings(patch: dict[str, Any], web: Web) -> SettingsSaved:
+    check_ids("agent", patch.get("agents"))
+    check_ids("team", patch.get("teams"))
     settings = await edit(web, settings_edit.merge_settings, stored_settings_patch(patch))
     public = await web.run(settings_edit.public_settings, settings)
     return SettingsSaved(ok=True, settings=tinyagi_settings(public, settings))
@@ -171,7 +190,8 @@ async def agents(web: Web) -> dict[str, AgentOut]:
 
 
 @router.put("/agents/{agent}", summary="Create or replace an agent")
-async def save_agent(agent: Name, body: AgentIn, web: Web) -> AgentSaved:
+async def save_agent(agent: NewId, body: AgentIn, web: Web) -> AgentSaved:
+    check_ids("agent", [agent])
     if body.working_directory and not Path(body.working_directory).expanduser().is_absolute():
         raise ApiError(400, "working_directory must be an absolute path (or empty: workspace/<agent>)")
     provider = PROVIDERS.get(body.provider.lower())
@@ -331,7 +351,9 @@ async def teams(web: Web) -> dict[str, TeamOut]:
 
 
 @router.put("/teams/{team}", summary="Create or replace a team")
-async def save_team(team: Name, body: TeamIn, web: Web) -> TeamSaved:
+async def save_team(team: NewId, body: TeamIn, web: Web) -> TeamSaved:
+    check_ids("team", [team])
+    check_ids("agent", body.agents)
     members = list(dict.fromkeys(body.agents))
     settings = await edit(
         web, settings_edit.put_team, team, name=body.name, agents=members, leader=body.leader_agent
