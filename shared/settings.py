@@ -317,7 +317,9 @@ class Settings:
         return self._env
 
     def section(self, name: str, model: type[M]) -> M:
-        """Validate one process-owned section (``processor``, ``channels``, ...) into ``model``."""
+        """Validate one section (``processor``, ``channels``, ...) into ``model``: for a plugin with a
+        model of its own. The built-in sections were validated when the settings were loaded
+        (:attr:`processor`, :attr:`scheduler`, :attr:`heartbeats`, :attr:`schedules`, :attr:`channels`)."""
         raw = getattr(self.file, name)
         try:
             return model.model_validate(raw)
@@ -376,7 +378,7 @@ _TOML_HINTS = {
     "Cannot declare": "this table is declared twice",
     "Illegal character '\\n'": "the line ends inside a quoted text (is a closing quote missing?)",
     "Expected newline or end of document after a statement": (
-        "unexpected text after the value (text needs quotes: key = \"text\")"
+        'unexpected text after the value (text needs quotes: key = "text")'
     ),
 }
 
