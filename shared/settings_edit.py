@@ -3,8 +3,8 @@
 Every edit goes through :func:`edit_settings`: the file is changed with tomlkit (the operator's comments and
 layout survive), the whole result is validated with the rules the processes use (every section, the
 processor's, the scheduler's and the channels' included: :func:`shared.settings.parse_settings`), and only
-then is the file replaced atomically. An edit can never leave a settings file that a process would refuse. Running processes
-pick the change up by themselves (they re-read an edited settings.toml).
+then is the file replaced atomically. An edit can never leave a settings file that a process would refuse.
+Running processes pick the change up by themselves (they re-read an edited settings.toml).
 
 :func:`public_settings` is what may be shown to an API caller: the settings as data with every secret
 (tokens, keys, passwords, database URLs with a password) replaced by ``"***"``.
