@@ -115,7 +115,7 @@ def test_dashboard_as_a_user(tmp_path: Path, db_url: str, fake: HoldingTelegram)
             return False
 
     try:
-        wait_for(healthy, 30, "the web process")
+        wait_for(healthy, 90, "the web process")  # three processes start at once on a shared machine
         with sync_playwright() as pw:
             browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
             try:
@@ -123,6 +123,7 @@ def test_dashboard_as_a_user(tmp_path: Path, db_url: str, fake: HoldingTelegram)
                 page = context.new_page()
                 errors: list[str] = []
                 page.on("pageerror", lambda exc: errors.append(str(exc)))
+                page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
                 outside: list[str] = []
                 page.on("request", lambda r: None if r.url.startswith(url) else outside.append(r.url))
                 page.goto(url + "/")
@@ -291,6 +292,7 @@ def test_dashboard_as_a_user(tmp_path: Path, db_url: str, fake: HoldingTelegram)
                 )
                 mobile = phone.new_page()
                 mobile.on("pageerror", lambda exc: errors.append(str(exc)))
+                mobile.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
                 mobile.goto(url + "/#ops")
                 expect(mobile.locator("#conn")).to_have_text("live")
                 expect(mobile.locator("#dead-list li").first).to_be_visible()
@@ -331,7 +333,7 @@ def test_token_banner_only_when_the_server_asks_for_one(tmp_path: Path) -> None:
         tmp_path / "w.log",
     )
     try:
-        wait_for(lambda: _answers(url), 30, "the web process")
+        wait_for(lambda: _answers(url), 90, "the web process")
         assert httpx.get(url + "/access").json() == {"tokenRequired": True}
         with sync_playwright() as pw:
             browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)

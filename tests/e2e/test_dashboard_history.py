@@ -42,6 +42,7 @@ def test_long_history_is_paged_and_markdown_is_inert(rt: Runtime) -> None:
             page = browser.new_page(viewport={"width": 1280, "height": 900})
             errors: list[str] = []
             page.on("pageerror", lambda exc: errors.append(str(exc)))
+            page.on("console", lambda msg: errors.append(msg.text) if msg.type == "error" else None)
             page.goto(live.url + "/")
             page.locator("#conv-list .conv[data-conversation='web-long']").click()
             expect(page.locator("#chat-title")).to_have_text("Web chat")

@@ -42,6 +42,7 @@ def test_dashboard_chat_reply_and_dead_letter_retry(rt: Runtime) -> None:
             page = browser.new_page()
             errors: list[str] = []
             page.on("pageerror", lambda exc: errors.append(str(exc)))
+            page.on("console", lambda msg: errors.append(msg.text) if msg.type == "error" else None)
             page.goto(live.url + "/")
 
             # The dashboard loads: the live stream connected, the agents, the dead letter listed.

@@ -26,10 +26,27 @@ const state = {
   acking: new Set(),
   deadOpen: new Set(),
   editing: null,
+  unread: new Map(), // conversation → ids of its replies this browser received while they were not on screen
+  expanded: new Set(), // long messages shown whole ("kind:id")
+  noticeTimer: null,
 };
 if (!state.myChat) {
   state.myChat = newChatId();
   store.setItem("agentpost.conversation", state.myChat);
+}
+rememberChat(state.myChat);
+
+// The web chats started in this browser (the current one and those before "New chat"): their replies are
+// delivered here whichever view is open, as a platform takes a reply even while its reader looks elsewhere.
+function myChats() {
+  try {
+    const list = JSON.parse(store.getItem("agentpost.chats") || "[]");
+    return Array.isArray(list) ? list.filter((c) => typeof c === "string") : [];
+  } catch (_) { return []; }
+}
+function rememberChat(conversation) {
+  const list = [conversation, ...myChats().filter((c) => c !== conversation)].slice(0, 50);
+  store.setItem("agentpost.chats", JSON.stringify(list));
 }
 state.chat = { channel: "web", conversation: state.myChat };
 
@@ -138,10 +155,13 @@ function chatLabel(c) {
   if (c.channel === "web") return c.conversation === state.myChat ? "Your chat (this browser)" : "Web chat";
   return `${c.sender || c.senderId || c.conversation} on ${c.channel}`;
 }
-// A one-line preview: Markdown marks and code fences dropped.
+// A one-line preview: the text as the Markdown renderer reads it, marks dropped (an underscore inside a word,
+// as in "tg_123_abc", is not a mark and stays). A <template> parses without running or fetching anything.
 function plain(text) {
-  return text.replace(/```[\w+#.-]*/g, " ").replace(/(^|\n)\s*(#+|>)\s*/g, "$1").replace(/[*_~`]+/g, "")
-    .replace(/\s+/g, " ").trim();
+  const t = document.createElement("template");
+  t.innerHTML = window.renderMarkdown(text.slice(0, 600)).replace(/<br>|<\/(p|li|h\d|pre|blockquote)>/g, "$& ");
+  for (const label of t.content.querySelectorAll(".code-lang")) label.remove();
+  return t.content.textContent.replace(/\s+/g, " ").trim();
 }
 const STATE_WORDS = { working: "working", waiting: "waiting", failed: "failed", idle: "" };
 
@@ -151,7 +171,9 @@ async function refreshConversations() {
   if (!mine) rows.unshift({ channel: "web", conversation: state.myChat, agent: "", lastMessage: "", lastAt: 0, state: "idle" });
   $("#conv-list").replaceChildren(...rows.map((c) => {
     const current = state.chat.channel === c.channel && state.chat.conversation === c.conversation;
-    const badge = STATE_WORDS[c.state] ? el("span", { class: "badge " + c.state }, STATE_WORDS[c.state]) : null;
+    const unread = c.channel === "web" && !current ? (state.unread.get(c.conversation) || new Set()).size : 0;
+    const badge = unread ? el("span", { class: "badge new" }, `${unread} new`)
+      : STATE_WORDS[c.state] ? el("span", { class: "badge " + c.state }, STATE_WORDS[c.state]) : null;
     const button = el("button", {
       type: "button", class: "conv", "aria-current": current ? "true" : undefined,
       "data-channel": c.channel, "data-conversation": c.conversation,
@@ -168,6 +190,7 @@ function openChat(channel, conversation, label) {
   state.chat = { channel, conversation };
   state.history = { items: [], more: false, status: null, before: 0 };
   $("#chat-log").replaceChildren();
+  showNotice("");
   const mine = channel === "web";
   $("#chat-form").hidden = !mine;
   $("#chat-readonly").hidden = mine;
@@ -188,7 +211,10 @@ async function refreshHistory() {
   if (!older.length) state.history.more = page.more;
   state.history.status = page.status;
   renderHistory();
-  if (channel === "web") ackShown(page.items);
+  if (channel === "web") {
+    ackShown(page.items);
+    if (state.view === "chat" && state.unread.delete(conversation)) renderUnread();
+  }
 }
 
 // The history's order: time, then the user's message before replies, then id (as the server pages it).
@@ -242,16 +268,14 @@ function renderHistory(keepScroll) {
   for (const i of state.history.items) {
     if (i.kind === "reply" && i.editKey && lastOfKey.get(i.editKey) !== i.id) continue;
     if (i.kind === "message") {
-      const body = el("div", { class: "md" });
-      body.innerHTML = window.renderMarkdown(i.text);
+      const body = messageBody(i);
       nodes.push(el("article", { class: "chat-msg chat-mine", "data-id": i.messageId, "aria-label": "You" },
         el("div", { class: "msg-head" }, el("span", { class: "who" }, i.sender && i.sender !== "web" ? i.sender : "You"),
           " → @" + i.agent, " · ", timeEl(i.at), " ", messageState(i)),
         body));
     } else {
       const note = { progress: " chat-note", dead_notice: " chat-failed", stopped: " chat-note chat-stopped" }[i.note] || "";
-      const body = el("div", { class: "md" });
-      body.innerHTML = window.renderMarkdown(i.text);
+      const body = messageBody(i);
       nodes.push(el("article", { class: "chat-msg chat-reply" + note, "data-id": String(i.id), "aria-label": agentName(i.agent) || "Reply" },
         el("div", { class: "msg-head" }, el("span", { class: "who agent-name" }, agentName(i.agent) || "agentpost"),
           i.agent && agentName(i.agent) !== i.agent ? el("span", { class: "handle" }, " @" + i.agent) : null,
@@ -265,6 +289,40 @@ function renderHistory(keepScroll) {
   $("#chat-older").hidden = !state.history.more;
   if (!keepScroll && (atBottom || log.dataset.first !== "done")) { log.scrollTop = log.scrollHeight; log.dataset.first = "done"; }
   renderRunState();
+}
+
+// A long message (a pasted log, a 120 KB reply) is shown by its beginning with a "Show all" button, so the
+// chat stays readable and each refresh renders only what is on screen.
+const LONG_CHARS = 4000;
+const LONG_LINES = 60;
+function cutAt(text) {
+  let end = Math.min(text.length, LONG_CHARS);
+  let newlines = 0;
+  for (let n = 0; n < end; n++) if (text.charCodeAt(n) === 10 && ++newlines === LONG_LINES) { end = n; break; }
+  if (end >= text.length) return text.length;
+  const lineEnd = text.lastIndexOf("\n", end);
+  return lineEnd > end / 2 ? lineEnd : end;
+}
+function messageBody(item) {
+  const key = item.kind + ":" + item.id;
+  const body = el("div", { class: "md" });
+  const cut = cutAt(item.text);
+  if (cut >= item.text.length) {
+    body.innerHTML = window.renderMarkdown(item.text);
+    return body;
+  }
+  const whole = state.expanded.has(key);
+  body.innerHTML = window.renderMarkdown(whole ? item.text : item.text.slice(0, cut));
+  const size = item.text.length.toLocaleString();
+  const toggle = el("button", { type: "button", class: "link show-all", "aria-expanded": String(whole) },
+    whole ? "Show less" : `Show all (${size} characters)`);
+  toggle.addEventListener("click", () => {
+    if (whole) state.expanded.delete(key); else state.expanded.add(key);
+    renderHistory(true);
+  });
+  return el("div", { class: whole ? "long" : "long collapsed" }, body,
+    whole ? null : el("p", { class: "hint cut-note" }, `Showing the beginning: ${cut.toLocaleString()} of ${size} characters.`),
+    toggle);
 }
 
 function renderRunState() {
@@ -309,9 +367,12 @@ async function sendChat(ev) {
   if (command === "/retry") { input.value = ""; return retryChat(); }
   button.disabled = true;
   try {
-    await api("POST", "/api/message",
-      { message: text, agent, channel: "web", sender: "web", conversation: state.chat.conversation });
-    input.value = "";
+    // The server routes it as every channel does: an @agent or @team at the start of the text wins over
+    // the agent chosen in the list, and an unknown @name is refused with the names there are.
+    await api("POST", "/api/conversations/web/messages",
+      { message: text, agent, conversation: state.chat.conversation });
+    if (input.value.trim() === text) input.value = ""; // not what was typed meanwhile
+    showNotice(""); // what the last action said is behind this message now
     await refreshHistory();
     refreshConversations().catch(() => {});
   } catch (e) {
@@ -322,12 +383,24 @@ async function sendChat(ev) {
   }
 }
 
+// What a chat action did ("… starts a fresh conversation"): its own line, so the run state that refreshes
+// every second cannot overwrite it; it stays until dismissed, a message is sent, another chat is opened, or
+// half a minute passed.
+const NOTICE_MS = 30000;
+function showNotice(text) {
+  const box = $("#chat-notice");
+  clearTimeout(state.noticeTimer);
+  $("#chat-notice-text").textContent = text;
+  box.hidden = !text;
+  if (text) state.noticeTimer = setTimeout(() => showNotice(""), NOTICE_MS);
+}
+
 async function stopChat() {
   showError("#chat-error", null);
   try {
     const res = await api("POST", `/api/conversations/${encodeURIComponent(state.chat.channel)}/stop`,
       { conversation: state.chat.conversation });
-    $("#run-state").textContent = res.stopping.length ? "Stopping…" : "Nothing is running for this chat.";
+    showNotice(res.stopping.length ? "Stopping…" : "Nothing is running for this chat.");
   } catch (e) { showError("#chat-error", e); }
 }
 
@@ -336,7 +409,7 @@ async function retryChat() {
   try {
     const res = await api("POST", `/api/conversations/${encodeURIComponent(state.chat.channel)}/retry`,
       { conversation: state.chat.conversation });
-    $("#run-state").textContent = `Trying your message again with ${agentName(res.agent)} (ref ${res.messageId}).`;
+    showNotice(`Trying your message again with ${agentName(res.agent)} (ref ${res.messageId}).`);
     await refreshHistory();
   } catch (e) { showError("#chat-error", e); }
 }
@@ -351,7 +424,7 @@ async function resetChat() {
   try {
     const res = await api("POST", `/api/conversations/${encodeURIComponent(state.chat.channel)}/reset`,
       { conversation: state.chat.conversation, agent });
-    $("#run-state").textContent = `${agentName(res.agent)} starts a fresh conversation with your next message.`;
+    showNotice(`${agentName(res.agent)} starts a fresh conversation with your next message.`);
   } catch (e) { showError("#chat-error", e); }
 }
 
@@ -440,6 +513,18 @@ async function editAgent(id) {
   syncCommandField();
   form.hidden = false;
   (id ? $("#af-name") : $("#af-id")).focus();
+}
+
+// The browser's own word for a pattern mismatch is "match the requested format"; say which format. Checked
+// as the person types and again when the form is sent (a click on its button comes before the browser's
+// check), since the page also fills the field itself.
+function sayIdRule(input) {
+  const check = () => {
+    input.setCustomValidity("");
+    if (input.validity.patternMismatch) input.setCustomValidity(`Use ${input.title}.`);
+  };
+  input.addEventListener("input", check);
+  for (const button of input.form.querySelectorAll("button[type='submit']")) button.addEventListener("click", check);
 }
 
 function syncCommandField() { $("#af-command-label").hidden = $("#af-provider").value !== "command"; }
@@ -579,9 +664,38 @@ async function deadAction(method, path) {
   await refreshAll();
 }
 
+// Replies to this browser's chats are delivered (acked) as soon as they arrive, whichever view is open: the
+// "replies out" count is what channels still have to deliver, and these are here. One not on screen yet is
+// counted as new on the Chats tab and in the chat list until its chat is shown.
+async function deliverMine() {
+  const rows = await api("GET", "/api/responses/pending?channel=web&limit=200");
+  const mine = new Set(myChats());
+  let fresh = false;
+  for (const r of rows) {
+    if (!mine.has(r.conversation) || state.acking.has(r.id)) continue;
+    const onScreen = state.view === "chat" && state.chat.channel === "web" && state.chat.conversation === r.conversation;
+    if (!onScreen) {
+      if (!state.unread.has(r.conversation)) state.unread.set(r.conversation, new Set());
+      state.unread.get(r.conversation).add(r.id);
+      fresh = true;
+    }
+    state.acking.add(r.id);
+    api("POST", `/api/responses/${r.id}/ack`).catch(() => state.acking.delete(r.id));
+  }
+  if (fresh) renderUnread();
+}
+
+function renderUnread() {
+  let n = 0;
+  for (const ids of state.unread.values()) n += ids.size;
+  const badge = $("#unread");
+  badge.textContent = n ? `${n} new` : "";
+  badge.hidden = !n;
+}
+
 // -- refresh -------------------------------------------------------------------------------------------
 async function refreshAll() {
-  const jobs = [refreshStatus()];
+  const jobs = [refreshStatus(), deliverMine()];
   if (state.view === "chat") jobs.push(refreshConversations(), refreshHistory());
   if (state.view === "agents") jobs.push(refreshAgentsView());
   if (state.view === "ops") jobs.push(refreshPairing(), refreshDead(), refreshChannels());
@@ -649,13 +763,16 @@ function wire() {
   });
   $("#chat-stop").addEventListener("click", stopChat);
   $("#chat-reset").addEventListener("click", resetChat);
+  $("#chat-notice-close").addEventListener("click", () => showNotice(""));
   $("#chat-older").addEventListener("click", () => loadOlder().catch((e) => showError("#chat-error", e)));
   $("#new-chat").addEventListener("click", () => {
     state.myChat = newChatId();
     store.setItem("agentpost.conversation", state.myChat);
+    rememberChat(state.myChat);
     openChat("web", state.myChat);
     $("#chat-input").focus();
   });
+  for (const id of ["#af-id", "#tf-id"]) sayIdRule($(id));
   $("#agent-add").addEventListener("click", () => editAgent(null));
   $("#af-cancel").addEventListener("click", () => { $("#agent-form").hidden = true; state.editing = null; });
   $("#af-provider").addEventListener("change", syncCommandField);
