@@ -220,28 +220,20 @@ def check_security(settings: Settings) -> list[Check]:
 
 def _root_bypass(settings: Settings, name: str, agent: AgentSettings) -> Check:
     """Root + bypassPermissions: the claude CLI refuses it ("cannot be used with root/sudo privileges")
-    unless IS_SANDBOX=1 is in its environment, which the processor adds for such an agent unless the
-    agent's ``env`` table or the environment sets IS_SANDBOX already."""
+    unless IS_SANDBOX is exactly 1 in its environment (``yes``, ``true``, ``0`` are refused alike), which the
+    processor sets for such an agent, replacing any other value (``workers.agent_env.sandbox_override``)."""
     value = agent.env.get("IS_SANDBOX", settings.env.get("IS_SANDBOX"))
     fix = (
         "run agentpost as a non-root service user (the systemd units in deploy/systemd do: "
         "User=agentpost), or use permission_mode = acceptEdits; keep IS_SANDBOX=1 only on a throwaway "
         "sandbox (a container or VM)"
     )
-    if value is not None and value != "1" and value.strip().lower() not in ("true", "yes", "on"):
-        return Check(
-            "security",
-            f"agent {name}",
-            "fail",
-            f"running as root with permission_mode = bypassPermissions, and IS_SANDBOX={value}: the claude "
-            'CLI refuses every run ("cannot be used with root/sudo privileges"); it runs only with '
-            "IS_SANDBOX=1",
-            fix,
-        )
-    how = {
-        None: "agentpost sets IS_SANDBOX=1 for its CLI",
-        "1": "IS_SANDBOX=1 is set",
-    }.get(value, f"IS_SANDBOX={value} is set (1 is the value the CLI documents)")
+    if value == "1":
+        how = "IS_SANDBOX=1 is set"
+    elif value is None:
+        how = "agentpost sets IS_SANDBOX=1 for its CLI"
+    else:
+        how = f"agentpost sets IS_SANDBOX=1 for its CLI, replacing IS_SANDBOX={value}, which the CLI refuses"
     return Check(
         "security",
         f"agent {name}",

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from shared.doctor import Check
 from shared.settings import AgentSettings, Settings
-from workers.agent_env import child_env, runs_as_root
+from workers.agent_env import child_env
 from workers.providers import ProviderError, RunRequest, find_binary
 
 _BINARIES = {"claude": ("claude", "AGENTPOST_CLAUDE_BIN"), "codex": ("codex", "AGENTPOST_CODEX_BIN")}
@@ -50,27 +50,6 @@ def _privacy(name: str, agent: AgentSettings, settings: Settings, env: dict[str,
     return found
 
 
-def _sandbox(name: str, agent: AgentSettings, settings: Settings) -> Check | None:
-    """As root with ``bypassPermissions``, the CLI runs only with ``IS_SANDBOX=1``: say that agentpost sets it
-    (and what it replaces), since it is the agent's whole protection that is switched off."""
-    if agent.provider != "claude" or agent.permission_mode != "bypassPermissions" or not runs_as_root():
-        return None
-    given = {**settings.env, **agent.env}
-    before = given.get("IS_SANDBOX")
-    replaced = (
-        f" (replacing IS_SANDBOX={before!r}, which the CLI refuses)" if before not in (None, "1") else ""
-    )
-    return Check(
-        "agents",
-        f"agent {name} permissions",
-        "warn",
-        f"runs as root with permission checks off (bypassPermissions): agentpost gives its CLI IS_SANDBOX=1"
-        f"{replaced}, the only value with which Claude Code runs that way as root",
-        "fine inside a throwaway container or VM; elsewhere run agentpost as a normal user or choose "
-        f'permission_mode = "acceptEdits" in [agents.{name}]',
-    )
-
-
 def checks(settings: Settings) -> list[Check]:
     """One finding per agent's CLI, plus the Claude login when any agent uses Claude."""
     found: list[Check] = []
@@ -104,9 +83,6 @@ def checks(settings: Settings) -> list[Check]:
             continue
         found.append(Check("agents", f"agent {name} ({agent.provider})", "ok", f"CLI at {path}"))
         found.extend(_privacy(name, agent, settings, env))
-        sandbox = _sandbox(name, agent, settings)
-        if sandbox is not None:
-            found.append(sandbox)
         if agent.provider == "claude" and not login_checked:
             login_checked = True
             missing = _claude_login(env)

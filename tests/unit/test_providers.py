@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from shared.doctor import check_security
 from shared.settings import AgentSettings, load_settings
 from workers.agent_env import child_env
 from workers.doctor import checks
@@ -113,9 +114,12 @@ def test_doctor_says_that_is_sandbox_is_set_and_what_it_replaces(tmp_path: Path)
     env = {"PATH": "/usr/bin", "IS_SANDBOX": "yes", "ANTHROPIC_API_KEY": "k", "HOME": str(tmp_path)}
     (tmp_path / "settings.toml").write_text(text)
     settings = load_settings(tmp_path, env)
-    found = {c.name: c for c in checks(settings)}
-    sandbox = found["agent coder permissions"]
+    security = {c.name: c for c in check_security(settings)}
+    sandbox = security["agent coder"]
     assert sandbox.level == "warn"
-    assert "IS_SANDBOX=1" in sandbox.detail and "replacing IS_SANDBOX='yes'" in sandbox.detail
-    assert "agent careful permissions" not in found
-    assert "IS_SANDBOX" in found["agent coder environment"].detail  # among what it receives
+    assert "agentpost sets IS_SANDBOX=1 for its CLI, replacing IS_SANDBOX=yes, which the CLI refuses" in (
+        sandbox.detail
+    )
+    assert "agent careful" not in security
+    agents = {c.name: c for c in checks(settings)}
+    assert "IS_SANDBOX" in agents["agent coder environment"].detail  # among what it receives
