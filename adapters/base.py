@@ -12,7 +12,10 @@ through the database:
   is reported as a duplicate, not queued twice — also after the message row was pruned: the ids taken in
   are remembered for longer than any platform redelivers, :mod:`shared.platform_dedupe`) and the chat debounce (``[queue] debounce_ms``: a burst of
   quick messages becomes one run). :meth:`Channel.handle` returns only after the message is committed, so a
-  platform delivery is acknowledged (an offset confirmed, a webhook answered) only then.
+  platform delivery is acknowledged (an offset confirmed, a webhook answered) only then. A command's answer
+  commits with the message's seen mark and the plugin's cursor in the same way, so a crash never answers
+  it twice. While the database is away (a server restarting, a lock, a full disk), :meth:`Channel.handle`
+  waits and tries again (:meth:`Channel.until_stored`) instead of dropping the update.
 - **Delivery, progress notes and typing**: :mod:`adapters.delivery`. Replies to commands and pairing codes go
   through the same responses table, so they are durable too.
 - **Connecting and running**: :mod:`adapters.channel_lifecycle` (retries while the platform is unreachable,
@@ -423,8 +426,12 @@ class Channel(ChatCommands, ChannelLifecycle):
                 if time.monotonic() - pruned_at > 3600:
                     pruned_at = time.monotonic()
                     await call(held_messages.prune_held, self.rt.db, self.name, now_ms() - HELD_FOR_MS)
-            except Exception:
-                self.log.exception("taking back messages of approved senders failed; retrying")
+            except Exception as exc:
+                problem = transient_problem(exc, self.rt.db.url)
+                if problem is None:
+                    self.log.exception("taking back messages of approved senders failed; retrying")
+                else:  # a database that is away is not a bug: one line, not a traceback per poll
+                    self.log.warning("taking back messages of approved senders: %s", problem.describe())
             await waker.wait_async(generation, self.poll_interval)
 
     def upload_folder(self, conversation: str) -> Path:
