@@ -235,3 +235,10 @@ def test_doctor_tells_how_to_fix_each_kind_of_settings_error(tmp_path: Path) -> 
     settings, (found,) = check_settings(tmp_path)
     assert settings is None and found.level == "fail"
     assert "processor.busy_policy" in found.detail and found.fix == "correct the key(s) named above"
+
+
+def test_the_example_settings_file_passes_every_section_check(tmp_path: Path) -> None:
+    example = Path(__file__).resolve().parents[2] / "deploy" / "settings.example.toml"
+    write(tmp_path, example.read_text(encoding="utf-8"))
+    s = load_settings(tmp_path, env={})
+    assert s.heartbeats and s.schedules  # the sections the scheduler reads were checked, not skipped
