@@ -20,7 +20,9 @@ from scheduler import supervise
 from shared.runtime import open_runtime
 from tests.scheduler_support import cli_env, free_port, run_cli, wait_until, write_home
 
-pytestmark = pytest.mark.e2e
+# `up` and `restart` wait until each process is really up: seconds each on a loaded two-core machine.
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
+SLOW = 300
 
 REPO = Path(__file__).resolve().parents[2]
 DEPLOY = REPO / "deploy"
@@ -62,7 +64,7 @@ def up_home(tmp_path: Path) -> Iterator[tuple[Path, dict[str, str], int]]:
     )
     env = cli_env(home, {"AGENTPOST_API_PORT": str(port)})
     yield home, env, port
-    run_cli(home, "down", env=env, check=False)
+    run_cli(home, "down", env=env, check=False, timeout=SLOW)
 
 
 def test_up_starts_what_it_can_restarts_a_killed_process_and_down_stops_all(
@@ -72,7 +74,7 @@ def test_up_starts_what_it_can_restarts_a_killed_process_and_down_stops_all(
     expected = {"scheduler"} | {
         k for k, m in (("processor", "workers.processor"), ("web", "adapters.web.server")) if _importable(m)
     }
-    out = run_cli(home, "up", env=env)
+    out = run_cli(home, "up", env=env, timeout=SLOW)
     text = " ".join(out.stdout.split())  # rich wraps long lines
     for variable in (
         "TELEGRAM_BOT_TOKEN",
@@ -157,7 +159,7 @@ def test_restart_restarts_one_process_or_all_and_says_so_when_nothing_runs(
     idle = run_cli(home, "restart", env=env, check=False)
     assert idle.returncode == 3
     assert "not running" in idle.stderr and "agentpost up" in idle.stderr
-    run_cli(home, "up", env=env)
+    run_cli(home, "up", env=env, timeout=SLOW)
 
     def scheduler_running() -> dict[str, dict[str, object]]:
         s = _states(home, env)
@@ -166,7 +168,7 @@ def test_restart_restarts_one_process_or_all_and_says_so_when_nothing_runs(
     states = wait_until(scheduler_running, 30, what="the scheduler RUNNING")
     others = {n: s["pid"] for n, s in states.items() if n != "scheduler"}
     old = int(str(states["scheduler"]["pid"]))
-    out = run_cli(home, "restart", "scheduler", env=env)
+    out = run_cli(home, "restart", "scheduler", env=env, timeout=SLOW)
     assert "restarted scheduler" in out.stdout
     after = _states(home, env)
     assert after["scheduler"]["statename"] == "RUNNING" and after["scheduler"]["pid"] != old
@@ -177,7 +179,7 @@ def test_restart_restarts_one_process_or_all_and_says_so_when_nothing_runs(
     assert unknown.returncode == 2 and "nosuch" in unknown.stderr and "scheduler" in unknown.stderr
 
     before = {n: s["pid"] for n, s in _states(home, env).items()}
-    run_cli(home, "restart", env=env)
+    run_cli(home, "restart", env=env, timeout=SLOW)
     wait_until(
         lambda: all(
             (s := _states(home, env)).get(n, {}).get("statename") == "RUNNING" and s[n]["pid"] != before[n]
