@@ -21,7 +21,6 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from shared.private_files import private_dir, tighten
 from shared.routing import AGENT_NAME_RE, Team
-from shared.settings_channels import channel_model
 from shared.settings_sections import (
     HeartbeatConfig,
     Heartbeats,
@@ -281,14 +280,19 @@ class Settings:
         beats = take("heartbeats", Heartbeats, data.heartbeats)
         schedules = take("schedules", Schedules, data.schedules)
         channels: dict[str, BaseModel] = {}
-        for name, raw in data.channels.items():
-            if not isinstance(raw, dict):
-                problems.append(f"channels.{name}: must be a table ([channels.{name}])")
-                continue
-            model = channel_model(name)
-            section = take(f"channels.{name}", model, raw) if model is not None else None
-            if section is not None:
-                channels[name] = section
+        if data.channels:
+            # Only a file with channel sections pays for building the channels' models (every CLI command
+            # loads the settings; most homes have none).
+            from shared.settings_channels import channel_model
+
+            for name, raw in data.channels.items():
+                if not isinstance(raw, dict):
+                    problems.append(f"channels.{name}: must be a table ([channels.{name}])")
+                    continue
+                model = channel_model(name)
+                section = take(f"channels.{name}", model, raw) if model is not None else None
+                if section is not None:
+                    channels[name] = section
         known = ", ".join(sorted(self.agents))
         for agent in beats.root if beats is not None else {}:
             if agent not in self.agents:
