@@ -506,7 +506,7 @@ def up(
     env: Mapping[str, str],
     *,
     web_port: int | None = None,
-    wait_seconds: float = 60.0,
+    wait_seconds: float = 120.0,
 ) -> Outcome:
     """Write the config and start supervisord, or make a running one take the new config and environment.
     Returns once each process is up or has failed (``web_port``: where the web process must listen)."""
@@ -578,7 +578,7 @@ def down(p: Paths, *, wait_seconds: float = 60.0) -> bool:
 
 
 def restart(
-    p: Paths, name: str | None = None, *, web_port: int | None = None, wait_seconds: float = 60.0
+    p: Paths, name: str | None = None, *, web_port: int | None = None, wait_seconds: float = 120.0
 ) -> Outcome:
     """Restart one program (``name``) or every program under the running supervisord, and return once
     each is up again or has failed (as :func:`up`). A restarted process takes the environment the last
