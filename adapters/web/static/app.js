@@ -292,14 +292,24 @@ function renderHistory(keepScroll) {
 }
 
 // A long message (a pasted log, a 120 KB reply) is shown by its beginning with a "Show all" button, so the
-// chat stays readable and each refresh renders only what is on screen.
-const LONG_CHARS = 4000;
-const LONG_LINES = 60;
+// chat stays readable and each refresh renders only what is on screen. Ordinary replies, even long-winded
+// ones, stay whole: only one past LONG_CHARS or LONG_LINES is folded, to its first PREVIEW_CHARS or
+// PREVIEW_LINES.
+const LONG_CHARS = 6000;
+const LONG_LINES = 80;
+const PREVIEW_CHARS = 1500;
+const PREVIEW_LINES = 20;
+function linesWithin(text, limit) {
+  let n = 0;
+  for (let i = text.indexOf("\n"); i !== -1; i = text.indexOf("\n", i + 1)) if (++n > limit) return false;
+  return true;
+}
+// Where the preview of a long text ends (its length when the text is not long): at a line end if near.
 function cutAt(text) {
-  let end = Math.min(text.length, LONG_CHARS);
+  if (text.length <= LONG_CHARS && linesWithin(text, LONG_LINES)) return text.length;
+  let end = PREVIEW_CHARS;
   let newlines = 0;
-  for (let n = 0; n < end; n++) if (text.charCodeAt(n) === 10 && ++newlines === LONG_LINES) { end = n; break; }
-  if (end >= text.length) return text.length;
+  for (let n = 0; n < end; n++) if (text.charCodeAt(n) === 10 && ++newlines === PREVIEW_LINES) { end = n; break; }
   const lineEnd = text.lastIndexOf("\n", end);
   return lineEnd > end / 2 ? lineEnd : end;
 }
