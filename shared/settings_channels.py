@@ -132,7 +132,7 @@ def channel_model(name: str) -> type[BaseModel] | None:
     return _plugin_model(name)
 
 
-@functools.cache
+@functools.lru_cache(maxsize=64)  # bounded: the web API validates names a caller sends
 def _plugin_model(name: str) -> type[BaseModel] | None:
     from importlib.metadata import entry_points
 
