@@ -242,3 +242,35 @@ def test_the_example_settings_file_passes_every_section_check(tmp_path: Path) ->
     write(tmp_path, example.read_text(encoding="utf-8"))
     s = load_settings(tmp_path, env={})
     assert s.heartbeats and s.schedules  # the sections the scheduler reads were checked, not skipped
+
+
+def test_a_third_party_channel_section_is_checked_with_its_plugin_model(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A channel installed by another package (an ``agentpost.channels`` entry point) brings its model."""
+    from shared import settings_channels
+
+    site = tmp_path / "site"
+    (site / "roomchat-1.0.dist-info").mkdir(parents=True)
+    (site / "roomchat-1.0.dist-info" / "METADATA").write_text(
+        "Metadata-Version: 2.1\nName: roomchat\nVersion: 1.0\n"
+    )
+    (site / "roomchat-1.0.dist-info" / "entry_points.txt").write_text(
+        "[agentpost.channels]\nroomchat = roomchat_plugin:RoomChannel\n"
+    )
+    (site / "roomchat_plugin.py").write_text(
+        "from shared.settings_channels import ChannelSettings\n"
+        "class RoomSettings(ChannelSettings):\n    room: str = ''\n"
+        "class RoomChannel:\n    settings_model = RoomSettings\n"
+    )
+    monkeypatch.syspath_prepend(str(site))
+    settings_channels._plugin_model.cache_clear()
+    try:
+        write(tmp_path / "home", '[channels.roomchat]\nroom = "ops"\nbusy_policy = "followup"\n')
+        s = load_settings(tmp_path / "home", env={})
+        assert s.channels["roomchat"].model_dump()["room"] == "ops"
+        write(tmp_path / "home", '[channels.roomchat]\nrooom = "ops"\n')
+        with pytest.raises(SettingsError, match=r"channels\.roomchat\.rooom: unknown key"):
+            load_settings(tmp_path / "home", env={})
+    finally:
+        settings_channels._plugin_model.cache_clear()
