@@ -20,15 +20,25 @@ import threading
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import psycopg
 import pytest
 
 from shared.db import Database, open_database
-from tests.channel_support import HoldingTelegram, Proc, channel_home, discord_env, telegram_env
+from tests.channel_support import (
+    HoldingTelegram,
+    Proc,
+    channel_home,
+    discord_env,
+    telegram_env,
+    webhook_up,
+    whatsapp_env,
+)
 from tests.fakes.discord_api import FakeDiscord
+from tests.fakes.whatsapp_api import FakeWhatsApp, signed_webhook, text_message_payload
 from tests.fault_support import ADMIN_PG_URL, fresh_pg_database
 from tests.fixtures import telegram_fake  # noqa: F401  (fixtures)
-from tests.probes import wait_for
+from tests.probes import free_port, wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.postgres, pytest.mark.timeout(120)]
 
@@ -68,12 +78,22 @@ class PgOutage:
         if not ports:
             return 0
         with psycopg.connect(ADMIN_PG_URL, autocommit=True) as admin:
+            # The call is in the select list, so it runs only for the rows the WHERE clause keeps (in a
+            # WHERE clause the planner may run it first, on every session of the server).
             rows = admin.execute(
-                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                "SELECT pid, pg_terminate_backend(pid) FROM pg_stat_activity "
                 "WHERE datname = %s AND client_port = ANY(%s)",
                 (self.database, ports),
             ).fetchall()
-        return sum(1 for (ended,) in rows if ended)
+            pids = [pid for (pid, ended) in rows if ended]
+
+            def gone() -> bool:  # the signal is asynchronous: down means the sessions have ended
+                found = admin.execute("SELECT COUNT(*) FROM pg_stat_activity WHERE pid = ANY(%s)", (pids,))
+                row = found.fetchone()
+                return row is not None and row[0] == 0
+
+            wait_for(gone, 10, "the ended sessions to go")
+        return len(pids)
 
     def up(self) -> None:
         """Let connections through again."""
@@ -260,3 +280,56 @@ def test_discord_messages_written_while_postgres_is_away_are_each_queued_once(
     # Each once; Discord hands a chat's messages over side by side, so their order is not asserted.
     assert final[0] == "written before the outage" and sorted(final[1:]) == DURING
     assert alive, "the adapter died while its database was away"
+
+
+WA_SECRET = "app-secret-for-tests"
+WA_ALICE = "15550001111"
+
+
+def test_whatsapp_webhook_waits_for_postgres_then_answers_and_never_acks_what_it_did_not_store(
+    tmp_path: Path, pg: tuple[str, PgOutage]
+) -> None:
+    direct_url, outage = pg
+    channels = {"whatsapp": {"allowlist": [WA_ALICE], "typing": False, "read_receipts": False}}
+    home = channel_home(tmp_path, outage.url(), channels)
+    db = open_database(direct_url)
+    port = free_port()
+    url = f"http://127.0.0.1:{port}/webhook"
+
+    def post(text: str, wamid: str) -> int:
+        body, headers = signed_webhook(WA_SECRET, text_message_payload(WA_ALICE, text, wamid=wamid))
+        return httpx.post(url, content=body, headers=headers, timeout=30).status_code
+
+    with FakeWhatsApp() as fake:
+        adapter = Proc("whatsapp", home, whatsapp_env(fake, WA_SECRET, port), tmp_path / "whatsapp.log")
+        try:
+            wait_for(lambda: webhook_up(url), 20, "the webhook")
+            assert post("written before the outage", "wamid.B0") == 200
+
+            # A short outage: the webhook holds the request, and answers 200 once the message is stored.
+            outage.down()
+            answers: list[int] = []
+            waiting = threading.Thread(target=lambda: answers.append(post("written meanwhile", "wamid.M1")))
+            waiting.start()
+            wait_for(
+                lambda: "taking in message wamid.M1" in adapter.output() or answers,
+                20,
+                "the webhook meeting the outage",
+            )
+            assert not answers and _messages(db) == ["written before the outage"]
+            outage.up()
+            waiting.join(30)
+            assert answers == [200]
+
+            # A long one: after its short wait the webhook answers 503 (not 200), so Meta delivers again.
+            outage.down()
+            assert post("written during a long outage", "wamid.M2") == 503
+            assert _messages(db) == ["written before the outage", "written meanwhile"]
+            outage.up()
+            assert post("written during a long outage", "wamid.M2") == 200  # Meta's redelivery
+            assert post("written during a long outage", "wamid.M2") == 200  # and another: a duplicate
+            final = _messages(db)
+        finally:
+            adapter.stop()
+            db.close()
+    assert final == ["written before the outage", "written meanwhile", "written during a long outage"]
