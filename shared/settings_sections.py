@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 from datetime import datetime
+from typing import Literal
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from pydantic import BaseModel, ConfigDict, Field, RootModel, field_validator, model_validator
@@ -64,6 +65,10 @@ class ProcessorSettings(_Strict):
         default="HEARTBEAT_OK", description="a heartbeat reply equal to this is recorded but sent to no one"
     )
     silent_tokens: dict[str, str] = Field(default_factory=dict, description="per-agent silent tokens")
+    sandbox: Literal["auto", "namespaces", "none"] = Field(
+        default="auto",
+        description="how agent CLIs are confined (workers/sandbox.py): auto = namespaces where they work",
+    )
 
 
 class DlqConfig(_Strict):

@@ -123,3 +123,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if unmarked:
         shown = "\n  ".join(unmarked[:20])
         raise pytest.UsageError(f"tests without a tier marker ({', '.join(TIERS)}):\n  {shown}")
+
+
+# The scripted agents of the suite report through files beside their script and their test's folder, which
+# the agent sandbox hides on purpose: processors started by the tests (in process or as processes that
+# inherit this environment) run agents unconfined. tests/e2e/test_sandbox.py gives its processors an
+# environment without this variable, so the sandbox is tested as a user gets it.
+os.environ.setdefault("AGENTPOST_SANDBOX", "none")

@@ -49,6 +49,7 @@ import functools
 import logging
 import os
 import signal
+import sys
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -70,6 +71,8 @@ from workers.liveness import note_target
 from workers.pauses import Outage, RateLimitPauses, StorageOutage, WaitedNote, waited_text
 from workers.processor_config import ProcessorSettings, ProcessorStats, default_worker_id
 from workers.runs import RunSteps
+from workers.sandbox import SandboxError, SandboxMode, SandboxPlan
+from workers.sandbox import choose as choose_sandbox
 
 __all__ = ["Processor", "ProcessorSettings", "ProcessorStats", "build_prompt", "main", "run_processor"]
 
@@ -122,6 +125,8 @@ class Processor(RunSteps):
         self._claims_begun = 0
         #: When each chat was last told its message waited through a storage outage (epoch ms).
         self._told_waiting: dict[tuple[str, str], int] = {}
+        #: The sandbox agent CLIs run in, chosen once per [processor] sandbox value (workers/sandbox.py).
+        self._sandbox: tuple[str, SandboxPlan] | None = None
 
     # -- public -----------------------------------------------------------------------------------------
     @property
@@ -143,6 +148,36 @@ class Processor(RunSteps):
             self.config = self.rt.settings.section("processor", ProcessorSettings)
         except SettingsError as exc:
             log.warning("[processor] settings not taken up, the ones in force stay: %s", exc)
+
+    def sandbox_plan(self) -> SandboxPlan:
+        """How agent CLIs are confined: chosen the first time it is needed (and again only when
+        ``[processor] sandbox`` changes), and logged with the reason when agents run unconfined. Raises
+        :class:`SandboxError` when the settings ask for namespaces that cannot be had here."""
+        # AGENTPOST_SANDBOX in the processor's environment wins over the settings (an operator's switch
+        # for one process; the test suite's scripted agents, which report through files beside their
+        # script, run with it set to none, while tests/e2e/test_sandbox.py runs them confined).
+        override = os.environ.get("AGENTPOST_SANDBOX", "").strip()
+        mode: SandboxMode = self.config.sandbox
+        if override:
+            if override not in ("auto", "namespaces", "none"):
+                raise SandboxError(f"AGENTPOST_SANDBOX={override!r}: use auto, namespaces or none")
+            mode = override  # type: ignore[assignment]
+        if self._sandbox is None or self._sandbox[0] != mode:
+            try:
+                plan = choose_sandbox(mode)
+            except SandboxError as exc:
+                if self._sandbox is None:
+                    raise
+                log.warning(
+                    "[processor] sandbox = %r not taken up, the sandbox in force stays: %s", mode, exc
+                )
+                return self._sandbox[1]
+            if plan.kind == "none":
+                log.warning("agents run without a sandbox: %s", plan.reason)
+            else:
+                log.info("agents run in a sandbox: %s", plan.describe)
+            self._sandbox = (mode, plan)
+        return self._sandbox[1]
 
     @property
     def agents(self) -> list[str]:
@@ -563,6 +598,7 @@ def run_processor(
         processor = Processor(runtime, env=env)
         if configure is not None:
             configure(processor)
+        processor.sandbox_plan()  # refuse to start when the sandbox the settings ask for cannot be had
         if until_idle:
             anyio.run(processor.run_until_idle)
         else:
@@ -578,5 +614,9 @@ def main(home: Path | None = None) -> None:
         level=os.environ.get("AGENTPOST_LOG_LEVEL", "INFO"),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    stats = run_processor(home)
+    try:
+        stats = run_processor(home)
+    except SandboxError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
     log.info("processor stopped: %s", stats)

@@ -46,6 +46,7 @@ import anyio
 from anyio.abc import ByteReceiveStream, Process
 
 from shared.settings import AgentSettings
+from workers.sandbox import Sandboxed
 
 #: Called with each piece of assistant text as it streams out.
 ProgressFn = Callable[[str], Awaitable[None]]
@@ -86,6 +87,8 @@ class RunRequest:
     # folder in ``$AGENTPOST_UPLOAD_DIR`` (set by the processor) and runs unsandboxed anyway.
     read_dirs: tuple[Path, ...] = ()
     on_notice: NoticeFn | None = None  # told each notice for the chat while the run goes on
+    # Where the CLI runs confined (workers/sandbox.py); None runs it with the processor's own rights.
+    sandbox: Sandboxed | None = None
 
 
 @dataclass
@@ -257,8 +260,13 @@ class CliProvider(abc.ABC):
         except ProviderError as exc:
             return RunResult(ok=False, error=str(exc), cannot_start=True, service=self.service)
         launch = argv
+        env = dict(request.env)
+        if request.sandbox is not None:
+            request.sandbox.prepare()
+            env = request.sandbox.environment(env)
+            launch = request.sandbox.wrap(argv, env)
         if request.orphan_guard and sys.platform.startswith("linux"):
-            launch = [sys.executable, "-I", "-S", str(_LAUNCHER), str(os.getpid()), *argv]
+            launch = [sys.executable, "-I", "-S", str(_LAUNCHER), str(os.getpid()), *launch]
         request.workspace.mkdir(parents=True, exist_ok=True)
         try:
             # Shielded: a cancellation (a /stop, a shutdown) landing mid-spawn would otherwise leave a
@@ -268,7 +276,7 @@ class CliProvider(abc.ABC):
                     launch,
                     stdin=subprocess.PIPE if self.stdin_prompt else subprocess.DEVNULL,
                     cwd=str(request.workspace),
-                    env=dict(request.env),
+                    env=env,
                     start_new_session=True,
                 )
         except OSError as exc:

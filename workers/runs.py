@@ -28,6 +28,7 @@ from shared.chat_agents import record_answer
 from shared.clock import now_ms
 from shared.conversation_status import clear_run, clear_run_in, record_run_in
 from shared.db import Tx
+from shared.dialect import sqlite_path
 from shared.events import PendingEvent, append_events
 from shared.file_access import chat_upload_dir, send_roots
 from shared.ids import new_id
@@ -58,6 +59,7 @@ from workers.ratelimit import (
     paused_text,
     use_fallback_until,
 )
+from workers.sandbox import Sandboxed, SandboxPlan, SandboxView
 from workers.teams import plan_reply
 from workers.workspace import ensure_workspace, team_instructions
 
@@ -83,6 +85,8 @@ class RunSteps:
     if TYPE_CHECKING:
 
         async def _persist(self, what: str, write: Callable[[], T]) -> T: ...
+
+        def sandbox_plan(self) -> SandboxPlan: ...
 
         def _waited_note(self, first: QueuedMessage) -> WaitedNote | None: ...
 
@@ -283,7 +287,29 @@ class RunSteps:
             on_spawn=run.spawned,
             on_notice=run.tell,
             read_dirs=(uploads,) if uploads is not None else (),
+            sandbox=self._sandboxed(agent, workspace, uploads),
         )
+
+    def _sandboxed(self, agent: str, workspace: Path, uploads: Path | None) -> Sandboxed | None:
+        """The sandbox of one run (None when this processor runs agents unconfined): its workspace, its own
+        CLI home under ``sandbox/<agent>``, the chat's uploads; agentpost's home, the SQLite database's
+        folder and the service user's home hidden."""
+        plan = self.sandbox_plan()
+        if plan.kind == "none":
+            return None
+        home = self.settings.home
+        service_home = Path(self.env.get("HOME") or Path.home())
+        hidden = [home, service_home]
+        url = self.settings.database_url
+        if url.startswith("sqlite:///"):
+            hidden.append(Path(sqlite_path(url)).parent)
+        view = SandboxView(
+            workspace=workspace,
+            cli_home=home / "sandbox" / agent,
+            readable=(uploads,) if uploads is not None else (),
+            hidden=tuple(p for p in hidden if p.is_absolute() and len(p.parts) > 1),
+        )
+        return Sandboxed(plan, view, login_home=service_home)
 
     async def _requeue_interrupted(self, drive: Drive, group: WorkGroup) -> None:
         """Not completed, not failed: the group waits in front, and the next claim merges the messages that

@@ -1,0 +1,334 @@
+"""The sandbox every agent CLI runs in: its own workspace writable, the chat's uploads readable, and nothing of
+agentpost's home, database, settings, other workspaces or other processes.
+
+An agent reads untrusted chat text and may run commands; with the service's own rights one run could read the
+database (every conversation), ``settings.toml``, every other agent's workspace, and — through
+``/proc/<pid>/environ`` — the channel tokens of every agentpost process. The sandbox takes those away:
+
+- **namespaces** (bubblewrap, ``bwrap``): a private mount namespace that shows the system read-only and hides
+  agentpost's home, the service user's home folder, ``/tmp`` and ``/run`` (empty in their place), then
+  shows back only the agent's workspace (writable), its own CLI home (writable: the CLI's sessions and login
+  live there), the chat's upload folder (read-only) and the tools the run needs (read-only); a private PID
+  namespace with its own ``/proc``, so no other process — and no other process's environment — is visible;
+  its own IPC and host-name namespaces. The network is shared: the CLI must reach its API.
+- **as a dedicated user**, when the service runs as root: the CLI runs as ``agentpost-agent`` (one user for
+  every agent: the mount namespace already keeps agents out of each other's workspaces and PID namespaces
+  keep their processes apart, so a user per agent would add passwd entries, not isolation). Anything the
+  namespaces let through — a file under ``/etc`` readable only by root, a root-owned socket — stays closed
+  to it by ordinary permissions, and an escape from the namespaces lands in an unprivileged account.
+- **none**, where neither can be had (no ``bwrap``, user namespaces turned off): the CLI runs with the
+  service's rights. ``agentpost doctor`` says so, and fails for agents that bypass permission prompts.
+
+The processor chooses once, at start (:func:`choose`), from ``[processor] sandbox``: ``auto`` (namespaces when
+they work, else none, said loudly), ``namespaces`` (refuse to start without them) or ``none``.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+#: The account agent CLIs run as when the processor runs as root (created on demand; see deploy/sysusers.d).
+SANDBOX_USER = "agentpost-agent"
+SandboxMode = Literal["auto", "namespaces", "none"]
+SandboxKind = Literal["namespaces", "none"]
+
+
+class SandboxError(Exception):
+    """The sandbox the settings ask for cannot be had here; the message says why and what to do."""
+
+
+@dataclass(frozen=True)
+class SandboxPlan:
+    """How this processor runs agent CLIs, chosen once at start."""
+
+    kind: SandboxKind
+    bwrap: str | None = None
+    #: (uid, gid) the CLI runs as, when the processor runs as root; None to keep the processor's own.
+    user: tuple[int, int] | None = None
+    #: Why this kind, in words an operator reads (``agentpost doctor``, the processor's start-up log).
+    reason: str = ""
+
+    @property
+    def describe(self) -> str:
+        if self.kind == "none":
+            return f"none — agents run with agentpost's own rights ({self.reason})"
+        who = f" as the user {SANDBOX_USER}" if self.user else ""
+        return f"namespaces (bubblewrap){who}"
+
+
+@dataclass(frozen=True)
+class SandboxView:
+    """What one run may see besides the read-only system."""
+
+    workspace: Path  # writable; the CLI's working directory
+    cli_home: Path  # writable; the CLI's HOME (its sessions, settings and login copy)
+    readable: tuple[Path, ...] = ()  # the chat's upload folder(s), read-only
+    hidden: tuple[Path, ...] = ()  # agentpost's home, the database's folder, the service user's home
+    tools: tuple[
+        Path, ...
+    ] = ()  # shown back read-only inside a hidden folder: the CLI's install, the interpreter
+    env: Mapping[str, str] = field(default_factory=dict)
+
+
+def runs_as_root() -> bool:
+    return hasattr(os, "geteuid") and os.geteuid() == 0
+
+
+def _sandbox_user(create: bool) -> tuple[int, int] | None:
+    try:
+        entry = pwd.getpwnam(SANDBOX_USER)
+    except KeyError:
+        if not create:
+            return None
+        useradd = shutil.which("useradd") or "/usr/sbin/useradd"
+        made = subprocess.run(
+            [useradd, "--system", "--no-create-home", "--home-dir", "/nonexistent", "--shell",
+             "/usr/sbin/nologin", "--user-group", SANDBOX_USER],
+            capture_output=True, text=True, check=False,
+        )  # fmt: skip
+        if made.returncode != 0 and "already exists" not in made.stderr:
+            raise SandboxError(
+                f"cannot create the user {SANDBOX_USER} that agents run as: {made.stderr.strip()}"
+            ) from None
+        entry = pwd.getpwnam(SANDBOX_USER)
+    return entry.pw_uid, entry.pw_gid
+
+
+def _probe(bwrap: str, user: tuple[int, int] | None) -> str:
+    """Run ``true`` in the sandbox as an agent would be run; '' when it works, else bwrap's complaint."""
+    view = SandboxView(workspace=Path("/"), cli_home=Path("/"))
+    argv = bwrap_argv(SandboxPlan("namespaces", bwrap=bwrap, user=user), view, ["true"])
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=20, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return str(exc)
+    return "" if done.returncode == 0 else (done.stderr.strip() or f"exit status {done.returncode}")
+
+
+def choose(mode: SandboxMode, *, create_user: bool = True) -> SandboxPlan:
+    """The sandbox this processor uses (see the module docstring). Raises :class:`SandboxError` when
+    ``mode`` is ``namespaces`` and they cannot be had."""
+    if mode == "none":
+        return SandboxPlan("none", reason='[processor] sandbox = "none"')
+    bwrap = shutil.which("bwrap")
+    problem = ""
+    user: tuple[int, int] | None = None
+    if bwrap is None:
+        problem = "bubblewrap is not installed (Debian: apt-get install bubblewrap)"
+    else:
+        try:
+            user = _sandbox_user(create_user) if runs_as_root() else None
+        except SandboxError as exc:
+            problem = str(exc)
+        if runs_as_root() and user is None and not problem:
+            problem = f"the user {SANDBOX_USER} does not exist (agentpost init creates it)"
+        if not problem:
+            complaint = _probe(bwrap, user)
+            if complaint:
+                problem = f"bubblewrap cannot make a sandbox here: {complaint.splitlines()[-1]}"
+    if not problem:
+        return SandboxPlan("namespaces", bwrap=bwrap, user=user)
+    if mode == "namespaces":
+        raise SandboxError(f'[processor] sandbox = "namespaces", but {problem}')
+    return SandboxPlan("none", reason=problem)
+
+
+def _existing(paths: Iterable[Path]) -> list[Path]:
+    seen: list[Path] = []
+    for path in paths:
+        if path.exists() and path not in seen:
+            seen.append(path)
+    return seen
+
+
+def bwrap_argv(plan: SandboxPlan, view: SandboxView, argv: Sequence[str]) -> list[str]:
+    """The command line that runs ``argv`` with ``view`` (see the module docstring). Later mounts go on top
+    of earlier ones, so hidden folders are emptied first and the shown parts bound back after.
+
+    As root, bubblewrap builds the view with root's rights (so it can reach a workspace inside a home
+    folder only root may enter) and ``setpriv`` then drops to the sandbox user, with no capabilities and no
+    way to gain privileges, before the CLI starts. Otherwise bubblewrap runs in a user namespace of the
+    service user's own."""
+    assert plan.bwrap is not None
+    out = [plan.bwrap, "--die-with-parent"]
+    if plan.user is None:
+        out.append("--unshare-user")
+    out += [
+        "--unshare-pid",
+        "--unshare-ipc",
+        "--unshare-uts",
+        "--hostname", "agent",
+        "--ro-bind", "/", "/",
+        "--dev", "/dev",
+        "--proc", "/proc",
+        "--perms", "1777", "--tmpfs", "/tmp",
+        "--perms", "1777", "--tmpfs", "/var/tmp",
+        "--perms", "0755", "--tmpfs", "/run",
+    ]  # fmt: skip
+    emptied = [Path("/tmp"), Path("/var/tmp"), Path("/run")]
+    for path in _existing(view.hidden):
+        if path.is_dir():
+            out += ["--perms", "0755", "--tmpfs", str(path)]
+            emptied.append(path)
+        else:
+            out += ["--ro-bind", "/dev/null", str(path)]
+    made: set[Path] = set()
+
+    def inside_emptied(path: Path) -> bool:
+        return any(e == path or e in path.parents for e in emptied)
+
+    def show(path: Path, how: str) -> None:
+        # bubblewrap makes missing mount points 0700 (root's, as root): the sandbox user could not walk to
+        # its own workspace by its full path. Each folder between an emptied one and the mount is made
+        # 0755 first (it is empty: only the way to what is shown).
+        for parent in reversed(path.parents):
+            if parent not in made and any(e in parent.parents for e in emptied):
+                out.extend(["--perms", "0755", "--dir", str(parent)])
+                made.add(parent)
+        if how == "--symlink":
+            out.extend([how, os.readlink(path), str(path)])
+        else:
+            out.extend([how, str(path), str(path)])
+
+    for path in _existing(view.tools):
+        # Tools outside the emptied folders are already seen through the read-only root; a symlink is
+        # recreated as a symlink (a mount cannot be placed on one), its target shown on its own.
+        if inside_emptied(path):
+            show(path, "--symlink" if path.is_symlink() else "--ro-bind")
+    for path in _existing(view.readable):
+        show(path, "--ro-bind")
+    for path in (view.cli_home, view.workspace):
+        show(path, "--bind")
+    for name, value in view.env.items():
+        out += ["--setenv", name, value]
+    out += ["--chdir", str(view.workspace), "--"]
+    if plan.user is not None:
+        uid, gid = plan.user
+        setpriv = shutil.which("setpriv") or "/usr/bin/setpriv"
+        out += [setpriv, f"--reuid={uid}", f"--regid={gid}", "--clear-groups", "--no-new-privs",
+                "--inh-caps=-all", "--bounding-set=-all", "--"]  # fmt: skip
+    return [*out, *argv]
+
+
+def tool_paths(argv: Sequence[str], env: Mapping[str, str]) -> tuple[Path, ...]:
+    """What a run needs to see of folders the sandbox hides: the files its argv names (a command agent's
+    script), the real location of the program (a CLI installed in a project folder or a home), and the
+    interpreter prefixes of this Python (a ``python`` command agent)."""
+    found: list[Path] = []
+    for arg in argv:
+        if os.sep not in arg:
+            located = shutil.which(arg, path=env.get("PATH"))
+            if located is None:
+                continue
+            arg = located
+        path = Path(arg)
+        if path.is_absolute() and path.exists():
+            found.append(path)
+            real = path.resolve()
+            found.append(real)
+            # node packages: the program is a script inside its package; show the whole node_modules.
+            for parent in real.parents:
+                if parent.name == "node_modules":
+                    found.append(parent)
+                    break
+    found += [Path(sys.prefix), Path(sys.base_prefix), Path(sys.executable).resolve().parent.parent]
+    return tuple(dict.fromkeys(found))
+
+
+def prepare(plan: SandboxPlan, view: SandboxView, login_home: Path | None) -> None:
+    """Make ``view``'s writable folders exist and belong to the sandbox user, the readable ones readable by
+    it, and give the CLI's home a copy of the operator's Claude login (``~/.claude/.credentials.json``) when
+    it has none or an older one."""
+    view.cli_home.mkdir(parents=True, exist_ok=True)
+    view.workspace.mkdir(parents=True, exist_ok=True)
+    if login_home is not None:
+        _copy_login(login_home, view.cli_home)
+    if plan.user is None:
+        return
+    uid, gid = plan.user
+    for root in (view.workspace, view.cli_home):
+        if root.stat().st_uid != uid:
+            _chown_tree(root, uid, gid)
+    for folder in view.readable:
+        if folder.is_dir():
+            _share_read(folder, gid)
+
+
+def _copy_login(source_home: Path, cli_home: Path) -> None:
+    source = source_home / ".claude" / ".credentials.json"
+    target = cli_home / ".claude" / ".credentials.json"
+    try:
+        if not source.is_file() or source.resolve() == target.resolve():
+            return
+        if target.exists() and target.stat().st_mtime >= source.stat().st_mtime:
+            return
+        target.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        shutil.copy2(source, target)
+        os.chmod(target, 0o600)
+    except OSError:
+        pass  # no login to copy is what the CLI itself reports, in words the run's error explains
+
+
+def _chown_tree(root: Path, uid: int, gid: int) -> None:
+    for base, dirs, files in os.walk(root):
+        for name in (*dirs, *files):
+            try:
+                os.lchown(os.path.join(base, name), uid, gid)
+            except OSError:
+                continue
+    os.chown(root, uid, gid)
+
+
+def _share_read(folder: Path, gid: int) -> None:
+    """Let the sandbox user's group read an upload folder (the folder stays closed to everyone else)."""
+    for base, dirs, files in os.walk(folder):
+        for name in dirs:
+            _group_read(os.path.join(base, name), gid, 0o750)
+        for name in files:
+            _group_read(os.path.join(base, name), gid, 0o640)
+    _group_read(str(folder), gid, 0o750)
+
+
+def _group_read(path: str, gid: int, mode: int) -> None:
+    try:
+        os.chown(path, -1, gid)
+        os.chmod(path, mode)
+    except OSError:
+        pass
+
+
+@dataclass(frozen=True)
+class Sandboxed:
+    """One run's sandbox: the plan and what the run may see. :meth:`wrap` turns the CLI's argv into the
+    command that runs it inside."""
+
+    plan: SandboxPlan
+    view: SandboxView
+    #: Whose Claude login (``~/.claude/.credentials.json``) the CLI's own home gets a copy of.
+    login_home: Path | None = None
+
+    def prepare(self) -> None:
+        prepare(self.plan, self.view, self.login_home)
+
+    def wrap(self, argv: Sequence[str], env: Mapping[str, str]) -> list[str]:
+        view = SandboxView(
+            workspace=self.view.workspace,
+            cli_home=self.view.cli_home,
+            readable=self.view.readable,
+            hidden=self.view.hidden,
+            tools=(*self.view.tools, *tool_paths(argv, env)),
+            env=self.view.env,
+        )
+        return bwrap_argv(self.plan, view, argv)
+
+    def environment(self, env: Mapping[str, str]) -> dict[str, str]:
+        """The CLI's environment inside: its own HOME, and a TMPDIR that exists there (``/tmp`` is empty)."""
+        return {**env, "HOME": str(self.view.cli_home), "TMPDIR": "/tmp"}
