@@ -58,7 +58,7 @@ CHANNEL_ENV: dict[str, tuple[str, ...]] = {
 #: Variables every process reads (settings overrides, TinyAGI's port alias), managed per process by `up`.
 COMMON_PREFIXES = ("AGENTPOST_", "TINYAGI_")
 #: Variables the processor's agents read (provider logins and CLI locations).
-PROVIDER_PREFIXES = ("ANTHROPIC_", "CLAUDE_", "OPENAI_", "CODEX_")
+PROVIDER_PREFIXES = ("ANTHROPIC_", "CLAUDE_", "OPENAI_", "CODEX_", "AWS_")
 #: The order processes are listed and started in.
 CORE_ORDER = ("processor", "scheduler", "web")
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -231,14 +231,38 @@ def env_file(p: Paths, name: str) -> Path:
     return p.run / "env" / f"{name}.json"
 
 
-def env_spec(p: Paths, prog: Program, env: Mapping[str, str]) -> dict[str, Any]:
+#: Variables that belong to some agentpost process (a channel's token, a provider's key). A process gets
+#: only its own: the rest are removed from what supervisord hands it, since supervisord's environment is
+#: the whole shell of the first `up`, every secret included.
+WITHHELD_PREFIXES = (*COMMON_PREFIXES, *PROVIDER_PREFIXES, *(f"{c.upper()}_" for c in CHANNEL_ENV))
+
+
+def withheld_from(programs: list[Program]) -> tuple[list[str], list[str]]:
+    """The prefixes and names of every variable some process of ``programs`` (or a bundled channel, or a
+    provider) reads: what :mod:`scheduler.launch` removes from a process unless they are its own."""
+    prefixes = {*WITHHELD_PREFIXES, *(pre for prog in programs for pre in prog.env_prefixes)}
+    names = {
+        *(n for needed in CHANNEL_ENV.values() for n in needed),
+        *(n for g in programs for n in g.env_names),
+    }
+    return sorted(prefixes), sorted(names)
+
+
+def env_spec(
+    p: Paths, prog: Program, env: Mapping[str, str], withheld: tuple[list[str], list[str]] = ([], [])
+) -> dict[str, Any]:
     """What :mod:`scheduler.launch` sets for ``prog``: its variables as they are in ``env`` (an unset one is
-    removed from the process's environment), and this home."""
+    removed from the process's environment), and this home; and what it removes (``withheld``: the
+    other processes' variables, see :func:`withheld_from`)."""
     managed = tuple(prog.env_prefixes)
     names = sorted(set(prog.env_names))
     values = {k: v for k, v in sorted(env.items()) if k.startswith(managed) or k in names}
     values["AGENTPOST_HOME"] = str(p.home)
-    return {"prefixes": list(managed), "names": names, "values": values}
+    return {
+        "prefixes": sorted({*managed, *withheld[0]}),
+        "names": sorted({*names, *withheld[1]}),
+        "values": values,
+    }
 
 
 def process_env(p: Paths, name: str, base: Mapping[str, str]) -> dict[str, str]:
@@ -518,8 +542,9 @@ def up(
     names = [prog.name for prog in programs]
     env_changed: dict[str, list[str]] = {}
     digests: dict[str, str] = {}
+    withheld = withheld_from(programs)
     for prog in programs:
-        spec = env_spec(p, prog, env)
+        spec = env_spec(p, prog, env, withheld)
         if running and (changed := changed_variables(_read_spec(env_file(p, prog.name)), spec)):
             env_changed[prog.name] = changed
         _write_private(env_file(p, prog.name), json.dumps(spec, indent=1, sort_keys=True))
