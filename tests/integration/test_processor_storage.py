@@ -15,12 +15,15 @@ import json
 import logging
 import os
 import threading
+import time
 from pathlib import Path
 
 import anyio
+import psycopg
 import pytest
 
-from shared.runtime import open_runtime
+from shared.runtime import Runtime, open_runtime
+from tests.channel_support import Proc
 from tests.fault_support import fault_home, started_runs
 from tests.integration.test_storage_faults import Relay
 from tests.probes import wait_for
@@ -88,3 +91,86 @@ def test_a_kept_completion_is_fenced_off_when_another_worker_took_the_messages_o
         assert elsewhere.stats.completed == 0 and elsewhere.stats.lease_lost == 1, elsewhere.stats
     finally:
         direct.close()
+
+
+#: Holds a claim's COMMIT (a deferred trigger waits for an advisory lock the test holds), so the test can
+#: cut the processor's connection while the claim is being committed: the server commits it, the processor
+#: never hears so.
+_HOLD_CLAIM_COMMIT = """
+CREATE OR REPLACE FUNCTION agentpost_test_hold_commit() RETURNS trigger AS $$
+BEGIN
+  PERFORM pg_advisory_xact_lock_shared(7401);
+  RETURN NULL;
+END $$ LANGUAGE plpgsql;
+DROP TRIGGER IF EXISTS agentpost_test_hold_claim_commit ON messages;
+CREATE CONSTRAINT TRIGGER agentpost_test_hold_claim_commit AFTER UPDATE ON messages
+  DEFERRABLE INITIALLY DEFERRED FOR EACH ROW
+  WHEN (OLD.status = 'pending' AND NEW.status = 'processing') EXECUTE FUNCTION agentpost_test_hold_commit();
+"""
+
+
+@pytest.mark.e2e
+def test_a_claim_committed_while_the_connection_dropped_is_taken_back_within_seconds(
+    tmp_path: Path, pg_url: str
+) -> None:
+    relay = Relay(("127.0.0.1", 5432))
+    relay.open()
+    name = pg_url.rpartition("/")[2]
+    home = fault_home(
+        tmp_path,
+        f"postgresql://postgres@127.0.0.1:{relay.port}/{name}",
+        {},
+        processor={"recover_interval_seconds": 0.5, "progress_note_seconds": 0},
+    )
+    direct = open_runtime(home, env={"PATH": os.environ.get("PATH", ""), "AGENTPOST_DATABASE_URL": pg_url})
+    admin = psycopg.connect(pg_url, autocommit=True)
+    admin.execute(_HOLD_CLAIM_COMMIT.encode())
+    admin.execute("SELECT pg_advisory_lock(7401)")
+    processor = Proc("processor", home, {}, tmp_path / "processor.log")
+    held = True
+    try:
+        mid = direct.queue.enqueue_message("api", "u", "token-stranded", conversation="c").message_id
+        wait_for(lambda: _waiting_on(admin, 7401), 20, "the processor's claim to wait in its commit")
+        relay.close()  # the processor loses its connection in the middle of committing the claim
+        admin.execute("SELECT pg_advisory_unlock(7401)")
+        held = False
+        wait_for(lambda: _status(direct, mid) == "processing", 10, "the server to commit the claim")
+        relay.open()
+        back = time.monotonic()
+        # The processor holds a claim it never heard of: no lease expiry or dead holder would return it
+        # (before: it stayed 'processing' for the 600 s stall ceiling).
+        wait_for(
+            lambda: _status(direct, mid) == "completed", 10, f"the stranded claim run\n{processor.output()}"
+        )
+        assert time.monotonic() - back < 10
+        finals = [
+            r["message"]
+            for r in direct.db.read(
+                "SELECT message, metadata FROM responses WHERE message_id = :m", {"m": mid}
+            )
+            if json.loads(r["metadata"]).get("kind") == "final"
+        ]
+        assert finals == ["alpha answered token-stranded"], finals
+        assert len(started_runs(tmp_path, mid)) == 1
+        assert "took back 1 claim(s) of this processor that no run held" in processor.output()
+    finally:
+        if held:
+            admin.execute("SELECT pg_advisory_unlock(7401)")
+        processor.stop()
+        relay.close()
+        admin.close()
+        direct.close()
+
+
+def _waiting_on(conn: psycopg.Connection[tuple[object, ...]], key: int) -> bool:
+    row = conn.execute(
+        "SELECT COUNT(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted "
+        "AND ((classid::bigint << 32) | objid::bigint) = %s",
+        (key,),
+    ).fetchone()
+    return bool(row and row[0])
+
+
+def _status(rt: Runtime, message_id: str) -> str:
+    found = rt.queue.get_message(message_id)
+    return found.status if found is not None else "missing"
