@@ -238,6 +238,11 @@ def test_systemd_units_have_the_fields_that_matter() -> None:
         assert service["ExecStart"][0].split()[-2:] == ["run", kind], name
         assert service["ExecStart"][0].split()[0].endswith("/agentpost"), name
         assert "AGENTPOST_HOME=/var/lib/agentpost" in service["Environment"], name
+        # Only its own secrets: the shared file, then the file of this process alone.
+        assert service["EnvironmentFile"] == [
+            "-/etc/agentpost/agentpost.env",
+            f"-/etc/agentpost/{kind}.env",
+        ], name
         assert unit["Unit"]["PartOf"] == ["agentpost.target"], name
         assert unit["Install"]["WantedBy"] == ["agentpost.target"], name
     target = _unit(units / "agentpost.target")
