@@ -9,6 +9,8 @@ from shared.doctor import Check
 from shared.settings import AgentSettings, Settings
 from workers.agent_env import child_env
 from workers.providers import ProviderError, RunRequest, find_binary
+from workers.sandbox import SANDBOX_USER, SandboxError, runs_as_root
+from workers.sandbox import choose as choose_sandbox
 
 _BINARIES = {"claude": ("claude", "AGENTPOST_CLAUDE_BIN"), "codex": ("codex", "AGENTPOST_CODEX_BIN")}
 
@@ -50,9 +52,57 @@ def _privacy(name: str, agent: AgentSettings, settings: Settings, env: dict[str,
     return found
 
 
+def _sandbox(settings: Settings) -> list[Check]:
+    """How the processor will confine agent CLIs (workers/sandbox.py), checked the way it checks at start
+    (without creating the sandbox user: the processor does that when it first needs it)."""
+    mode = (settings.env.get("AGENTPOST_SANDBOX") or settings.processor.sandbox).strip()
+    if mode not in ("auto", "namespaces", "none"):
+        return [
+            Check("agents", "sandbox", "fail", f"AGENTPOST_SANDBOX={mode!r}", "use auto, namespaces or none")
+        ]
+    try:
+        plan = choose_sandbox(mode, create_user=False)  # type: ignore[arg-type]
+    except SandboxError as exc:
+        return [
+            Check("agents", "sandbox", "fail", str(exc), "install bubblewrap, or set [processor] sandbox")
+        ]
+    if plan.kind == "namespaces":
+        return [Check("agents", "sandbox", "ok", f"agents run confined: {plan.describe}")]
+    if runs_as_root() and "does not exist" in plan.reason:
+        return [
+            Check(
+                "agents",
+                "sandbox",
+                "ok",
+                f"agents will run confined as the user {SANDBOX_USER}, which the processor creates at its start",
+            )
+        ]
+    exposed = sorted(
+        name
+        for name, agent in settings.agents.items()
+        if agent.permission_mode == "bypassPermissions" or agent.provider == "command"
+    )
+    what = (
+        f"agents run with agentpost's own rights ({plan.reason}): one run can read the database (every "
+        "conversation), settings.toml, every workspace and, as the same user, the other processes"
+    )
+    fix = 'install bubblewrap (Debian: apt-get install bubblewrap) and leave [processor] sandbox = "auto"'
+    if not exposed:
+        return [Check("agents", "sandbox", "warn", what, fix)]
+    return [
+        Check(
+            "agents",
+            "sandbox",
+            "fail",
+            f"{what}; {', '.join(exposed)} run commands without asking (bypassPermissions or a command agent)",
+            fix,
+        )
+    ]
+
+
 def checks(settings: Settings) -> list[Check]:
-    """One finding per agent's CLI, plus the Claude login when any agent uses Claude."""
-    found: list[Check] = []
+    """One finding per agent's CLI, plus the Claude login when any agent uses Claude, and the sandbox."""
+    found: list[Check] = _sandbox(settings) if settings.agents else []
     login_checked = False
     for name, agent in sorted(settings.agents.items()):
         env = child_env(dict(settings.env), agent)

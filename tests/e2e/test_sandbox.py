@@ -350,3 +350,34 @@ def test_an_agentpost_process_hides_its_environment_from_its_own_user(service_tm
         proc.wait(timeout=15)
     assert TOKEN.encode() not in peek.stdout
     assert peek.returncode != 0 and b"Permission denied" in peek.stderr, peek
+
+
+def _doctor_sandbox(home: Path, path: str, **extra: str) -> dict[str, str]:
+    env = {"PATH": path, "HOME": str(home), "AGENTPOST_HOME": str(home), "NO_COLOR": "1", **extra}
+    out = subprocess.run(
+        [AGENTPOST, "doctor", "--json"], env=env, capture_output=True, text=True, timeout=120
+    )
+    found = {(c["area"], c["name"]): c for c in json.loads(out.stdout)}
+    return dict(found[("agents", "sandbox")])
+
+
+def test_doctor_says_which_sandbox_agents_get_and_fails_without_one_for_bypassing_agents(
+    tmp_path: Path,
+) -> None:
+    _need_bwrap()
+    agents = {
+        "coder": {"provider": "command", "command": ["/bin/true"], "permission_mode": "bypassPermissions"}
+    }
+    home = make_home(tmp_path, f"sqlite:///{tmp_path / 'home' / 'agentpost.db'}", agents)
+    confined = _doctor_sandbox(home, "/usr/bin:/bin")
+    assert confined["level"] == "ok" and "confined" in confined["detail"], confined
+    # No bubblewrap on the PATH: the agents would run with agentpost's rights, and this one runs commands.
+    empty = tmp_path / "empty-bin"
+    empty.mkdir()
+    exposed = _doctor_sandbox(home, str(empty))
+    assert exposed["level"] == "fail", exposed
+    assert "bubblewrap is not installed" in exposed["detail"] and "coder" in exposed["detail"]
+    assert "apt-get install bubblewrap" in exposed["fix"]
+    # Turned off on purpose: said just as plainly.
+    off = _doctor_sandbox(home, "/usr/bin:/bin", AGENTPOST_SANDBOX="none")
+    assert off["level"] == "fail" and "own rights" in off["detail"], off
