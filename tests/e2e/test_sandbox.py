@@ -381,3 +381,63 @@ def test_doctor_says_which_sandbox_agents_get_and_fails_without_one_for_bypassin
     # Turned off on purpose: said just as plainly.
     off = _doctor_sandbox(home, "/usr/bin:/bin", AGENTPOST_SANDBOX="none")
     assert off["level"] == "fail" and "own rights" in off["detail"], off
+
+
+def _sandboxed_sleepers(marker: str) -> list[int]:
+    """Processes still running the sleeper script with ``marker`` (the agent's tree, inside its sandbox)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if argv[:1] == [b"sleep"] and marker.encode() in argv:
+            found.append(int(entry.name))
+    return found
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the service-runs-as-root case")
+def test_a_sandboxed_run_is_killed_whole_by_its_timeout_and_with_a_killed_processor(tmp_path: Path) -> None:
+    _need_bwrap()
+    marker = f"4{os.getpid() % 1000:03d}.5"  # an unusual sleep length names this test's sleepers
+    script = tmp_path / "sleeper.sh"
+    script.write_text(f"sleep {marker} &\nsleep {marker}\n")
+    agents = {
+        "slow": {"provider": "command", "command": ["/bin/sh", str(script)], "timeout_seconds": 4},
+    }
+    home = make_home(tmp_path, f"sqlite:///{tmp_path / 'home' / 'agentpost.db'}", agents)
+    env = _base_env(home, tmp_path)
+    with open_home(home) as rt:
+        first = rt.queue.enqueue_message("cli", "me", "take your time", agent="slow")
+        log = (tmp_path / "processor.out").open("wb")
+        proc = subprocess.Popen(
+            [AGENTPOST, "run", "processor"], env=env, stdout=log, stderr=subprocess.STDOUT
+        )
+        try:
+            # The timeout ends the run and everything it started inside the sandbox.
+            sleepers = wait_for(lambda: len(_sandboxed_sleepers(marker)) == 2, 60, "the run's two sleepers")
+            assert sleepers
+            owner = Path(f"/proc/{_sandboxed_sleepers(marker)[0]}").stat().st_uid
+            assert pwd.getpwuid(owner).pw_name == "agentpost-agent"
+            wait_for(lambda: not _sandboxed_sleepers(marker), 30, "the timed-out run's processes to end")
+            wait_for(
+                lambda: rt.db.read_scalar(
+                    "SELECT retry_count FROM messages WHERE message_id = :m", {"m": first.message_id}
+                ),
+                30,
+                "the timeout counted as an attempt",
+            )
+            # A processor killed outright takes the sandboxed run with it.
+            wait_for(lambda: len(_sandboxed_sleepers(marker)) == 2, 60, "the retried run's sleepers")
+            proc.kill()
+            proc.wait(timeout=10)
+            wait_for(
+                lambda: not _sandboxed_sleepers(marker), 30, "the run's processes to die with the processor"
+            )
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(timeout=10)
+            log.close()
