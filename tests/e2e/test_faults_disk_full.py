@@ -13,6 +13,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import sqlite3
 import subprocess
 import threading
 import time
@@ -126,6 +127,13 @@ def test_disk_full_mid_run_then_freed_answers_every_message_in_order_and_tells_w
             send("api", "u2", "token-two", conversation="c2").message_id,
             send("api", "u3", "token-three", conversation="c3").message_id,
         ]
+        # SQLite reuses space its log file already holds, so a full disk refuses only the writes that must
+        # grow it. The log starts empty here, and a reader (as the dashboard or a status command would be)
+        # keeps it from being reused: from now on every write needs new space.
+        pin = sqlite3.connect(home / "agentpost.db", isolation_level=None)
+        pin.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        pin.execute("BEGIN")
+        pin.execute("SELECT COUNT(*) FROM messages").fetchone()
         full = FullDisk(small_disk)
         wait_for(lambda: "is full" in processor.output(), 20, "the processor to meet the full disk")
         time.sleep(OUTAGE_SECONDS)  # the outage itself: the disk stays full this long
@@ -138,6 +146,8 @@ def test_disk_full_mid_run_then_freed_answers_every_message_in_order_and_tells_w
         # succeeds), something still waits: before this change, everything claimed by then.
         assert unanswered, "nothing was held up by the full disk"
         full.free()
+        pin.execute("COMMIT")
+        pin.close()
         freed = time.monotonic()
         later = send("api", "u4", "token-four", conversation="c4").message_id
         every = [first, *waiting, later]
