@@ -36,6 +36,11 @@ with an *interrupted run* (their own budget); the re-run's prompt says the previ
 interrupted, and the CLI resumes the conversation from before it (a fork), so nothing of the cut-off run
 remains. :mod:`workers.launch` makes the CLI and all its descendants die with the processor.
 
+Storage trouble (a full disk, the database server restarting): a claim, a run's start, an outcome or a
+release the database refuses is kept and written again until it lands, the messages still held; claims of
+this processor that no drive holds (a claim committed while the connection dropped) are taken back within a
+recovery round; a chat that waited long because of it is told once why (:mod:`workers.storage_steps`).
+
 Why claim every waiting message of the agent, and not only the group about to run: one transaction per
 agent instead of one per chat, and the busy policy needs to see what is waiting to merge it. Holding them
 costs nothing on a crash (they come back uncharged), and no other processor could run them anyway while
@@ -53,22 +58,19 @@ import sys
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import TypeVar
 
 import anyio
 
 from shared.aio import call
 from shared.chat_prefs import BusyPolicy
 from shared.clock import now_ms
-from shared.db import Tx
-from shared.queue import LeaseLost, QueuedMessage, ResponseDraft, group_by_conversation
+from shared.queue import LeaseLost, QueuedMessage
 from shared.runtime import Runtime, open_runtime
 from shared.settings import Settings, SettingsError
 from shared.storage_errors import transient_problem
 from workers.busy import apply_cap, build_prompt, merge_arrivals, resolve_policy
 from workers.drive import Drive
-from workers.liveness import note_target
-from workers.pauses import Outage, RateLimitPauses, StorageOutage, WaitedNote, waited_text
+from workers.pauses import RateLimitPauses, StorageOutage
 from workers.processor_config import ProcessorSettings, ProcessorStats, default_worker_id
 from workers.runs import RunSteps
 from workers.sandbox import SandboxError, SandboxMode, SandboxPlan
@@ -77,11 +79,6 @@ from workers.sandbox import choose as choose_sandbox
 __all__ = ["Processor", "ProcessorSettings", "ProcessorStats", "build_prompt", "main", "run_processor"]
 
 log = logging.getLogger("agentpost.processor")
-
-T = TypeVar("T")
-
-#: A note about a storage outage is considered only for refusals this recent (a quick first check).
-_LONGEST_WAIT_MS = 24 * 3600 * 1000
 
 
 class Processor(RunSteps):
@@ -328,100 +325,6 @@ class Processor(RunSteps):
     def _slot_freed(self) -> None:
         if self._wakeup is not None:
             self._wakeup.set()
-
-    # -- storage trouble ---------------------------------------------------------------------------------
-    async def _persist(self, what: str, write: Callable[[], T]) -> T:
-        """``write()`` until the database takes it (see :meth:`workers.pauses.StorageOutage.keep_trying`):
-        a claim, a run's start, an outcome or a release refused by a full disk or a server away is kept,
-        not dropped. When it ends an outage, the chats that waited long are told before this drive goes
-        on (so the note comes before their answers), and the loop is woken to take back what the outage
-        stranded."""
-        result = await self.outage.keep_trying(what, write, stopping=lambda: self._stopping)
-        ended = self.outage.take_ended()
-        if ended:
-            await self._tell_waiting(ended[-1])
-            self._last_recover = 0.0
-            self._slot_freed()
-        return result
-
-    async def _sweep_stranded(self) -> None:
-        """Put back this worker's claims that no drive holds: ones whose claim committed although the
-        connection dropped before it said so, or whose outcome could not be written. Recovery leaves them
-        to a live holder, and the holder is this process, so only it can see they run nowhere."""
-        if self._claiming:
-            return  # a claim's rows may be committed and not yet held: look again next round
-        begun = self._claims_begun
-        mine = await call(self.rt.queue.claims_of, self.worker)
-        if not mine or self._claiming or begun != self._claims_begun:
-            return
-        held = {i for drive in self._drives.values() for i in drive.held_ids()}
-        stranded = [i for i in mine if i not in held]
-        if not stranded:
-            return
-        outcome = await call(self.rt.queue.release_stranded, self.worker, stranded)
-        log.warning(
-            "took back %d claim(s) of this processor that no run held: %s%s",
-            len(outcome.retried) + len(outcome.dead),
-            ", ".join(stranded),
-            f" ({len(outcome.dead)} now dead)" if outcome.dead else "",
-        )
-
-    async def _tell_waiting(self, outage: Outage) -> None:
-        """After an outage: one note to each chat whose waiting message (of an agent driven here) has
-        waited longer than ``progress_note_seconds`` (the wait after which a running chat hears "still
-        working"; 0: no notes) while the database refused writes, unless that chat was told already
-        during this wait."""
-        threshold = int(self.config.progress_note_seconds * 1000)
-        if not threshold or self.outage.refused_since(outage.started_ms - _LONGEST_WAIT_MS) < threshold:
-            return
-        del outage  # each chat is told the time refused during its own wait
-        try:
-            agents = set(self._drives) | set((await call(self.rt.queue.claims_of, self.worker)).values())
-        except Exception as exc:
-            log.warning("could not tell the waiting chats about the outage: %s", exc)
-            return
-        for agent in sorted(agents):
-            try:
-                waiting = await call(self.rt.queue.waiting_messages, agent)
-                for batch in group_by_conversation(waiting):
-                    note = self._waited_note(batch[0])
-                    if note is not None:
-                        await call(self.rt.db.run_transaction, note.write)
-                        note.told()
-            except Exception as exc:  # a note is a courtesy: the messages themselves go on regardless
-                log.warning("agent %s: could not tell the waiting chats about the outage: %s", agent, exc)
-
-    def _waited_note(self, first: QueuedMessage) -> WaitedNote | None:
-        """What tells the chat of ``first`` (the oldest message of a group) why it waited, when the database
-        refused writes for longer than ``progress_note_seconds`` of its wait and the chat has not been told
-        during it; None otherwise. Written in the transaction of the group's outcome, the note goes before
-        the answer; the chat counts as told once that transaction has committed (``told()``)."""
-        target = note_target(first)
-        threshold = int(self.config.progress_note_seconds * 1000)
-        kind = self.outage.last_kind
-        if target is None or not threshold or kind is None:
-            return None
-        refused = self.outage.refused_since(first.created_at)
-        if refused < threshold or self._told_waiting.get(target.key, 0) >= first.created_at:
-            return None
-        draft = ResponseDraft.to(
-            target,
-            waited_text(kind, refused),
-            metadata={
-                "kind": "progress",
-                "notice": "storage_wait",
-                "edit_key": f"storage_wait_{first.message_id}",
-                "agent": first.agent,
-            },
-        )
-
-        def write(tx: Tx) -> None:
-            self.rt.queue.note_in(tx, first.message_id, first.agent, draft)
-
-        def told() -> None:
-            self._told_waiting[target.key] = now_ms()
-
-        return WaitedNote(write, told)
 
     # -- one agent ---------------------------------------------------------------------------------------
     async def _drive(self, agent: str) -> None:

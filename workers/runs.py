@@ -18,7 +18,7 @@ import functools
 import logging
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Any, ParamSpec
 
 import anyio
 
@@ -60,19 +60,20 @@ from workers.ratelimit import (
     use_fallback_until,
 )
 from workers.sandbox import Sandboxed, SandboxPlan, SandboxView
+from workers.storage_steps import StorageSteps
 from workers.teams import plan_reply
 from workers.workspace import ensure_workspace, team_instructions
 
 log = logging.getLogger("agentpost.processor")
 
 P = ParamSpec("P")
-T = TypeVar("T")
 
 STOPPED_TEXT = "Stopped. I did not finish this; send it again when you want me to continue."
 
 
-class RunSteps:
-    """The run steps of the processor (a mixin: :class:`workers.processor.Processor` provides the state)."""
+class RunSteps(StorageSteps):
+    """The run steps of the processor (a mixin: :class:`workers.processor.Processor` provides the state;
+    writes go through :meth:`~workers.storage_steps.StorageSteps._persist`)."""
 
     rt: Runtime
     settings: Settings
@@ -84,11 +85,7 @@ class RunSteps:
 
     if TYPE_CHECKING:
 
-        async def _persist(self, what: str, write: Callable[[], T]) -> T: ...
-
         def sandbox_plan(self) -> SandboxPlan: ...
-
-        def _waited_note(self, first: QueuedMessage) -> WaitedNote | None: ...
 
     async def _drop(self, drive: Drive, batch: list[QueuedMessage]) -> None:
         ids = [m.message_id for m in batch]
