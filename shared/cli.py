@@ -324,6 +324,47 @@ def queue_agents(as_json: JsonFlag = False) -> None:
     )
 
 
+@app.command("usage")
+def usage(
+    by: Annotated[str, typer.Option("--by", help="Group by agent, sender, chat or day.")] = "agent",
+    since: Annotated[
+        str, typer.Option("--since", help="How far back: 30m, 24h, 7d, 2w, today, month.")
+    ] = "7d",
+    as_json: JsonFlag = False,
+) -> None:
+    """Tokens and cost of agent runs, per agent, sender, chat or day (as the claude CLI reported them)."""
+    from shared.usage import USAGE_BY, parse_since, usage_rows
+
+    if by not in USAGE_BY:
+        raise fail(f"cannot group by {by!r}; use one of: {', '.join(USAGE_BY)}", 2)
+    try:
+        since_ms = parse_since(since)
+    except ValueError as exc:
+        raise fail(str(exc), 2) from None
+    with runtime() as rt:
+        rows = usage_rows(rt.db, by, since_ms)
+    if as_json:
+        print_json([r.as_dict() for r in rows])
+        return
+    if not rows:
+        console.print(f"no runs with recorded usage in the last {since}")
+        return
+    print_lines(
+        list_table(
+            f"usage by {by}",
+            [
+                (by, [r.key or "(no sender)" for r in rows], "id"),
+                ("runs", [str(r.runs) for r in rows], "num"),
+                ("input", [str(r.input_tokens) for r in rows], "num"),
+                ("output", [str(r.output_tokens) for r in rows], "num"),
+                ("cache read", [str(r.cache_read_tokens) for r in rows], "num"),
+                ("cache write", [str(r.cache_write_tokens) for r in rows], "num"),
+                ("cost USD", [f"{r.cost_usd:.4f}" for r in rows], "num"),
+            ],
+        )
+    )
+
+
 @dead_app.command("list")
 def dead_list(
     as_json: JsonFlag = False, limit: Annotated[int, typer.Option(min=1, help="How many to show.")] = 50
@@ -467,7 +508,7 @@ def run(
 
 
 #: Commands of this module that no plugin adds to: running one needs no plugin loaded.
-CORE_COMMANDS = frozenset({"send", "chat", "replies", "trace", "dead", "init", "run", "doctor"})
+CORE_COMMANDS = frozenset({"send", "chat", "replies", "trace", "dead", "init", "run", "doctor", "usage"})
 #: Groups that plugins add to, and their subcommands defined here.
 CORE_SUBCOMMANDS = {"queue": frozenset({"status", "agents"})}
 

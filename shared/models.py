@@ -7,7 +7,7 @@ Queries that should use a partial index must repeat its condition verbatim (SQLi
 
 from __future__ import annotations
 
-from sqlalchemy import BigInteger, Column, Index, Integer, MetaData, Text, text
+from sqlalchemy import BigInteger, Column, Float, Index, Integer, MetaData, Text, text
 from sqlmodel import Field, SQLModel
 
 SCHEMA_VERSION = 2
@@ -277,6 +277,37 @@ class SchemaVersion(SQLModel, table=True):
     applied_at: int = Field(sa_column=_big())
 
 
+class RunUsage(SQLModel, table=True):
+    """What one run of an agent cost, as its CLI reported it (:mod:`shared.usage`): written with the run's
+    outcome. ``sender`` is the person who started the chain (a handoff's origin), empty for heartbeats and
+    schedules, which count to their agent."""
+
+    __tablename__ = "run_usage"
+    __table_args__ = (
+        Index("ix_run_usage_created", "created_at"),
+        Index("ix_run_usage_sender", "sender", "created_at"),
+        Index("ix_run_usage_agent", "agent", "created_at"),
+    )
+
+    id: int | None = Field(default=None, sa_column=Column(Integer, primary_key=True, autoincrement=True))
+    run_id: str = Field(default="", sa_column=Column(Text, nullable=False, server_default=""))
+    message_id: str = Field(default="", sa_column=Column(Text, nullable=False, server_default=""))
+    agent: str = Field(sa_column=Column(Text, nullable=False))
+    channel: str = Field(default="", sa_column=Column(Text, nullable=False, server_default=""))
+    conversation: str = Field(default="", sa_column=Column(Text, nullable=False, server_default=""))
+    sender: str = Field(default="", sa_column=Column(Text, nullable=False, server_default=""))
+    sender_name: str = Field(default="", sa_column=Column(Text, nullable=False, server_default=""))
+    model: str = Field(default="", sa_column=Column(Text, nullable=False, server_default=""))
+    ok: int = Field(default=1, sa_column=Column(Integer, nullable=False, server_default="1"))
+    input_tokens: int = Field(default=0, sa_column=_big())
+    output_tokens: int = Field(default=0, sa_column=_big())
+    cache_read_tokens: int = Field(default=0, sa_column=_big())
+    cache_write_tokens: int = Field(default=0, sa_column=_big())
+    cost_usd: float = Field(default=0.0, sa_column=Column(Float, nullable=False, server_default="0"))
+    duration_ms: int = Field(default=0, sa_column=_big())
+    created_at: int = Field(sa_column=_big())
+
+
 def metadata() -> MetaData:
     """The metadata that holds every agentpost table."""
     return SQLModel.metadata
@@ -294,4 +325,5 @@ TABLE_NAMES = (
     "sessions",
     "kv",
     "schema_version",
+    "run_usage",
 )

@@ -20,7 +20,14 @@ from shared.db import Row, Tx
 from shared.events import PendingEvent, append_events
 from shared.notices import gave_up_notice, retry_note
 from shared.queue_delivery import ResponseOps
-from shared.queue_types import INTERNAL_CHANNELS, FailOutcome, InvalidInput, LeaseLost, ResponseDraft
+from shared.queue_types import (
+    INTERNAL_CHANNELS,
+    FailOutcome,
+    InvalidInput,
+    LeaseLost,
+    ResponseDraft,
+    TxWork,
+)
 from shared.queue_types import sql_in as _in
 from shared.worker_identity import Holder, holder_state
 
@@ -78,6 +85,7 @@ class FailureOps(ResponseOps):
         explanation: str = "",
         advice: str = "",
         tell_retry: bool = False,
+        also: TxWork | None = None,
     ) -> FailOutcome:
         """Fail a claimed group: back to ``pending`` after a backoff, or ``dead`` at ``max_retries`` — at
         once when ``permanent`` (an error that cannot succeed on a retry).
@@ -86,7 +94,8 @@ class FailureOps(ResponseOps):
         in a user's words and ``advice`` what they can do. When messages die, the sender is told once with a
         notice response. With ``tell_retry`` the chat sees one note, edited on each attempt, saying the
         message will be tried again and when. With ``count_attempt=False`` (a rate limit, a release) the
-        attempt is not counted and ``retry_after_ms`` sets the wait.
+        attempt is not counted and ``retry_after_ms`` sets the wait. ``also(tx)`` runs in the same
+        transaction (what the failed run cost).
         Raises :class:`LeaseLost` (changing nothing) when the worker no longer holds every message.
         """
         now = now_ms()
@@ -105,6 +114,8 @@ class FailureOps(ResponseOps):
                 advice=advice,
                 tell_retry=tell_retry,
             )
+            if also is not None:
+                also(tx)
         return outcome
 
     def _fail_rows(

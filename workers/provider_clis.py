@@ -12,7 +12,15 @@ from pathlib import Path
 from typing import Any
 
 from workers.errors import api_retry_notice
-from workers.providers import CliProvider, ProviderError, RunRequest, RunResult, StreamState, find_binary
+from workers.providers import (
+    CliProvider,
+    ProviderError,
+    RunRequest,
+    RunResult,
+    RunUsage,
+    StreamState,
+    find_binary,
+)
 
 #: A retry the CLI reports is told to the chat from this retry on, or earlier when its wait is this long:
 #: a single quick retry that works (a blip) is not worth a message, a run gone quiet for minutes is.
@@ -80,6 +88,7 @@ class ClaudeProvider(CliProvider):
             steps = [_tool_step(b) for b in blocks if b.get("type") == "tool_use"]
             return texts + steps
         if kind == "result":
+            state.usage = _claude_usage(event)
             result = event.get("result")
             if event.get("is_error") or event.get("subtype") not in (None, "success"):
                 status = event.get("api_error_status")
@@ -152,6 +161,41 @@ _RATE_LIMIT_WORDS = (
     "hit your limit",
     "limit reached",
 )
+
+
+def _claude_usage(event: dict[str, Any]) -> RunUsage | None:
+    """The tokens and cost of this run from a claude ``result`` line; None when it carries none.
+
+    ``usage`` counts this run's tokens, but ``total_cost_usd`` and ``modelUsage`` add up the whole session,
+    and a run that resumes a conversation starts from the cost of the earlier ones (2.1.332: the second run
+    of a conversation reports both runs' cost). ``model_usage_since_last_result`` is this run's share per
+    model; only a CLI without it is taken at ``total_cost_usd``.
+    """
+    usage = event.get("usage")
+    total = event.get("total_cost_usd")
+    if not isinstance(usage, dict) and not isinstance(total, int | float):
+        return None
+    usage = usage if isinstance(usage, dict) else {}
+    own = event.get("model_usage_since_last_result")
+    models = own if isinstance(own, dict) and own else event.get("modelUsage")
+    costs: dict[str, float] = {}
+    if isinstance(models, dict):
+        for name, entry in models.items():
+            value = entry.get("costUSD") if isinstance(entry, dict) else None
+            costs[str(name)] = float(value) if isinstance(value, int | float) else 0.0
+    if isinstance(own, dict) and own:
+        cost = sum(costs.values())
+    else:
+        cost = float(total) if isinstance(total, int | float) else 0.0
+    return RunUsage(
+        input_tokens=_int(usage.get("input_tokens")),
+        output_tokens=_int(usage.get("output_tokens")),
+        cache_read_tokens=_int(usage.get("cache_read_input_tokens")),
+        cache_write_tokens=_int(usage.get("cache_creation_input_tokens")),
+        cost_usd=cost,
+        # The model that cost most is the one the run was about (a cheap helper model may answer too).
+        model=max(costs, key=lambda name: costs[name]) if costs else "",
+    )
 
 
 def _int(value: object) -> int:

@@ -92,6 +92,18 @@ class RunRequest:
 
 
 @dataclass
+class RunUsage:
+    """Tokens and cost of one run as its CLI reported them (claude's ``result`` line)."""
+
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cache_read_tokens: int = 0
+    cache_write_tokens: int = 0
+    cost_usd: float = 0.0
+    model: str = ""
+
+
+@dataclass
 class RunResult:
     """What a run produced. ``ok`` is False for every kind of failure; ``text`` is then empty."""
 
@@ -110,6 +122,7 @@ class RunResult:
     status: int | None = None  # the HTTP status the AI service answered with, when the CLI reports it
     cannot_start: bool = False  # the CLI is missing or its command template is broken
     service: str = ""  # whose AI service the CLI talks to ("Anthropic"), for messages; "" when unknown
+    usage: RunUsage | None = None  # tokens and cost as the CLI reported them; None when it reports none
 
 
 class AgentProvider(Protocol):
@@ -176,6 +189,7 @@ class StreamState:
     overloaded: bool = False
     status: int | None = None
     notices: list[str] = field(default_factory=list)  # for RunRequest.on_notice, not yet handed over
+    usage: RunUsage | None = None
     last_output: float = 0.0  # time.monotonic() of the last byte the CLI wrote (stdout or stderr)
 
 
@@ -320,6 +334,7 @@ class CliProvider(abc.ABC):
         finally:
             await _reap(process, timed_out=result is not None and result.timed_out)
         result.session_id = result.session_id or state.session_id
+        result.usage = result.usage or state.usage
         result.exit_code = process.returncode if result.exit_code is None else result.exit_code
         result.duration_ms = int((time.monotonic() - started) * 1000)
         result.pid = process.pid

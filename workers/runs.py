@@ -37,6 +37,7 @@ from shared.runtime import Runtime
 from shared.sessions import AGENT_SCOPE_KEY, get_session, set_session_in
 from shared.settings import AgentSettings, Settings
 from workers.agent_env import child_env
+from workers.budgets import usage_work
 from workers.busy import WorkGroup, build_prompt, dropped_notice, resolve_policy
 from workers.drive import Drive, step_done
 from workers.errors import diagnose
@@ -230,9 +231,14 @@ class RunSteps(StorageSteps):
             "chain_step_done", step_done(run, result), group.messages[0].message_id, topic="queue"
         )
 
+        # What the run cost commits with its outcome, whichever it is: never counted twice, never lost.
+        spent = usage_work(agent, run.run_id, group.messages[0], result)
+
         def ended(tx: Tx) -> None:
             append_events(tx, [*run.pending_events, done])  # taken once the write has succeeded
             clear_run_in(tx, agent, run.run_id)
+            if spent is not None:
+                spent(tx)
 
         if not run.reason and result.ok:
             self.pauses.clear_strikes(agent)
@@ -252,7 +258,7 @@ class RunSteps(StorageSteps):
         elif run.reason == "interrupt":
             await self._requeue_interrupted(drive, group)
         elif not result.ok:
-            await self._finish_failed(drive, group, result, on_fallback)
+            await self._finish_failed(drive, group, result, on_fallback, also=spent)
 
     def _request(
         self,
@@ -466,13 +472,18 @@ class RunSteps(StorageSteps):
             return []
 
     async def _finish_failed(
-        self, drive: Drive, group: WorkGroup, result: RunResult, on_fallback: bool = False
+        self,
+        drive: Drive,
+        group: WorkGroup,
+        result: RunResult,
+        on_fallback: bool = False,
+        also: TxWork | None = None,
     ) -> None:
         ids = group.ids
         log.warning("agent %s: run failed for %s: %s", drive.agent, ", ".join(ids), result.error)
         diagnosis = diagnose(result)
         if diagnosis.pauses_agent:
-            await self._rate_limited(drive, group, result, on_fallback)
+            await self._rate_limited(drive, group, result, on_fallback, also)
             return
         if await self._settle(
             drive,
@@ -485,11 +496,12 @@ class RunSteps(StorageSteps):
             explanation=diagnosis.explanation,
             advice=diagnosis.advice,
             tell_retry=True,
+            also=also,
         ):
             self.stats.failed += len(ids)
 
     async def _rate_limited(
-        self, drive: Drive, group: WorkGroup, result: RunResult, on_fallback: bool
+        self, drive: Drive, group: WorkGroup, result: RunResult, on_fallback: bool, also: TxWork | None = None
     ) -> None:
         """Fallback model or pause, without counting an attempt (see :mod:`workers.ratelimit`)."""
         agent, now = drive.agent, now_ms()
@@ -518,6 +530,7 @@ class RunSteps(StorageSteps):
                 error,
                 count_attempt=False,
                 retry_after_ms=0,
+                also=also,
             )
             return
         reason = f"rate limited{' (stated reset)' if reset else ''}: {error[:200]}"
@@ -534,6 +547,7 @@ class RunSteps(StorageSteps):
                 why,
                 count_attempt=False,
                 retry_after_ms=wait,
+                also=also if held is group else None,
             )
         drive.paused = True
         self.pauses.pause(agent, wait / 1000)

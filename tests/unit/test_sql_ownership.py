@@ -47,6 +47,7 @@ STORAGE_MODULES = frozenset(
         "shared/chat_lookups.py",
         "shared/trace.py",
         "shared/api_views.py",
+        "shared/usage.py",
     }
 )
 

@@ -1,0 +1,100 @@
+"""What runs cost, with the real Claude Code CLI against the fake Messages API: every run's tokens and cost
+are recorded with its outcome and read back by ``agentpost usage`` (a real subprocess on the same home).
+
+The expected figures are the CLI's own: the agent's command is a small wrapper that runs the real CLI and
+keeps a copy of its stream-json output, so the test sums the ``result`` lines the processor read.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.fakes.anthropic_api import FakeAnthropic, Text
+from tests.fakes.claude_env import claude_binary, claude_env
+from tests.fixtures import anthropic_api, cli_installed  # noqa: F401  (fixtures)
+from tests.processor_support import make_home, open_home, run_idle
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
+
+AGENTPOST = str(Path(sys.executable).with_name("agentpost"))
+
+
+def _wrapper(tmp_path: Path) -> tuple[Path, Path]:
+    """A claude command that keeps a copy of the CLI's stdout (what the processor parsed)."""
+    log = tmp_path / "stream.jsonl"
+    script = tmp_path / "claude-tee"
+    script.write_text(f'#!/bin/sh\n"{claude_binary()}" "$@" | tee -a "{log}"\n')
+    script.chmod(0o755)
+    return script, log
+
+
+def _reported(log: Path) -> list[dict[str, Any]]:
+    lines = [json.loads(line) for line in log.read_text().splitlines() if line.strip().startswith("{")]
+    return [line for line in lines if line.get("type") == "result"]
+
+
+def _usage_cli(home: Path, *args: str) -> Any:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AGENTPOST_")}
+    env.update(AGENTPOST_HOME=str(home), NO_COLOR="1")
+    proc = subprocess.run(
+        [AGENTPOST, "usage", *args, "--json"], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+def _home(tmp_path: Path, db_url: str, command: Path) -> Path:
+    agent = {"provider": "claude", "timeout_seconds": 30, "command": [str(command)]}
+    return make_home(tmp_path, db_url, {"coder": agent})
+
+
+def _env(api: FakeAnthropic, tmp_path: Path) -> dict[str, str]:
+    home = tmp_path / "user-home"
+    home.mkdir(exist_ok=True)
+    return claude_env(api.base_url, home, max_retries=0)
+
+
+def test_two_runs_of_one_sender_show_the_tokens_and_cost_the_cli_reported(
+    tmp_path: Path, db_url: str, api: FakeAnthropic
+) -> None:
+    api.add_rule(None, Text("Done, and a few words more to count."))
+    command, log = _wrapper(tmp_path)
+    home = _home(tmp_path, db_url, command)
+    env = _env(api, tmp_path)
+    with open_home(home) as rt:
+        rt.queue.enqueue_message("telegram", "ann", "first question", sender_id="42", conversation="c1")
+        run_idle(rt, env=env)
+        rt.queue.enqueue_message("telegram", "ann", "second question", sender_id="42", conversation="c1")
+        stats = run_idle(rt, env=env)
+        assert stats.completed == 1
+    results = _reported(log)
+    assert len(results) == 2
+    want_input = sum(r["usage"]["input_tokens"] for r in results)
+    want_output = sum(r["usage"]["output_tokens"] for r in results)
+    want_cache_read = sum(r["usage"].get("cache_read_input_tokens", 0) for r in results)
+    want_cache_write = sum(r["usage"].get("cache_creation_input_tokens", 0) for r in results)
+    # Each run's own cost: the CLI's ``total_cost_usd`` adds up the session, and the second run resumed the
+    # first one's conversation, so its total already holds the first run's cost.
+    own = [sum(m["costUSD"] for m in r["model_usage_since_last_result"].values()) for r in results]
+    want_cost = sum(own)
+    assert want_cost == pytest.approx(results[-1]["total_cost_usd"], abs=1e-6)
+    assert want_input > 0 and want_output > 0 and want_cost > 0
+
+    (row,) = _usage_cli(home, "--by", "sender")
+    assert row["key"] == "telegram:42"
+    assert row["runs"] == 2
+    assert (row["input_tokens"], row["output_tokens"]) == (want_input, want_output)
+    assert (row["cache_read_tokens"], row["cache_write_tokens"]) == (want_cache_read, want_cache_write)
+    assert row["cost_usd"] == pytest.approx(want_cost, abs=1e-6)
+
+    (by_agent,) = _usage_cli(home, "--by", "agent", "--since", "1h")
+    assert (by_agent["key"], by_agent["runs"]) == ("coder", 2)
+    (by_chat,) = _usage_cli(home, "--by", "chat")
+    assert by_chat["key"] == "telegram:c1"
