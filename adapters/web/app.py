@@ -43,6 +43,7 @@ from . import (
     queue_routes,
     response_routes,
     schedule_routes,
+    usage_routes,
 )
 from .auth import require_access
 from .errors import install_error_handlers
@@ -103,7 +104,16 @@ def create_app(
     app.state.limits = web.limits
 
     api = APIRouter(prefix="/api", dependencies=[Depends(require_access)])
-    areas = (queue_routes, response_routes, chatroom_routes, event_routes, manage, schedule_routes, console)
+    areas = (
+        queue_routes,
+        response_routes,
+        chatroom_routes,
+        event_routes,
+        manage,
+        schedule_routes,
+        console,
+        usage_routes,
+    )
     for area in areas:
         api.include_router(area.router)
     app.include_router(api)

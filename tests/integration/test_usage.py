@@ -7,6 +7,7 @@ keeps a copy of its stream-json output, so the test sums the ``result`` lines th
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -16,10 +17,16 @@ from typing import Any
 
 import pytest
 
+from shared.clock import now_ms
+from shared.runtime import Runtime
+from shared.usage import UsageRecord, record_usage_in
 from tests.fakes.anthropic_api import FakeAnthropic, Text
 from tests.fakes.claude_env import claude_binary, claude_env
 from tests.fixtures import anthropic_api, cli_installed  # noqa: F401  (fixtures)
-from tests.processor_support import make_home, open_home, run_idle
+from tests.homes import open_home
+from tests.processor_support import make_home, run_idle
+from tests.web_support import LiveServer, runtime_for
+from tests.web_support import make_home as web_home
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -98,3 +105,50 @@ def test_two_runs_of_one_sender_show_the_tokens_and_cost_the_cli_reported(
     assert (by_agent["key"], by_agent["runs"]) == ("coder", 2)
     (by_chat,) = _usage_cli(home, "--by", "chat")
     assert by_chat["key"] == "telegram:c1"
+
+
+def test_api_usage_groups_runs_like_the_cli(tmp_path: Path) -> None:
+    """``GET /api/usage`` sums what is recorded, by the grouping and period asked for."""
+    with contextlib.ExitStack() as stack:
+        rt: Runtime = runtime_for(web_home(tmp_path))
+        stack.callback(rt.close)
+        now = now_ms()
+        with rt.db.transaction() as tx:
+            for agent, sender, cost, at in (
+                ("coder", "telegram:1", 0.25, now),
+                ("coder", "telegram:2", 0.5, now - 1000),
+                ("writer", "telegram:1", 1.0, now - 3 * 86_400_000),
+            ):
+                record = UsageRecord(
+                    agent=agent,
+                    sender=sender,
+                    channel="telegram",
+                    conversation="c",
+                    input_tokens=10,
+                    output_tokens=7,
+                    cache_read_tokens=3,
+                    cache_write_tokens=1,
+                    cost_usd=cost,
+                )
+                record_usage_in(tx, record, at=at)
+        live = stack.enter_context(LiveServer(rt))
+        client = stack.enter_context(live.client())
+        by_agent = client.get("/api/usage", params={"by": "agent", "since": "7d"})
+        assert by_agent.status_code == 200, by_agent.text
+        assert [(r["key"], r["runs"], r["cost_usd"]) for r in by_agent.json()] == [
+            ("writer", 1, 1.0),
+            ("coder", 2, 0.75),
+        ]
+        (one,) = client.get("/api/usage", params={"by": "sender", "since": "1d"}).json()[1:]
+        assert one == {
+            "key": "telegram:1",
+            "runs": 1,
+            "input_tokens": 10,
+            "output_tokens": 7,
+            "cache_read_tokens": 3,
+            "cache_write_tokens": 1,
+            "cost_usd": 0.25,
+        }
+        refused = client.get("/api/usage", params={"since": "lately"})
+        assert refused.status_code == 422 and "7d" in refused.text
+        assert client.get("/api/usage", params={"by": "planet"}).status_code == 422
