@@ -22,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from shared.private_files import private_dir, tighten
 from shared.routing import AGENT_NAME_RE, Team
 from shared.settings_sections import (
+    BudgetSettings,
     HeartbeatConfig,
     Heartbeats,
     ProcessorSettings,
@@ -182,6 +183,7 @@ class SettingsFile(_Strict):
     scheduler: dict[str, Any] = Field(default_factory=dict)
     heartbeats: dict[str, Any] = Field(default_factory=dict)
     schedules: list[dict[str, Any]] = Field(default_factory=list)
+    budgets: dict[str, Any] = Field(default_factory=dict)
 
     @field_validator("agents", "teams")
     @classmethod
@@ -279,6 +281,7 @@ class Settings:
         scheduler = take("scheduler", SchedulerConfig, data.scheduler)
         beats = take("heartbeats", Heartbeats, data.heartbeats)
         schedules = take("schedules", Schedules, data.schedules)
+        budgets = take("budgets", BudgetSettings, data.budgets)
         channels: dict[str, BaseModel] = {}
         if data.channels:
             # Only a file with channel sections pays for building the channels' models (every CLI command
@@ -306,12 +309,22 @@ class Settings:
                     f"schedules.{i}: two schedules are the same ({entry.key!r}); give them different names"
                 )
             seen.add(entry.key)
-        if problems or processor is None or scheduler is None or beats is None or schedules is None:
+        if (
+            problems
+            or processor is None
+            or scheduler is None
+            or beats is None
+            or schedules is None
+            or (budgets is None)
+        ):
             raise _invalid(self.path, problems)
         self.processor: ProcessorSettings = processor
         self.scheduler: SchedulerConfig = scheduler
         self.heartbeats: dict[str, HeartbeatConfig] = beats.root
         self.schedules: list[ScheduleConfig] = schedules.root
+        #: ``[budgets]``: spending limits per sender and agent (read afresh by the processor, see
+        #: :mod:`workers.budgets`).
+        self.budgets: BudgetSettings = budgets
         #: The ``[channels.<name>]`` sections present, each validated with its channel's model.
         self.channels: dict[str, BaseModel] = channels
 

@@ -245,3 +245,29 @@ class ScheduleConfig(_Strict):
 
 class Schedules(RootModel[list[ScheduleConfig]]):
     """The ``[[schedules]]`` array."""
+
+
+class BudgetLimits(_Strict):
+    """Spending limits in US dollars (0 or unset: no limit). Days and months are UTC."""
+
+    sender_daily_usd: float | None = Field(default=None, ge=0, description="per person, per UTC day")
+    sender_monthly_usd: float | None = Field(default=None, ge=0, description="per person, per UTC month")
+    agent_daily_usd: float | None = Field(default=None, ge=0, description="per agent, per UTC day")
+    agent_monthly_usd: float | None = Field(default=None, ge=0, description="per agent, per UTC month")
+
+
+class BudgetSettings(BudgetLimits):
+    """The ``[budgets]`` section: limits for every agent, ``[budgets.agents.<name>]`` overrides for one,
+    and senders (``<channel>:<id>``, as ``agentpost usage --by sender`` shows them) who are never held."""
+
+    agents: dict[str, BudgetLimits] = Field(default_factory=dict)
+    exempt_senders: list[str] = Field(default_factory=list)
+
+    def for_agent(self, agent: str) -> BudgetLimits:
+        """The limits that hold for ``agent``: its own override's keys, the section's for the rest."""
+        own = self.agents.get(agent)
+        if own is None:
+            return self
+        mine = own.model_dump(exclude_unset=True)
+        base = self.model_dump(include=set(BudgetLimits.model_fields))
+        return BudgetLimits(**{**base, **mine})
