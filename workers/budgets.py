@@ -3,15 +3,39 @@
 A run is attributed to the person whose message started its chain: a teammate's run in a handoff carries
 the origin of that chain (:func:`workers.teams.origin_of`), so it counts to that person and their chat.
 Heartbeats and schedules have no person behind them; they count to their agent only.
+
+Budgets (``[budgets]`` in settings.toml, :class:`BudgetGate`): before a run, the processor asks whether the
+sender or the agent has spent its daily or monthly limit (UTC days and months). If so the message is not
+run; it dies with one plain-words notice to the sender (spent, limit, when it resets), and the operator sees
+why in ``trace`` and ``dead list``. A run that crosses a limit finishes: the limit holds from the next one.
 """
 
 from __future__ import annotations
 
-from shared.db import Tx
+import logging
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+from shared.clock import now_ms
+from shared.conversation_status import format_duration
+from shared.db import Database, Tx
 from shared.queue import INTERNAL_CHANNELS, QueuedMessage, TxWork
-from shared.usage import UsageRecord, record_usage_in
+from shared.settings import Settings, SettingsError, load_settings
+from shared.settings_sections import BudgetSettings
+from shared.usage import (
+    UsageRecord,
+    day_start,
+    month_start,
+    next_day_start,
+    next_month_start,
+    record_usage_in,
+    spent_usd,
+)
 from workers.providers import RunResult
 from workers.teams import origin_of
+
+log = logging.getLogger("agentpost.processor")
 
 
 def usage_record(agent: str, run_id: str, primary: QueuedMessage, result: RunResult) -> UsageRecord | None:
@@ -58,3 +82,124 @@ def usage_work(agent: str, run_id: str, primary: QueuedMessage, result: RunResul
         record_usage_in(tx, record)
 
     return write
+
+
+# -- budgets -----------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class OverBudget:
+    """Why a message is not run: who is over which limit, and when it resets."""
+
+    whose: str  # "sender" or "agent"
+    who: str  # the sender (``channel:id``) or the agent
+    agent: str
+    period: str  # "daily" or "monthly"
+    spent: float
+    limit: float
+    resets_at: int
+
+    def error(self) -> str:
+        """For the operator (the message's last error, ``trace``, ``dead list``)."""
+        return (
+            f"over budget: {self.whose} {self.who} spent ${self.spent:.4f} of the {self.period} limit "
+            f"${self.limit:.2f} (budgets.{self.whose}_{self.period}_usd); resets {_when(self.resets_at)}"
+        )
+
+    def explanation(self) -> str:
+        """For the sender, in plain words."""
+        period = "today" if self.period == "daily" else "this month"
+        if self.whose == "sender":
+            return (
+                f"you have used {usd(self.spent)} {period}, and your {self.period} limit is {usd(self.limit)}"
+            )
+        return f"it has used {usd(self.spent)} {period}, and its {self.period} limit is {usd(self.limit)}"
+
+    def advice(self, now: int) -> str:
+        return (
+            f"The limit resets {_when(self.resets_at)} (in {format_duration(self.resets_at - now)}); send "
+            "your message again after that, or ask the operator to raise the limit."
+        )
+
+
+def usd(amount: float) -> str:
+    """Dollars for a person: cents from a dollar up, four places below (a test run costs a cent)."""
+    return f"${amount:.2f}" if amount >= 1 else f"${amount:.4f}"
+
+
+def _when(ms: int) -> str:
+    moment = datetime.fromtimestamp(ms / 1000, UTC)
+    if moment.day == 1 and moment.hour == 0 and moment.minute == 0:
+        return f"on {moment:%B} 1 at 00:00 UTC"
+    return f"at midnight UTC ({moment:%Y-%m-%d} 00:00)"
+
+
+def _budget_sender(primary: QueuedMessage) -> str:
+    origin = origin_of(primary)
+    if origin is None or origin["channel"] in INTERNAL_CHANNELS:
+        return ""
+    who = str(origin.get("sender_id") or origin.get("sender") or "")
+    return f"{origin['channel']}:{who}" if who else ""
+
+
+class BudgetGate:
+    """The ``[budgets]`` in force, read again whenever settings.toml changes (no restart needed); a file
+    that no longer validates leaves the last good budgets in force."""
+
+    def __init__(self, settings: Settings) -> None:
+        self._home, self._env = settings.home, dict(settings.env)
+        self._path = settings.path
+        self._stamp = self._stat()
+        self._budgets = settings.budgets
+
+    def _stat(self) -> tuple[int, int] | None:
+        try:
+            st = self._path.stat()
+        except OSError:
+            return None
+        return (st.st_mtime_ns, st.st_size)
+
+    def budgets(self) -> BudgetSettings:
+        stamp = self._stat()
+        if stamp != self._stamp:
+            try:
+                self._budgets = load_settings(self._home, self._env).budgets
+                self._stamp = stamp
+            except SettingsError as exc:
+                log.warning("budgets: keeping the last valid ones: %s", exc)
+        return self._budgets
+
+    def over(self, db: Database, agent: str, primary: QueuedMessage) -> OverBudget | None:
+        """The first limit ``primary``'s sender or ``agent`` is over now (None: it may run). A run already
+        going on is never stopped: the limit holds from the next message on."""
+        budgets = self.budgets()
+        limits = budgets.for_agent(agent)
+        now = now_ms()
+        periods = (
+            ("daily", day_start(now), next_day_start(now)),
+            ("monthly", month_start(now), next_month_start(now)),
+        )
+        sender = _budget_sender(primary)
+        if sender and sender not in budgets.exempt_senders:
+            for period, since, resets in periods:
+                limit = getattr(limits, f"sender_{period}_usd")
+                if limit:
+                    spent = spent_usd(db, since_ms=since, sender=sender)
+                    if spent >= limit:
+                        return OverBudget("sender", sender, agent, period, spent, limit, resets)
+        for period, since, resets in periods:
+            limit = getattr(limits, f"agent_{period}_usd")
+            if limit:
+                spent = spent_usd(db, since_ms=since, agent=agent)
+                if spent >= limit:
+                    return OverBudget("agent", agent, agent, period, spent, limit, resets)
+        return None
+
+
+_GATES: dict[Path, BudgetGate] = {}
+
+
+def budget_gate(settings: Settings) -> BudgetGate:
+    """The processor's gate for the settings file of ``settings`` (one per file, kept for its life)."""
+    gate = _GATES.get(settings.path)
+    if gate is None:
+        gate = _GATES[settings.path] = BudgetGate(settings)
+    return gate

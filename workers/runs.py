@@ -37,7 +37,7 @@ from shared.runtime import Runtime
 from shared.sessions import AGENT_SCOPE_KEY, get_session, set_session_in
 from shared.settings import AgentSettings, Settings
 from workers.agent_env import child_env
-from workers.budgets import usage_work
+from workers.budgets import budget_gate, usage_work
 from workers.busy import WorkGroup, build_prompt, dropped_notice, resolve_policy
 from workers.drive import Drive, step_done
 from workers.errors import diagnose
@@ -150,6 +150,21 @@ class RunSteps(StorageSteps):
                 group,
                 RunResult(ok=False, error=f"agent {agent!r} is not configured", cannot_start=True),
             )
+            return
+        over = await call(budget_gate(self.settings).over, self.rt.db, agent, primary)
+        if over is not None:
+            await self._settle(
+                drive,
+                group,
+                self.rt.queue.fail_messages,
+                group.ids,
+                self.worker,
+                over.error(),
+                permanent=True,
+                explanation=over.explanation(),
+                advice=over.advice(now_ms()),
+            )
+            self.stats.failed += len(group.ids)
             return
         group.policy = await call(
             resolve_policy, self.rt.db, self.settings, self.config.busy_policy, group.key

@@ -152,3 +152,42 @@ def test_api_usage_groups_runs_like_the_cli(tmp_path: Path) -> None:
         refused = client.get("/api/usage", params={"since": "lately"})
         assert refused.status_code == 422 and "7d" in refused.text
         assert client.get("/api/usage", params={"by": "planet"}).status_code == 422
+
+
+def test_a_sender_over_the_daily_budget_is_told_and_not_run_while_another_sender_is(
+    tmp_path: Path, sqlite_url: str, api: FakeAnthropic
+) -> None:
+    api.add_rule(None, Text("Answered."))
+    command, log = _wrapper(tmp_path)
+    home = _home(tmp_path, sqlite_url, command)
+    env = _env(api, tmp_path)
+    with open_home(home) as rt:
+        for text in ("one", "two"):
+            rt.queue.enqueue_message("telegram", "ann", text, sender_id="42", conversation="c1")
+            run_idle(rt, env=env)
+        (spent,) = _usage_cli(home, "--by", "sender")
+        limit = round(spent["cost_usd"] / 2, 4)
+        # Live: the processor reads [budgets] again when the file changes, without a restart.
+        with (home / "settings.toml").open("a") as f:
+            f.write(f"\n[budgets]\nsender_daily_usd = {limit}\n")
+        held = rt.queue.enqueue_message("telegram", "ann", "three", sender_id="42", conversation="c1")
+        other = rt.queue.enqueue_message("telegram", "bob", "hello", sender_id="43", conversation="c2")
+        runs_before = len(_reported(log))
+        run_idle(rt, env=env)
+        assert len(_reported(log)) == runs_before + 1  # bob's message ran, ann's did not
+        assert rt.queue.get_message(held.message_id).status == "dead"  # type: ignore[union-attr]
+        assert rt.queue.get_message(other.message_id).status == "completed"  # type: ignore[union-attr]
+        replies = {
+            r["conversation"]: r["message"]
+            for r in rt.db.read(
+                "SELECT conversation, message FROM responses WHERE message_id IN (:a, :b)",
+                {"a": held.message_id, "b": other.message_id},
+            )
+        }
+    told = replies["c1"]
+    assert f"${spent['cost_usd']:.4f}" in told, told  # what was spent
+    assert f"${limit:.4f}" in told, told  # the limit
+    assert "resets at midnight UTC" in told, told  # and when it resets
+    assert replies["c2"] == "Answered."
+    by_sender = {r["key"]: r["runs"] for r in _usage_cli(home, "--by", "sender")}
+    assert by_sender == {"telegram:42": 2, "telegram:43": 1}
