@@ -19,6 +19,7 @@ import pytest
 
 from shared.clock import now_ms
 from shared.runtime import Runtime
+from shared.settings import load_settings
 from shared.usage import UsageRecord, record_usage_in
 from tests.fakes.anthropic_api import FakeAnthropic, Text
 from tests.fakes.claude_env import claude_binary, claude_env
@@ -191,3 +192,39 @@ def test_a_sender_over_the_daily_budget_is_told_and_not_run_while_another_sender
     assert replies["c2"] == "Answered."
     by_sender = {r["key"]: r["runs"] for r in _usage_cli(home, "--by", "sender")}
     assert by_sender == {"telegram:42": 2, "telegram:43": 1}
+
+
+def test_heartbeats_count_to_their_agent_overrides_and_exempt_senders(tmp_path: Path) -> None:
+    """An agent's limit holds for its heartbeats too (no sender); ``[budgets.agents.<name>]`` overrides the
+    section for one agent; an exempt sender is never held by a sender limit."""
+    from workers.budgets import BudgetGate
+
+    with contextlib.ExitStack() as stack:
+        home = web_home(tmp_path)
+        rt: Runtime = runtime_for(home)
+        stack.callback(rt.close)
+        with rt.db.transaction() as tx:
+            record_usage_in(tx, UsageRecord(agent="alpha", cost_usd=0.6))  # a heartbeat's run
+            record_usage_in(tx, UsageRecord(agent="alpha", sender="telegram:1", cost_usd=0.6))
+        beat = rt.queue.enqueue_message("heartbeat", "heartbeat", "check in", agent="alpha")
+        chat = rt.queue.enqueue_message("telegram", "ann", "hi", sender_id="1", agent="alpha")
+        beat_msg, chat_msg = rt.queue.get_message(beat.message_id), rt.queue.get_message(chat.message_id)
+        assert beat_msg is not None and chat_msg is not None
+        settings_file = home / "settings.toml"
+        base = settings_file.read_text()
+        gate = BudgetGate(load_settings(home, {}))
+
+        def budgets(text: str) -> None:
+            settings_file.write_text(base + "\n" + text)
+
+        budgets("[budgets]\nagent_daily_usd = 1.0\n")
+        over = gate.over(rt.db, "alpha", beat_msg)
+        assert over is not None and (over.whose, over.period, over.spent) == ("agent", "daily", 1.2)
+        budgets("[budgets]\nagent_daily_usd = 1.0\n[budgets.agents.alpha]\nagent_daily_usd = 5.0\n")
+        assert gate.over(rt.db, "alpha", beat_msg) is None
+        budgets("[budgets]\nsender_monthly_usd = 0.5\n")
+        over = gate.over(rt.db, "alpha", chat_msg)
+        assert over is not None and (over.whose, over.who, over.period) == ("sender", "telegram:1", "monthly")
+        assert gate.over(rt.db, "alpha", beat_msg) is None  # a heartbeat has no sender to hold
+        budgets('[budgets]\nsender_monthly_usd = 0.5\nexempt_senders = ["telegram:1"]\n')
+        assert gate.over(rt.db, "alpha", chat_msg) is None
