@@ -29,6 +29,11 @@ def write_home(
     """A home folder whose settings use ``db_url``; ``agents``, ``queue`` and ``extra`` are TOML text (the
     scheduler tests write their ``[scheduler]``/``[heartbeats]`` tables as the user would)."""
     agents = agents if agents is not None else '[agents.assistant]\nname = "Assistant"\n'
+    # Scripted agents report through files the agent sandbox would hide: test homes run them unconfined.
+    if "[processor]\n" in extra:
+        extra = extra.replace("[processor]\n", '[processor]\nsandbox = "none"\n', 1)
+    else:
+        extra += '\n[processor]\nsandbox = "none"\n'
     text = f"[queue]\n{queue}\n\n{agents}\n{extra}"
     return build_home(home.parent, db_url, {}, fast=False, folder=home.name, toml=text)
 

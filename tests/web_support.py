@@ -45,6 +45,9 @@ name = "Gamma"
 [teams.dev]
 agents = ["beta", "gamma"]
 leader = "beta"
+
+[processor]
+sandbox = "none"  # scripted agents report through files the agent sandbox would hide
 """
 
 

@@ -368,7 +368,9 @@ def test_doctor_says_which_sandbox_agents_get_and_fails_without_one_for_bypassin
     agents = {
         "coder": {"provider": "command", "command": ["/bin/true"], "permission_mode": "bypassPermissions"}
     }
-    home = make_home(tmp_path, f"sqlite:///{tmp_path / 'home' / 'agentpost.db'}", agents)
+    home = make_home(
+        tmp_path, f"sqlite:///{tmp_path / 'home' / 'agentpost.db'}", agents, processor={"sandbox": "auto"}
+    )
     confined = _doctor_sandbox(home, "/usr/bin:/bin")
     assert confined["level"] == "ok" and "confined" in confined["detail"], confined
     # No bubblewrap on the PATH: the agents would run with agentpost's rights, and this one runs commands.
@@ -407,7 +409,9 @@ def test_a_sandboxed_run_is_killed_whole_by_its_timeout_and_with_a_killed_proces
     agents = {
         "slow": {"provider": "command", "command": ["/bin/sh", str(script)], "timeout_seconds": 4},
     }
-    home = make_home(tmp_path, f"sqlite:///{tmp_path / 'home' / 'agentpost.db'}", agents)
+    home = make_home(
+        tmp_path, f"sqlite:///{tmp_path / 'home' / 'agentpost.db'}", agents, processor={"sandbox": "auto"}
+    )
     env = _base_env(home, tmp_path)
     with open_home(home) as rt:
         first = rt.queue.enqueue_message("cli", "me", "take your time", agent="slow")
