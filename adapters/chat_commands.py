@@ -10,6 +10,8 @@
 - ``/stop``: a stop request in the agent's lease row (:meth:`shared.queue.Queue.request_stop`) for each agent
   with work for this chat; the processor stops the run and completes its messages with a short reply.
 - ``/queue [collect|followup|interrupt|default]``: the chat's busy policy (:mod:`shared.chat_prefs`).
+- ``/usage``: what the sender's messages have cost today and this month, against their ``[budgets]``
+  limits (:mod:`shared.usage`).
 - ``/retry``: the chat's last message that could not be answered goes back to the queue (within the
   manual-retry budget an operator's ``agentpost dead retry`` shares).
 
@@ -28,13 +30,14 @@ from shared.queue import InvalidInput, NotFound, RetryBudgetExhausted, UnknownMe
 from shared.routing import AGENT_NAME_RE
 from shared.runtime import Runtime
 from shared.sessions import AGENT_SCOPE_KEY, clear_sessions
+from shared.usage import sender_usage_text
 
 if TYPE_CHECKING:
     from adapters.base import ChannelSettings, Inbound
     from shared.settings import Settings
 
 #: The commands :meth:`ChatCommands.run_command` answers (``/start`` is Telegram's greeting: the help).
-COMMANDS = frozenset({"agent", "team", "reset", "help", "start", "status", "stop", "queue", "retry"})
+COMMANDS = frozenset({"agent", "team", "reset", "help", "start", "status", "stop", "queue", "retry", "usage"})
 
 HELP_TEXT = """Commands:
 /agent NAME - send this chat's messages to agent NAME by default
@@ -43,6 +46,7 @@ HELP_TEXT = """Commands:
 /status - what the agent is doing for this chat
 /stop - stop the agent's current run for this chat
 /retry - try again the last message here that could not be answered
+/usage - what your messages have cost today and this month
 /queue [collect|followup|interrupt] - what happens to messages sent while the agent is busy
 /help - this help
 @agent alone switches this chat's default agent; @default goes back to normal routing.
@@ -139,7 +143,19 @@ class ChatCommands:
             return self._cmd_queue(message, args)
         if name == "retry":
             return self._cmd_retry(message)
+        if name == "usage":
+            return self._cmd_usage(message)
         return self._cmd_reset(message, args)
+
+    def _cmd_usage(self, message: Inbound) -> str:
+        # The key the processor records runs under: ids are per platform.
+        budgets = self.settings.budgets
+        return sender_usage_text(
+            self.rt.db,
+            f"{self.name}:{message.sender_id}",
+            budgets.sender_daily_usd,
+            budgets.sender_monthly_usd,
+        )
 
     def _cmd_retry(self, message: Inbound) -> str:
         try:

@@ -126,6 +126,27 @@ def spent_usd(db: Database, *, since_ms: int, sender: str | None = None, agent: 
     return float(value or 0)
 
 
+def usd(amount: float) -> str:
+    """Dollars for a person: cents from a dollar up, four places below (a short run costs about a cent)."""
+    return f"${amount:.2f}" if amount >= 1 else f"${amount:.4f}"
+
+
+def sender_usage_text(
+    db: Database, sender: str, daily_limit: float | None, monthly_limit: float | None, now: int | None = None
+) -> str:
+    """The ``/usage`` answer: what ``sender`` (``channel:id``) spent today and this month, against limits."""
+    now = now_ms() if now is None else now
+    parts = []
+    for label, since, limit, resets in (
+        ("Today", day_start(now), daily_limit, "at midnight UTC"),
+        ("This month", month_start(now), monthly_limit, "on the 1st, 00:00 UTC"),
+    ):
+        spent = spent_usd(db, since_ms=since, sender=sender)
+        bound = f" of your {usd(limit)} limit (resets {resets})" if limit else " (no limit)"
+        parts.append(f"{label}: {usd(spent)}{bound}.")
+    return "Your usage of the agents here — " + " ".join(parts)
+
+
 # -- periods (UTC) ---------------------------------------------------------------------------------------
 def day_of(ms: int) -> str:
     """The UTC date of an epoch-ms instant, ``YYYY-MM-DD``."""

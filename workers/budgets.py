@@ -31,6 +31,7 @@ from shared.usage import (
     next_month_start,
     record_usage_in,
     spent_usd,
+    usd,
 )
 from workers.providers import RunResult
 from workers.teams import origin_of
@@ -118,11 +119,6 @@ class OverBudget:
             f"The limit resets {_when(self.resets_at)} (in {format_duration(self.resets_at - now)}); send "
             "your message again after that, or ask the operator to raise the limit."
         )
-
-
-def usd(amount: float) -> str:
-    """Dollars for a person: cents from a dollar up, four places below (a test run costs a cent)."""
-    return f"${amount:.2f}" if amount >= 1 else f"${amount:.4f}"
 
 
 def _when(ms: int) -> str:

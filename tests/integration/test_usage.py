@@ -17,14 +17,17 @@ from typing import Any
 
 import pytest
 
+from adapters.telegram import TelegramChannel
 from shared.clock import now_ms
 from shared.runtime import Runtime
 from shared.settings import load_settings
 from shared.usage import UsageRecord, record_usage_in
+from tests.channel_support import HoldingTelegram, RunningChannel, channel_home
 from tests.fakes.anthropic_api import FakeAnthropic, Text
 from tests.fakes.claude_env import claude_binary, claude_env
-from tests.fixtures import anthropic_api, cli_installed  # noqa: F401  (fixtures)
+from tests.fixtures import anthropic_api, cli_installed, telegram_fake  # noqa: F401  (fixtures)
 from tests.homes import open_home
+from tests.probes import wait_for
 from tests.processor_support import make_home, run_idle
 from tests.web_support import LiveServer, runtime_for
 from tests.web_support import make_home as web_home
@@ -228,3 +231,30 @@ def test_heartbeats_count_to_their_agent_overrides_and_exempt_senders(tmp_path: 
         assert gate.over(rt.db, "alpha", beat_msg) is None  # a heartbeat has no sender to hold
         budgets('[budgets]\nsender_monthly_usd = 0.5\nexempt_senders = ["telegram:1"]\n')
         assert gate.over(rt.db, "alpha", chat_msg) is None
+
+
+def test_usage_chat_command_tells_the_sender_their_own_spend(tmp_path: Path, fake: HoldingTelegram) -> None:
+    """``/usage`` in a Telegram chat: the sender's own cost today and this month, with their limits."""
+    home = channel_home(
+        tmp_path,
+        f"sqlite:///{tmp_path / 'a.db'}",
+        {"telegram": {"allowlist": ["42", "43"], "poll_timeout_seconds": 1, "typing": False}},
+    )
+    with (home / "settings.toml").open("a") as f:
+        f.write("\n[budgets]\nsender_daily_usd = 2.5\n")
+    rt = open_home(home)
+    try:
+        with rt.db.transaction() as tx:
+            record_usage_in(tx, UsageRecord(agent="alpha", sender="telegram:42", cost_usd=0.0123))
+            record_usage_in(tx, UsageRecord(agent="alpha", sender="telegram:43", cost_usd=9.0))
+            old = now_ms() - 40 * 86_400_000  # an earlier month: counted in neither
+            record_usage_in(tx, UsageRecord(agent="alpha", sender="telegram:42", cost_usd=5.0), at=old)
+        env = {"TELEGRAM_BOT_TOKEN": fake.token, "TELEGRAM_API_BASE_URL": fake.url}
+        with RunningChannel(TelegramChannel(rt, env=env)):
+            fake.push_text(42, "/usage")
+            wait_for(lambda: len(fake.texts(42)) == 1, 15, "/usage answered")
+    finally:
+        rt.close()
+    (answer,) = fake.texts(42)
+    assert "Today: $0.0123 of your $2.50 limit (resets at midnight UTC)." in answer, answer
+    assert "This month: $0.0123 (no limit)." in answer, answer
