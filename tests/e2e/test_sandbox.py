@@ -16,6 +16,7 @@ import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -244,13 +245,19 @@ def _bash_then_answer(body: JSON) -> str | Reply:
     return f"turns={turns}"
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="checks the CLI as the sandbox user of a root service")
-def test_the_claude_cli_answers_resumes_reads_uploads_and_attaches_inside_the_sandbox(tmp_path: Path) -> None:
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root (to be root, or to create the service user)")
+@pytest.mark.parametrize("service", ["root", "service-user"])
+def test_the_claude_cli_answers_resumes_reads_uploads_and_attaches_inside_the_sandbox(
+    service_tmp: Path, service: str
+) -> None:
     _need_bwrap()
     try:
         claude_binary()
     except FileNotFoundError as exc:
         service_unavailable("the claude CLI", exc)
+    tmp_path = service_tmp
+    owner = _service_user() if service == "service-user" else None
+    prefix = _as_service_user(*owner) if owner else []
     with FakeAnthropic(default=Computed(_bash_then_answer)) as api:
         home = tmp_path / "home"
         agents = {
@@ -260,29 +267,34 @@ def test_the_claude_cli_answers_resumes_reads_uploads_and_attaches_inside_the_sa
                 "env": {"AP_HOME": str(home)},
             },
         }
-        home = make_home(
-            home, f"sqlite:///{home / 'agentpost.db'}", agents, processor={"sandbox": "namespaces"}
+        built = make_home(
+            tmp_path, f"sqlite:///{home / 'agentpost.db'}", agents, processor={"sandbox": "namespaces"}
         )
+        assert built == home
         uploads = home / "files" / "cli" / "me"
         uploads.mkdir(parents=True)
         (uploads / "notes.txt").write_bytes(DOC)
         (uploads / "notes.txt").chmod(0o600)
         env = {**claude_env(api.base_url, tmp_path), "AGENTPOST_HOME": str(home), "TELEGRAM_BOT_TOKEN": TOKEN}
         with open_home(home) as rt:
-            out = (tmp_path / "processor.out").open("wb")
+            if owner:
+                _give(home, owner)
+            log = tmp_path / "processor.out"
+            out = log.open("wb")
             proc = subprocess.Popen(
-                [AGENTPOST, "run", "processor"], env=env, stdout=out, stderr=subprocess.STDOUT
+                [*prefix, AGENTPOST, "run", "processor"], env=env, stdout=out, stderr=subprocess.STDOUT
             )
 
             def ask(text: str) -> tuple[str, dict[str, object]]:
                 sent = rt.queue.enqueue_message("cli", "me", text, agent="coder", conversation="me")
-                rows = wait_for(
-                    lambda: rt.db.read(
+
+                def answered() -> list[Any]:
+                    assert proc.poll() is None, log.read_text(errors="replace")[-3000:]
+                    return rt.db.read(
                         "SELECT message, files FROM responses WHERE message_id = :m", {"m": sent.message_id}
-                    ),
-                    90,
-                    f"the reply to {text!r}",
-                )
+                    )
+
+                rows = wait_for(answered, 90, f"the reply to {text!r}")
                 return str(rows[0]["message"]), {"files": json.loads(rows[0]["files"] or "[]")}
 
             try:
@@ -295,6 +307,8 @@ def test_the_claude_cli_answers_resumes_reads_uploads_and_attaches_inside_the_sa
                 proc.kill()
                 proc.wait(timeout=10)
                 out.close()
+    # The probe really looked where the database and settings are.
+    assert (home / "agentpost.db").exists() and (home / "settings.toml").exists()
     assert first == "turns=1" and second.startswith("turns=") and int(second.split("=")[1]) > 1, (
         first,
         second,
