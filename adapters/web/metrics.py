@@ -15,6 +15,7 @@ from collections.abc import Iterable
 
 from shared.events import CursorExpired, EventEntry
 from shared.queue import Queue
+from shared.usage import usage_rows
 
 from .stream import ReadableLog, StreamStats
 
@@ -123,6 +124,7 @@ class Metrics:
             lines: list[str] = []
             self._queue_families(lines)
             self._counter_families(lines)
+            self._usage_families(lines)
             self._stream_families(lines)
             return "\n".join(lines) + "\n"
 
@@ -185,6 +187,41 @@ class Metrics:
             labels = _labels({"agent": agent})
             lines.append(f"agentpost_agent_run_seconds_sum{labels} {self._run_sum[agent]:g}")
             lines.append(f"agentpost_agent_run_seconds_count{labels} {self._run_count[agent]}")
+
+    def _usage_families(self, lines: list[str]) -> None:
+        # Sums of the run_usage table, whose rows are never removed: counters over agentpost's whole life,
+        # the same in every web process (not "since this process started" like the event counters).
+        rows = usage_rows(self.queue.db, "agent")
+        _family(
+            lines,
+            "agentpost_agent_cost_usd_total",
+            "counter",
+            "Cost of agent runs in US dollars, as the claude CLI reported it, per agent.",
+            [({"agent": r.key}, r.cost_usd) for r in rows],
+        )
+        _family(
+            lines,
+            "agentpost_agent_tokens_total",
+            "counter",
+            "Tokens of agent runs per agent and kind (input, output, cache_read, cache_write).",
+            [
+                ({"agent": r.key, "kind": kind}, float(value))
+                for r in rows
+                for kind, value in (
+                    ("input", r.input_tokens),
+                    ("output", r.output_tokens),
+                    ("cache_read", r.cache_read_tokens),
+                    ("cache_write", r.cache_write_tokens),
+                )
+            ],
+        )
+        _family(
+            lines,
+            "agentpost_agent_runs_recorded_total",
+            "counter",
+            "Agent runs whose usage was recorded, per agent.",
+            [({"agent": r.key}, float(r.runs)) for r in rows],
+        )
 
     def _stream_families(self, lines: list[str]) -> None:
         st = self.stream_stats
