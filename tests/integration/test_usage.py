@@ -265,3 +265,37 @@ def test_usage_chat_command_tells_the_sender_their_own_spend(tmp_path: Path, fak
     (answer,) = fake.texts(42)
     assert "Today: $0.0123 of your $2.50 limit (resets at midnight UTC)." in answer, answer
     assert "This month: $0.0123 (no limit)." in answer, answer
+
+
+def test_a_teammates_run_in_a_handoff_counts_to_the_person_who_started_the_chain(
+    tmp_path: Path, sqlite_url: str, api: FakeAnthropic
+) -> None:
+    api.add_rule("build the thing", Text("On it. [@reviewer: please review the plan]"))
+    api.add_rule("please review the plan", Text("Reviewed: looks good."))
+    command, log = _wrapper(tmp_path)
+    agent = {"provider": "claude", "timeout_seconds": 30, "command": [str(command)]}
+    home = make_home(
+        tmp_path,
+        sqlite_url,
+        {"lead": agent, "reviewer": agent},
+        teams={"dev": {"agents": ["lead", "reviewer"], "leader": "lead"}},
+    )
+    with open_home(home) as rt:
+        rt.queue.enqueue_message("telegram", "ann", "@dev build the thing", sender_id="42", conversation="c1")
+        assert run_idle(rt, env=_env(api, tmp_path)).invocations == 2
+        rows = rt.db.read(
+            "SELECT agent, channel, conversation, sender, sender_name FROM run_usage ORDER BY id"
+        )
+    assert [dict(r) for r in rows] == [
+        {
+            "agent": a,
+            "channel": "telegram",
+            "conversation": "c1",
+            "sender": "telegram:42",
+            "sender_name": "ann",
+        }
+        for a in ("lead", "reviewer")
+    ]
+    (row,) = _usage_cli(home, "--by", "sender")
+    assert row["runs"] == 2
+    assert row["input_tokens"] == sum(r["usage"]["input_tokens"] for r in _reported(log))
