@@ -16,6 +16,7 @@ from shared.models import TABLE_NAMES
 from shared.queue import AgentTurn, ChatPost, ResponseDraft
 from shared.runtime import open_runtime
 from shared.settings import load_settings
+from shared.usage import UsageRecord, record_usage_in
 from tests.scheduler_support import fresh_pg_database, make_dead, write_home
 
 pytestmark = [pytest.mark.integration, pytest.mark.postgres]
@@ -58,6 +59,14 @@ def populate(home: Path) -> None:
         SqlEventLog(rt.db).ack("dashboard", "queue", SqlEventLog(rt.db).last_cursor())
         now = now_ms()
         with rt.db.transaction() as tx:
+            record_usage_in(
+                tx,
+                UsageRecord(
+                    agent="assistant", message_id=done[0], channel="telegram", conversation="c1",
+                    sender="telegram:42", model="claude-test", input_tokens=10, output_tokens=7,
+                    cost_usd=0.00018, duration_ms=1200,
+                ),
+            )  # fmt: skip
             tx.execute(
                 "INSERT INTO pairings (channel, sender_id, sender, code, status, created_at) VALUES "
                 "('telegram', '42', 'ann', 'ABC123', 'approved', :n), "
