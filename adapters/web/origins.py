@@ -66,7 +66,9 @@ def _header(scope: Scope, name: bytes) -> str | None:
 class OriginGuard:
     """ASGI middleware: refuse foreign origins, answer CORS for allowed ones (see the module docstring)."""
 
-    def __init__(self, app: ASGIApp, allowed: Iterable[str], methods: Iterable[str] = DEFAULT_METHODS) -> None:
+    def __init__(
+        self, app: ASGIApp, allowed: Iterable[str], methods: Iterable[str] = DEFAULT_METHODS
+    ) -> None:
         self.app = app
         self.allowed = {o for o in (parse_origin(text) for text in allowed) if o is not None}
         # A preflight must name every method a route serves: TinyOffice saves with PUT, and a browser that
