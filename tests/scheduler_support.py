@@ -3,6 +3,7 @@ waiting on conditions with a deadline, and dead letters made through the real qu
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import subprocess
@@ -152,3 +153,16 @@ def fresh_pg_database() -> Iterator[str]:
     finally:
         with psycopg.connect(ADMIN_PG_URL, autocommit=True) as conn:
             conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def up_home(tmp: Path, timeout: float) -> Iterator[Path]:
+    """The body of an ``agentpost up`` test's home fixture: one command agent that answers "done", and
+    ``agentpost down`` afterwards (whatever the test left running)."""
+    agent = json.dumps([sys.executable, "-c", "import sys; sys.stdin.read(); print('done')"])
+    built = write_home(
+        tmp / "home",
+        f"sqlite:///{tmp / 'home' / 'agentpost.db'}",
+        agents=f'[agents.assistant]\nname = "A"\nprovider = "command"\ncommand = {agent}\n',
+    )
+    yield built
+    run_cli(built, "down", env=cli_env(built), check=False, timeout=timeout)

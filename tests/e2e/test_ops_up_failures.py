@@ -5,7 +5,6 @@ exit non-zero), and give a process the variables of the shell that ran the lates
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -17,7 +16,7 @@ from scheduler import supervise
 from shared import port_owner
 from tests.fakes.telegram_api import FakeTelegram
 from tests.probes import free_port
-from tests.scheduler_support import cli_env, run_cli, wait_until, write_home
+from tests.scheduler_support import cli_env, run_cli, up_home, wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 
@@ -39,14 +38,7 @@ def _states(home: Path) -> dict[str, dict[str, object]]:
 
 @pytest.fixture
 def home(tmp_path: Path) -> Iterator[Path]:
-    agent = json.dumps([sys.executable, "-c", "import sys; sys.stdin.read(); print('done')"])
-    built = write_home(
-        tmp_path / "home",
-        f"sqlite:///{tmp_path / 'home' / 'agentpost.db'}",
-        agents=f'[agents.assistant]\nname = "A"\nprovider = "command"\ncommand = {agent}\n',
-    )
-    yield built
-    run_cli(built, "down", env=cli_env(built), check=False, timeout=UP_TIMEOUT)
+    yield from up_home(tmp_path, UP_TIMEOUT)
 
 
 @pytest.fixture

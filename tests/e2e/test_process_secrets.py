@@ -5,8 +5,6 @@ processes (root may read them; the processes are non-dumpable for anyone else)."
 
 from __future__ import annotations
 
-import json
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,7 +13,7 @@ import pytest
 from scheduler import supervise
 from tests.fakes.telegram_api import FakeTelegram
 from tests.probes import free_port
-from tests.scheduler_support import cli_env, run_cli, write_home
+from tests.scheduler_support import cli_env, run_cli, up_home
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 
@@ -27,14 +25,7 @@ API_TOKEN = "web-api-token-value"
 
 @pytest.fixture
 def home(tmp_path: Path) -> Iterator[Path]:
-    agent = json.dumps([sys.executable, "-c", "import sys; sys.stdin.read(); print('done')"])
-    built = write_home(
-        tmp_path / "home",
-        f"sqlite:///{tmp_path / 'home' / 'agentpost.db'}",
-        agents=f'[agents.assistant]\nname = "A"\nprovider = "command"\ncommand = {agent}\n',
-    )
-    yield built
-    run_cli(built, "down", env=cli_env(built), check=False, timeout=UP_TIMEOUT)
+    yield from up_home(tmp_path, UP_TIMEOUT)
 
 
 def _environ(pid: object) -> dict[str, str]:
