@@ -16,6 +16,7 @@ from typing import Any
 from adapters.delivery import Delivery
 from shared import channel_health
 from shared.aio import call
+from shared.backoff import Backoff
 from shared.clock import now_ms
 
 
@@ -110,7 +111,8 @@ class ChannelLifecycle(Delivery):
         """:meth:`open`; while the platform is unreachable, try again with a doubling wait, recording each
         failure for ``agentpost status`` and ``doctor``. A refusal is raised at once. Returns False when
         stopped before a connection was made."""
-        wait, attempts = self.config.start_retry_base_seconds, 0
+        backoff = Backoff(self.config.start_retry_base_seconds, self.config.start_retry_max_seconds)
+        wait, attempts = backoff.delay(1), 0
         await self._health("connecting")
         while True:
             try:
@@ -138,7 +140,7 @@ class ChannelLifecycle(Delivery):
                 if self.stop_event.is_set():  # stopped while waiting: a clean stop, not a failure
                     await self._health("stopped", error=error)
                     return False
-                wait = min(wait * 2, self.config.start_retry_max_seconds)
+                wait = backoff.delay(attempts + 1)
                 continue
             await self._health("up")
             if attempts:

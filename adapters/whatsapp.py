@@ -39,7 +39,6 @@ import contextlib
 import hmac
 import json
 import mimetypes
-import random
 import time
 from collections.abc import Iterator
 from dataclasses import replace
@@ -72,6 +71,7 @@ from adapters.whatsapp_graph import (
 )
 from shared import inbound_jobs, platform_dedupe
 from shared.aio import call
+from shared.backoff import Backoff
 from shared.chat_lookups import newest_waiting_external_id
 from shared.settings import SettingsError
 from shared.settings_channels import WhatsAppSettings
@@ -433,9 +433,11 @@ class WhatsAppChannel(Channel):
             )
             if not retryable or attempt == self.config.send_retries:
                 raise GraphSendError(response.status_code, as_dict(error))
-            delay = min(self.config.backoff_max_seconds, self.config.backoff_base_seconds * 2**attempt)
+            delay = Backoff(self.config.backoff_base_seconds, self.config.backoff_max_seconds).delay(
+                attempt + 1
+            )
             self.log.info("Graph API throughput limit (%s); retrying in %.2f s", error.get("code"), delay)
-            await asyncio.sleep(delay * random.uniform(0.8, 1.2))
+            await asyncio.sleep(delay)
         raise AssertionError("unreachable")
 
     async def send_text(self, conversation: str, text: str) -> str | None:

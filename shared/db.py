@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import random
 import re
 import sqlite3
 import threading
@@ -20,6 +19,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from shared.backoff import Backoff
 from shared.clock import now_ms
 from shared.dialect import (
     Dialect,
@@ -31,6 +31,9 @@ from shared.dialect import (
 from shared.private_files import sqlite_files, tighten
 from shared.storage_errors import refuse_unwritable
 from shared.wal_checkpoint import CHECKPOINTER
+
+# Processes starting together race to create the schema; a short wait, then try again.
+_SCHEMA_RACE_BACKOFF = Backoff(0.05, 2.0)
 
 if TYPE_CHECKING:
     from sqlalchemy import Engine
@@ -417,7 +420,7 @@ class Database:
                 text = str(exc)
                 if ("already exists" not in text and "database is locked" not in text) or attempt == 9:
                     raise
-                time.sleep(min(2.0, 0.05 * 2**attempt) * (0.5 + random.random() / 2))
+                time.sleep(_SCHEMA_RACE_BACKOFF.delay(attempt + 1))
         self._add_missing_columns()
         self._drop_retired_indexes()
         if self.dialect.is_sqlite:

@@ -27,13 +27,13 @@ Small delivery records live in ``kv`` and are written in the same transaction as
 from __future__ import annotations
 
 import json
-import random
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
 from shared import kv
+from shared.backoff import Backoff
 from shared.chat_address import ChatAddress
 from shared.clock import now_ms
 from shared.db import Row, Tx
@@ -317,7 +317,7 @@ class ResponseOps(QueueState):
                 _fail_in_tx(tx, response_id, reason, explanation, now, "")
                 return RetryOutcome(attempts, now, failed=True)
             kv.put(tx, Scope.DELIVERY_ATTEMPTS, str(response_id), str(attempts), now)
-            due = now + int(min(max_ms, base_ms * 2 ** (attempts - 1)) * random.uniform(0.8, 1.2))
+            due = now + Backoff(base_ms / 1000, max_ms / 1000).delay_ms(attempts)
             tx.execute(
                 "UPDATE responses SET status = 'pending', claimed_by = NULL, lease_until = :due, "
                 "updated_at = :now, last_error = :error WHERE id = :id",

@@ -10,10 +10,10 @@ message whose run had started.
 
 from __future__ import annotations
 
-import random
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from shared.backoff import Backoff
 from shared.chat_address import ChatAddress
 from shared.clock import now_ms
 from shared.db import Row, Tx
@@ -68,10 +68,10 @@ class FailureOps(ResponseOps):
         return rows
 
     def backoff_ms(self, attempt: int) -> int:
-        """Exponential backoff with jitter for the given failed-attempt count (1-based)."""
-        ceiling = min(self.config.backoff_max_ms, self.config.backoff_base_ms * (2 ** max(0, attempt - 1)))
-        # Jitter in [50%, 100%] keeps a herd of failures from retrying in lockstep but never retries early.
-        return int(ceiling * (0.5 + random.random() / 2))
+        """The wait before a failed message's next try, for the given failed-attempt count (1-based)."""
+        return Backoff(self.config.backoff_base_ms / 1000, self.config.backoff_max_ms / 1000).delay_ms(
+            attempt
+        )
 
     def fail_messages(
         self,

@@ -25,6 +25,7 @@ from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from shared import kv
+from shared.backoff import Backoff
 from shared.clock import now_ms
 from shared.conversation_status import format_duration, format_time
 from shared.db import Database
@@ -107,7 +108,8 @@ def _next_clock(hour: int, minute: int, half: str | None, zone: str | None, now:
 
 def backoff_ms(strikes: int, base_seconds: float, max_seconds: float) -> int:
     """The pause after the ``strikes``-th consecutive rate limit without a stated reset."""
-    return int(min(max_seconds, base_seconds * 2 ** max(0, strikes - 1)) * 1000)
+    # No jitter: one agent's pause, shown to its users as a time; nothing retries in a herd.
+    return Backoff(base_seconds, max_seconds, jitter=0).delay_ms(strikes)
 
 
 # -- the fallback model --------------------------------------------------------------------------------
