@@ -43,6 +43,9 @@ class Scope(StrEnum):
     DLQ_RESTORED = "dlq.restored"
     #: key ``*`` → newest pruned event cursor (events); one row.
     EVENTS_PRUNED = "events.pruned"
+    #: key agent → JSON of the agent's workspace (id, host it was made on, path; workers.workspace);
+    #: overwritten when the workspace is made again, kept when the agent is removed (its folder is kept).
+    WORKSPACE = "workspace"
     #: key agent → JSON of the fallback model in use after rate limits (workers.ratelimit).
     MODEL_FALLBACK = "model_fallback"
     #: key Telegram's offset key → the next update offset (adapters.telegram); overwritten in place.

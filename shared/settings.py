@@ -143,6 +143,10 @@ class AgentSettings(_Strict):
     timeout_seconds: float = Field(default=1800.0, gt=0)
     command: list[str] = Field(default_factory=list)
     workspace: str = ""
+    # The workspace is on storage every processor host sees (NFS, a cluster file system): a processor on
+    # any host may run the agent there. Otherwise only a host that has the workspace runs it (see
+    # workers/workspace.py and docs/restarts.md, "Standby processors").
+    workspace_shared: bool = False
     env: dict[str, str] = Field(default_factory=dict)
 
     @model_validator(mode="after")
@@ -297,6 +301,9 @@ class Settings:
                 if section is not None:
                     channels[name] = section
         known = ", ".join(sorted(self.agents))
+        for agent in processor.agents if processor is not None else []:
+            if agent not in self.agents:
+                problems.append(f"processor.agents: unknown agent {agent!r} (known: {known})")
         for agent in beats.root if beats is not None else {}:
             if agent not in self.agents:
                 problems.append(f"heartbeats.{agent}: unknown agent (known: {known})")

@@ -33,7 +33,10 @@ class ProcessorSettings(_Strict):
     """The ``[processor]`` section of settings.toml."""
 
     max_concurrency: int = Field(default=4, ge=1, le=256, description="agents running at the same time")
-    agents: list[str] = Field(default_factory=list, description="run only these agents (empty: all)")
+    agents: list[str] = Field(
+        default_factory=list,
+        description="run only these agents (empty: all): pins agents to the hosts that have their workspaces",
+    )
     renew_interval_seconds: float | None = Field(default=None, gt=0, description="default: lease / 3")
     recover_interval_seconds: float = Field(default=5.0, gt=0)
     shutdown_grace_seconds: float = Field(default=20.0, ge=0)
@@ -69,6 +72,18 @@ class ProcessorSettings(_Strict):
         default="auto",
         description="how agent CLIs are confined (workers/sandbox.py): auto = namespaces where they work",
     )
+
+    @field_validator("agents")
+    @classmethod
+    def _agent_names(cls, value: list[str]) -> list[str]:
+        # Whether each names a configured agent is checked with the whole file (Settings), which knows them.
+        for name in value:
+            if not AGENT_NAME_RE.match(name):
+                raise ValueError(f"agent name {name!r} must match {AGENT_NAME_RE.pattern}")
+        repeated = sorted({name for name in value if value.count(name) > 1})
+        if repeated:
+            raise ValueError(f"{', '.join(repeated)} listed more than once")
+        return value
 
 
 class DlqConfig(_Strict):

@@ -7,10 +7,12 @@ from pathlib import Path
 
 from shared.doctor import Check
 from shared.settings import AgentSettings, Settings
+from shared.worker_identity import this_host
 from workers.agent_env import child_env
 from workers.providers import ProviderError, RunRequest, find_binary
 from workers.sandbox import SANDBOX_USER, SandboxError, runs_as_root
 from workers.sandbox import choose as choose_sandbox
+from workers.workspace import WorkspaceElsewhere, check_workspace, host_of, workspace_record
 
 _BINARIES = {"claude": ("claude", "AGENTPOST_CLAUDE_BIN"), "codex": ("codex", "AGENTPOST_CODEX_BIN")}
 
@@ -100,9 +102,46 @@ def _sandbox(settings: Settings) -> list[Check]:
     ]
 
 
+def _workspaces(settings: Settings) -> list[Check]:
+    """Whether this host has the workspace of each agent its processor serves (workers/workspace.py): a
+    processor here refuses an agent whose workspace another host made and this host lacks."""
+    from shared.db import open_database
+
+    try:
+        db = open_database(settings.database_url, create=False)
+    except Exception:
+        return []  # the database check says why
+    host = host_of(settings.processor.worker_id) if settings.processor.worker_id else this_host()
+    found: list[Check] = []
+    try:
+        for agent in settings.processor.agents or sorted(settings.agents):
+            try:
+                record = workspace_record(db, agent)
+            except Exception:
+                return []  # no schema yet: nothing has run anywhere
+            try:
+                check_workspace(settings, agent, host, record)
+            except WorkspaceElsewhere as elsewhere:
+                found.append(
+                    Check(
+                        "agents",
+                        f"agent {agent} workspace",
+                        "warn",
+                        f"made on host {elsewhere.made_on}, not here ({elsewhere.path}): a processor on "
+                        f"{host} refuses {agent}'s messages, each with a note to the chat",
+                        f"copy the folder here, set workspace_shared = true in [agents.{agent}], or leave "
+                        f"{agent} out of this host's [processor] agents (docs/restarts.md)",
+                    )
+                )
+    finally:
+        db.close()
+    return found
+
+
 def checks(settings: Settings) -> list[Check]:
     """One finding per agent's CLI, plus the Claude login when any agent uses Claude, and the sandbox."""
     found: list[Check] = _sandbox(settings) if settings.agents else []
+    found += _workspaces(settings)
     login_checked = False
     for name, agent in sorted(settings.agents.items()):
         env = child_env(dict(settings.env), agent)

@@ -63,7 +63,7 @@ from workers.ratelimit import (
 from workers.sandbox import Sandboxed, SandboxPlan, SandboxView
 from workers.storage_steps import StorageSteps
 from workers.teams import plan_reply
-from workers.workspace import ensure_workspace, team_instructions
+from workers.workspace import WorkspaceElsewhere, host_of, prepare_workspace, team_instructions
 
 log = logging.getLogger("agentpost.processor")
 
@@ -169,7 +169,11 @@ class RunSteps(StorageSteps):
         group.policy = await call(
             resolve_policy, self.rt.db, self.settings, self.config.busy_policy, group.key
         )
-        workspace = await call(ensure_workspace, self.settings, agent)
+        try:
+            workspace = await call(prepare_workspace, self.rt.db, self.settings, agent, host_of(self.worker))
+        except WorkspaceElsewhere as elsewhere:
+            await self._refuse_elsewhere(drive, group, elsewhere)
+            return
         session_key = AGENT_SCOPE_KEY if config.session_scope == "agent" else group.chat
         session = await call(get_session, self.rt.db, agent, session_key)
         run_config, on_fallback = await self._model_for(agent, config)
@@ -197,6 +201,22 @@ class RunSteps(StorageSteps):
                 await self._quietly(clear_run, self.rt.db, agent, run.run_id)
             raise
         await self._conclude(drive, run, result, workspace, session_key, on_fallback)
+
+    async def _refuse_elsewhere(self, drive: Drive, group: WorkGroup, elsewhere: WorkspaceElsewhere) -> None:
+        """Not in an empty folder: the group ends with one plain notice, the operator's line in its error."""
+        log.warning("agent %s: %s", drive.agent, elsewhere.error())
+        if await self._settle(
+            drive,
+            group,
+            self.rt.queue.fail_messages,
+            group.ids,
+            self.worker,
+            elsewhere.error(),
+            permanent=True,
+            explanation=elsewhere.explanation(),
+            advice=elsewhere.advice(),
+        ):
+            self.stats.failed += len(group.ids)
 
     def _run_start(self, run: RunInfo, provider: str, resumed: bool, fallback_model: str | None) -> TxWork:
         """What commits with the run's start: its ``chain_step_start`` event and its status record."""

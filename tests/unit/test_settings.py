@@ -112,6 +112,12 @@ def test_relative_workspaces_are_under_the_home_folder(tmp_path: Path) -> None:
     ("text", "key"),
     [
         ('[processor]\nbusy_policy = "x"\n', "processor.busy_policy"),
+        ('[processor]\nagents = ["nobody"]\n', "processor.agents: unknown agent 'nobody' (known: assistant)"),
+        ('[processor]\nagents = ["Bad Name"]\n', "processor.agents: Value error, agent name 'Bad Name'"),
+        (
+            '[processor]\nagents = ["assistant", "assistant"]\n',
+            "processor.agents: Value error, assistant listed more",
+        ),
         ("[processor]\nmax_concurency = 2\n", "processor.max_concurency: unknown key"),
         ("[scheduler]\nprune_every = 5\n", "scheduler.prune_every: unknown key"),
         ("[scheduler.dlq]\nmax_entries = 0\n", "scheduler.dlq.max_entries"),
