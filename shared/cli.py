@@ -328,7 +328,7 @@ def queue_agents(as_json: JsonFlag = False) -> None:
 def usage(
     by: Annotated[str, typer.Option("--by", help="Group by agent, sender, chat or day.")] = "agent",
     since: Annotated[
-        str, typer.Option("--since", help="How far back: 30m, 24h, 7d, 2w, today, month.")
+        str, typer.Option("--since", help="How far back: 30m, 24h, 7d, 2w, today, month, all.")
     ] = "7d",
     as_json: JsonFlag = False,
 ) -> None:
@@ -347,7 +347,8 @@ def usage(
         print_json([r.as_dict() for r in rows])
         return
     if not rows:
-        console.print(f"no runs with recorded usage in the last {since}")
+        span = {"all": "yet", "today": "today", "month": "this month"}.get(since.strip().lower())
+        console.print(f"no runs with recorded usage {span or 'in the last ' + since}")
         return
     print_lines(
         list_table(

@@ -185,14 +185,19 @@ _UNIT_MS = {"m": 60_000, "h": 3_600_000, "d": 86_400_000, "w": 7 * 86_400_000}
 
 def parse_since(text: str, now: int | None = None) -> int:
     """``7d``, ``24h``, ``30m``, ``2w`` → epoch ms that long before ``now``; ``today`` → this UTC midnight;
-    ``month`` → the first of this UTC month. Raises ``ValueError`` in plain words otherwise."""
+    ``month`` → the first of this UTC month; ``all`` → 0 (every run recorded). Raises ``ValueError`` in
+    plain words otherwise."""
     now = now_ms() if now is None else now
     word = text.strip().lower()
+    if word == "all":
+        return 0
     if word == "today":
         return day_start(now)
     if word == "month":
         return month_start(now)
     match = _SINCE.match(word)
     if match is None:
-        raise ValueError(f"cannot read {text!r} as a time span; use e.g. 30m, 24h, 7d, 2w, today or month")
+        raise ValueError(
+            f"cannot read {text!r} as a time span; use e.g. 30m, 24h, 7d, 2w, today, month or all"
+        )
     return now - int(match.group(1)) * _UNIT_MS[match.group(2)]

@@ -13,26 +13,15 @@ why in ``trace`` and ``dead list``. A run that crosses a limit finishes: the lim
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
-from datetime import UTC, datetime
 from pathlib import Path
 
+from shared.budget_status import OverBudget, check_over
 from shared.clock import now_ms
-from shared.conversation_status import format_duration
 from shared.db import Database, Tx
 from shared.queue import INTERNAL_CHANNELS, QueuedMessage, TxWork
 from shared.settings import Settings, SettingsError, load_settings
 from shared.settings_sections import BudgetSettings
-from shared.usage import (
-    UsageRecord,
-    day_start,
-    month_start,
-    next_day_start,
-    next_month_start,
-    record_usage_in,
-    spent_usd,
-    usd,
-)
+from shared.usage import UsageRecord, record_usage_in
 from workers.providers import RunResult
 from workers.teams import origin_of
 
@@ -86,48 +75,6 @@ def usage_work(agent: str, run_id: str, primary: QueuedMessage, result: RunResul
 
 
 # -- budgets -----------------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class OverBudget:
-    """Why a message is not run: who is over which limit, and when it resets."""
-
-    whose: str  # "sender" or "agent"
-    who: str  # the sender (``channel:id``) or the agent
-    agent: str
-    period: str  # "daily" or "monthly"
-    spent: float
-    limit: float
-    resets_at: int
-
-    def error(self) -> str:
-        """For the operator (the message's last error, ``trace``, ``dead list``)."""
-        return (
-            f"over budget: {self.whose} {self.who} spent ${self.spent:.4f} of the {self.period} limit "
-            f"${self.limit:.2f} (budgets.{self.whose}_{self.period}_usd); resets {_when(self.resets_at)}"
-        )
-
-    def explanation(self) -> str:
-        """For the sender, in plain words."""
-        period = "today" if self.period == "daily" else "this month"
-        if self.whose == "sender":
-            return (
-                f"you have used {usd(self.spent)} {period}, and your {self.period} limit is {usd(self.limit)}"
-            )
-        return f"it has used {usd(self.spent)} {period}, and its {self.period} limit is {usd(self.limit)}"
-
-    def advice(self, now: int) -> str:
-        return (
-            f"The limit resets {_when(self.resets_at)} (in {format_duration(self.resets_at - now)}); send "
-            "your message again after that, or ask the operator to raise the limit."
-        )
-
-
-def _when(ms: int) -> str:
-    moment = datetime.fromtimestamp(ms / 1000, UTC)
-    if moment.day == 1 and moment.hour == 0 and moment.minute == 0:
-        return f"on {moment:%B} 1 at 00:00 UTC"
-    return f"at midnight UTC ({moment:%Y-%m-%d} 00:00)"
-
-
 def _budget_sender(primary: QueuedMessage) -> str:
     origin = origin_of(primary)
     if origin is None or origin["channel"] in INTERNAL_CHANNELS:
@@ -169,25 +116,12 @@ class BudgetGate:
         budgets = self.budgets()
         limits = budgets.for_agent(agent)
         now = now_ms()
-        periods = (
-            ("daily", day_start(now), next_day_start(now)),
-            ("monthly", month_start(now), next_month_start(now)),
-        )
         sender = _budget_sender(primary)
         if sender and sender not in budgets.exempt_senders:
-            for period, since, resets in periods:
-                limit = getattr(limits, f"sender_{period}_usd")
-                if limit:
-                    spent = spent_usd(db, since_ms=since, sender=sender)
-                    if spent >= limit:
-                        return OverBudget("sender", sender, agent, period, spent, limit, resets)
-        for period, since, resets in periods:
-            limit = getattr(limits, f"agent_{period}_usd")
-            if limit:
-                spent = spent_usd(db, since_ms=since, agent=agent)
-                if spent >= limit:
-                    return OverBudget("agent", agent, agent, period, spent, limit, resets)
-        return None
+            held = check_over(db, "sender", sender, agent, limits, now)
+            if held is not None:
+                return held
+        return check_over(db, "agent", agent, agent, limits, now)
 
 
 _GATES: dict[Path, BudgetGate] = {}

@@ -1,5 +1,6 @@
 """``/api/usage``: tokens and cost of agent runs per agent, sender, chat or UTC day (the same sums as
-``agentpost usage --json``)."""
+``agentpost usage --json``); ``/api/usage/budgets``: who is over a ``[budgets]`` limit now. The dashboard's
+cost view reads both."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, Query
 from pydantic import BaseModel
 
+from shared.budget_status import any_limit, over_budget_now
+from shared.clock import now_ms
 from shared.usage import parse_since, usage_rows
 
 from .errors import ApiError
@@ -32,7 +35,7 @@ class UsageOut(BaseModel):
 async def usage(
     web: Web,
     by: Annotated[Literal["agent", "sender", "chat", "day"], Query()] = "agent",
-    since: Annotated[str, Query(max_length=20, description="30m, 24h, 7d, 2w, today or month")] = "7d",
+    since: Annotated[str, Query(max_length=20, description="30m, 24h, 7d, 2w, today, month or all")] = "7d",
 ) -> list[UsageOut]:
     try:
         since_ms = parse_since(since)
@@ -40,3 +43,35 @@ async def usage(
         raise ApiError(422, str(exc)) from None
     rows = await web.run(usage_rows, web.db, by, since_ms)
     return [UsageOut(**r.as_dict()) for r in rows]
+
+
+class OverBudgetOut(BaseModel):
+    """A sender or agent at or past a limit now: messages from (or for) them are not run until it resets."""
+
+    whose: Literal["sender", "agent"]
+    who: str
+    period: Literal["daily", "monthly"]
+    spent_usd: float
+    limit_usd: float
+    resets_at: int
+    #: The agents a sender's limit holds for, when overrides make it differ per agent (empty: every agent).
+    agents: list[str]
+    setting: str
+
+
+class BudgetsOut(BaseModel):
+    """Whether any ``[budgets]`` limit is set, and who is over one now."""
+
+    limits_set: bool
+    over: list[OverBudgetOut]
+
+
+@router.get(
+    "/usage/budgets", summary="Who is over a [budgets] limit now, with what was spent and when it resets"
+)
+async def usage_budgets(web: Web) -> BudgetsOut:
+    settings = web.settings
+    found = await web.run(over_budget_now, web.db, settings.budgets, list(settings.agents), now_ms())
+    return BudgetsOut(
+        limits_set=any_limit(settings.budgets), over=[OverBudgetOut(**o.as_dict()) for o in found]
+    )
