@@ -24,31 +24,17 @@ from shared.settings import load_settings
 from shared.usage import UsageRecord, record_usage_in
 from tests.channel_support import HoldingTelegram, RunningChannel, channel_home
 from tests.fakes.anthropic_api import FakeAnthropic, Text
-from tests.fakes.claude_env import claude_binary, claude_env
 from tests.fixtures import anthropic_api, cli_installed, telegram_fake  # noqa: F401  (fixtures)
 from tests.homes import open_home
 from tests.probes import wait_for
 from tests.processor_support import make_home, run_idle
+from tests.usage_support import claude_tee, cli_env, own_cost, reported
 from tests.web_support import LiveServer, runtime_for
 from tests.web_support import make_home as web_home
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
 AGENTPOST = str(Path(sys.executable).with_name("agentpost"))
-
-
-def _wrapper(tmp_path: Path) -> tuple[Path, Path]:
-    """A claude command that keeps a copy of the CLI's stdout (what the processor parsed)."""
-    log = tmp_path / "stream.jsonl"
-    script = tmp_path / "claude-tee"
-    script.write_text(f'#!/bin/sh\n"{claude_binary()}" "$@" | tee -a "{log}"\n')
-    script.chmod(0o755)
-    return script, log
-
-
-def _reported(log: Path) -> list[dict[str, Any]]:
-    lines = [json.loads(line) for line in log.read_text().splitlines() if line.strip().startswith("{")]
-    return [line for line in lines if line.get("type") == "result"]
 
 
 def _usage_cli(home: Path, *args: str) -> Any:
@@ -66,26 +52,20 @@ def _home(tmp_path: Path, db_url: str, command: Path) -> Path:
     return make_home(tmp_path, db_url, {"coder": agent})
 
 
-def _env(api: FakeAnthropic, tmp_path: Path) -> dict[str, str]:
-    home = tmp_path / "user-home"
-    home.mkdir(exist_ok=True)
-    return claude_env(api.base_url, home, max_retries=0)
-
-
-def test_two_runs_of_one_sender_show_the_tokens_and_cost_the_cli_reported(
+def test_two_runs_of_one_sender_show_the_tokens_and_cost_the_clireported(
     tmp_path: Path, db_url: str, api: FakeAnthropic
 ) -> None:
     api.add_rule(None, Text("Done, and a few words more to count."))
-    command, log = _wrapper(tmp_path)
+    command, log = claude_tee(tmp_path)
     home = _home(tmp_path, db_url, command)
-    env = _env(api, tmp_path)
+    env = cli_env(api, tmp_path)
     with open_home(home) as rt:
         rt.queue.enqueue_message("telegram", "ann", "first question", sender_id="42", conversation="c1")
         run_idle(rt, env=env)
         rt.queue.enqueue_message("telegram", "ann", "second question", sender_id="42", conversation="c1")
         stats = run_idle(rt, env=env)
         assert stats.completed == 1
-    results = _reported(log)
+    results = reported(log)
     assert len(results) == 2
     want_input = sum(r["usage"]["input_tokens"] for r in results)
     want_output = sum(r["usage"]["output_tokens"] for r in results)
@@ -93,7 +73,7 @@ def test_two_runs_of_one_sender_show_the_tokens_and_cost_the_cli_reported(
     want_cache_write = sum(r["usage"].get("cache_creation_input_tokens", 0) for r in results)
     # Each run's own cost: the CLI's ``total_cost_usd`` adds up the session, and the second run resumed the
     # first one's conversation, so its total already holds the first run's cost.
-    own = [sum(m["costUSD"] for m in r["model_usage_since_last_result"].values()) for r in results]
+    own = [own_cost(r) for r in results]
     want_cost = sum(own)
     assert want_cost == pytest.approx(results[-1]["total_cost_usd"], abs=1e-6)
     assert want_input > 0 and want_output > 0 and want_cost > 0
@@ -169,9 +149,9 @@ def test_a_sender_over_the_daily_budget_is_told_and_not_run_while_another_sender
     tmp_path: Path, sqlite_url: str, api: FakeAnthropic
 ) -> None:
     api.add_rule(None, Text("Answered."))
-    command, log = _wrapper(tmp_path)
+    command, log = claude_tee(tmp_path)
     home = _home(tmp_path, sqlite_url, command)
-    env = _env(api, tmp_path)
+    env = cli_env(api, tmp_path)
     with open_home(home) as rt:
         for text in ("one", "two"):
             rt.queue.enqueue_message("telegram", "ann", text, sender_id="42", conversation="c1")
@@ -183,9 +163,9 @@ def test_a_sender_over_the_daily_budget_is_told_and_not_run_while_another_sender
             f.write(f"\n[budgets]\nsender_daily_usd = {limit}\n")
         held = rt.queue.enqueue_message("telegram", "ann", "three", sender_id="42", conversation="c1")
         other = rt.queue.enqueue_message("telegram", "bob", "hello", sender_id="43", conversation="c2")
-        runs_before = len(_reported(log))
+        runs_before = len(reported(log))
         run_idle(rt, env=env)
-        assert len(_reported(log)) == runs_before + 1  # bob's message ran, ann's did not
+        assert len(reported(log)) == runs_before + 1  # bob's message ran, ann's did not
         assert rt.queue.get_message(held.message_id).status == "dead"  # type: ignore[union-attr]
         assert rt.queue.get_message(other.message_id).status == "completed"  # type: ignore[union-attr]
         replies = {
@@ -272,7 +252,7 @@ def test_a_teammates_run_in_a_handoff_counts_to_the_person_who_started_the_chain
 ) -> None:
     api.add_rule("build the thing", Text("On it. [@reviewer: please review the plan]"))
     api.add_rule("please review the plan", Text("Reviewed: looks good."))
-    command, log = _wrapper(tmp_path)
+    command, log = claude_tee(tmp_path)
     agent = {"provider": "claude", "timeout_seconds": 30, "command": [str(command)]}
     home = make_home(
         tmp_path,
@@ -282,7 +262,7 @@ def test_a_teammates_run_in_a_handoff_counts_to_the_person_who_started_the_chain
     )
     with open_home(home) as rt:
         rt.queue.enqueue_message("telegram", "ann", "@dev build the thing", sender_id="42", conversation="c1")
-        assert run_idle(rt, env=_env(api, tmp_path)).invocations == 2
+        assert run_idle(rt, env=cli_env(api, tmp_path)).invocations == 2
         rows = rt.db.read(
             "SELECT agent, channel, conversation, sender, sender_name FROM run_usage ORDER BY id"
         )
@@ -298,4 +278,4 @@ def test_a_teammates_run_in_a_handoff_counts_to_the_person_who_started_the_chain
     ]
     (row,) = _usage_cli(home, "--by", "sender")
     assert row["runs"] == 2
-    assert row["input_tokens"] == sum(r["usage"]["input_tokens"] for r in _reported(log))
+    assert row["input_tokens"] == sum(r["usage"]["input_tokens"] for r in reported(log))

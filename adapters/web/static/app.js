@@ -121,10 +121,12 @@ function agentName(id) {
 }
 
 // -- views ---------------------------------------------------------------------------------------------
+// The costs view lives in usage.js (refreshUsage, refreshOverBadge).
+const VIEWS = ["chat", "agents", "ops", "usage"];
 function showView(view) {
   state.view = view;
   for (const tab of document.querySelectorAll(".tab")) tab.setAttribute("aria-pressed", String(tab.dataset.view === view));
-  for (const name of ["chat", "agents", "ops"]) $("#view-" + name).hidden = name !== view;
+  for (const name of VIEWS) $("#view-" + name).hidden = name !== view;
   location.hash = view === "chat" ? "" : view;
   refreshAll();
 }
@@ -709,6 +711,8 @@ async function refreshAll() {
   if (state.view === "chat") jobs.push(refreshConversations(), refreshHistory());
   if (state.view === "agents") jobs.push(refreshAgentsView());
   if (state.view === "ops") jobs.push(refreshPairing(), refreshDead(), refreshChannels());
+  if (state.view === "usage") jobs.push(refreshUsage());
+  else jobs.push(refreshOverBadge());
   const results = await Promise.allSettled(jobs);
   for (const r of results) if (r.status === "rejected" && !(r.reason instanceof ApiError)) console.error(r.reason);
 }
@@ -818,9 +822,9 @@ async function begin() {
   }
   loadProcessorForm();
   const hash = location.hash.replace("#", "");
-  state.view = ["agents", "ops"].includes(hash) ? hash : "chat";
+  state.view = VIEWS.includes(hash) ? hash : "chat";
   for (const tab of document.querySelectorAll(".tab")) tab.setAttribute("aria-pressed", String(tab.dataset.view === state.view));
-  for (const name of ["chat", "agents", "ops"]) $("#view-" + name).hidden = name !== state.view;
+  for (const name of VIEWS) $("#view-" + name).hidden = name !== state.view;
   await refreshAll();
   connectEvents();
   if (!state.pollTimer) state.pollTimer = setInterval(refreshAll, 5000); // in case a change signal was missed
