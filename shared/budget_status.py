@@ -46,17 +46,20 @@ class OverBudget:
     resets_at: int
     #: In a list: the agents a sender's limit holds for, when it is not every agent (overrides differ).
     agents: tuple[str, ...] = ()
+    #: The agent whose ``[budgets.agents.<name>]`` set this limit ("": the ``[budgets]`` section).
+    override: str = ""
 
     @property
     def setting(self) -> str:
         """The settings key of the limit, e.g. ``budgets.sender_daily_usd``."""
-        return f"budgets.{self.whose}_{self.period}_usd"
+        key = f"{self.whose}_{self.period}_usd"
+        return f"budgets.agents.{self.override}.{key}" if self.override else f"budgets.{key}"
 
     def error(self) -> str:
         """For the operator (the message's last error, ``trace``, ``dead list``)."""
         return (
             f"{OVER_BUDGET_PREFIX}{self.whose} {self.who} spent ${self.spent:.4f} of the {self.period} limit "
-            f"${self.limit:.2f} ({self.setting}); resets {when(self.resets_at)}"
+            f"${self.limit:.4f} ({self.setting}); resets {when(self.resets_at)}"
         )
 
     def summary(self) -> str:
@@ -117,11 +120,18 @@ def _limit(limits: BudgetLimits, whose: str, period: str) -> float:
     return value or 0.0
 
 
+def _override(budgets: BudgetSettings, agent: str, whose: str, period: str) -> str:
+    """``agent`` when its own ``[budgets.agents.<agent>]`` sets this limit, else ""."""
+    own = budgets.agents.get(agent)
+    return agent if own is not None and f"{whose}_{period}_usd" in own.model_fields_set else ""
+
+
 def check_over(
-    db: Database, whose: str, who: str, agent: str, limits: BudgetLimits, now: int
+    db: Database, whose: str, who: str, agent: str, budgets: BudgetSettings, now: int
 ) -> OverBudget | None:
     """The first limit (daily, then monthly) ``who`` has reached — a sender on every agent, or an agent for
-    every sender — or None. ``agent`` is the agent the message is for."""
+    every sender — or None. ``agent`` is the agent the message is for (its overrides apply)."""
+    limits = budgets.for_agent(agent)
     for period in PERIODS:
         limit = _limit(limits, whose, period)
         if not limit:
@@ -132,7 +142,8 @@ def check_over(
         else:
             spent = spent_usd(db, since_ms=since, agent=who)
         if spent >= limit:
-            return OverBudget(whose, who, agent, period, spent, limit, resets)
+            source = _override(budgets, agent, whose, period)
+            return OverBudget(whose, who, agent, period, spent, limit, resets, override=source)
     return None
 
 
@@ -155,7 +166,8 @@ def over_budget_now(
             limit = _limit(budgets.for_agent(agent), "agent", period)
             spent = by_agent.get(agent, 0.0)
             if limit and spent >= limit:
-                found.append(OverBudget("agent", agent, agent, period, spent, limit, resets))
+                source = _override(budgets, agent, "agent", period)
+                found.append(OverBudget("agent", agent, agent, period, spent, limit, resets, override=source))
         # A sender's limit for each agent; senders spend on every agent, so one sum holds for all of them.
         holds: dict[float, list[str]] = {}
         for agent in configured or [""]:

@@ -153,6 +153,42 @@ def check_deliveries(settings: Settings) -> list[Check]:
     ]
 
 
+def check_budgets(settings: Settings) -> list[Check]:
+    """A line per sender or agent over a ``[budgets]`` limit now (their messages are not run), or one
+    saying no one is."""
+    from shared.budget_status import any_limit, over_budget_now
+    from shared.clock import now_ms
+    from shared.db import open_database
+
+    try:
+        db = open_database(settings.database_url, create=False)
+    except Exception:
+        return []  # check_database already says why
+    try:
+        over = over_budget_now(db, settings.budgets, settings.agents, now_ms())
+    except Exception as exc:
+        return [Check("budgets", "spending", "warn", f"could not be read: {exc}".splitlines()[0])]
+    finally:
+        db.close()
+    if not over:
+        detail = (
+            "no one over budget" if any_limit(settings.budgets) else "no one over budget (no limit is set)"
+        )
+        return [Check("budgets", "spending", "ok", detail)]
+    return [
+        Check(
+            "budgets",
+            f"{o.whose} {o.who}",
+            "warn",
+            f"over budget: {o.summary()}; "
+            + ("their messages are not run" if o.whose == "sender" else "its messages are not run"),
+            f"wait for the reset, or raise {o.setting} in settings.toml"
+            + (" (or add them to budgets.exempt_senders)" if o.whose == "sender" else ""),
+        )
+        for o in over
+    ]
+
+
 def check_channel_health(settings: Settings) -> list[Check]:
     """How each channel adapter that has run is connected: up, retrying an unreachable platform, stopped."""
     from shared.channel_health import read_from_settings
@@ -276,6 +312,7 @@ def run_checks(home: Path | None = None) -> list[Check]:
     if all(c.level == "ok" for c in database):
         found += check_deliveries(settings)
         found += check_pairings(settings)
+        found += check_budgets(settings)
         found += check_channel_health(settings)
     found += check_security(settings)
     for ep in entry_points(group="agentpost.doctor"):

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from shared.budget_status import OVER_BUDGET_PREFIX
 from shared.clock import now_ms
 from shared.db import Database
 from shared.events import EventEntry, entry_from_row
@@ -106,6 +107,13 @@ def _verdict(
     if status == "dead":
         told = any(r["metadata"].get("kind") == "dead_notice" for r in responses)
         notice = "the sender was told" if told else "no notice was sent (internal channel)"
+        error = str(message["last_error"] or "")
+        if error.startswith(OVER_BUDGET_PREFIX):
+            # Never run: the figures are in the reason; a retry helps only once the limit allows it.
+            return (
+                f"not run because its {error.removeprefix(OVER_BUDGET_PREFIX)}; {notice}; once the limit "
+                f"has reset or been raised, `agentpost dead retry {message['message_id']}` runs it"
+            )
         return (
             f"dead letter after {message['retry_count']} attempt(s): {message['last_error']}; {notice}; "
             f"retry with `agentpost dead retry {message['message_id']}`"

@@ -114,14 +114,13 @@ class BudgetGate:
         """The first limit ``primary``'s sender or ``agent`` is over now (None: it may run). A run already
         going on is never stopped: the limit holds from the next message on."""
         budgets = self.budgets()
-        limits = budgets.for_agent(agent)
         now = now_ms()
         sender = _budget_sender(primary)
         if sender and sender not in budgets.exempt_senders:
-            held = check_over(db, "sender", sender, agent, limits, now)
+            held = check_over(db, "sender", sender, agent, budgets, now)
             if held is not None:
                 return held
-        return check_over(db, "agent", agent, agent, limits, now)
+        return check_over(db, "agent", agent, agent, budgets, now)
 
 
 _GATES: dict[Path, BudgetGate] = {}
