@@ -11,7 +11,8 @@
   with work for this chat; the processor stops the run and completes its messages with a short reply.
 - ``/queue [collect|followup|interrupt|default]``: the chat's busy policy (:mod:`shared.chat_prefs`).
 - ``/usage``: what the sender's messages have cost today and this month, against their ``[budgets]``
-  limits (:mod:`shared.usage`).
+  limits (:mod:`shared.usage`); in the channel's ``operator_chat``, also each agent's spend and who is over
+  a limit (:mod:`shared.budget_status`).
 - ``/retry``: the chat's last message that could not be answered goes back to the queue (within the
   manual-retry budget an operator's ``agentpost dead retry`` shares).
 
@@ -23,8 +24,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, ClassVar, Literal
 
 from adapters import chat_state
+from shared.budget_status import agents_usage_text
 from shared.chat_lookups import busy_agents
 from shared.chat_prefs import BUSY_POLICIES, get_busy_policy, parse_busy_policy, set_busy_policy
+from shared.clock import now_ms
 from shared.conversation_status import conversation_status, format_status
 from shared.queue import InvalidInput, NotFound, RetryBudgetExhausted, UnknownMention
 from shared.routing import AGENT_NAME_RE
@@ -148,14 +151,24 @@ class ChatCommands:
         return self._cmd_reset(message, args)
 
     def _cmd_usage(self, message: Inbound) -> str:
-        # The key the processor records runs under: ids are per platform.
+        # The key the processor records runs under: ids are per platform. The sender's limits are those for
+        # the agent this chat talks to ([budgets.agents.<name>] may override them).
         budgets = self.settings.budgets
-        return sender_usage_text(
+        sender = f"{self.name}:{message.sender_id}"
+        limits = budgets.for_agent(self.chat_agent(message.conversation))
+        now = now_ms()
+        text = sender_usage_text(
             self.rt.db,
-            f"{self.name}:{message.sender_id}",
-            budgets.sender_daily_usd,
-            budgets.sender_monthly_usd,
+            sender,
+            limits.sender_daily_usd,
+            limits.sender_monthly_usd,
+            now,
+            exempt=sender in budgets.exempt_senders,
         )
+        # The operator's chat ([channels.<name>] operator_chat) also sees what each agent spends.
+        if self.config.operator_chat and message.conversation == self.config.operator_chat:
+            text += "\n\n" + agents_usage_text(self.rt.db, budgets, self.settings.agents, now)
+        return text
 
     def _cmd_retry(self, message: Inbound) -> str:
         try:

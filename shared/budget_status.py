@@ -182,3 +182,28 @@ def over_budget_now(
                         OverBudget("sender", row.key, "", period, row.cost_usd, limit, resets, scope)
                     )
     return sorted(found, key=lambda o: (o.whose != "agent", o.who, PERIODS.index(o.period), o.limit))
+
+
+def agents_usage_text(db: Database, budgets: BudgetSettings, agents: Iterable[str], now: int) -> str:
+    """For the operator's chat (``/usage`` there): each agent's spend today and this month against its
+    limits, and who is over a limit now."""
+    today = {r.key: r for r in usage_rows(db, "agent", day_start(now))}
+    month = {r.key: r for r in usage_rows(db, "agent", month_start(now))}
+    lines = ["Agents (UTC days and months):"]
+    for agent in sorted(set(agents) | set(month)):
+        limits = budgets.for_agent(agent)
+        spent = []
+        for label, rows, period in (("today", today, "daily"), ("this month", month, "monthly")):
+            row = rows.get(agent)
+            limit = _limit(limits, "agent", period)
+            bound = f" of {usd(limit)}" if limit else ""
+            spent.append(f"{usd(row.cost_usd if row else 0.0)}{bound} {label}")
+        runs = month[agent].runs if agent in month else 0
+        lines.append(f"@{agent}: {', '.join(spent)} ({runs} run{'' if runs == 1 else 's'} this month)")
+    over = over_budget_now(db, budgets, agents, now)
+    if over:
+        lines.append("Over budget now (their messages are not run):")
+        lines += [f"- {o.summary()}" for o in over]
+    else:
+        lines.append("No one is over budget.")
+    return "\n".join(lines)

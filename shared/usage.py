@@ -132,9 +132,16 @@ def usd(amount: float) -> str:
 
 
 def sender_usage_text(
-    db: Database, sender: str, daily_limit: float | None, monthly_limit: float | None, now: int | None = None
+    db: Database,
+    sender: str,
+    daily_limit: float | None,
+    monthly_limit: float | None,
+    now: int | None = None,
+    *,
+    exempt: bool = False,
 ) -> str:
-    """The ``/usage`` answer: what ``sender`` (``channel:id``) spent today and this month, against limits."""
+    """The ``/usage`` answer: what ``sender`` (``channel:id``) spent today and this month, against limits
+    (an ``exempt`` sender has none)."""
     now = now_ms() if now is None else now
     parts = []
     for label, since, limit, resets in (
@@ -142,7 +149,12 @@ def sender_usage_text(
         ("This month", month_start(now), monthly_limit, "on the 1st, 00:00 UTC"),
     ):
         spent = spent_usd(db, since_ms=since, sender=sender)
-        bound = f" of your {usd(limit)} limit (resets {resets})" if limit else " (no limit)"
+        if exempt:
+            bound = " (no limit: you are exempt)"
+        elif limit:
+            bound = f" of your {usd(limit)} limit (resets {resets})"
+        else:
+            bound = " (no limit)"
         parts.append(f"{label}: {usd(spent)}{bound}.")
     return "Your usage of the agents here — " + " ".join(parts)
 

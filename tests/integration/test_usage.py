@@ -221,14 +221,12 @@ def test_heartbeats_count_to_their_agent_overrides_and_exempt_senders(tmp_path: 
 
 
 def test_usage_chat_command_tells_the_sender_their_own_spend(tmp_path: Path, fake: HoldingTelegram) -> None:
-    """``/usage`` in a Telegram chat: the sender's own cost today and this month, with their limits."""
-    home = channel_home(
-        tmp_path,
-        f"sqlite:///{tmp_path / 'a.db'}",
-        {"telegram": {"allowlist": ["42", "43"], "poll_timeout_seconds": 1, "typing": False}},
-    )
+    """``/usage`` in a Telegram chat: the sender's own cost today and this month, with their limits; in the
+    channel's ``operator_chat`` also each agent's spend and who is over a limit."""
+    telegram = {"allowlist": ["42", "43"], "operator_chat": "42", "poll_timeout_seconds": 1, "typing": False}
+    home = channel_home(tmp_path, f"sqlite:///{tmp_path / 'a.db'}", {"telegram": telegram})
     with (home / "settings.toml").open("a") as f:
-        f.write("\n[budgets]\nsender_daily_usd = 2.5\n")
+        f.write("\n[budgets]\nsender_daily_usd = 2.5\nagent_daily_usd = 20\n")
     rt = open_home(home)
     try:
         with rt.db.transaction() as tx:
@@ -239,12 +237,20 @@ def test_usage_chat_command_tells_the_sender_their_own_spend(tmp_path: Path, fak
         env = {"TELEGRAM_BOT_TOKEN": fake.token, "TELEGRAM_API_BASE_URL": fake.url}
         with RunningChannel(TelegramChannel(rt, env=env)):
             fake.push_text(42, "/usage")
-            wait_for(lambda: len(fake.texts(42)) == 1, 15, "/usage answered")
+            fake.push_text(43, "/usage")
+            wait_for(lambda: len(fake.texts(42)) == 1 and len(fake.texts(43)) == 1, 15, "/usage answered")
     finally:
         rt.close()
     (answer,) = fake.texts(42)
     assert "Today: $0.0123 of your $2.50 limit (resets at midnight UTC)." in answer, answer
     assert "This month: $0.0123 (no limit)." in answer, answer
+    # The operator's chat: every agent, and who is over a limit.
+    assert "@alpha: $9.01 of $20.00 today, $9.01 this month (2 runs this month)" in answer, answer
+    assert "@beta: $0.0000 of $20.00 today, $0.0000 this month (0 runs this month)" in answer, answer
+    assert "- sender telegram:43: $9.00 of the daily limit $2.50, resets at midnight UTC" in answer, answer
+    (other,) = fake.texts(43)
+    assert "Today: $9.00 of your $2.50 limit (resets at midnight UTC)." in other, other
+    assert "@alpha" not in other and "telegram:42" not in other, other
 
 
 def test_a_teammates_run_in_a_handoff_counts_to_the_person_who_started_the_chain(
