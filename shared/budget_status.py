@@ -178,9 +178,12 @@ def over_budget_now(
             for limit, held in sorted(holds.items()):
                 if limit and row.cost_usd >= limit:
                     scope = tuple(held) if len(held) < len(configured) else ()
-                    found.append(
-                        OverBudget("sender", row.key, "", period, row.cost_usd, limit, resets, scope)
+                    # One agent's own override set it: name that key (several share a value: the section's).
+                    source = _override(budgets, held[0], "sender", period) if len(held) == 1 else ""
+                    over = OverBudget(
+                        "sender", row.key, "", period, row.cost_usd, limit, resets, scope, source
                     )
+                    found.append(over)
     return sorted(found, key=lambda o: (o.whose != "agent", o.who, PERIODS.index(o.period), o.limit))
 
 

@@ -21,7 +21,7 @@ from adapters.telegram import TelegramChannel
 from shared.clock import now_ms
 from shared.runtime import Runtime
 from shared.settings import load_settings
-from shared.usage import UsageRecord, record_usage_in
+from shared.usage import UsageRecord, next_day_start, record_usage_in
 from tests.channel_support import HoldingTelegram, RunningChannel, channel_home
 from tests.fakes.anthropic_api import FakeAnthropic, Text
 from tests.fixtures import anthropic_api, cli_installed, telegram_fake  # noqa: F401  (fixtures)
@@ -285,3 +285,43 @@ def test_a_teammates_run_in_a_handoff_counts_to_the_person_who_started_the_chain
     (row,) = _usage_cli(home, "--by", "sender")
     assert row["runs"] == 2
     assert row["input_tokens"] == sum(r["usage"]["input_tokens"] for r in reported(log))
+
+
+def test_api_usage_budgets_names_who_is_over_and_for_which_agents(tmp_path: Path) -> None:
+    """``GET /api/usage/budgets``: a sender's limit set per agent holds for those agents only (and names its
+    key); an exempt sender is never listed; an agent over its own limit is; no limit set says so."""
+    with contextlib.ExitStack() as stack:
+        home = web_home(tmp_path)
+        rt: Runtime = runtime_for(home)
+        stack.callback(rt.close)
+        live = stack.enter_context(LiveServer(rt))
+        client = stack.enter_context(live.client())
+        assert client.get("/api/usage/budgets").json() == {"limits_set": False, "over": []}
+        with rt.db.transaction() as tx:
+            for sender, cost in (("telegram:1", 0.5), ("telegram:2", 2.0), ("telegram:9", 5.0)):
+                record_usage_in(tx, UsageRecord(agent="alpha", sender=sender, cost_usd=cost))
+        settings = home / "settings.toml"
+        settings.write_text(
+            settings.read_text() + "\n[budgets]\nsender_daily_usd = 1.0\nagent_monthly_usd = 7.5\n"
+            'exempt_senders = ["telegram:9"]\n\n[budgets.agents.beta]\nsender_daily_usd = 0.1\n'
+        )
+        answer = wait_for(
+            lambda: (r := client.get("/api/usage/budgets").json())["limits_set"] and r,
+            10,
+            "the web process to read the new budgets",
+        )
+    over = {(o["whose"], o["who"], o["limit_usd"]): o for o in answer["over"]}
+    assert sorted(over) == [
+        ("agent", "alpha", 7.5),
+        ("sender", "telegram:1", 0.1),
+        ("sender", "telegram:2", 0.1),
+        ("sender", "telegram:2", 1.0),
+    ], answer
+    assert over[("agent", "alpha", 7.5)]["period"] == "monthly"
+    assert over[("agent", "alpha", 7.5)]["spent_usd"] == 7.5
+    beta_only = over[("sender", "telegram:1", 0.1)]
+    assert (beta_only["agents"], beta_only["setting"]) == (["beta"], "budgets.agents.beta.sender_daily_usd")
+    others = over[("sender", "telegram:2", 1.0)]
+    assert (others["agents"], others["setting"]) == (["alpha", "gamma"], "budgets.sender_daily_usd")
+    assert others["spent_usd"] == 2.0 and others["period"] == "daily"
+    assert others["resets_at"] == next_day_start(now_ms())

@@ -51,8 +51,12 @@ async function refreshUsage() {
   renderDayChart(days);
 }
 
-// The tab's badge: how many are over a limit, seen from any view.
+// The tab's badge: how many are over a limit, seen from any view. Limits reset at midnight and spending
+// grows a run at a time, so every other view asks at most every 15 s rather than on each event.
+let overCheckedAt = 0;
 async function refreshOverBadge() {
+  if (Date.now() - overCheckedAt < 15000) return;
+  overCheckedAt = Date.now();
   renderOverBadge(await api("GET", "/api/usage/budgets"));
 }
 
