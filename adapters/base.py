@@ -10,7 +10,7 @@ through the database:
   ``/stop``, ``/queue``, ``/help``), a sticky default agent per chat (``@agent`` alone switches, ``@default``
   clears), then ``enqueue_message`` with the platform's message id as ``external_id`` (a redelivered message
   is reported as a duplicate, not queued twice — also after the message row was pruned: the ids taken in
-  are remembered for longer than any platform redelivers, :mod:`shared.platform_dedupe`) and the chat debounce (``[queue] debounce_ms``: a burst of
+  are remembered for longer than any platform redelivers, :mod:`shared.chat.dedupe`) and the chat debounce (``[queue] debounce_ms``: a burst of
   quick messages becomes one run). :meth:`Channel.handle` returns only after the message is committed, so a
   platform delivery is acknowledged (an offset confirmed, a webhook answered) only then. A command's answer
   commits with the message's seen mark and the plugin's cursor in the same way, so a crash never answers
@@ -48,18 +48,18 @@ from adapters import pairing as pairings
 from adapters.channel_lifecycle import ChannelLifecycle
 from adapters.chat_commands import COMMANDS, HELP_TEXT, ChatCommands, reset_conversation
 from adapters.delivery import Part, safe_filename
-from shared import held_messages, platform_dedupe
 from shared.aio import call
-from shared.channel_cursors import OFFLINE_SENT_AT
-from shared.chat_address import ChatAddress
+from shared.chat import dedupe, held
+from shared.chat.address import ChatAddress
+from shared.chat.cursors import OFFLINE_SENT_AT
 from shared.clock import now_ms
-from shared.db import Tx
 from shared.file_access import chat_upload_dir
-from shared.queue import TxWork, UnknownMention
+from shared.queue.core import TxWork, UnknownMention
 from shared.runtime import Runtime, open_runtime
-from shared.settings import Settings, SettingsError
-from shared.settings_channels import ChannelSettings
-from shared.storage_errors import transient_problem
+from shared.settings.channels import ChannelSettings
+from shared.settings.model import Settings, SettingsError
+from shared.storage.db import Tx
+from shared.storage.errors import transient_problem
 from shared.worker_identity import new_worker_id
 
 TEST_PAUSE_ENV = "AGENTPOST_TEST_PAUSE_AFTER_FETCH"
@@ -109,7 +109,7 @@ class Inbound:
         return ChatAddress(channel, self.sender, self.sender_id, self.conversation)
 
     def held_record(self) -> dict[str, Any]:
-        """The message as :mod:`shared.held_messages` keeps it while its sender waits for approval (a
+        """The message as :mod:`shared.chat.held` keeps it while its sender waits for approval (a
         stored format: :meth:`from_held` reads it back)."""
         return {
             "conversation": self.conversation,
@@ -267,7 +267,7 @@ class Channel(ChatCommands, ChannelLifecycle):
         )
 
     async def until_stored(self, work: Callable[[], Awaitable[_T]], what: str) -> _T:
-        """``await work()``; while it fails on storage trouble (:func:`shared.storage_errors.transient_problem`:
+        """``await work()``; while it fails on storage trouble (:func:`shared.storage.errors.transient_problem`:
         a server restarting or unreachable, a lock, a full disk), wait with a doubling pause and run it
         again, up to :attr:`storage_wait_seconds` or until the adapter is stopped — then raise. ``work``
         must be safe to run again: it is one transaction, or checks what an earlier try committed (an
@@ -366,7 +366,7 @@ class Channel(ChatCommands, ChannelLifecycle):
         check alone cannot catch every redelivery; this record outlives both), and the plugin's own record."""
 
         def write(tx: Tx) -> None:
-            platform_dedupe.remember_in(tx, self.name, external_id)
+            dedupe.remember_in(tx, self.name, external_id)
             if also is not None:
                 also(tx)
 
@@ -374,12 +374,12 @@ class Channel(ChatCommands, ChannelLifecycle):
 
     def _while_unpaired(self, message: Inbound, check: pairings.PairingCheck) -> HandleOutcome:
         """Keep the message for when the sender is approved; give the code once, remind now and then."""
-        kept = held_messages.hold(self.rt.db, self.name, message.sender_id, message.held_record())
+        kept = held.hold(self.rt.db, self.name, message.sender_id, message.held_record())
         if check.decision == "new_code":
             self.send_pairing_code(message, check.code)
             self._tell_operator(message, check.code)
             return "pairing_code"
-        if check.decision == "pending" and held_messages.remind_due(self.rt.db, self.name, message.sender_id):
+        if check.decision == "pending" and held.remind_due(self.rt.db, self.name, message.sender_id):
             self.reply(message, pairing_reminder_text(kept), kind="pairing")
         self.log.info("unpaired sender %s (%s): message kept=%s", message.sender_id, check.decision, kept)
         return "unpaired"
@@ -399,7 +399,7 @@ class Channel(ChatCommands, ChannelLifecycle):
         """Answer the messages of senders approved since they wrote (told first that they are in). Returns
         how many messages were taken back in."""
         taken = 0
-        for sender_id, kept in held_messages.approved_with_held(self.rt.db, self.name).items():
+        for sender_id, kept in held.approved_with_held(self.rt.db, self.name).items():
             # In the order they were written (an adapter may have taken two in side by side); platform ids
             # are numbers on most platforms, so shorter ones are older at the same millisecond.
             messages = sorted(
@@ -411,7 +411,7 @@ class Channel(ChatCommands, ChannelLifecycle):
             for message in messages:
                 self.handle_sync(message)
                 taken += 1
-            held_messages.release(self.rt.db, self.name, sender_id)
+            held.release(self.rt.db, self.name, sender_id)
         return taken
 
     async def pairing_loop(self) -> None:
@@ -425,7 +425,7 @@ class Channel(ChatCommands, ChannelLifecycle):
                 await call(self.release_approved)
                 if time.monotonic() - pruned_at > 3600:
                     pruned_at = time.monotonic()
-                    await call(held_messages.prune_held, self.rt.db, self.name, now_ms() - HELD_FOR_MS)
+                    await call(held.prune_held, self.rt.db, self.name, now_ms() - HELD_FOR_MS)
             except Exception as exc:
                 problem = transient_problem(exc, self.rt.db.url)
                 if problem is None:
@@ -478,7 +478,7 @@ class Channel(ChatCommands, ChannelLifecycle):
         )
 
     def _seen(self, external_id: str) -> bool:
-        return platform_dedupe.is_seen(self.rt.db, self.name, external_id)
+        return dedupe.is_seen(self.rt.db, self.name, external_id)
 
     def _tell_undelivered(self, message: Inbound) -> None:
         """Queue a note about replies of this chat that could not be delivered, before anything else the

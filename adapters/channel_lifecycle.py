@@ -14,9 +14,9 @@ from collections.abc import Callable, Coroutine
 from typing import Any
 
 from adapters.delivery import Delivery
-from shared import channel_health
 from shared.aio import call
 from shared.backoff import Backoff
+from shared.chat import health
 from shared.clock import now_ms
 
 
@@ -84,12 +84,12 @@ class ChannelLifecycle(Delivery):
                 await self.close()
 
     async def _health(
-        self, state: channel_health.State, *, error: str = "", attempts: int = 0, next_try_at: int = 0
+        self, state: health.State, *, error: str = "", attempts: int = 0, next_try_at: int = 0
     ) -> None:
         """Record the connection state (best effort: a busy database must not stop the adapter)."""
         try:
             await call(
-                channel_health.report,
+                health.report,
                 self.rt.db,
                 self.name,
                 state,

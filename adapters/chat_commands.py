@@ -3,16 +3,16 @@
 - ``/agent NAME``, ``/team NAME``: this chat's messages go to NAME by default (``@agent`` alone does the
   same; ``@default`` goes back to normal routing). Kept in :mod:`adapters.chat_state`.
 - ``@nosuch …`` (a leading mention of no agent or team) is refused by the queue
-  (:class:`shared.queue.UnknownMention`) and answered with the agents and teams there are; nothing is queued.
+  (:class:`shared.queue.core.UnknownMention`) and answered with the agents and teams there are; nothing is queued.
 - ``/reset [@agent]``: a fresh conversation, by clearing the agent's session row.
 - ``/status``: what the agent does for this chat (running since, last step, waiting messages, a pause), read
-  from the database with :mod:`shared.conversation_status`.
-- ``/stop``: a stop request in the agent's lease row (:meth:`shared.queue.Queue.request_stop`) for each agent
+  from the database with :mod:`shared.reads.conversation_status`.
+- ``/stop``: a stop request in the agent's lease row (:meth:`shared.queue.core.Queue.request_stop`) for each agent
   with work for this chat; the processor stops the run and completes its messages with a short reply.
-- ``/queue [collect|followup|interrupt|default]``: the chat's busy policy (:mod:`shared.chat_prefs`).
+- ``/queue [collect|followup|interrupt|default]``: the chat's busy policy (:mod:`shared.chat.prefs`).
 - ``/usage``: what the sender's messages have cost today and this month, against their ``[budgets]``
-  limits (:mod:`shared.usage`); in the channel's ``operator_chat``, also each agent's spend and who is over
-  a limit (:mod:`shared.budget_status`).
+  limits (:mod:`shared.reads.usage`); in the channel's ``operator_chat``, also each agent's spend and who is over
+  a limit (:mod:`shared.reads.budget_status`).
 - ``/retry``: the chat's last message that could not be answered goes back to the queue (within the
   manual-retry budget an operator's ``agentpost dead retry`` shares).
 
@@ -24,20 +24,20 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, ClassVar, Literal
 
 from adapters import chat_state
-from shared.budget_status import agents_usage_text
-from shared.chat_lookups import busy_agents
-from shared.chat_prefs import BUSY_POLICIES, get_busy_policy, parse_busy_policy, set_busy_policy
+from shared.chat.lookups import busy_agents
+from shared.chat.prefs import BUSY_POLICIES, get_busy_policy, parse_busy_policy, set_busy_policy
+from shared.chat.sessions import AGENT_SCOPE_KEY, clear_sessions
 from shared.clock import now_ms
-from shared.conversation_status import conversation_status, format_status
-from shared.queue import InvalidInput, NotFound, RetryBudgetExhausted, UnknownMention
-from shared.routing import AGENT_NAME_RE
+from shared.queue.core import InvalidInput, NotFound, RetryBudgetExhausted, UnknownMention
+from shared.reads.budget_status import agents_usage_text
+from shared.reads.conversation_status import conversation_status, format_status
+from shared.reads.usage import sender_usage_text
 from shared.runtime import Runtime
-from shared.sessions import AGENT_SCOPE_KEY, clear_sessions
-from shared.usage import sender_usage_text
+from shared.settings.routing import AGENT_NAME_RE
 
 if TYPE_CHECKING:
     from adapters.base import ChannelSettings, Inbound
-    from shared.settings import Settings
+    from shared.settings.model import Settings
 
 #: The commands :meth:`ChatCommands.run_command` answers (``/start`` is Telegram's greeting: the help).
 COMMANDS = frozenset({"agent", "team", "reset", "help", "start", "status", "stop", "queue", "retry", "usage"})

@@ -5,14 +5,14 @@
 - A channel's own cursors, such as Telegram's update offset (:func:`kv_get` / :func:`kv_set`).
 
 Each call is one autocommit read or one short transaction, for adapters that have no transaction open; the
-statements themselves are :mod:`shared.kv`'s.
+statements themselves are :mod:`shared.storage.kv`'s.
 """
 
 from __future__ import annotations
 
-from shared import kv
-from shared.db import Database
-from shared.kv import Scope, scoped
+from shared.storage import kv
+from shared.storage.db import Database
+from shared.storage.kv import Scope, scoped
 
 
 def kv_get(db: Database, scope: str, key: str) -> str | None:

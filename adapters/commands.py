@@ -20,7 +20,7 @@ def _when(ms: int | None) -> str:
 
 def register(app: typer.Typer) -> None:
     """Add the ``pairing`` command group to the ``agentpost`` CLI."""
-    from shared.cli import console, fail, print_json, runtime
+    from shared.cli.main import console, fail, print_json, runtime
 
     group = typer.Typer(help="Approve, list and revoke chat senders (pairing codes).", no_args_is_help=True)
 

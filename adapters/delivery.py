@@ -1,7 +1,7 @@
 """The outbound half of :class:`adapters.base.Channel`: durable chunked delivery, progress notes, typing.
 
 - **Delivery**: wake on new responses, claim the channel's responses with a lease — at most one per chat,
-  the oldest unfinished one (:meth:`shared.queue.Queue.claim_responses_for_channel`) — and deliver each chat
+  the oldest unfinished one (:meth:`shared.queue.core.Queue.claim_responses_for_channel`) — and deliver each chat
   in its own task, so chats never wait for each other while each chat gets its replies in order, one at a
   time. A response is sent as parts (chunks split by :mod:`adapters.chunking`, then the attached files; a
   reply longer than ``max_chunks`` chunks goes as one file of a type the platform accepts); each part is
@@ -44,18 +44,19 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from adapters.chunking import split_message
-from shared import channel_cursors, chat_lookups, kv, platform_dedupe
 from shared.aio import call
+from shared.chat import cursors, dedupe, lookups
 from shared.clock import now_ms
-from shared.db import Tx
 from shared.file_access import check_send_path, safe_name, send_roots
-from shared.kv import Scope, scoped
-from shared.queue import QueuedResponse, TxWork
+from shared.queue.core import QueuedResponse, TxWork
 from shared.runtime import Runtime
+from shared.storage import kv
+from shared.storage.db import Tx
+from shared.storage.kv import Scope, scoped
 
 if TYPE_CHECKING:
     from adapters.base import ChannelSettings
-    from shared.settings import Settings
+    from shared.settings.model import Settings
 
 #: The text a progress note is edited to once the final reply has been delivered.
 DONE_TEXT = "Done — the reply is below."
@@ -264,7 +265,7 @@ class Delivery(abc.ABC):
     def _with_offline_preface(self, response: QueuedResponse) -> QueuedResponse:
         """The reply to a message that reached us only after a restart starts by saying so. Derived from the
         stored message, so the parts stay the same when a restart resumes the delivery."""
-        sent_at = channel_cursors.offline_sent_at(self.rt.db, response.message_id)
+        sent_at = cursors.offline_sent_at(self.rt.db, response.message_id)
         if sent_at is None:
             return response
         return dataclasses.replace(response, message=f"{offline_preface(sent_at)}\n\n{response.message}")
@@ -528,7 +529,7 @@ class Delivery(abc.ABC):
     async def _prune_records(self) -> None:
         try:
             await call(self.rt.queue.prune_delivery_records, self.name)
-            await call(platform_dedupe.prune, self.rt.db, self.name)
+            await call(dedupe.prune, self.rt.db, self.name)
         except Exception as exc:
             self.log.info("forgetting old delivery records failed: %s", exc)
 
@@ -546,7 +547,7 @@ class Delivery(abc.ABC):
     # -- typing ----------------------------------------------------------------------------------------------
     def busy_conversations(self) -> list[str]:
         """Chats of this channel with a message being processed, or pending soon for an unpaused agent."""
-        return chat_lookups.busy_conversations(self.rt.db, self.name, now_ms(), TYPING_HORIZON_MS)
+        return lookups.busy_conversations(self.rt.db, self.name, now_ms(), TYPING_HORIZON_MS)
 
     async def typing_loop(self) -> None:
         """Keep the typing indicator up in busy chats, refreshed every ``typing_interval_seconds`` for as

@@ -9,7 +9,7 @@ and ``gateway_url``); the token comes from ``DISCORD_BOT_TOKEN`` (or the variabl
 
 Discord's gateway does not replay events to a new session (only a RESUME of the same session replays its
 gap), so after a fresh start the adapter catches up by itself: it keeps the newest message id it took in per
-channel (DMs included; :mod:`shared.channel_cursors`) and, once connected, reads each such channel's history
+channel (DMs included; :mod:`shared.chat.cursors`) and, once connected, reads each such channel's history
 after it (``GET /channels/{id}/messages?after=ID``), bounded by ``catch_up_window_hours`` and
 ``catch_up_max_per_channel``. Those messages go through the same handling and duplicate check as live ones, so
 a message is never taken twice; a reply to one sent more than ``late_message_seconds`` earlier says it arrived
@@ -39,9 +39,9 @@ import yarl
 
 from adapters.base import Channel, ChannelSettings, Inbound, pairing_code_text, safe_filename
 from adapters.delivery import SendFailure
-from shared import channel_cursors
 from shared.aio import call
-from shared.settings_channels import DiscordSettings
+from shared.chat import cursors
+from shared.settings.channels import DiscordSettings
 
 with warnings.catch_warnings():
     # discord.py imports the stdlib audioop module, deprecated since Python 3.11.
@@ -197,10 +197,10 @@ class DiscordChannel(Channel):
             ),
             # The chat's catch-up cursor moves in the transaction that takes the message in, so a
             # catch-up after a crash starts after it, never before a message it already has.
-            also=lambda tx: channel_cursors.note_seen_in(tx, *cursor),
+            also=lambda tx: cursors.note_seen_in(tx, *cursor),
         )
         if outcome not in ("queued", "command"):  # nothing was committed with the cursor: its own write
-            note = functools.partial(call, channel_cursors.note_seen, self.rt.db, *cursor)
+            note = functools.partial(call, cursors.note_seen, self.rt.db, *cursor)
             await self.until_stored(note, f"recording message {message.id}")
 
     async def _dm_channel_of(self, user: discord.User | discord.Member) -> str:
@@ -239,7 +239,7 @@ class DiscordChannel(Channel):
         oldest = snowflake_at(now - int(self.config.catch_up_window_hours * 3_600_000))
         margin = _CATCH_UP_MARGIN_MS << 22
         taken = 0
-        for cursor in await call(channel_cursors.cursors, self.rt.db, self.name):
+        for cursor in await call(cursors.cursors, self.rt.db, self.name):
             if self.stop_event.is_set():
                 return
             after = max(oldest, cursor.last_id - margin)

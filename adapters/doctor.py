@@ -5,8 +5,8 @@ from __future__ import annotations
 import socket
 from urllib.parse import urlparse
 
-from shared.doctor import Check
-from shared.settings import Settings
+from shared.cli.doctor import Check
+from shared.settings.model import Settings
 
 #: Each channel's required variables and the variable that overrides its platform address.
 CHANNEL_ENV: dict[str, tuple[tuple[str, ...], str, str]] = {

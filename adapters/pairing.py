@@ -1,13 +1,13 @@
 """Pairing of chat senders with a channel: who needs a code, and when to issue one.
 
 A sender the channel does not know gets a one-time 8-character code, once; their first messages are kept
-(:mod:`shared.held_messages`), not queued. An operator runs ``agentpost pairing approve CODE`` (or approves on
+(:mod:`shared.chat.held`), not queued. An operator runs ``agentpost pairing approve CODE`` (or approves on
 the web API); the channel then tells the sender and answers the kept messages, and from then on the sender's
 messages go through. A sender still waiting is reminded at most every ten minutes.
 Codes expire after an hour (a later message gets a fresh code) and at most a few codes are pending per
 channel at a time, so a flood of strangers cannot fill the table or the operator's list.
 
-Rows (stored by :mod:`shared.pairings`): one per ``(channel, sender_id)``; ``status`` is ``pending``,
+Rows (stored by :mod:`shared.chat.pairings`): one per ``(channel, sender_id)``; ``status`` is ``pending``,
 ``approved`` or ``revoked``.
 """
 
@@ -17,9 +17,7 @@ import secrets
 from dataclasses import dataclass
 from typing import Literal
 
-from shared.clock import now_ms
-from shared.db import Database
-from shared.pairings import (
+from shared.chat.pairings import (
     CODE_TTL_MS,
     Pairing,
     PairingError,
@@ -31,7 +29,9 @@ from shared.pairings import (
     pending_since,
     revoke,
 )
-from shared.settings_channels import MAX_PENDING_PAIRINGS
+from shared.clock import now_ms
+from shared.settings.channels import MAX_PENDING_PAIRINGS
+from shared.storage.db import Database
 
 #: Letters and digits that cannot be mistaken for each other when read aloud or typed (no 0/O, 1/I/L).
 CODE_ALPHABET = "ABCDEFGHJKMNPQRSTUVWXYZ23456789"

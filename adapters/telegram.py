@@ -40,12 +40,12 @@ from adapters import chat_state
 from adapters.base import Channel, ChannelSettings, HandleOutcome, Inbound, safe_filename
 from adapters.chunking import utf16_len
 from adapters.delivery import SendFailure
-from shared import kv
 from shared.aio import call
-from shared.db import Tx
-from shared.kv import Scope
-from shared.queue import TxWork
-from shared.settings_channels import TelegramSettings
+from shared.queue.core import TxWork
+from shared.settings.channels import TelegramSettings
+from shared.storage import kv
+from shared.storage.db import Tx
+from shared.storage.kv import Scope
 
 DEFAULT_API = "https://api.telegram.org"
 

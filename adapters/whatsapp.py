@@ -5,9 +5,9 @@
   ``X-Hub-Signature-256`` is checked over the raw body (HMAC-SHA256 with the app secret, constant-time
   compare) before the body is parsed; a missing or wrong signature is refused with 403 and changes nothing.
 - Inbound messages are queued with the wamid as ``external_id``, so Meta's redeliveries are not queued twice
-  (also after the message row was pruned: :mod:`shared.platform_dedupe`). The POST is answered 200 once
+  (also after the message row was pruned: :mod:`shared.chat.dedupe`). The POST is answered 200 once
   every message in it is committed — text at once; a message with media is stored as a durable job
-  (:mod:`shared.inbound_jobs`) and its file fetched afterwards by a background task, so a webhook never
+  (:mod:`shared.chat.inbound_jobs`) and its file fetched afterwards by a background task, so a webhook never
   waits on a download, and a failed download is told to the user while their message is still answered
   (passed on without the file). Only a database that cannot commit gets a 503 (Meta retries). A signed
   payload of an unexpected shape is logged and acknowledged with 200: redelivering it would not help.
@@ -69,12 +69,12 @@ from adapters.whatsapp_graph import (
     wamid_of,
     webhook_values,
 )
-from shared import inbound_jobs, platform_dedupe
 from shared.aio import call
 from shared.backoff import Backoff
-from shared.chat_lookups import newest_waiting_external_id
-from shared.settings import SettingsError
-from shared.settings_channels import WhatsAppSettings
+from shared.chat import dedupe, inbound_jobs
+from shared.chat.lookups import newest_waiting_external_id
+from shared.settings.channels import WhatsAppSettings
+from shared.settings.model import SettingsError
 
 DEFAULT_GRAPH = "https://graph.facebook.com"
 #: Meta's webhook payloads are at most a few MB (batched notifications); anything larger is refused unread.
@@ -250,7 +250,7 @@ class WhatsAppChannel(Channel):
             "attempts": 0,
         }
         wamid = inbound.external_id
-        if await call(platform_dedupe.is_seen, self.rt.db, self.name, wamid):
+        if await call(dedupe.is_seen, self.rt.db, self.name, wamid):
             return  # a redelivery of a message already taken in
         await call(inbound_jobs.save, self.rt.db, self.name, wamid, json.dumps(job))
         self.media_wake.set()
@@ -312,7 +312,7 @@ class WhatsAppChannel(Channel):
         name = str(media.get("filename") or f"a {kind}")
         note = f"(The user sent {name}, but it could not be downloaded.)"
         text = f"{inbound.text}\n{note}" if inbound.text else note
-        if await call(platform_dedupe.is_seen, self.rt.db, self.name, inbound.external_id):
+        if await call(dedupe.is_seen, self.rt.db, self.name, inbound.external_id):
             return
         await call(
             self.reply,

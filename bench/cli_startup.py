@@ -4,7 +4,8 @@ command in a fresh home (SQLite), with the median, p90 and the CPU time of the r
     .venv/bin/python bench/cli_startup.py [--runs 30] [--tree DIR]
 
 ``--tree DIR`` times another copy of the sources (for a before/after comparison, e.g. the output of
-``git archive COMMIT | tar -x -C DIR``) as ``python -m shared.cli`` with ``DIR`` first on the path.
+``git archive COMMIT | tar -x -C DIR``) as ``python -m shared.cli.main`` with ``DIR`` first on the path
+(``python -m shared.cli`` for a tree from before the CLI moved into its own folder).
 
 Each run is a whole new process, as a person typing the command starts it. `python -c pass` is timed
 alongside: the interpreter's own start on this machine, and a yardstick for how busy the machine is.
@@ -57,7 +58,9 @@ def main() -> None:
     args = parser.parse_args()
     cli = [AGENTPOST]
     if args.tree:
-        cli = [sys.executable, "-m", "shared.cli"]
+        # The CLI moved from shared/cli.py to shared/cli/main.py; an older tree still has the first.
+        module = "shared.cli.main" if (args.tree / "shared" / "cli" / "main.py").exists() else "shared.cli"
+        cli = [sys.executable, "-m", module]
         os.chdir(args.tree)
     with tempfile.TemporaryDirectory() as tmp:
         env = {k: v for k, v in os.environ.items() if not k.startswith("AGENTPOST_")}

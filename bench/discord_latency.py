@@ -62,7 +62,7 @@ def _start(kind: str, home: Path, env: dict[str, str], log: Path) -> subprocess.
     full.pop("AGENTPOST_DATABASE_URL", None)
     with log.open("wb") as out:
         return subprocess.Popen(
-            [sys.executable, "-m", "shared.cli", "run", kind], cwd=REPO, env=full, stdout=out, stderr=out
+            [sys.executable, "-m", "shared.cli.main", "run", kind], cwd=REPO, env=full, stdout=out, stderr=out
         )
 
 

@@ -33,8 +33,8 @@ ROUTED = 8
 
 def one_run(agents: int, workdir: Path, *, n: int) -> float:
     """Fresh database with a directory of `agents` agents; returns enqueues per second."""
-    from shared.db import open_database
-    from shared.queue import Directory, Queue, QueueConfig
+    from shared.queue.core import Directory, Queue, QueueConfig
+    from shared.storage.db import open_database
 
     folder = Path(tempfile.mkdtemp(prefix=f"agents-{agents}-", dir=workdir))
     target = str(folder / "queue.db")

@@ -116,15 +116,15 @@ def _enqueue_sql_agentpost(folder: Path, n: int, warm: int) -> int:
     from harness import make_messages
     from systems_agentpost import CHANNEL, AgentpostSqlite
 
-    from shared.dialect import SQLITE
-    from shared.events import encode_payload
+    from shared.events.log import encode_payload
     from shared.ids import new_id
-    from shared.queue_enqueue import INSERT_MESSAGE
+    from shared.queue.enqueue import INSERT_MESSAGE
+    from shared.storage.dialect import SQLITE
 
     target = str(folder / "queue.db")
     AgentpostSqlite().setup(target)
     conn = sqlite3.connect(target, isolation_level=None)
-    from shared.db import configure_sqlite
+    from shared.storage.db import configure_sqlite
 
     configure_sqlite(conn, 5_000)
     event_sql = SQLITE.insert_event_sql(take_order_lock=True)
@@ -234,9 +234,9 @@ def _drain_sql(split: bool) -> Callable[[Path, int, int], int]:
 
         from systems_agentpost import CHANNEL, AgentpostSqlite
 
-        from shared.db import configure_sqlite
-        from shared.queue_enqueue import INSERT_MESSAGE
-        from shared.queue_types import CLAIM_RETURNS, sql_in
+        from shared.queue.enqueue import INSERT_MESSAGE
+        from shared.queue.records import CLAIM_RETURNS, sql_in
+        from shared.storage.db import configure_sqlite
 
         target = str(folder / "queue.db")
         if split:
@@ -346,7 +346,7 @@ WORKLOADS: dict[str, Callable[[Path, int, int], int]] = {
 def _inside(workload: str, n: int, warm: int, result: Path) -> int:
     sys.path.insert(0, str(HERE.parent))  # the checkout this script belongs to
     try:
-        from shared.wal_checkpoint import CHECKPOINTER
+        from shared.storage.wal_checkpoint import CHECKPOINTER
     except ImportError:  # a checkout from before the background checkpointer
         pass
     else:

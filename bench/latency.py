@@ -2,7 +2,7 @@
 
 A producer process enqueues at a fixed rate (default 200 messages/s) with the real
 :meth:`Queue.enqueue_message` and records the moment each commit returned; a consumer process waits on
-:class:`shared.wake.Waker` (read the generation, look for work, ``wait(generation, timeout)``), claims with
+:class:`shared.events.wake.Waker` (read the generation, look for work, ``wait(generation, timeout)``), claims with
 :meth:`Queue.claim_all_pending_messages`, records the moment each claim returned, then completes the group
 and releases the agent. ``time.monotonic`` is one system-wide clock on Linux, so the two processes'
 timestamps compare directly. Latency = claim time - commit time, per message.
@@ -57,7 +57,7 @@ def _producer(backend: str, target: str, n: int, rate: float, start: Any, out: s
 
 
 def _consumer(backend: str, target: str, n: int, wake_ms: int, ready: Any, start: Any, out: str) -> None:
-    from shared.wake import Waker
+    from shared.events.wake import Waker
 
     queue = _system(backend).open_queue(target)
     queue.db.connection()
@@ -91,7 +91,7 @@ def _consumer(backend: str, target: str, n: int, wake_ms: int, ready: Any, start
 
 
 def _idle(backend: str, target: str, wake_ms: int, seconds: float, out: str) -> None:
-    from shared.wake import Waker
+    from shared.events.wake import Waker
 
     queue = _system(backend).open_queue(target)
     queue.db.connection()

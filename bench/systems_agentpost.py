@@ -57,8 +57,8 @@ class AgentpostSqlite:
 
     def open_queue(self, target: str, *, create: bool = False) -> Any:
         """A Queue over the target (imports here: the harness parent need not import agentpost)."""
-        from shared.db import open_database
-        from shared.queue import Directory, Queue, QueueConfig
+        from shared.queue.core import Directory, Queue, QueueConfig
+        from shared.storage.db import open_database
 
         db = open_database(self.url(target), create=create)
         return Queue(db, QueueConfig(lease_ms=self.lease_ms), Directory.single(*AGENT_NAMES))
@@ -86,7 +86,7 @@ class AgentpostSqlite:
         return run()
 
     def consumer(self, target: str, slot: int) -> Iterator[int | None]:
-        from shared.queue import LeaseLost
+        from shared.queue.core import LeaseLost
 
         queue = self.open_queue(target)
         queue.db.connection()
@@ -128,7 +128,7 @@ class AgentpostPostgres(AgentpostSqlite):
     backend = "postgres"
 
     def setup(self, target: str) -> None:
-        from shared.models import metadata
+        from shared.storage.models import metadata
 
         queue = self.open_queue(target, create=False)
         try:

@@ -12,8 +12,8 @@ from datetime import UTC, datetime
 from typing import Any
 
 from shared.clock import now_ms
-from shared.queue import Queue
-from shared.queue_reports import (
+from shared.queue.core import Queue
+from shared.queue.reports import (
     HOUR_MS,
     busiest_minute_count,
     busiest_second,

@@ -16,8 +16,8 @@ from scheduler import audit as audit_mod
 from scheduler import dlq, supervise
 from scheduler.config import load_scheduler_config
 from scheduler.migrate import MigrationError, migrate
-from shared.cli import JsonFlag, console, err_console, fail, print_json, queue_app, runtime
-from shared.settings import SettingsError, default_home, load_settings
+from shared.cli.main import JsonFlag, console, err_console, fail, print_json, queue_app, runtime
+from shared.settings.model import SettingsError, default_home, load_settings
 
 dlq_app = typer.Typer(
     help="The dead-letter archive: per-day JSONL files under $AGENTPOST_HOME/dlq/.", no_args_is_help=True
@@ -315,7 +315,7 @@ def status_command(as_json: JsonFlag = False) -> None:
 
 def _channel_health() -> list[dict[str, Any]]:
     """Each channel adapter's connection as it last recorded it (adapters also run outside supervisord)."""
-    from shared.channel_health import read_from_settings
+    from shared.chat.health import read_from_settings
 
     try:
         found = read_from_settings(load_settings()) or []

@@ -1,7 +1,7 @@
 """The settings sections the scheduler owns: ``[scheduler]``, ``[heartbeats.<agent>]`` and ``[[schedules]]``,
 and the triggers they become.
 
-Their models are in :mod:`shared.settings_sections`: every command validates these sections (including
+Their models are in :mod:`shared.settings.sections`: every command validates these sections (including
 that each heartbeat and schedule names a configured agent) when it loads the settings, so ``agentpost
 doctor`` refuses what the scheduler would. Every interval and age the scheduler uses is one of these
 settings.
@@ -17,8 +17,8 @@ from apscheduler.triggers.cron import CronTrigger  # type: ignore[import-untyped
 from apscheduler.triggers.date import DateTrigger  # type: ignore[import-untyped]
 from apscheduler.triggers.interval import IntervalTrigger  # type: ignore[import-untyped]
 
-from shared.settings import Settings
-from shared.settings_sections import (
+from shared.settings.model import Settings
+from shared.settings.sections import (
     DEFAULT_HEARTBEAT_PROMPT,
     DlqConfig,
     HeartbeatConfig,

@@ -25,13 +25,9 @@ from pathlib import Path
 from typing import Any
 
 from scheduler.config import DlqConfig
-from shared import kv
 from shared.clock import now_ms
-from shared.db import Database, Row, Tx
-from shared.events import PendingEvent, append_events
-from shared.kv import Scope
-from shared.queue import Queue
-from shared.queue_admin import (
+from shared.events.log import PendingEvent, append_events
+from shared.queue.admin import (
     any_dead_before,
     dead_letter_cut_keeping,
     dead_letter_stats,
@@ -39,7 +35,11 @@ from shared.queue_admin import (
     delete_dead_letters,
     insert_restored_message,
 )
-from shared.settings import Settings
+from shared.queue.core import Queue
+from shared.settings.model import Settings
+from shared.storage import kv
+from shared.storage.db import Database, Row, Tx
+from shared.storage.kv import Scope
 
 #: Kept for tests/integration/test_scheduler_jobs.py, which clears the scope by this name.
 RESTORED_SCOPE = Scope.DLQ_RESTORED

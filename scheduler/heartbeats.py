@@ -11,11 +11,11 @@ from pathlib import Path
 
 from scheduler.config import HeartbeatConfig, SchedulerConfig, heartbeat_trigger, within_active_hours, zone
 from scheduler.timed import Fired, TimedJob
-from shared.events import SqlEventLog
+from shared.events.log import SqlEventLog
 from shared.ids import derived_id
-from shared.queue import Queue
-from shared.queue_reports import open_message_count
-from shared.settings import Settings
+from shared.queue.core import Queue
+from shared.queue.reports import open_message_count
+from shared.settings.model import Settings
 
 CHANNEL = "heartbeat"
 SENDER = "System"

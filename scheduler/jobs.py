@@ -8,12 +8,12 @@ import logging
 from dataclasses import dataclass
 
 from scheduler.config import SchedulerConfig
-from shared import queue_unserved
 from shared.clock import now_ms
-from shared.db import Database
-from shared.events import SqlEventLog
-from shared.queue import Queue
-from shared.settings import EventSettings
+from shared.events.log import SqlEventLog
+from shared.queue import unserved
+from shared.queue.core import Queue
+from shared.settings.model import EventSettings
+from shared.storage.db import Database
 
 log = logging.getLogger("agentpost.scheduler")
 
@@ -62,7 +62,7 @@ def ack_unserved_responses(
         return UnservedResult(0, [])
     now = now_ms() if now is None else now
     cut = now - int(config.unserved_response_age_seconds * 1000)
-    ids = queue_unserved.ack_unserved_responses(db, channels, created_before=cut, now=now)
+    ids = unserved.ack_unserved_responses(db, channels, created_before=cut, now=now)
     if ids:
         log.info("acknowledged %d reply(ies) on unserved channels %s", len(ids), ", ".join(channels))
     return UnservedResult(len(ids), ids)

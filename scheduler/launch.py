@@ -5,7 +5,7 @@ changed) before a later `agentpost up` would never reach a process started or re
 supervisord. `up` therefore writes, per process, the variables that process reads (``AGENTPOST_*``, a
 channel's own ``TELEGRAM_*`` and the like) to ENVFILE as they are in the shell that ran `up`; this launcher
 replaces those variables with the file's values (removing the ones no longer set) and becomes
-``python -m shared.cli run KIND``: same pid, so supervisord's view and signals are unchanged.
+``python -m shared.cli.main run KIND``: same pid, so supervisord's view and signals are unchanged.
 
 It imports nothing beyond the standard library: every start of every process goes through it.
 """
@@ -45,7 +45,7 @@ def main(argv: list[str]) -> int:
         return 1
     env = environment(dict(os.environ), spec)
     python = sys.executable
-    os.execve(python, [python, "-m", "shared.cli", "run", kind], env)
+    os.execve(python, [python, "-m", "shared.cli.main", "run", kind], env)
     return 0  # not reached: execve replaces this process
 
 

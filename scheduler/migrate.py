@@ -18,8 +18,8 @@ from typing import Any
 
 import tomlkit
 
-from shared.db import Database
-from shared.db_copy import (
+from shared.settings.model import Settings
+from shared.storage.copy_db import (
     begin_snapshot,
     copy_table,
     live_holders,
@@ -27,8 +27,8 @@ from shared.db_copy import (
     reset_sequences,
     table_counts,
 )
-from shared.models import TABLE_NAMES, metadata
-from shared.settings import Settings
+from shared.storage.db import Database
+from shared.storage.models import TABLE_NAMES, metadata
 
 
 class MigrationError(Exception):

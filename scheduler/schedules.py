@@ -11,7 +11,7 @@ from datetime import datetime, timedelta
 from scheduler.config import ScheduleConfig, SchedulerConfig, schedule_trigger, zone
 from scheduler.timed import Fired, TimedJob
 from shared.ids import derived_id
-from shared.queue import Queue
+from shared.queue.core import Queue
 
 CHANNEL = "schedule"
 SENDER = "System"

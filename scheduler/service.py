@@ -37,7 +37,7 @@ from scheduler.heartbeats import heartbeat_jobs
 from scheduler.schedules import schedule_jobs
 from scheduler.timed import Fired, TimedJob
 from shared.runtime import Runtime, open_runtime
-from shared.settings import SettingsError
+from shared.settings.model import SettingsError
 
 log = logging.getLogger("agentpost.scheduler")
 

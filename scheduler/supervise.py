@@ -3,7 +3,7 @@
 `up` writes ``$AGENTPOST_HOME/run/supervisord.conf`` and starts supervisord (or updates a running one). It
 starts what can run and says plainly what cannot: a process kind that is not installed, a channel whose token
 is not in the environment (which variable), an agent whose CLI is missing or not logged in. Each process runs
-as ``python -m shared.cli run NAME`` with ``autorestart``, so a process that dies (even by SIGKILL) is started
+as ``python -m shared.cli.main run NAME`` with ``autorestart``, so a process that dies (even by SIGKILL) is started
 again; the queue's leases make that lose nothing.
 
 `up` returns only once each process is really up or has failed: supervisord calls a process RUNNING once it
@@ -42,7 +42,7 @@ from supervisor.xmlrpc import SupervisorTransport  # type: ignore[import-untyped
 
 from scheduler import launch
 from shared import port_owner
-from shared.settings import Settings
+from shared.settings.model import Settings
 
 #: The variables each bundled channel needs; a third-party channel class may declare ``required_env``.
 CHANNEL_ENV: dict[str, tuple[str, ...]] = {
@@ -89,7 +89,7 @@ class Plan:
 
 
 def _argv(kind: str) -> list[str]:
-    return [sys.executable, "-m", "shared.cli", "run", kind]
+    return [sys.executable, "-m", "shared.cli.main", "run", kind]
 
 
 def _loads(ep: Any) -> tuple[Any | None, str]:

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import json
 
-from shared import kv
-from shared.db import Tx
-from shared.kv import Scope
+from shared.storage import kv
+from shared.storage.db import Tx
+from shared.storage.kv import Scope
 
 
 def take_chain_run(tx: Tx, root: str, budget: int, now: int) -> tuple[bool, bool]:

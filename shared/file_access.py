@@ -14,7 +14,7 @@ import re
 from collections.abc import Sequence
 from pathlib import Path
 
-from shared.settings import Settings
+from shared.settings.model import Settings
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 OUTSIDE = "outside the agent's workspace and this chat's uploads"

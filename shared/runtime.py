@@ -18,13 +18,13 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from shared.db import Database, open_database
-from shared.events import SqlEventLog
-from shared.queue import Queue
-from shared.settings import Settings, SettingsError, load_settings
+from shared.events.log import SqlEventLog
+from shared.queue.core import Queue
+from shared.settings.model import Settings, SettingsError, load_settings
+from shared.storage.db import Database, open_database
 
 if TYPE_CHECKING:
-    from shared.wake import Waker
+    from shared.events.wake import Waker
 
 log = logging.getLogger("agentpost.settings")
 
@@ -134,7 +134,7 @@ class Runtime:
     def waker(self) -> Waker:
         """This process's change signal (started on first use, with the settings watch)."""
         if self._waker is None:
-            from shared.wake import Waker  # psycopg and the watch: only for processes that wait
+            from shared.events.wake import Waker  # psycopg and the watch: only for processes that wait
 
             self._waker = Waker(self.db, interval_ms=self._settings.queue.wake_interval_ms).start()
             self.watch_settings()

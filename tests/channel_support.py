@@ -95,7 +95,7 @@ class Proc:
         full_env.pop("AGENTPOST_DATABASE_URL", None)
         self._out = log.open("ab")
         self.popen = subprocess.Popen(
-            [sys.executable, "-m", "shared.cli", "run", kind],
+            [sys.executable, "-m", "shared.cli.main", "run", kind],
             cwd=REPO_ROOT,
             env=full_env,
             stdout=self._out,
@@ -136,7 +136,7 @@ def run_cli(home: Path, *args: str, env: Mapping[str, str] | None = None) -> sub
     full_env = {**os.environ, "AGENTPOST_HOME": str(home), "PTB_TIMEDELTA": "1", **(env or {})}
     full_env.pop("AGENTPOST_DATABASE_URL", None)
     return subprocess.run(
-        [sys.executable, "-m", "shared.cli", *args],
+        [sys.executable, "-m", "shared.cli.main", *args],
         cwd=REPO_ROOT,
         env=full_env,
         capture_output=True,

@@ -16,9 +16,9 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from shared.db import Database, open_database
-from shared.models import SCHEMA_VERSION, TABLE_NAMES
-from shared.queue import Directory, Queue, QueueConfig
+from shared.queue.core import Directory, Queue, QueueConfig
+from shared.storage.db import Database, open_database
+from shared.storage.models import SCHEMA_VERSION, TABLE_NAMES
 from tests.probes import service_unavailable
 
 ADMIN_PG_URL = os.environ.get("AGENTPOST_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
@@ -84,7 +84,7 @@ def db(db_url: str) -> Iterator[Database]:
 @pytest.fixture
 def queue(db: Database) -> Queue:
     """A queue with agents ``alpha`` (default), ``beta`` and ``gamma`` and a team ``dev`` led by beta."""
-    from shared.routing import Team
+    from shared.settings.routing import Team
 
     directory = Directory(
         agents=frozenset({"alpha", "beta", "gamma"}),

@@ -5,7 +5,7 @@ messages they answer, SIGKILL timed *during* runs, and a per-message tally at th
 - Every message text carries a label ``lbl-c<chat>-m<n>``; :class:`LabelledApi` answers each main request
   with ``answered lbl-… lbl-…`` (the labels of the prompt), streamed in pieces over about
   :data:`STREAM_SECONDS`, and records when each request came and which labels it carried.
-- :class:`ProcessorProcess` is one ``agentpost run processor`` OS process (run as ``python -m shared.cli``
+- :class:`ProcessorProcess` is one ``agentpost run processor`` OS process (run as ``python -m shared.cli.main``
   from this checkout) whose agent CLIs talk only to the fake.
 - :func:`cli_pids` finds the claude CLI processes under a processor (whether the processor started the CLI
   directly or through a supervising launcher).
@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from shared.db import Database
+from shared.storage.db import Database
 from tests.fakes.anthropic_api import Chunked, Computed, FakeAnthropic, Reply, last_user_text
 from tests.fakes.claude_env import claude_binary, claude_env
 from tests.homes import build_home
@@ -138,7 +138,7 @@ class ProcessorProcess:
         self.log = log
         with log.open("ab") as out:
             self.popen = subprocess.Popen(
-                [sys.executable, "-m", "shared.cli", "run", "processor"],
+                [sys.executable, "-m", "shared.cli.main", "run", "processor"],
                 cwd=REPO_ROOT,
                 env=dict(env),
                 stdout=out,

@@ -16,9 +16,9 @@ import sys
 import time
 from pathlib import Path
 
-from shared.db import open_database
-from shared.queue import Directory, Queue, QueueConfig
-from shared.wake import Waker
+from shared.events.wake import Waker
+from shared.queue.core import Directory, Queue, QueueConfig
+from shared.storage.db import open_database
 
 
 def producer(args: argparse.Namespace) -> int:

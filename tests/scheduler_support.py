@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 import psycopg
 
 from shared.clock import now_ms
-from shared.queue import Queue
+from shared.queue.core import Queue
 from tests.homes import build_home
 from tests.probes import free_port, service_unavailable, wait_for  # noqa: F401  (free_port re-exported: tests import it from here)
 
@@ -69,7 +69,7 @@ def run_cli(
 ) -> subprocess.CompletedProcess[str]:
     """Run ``agentpost ARGS`` as a user would, in its own process."""
     out = subprocess.run(
-        [sys.executable, "-m", "shared.cli", *args],
+        [sys.executable, "-m", "shared.cli.main", *args],
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -88,7 +88,7 @@ def start_process(
     """Start ``agentpost run KIND`` with its output (stdout and stderr) in ``log``."""
     with open(log, "ab") as f:
         return subprocess.Popen(
-            [sys.executable, "-m", "shared.cli", "run", kind],
+            [sys.executable, "-m", "shared.cli.main", "run", kind],
             stdout=f,
             stderr=subprocess.STDOUT,
             env=dict(env or cli_env(home)),

@@ -8,7 +8,7 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from shared.settings import AgentSettings
+from shared.settings.model import AgentSettings
 
 #: What every agent CLI may see of the processor's environment: what the OS, a shell and node need.
 _BASE_ENV = frozenset(

@@ -1,4 +1,4 @@
-"""What a run cost, and who it counts to (:mod:`shared.usage` stores it).
+"""What a run cost, and who it counts to (:mod:`shared.reads.usage` stores it).
 
 A run is attributed to the person whose message started its chain: a teammate's run in a handoff carries
 the origin of that chain (:func:`workers.teams.origin_of`), so it counts to that person and their chat.
@@ -15,13 +15,13 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from shared.budget_status import OverBudget, check_over
 from shared.clock import now_ms
-from shared.db import Database, Tx
-from shared.queue import INTERNAL_CHANNELS, QueuedMessage, TxWork
-from shared.settings import Settings, SettingsError, load_settings
-from shared.settings_sections import BudgetSettings
-from shared.usage import UsageRecord, record_usage_in
+from shared.queue.core import INTERNAL_CHANNELS, QueuedMessage, TxWork
+from shared.reads.budget_status import OverBudget, check_over
+from shared.reads.usage import UsageRecord, record_usage_in
+from shared.settings.model import Settings, SettingsError, load_settings
+from shared.settings.sections import BudgetSettings
+from shared.storage.db import Database, Tx
 from workers.providers import RunResult
 from workers.teams import origin_of
 

@@ -22,10 +22,10 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from shared.chat_prefs import BusyPolicy, get_busy_policy, parse_busy_policy
-from shared.db import Database
-from shared.queue import QueuedMessage, group_by_conversation
-from shared.settings import Settings
+from shared.chat.prefs import BusyPolicy, get_busy_policy, parse_busy_policy
+from shared.queue.core import QueuedMessage, group_by_conversation
+from shared.settings.model import Settings
+from shared.storage.db import Database
 from workers.files import describe_inbound
 
 #: The note a re-run gets when its previous attempt was cut off (crash, lost lease, forced shutdown).

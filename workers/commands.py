@@ -22,13 +22,13 @@ from rich.markup import escape
 from rich.table import Table
 from tomlkit.toml_document import TOMLDocument
 
-from shared.queue_reports import open_message_count
-from shared.routing import is_valid_name, validate_name
+from shared.chat.sessions import clear_sessions, list_sessions
+from shared.queue.reports import open_message_count
 from shared.runtime import open_runtime
-from shared.sessions import clear_sessions, list_sessions
-from shared.settings import Settings, SettingsError, default_home, load_settings
-from shared.settings_edit import edit_settings
-from shared.settings_edit import table_of as _table
+from shared.settings.edit import edit_settings
+from shared.settings.edit import table_of as _table
+from shared.settings.model import Settings, SettingsError, default_home, load_settings
+from shared.settings.routing import is_valid_name, validate_name
 
 agent_app = typer.Typer(help="List, add, remove and reset agents.", no_args_is_help=True)
 team_app = typer.Typer(help="List, add and remove teams.", no_args_is_help=True)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from shared.doctor import Check
-from shared.settings import AgentSettings, Settings
+from shared.cli.doctor import Check
+from shared.settings.model import AgentSettings, Settings
 from shared.worker_identity import this_host
 from workers.agent_env import child_env
 from workers.providers import ProviderError, RunRequest, find_binary
@@ -105,7 +105,7 @@ def _sandbox(settings: Settings) -> list[Check]:
 def _workspaces(settings: Settings) -> list[Check]:
     """Whether this host has the workspace of each agent its processor serves (workers/workspace.py): a
     processor here refuses an agent whose workspace another host made and this host lacks."""
-    from shared.db import open_database
+    from shared.storage.db import open_database
 
     try:
         db = open_database(settings.database_url, create=False)

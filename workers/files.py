@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from shared.file_access import check_send_path, refusal_words
-from shared.routing import parse_file_refs, parse_send_files, strip_send_file_tags
+from shared.settings.routing import parse_file_refs, parse_send_files, strip_send_file_tags
 
 #: A reply names at most this many refused files one by one (an agent may tag many).
 MAX_REFUSAL_LINES = 8

@@ -3,7 +3,7 @@
 A :class:`RunWatch` runs beside each CLI invocation. It wakes on every database change (the waker) and at
 least every ``[processor] control_interval_seconds`` (at most five times a second), and then:
 
-- takes a stop request from the agent's lease row (:meth:`shared.queue.Queue.take_stop_request`, written by
+- takes a stop request from the agent's lease row (:meth:`shared.queue.core.Queue.take_stop_request`, written by
   ``/stop``). One naming this run's chat (``<channel>:<conversation>``) or ``*`` stops the run: its CLI
   process group is killed and its messages complete with a short "stopped" reply. A request naming another
   chat is handed to the processor, which completes that chat's waiting messages the same way.
@@ -14,7 +14,7 @@ least every ``[processor] control_interval_seconds`` (at most five times a secon
   final reply carries ``{"kind": "final", "edit_key": RUN_ID}``.
 - sends a notice the provider reported (:attr:`RunInfo.notice`: the AI service is overloaded and the CLI
   retries) as such a note at once, not at the next "still working" time.
-- refreshes the run record :func:`shared.conversation_status.conversation_status` reads (last step).
+- refreshes the run record :func:`shared.reads.conversation_status.conversation_status` reads (last step).
 - tells a chat whose message waits behind this run — the run's own chat or another of the agent's — once
   per run, that it is queued and how the chat's busy policy will handle it (:func:`shared.notices.busy_note`;
   ``[channels.<name>] busy_notice = false`` turns it off). It is a note (``kind: progress``) with its own
@@ -33,13 +33,13 @@ from dataclasses import dataclass, field
 import anyio
 
 from shared.aio import call
-from shared.chat_address import ChatAddress
-from shared.chat_prefs import BusyPolicy
+from shared.chat.address import ChatAddress
+from shared.chat.prefs import BusyPolicy
 from shared.clock import now_ms
-from shared.conversation_status import format_duration, update_run_step
-from shared.events import PendingEvent
+from shared.events.log import PendingEvent
 from shared.notices import busy_note
-from shared.queue import INTERNAL_CHANNELS, QueuedMessage
+from shared.queue.core import INTERNAL_CHANNELS, QueuedMessage
+from shared.reads.conversation_status import format_duration, update_run_step
 from shared.runtime import Runtime
 from workers.busy import WorkGroup, busy_notice_on, resolve_policy
 from workers.teams import origin_of

@@ -2,7 +2,7 @@
 the backoff grows with them, and until when it paused the agent), and storage outages (writes the database
 refused for a while: a full disk, a server restarting).
 
-The rate-limit pause itself is also written to the database (:meth:`shared.queue.Queue.pause_agent`), where
+The rate-limit pause itself is also written to the database (:meth:`shared.queue.core.Queue.pause_agent`), where
 every processor respects it; the copy here lets the processor's own loop skip the agent without a read.
 
 A storage outage is not written anywhere (nothing can be): :class:`StorageOutage` keeps each write that met
@@ -24,9 +24,9 @@ import anyio
 
 from shared.aio import call
 from shared.clock import now_ms
-from shared.conversation_status import format_duration
-from shared.db import Tx
-from shared.storage_errors import Kind, StorageProblem, transient_problem
+from shared.reads.conversation_status import format_duration
+from shared.storage.db import Tx
+from shared.storage.errors import Kind, StorageProblem, transient_problem
 
 log = logging.getLogger("agentpost.processor")
 
@@ -126,7 +126,7 @@ class StorageOutage:
     async def keep_trying(self, what: str, write: Callable[[], T], *, stopping: Callable[[], bool]) -> T:
         """``write()`` (on a worker thread) until the database takes it, and its result.
 
-        A refusal that :func:`~shared.storage_errors.transient_problem` recognises is waited out: the same
+        A refusal that :func:`~shared.storage.errors.transient_problem` recognises is waited out: the same
         write is made again every half second at most, so it lands within a moment of the database
         taking writes again. ``what`` names the write in the log (one line when it is first refused, one
         when it lands). Anything else is raised, as is a refusal once ``stopping()`` has been true for

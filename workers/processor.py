@@ -2,7 +2,7 @@
 
 Loop (``agentpost run processor``):
 
-1. Wake on the database's change signal (:class:`shared.wake.Waker`), on a finished run, or after the
+1. Wake on the database's change signal (:class:`shared.events.wake.Waker`), on a finished run, or after the
    fallback poll (``queue.poll_interval_seconds``, 5 s), whichever comes first; sleep through backoffs.
 2. Return messages of dead workers (expired leases) to ``pending`` every ``recover_interval_seconds``.
 3. For each agent with available messages and no run here, under ``max_concurrency``: take the agent's
@@ -21,12 +21,12 @@ Loop (``agentpost run processor``):
 6. Success completes the group with its response (metadata ``kind: final`` and the run's ``edit_key``),
    handoffs, chat posts and history in one transaction; a heartbeat answered with the silent token is
    recorded with no response. Failure (non-zero exit, timeout, reported error) goes back with backoff, and
-   dead at the limit with one notice to the sender (:meth:`shared.queue.Queue.fail_messages`). A rate
+   dead at the limit with one notice to the sender (:meth:`shared.queue.core.Queue.fail_messages`). A rate
    limit costs no attempt: the agent moves to its fallback model or is paused (:mod:`workers.ratelimit`).
 
 Shutdown (SIGTERM or SIGINT), the decision: stop claiming at once; let runs in progress *finish* for up to
 ``shutdown_grace_seconds`` and complete normally; then cancel what is still running — its CLI process group
-is killed and its messages are *released* with :meth:`~shared.queue.Queue.fail_messages` using
+is killed and its messages are *released* with :meth:`~shared.queue.core.Queue.fail_messages` using
 ``count_attempt=False`` and no delay, so another processor (or this one after a restart) runs them at once
 and the interruption costs the message no attempt. Claimed groups that had not started are released the
 same way. A ``kill -9`` gives no chance to release: a restarted processor on the same host sees that the
@@ -62,12 +62,12 @@ from pathlib import Path
 import anyio
 
 from shared.aio import call
-from shared.chat_prefs import BusyPolicy
+from shared.chat.prefs import BusyPolicy
 from shared.clock import now_ms
-from shared.queue import LeaseLost, QueuedMessage
+from shared.queue.core import LeaseLost, QueuedMessage
 from shared.runtime import Runtime, open_runtime
-from shared.settings import Settings, SettingsError
-from shared.storage_errors import transient_problem
+from shared.settings.model import Settings, SettingsError
+from shared.storage.errors import transient_problem
 from workers.busy import apply_cap, build_prompt, merge_arrivals, resolve_policy
 from workers.drive import Drive
 from workers.pauses import RateLimitPauses, StorageOutage

@@ -1,6 +1,6 @@
 """The ``[processor]`` settings and the processor's counters.
 
-The section's model is :class:`shared.settings_sections.ProcessorSettings`: every command validates
+The section's model is :class:`shared.settings.sections.ProcessorSettings`: every command validates
 ``[processor]`` with it when it loads the settings, so a value the processor would refuse is refused by
 ``agentpost doctor`` and ``send`` too, not only when the processor starts.
 """
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from shared.settings_sections import ProcessorSettings
+from shared.settings.sections import ProcessorSettings
 from shared.worker_identity import new_worker_id
 
 __all__ = ["ProcessorSettings", "ProcessorStats", "default_worker_id"]

@@ -45,7 +45,7 @@ from typing import Protocol
 import anyio
 from anyio.abc import ByteReceiveStream, Process
 
-from shared.settings import AgentSettings
+from shared.settings.model import AgentSettings
 from workers.sandbox import Sandboxed
 
 #: Called with each piece of assistant text as it streams out.

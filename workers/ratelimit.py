@@ -13,7 +13,7 @@ overloaded, an API 529 (``RunResult.overloaded``: nobody's limit, and never told
    a restart keeps it) and gives the messages back at once without counting an attempt — the next runs use
    ``--model <fallback_model>`` until the reset time, then the primary model again. No pause, no notice.
 3. otherwise (no fallback, or the fallback is limited too): pauses the *agent* until the reset with
-   :meth:`shared.queue.Queue.pause_agent`, gives back every message it held without counting an attempt,
+   :meth:`shared.queue.core.Queue.pause_agent`, gives back every message it held without counting an attempt,
    available at the reset, and enqueues one ``paused`` notice per waiting chat (kind ``paused``).
 """
 
@@ -24,13 +24,13 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from shared import kv
 from shared.backoff import Backoff
 from shared.clock import now_ms
-from shared.conversation_status import format_duration, format_time
-from shared.db import Database
-from shared.kv import Scope
-from shared.queue import Queue, group_by_conversation
+from shared.queue.core import Queue, group_by_conversation
+from shared.reads.conversation_status import format_duration, format_time
+from shared.storage import kv
+from shared.storage.db import Database
+from shared.storage.kv import Scope
 from workers.errors import servers
 from workers.liveness import note_target
 

@@ -23,19 +23,19 @@ from typing import TYPE_CHECKING, Any, ParamSpec
 import anyio
 
 from shared.aio import call
-from shared.chat_address import ChatAddress
-from shared.chat_agents import record_answer
+from shared.chat.address import ChatAddress
+from shared.chat.agents import record_answer
+from shared.chat.sessions import AGENT_SCOPE_KEY, get_session, set_session_in
 from shared.clock import now_ms
-from shared.conversation_status import clear_run, clear_run_in, record_run_in
-from shared.db import Tx
-from shared.dialect import sqlite_path
-from shared.events import PendingEvent, append_events
+from shared.events.log import PendingEvent, append_events
 from shared.file_access import chat_upload_dir, send_roots
 from shared.ids import new_id
-from shared.queue import CompleteOutcome, LeaseLost, QueuedMessage, ResponseDraft, TxWork, retry_edit_key
+from shared.queue.core import CompleteOutcome, LeaseLost, QueuedMessage, ResponseDraft, TxWork, retry_edit_key
+from shared.reads.conversation_status import clear_run, clear_run_in, record_run_in
 from shared.runtime import Runtime
-from shared.sessions import AGENT_SCOPE_KEY, get_session, set_session_in
-from shared.settings import AgentSettings, Settings
+from shared.settings.model import AgentSettings, Settings
+from shared.storage.db import Tx
+from shared.storage.dialect import sqlite_path
 from workers.agent_env import child_env
 from workers.budgets import budget_gate, usage_work
 from workers.busy import WorkGroup, build_prompt, dropped_notice, resolve_policy

@@ -12,9 +12,9 @@ from typing import TYPE_CHECKING, TypeVar
 
 from shared.aio import call
 from shared.clock import now_ms
-from shared.db import Tx
-from shared.queue import QueuedMessage, ResponseDraft, group_by_conversation
+from shared.queue.core import QueuedMessage, ResponseDraft, group_by_conversation
 from shared.runtime import Runtime
+from shared.storage.db import Tx
 from workers.drive import Drive
 from workers.liveness import note_target
 from workers.pauses import Outage, StorageOutage, WaitedNote, waited_text

@@ -2,7 +2,7 @@
 
 A reply may carry ``[@teammate: text]`` / ``[@a,b: text]`` (handoffs) and ``[#team: text]`` (a chat-room
 post). :func:`plan_reply` turns one reply into everything the processor commits *in the same transaction*
-as the completion (see :meth:`shared.queue.Queue.complete_messages`):
+as the completion (see :meth:`shared.queue.core.Queue.complete_messages`):
 
 - **Handoffs** become ``internal_`` messages to each named teammate with ``hops + 1``. The text outside the
   tags is the *shared context* and goes to every target, followed by the part directed at that target.
@@ -29,10 +29,17 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from shared.chat_address import ChatAddress
-from shared.queue import INTERNAL_CHANNELS, AgentTurn, ChatPost, MessageDraft, QueuedMessage, ResponseDraft
-from shared.routing import HandoffTag, parse_handoff_tags, render_for_user
-from shared.settings import Settings
+from shared.chat.address import ChatAddress
+from shared.queue.core import (
+    INTERNAL_CHANNELS,
+    AgentTurn,
+    ChatPost,
+    MessageDraft,
+    QueuedMessage,
+    ResponseDraft,
+)
+from shared.settings.model import Settings
+from shared.settings.routing import HandoffTag, parse_handoff_tags, render_for_user
 
 #: Channels whose messages come from another agent (their answers go to the chain's origin).
 AGENT_CHANNELS = frozenset({"internal", "chat", "chatroom"})
@@ -203,7 +210,7 @@ def plan_reply(
     What the user sees says who is answering where it isn't obvious: the reply starts with the agent's name
     (:func:`speaker_label`) when a teammate answers (not the agent the chat addressed), when the reply hands
     work on to teammates (their answers follow in the chat), or when ``chat_agents`` (the agents that have
-    answered this chat lately, :mod:`shared.chat_agents`) holds more than one. A reply to several of the
+    answered this chat lately, :mod:`shared.chat.agents`) holds more than one. A reply to several of the
     user's messages folded into one run starts with one line saying so (:func:`folded_note`): the prompt
     tells the agent, and this line tells the user, whatever the agent writes.
     """

@@ -29,13 +29,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from shared import kv
 from shared.clock import now_ms
-from shared.db import Database
 from shared.ids import new_id
-from shared.kv import Scope
-from shared.routing import validate_name
-from shared.settings import Settings
+from shared.settings.model import Settings
+from shared.settings.routing import validate_name
+from shared.storage import kv
+from shared.storage.db import Database
+from shared.storage.kv import Scope
 
 #: The file naming a workspace (see the module docstring).
 MARKER = ".agentpost-workspace"

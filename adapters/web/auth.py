@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from starlette.requests import HTTPConnection
 from starlette.websockets import WebSocket
 
-from shared.settings import SettingsError
+from shared.settings.model import SettingsError
 
 from .errors import ApiError
 from .state import web_state

@@ -8,8 +8,8 @@ from typing import Annotated
 from fastapi import APIRouter, Query
 from pydantic import Field
 
-from shared import api_views
-from shared.queue_types import MAX_MESSAGE_CHARS
+from shared.queue.records import MAX_MESSAGE_CHARS
+from shared.reads import api_views
 
 from .dialect import ChatMessageOut, ChatPosted
 from .errors import ApiError

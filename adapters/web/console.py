@@ -1,7 +1,7 @@
 """Read views and chat actions the dashboard uses (any client may): whether a token is required, the chats
 across channels, one chat's history page by page with its live state, sending in a web chat, stopping or
-resetting one chat, each agent's state and the channels' health. Backed by :mod:`shared.conversations`,
-:mod:`shared.conversation_status` and :mod:`shared.channel_health`; no SQL here."""
+resetting one chat, each agent's state and the channels' health. Backed by :mod:`shared.reads.conversations`,
+:mod:`shared.reads.conversation_status` and :mod:`shared.chat.health`; no SQL here."""
 
 from __future__ import annotations
 
@@ -11,10 +11,11 @@ from fastapi import APIRouter, Query
 from pydantic import Field
 
 from adapters.chat_commands import reset_conversation
-from shared import channel_health, conversations
-from shared.db import Database
-from shared.queue import EnqueueResult, NotFound, Queue, RetryBudgetExhausted, UnknownMention
-from shared.queue_types import MAX_MESSAGE_CHARS
+from shared.chat import health
+from shared.queue.core import EnqueueResult, NotFound, Queue, RetryBudgetExhausted, UnknownMention
+from shared.queue.records import MAX_MESSAGE_CHARS
+from shared.reads import conversations
+from shared.storage.db import Database
 
 from .errors import ApiError
 from .params import NAME_PATTERN, Body, Name
@@ -180,7 +181,7 @@ def channel_rows(db: Database) -> list[dict[str, Any]]:
             "attempts": h.attempts,
             "description": h.describe(),
         }
-        for h in channel_health.read_all(db)
+        for h in health.read_all(db)
     ]
 
 

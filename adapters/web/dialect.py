@@ -13,9 +13,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from shared.events import EventEntry
-from shared.queue_types import QueuedMessage, QueuedResponse
-from shared.settings import AgentSettings, Settings, TeamSettings
+from shared.events.log import EventEntry
+from shared.queue.records import QueuedMessage, QueuedResponse
+from shared.settings.model import AgentSettings, Settings, TeamSettings
 
 
 class _Out(BaseModel):
@@ -40,7 +40,7 @@ class QueueStatusOut(_Out):
 
 
 def queue_status_out(counts: Mapping[str, int], active_conversations: int) -> QueueStatusOut:
-    """The queue's counts (:meth:`~shared.queue.Queue.queue_status`) under TinyOffice's names and ours."""
+    """The queue's counts (:meth:`~shared.queue.core.Queue.queue_status`) under TinyOffice's names and ours."""
     return QueueStatusOut(
         incoming=counts["pending"],
         queued=counts["pending"],

@@ -17,8 +17,8 @@ from fastapi.responses import JSONResponse
 from sqlalchemy.exc import SQLAlchemyError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from shared.queue_types import InvalidInput, LeaseLost, NotFound, QueueError, RetryBudgetExhausted
-from shared.storage_errors import storage_problem
+from shared.queue.records import InvalidInput, LeaseLost, NotFound, QueueError, RetryBudgetExhausted
+from shared.storage.errors import storage_problem
 
 log = logging.getLogger("agentpost.web")
 

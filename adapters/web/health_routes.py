@@ -8,8 +8,8 @@ from pathlib import Path
 from fastapi import APIRouter, Depends
 from fastapi.responses import FileResponse, JSONResponse, PlainTextResponse
 
-from shared import api_views
-from shared.storage_errors import storage_problem
+from shared.reads import api_views
+from shared.storage.errors import storage_problem
 
 from .auth import require_metrics_token
 from .errors import error_response

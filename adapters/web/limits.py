@@ -34,7 +34,7 @@ import uvicorn
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from shared.settings import ApiSettings
+from shared.settings.model import ApiSettings
 
 log = logging.getLogger("agentpost.web.limits")
 
@@ -44,7 +44,7 @@ RETRY_AFTER_SECONDS = 5
 
 @dataclass(frozen=True)
 class ConnectionLimits:
-    """The per-connection limits of one server (defaults: :class:`~shared.settings.ApiSettings`)."""
+    """The per-connection limits of one server (defaults: :class:`~shared.settings.model.ApiSettings`)."""
 
     max_body_bytes: int = ApiSettings().max_body_bytes
     header_timeout: float = ApiSettings().header_timeout_seconds

@@ -1,7 +1,7 @@
 """The management API TinyOffice calls: settings, agents, teams, history, logs, heartbeats, pairing and
 system status (schedules: :mod:`adapters.web.schedule_routes`), each backed by the real subsystem (``settings.toml`` edited through
-:mod:`shared.settings_edit`, pairings through :mod:`shared.pairings`, history and logs through
-:mod:`shared.api_views`).
+:mod:`shared.settings.edit`, pairings through :mod:`shared.chat.pairings`, history and logs through
+:mod:`shared.reads.api_views`).
 
 TinyAGI features agentpost does not have answer what its client can display when it only lists (an empty list
 or object: tasks, projects, custom providers, agent skills) and ``501`` with a sentence for every change or
@@ -20,13 +20,15 @@ from fastapi import APIRouter, Query
 from fastapi import Path as PathParam
 from pydantic import Field
 
-from shared import api_views, channel_health, pairings, settings_edit
+from shared.chat import health, pairings
+from shared.chat.sessions import clear_sessions
 from shared.clock import now_ms
-from shared.db import Database
-from shared.queue import Queue
-from shared.routing import is_valid_name
-from shared.sessions import clear_sessions
-from shared.settings import Settings, SettingsError
+from shared.queue.core import Queue
+from shared.reads import api_views
+from shared.settings import edit as settings_edit
+from shared.settings.model import Settings, SettingsError
+from shared.settings.routing import is_valid_name
+from shared.storage.db import Database
 
 from .dialect import (
     AgentMessageOut,
@@ -124,7 +126,7 @@ def _not_here(what: str) -> ApiError:
 
 # -- shared steps ------------------------------------------------------------------------------------------
 async def edit(web: WebState, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Settings:
-    """Apply one :mod:`shared.settings_edit` change to settings.toml (400 when the result is invalid: the file
+    """Apply one :mod:`shared.settings.edit` change to settings.toml (400 when the result is invalid: the file
     is left as it was) and return the settings reloaded from it."""
     try:
         await web.run(fn, web.settings, *args, **kwargs)
@@ -377,7 +379,7 @@ def system_status(db: Database, queue: Queue, settings: Settings, port: int) -> 
     """This server, the channel adapters that reported in, the heartbeats and the queue (TinyOffice's
     ``getSystemStatus``)."""
     channels: dict[str, ChannelState] = {}
-    for h in channel_health.read_all(db):
+    for h in health.read_all(db):
         parts = h.worker.split(":")
         pid = int(parts[1]) if len(parts) >= 2 and parts[1].isdigit() else None
         running = h.state in ("up", "connecting", "retrying") and not h.adapter_gone

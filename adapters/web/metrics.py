@@ -13,9 +13,9 @@ import threading
 from collections import OrderedDict
 from collections.abc import Iterable
 
-from shared.events import CursorExpired, EventEntry
-from shared.queue import Queue
-from shared.usage import usage_rows
+from shared.events.log import CursorExpired, EventEntry
+from shared.queue.core import Queue
+from shared.reads.usage import usage_rows
 
 from .stream import ReadableLog, StreamStats
 

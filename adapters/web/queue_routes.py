@@ -9,12 +9,12 @@ from fastapi import APIRouter, Query
 from fastapi import Path as PathParam
 from pydantic import Field
 
-from shared import api_views
 from shared.clock import now_ms
-from shared.db import Database
 from shared.ids import MESSAGE_ID_RE
-from shared.queue import Queue
-from shared.queue_types import MAX_MESSAGE_CHARS
+from shared.queue.core import Queue
+from shared.queue.records import MAX_MESSAGE_CHARS
+from shared.reads import api_views
+from shared.storage.db import Database
 
 from .dialect import KillOut, MessageAccepted, ProcessingOut, QueueStatusOut, processing_out, queue_status_out
 from .errors import ApiError

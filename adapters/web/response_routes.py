@@ -9,10 +9,10 @@ from fastapi import APIRouter, Query
 from fastapi import Path as PathParam
 from pydantic import Field
 
-from shared import api_views
 from shared.file_access import check_send_path, send_roots
-from shared.queue_types import MAX_MESSAGE_CHARS
-from shared.settings import Settings
+from shared.queue.records import MAX_MESSAGE_CHARS
+from shared.reads import api_views
+from shared.settings.model import Settings
 
 from .dialect import AckOut, ProactiveAccepted, ResponseOut, response_out
 from .errors import ApiError

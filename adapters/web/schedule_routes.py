@@ -1,5 +1,5 @@
 """The scheduled messages of the management API (``[[schedules]]`` in settings.toml), as TinyOffice lists,
-adds, changes and removes them; every change goes through :mod:`shared.settings_edit` like the rest of
+adds, changes and removes them; every change goes through :mod:`shared.settings.edit` like the rest of
 :mod:`adapters.web.manage`."""
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ from fastapi import APIRouter, Query
 from fastapi import Path as PathParam
 from pydantic import Field
 
-from shared import settings_edit
 from shared.clock import now_ms
-from shared.routing import AGENT_NAME_RE
-from shared.settings import Settings
+from shared.settings import edit as settings_edit
+from shared.settings.model import Settings
+from shared.settings.routing import AGENT_NAME_RE
 
 from .dialect import Ok, ScheduleOut, ScheduleSaved
 from .errors import ApiError

@@ -12,11 +12,11 @@ from pathlib import Path
 
 import uvicorn
 
-from shared.event_drivers import open_event_log
-from shared.events import EventLog
+from shared.events.drivers import open_event_log
+from shared.events.log import EventLog
 from shared.port_owner import describe_holder
 from shared.runtime import open_runtime
-from shared.settings import SettingsError
+from shared.settings.model import SettingsError
 
 from .app import create_app
 from .auth import check_bind
@@ -41,7 +41,7 @@ def listen(host: str, port: int) -> list[socket.socket]:
     or announced, so a taken port is reported in one plain line naming who holds it, not as uvicorn's
     ``[Errno 98]`` after the address was already printed.
 
-    Raises :class:`~shared.settings.SettingsError` (``api.port`` cannot be used as set) when it is taken."""
+    Raises :class:`~shared.settings.model.SettingsError` (``api.port`` cannot be used as set) when it is taken."""
     try:
         infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
     except socket.gaierror as exc:
@@ -73,7 +73,7 @@ def listen(host: str, port: int) -> list[socket.socket]:
 def main(home: Path | None = None) -> None:
     """Run the web process in the foreground until interrupted.
 
-    Raises :class:`~shared.settings.SettingsError` for unusable settings, including a non-loopback
+    Raises :class:`~shared.settings.model.SettingsError` for unusable settings, including a non-loopback
     ``api.host`` without an API token.
     """
     runtime = open_runtime(home, port_env(os.environ))

@@ -15,11 +15,11 @@ from fastapi import Depends
 from starlette.requests import HTTPConnection
 
 from shared.aio import call
-from shared.db import Database, lock_wait_limit
-from shared.events import EventLog
-from shared.queue import Queue
+from shared.events.log import EventLog
+from shared.queue.core import Queue
 from shared.runtime import Runtime
-from shared.settings import Settings
+from shared.settings.model import Settings
+from shared.storage.db import Database, lock_wait_limit
 
 from .metrics import Metrics
 from .stream import StreamLimits, StreamStats

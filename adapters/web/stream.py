@@ -2,7 +2,7 @@
 
 How it stays loss-free: a follower never keeps its own copy of "live" events. It reads the durable log from
 the last cursor it sent, page by page, until a read comes back short; then it waits for the process's change
-signal (:class:`~shared.wake.Waker`) and reads again from that same cursor. Cursors are assigned in commit
+signal (:class:`~shared.events.wake.Waker`) and reads again from that same cursor. Cursors are assigned in commit
 order, so a read after cursor N returns every event that committed after N — including those appended while
 the client was replaying — and nothing it already has.
 
@@ -24,8 +24,8 @@ from starlette.responses import Response
 
 from shared.aio import call
 from shared.clock import now_ms
-from shared.events import CursorExpired, EventEntry, parse_cursor
-from shared.storage_errors import storage_problem
+from shared.events.log import CursorExpired, EventEntry, parse_cursor
+from shared.storage.errors import storage_problem
 
 from .dialect import event_json, event_name
 
@@ -44,7 +44,7 @@ class ReadableLog(Protocol):
 
 
 class ChangeSignal(Protocol):
-    """The part of :class:`~shared.wake.Waker` a follower needs."""
+    """The part of :class:`~shared.events.wake.Waker` a follower needs."""
 
     @property
     def generation(self) -> int: ...
@@ -66,7 +66,7 @@ class StreamLimits:
     #: Seconds between reads while the database is in trouble (locked, unreachable); the stream stays open.
     storage_retry: float = 1.0
     #: The most a write made for a stream client (a WebSocket ``queue_ack``) waits for another process's
-    #: lock before the client is told to try again (see :func:`shared.db.lock_wait_limit`).
+    #: lock before the client is told to try again (see :func:`shared.storage.db.lock_wait_limit`).
     lock_wait: float = 2.0
 
 

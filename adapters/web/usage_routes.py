@@ -9,9 +9,9 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, Query
 from pydantic import BaseModel
 
-from shared.budget_status import any_limit, over_budget_now
 from shared.clock import now_ms
-from shared.usage import parse_since, usage_rows
+from shared.reads.budget_status import any_limit, over_budget_now
+from shared.reads.usage import parse_since, usage_rows
 
 from .errors import ApiError
 from .state import Web

@@ -32,9 +32,9 @@ from anyio.abc import TaskGroup
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from shared.aio import call
-from shared.db import lock_wait_limit
-from shared.events import ALL_TOPICS, EventEntry, EventLog
-from shared.storage_errors import storage_problem
+from shared.events.log import ALL_TOPICS, EventEntry, EventLog
+from shared.storage.db import lock_wait_limit
+from shared.storage.errors import storage_problem
 
 from .dialect import event_data
 from .stream import ChangeSignal, Reset, StreamLimits, StreamStats, follow, valid_cursor

@@ -111,7 +111,7 @@ def test_send_loads_no_database_toolkit_plugins_or_renderer(home: Path) -> None:
     probe = (
         "import sys\n"
         "sys.argv = ['agentpost', 'send', 'hello']\n"
-        "from shared.cli import main\n"
+        "from shared.cli.main import main\n"
         "try:\n"
         "    main()\n"
         "except SystemExit:\n"
@@ -128,7 +128,7 @@ def test_send_loads_no_database_toolkit_plugins_or_renderer(home: Path) -> None:
 
 
 def test_the_quick_schema_check_knows_the_models_version(tmp_path: Path) -> None:
-    from shared import db, models
+    from shared.storage import db, models
 
     assert db.SCHEMA_VERSION == models.SCHEMA_VERSION
     quick = db.open_database(f"sqlite:///{tmp_path / 'a.db'}", quick=True)  # a new file: full creation

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from shared.db import open_database
-from shared.queue import Queue
-from shared.settings import load_settings
+from shared.queue.core import Queue
+from shared.settings.model import load_settings
+from shared.storage.db import open_database
 
 pytestmark = pytest.mark.e2e
 
@@ -118,7 +118,7 @@ def test_running_one_process_loads_only_its_own_code(tmp_path: Path) -> None:
     (home / "settings.toml").write_text("[queue]\nmax_retries = -1\n")
     probe = (
         "import sys\n"
-        "from shared.cli import main\n"
+        "from shared.cli.main import main\n"
         "sys.argv = ['agentpost', 'run', 'processor']\n"
         "try:\n    main()\nexcept SystemExit as done:\n    print('exit', done.code)\n"
         "print(' '.join(sorted(m for m in sys.modules if m.split('.')[0] in ('adapters', 'workers', 'scheduler'))))\n"

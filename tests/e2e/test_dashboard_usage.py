@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from shared.clock import now_ms
-from shared.usage import UsageRecord, day_of, record_usage_in, usd
+from shared.reads.usage import UsageRecord, day_of, record_usage_in, usd
 from tests.e2e.test_dashboard_console import _axe, _need_chromium, _no_sideways_scroll
 from tests.fakes.anthropic_api import FakeAnthropic, Text
 from tests.fixtures import anthropic_api, cli_installed  # noqa: F401  (fixtures)

@@ -2,7 +2,7 @@
 while it records a command's update as seen, then restarted; the command must be answered exactly once.
 
 A command is not a queued message, yet it must be taken in exactly like one: its answer, the "seen" mark of
-its platform id (:mod:`shared.platform_dedupe`) and the Telegram offset commit together, or a crash between
+its platform id (:mod:`shared.chat.dedupe`) and the Telegram offset commit together, or a crash between
 them makes Telegram hand the update over again to an adapter that does not know it answered already.
 
 The kill point is a PostgreSQL trigger on the write of the seen mark (as in :mod:`tests.fault_support`): the

@@ -24,7 +24,7 @@ import httpx
 import psycopg
 import pytest
 
-from shared.db import Database, open_database
+from shared.storage.db import Database, open_database
 from tests.channel_support import (
     HoldingTelegram,
     Proc,

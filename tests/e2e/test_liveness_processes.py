@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from shared.conversation_status import conversation_status
+from shared.reads.conversation_status import conversation_status
 from tests.fakes.anthropic_api import Chunked, FakeAnthropic
 from tests.fixtures import anthropic_api, cli_installed  # noqa: F401  (fixtures)
 from tests.liveness_support import claude_home, cli_env, of_kind, payloads, process_gone

@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 
 from shared.clock import now_ms
-from shared.db import open_database
-from shared.queue import Directory, Queue
+from shared.queue.core import Directory, Queue
+from shared.storage.db import open_database
 
 pytestmark = pytest.mark.e2e
 

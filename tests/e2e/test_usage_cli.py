@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from shared.clock import now_ms
-from shared.usage import UsageRecord, record_usage_in
+from shared.reads.usage import UsageRecord, record_usage_in
 from tests.homes import open_home
 from tests.processor_support import run_idle
 from tests.web_support import make_home

@@ -127,7 +127,7 @@ def test_sse_loss_free_with_redis_driver(tmp_path: Path) -> None:
     import os
     import secrets
 
-    from shared.events_redis import RedisEventLog
+    from shared.events.redis_driver import RedisEventLog
 
     prefix = f"agentpost-test-{secrets.token_hex(6)}"
     redis_url = os.environ.get("AGENTPOST_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from adapters.telegram import TelegramChannel
-from shared.sessions import get_session, set_session
+from shared.chat.sessions import get_session, set_session
 from tests.channel_support import HoldingTelegram, RunningChannel, channel_home, open_home, wait_for
 from tests.fixtures import telegram_fake  # noqa: F401  (fixtures)
 

@@ -5,31 +5,31 @@ from __future__ import annotations
 
 import pytest
 
-from shared import channel_cursors
-from shared.channel_cursors import OFFLINE_SENT_AT
-from shared.queue import Queue
+from shared.chat import cursors
+from shared.chat.cursors import OFFLINE_SENT_AT
+from shared.queue.core import Queue
 
 pytestmark = pytest.mark.integration
 
 
 def test_a_cursor_only_moves_forward_and_keeps_its_note(queue: Queue) -> None:
     db = queue.db
-    channel_cursors.note_seen(db, "discord", "700", 1_000_000_000_000_000_005, "guild-1")
-    channel_cursors.note_seen(db, "discord", "700", 1_000_000_000_000_000_003, "guild-1")  # handled later
-    channel_cursors.note_seen(db, "discord", "701", 9, "")
-    channel_cursors.note_seen(db, "telegram", "700", 10**19, "")
-    found = {c.conversation: (c.last_id, c.note) for c in channel_cursors.cursors(db, "discord")}
+    cursors.note_seen(db, "discord", "700", 1_000_000_000_000_000_005, "guild-1")
+    cursors.note_seen(db, "discord", "700", 1_000_000_000_000_000_003, "guild-1")  # handled later
+    cursors.note_seen(db, "discord", "701", 9, "")
+    cursors.note_seen(db, "telegram", "700", 10**19, "")
+    found = {c.conversation: (c.last_id, c.note) for c in cursors.cursors(db, "discord")}
     assert found == {"700": (1_000_000_000_000_000_005, "guild-1"), "701": (9, "")}
     # A larger id with more digits still compares as larger (the ids are zero-padded).
-    channel_cursors.note_seen(db, "discord", "701", 10**18)
-    assert [c.last_id for c in channel_cursors.cursors(db, "discord") if c.conversation == "701"] == [10**18]
+    cursors.note_seen(db, "discord", "701", 10**18)
+    assert [c.last_id for c in cursors.cursors(db, "discord") if c.conversation == "701"] == [10**18]
     with pytest.raises(ValueError):
-        channel_cursors.note_seen(db, "discord", "701", 10**21)
+        cursors.note_seen(db, "discord", "701", 10**21)
 
 
 def test_offline_sent_at_reads_the_late_mark_of_a_message(queue: Queue) -> None:
     late = queue.enqueue_message("discord", "ann", "late one", metadata={OFFLINE_SENT_AT: 1_700_000_000_000})
     live = queue.enqueue_message("discord", "ann", "live one", metadata={"guild_id": ""})
-    assert channel_cursors.offline_sent_at(queue.db, late.message_id) == 1_700_000_000_000
-    assert channel_cursors.offline_sent_at(queue.db, live.message_id) is None
-    assert channel_cursors.offline_sent_at(queue.db, "discord_zzzzzzzz") is None
+    assert cursors.offline_sent_at(queue.db, late.message_id) == 1_700_000_000_000
+    assert cursors.offline_sent_at(queue.db, live.message_id) is None
+    assert cursors.offline_sent_at(queue.db, "discord_zzzzzzzz") is None

@@ -18,8 +18,8 @@ from adapters.delivery import DONE_TEXT
 from adapters.discord import DiscordChannel
 from adapters.telegram import TelegramChannel
 from adapters.whatsapp import WhatsAppChannel
-from shared.chat_prefs import get_busy_policy
-from shared.conversation_status import record_run, update_run_step
+from shared.chat.prefs import get_busy_policy
+from shared.reads.conversation_status import record_run, update_run_step
 from shared.runtime import Runtime
 from tests.channel_support import (
     HoldingTelegram,

@@ -129,7 +129,7 @@ def test_codes_expire_after_an_hour(tmp_path: Path) -> None:
 def test_a_new_pairing_request_is_told_to_the_operator_chat_and_doctor(
     tmp_path: Path, fake: HoldingTelegram
 ) -> None:
-    from shared.doctor import check_pairings
+    from shared.cli.doctor import check_pairings
 
     home = _home(tmp_path, operator_chat="99")
     rt = open_home(home)

@@ -1,12 +1,12 @@
-"""The named reads chat adapters make (shared.chat_lookups) and the pairing storage they use (shared.pairings)."""
+"""The named reads chat adapters make (shared.chat.lookups) and the pairing storage they use (shared.chat.pairings)."""
 
 from __future__ import annotations
 
 import pytest
 
-from shared import chat_lookups, pairings
+from shared.chat import lookups, pairings
 from shared.clock import now_ms
-from shared.queue import Queue
+from shared.queue.core import Queue
 
 pytestmark = pytest.mark.integration
 
@@ -17,9 +17,9 @@ def test_busy_agents_lists_processing_ones_first(queue: Queue) -> None:
     queue.enqueue_message("telegram", "ann", "hi", sender_id="1", conversation="c1", agent="alpha")
     queue.enqueue_message("telegram", "bob", "hi", sender_id="2", conversation="c2", agent="alpha")
     assert queue.claim_all_pending_messages("gamma", "w1")
-    assert chat_lookups.busy_agents(queue.db, "telegram", "c1") == ["gamma", "alpha", "beta"]
-    assert chat_lookups.busy_agents(queue.db, "telegram", "c3") == []
-    assert chat_lookups.busy_agents(queue.db, "discord", "c1") == []
+    assert lookups.busy_agents(queue.db, "telegram", "c1") == ["gamma", "alpha", "beta"]
+    assert lookups.busy_agents(queue.db, "telegram", "c3") == []
+    assert lookups.busy_agents(queue.db, "discord", "c1") == []
 
 
 def test_busy_conversations_leave_out_paused_agents_and_far_retries(queue: Queue) -> None:
@@ -36,16 +36,16 @@ def test_busy_conversations_leave_out_paused_agents_and_far_retries(queue: Queue
     )
     queue.enqueue_message("telegram", "cy", "hi", sender_id="3", conversation="paused", agent="beta")
     queue.pause_agent("beta", now + 600_000, "rate limited")
-    assert chat_lookups.busy_conversations(queue.db, "telegram", now, 60_000) == ["soon"]
-    assert sorted(chat_lookups.busy_conversations(queue.db, "telegram", now, 1_200_000)) == ["later", "soon"]
+    assert lookups.busy_conversations(queue.db, "telegram", now, 60_000) == ["soon"]
+    assert sorted(lookups.busy_conversations(queue.db, "telegram", now, 1_200_000)) == ["later", "soon"]
 
 
 def test_newest_waiting_external_id(queue: Queue) -> None:
-    assert chat_lookups.newest_waiting_external_id(queue.db, "whatsapp", "49") is None
+    assert lookups.newest_waiting_external_id(queue.db, "whatsapp", "49") is None
     queue.enqueue_message("whatsapp", "ann", "one", sender_id="49", conversation="49", external_id="w1")
     queue.enqueue_message("whatsapp", "ann", "two", sender_id="49", conversation="49", external_id="w2")
     queue.enqueue_message("whatsapp", "ann", "three", sender_id="49", conversation="49")
-    assert chat_lookups.newest_waiting_external_id(queue.db, "whatsapp", "49") == "w2"
+    assert lookups.newest_waiting_external_id(queue.db, "whatsapp", "49") == "w2"
 
 
 def test_pairing_storage_issue_find_and_count(queue: Queue) -> None:

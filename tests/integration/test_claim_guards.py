@@ -29,10 +29,10 @@ import pytest
 
 from adapters import pairing
 from shared.clock import now_ms
-from shared.db import Database, open_database
-from shared.dialect import libpq_url
-from shared.queue import Directory, Queue, QueueConfig
-from shared.queue_types import LeaseLost, NotFound
+from shared.queue.core import Directory, Queue, QueueConfig
+from shared.queue.records import LeaseLost, NotFound
+from shared.storage.db import Database, open_database
+from shared.storage.dialect import libpq_url
 
 pytestmark = pytest.mark.integration
 

@@ -10,7 +10,7 @@ import anyio
 import pytest
 
 from shared.aio import call
-from shared.db import Database
+from shared.storage.db import Database
 
 pytestmark = pytest.mark.integration
 

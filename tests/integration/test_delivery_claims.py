@@ -9,8 +9,8 @@ import threading
 import pytest
 
 from shared.clock import now_ms
-from shared.db import open_database
-from shared.queue import Queue
+from shared.queue.core import Queue
+from shared.storage.db import open_database
 
 pytestmark = pytest.mark.integration
 

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from shared.doctor import run_checks
+from shared.cli.doctor import run_checks
+from shared.reads.trace import trace_message
 from shared.runtime import Runtime
-from shared.trace import trace_message
 from tests.web_support import LiveServer, make_home, runtime_for
 
 pytestmark = pytest.mark.integration

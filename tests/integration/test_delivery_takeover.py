@@ -11,7 +11,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from shared.queue import Queue
+from shared.queue.core import Queue
 from shared.worker_identity import new_worker_id
 
 pytestmark = pytest.mark.integration

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from adapters.telegram import TelegramChannel
+from shared.reads.trace import trace_message
 from shared.runtime import Runtime
-from shared.trace import trace_message
 from tests.channel_support import HoldingTelegram, RunningChannel, channel_home, count, open_home, wait_for
 from tests.fixtures import telegram_fake  # noqa: F401  (fixtures)
 

@@ -16,8 +16,8 @@ import httpx
 import pytest
 
 from adapters.whatsapp import WhatsAppChannel
+from shared.reads.trace import trace_message
 from shared.runtime import Runtime
-from shared.trace import trace_message
 from tests.channel_support import (
     RunningChannel,
     channel_home,

@@ -8,8 +8,8 @@ import threading
 
 import pytest
 
-from shared.db import Database, open_database
-from shared.queue import Directory, Queue
+from shared.queue.core import Directory, Queue
+from shared.storage.db import Database, open_database
 
 pytestmark = [pytest.mark.integration, pytest.mark.postgres]
 

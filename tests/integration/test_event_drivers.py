@@ -16,10 +16,10 @@ import pytest
 import redis
 
 from shared.clock import now_ms
-from shared.db import open_database
-from shared.event_drivers import RelayedEventLog, open_event_log, redis_prefix
-from shared.events import CursorExpired, EventEntry, EventLog, MemoryEventLog, SqlEventLog, read_with_acks
-from shared.events_redis import RedisEventLog
+from shared.events.drivers import RelayedEventLog, open_event_log, redis_prefix
+from shared.events.log import CursorExpired, EventEntry, EventLog, MemoryEventLog, SqlEventLog, read_with_acks
+from shared.events.redis_driver import RedisEventLog
+from shared.storage.db import open_database
 from tests.probes import service_unavailable
 from tests.web_support import make_home, runtime_for, wait_until
 

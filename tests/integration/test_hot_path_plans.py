@@ -12,8 +12,8 @@ import sqlite3
 
 import pytest
 
-from shared.db import Database, open_database
-from shared.queue import Directory, Queue
+from shared.queue.core import Directory, Queue
+from shared.storage.db import Database, open_database
 
 pytestmark = pytest.mark.integration
 

@@ -42,7 +42,7 @@ class WriteLog:
             f"{Path(f.filename).parent.name}/{Path(f.filename).name}:{f.name}"
             for f in traceback.extract_stack()
             if any(part in f.filename for part in ("/shared/", "/workers/", "/adapters/"))
-            and not f.filename.endswith(("/shared/db.py", "/shared/aio.py"))
+            and not f.filename.endswith(("/shared/storage/db.py", "/shared/aio.py"))
         ]
         with self.lock:
             self.writes.append(" > ".join(ours[-3:]))

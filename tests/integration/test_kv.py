@@ -1,4 +1,4 @@
-"""The ``kv`` store's named statements (:mod:`shared.kv`), on SQLite and PostgreSQL: reads, writes, prefix
+"""The ``kv`` store's named statements (:mod:`shared.storage.kv`), on SQLite and PostgreSQL: reads, writes, prefix
 ranges, pruning of single scopes and of families; and the two kinds of rows that used to leak (legacy
 ``handled:<channel>`` dedupe rows, delivery-attempt counts of settled replies)."""
 
@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import pytest
 
-from shared import kv, platform_dedupe
+from shared.chat import dedupe
 from shared.clock import now_ms
-from shared.db import Database
-from shared.kv import Entry, Scope, scoped
-from shared.queue import Queue
+from shared.queue.core import Queue
+from shared.storage import kv
+from shared.storage.db import Database
+from shared.storage.kv import Entry, Scope, scoped
 
 pytestmark = pytest.mark.integration
 
@@ -202,24 +203,24 @@ def test_approved_sender_entries_joins_approved_pairings_of_the_channel(db: Data
 # -- rows that used to leak -----------------------------------------------------------------------------------
 def test_dedupe_prune_removes_legacy_handled_rows_of_every_channel_once_past_the_window(db: Database) -> None:
     now = now_ms()
-    old, recent = now - platform_dedupe.RETENTION_MS - 60_000, now - 60_000
+    old, recent = now - dedupe.RETENTION_MS - 60_000, now - 60_000
     _put(db, "handled:telegram", "m-old", "1", old)
     _put(db, "handled:telegram", "m-recent", "1", recent)
     _put(db, "handled:gone-channel", "m-old", "1", old)  # a channel nobody prunes any more
     _put(db, "seen:telegram", "s-old", "1", old)
     _put(db, "seen:discord", "s-old", "1", old)  # another channel's current rows wait for its own prune
     # Legacy rows are still honoured until they go.
-    assert platform_dedupe.is_seen(db, "telegram", "m-old")
-    assert platform_dedupe.is_seen(db, "telegram", "m-recent")
-    assert platform_dedupe.prune(db, "telegram") == 3
-    assert not platform_dedupe.is_seen(db, "telegram", "m-old")
-    assert platform_dedupe.is_seen(db, "telegram", "m-recent")
+    assert dedupe.is_seen(db, "telegram", "m-old")
+    assert dedupe.is_seen(db, "telegram", "m-recent")
+    assert dedupe.prune(db, "telegram") == 3
+    assert not dedupe.is_seen(db, "telegram", "m-old")
+    assert dedupe.is_seen(db, "telegram", "m-recent")
     assert _keys(db, "handled:gone-channel") == []
     assert _keys(db, "seen:telegram") == []
     assert _keys(db, "seen:discord") == ["s-old"]
-    platform_dedupe.remember(db, "telegram", "fresh")
-    assert platform_dedupe.is_seen(db, "telegram", "fresh")
-    assert not platform_dedupe.is_seen(db, "discord", "fresh")
+    dedupe.remember(db, "telegram", "fresh")
+    assert dedupe.is_seen(db, "telegram", "fresh")
+    assert not dedupe.is_seen(db, "discord", "fresh")
 
 
 def _attempts(queue: Queue, response_id: int) -> str | None:

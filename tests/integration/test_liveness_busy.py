@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
-from shared.chat_prefs import set_busy_policy
+from shared.chat.prefs import set_busy_policy
 from shared.clock import now_ms
-from shared.queue import Queue
+from shared.queue.core import Queue
 from shared.runtime import Runtime
 from tests.fakes.anthropic_api import Chunked, FakeAnthropic, Text
 from tests.fixtures import cli_installed  # noqa: F401  (fixtures)

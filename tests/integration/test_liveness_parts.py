@@ -12,9 +12,9 @@ from pathlib import Path
 import anyio
 import pytest
 
-from shared.chat_prefs import get_busy_policy, set_busy_policy
-from shared.conversation_status import conversation_status, format_status, record_run
-from shared.settings import AgentSettings
+from shared.chat.prefs import get_busy_policy, set_busy_policy
+from shared.reads.conversation_status import conversation_status, format_status, record_run
+from shared.settings.model import AgentSettings
 from tests.liveness_support import claude_home
 from tests.processor_support import open_home
 from workers.busy import resolve_policy

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from shared.conversation_status import conversation_status, format_status
+from shared.reads.conversation_status import conversation_status, format_status
 from tests.fakes.anthropic_api import JSON, Chunked, Computed, FakeAnthropic, RateLimited, Reply, Text
 from tests.fixtures import anthropic_api, cli_installed  # noqa: F401  (fixtures)
 from tests.liveness_support import claude_home, cli_env, group_gone, of_kind, payloads, responses, run_with

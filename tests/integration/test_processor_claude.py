@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
+from shared.chat.sessions import clear_sessions, get_session
 from shared.file_access import chat_upload_dir
 from shared.runtime import Runtime
-from shared.sessions import clear_sessions, get_session
 from tests.fakes.anthropic_api import ApiError, Computed, FakeAnthropic, RateLimited, Text, last_user_text
 from tests.fakes.claude_env import claude_binary, claude_env
 from tests.fixtures import anthropic_api, cli_installed  # noqa: F401  (fixtures)

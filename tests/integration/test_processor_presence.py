@@ -1,4 +1,4 @@
-"""Whether any processor runs (shared.queue_reports.processor_running), as `agentpost send --wait` asks it:
+"""Whether any processor runs (shared.queue.reports.processor_running), as `agentpost send --wait` asks it:
 from the processors' start and stop events and the agent leases, with the holders' processes looked up."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ import sys
 
 import pytest
 
-from shared.events import SqlEventLog
-from shared.queue import Queue
-from shared.queue_reports import processor_running
+from shared.events.log import SqlEventLog
+from shared.queue.core import Queue
+from shared.queue.reports import processor_running
 from shared.worker_identity import new_worker_id
 
 pytestmark = pytest.mark.integration

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from shared.sessions import get_session
+from shared.chat.sessions import get_session
 from tests.processor_support import agent_script, command_agent, count, make_home, open_home, run_idle
 
 pytestmark = pytest.mark.integration

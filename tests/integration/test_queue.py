@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from shared.clock import now_ms
-from shared.events import SqlEventLog
-from shared.queue import (
+from shared.events.log import SqlEventLog
+from shared.queue.core import (
     AgentTurn,
     ChatPost,
     InvalidInput,

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from shared.clock import now_ms
-from shared.queue import Queue
-from shared.trace import timeline_lines, trace_message
+from shared.queue.core import Queue
+from shared.reads.trace import timeline_lines, trace_message
 
 pytestmark = pytest.mark.integration
 

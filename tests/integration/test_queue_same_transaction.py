@@ -7,10 +7,10 @@ from collections.abc import Callable
 
 import pytest
 
-from shared import kv
-from shared.db import Tx
-from shared.kv import Scope
-from shared.queue import LeaseLost, Queue
+from shared.queue.core import LeaseLost, Queue
+from shared.storage import kv
+from shared.storage.db import Tx
+from shared.storage.kv import Scope
 
 pytestmark = pytest.mark.integration
 

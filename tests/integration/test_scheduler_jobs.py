@@ -13,9 +13,9 @@ from scheduler import dlq
 from scheduler.audit import run_audit
 from scheduler.service import SchedulerService
 from shared.clock import now_ms
-from shared.queue import ResponseDraft
+from shared.queue.core import ResponseDraft
 from shared.runtime import Runtime, open_runtime
-from shared.settings import SettingsError
+from shared.settings.model import SettingsError
 from tests.scheduler_support import count, make_dead, wait_until, write_home
 
 pytestmark = pytest.mark.integration

@@ -10,13 +10,13 @@ import pytest
 
 from scheduler.migrate import MigrationError, migrate
 from shared.clock import now_ms
-from shared.db_copy import table_counts
-from shared.events import SqlEventLog
-from shared.models import TABLE_NAMES
-from shared.queue import AgentTurn, ChatPost, ResponseDraft
+from shared.events.log import SqlEventLog
+from shared.queue.core import AgentTurn, ChatPost, ResponseDraft
+from shared.reads.usage import UsageRecord, record_usage_in
 from shared.runtime import open_runtime
-from shared.settings import load_settings
-from shared.usage import UsageRecord, record_usage_in
+from shared.settings.model import load_settings
+from shared.storage.copy_db import table_counts
+from shared.storage.models import TABLE_NAMES
 from tests.scheduler_support import fresh_pg_database, make_dead, write_home
 
 pytestmark = [pytest.mark.integration, pytest.mark.postgres]

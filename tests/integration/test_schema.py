@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from shared.db import open_database
-from shared.models import SCHEMA_VERSION, TABLE_NAMES
-from shared.queue import Queue
+from shared.queue.core import Queue
+from shared.storage.db import open_database
+from shared.storage.models import SCHEMA_VERSION, TABLE_NAMES
 
 pytestmark = pytest.mark.integration
 
@@ -58,7 +58,7 @@ def test_the_retired_topic_index_is_dropped_when_the_schema_is_brought_up_to_dat
 
 
 def test_event_reads_by_topic_use_the_quiet_topics_index_or_the_ids(sqlite_url: str) -> None:
-    from shared.events import topic_filter
+    from shared.events.log import topic_filter
 
     db = open_database(sqlite_url)
     for topic, expected in (("agents", "ix_events_quiet_topics"), ("queue", "PRIMARY KEY")):
@@ -113,7 +113,7 @@ def test_processes_starting_together_all_create_or_find_the_schema(tmp_path: Pat
     import sys
 
     url = f"sqlite:///{tmp_path / 'race.db'}"
-    code = "import sys; from shared.db import open_database; open_database(sys.argv[1]).close()"
+    code = "import sys; from shared.storage.db import open_database; open_database(sys.argv[1]).close()"
     for _ in range(3):  # several rounds on fresh files: the race is at the very first start
         url = f"sqlite:///{tmp_path / f'race-{_}.db'}"
         procs = [

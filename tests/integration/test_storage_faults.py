@@ -38,7 +38,7 @@ import pytest
 from websockets.sync.client import connect
 
 from adapters.web.stream import StreamLimits
-from shared.storage_errors import storage_problem
+from shared.storage.errors import storage_problem
 from tests.probes import free_port
 from tests.web_support import (
     AGENTPOST,

@@ -19,9 +19,9 @@ import pytest
 
 from adapters.telegram import TelegramChannel
 from shared.clock import now_ms
+from shared.reads.usage import UsageRecord, next_day_start, record_usage_in
 from shared.runtime import Runtime
-from shared.settings import load_settings
-from shared.usage import UsageRecord, next_day_start, record_usage_in
+from shared.settings.model import load_settings
 from tests.channel_support import HoldingTelegram, RunningChannel, channel_home
 from tests.fakes.anthropic_api import FakeAnthropic, Text
 from tests.fixtures import anthropic_api, cli_installed, telegram_fake  # noqa: F401  (fixtures)

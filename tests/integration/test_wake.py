@@ -11,20 +11,20 @@ from pathlib import Path
 
 import pytest
 
-from shared.db import open_database
-from shared.wake import Waker
+from shared.events.wake import Waker
+from shared.storage.db import open_database
 
 pytestmark = pytest.mark.integration
 
 ENQUEUE = (
-    "import sys, time; from shared.db import open_database; from shared.queue import Queue;"
+    "import sys, time; from shared.storage.db import open_database; from shared.queue.core import Queue;"
     "db = open_database(sys.argv[1], create=False); Queue(db).enqueue_message('cli', 's', 'wake up');"
     "print(time.monotonic()); db.close()"
 )
 # Measured once the waker has settled: on PostgreSQL its listener imports psycopg and connects in the
 # background right after start, a one-off cost that is not the idle cost.
 IDLE = (
-    "import resource, sys, time; from shared.db import open_database; from shared.wake import Waker;"
+    "import resource, sys, time; from shared.storage.db import open_database; from shared.events.wake import Waker;"
     "db = open_database(sys.argv[1], create=False); w = Waker(db).start(); time.sleep(1.0);"
     "r0 = resource.getrusage(resource.RUSAGE_SELF); t0 = time.monotonic(); time.sleep(6);"
     "r1 = resource.getrusage(resource.RUSAGE_SELF); w.stop();"
@@ -63,7 +63,7 @@ def test_another_process_commit_wakes_a_thread_waiter(db_url: str) -> None:
 
 def test_local_commit_wakes_an_async_waiter_at_once(sqlite_url: str) -> None:
     db = open_database(sqlite_url)
-    from shared.queue import Queue
+    from shared.queue.core import Queue
 
     async def scenario() -> float:
         with Waker(db, interval_ms=1000) as waker:  # slow poll: only the in-process signal can be fast

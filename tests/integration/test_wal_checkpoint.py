@@ -1,4 +1,4 @@
-"""SQLite's WAL checkpoints run in the background (shared.wal_checkpoint), not inside a caller's commit.
+"""SQLite's WAL checkpoints run in the background (shared.storage.wal_checkpoint), not inside a caller's commit.
 
 What a checkpoint did is read from the wal-index (the ``-shm`` file, a shared memory mapping every
 connection of the file uses): its header counts the frames in the log (``mxFrame``) and the checkpoint
@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from shared.db import WAL_CHECKPOINT_PAGES, open_database
-from shared.dialect import sqlite_path
-from shared.wal_checkpoint import Checkpointer, checkpoint
+from shared.storage.db import WAL_CHECKPOINT_PAGES, open_database
+from shared.storage.dialect import sqlite_path
+from shared.storage.wal_checkpoint import Checkpointer, checkpoint
 
 pytestmark = pytest.mark.integration
 
@@ -91,7 +91,7 @@ def test_a_read_only_file_is_not_opened_by_the_checkpointer(
     read_only_view: tuple[Path, Path], caplog: pytest.LogCaptureFixture
 ) -> None:
     # A read-only connection would leave this process's -shm mapping read-only (see
-    # shared.storage_errors.refuse_unwritable): the checkpointer skips such a file instead of opening it.
+    # shared.storage.errors.refuse_unwritable): the checkpointer skips such a file instead of opening it.
     writable, view = read_only_view
     db = open_database(f"sqlite:///{writable / 'q.db'}")
     try:

@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 import pytest
 
-from shared.queue_types import MAX_MESSAGE_CHARS
+from shared.queue.records import MAX_MESSAGE_CHARS
 from shared.runtime import Runtime
 from tests.web_support import (
     LiveServer,
@@ -447,7 +447,7 @@ def test_bearer_token_required_on_every_api_route(tmp_path: Path) -> None:
 
 def test_bind_rules() -> None:
     from adapters.web.auth import check_bind, host_header_is_loopback, is_loopback
-    from shared.settings import SettingsError
+    from shared.settings.model import SettingsError
 
     for host in ("127.0.0.1", "127.1.2.3", "::1", "[::1]", "localhost"):
         assert is_loopback(host), host

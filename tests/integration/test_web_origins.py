@@ -17,7 +17,7 @@ import pytest
 from websockets.exceptions import InvalidStatus
 from websockets.sync.client import ClientConnection, connect
 
-from shared.settings import SettingsError, load_settings
+from shared.settings.model import SettingsError, load_settings
 from tests.web_support import free_port, make_home, web_process
 
 pytestmark = pytest.mark.integration

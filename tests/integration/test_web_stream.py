@@ -16,7 +16,7 @@ from websockets.exceptions import InvalidStatus
 from websockets.sync.client import connect
 
 from adapters.web.stream import StreamLimits
-from shared.events import PendingEvent, append_events
+from shared.events.log import PendingEvent, append_events
 from shared.runtime import Runtime
 from tests.web_support import LiveServer, SseReader, home_runtime, make_home, runtime_for, wait_until
 

@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 
 from adapters.telegram import TelegramChannel
-from shared.queue import UnknownMention
-from shared.routing import Team, unknown_mention
+from shared.queue.core import UnknownMention
 from shared.runtime import Runtime
+from shared.settings.routing import Team, unknown_mention
 from tests.channel_support import HoldingTelegram, RunningChannel, channel_home, count, open_home, wait_for
 from tests.fixtures import telegram_fake  # noqa: F401  (fixtures)
 from tests.processor_support import run_idle

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from shared.runtime import Runtime
-from shared.settings import load_settings
+from shared.settings.model import load_settings
 from tests.homes import build_home, update_settings
 from tests.processor_support import agent_script, command_agent, open_home, read_invocations, run_idle
 from workers import doctor

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from shared.notices import busy_note
-from shared.queue import QueuedMessage
+from shared.queue.core import QueuedMessage
 from workers.busy import WorkGroup, apply_cap, build_prompt, merge_arrivals
 
 pytestmark = pytest.mark.unit

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from adapters.base import Inbound
-from shared.chat_address import ChatAddress
+from shared.chat.address import ChatAddress
 
 pytestmark = pytest.mark.unit
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from shared.chat_address import ChatAddress
+from shared.chat.address import ChatAddress
 
 pytestmark = pytest.mark.unit
 

@@ -11,7 +11,7 @@ from typing import Any
 import anyio
 import pytest
 
-from shared.settings import AgentSettings
+from shared.settings.model import AgentSettings
 from workers.errors import ErrorKind, api_retry_notice, diagnose
 from workers.provider_clis import ClaudeProvider, looks_overloaded, looks_rate_limited
 from workers.providers import RunRequest, RunResult, StreamState

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from shared.kv import Scope, scoped
+from shared.storage.kv import Scope, scoped
 
 pytestmark = pytest.mark.unit
 

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from shared.doctor import check_security
-from shared.settings import AgentSettings, load_settings
+from shared.cli.doctor import check_security
+from shared.settings.model import AgentSettings, load_settings
 from workers.agent_env import child_env
 from workers.doctor import checks
 from workers.provider_clis import read_access

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from shared.queue_types import group_by_conversation
+from shared.queue.records import group_by_conversation
 
 pytestmark = pytest.mark.unit
 
 
 def test_group_by_conversation_keeps_primary_first() -> None:
-    from shared.queue import QueuedMessage
+    from shared.queue.core import QueuedMessage
 
     def msg(i: int, conv: str) -> QueuedMessage:
         return QueuedMessage(
@@ -44,7 +44,7 @@ def test_group_by_conversation_keeps_primary_first() -> None:
 def test_message_from_a_whole_row_equals_the_constructed_one() -> None:
     from dataclasses import fields
 
-    from shared.queue import QueuedMessage
+    from shared.queue.core import QueuedMessage
 
     names = [f.name for f in fields(QueuedMessage)]
     row = {name: i for i, name in enumerate(names)}

@@ -1,4 +1,4 @@
-"""Tests for shared.routing: examples for each behaviour, then hypothesis properties."""
+"""Tests for shared.settings.routing: examples for each behaviour, then hypothesis properties."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shared.routing import (
+from shared.settings.routing import (
     AGENT_NAME_RE,
     HandoffTag,
     Route,

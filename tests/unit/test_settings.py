@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from shared.settings import SettingsError, load_settings, write_starter_settings
+from shared.settings.model import SettingsError, load_settings, write_starter_settings
 
 pytestmark = pytest.mark.unit
 
@@ -94,7 +94,7 @@ def test_starter_file_is_valid_and_not_overwritten(tmp_path: Path) -> None:
 
 
 def test_relative_workspaces_are_under_the_home_folder(tmp_path: Path) -> None:
-    from shared.settings import load_settings
+    from shared.settings.model import load_settings
 
     home = tmp_path / "home"
     home.mkdir()
@@ -187,7 +187,7 @@ def test_process_sections_are_given_to_the_processes_validated(tmp_path: Path) -
 
 
 def test_an_edit_the_processor_would_refuse_is_refused(tmp_path: Path) -> None:
-    from shared.settings_edit import merge_settings
+    from shared.settings.edit import merge_settings
 
     path = write(tmp_path, "# mine\n[queue]\nmax_retries = 4\n")
     settings = load_settings(tmp_path, env={})
@@ -231,7 +231,7 @@ def test_a_toml_syntax_error_names_the_line_and_column(
 
 
 def test_doctor_tells_how_to_fix_each_kind_of_settings_error(tmp_path: Path) -> None:
-    from shared.doctor import check_settings
+    from shared.cli.doctor import check_settings
 
     write(tmp_path, "[processor]\nbusy_policy = ")
     settings, (found,) = check_settings(tmp_path)
@@ -254,7 +254,7 @@ def test_a_third_party_channel_section_is_checked_with_its_plugin_model(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A channel installed by another package (an ``agentpost.channels`` entry point) brings its model."""
-    from shared import settings_channels
+    from shared.settings import channels
 
     site = tmp_path / "site"
     (site / "roomchat-1.0.dist-info").mkdir(parents=True)
@@ -265,12 +265,12 @@ def test_a_third_party_channel_section_is_checked_with_its_plugin_model(
         "[agentpost.channels]\nroomchat = roomchat_plugin:RoomChannel\n"
     )
     (site / "roomchat_plugin.py").write_text(
-        "from shared.settings_channels import ChannelSettings\n"
+        "from shared.settings.channels import ChannelSettings\n"
         "class RoomSettings(ChannelSettings):\n    room: str = ''\n"
         "class RoomChannel:\n    settings_model = RoomSettings\n"
     )
     monkeypatch.syspath_prepend(str(site))
-    settings_channels._plugin_model.cache_clear()
+    channels._plugin_model.cache_clear()
     try:
         write(tmp_path / "home", '[channels.roomchat]\nroom = "ops"\nbusy_policy = "followup"\n')
         s = load_settings(tmp_path / "home", env={})
@@ -279,4 +279,4 @@ def test_a_third_party_channel_section_is_checked_with_its_plugin_model(
         with pytest.raises(SettingsError, match=r"channels\.roomchat\.rooom: unknown key"):
             load_settings(tmp_path / "home", env={})
     finally:
-        settings_channels._plugin_model.cache_clear()
+        channels._plugin_model.cache_clear()

@@ -3,7 +3,7 @@
 Every string literal of the production code (f-strings included) is checked for the shape of a SQL statement.
 A statement found outside the modules below fails the test with its place, so a query written into a worker,
 an adapter, the scheduler or a non-storage module of ``shared/`` is caught the day it is written. The ``kv``
-table has one owner of its own: :mod:`shared.kv`.
+table has one owner of its own: :mod:`shared.storage.kv`.
 """
 
 from __future__ import annotations
@@ -19,35 +19,36 @@ pytestmark = pytest.mark.unit
 ROOT = Path(__file__).resolve().parents[2]
 PRODUCTION = ("shared", "workers", "adapters", "scheduler")
 
-#: The storage modules: the schema, the driver seam and dialect, the database's change signal, the queue's
-#: operations, the kv store, the event log, and the read models the CLI, web API and dashboard show.
+#: The storage modules: the database engine (shared/storage/), the event log and the database's change signal,
+#: the queue's operations, the chat stores with tables of their own, and the read models the CLI, web API and
+#: dashboard show.
 STORAGE_MODULES = frozenset(
     {
-        "shared/db.py",
-        "shared/dialect.py",
-        "shared/wake.py",
-        "shared/wal_checkpoint.py",
-        "shared/models.py",
-        "shared/kv.py",
-        "shared/events.py",
-        "shared/db_copy.py",
-        "shared/queue.py",
-        "shared/queue_admin.py",
-        "shared/queue_control.py",
-        "shared/queue_delivery.py",
-        "shared/queue_enqueue.py",
-        "shared/queue_failures.py",
-        "shared/queue_leases.py",
-        "shared/queue_reports.py",
-        "shared/queue_unserved.py",
-        "shared/sessions.py",
-        "shared/pairings.py",
-        "shared/conversations.py",
-        "shared/conversation_status.py",
-        "shared/chat_lookups.py",
-        "shared/trace.py",
-        "shared/api_views.py",
-        "shared/usage.py",
+        "shared/storage/copy_db.py",
+        "shared/storage/db.py",
+        "shared/storage/dialect.py",
+        "shared/storage/kv.py",
+        "shared/storage/models.py",
+        "shared/storage/wal_checkpoint.py",
+        "shared/events/log.py",
+        "shared/events/wake.py",
+        "shared/queue/admin.py",
+        "shared/queue/control.py",
+        "shared/queue/core.py",
+        "shared/queue/delivery.py",
+        "shared/queue/enqueue.py",
+        "shared/queue/failures.py",
+        "shared/queue/leases.py",
+        "shared/queue/reports.py",
+        "shared/queue/unserved.py",
+        "shared/chat/lookups.py",
+        "shared/chat/pairings.py",
+        "shared/chat/sessions.py",
+        "shared/reads/api_views.py",
+        "shared/reads/conversation_status.py",
+        "shared/reads/conversations.py",
+        "shared/reads/trace.py",
+        "shared/reads/usage.py",
     }
 )
 
@@ -87,20 +88,25 @@ def test_sql_appears_only_in_the_storage_modules() -> None:
 
 
 def test_only_the_kv_store_writes_statements_on_kv() -> None:
-    # shared/dialect.py reads the event log's prune mark inside the event INSERT itself (one statement).
-    owners = {"shared/kv.py", "shared/dialect.py"}
+    # shared/storage/dialect.py reads the event log's prune mark inside the event INSERT itself (one statement).
+    owners = {"shared/storage/kv.py", "shared/storage/dialect.py"}
     elsewhere = [
         f"{name}:{line}: {text}"
         for name, line, text in _statements()
         if KV.search(text) and name not in owners
     ]
-    assert elsewhere == [], "kv statements outside shared/kv.py:\n" + "\n".join(elsewhere)
+    assert elsewhere == [], "kv statements outside shared/storage/kv.py:\n" + "\n".join(elsewhere)
 
 
 def test_the_scan_finds_the_statements_it_is_meant_to_find() -> None:
     # The test above is only as good as its pattern: it must see the queue's own statements.
     found = {name for name, _line, _text in _statements()}
-    assert {"shared/queue.py", "shared/kv.py", "shared/events.py", "shared/db.py"} <= found
+    assert {
+        "shared/queue/core.py",
+        "shared/storage/kv.py",
+        "shared/events/log.py",
+        "shared/storage/db.py",
+    } <= found
     samples = [
         "SELECT 1 FROM messages WHERE id = :i",
         "INSERT INTO kv (scope) VALUES (:s)",

@@ -6,7 +6,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from shared.usage import day_of, day_start, month_start, next_day_start, next_month_start, parse_since
+from shared.reads.usage import day_of, day_start, month_start, next_day_start, next_month_start, parse_since
 
 pytestmark = pytest.mark.unit
 

@@ -8,7 +8,7 @@ const CHART_DAYS = 14;
 const TOP_SENDERS = 10;
 const SVG_NS = "http://www.w3.org/2000/svg";
 
-// Dollars as agentpost writes them everywhere (shared/usage.py usd): cents from a dollar up, four places
+// Dollars as agentpost writes them everywhere (shared/reads/usage.py usd): cents from a dollar up, four places
 // below, since a short run costs about a cent.
 function usd(amount) {
   const n = Number(amount) || 0;

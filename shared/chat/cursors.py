@@ -1,0 +1,72 @@
+"""Where a chat channel left off: the newest platform message id it has taken in, per chat, kept durably.
+
+Discord's gateway replays nothing to a fresh session, so a message sent while the adapter was down is seen
+only if the adapter asks for the history of that chat after the last message it took in. These records say
+which chats to ask and from where. Rows live in ``kv`` (scope ``cursor:<channel>``, key = the chat, value =
+the message id zero-padded to 20 digits, then ``|`` and a free-form note such as the guild id), so comparing
+two values as text compares the ids, and a record only ever moves forward — also when two messages of one
+chat are handled out of order.
+
+It also answers, for a reply being delivered, when its message was sent if it arrived while the adapter was
+down (``messages.metadata.offline_sent_at``, set by :mod:`adapters.base`), so the reply can say so.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from shared.queue.reports import message_metadata
+from shared.storage import kv
+from shared.storage.db import Database, Tx
+from shared.storage.kv import Scope, scoped
+
+#: Metadata key of an inbound message the platform handed over late (after a restart): when it was sent.
+OFFLINE_SENT_AT = "offline_sent_at"
+_WIDTH = 20
+
+
+@dataclass(frozen=True)
+class Cursor:
+    """The newest message id taken in from one chat, with its note, and when it was recorded (ms)."""
+
+    conversation: str
+    last_id: int
+    note: str
+    updated_at: int
+
+
+def note_seen(db: Database, channel: str, conversation: str, message_id: int, note: str = "") -> None:
+    """Record that ``message_id`` of ``conversation`` was taken in (kept only if newer than the record)."""
+    with db.transaction() as tx:
+        note_seen_in(tx, channel, conversation, message_id, note)
+
+
+def note_seen_in(tx: Tx, channel: str, conversation: str, message_id: int, note: str = "") -> None:
+    """:func:`note_seen` inside the caller's transaction (the one that takes the message in)."""
+    if message_id < 0 or len(str(message_id)) > _WIDTH:
+        raise ValueError(f"message id {message_id} does not fit a cursor")
+    value = f"{message_id:0{_WIDTH}d}|{note}"
+    kv.put_max(tx, scoped(Scope.CURSOR, channel), conversation, value)
+
+
+def cursors(db: Database, channel: str) -> list[Cursor]:
+    """Every chat of ``channel`` with a record, by chat."""
+    found = []
+    for e in kv.entries(db, scoped(Scope.CURSOR, channel)):
+        digits, _, note = e.value.partition("|")
+        if digits.isdigit():
+            found.append(Cursor(e.key, int(digits), note, e.updated_at))
+    return found
+
+
+def offline_sent_at(db: Database, message_id: str) -> int | None:
+    """When the message ``message_id`` was sent, if it reached us only after a restart; else None."""
+    raw = message_metadata(db, message_id)
+    if not raw:
+        return None
+    try:
+        value = json.loads(str(raw)).get(OFFLINE_SENT_AT)
+    except (ValueError, AttributeError):
+        return None
+    return int(value) if isinstance(value, int | float) and value > 0 else None

@@ -1,0 +1,48 @@
+"""Named reads the chat adapters make about one channel's chats: who is busy, where typing shows.
+
+The channel adapters (:mod:`adapters.base` and its plugins) hold no SQL; what they need to know about the
+queue's rows beyond the queue operations is asked here. Every function is one read-only statement on an
+autocommit snapshot, cheap enough for the typing loop's pace (a few seconds).
+"""
+
+from __future__ import annotations
+
+from shared.storage.db import Database
+
+_BUSY_AGENTS = (
+    "SELECT agent, MAX(CASE WHEN status = 'processing' THEN 1 ELSE 0 END) AS running FROM messages "
+    "WHERE channel = :c AND conversation = :conv AND status IN ('pending', 'processing') GROUP BY agent"
+)
+_BUSY_CONVERSATIONS = (
+    "SELECT DISTINCT m.conversation FROM messages m LEFT JOIN agent_leases a ON a.agent = m.agent "
+    "WHERE m.channel = :c AND m.status IN ('pending', 'processing') AND m.conversation <> '' "
+    "AND (m.status = 'processing' OR "
+    "(m.status = 'pending' AND m.available_at <= :horizon AND COALESCE(a.paused_until, 0) <= :now))"
+)
+_NEWEST_WAITING_EXTERNAL_ID = (
+    "SELECT external_id FROM messages WHERE channel = :c AND conversation = :conv "
+    "AND status IN ('pending', 'processing') AND external_id IS NOT NULL ORDER BY id DESC LIMIT 1"
+)
+
+
+def busy_agents(db: Database, channel: str, conversation: str) -> list[str]:
+    """Agents with a message of the chat ``channel``/``conversation`` pending or processing: those with one
+    processing first, then by name (the agents a ``/stop`` in that chat asks to stop)."""
+    rows = db.read(_BUSY_AGENTS, {"c": channel, "conv": conversation})
+    ordered = sorted(rows, key=lambda r: (-int(r["running"]), str(r["agent"])))
+    return [str(r["agent"]) for r in ordered]
+
+
+def busy_conversations(db: Database, channel: str, now: int, horizon_ms: int) -> list[str]:
+    """Chats of ``channel`` where an agent is at work: a message processing, or one pending that is due
+    within ``horizon_ms`` of ``now`` (epoch ms) for an agent not paused then. A chat whose next try is
+    further off (a long backoff) or whose agent is paused (a rate limit) is not busy."""
+    rows = db.read(_BUSY_CONVERSATIONS, {"c": channel, "now": now, "horizon": now + horizon_ms})
+    return [str(r["conversation"]) for r in rows]
+
+
+def newest_waiting_external_id(db: Database, channel: str, conversation: str) -> str | None:
+    """The platform's id of the chat's newest message still pending or processing (``None``: none, or none
+    with a platform id). WhatsApp shows its typing indicator on that message."""
+    value = db.read_scalar(_NEWEST_WAITING_EXTERNAL_ID, {"c": channel, "conv": conversation})
+    return str(value) if value else None

@@ -1,0 +1,593 @@
+"""The durable event log (seed 001): append, read from a cursor, ack, subscribe, cleanup.
+
+Cursors are strings to clients and integers inside: the SQL driver's cursor is the event row id, assigned in
+commit order (SQLite has one writer at a time; PostgreSQL appends hold an advisory lock until commit), so a
+reader that has seen cursor N has seen every event that committed before it. Queue operations append their
+events with :func:`append_event` inside the transaction of the state change they report.
+"""
+
+from __future__ import annotations
+
+import abc
+import json
+import threading
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from shared.clock import now_ms
+from shared.storage import kv
+from shared.storage.db import Database, Tx
+from shared.storage.kv import Scope
+
+ALL_TOPICS = "*"
+
+
+@dataclass(frozen=True)
+class EventEntry:
+    """One event as a reader sees it."""
+
+    cursor: str
+    topic: str
+    type: str
+    payload: dict[str, Any]
+    created_at: int
+    message_id: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "cursor": self.cursor,
+            "topic": self.topic,
+            "type": self.type,
+            "payload": self.payload,
+            "created_at": self.created_at,
+            "message_id": self.message_id,
+        }
+
+
+class CursorExpired(Exception):
+    """The reader's cursor is older than the retained log: events after it were cleaned up."""
+
+    def __init__(self, cursor: str, retained_after: str) -> None:
+        super().__init__(
+            f"cursor {cursor} is older than the retained log (events up to {retained_after} removed)"
+        )
+        self.cursor = cursor
+        self.retained_after = retained_after
+
+
+Handler = Callable[[EventEntry], None]
+Unsubscribe = Callable[[], None]
+
+
+class EventLog(Protocol):
+    """A durable event queue with cursors (seed 001's ``EventQueue``)."""
+
+    def append(self, topic: str, type: str, payload: dict[str, Any], *, message_id: str | None = None) -> str:
+        """Append one event; returns its cursor."""
+        ...
+
+    def read(self, topic: str | None, after: str | None = None, limit: int = 100) -> list[EventEntry]:
+        """Events of ``topic`` (``None``: every topic) after ``after``, oldest first.
+
+        Raises :class:`CursorExpired` when events after ``after`` have been cleaned up.
+        """
+        ...
+
+    def ack(self, consumer: str, topic: str, cursor: str) -> None:
+        """Record that ``consumer`` has processed ``topic`` up to ``cursor`` (never moves backwards)."""
+        ...
+
+    def subscribe(self, topic: str | None, handler: Handler, *, after: str | None = None) -> Unsubscribe:
+        """Call ``handler`` for each event after ``after`` (default: from now on), in order."""
+        ...
+
+    def cleanup(self, *, ttl_ms: int, max_per_topic: int) -> int:
+        """Drop events past their TTL, or past the per-topic cap once every durable consumer has acked
+        them. Returns how many were removed."""
+        ...
+
+    def last_cursor(self) -> str:
+        """The newest cursor (``"0"`` for an empty log)."""
+        ...
+
+    def latest_cursor(self, topic: str | None) -> str | None:
+        """The newest cursor of ``topic`` (``None``: of any topic), ``None`` when it has no events."""
+        ...
+
+    def consumer_ack(self, consumer: str, topic: str) -> tuple[str, int] | None:
+        """``consumer``'s acknowledged cursor on ``topic`` and when it last acked (epoch ms), if ever."""
+        ...
+
+    def close(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class AckedEntry:
+    """An event with its acknowledgement state for one consumer (seed 001's ``acknowledged`` flags): an
+    ack of cursor N acknowledges every event of the topic up to N."""
+
+    entry: EventEntry
+    acknowledged: bool
+    acknowledged_at: int | None
+
+
+def read_with_acks(
+    log: EventLog, topic: str, consumer: str, after: str | None = None, limit: int = 100
+) -> list[AckedEntry]:
+    """:meth:`EventLog.read` of one topic, each event flagged acknowledged or not by ``consumer``."""
+    state = log.consumer_ack(consumer, topic)
+    upto, at = (int(state[0]), state[1]) if state is not None else (0, None)
+    return [
+        AckedEntry(e, int(e.cursor) <= upto, at if int(e.cursor) <= upto else None)
+        for e in log.read(topic, after, limit)
+    ]
+
+
+class _Subscription:
+    """One in-process subscriber: its filter, handler and position, guarded so that the background follower
+    and an ``append`` in this process never deliver an event twice."""
+
+    def __init__(self, topic: str | None, handler: Handler, position: int) -> None:
+        self.topic = topic
+        self.handler = handler
+        self.position = position
+        self.lock = threading.RLock()
+        self.stopped = threading.Event()
+
+
+class LocalSubscriptions(abc.ABC):
+    """Subscriptions of this process to a log that other processes write too. ``append`` delivers to them
+    before it returns (seed 001: a subscriber has an event once its append returned); a background follower
+    per subscription delivers what other processes append."""
+
+    PAGE = 500
+
+    def _local_subs(self) -> list[_Subscription]:
+        subs: list[_Subscription] | None = getattr(self, "_subs_list", None)
+        if subs is None:
+            subs = []
+            self._subs_list = subs
+        return subs
+
+    @abc.abstractmethod
+    def read(self, topic: str | None, after: str | None = None, limit: int = 100) -> list[EventEntry]:
+        """The log's own read (the follower pages through it)."""
+
+    def _add_subscription(self, topic: str | None, handler: Handler, position: int) -> _Subscription:
+        sub = _Subscription(topic, handler, position)
+        self._local_subs().append(sub)
+        return sub
+
+    def _drop_subscription(self, sub: _Subscription) -> None:
+        sub.stopped.set()
+        subs = self._local_subs()
+        if sub in subs:
+            subs.remove(sub)
+
+    def _pump(self, sub: _Subscription) -> int:
+        """Deliver what ``sub`` has not seen yet (one page); returns how many events were read."""
+        with sub.lock:
+            if sub.stopped.is_set():
+                return 0
+            try:
+                batch = self.read(sub.topic, str(sub.position), self.PAGE)
+            except CursorExpired as exc:
+                sub.position = int(exc.retained_after)
+                batch = self.read(sub.topic, str(sub.position), self.PAGE)
+            for entry in batch:
+                if sub.stopped.is_set():
+                    break
+                cursor = int(entry.cursor)
+                if cursor <= sub.position:
+                    continue  # delivered by a nested append of the handler itself
+                sub.position = cursor
+                sub.handler(entry)
+            return len(batch)
+
+    def _deliver_local(self) -> None:
+        """Bring every subscription of this process up to date (called after an append committed)."""
+        for sub in list(self._local_subs()):
+            while self._pump(sub) >= self.PAGE:
+                pass
+
+
+#: The largest cursor: event ids are signed 64-bit integers in SQLite, PostgreSQL and Redis stream ids.
+MAX_CURSOR = 2**63 - 1
+
+
+def parse_cursor(cursor: str) -> int:
+    """The integer behind a client's cursor string, or :class:`ValueError` saying what is wrong with it.
+
+    Only plain decimal digits within the id range are accepted: anything else could never have been handed
+    out by this log, and a number past 64 bits would fail deep inside the database driver instead."""
+    if not cursor.isascii() or not cursor.isdigit():
+        raise ValueError(
+            f"invalid cursor {cursor[:40]!r}: a cursor is a whole number from 0 to {MAX_CURSOR}, "
+            "as this server hands out"
+        )
+    if len(cursor) > 19 or int(cursor) > MAX_CURSOR:
+        raise ValueError(f"invalid cursor {cursor[:40]!r}: cursors go up to {MAX_CURSOR}")
+    return int(cursor)
+
+
+def _cursor_int(cursor: str | None) -> int:
+    if cursor is None or cursor == "":
+        return 0
+    return parse_cursor(str(cursor))
+
+
+# -- SQL ------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class PendingEvent:
+    """An event to append inside a queue transaction."""
+
+    type: str
+    payload: dict[str, Any] = field(default_factory=dict)
+    message_id: str | None = None
+    topic: str = "queue"
+
+
+#: One compact encoder for every payload (``json.dumps`` with options builds a new encoder per call).
+encode_payload = json.JSONEncoder(separators=(",", ":"), default=str).encode
+
+
+def append_events(tx: Tx, events: Sequence[PendingEvent], created_at: int | None = None) -> None:
+    """Append events in the caller's transaction, so they commit (or vanish) with the change they report."""
+    if not events:
+        return
+    first = tx.take_event_order_lock()
+    ts = now_ms() if created_at is None else created_at
+    params = [
+        {
+            "topic": e.topic,
+            "type": e.type,
+            "message_id": e.message_id,
+            "payload": encode_payload(e.payload),
+            "created_at": ts,
+        }
+        for e in events
+    ]
+    dialect = tx.dialect
+    tx.execute_raw(dialect.insert_event_sql(take_order_lock=first), params[0])
+    if len(params) > 1:
+        tx.executemany_raw(dialect.insert_event_sql(take_order_lock=False), params[1:])
+    tx.signal("events")
+
+
+def entry_from_row(row: dict[str, Any]) -> EventEntry:
+    """An :class:`EventEntry` from an ``events`` row."""
+    return EventEntry(
+        cursor=str(row["id"]),
+        topic=row["topic"],
+        type=row["type"],
+        payload=json.loads(row["payload"]),
+        created_at=int(row["created_at"]),
+        message_id=row["message_id"],
+    )
+
+
+class SqlEventLog(LocalSubscriptions):
+    """The event log in the shared database (SQLite or PostgreSQL)."""
+
+    def __init__(self, db: Database, wait: Callable[[float], None] | None = None) -> None:
+        """``wait(timeout)`` blocks until the database may have changed (see :mod:`shared.events.wake`)."""
+        self.db = db
+        self._wait = wait
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+
+    def append_many(self, events: Sequence[PendingEvent]) -> None:
+        """Append several events in one transaction, in order (a run's batched progress, say)."""
+        if not events:
+            return
+        with self.db.transaction() as tx:
+            append_events(tx, events)
+        self._deliver_local()
+
+    def append(self, topic: str, type: str, payload: dict[str, Any], *, message_id: str | None = None) -> str:
+        with self.db.transaction() as tx:
+            append_events(tx, [PendingEvent(type=type, payload=payload, message_id=message_id, topic=topic)])
+            if tx.dialect.is_sqlite:
+                cursor = tx.scalar("SELECT last_insert_rowid()")
+            else:
+                cursor = tx.scalar("SELECT lastval()")
+        self._deliver_local()
+        return str(cursor)
+
+    def pruned_through(self, topic: str | None) -> int:
+        """The highest cursor removed by cleanup for ``topic`` (or any topic)."""
+        value = kv.get(self.db, Scope.EVENTS_PRUNED, topic or ALL_TOPICS)
+        return int(value) if value else 0
+
+    def read(self, topic: str | None, after: str | None = None, limit: int = 100) -> list[EventEntry]:
+        after_id = _cursor_int(after)
+        limit = max(1, min(int(limit), 10_000))
+        if after is not None and after_id < self.pruned_through(topic):
+            raise CursorExpired(str(after_id), str(self.pruned_through(topic)))
+        if topic is None:
+            rows = self.db.read(
+                "SELECT * FROM events WHERE id > :after ORDER BY id LIMIT :limit",
+                {"after": after_id, "limit": limit},
+            )
+        else:
+            rows = self.db.read(
+                f"SELECT * FROM events WHERE {topic_filter(topic)} AND id > :after ORDER BY id LIMIT :limit",
+                {"topic": topic, "after": after_id, "limit": limit},
+            )
+        return [entry_from_row(r) for r in rows]
+
+    def ack(self, consumer: str, topic: str, cursor: str) -> None:
+        value = _cursor_int(cursor)
+        now = now_ms()
+        with self.db.transaction() as tx:
+            tx.execute(
+                "INSERT INTO event_consumers (consumer, topic, cursor, updated_at) "
+                "VALUES (:c, :t, :v, :now) ON CONFLICT (consumer, topic) DO UPDATE "
+                "SET cursor = excluded.cursor, updated_at = excluded.updated_at "
+                "WHERE event_consumers.cursor < excluded.cursor",
+                {"c": consumer, "t": topic, "v": value, "now": now},
+            )
+
+    def consumer_cursor(self, consumer: str, topic: str) -> str | None:
+        value = self.db.read_scalar(
+            "SELECT cursor FROM event_consumers WHERE consumer = :c AND topic = :t",
+            {"c": consumer, "t": topic},
+        )
+        return None if value is None else str(value)
+
+    def consumer_ack(self, consumer: str, topic: str) -> tuple[str, int] | None:
+        rows = self.db.read(
+            "SELECT cursor, updated_at FROM event_consumers WHERE consumer = :c AND topic = :t",
+            {"c": consumer, "t": topic},
+        )
+        return (str(rows[0]["cursor"]), int(rows[0]["updated_at"])) if rows else None
+
+    def last_cursor(self) -> str:
+        return str(self.db.read_scalar("SELECT COALESCE(MAX(id), 0) FROM events"))
+
+    def latest_cursor(self, topic: str | None) -> str | None:
+        if topic is None:
+            value = self.db.read_scalar("SELECT MAX(id) FROM events")
+        else:
+            # Newest first by id, stopping at the first match: MAX() over a filter would read every row of a
+            # topic that has no index (the busy one).
+            value = self.db.read_scalar(
+                f"SELECT id FROM events WHERE {topic_filter(topic)} ORDER BY id DESC LIMIT 1",
+                {"topic": topic},
+            )
+        return None if value is None else str(value)
+
+    def subscribe(self, topic: str | None, handler: Handler, *, after: str | None = None) -> Unsubscribe:
+        start = _cursor_int(after) if after is not None else int(self.last_cursor())
+        sub = self._add_subscription(topic, handler, start)
+        if after is not None:
+            while self._pump(sub) >= self.PAGE:  # the backlog, before subscribe returns
+                pass
+
+        def loop() -> None:
+            while not sub.stopped.is_set() and not self._stop.is_set():
+                try:
+                    n = self._pump(sub)
+                except Exception:  # the database briefly away: try again after the next wait
+                    n = 0
+                if n < self.PAGE and not sub.stopped.is_set():
+                    if self._wait is not None:
+                        self._wait(0.5)
+                    else:
+                        sub.stopped.wait(0.05)
+
+        thread = threading.Thread(target=loop, name=f"events-subscribe-{topic}", daemon=True)
+        thread.start()
+        self._threads.append(thread)
+
+        def unsubscribe() -> None:
+            self._drop_subscription(sub)
+
+        return unsubscribe
+
+    def cleanup(self, *, ttl_ms: int, max_per_topic: int) -> int:
+        now = now_ms()
+        removed = 0
+        with self.db.transaction() as tx:
+            cutoff = now - ttl_ms
+            ttl_max = _last_id_before(tx, cutoff)
+            if ttl_max is not None:
+                # TTL wins over unacked consumers: an abandoned consumer must not keep the log forever.
+                for t in tx.rows(
+                    "SELECT topic, MAX(id) AS m FROM events WHERE id <= :b GROUP BY topic", {"b": ttl_max}
+                ):
+                    _record_pruned(tx, t["topic"], int(t["m"]), now)
+                _record_pruned(tx, ALL_TOPICS, ttl_max, now)
+                removed += tx.execute("DELETE FROM events WHERE id <= :b", {"b": ttl_max}).rowcount
+            for t in tx.rows(
+                "SELECT topic, COUNT(*) AS n FROM events GROUP BY topic HAVING COUNT(*) > :cap",
+                {"cap": max_per_topic},
+            ):
+                topic = t["topic"]
+                excess = int(t["n"]) - max_per_topic
+                boundary = tx.scalar(
+                    f"SELECT id FROM events WHERE {topic_filter(topic)} ORDER BY id LIMIT 1 OFFSET :o",
+                    {"topic": topic, "o": excess - 1},
+                )
+                floor = tx.scalar("SELECT MIN(cursor) FROM event_consumers WHERE topic = :t", {"t": topic})
+                if floor is not None:
+                    boundary = min(int(boundary), int(floor))
+                if boundary is None or int(boundary) <= 0:
+                    continue
+                n = tx.execute(
+                    f"DELETE FROM events WHERE {topic_filter(topic)} AND id <= :b",
+                    {"topic": topic, "b": int(boundary)},
+                ).rowcount
+                if n:
+                    _record_pruned(tx, topic, int(boundary), now)
+                    _record_pruned(tx, ALL_TOPICS, int(boundary), now)
+                    removed += n
+        return removed
+
+    def close(self) -> None:
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(timeout=2)
+        self._threads.clear()
+
+
+#: The topic of every enqueue, claim and completion: most of the log, so it has no topic index (see
+#: shared.storage.models.Event) and its readers go by id.
+BUSY_TOPIC = "queue"
+
+
+def topic_filter(topic: str) -> str:
+    """The WHERE term for one topic's events (parameter ``:topic``). For the quieter topics it repeats the
+    condition of their partial index, which the planners (SQLite's, and PostgreSQL's for a prepared
+    statement) use only when the query states it."""
+    if topic == BUSY_TOPIC:
+        return "topic = :topic"
+    return "topic = :topic AND topic <> 'queue'"
+
+
+def _last_id_before(tx: Tx, cutoff: int) -> int | None:
+    """The newest event id created before ``cutoff``, found by binary search over the primary key.
+
+    Ids grow in commit order and so, up to a lock wait, with ``created_at``: a search over ids costs a few
+    primary-key lookups and spares every append the upkeep of an index on ``created_at``.
+    """
+    lo, hi = tx.rows("SELECT MIN(id) AS lo, MAX(id) AS hi FROM events")[0].values()
+    if lo is None:
+        return None
+    found: int | None = None
+    lo, hi = int(lo), int(hi)
+    while lo <= hi:
+        mid = (lo + hi) // 2
+        row = tx.one("SELECT id, created_at FROM events WHERE id >= :i ORDER BY id LIMIT 1", {"i": mid})
+        if row is None:
+            hi = mid - 1
+        elif int(row["created_at"]) < cutoff:
+            found = int(row["id"])
+            lo = int(row["id"]) + 1
+        else:
+            hi = mid - 1
+    return found
+
+
+def _record_pruned(tx: Tx, topic: str, cursor: int, now: int) -> None:
+    # Compared as numbers: two cleanups committing out of order must not move the mark back.
+    kv.put_max(tx, Scope.EVENTS_PRUNED, topic, str(cursor), now, numeric=True)
+
+
+# -- memory -----------------------------------------------------------------------------------------------
+class MemoryEventLog:
+    """An in-process event log with the same semantics, for tests and single-process tools."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._events: list[EventEntry] = []
+        self._next = 1
+        self._acks: dict[tuple[str, str], int] = {}
+        self._ack_times: dict[tuple[str, str], int] = {}
+        self._pruned: dict[str, int] = {}
+        self._subs: list[tuple[str | None, Handler]] = []
+
+    def append(self, topic: str, type: str, payload: dict[str, Any], *, message_id: str | None = None) -> str:
+        with self._lock:
+            entry = EventEntry(str(self._next), topic, type, dict(payload), now_ms(), message_id)
+            self._next += 1
+            self._events.append(entry)
+            subs = [h for t, h in self._subs if t is None or t == topic]
+        for handler in subs:
+            handler(entry)
+        return entry.cursor
+
+    def read(self, topic: str | None, after: str | None = None, limit: int = 100) -> list[EventEntry]:
+        after_id = _cursor_int(after)
+        limit = max(1, min(int(limit), 10_000))
+        with self._lock:
+            pruned = self._pruned.get(topic or ALL_TOPICS, 0)
+            if after is not None and after_id < pruned:
+                raise CursorExpired(str(after_id), str(pruned))
+            found = [
+                e for e in self._events if int(e.cursor) > after_id and (topic is None or e.topic == topic)
+            ]
+        return found[:limit]
+
+    def ack(self, consumer: str, topic: str, cursor: str) -> None:
+        value = _cursor_int(cursor)
+        with self._lock:
+            key = (consumer, topic)
+            self._acks[key] = max(self._acks.get(key, 0), value)
+            self._ack_times[key] = now_ms()
+
+    def consumer_ack(self, consumer: str, topic: str) -> tuple[str, int] | None:
+        with self._lock:
+            key = (consumer, topic)
+            if key not in self._acks:
+                return None
+            return str(self._acks[key]), self._ack_times[key]
+
+    def latest_cursor(self, topic: str | None) -> str | None:
+        with self._lock:
+            found = [e.cursor for e in self._events if topic is None or e.topic == topic]
+        return found[-1] if found else None
+
+    def consumer_cursor(self, consumer: str, topic: str) -> str | None:
+        with self._lock:
+            value = self._acks.get((consumer, topic))
+        return None if value is None else str(value)
+
+    def last_cursor(self) -> str:
+        with self._lock:
+            return str(self._next - 1)
+
+    def subscribe(self, topic: str | None, handler: Handler, *, after: str | None = None) -> Unsubscribe:
+        backlog = self.read(topic, after, 10_000) if after is not None else []
+        for entry in backlog:
+            handler(entry)
+        item = (topic, handler)
+        with self._lock:
+            self._subs.append(item)
+
+        def unsubscribe() -> None:
+            with self._lock:
+                if item in self._subs:
+                    self._subs.remove(item)
+
+        return unsubscribe
+
+    def cleanup(self, *, ttl_ms: int, max_per_topic: int) -> int:
+        cutoff = now_ms() - ttl_ms
+        with self._lock:
+            before = len(self._events)
+            dropped = [e for e in self._events if e.created_at < cutoff]
+            keep = [e for e in self._events if e.created_at >= cutoff]
+            by_topic: dict[str, list[EventEntry]] = {}
+            for e in keep:
+                by_topic.setdefault(e.topic, []).append(e)
+            for topic, entries in by_topic.items():
+                excess = len(entries) - max_per_topic
+                if excess <= 0:
+                    continue
+                boundary = int(entries[excess - 1].cursor)
+                floors = [v for (_, t), v in self._acks.items() if t == topic]
+                if floors:
+                    boundary = min(boundary, min(floors))
+                dropped.extend(e for e in entries if int(e.cursor) <= boundary)
+            gone = {e.cursor for e in dropped}
+            self._events = [e for e in self._events if e.cursor not in gone]
+            for e in dropped:
+                self._pruned[e.topic] = max(self._pruned.get(e.topic, 0), int(e.cursor))
+                self._pruned[ALL_TOPICS] = max(self._pruned.get(ALL_TOPICS, 0), int(e.cursor))
+            return before - len(self._events)
+
+    def close(self) -> None:
+        with self._lock:
+            self._subs.clear()
+
+
+def entries_by_type(entries: Iterable[EventEntry]) -> dict[str, list[EventEntry]]:
+    """Group events by type (handy for trace views and tests)."""
+    out: dict[str, list[EventEntry]] = {}
+    for e in entries:
+        out.setdefault(e.type, []).append(e)
+    return out

@@ -1,0 +1,339 @@
+"""Operator views and repairs: dead letters, counts per status and agent, pruning; and the statements of the
+dead-letter archive (:mod:`scheduler.dlq`), which works on one transaction of its own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from shared.chain_budget import prune_chain_budgets
+from shared.clock import now_ms
+from shared.events.log import PendingEvent, append_events
+from shared.ids import is_message_id
+from shared.queue.records import (
+    InvalidInput,
+    NotFound,
+    QueuedMessage,
+    QueuedResponse,
+    QueueState,
+    RetryBudgetExhausted,
+)
+from shared.storage import kv
+from shared.storage.db import Database, Row, Tx
+from shared.storage.kv import Scope
+
+
+class AdminOps(QueueState):
+    """Dead-letter, view and pruning operations of :class:`shared.queue.core.Queue`."""
+
+    def _dead_where(self, ref: int | str) -> tuple[str, dict[str, Any]]:
+        if isinstance(ref, int) or (isinstance(ref, str) and ref.isdigit()):
+            return "id = :ref", {"ref": int(ref)}
+        if isinstance(ref, str) and is_message_id(ref):
+            return "message_id = :ref", {"ref": ref}
+        raise InvalidInput(f"{ref!r} is neither a row id nor a message id")
+
+    def list_dead(self, limit: int = 100, offset: int = 0) -> list[QueuedMessage]:
+        """Dead letters, newest first."""
+        rows = self.db.read(
+            "SELECT * FROM messages WHERE status = 'dead' ORDER BY updated_at DESC, id DESC LIMIT :l OFFSET :o",
+            {"l": max(1, min(limit, 10_000)), "o": max(0, offset)},
+        )
+        return [QueuedMessage.from_row(r) for r in rows]
+
+    def retry_dead(self, ref: int | str) -> QueuedMessage:
+        """Put a dead letter back to ``pending`` with fresh attempts, within the manual-retry budget.
+
+        Raises :class:`NotFound` for an unknown id and :class:`RetryBudgetExhausted` past the budget.
+        """
+        where, params = self._dead_where(ref)
+        now = now_ms()
+        with self.db.transaction() as tx:
+            # Locked (PostgreSQL) so that a retry racing this one waits, then finds the row no longer dead;
+            # SQLite's write transaction already excludes it.
+            row = tx.one(
+                f"SELECT * FROM messages WHERE status = 'dead' AND {where}{tx.dialect.lock_rows}", params
+            )
+            if row is None:
+                raise NotFound(f"no dead letter {ref}")
+            if int(row["manual_retries"]) >= self.config.manual_retry_budget:
+                raise RetryBudgetExhausted(
+                    f"dead letter {row['message_id']} was already retried {row['manual_retries']} times "
+                    f"(budget {self.config.manual_retry_budget}); delete it or archive it"
+                )
+            updated = tx.one(
+                "UPDATE messages SET status = 'pending', retry_count = 0, manual_retries = manual_retries + 1, "
+                "available_at = :now, updated_at = :now, claimed_by = NULL, lease_until = NULL WHERE id = :id "
+                "AND status = 'dead' RETURNING *",
+                {"now": now, "id": row["id"]},
+            )
+            append_events(
+                tx,
+                [
+                    PendingEvent(
+                        "message_retried",
+                        {"manual_retries": int(row["manual_retries"]) + 1},
+                        row["message_id"],
+                    )
+                ],
+                now,
+            )
+            tx.signal("messages")
+        assert updated is not None
+        return QueuedMessage.from_row(updated)
+
+    def retry_dead_automatically(self, *, died_before_ms: int, budget: int, limit: int = 100) -> list[str]:
+        """The dead-letter queue's opt-in automatic retry (seed 004's retry budget): put back to ``pending``
+        every dead letter that died before ``died_before_ms`` and was retried automatically fewer than
+        ``budget`` times (counted in ``kv`` scope ``dlq.auto_retries``, apart from the manual budget).
+        Returns the message ids put back."""
+        now = now_ms()
+        retried: list[str] = []
+        with self.db.transaction() as tx:
+            # Locked (PostgreSQL; SQLite's write transaction excludes every other writer): a hand retry or
+            # delete racing this waits for it, and another scheduler passes these rows by.
+            rows = tx.rows(
+                "SELECT id, message_id FROM messages WHERE status = 'dead' AND updated_at < :cut "
+                f"ORDER BY updated_at, id LIMIT :l{tx.dialect.skip_locked}",
+                {"cut": died_before_ms, "l": max(1, min(limit, 10_000))},
+            )
+            done_by_id = kv.get_many(tx, Scope.DLQ_AUTO_RETRIES, [str(r["message_id"]) for r in rows])
+            events: list[PendingEvent] = []
+            for row in rows:
+                done = int(done_by_id.get(str(row["message_id"]), "0"))
+                if done >= budget:
+                    continue
+                tx.execute(
+                    "UPDATE messages SET status = 'pending', retry_count = 0, available_at = :now, "
+                    "updated_at = :now, claimed_by = NULL, lease_until = NULL WHERE id = :id AND status = 'dead'",
+                    {"now": now, "id": row["id"]},
+                )
+                kv.put(tx, Scope.DLQ_AUTO_RETRIES, str(row["message_id"]), str(done + 1), now)
+                events.append(
+                    PendingEvent(
+                        "message_retried", {"automatic": True, "auto_retries": done + 1}, row["message_id"]
+                    )
+                )
+                retried.append(str(row["message_id"]))
+            append_events(tx, events, now)
+            if retried:
+                tx.signal("messages")
+        return retried
+
+    def dead_count(self) -> int:
+        """How many dead letters the database holds."""
+        return int(self.db.read_scalar("SELECT COUNT(*) FROM messages WHERE status = 'dead'") or 0)
+
+    def retry_last_failed(self, channel: str, conversation: str) -> QueuedMessage:
+        """``/retry`` in a chat: put the chat's most recent dead letter back, within the manual-retry budget
+        (:meth:`retry_dead`). Raises :class:`NotFound` when the chat has none."""
+        ref = self.db.read_scalar(
+            "SELECT message_id FROM messages WHERE status = 'dead' AND channel = :c AND conversation = :conv "
+            "ORDER BY updated_at DESC, id DESC LIMIT 1",
+            {"c": channel, "conv": conversation},
+        )
+        if ref is None:
+            raise NotFound(f"no failed message in {channel}:{conversation}")
+        return self.retry_dead(str(ref))
+
+    def delete_dead(self, ref: int | str) -> QueuedMessage:
+        """Delete one dead letter for good. Raises :class:`NotFound` for an unknown id."""
+        where, params = self._dead_where(ref)
+        now = now_ms()
+        with self.db.transaction() as tx:
+            row = tx.one(f"DELETE FROM messages WHERE status = 'dead' AND {where} RETURNING *", params)
+            if row is None:
+                raise NotFound(f"no dead letter {ref}")
+            append_events(tx, [PendingEvent("message_deleted", {}, row["message_id"])], now)
+        return QueuedMessage.from_row(row)
+
+    # -- views -------------------------------------------------------------------------------------------
+    def queue_status(self) -> dict[str, int]:
+        """Counts of messages per status and of undelivered responses (each count reads a partial index)."""
+        db = self.db
+        counts = {
+            status: int(db.read_scalar(f"SELECT COUNT(*) FROM messages WHERE status = '{status}'") or 0)
+            for status in ("pending", "processing", "completed", "dead")
+        }
+        responses = {"responses_pending": 0, "responses_delivering": 0, "cli_replies_unread": 0}
+        for r in db.read(
+            "SELECT status, channel = 'cli' AS cli, COUNT(*) AS n FROM responses WHERE status <> 'acked' "
+            "GROUP BY status, channel = 'cli'"
+        ):
+            # CLI replies wait for `agentpost replies` or a waiting `send`: unread, not stuck in delivery.
+            key = (
+                "cli_replies_unread" if r["cli"] and r["status"] == "pending" else f"responses_{r['status']}"
+            )
+            responses[key] = responses.get(key, 0) + int(r["n"])
+        return counts | responses
+
+    def agent_queue_depths(self) -> list[dict[str, Any]]:
+        """Pending and processing counts per agent (every configured agent listed)."""
+        depths = {a: {"agent": a, "pending": 0, "processing": 0} for a in sorted(self.directory.agents)}
+        for r in self.db.read(
+            "SELECT agent, status, COUNT(*) AS n FROM messages WHERE status IN ('pending', 'processing') "
+            "GROUP BY agent, status"
+        ):
+            depths.setdefault(r["agent"], {"agent": r["agent"], "pending": 0, "processing": 0})[
+                r["status"]
+            ] = int(r["n"])
+        return list(depths.values())
+
+    def waiting_messages(self, agent: str) -> list[QueuedMessage]:
+        """The messages waiting for ``agent`` (pending or being processed), oldest first: the chats a pause
+        of the agent keeps waiting."""
+        rows = self.db.read(
+            "SELECT * FROM messages WHERE agent = :a AND status IN ('pending', 'processing') ORDER BY id",
+            {"a": agent},
+        )
+        return [QueuedMessage.from_row(r) for r in rows]
+
+    def list_processing(self) -> list[QueuedMessage]:
+        rows = self.db.read("SELECT * FROM messages WHERE status = 'processing' ORDER BY id")
+        return [QueuedMessage.from_row(r) for r in rows]
+
+    def list_responses(
+        self, limit: int = 20, channel: str | None = None, pending_only: bool = False
+    ) -> list[QueuedResponse]:
+        where = []
+        params: dict[str, Any] = {"l": max(1, min(limit, 1000))}
+        if channel is not None:
+            where.append("channel = :channel")
+            params["channel"] = channel
+        if pending_only:
+            where.append("status IN ('pending', 'delivering')")  # failed replies are not waiting
+        clause = ("WHERE " + " AND ".join(where)) if where else ""
+        order = "ASC" if pending_only else "DESC"
+        rows = self.db.read(f"SELECT * FROM responses {clause} ORDER BY id {order} LIMIT :l", params)
+        return [QueuedResponse.from_row(r) for r in rows]
+
+    def chat_responses(self, channel: str, conversation: str, *, limit: int = 100) -> list[QueuedResponse]:
+        """Replies waiting to be read in one chat of a channel that is read on demand (the CLI), oldest first."""
+        rows = self.db.read(
+            "SELECT * FROM responses WHERE status = 'pending' AND channel = :c AND conversation = :v "
+            "ORDER BY id LIMIT :l",
+            {"c": channel, "v": conversation, "l": max(1, min(limit, 1000))},
+        )
+        return [QueuedResponse.from_row(r) for r in rows]
+
+    def get_message(self, message_id: str) -> QueuedMessage | None:
+        rows = self.db.read("SELECT * FROM messages WHERE message_id = :m", {"m": message_id})
+        return QueuedMessage.from_row(rows[0]) if rows else None
+
+    def prune(
+        self,
+        *,
+        completed_older_ms: int = 86_400_000,
+        acked_older_ms: int = 86_400_000,
+        failed_older_ms: int = 7 * 86_400_000,
+    ) -> dict[str, int]:
+        """Delete completed messages and acked responses older than the given ages. Never touches pending,
+        processing or dead rows. The delivery-attempt counts of the responses removed go with them."""
+        now = now_ms()
+        with self.db.transaction() as tx:
+            gone = tx.rows(
+                "DELETE FROM responses WHERE status = 'acked' AND acked_at < :cut RETURNING id",
+                {"cut": now - acked_older_ms},
+            )
+            # Failed deliveries stay a week for trace, doctor and the user's notice, then go; so do CLI
+            # replies nobody read (`agentpost replies` shows them until then).
+            gone += tx.rows(
+                "DELETE FROM responses WHERE (status = 'failed' OR (status = 'pending' AND channel = 'cli')) "
+                "AND updated_at < :cut RETURNING id",
+                {"cut": now - failed_older_ms},
+            )
+            responses = len(gone)
+            # Acking and failing drop a response's count already; a reply settled another way (the
+            # scheduler acknowledging replies on unserved channels) would otherwise leave it for ever.
+            kv.delete_keys(tx, Scope.DELIVERY_ATTEMPTS, [str(r["id"]) for r in gone])
+            messages = tx.execute(
+                "DELETE FROM messages WHERE status = 'completed' AND updated_at < :cut",
+                {"cut": now - completed_older_ms},
+            ).rowcount
+            prune_chain_budgets(tx, now - completed_older_ms)
+        return {"messages": messages, "responses": responses}
+
+
+# -- the dead-letter archive ---------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class DeadLetterStats:
+    """Dead letters in the database: how many, how many died before a cut, and when the oldest died."""
+
+    total: int
+    due: int
+    oldest_died_at: int | None
+
+
+def dead_letter_stats(db: Database, died_before: int) -> DeadLetterStats:
+    """Count the dead letters, and those that died before ``died_before`` (epoch ms), in one read."""
+    row = db.read(
+        "SELECT COUNT(*) AS n, MIN(updated_at) AS oldest, "
+        "SUM(CASE WHEN updated_at < :cut THEN 1 ELSE 0 END) AS due FROM messages WHERE status = 'dead'",
+        {"cut": died_before},
+    )[0]
+    oldest = row["oldest"]
+    return DeadLetterStats(int(row["n"] or 0), int(row["due"] or 0), None if oldest is None else int(oldest))
+
+
+def dead_letter_cut_keeping(db: Database, keep: int) -> int | None:
+    """When the newest dead letter beyond the newest ``keep`` died (epoch ms), or ``None`` when there are
+    ``keep`` or fewer: archiving what died at or before it keeps at most ``keep``."""
+    value = db.read_scalar(
+        "SELECT updated_at FROM messages WHERE status = 'dead' ORDER BY updated_at DESC, id DESC "
+        "LIMIT 1 OFFSET :n",
+        {"n": keep},
+    )
+    return None if value is None else int(value)
+
+
+def any_dead_before(db: Database, died_before: int) -> bool:
+    """Whether a dead letter died before ``died_before`` (epoch ms): a cheap read before a write lock."""
+    return (
+        db.read_scalar(
+            "SELECT 1 FROM messages WHERE status = 'dead' AND updated_at < :cut LIMIT 1", {"cut": died_before}
+        )
+        is not None
+    )
+
+
+def dead_letters_before(tx: Tx, died_before: int, limit: int) -> list[Row]:
+    """Whole rows of up to ``limit`` dead letters that died before ``died_before`` (epoch ms), by row id.
+    On PostgreSQL they stay locked until ``tx`` ends and rows another transaction holds are skipped, so two
+    archivers never take the same row (SQLite has one writer at a time anyway)."""
+    lock = "" if tx.dialect.is_sqlite else " FOR UPDATE SKIP LOCKED"
+    return tx.rows(
+        f"SELECT * FROM messages WHERE status = 'dead' AND updated_at < :cut ORDER BY id LIMIT :n{lock}",
+        {"cut": died_before, "n": limit},
+    )
+
+
+def delete_dead_letters(tx: Tx, row_ids: Sequence[int]) -> int:
+    """Delete the dead letters with these row ids (a row no longer dead is left alone); returns how many."""
+    if not row_ids:
+        return 0
+    keys = [f"i{i}" for i in range(len(row_ids))]
+    return int(
+        tx.execute(
+            f"DELETE FROM messages WHERE status = 'dead' AND id IN ({', '.join(':' + k for k in keys)})",
+            dict(zip(keys, row_ids, strict=True)),
+        ).rowcount
+    )
+
+
+_INSERT_RESTORED = (
+    "INSERT INTO messages (message_id, channel, sender, sender_id, message, agent, from_agent, status, "
+    "retry_count, manual_retries, last_error, created_at, updated_at, conversation, metadata, available_at, "
+    "hops, external_id) VALUES (:message_id, :channel, :sender, :sender_id, :message, :agent, :from_agent, "
+    "'pending', 0, :manual_retries, :last_error, :created_at, :now, :conversation, :metadata, :now, :hops, "
+    ":external_id) ON CONFLICT DO NOTHING RETURNING id"
+)
+
+
+def insert_restored_message(tx: Tx, values: Mapping[str, Any]) -> int | None:
+    """Queue an archived message again as ``pending``, due at ``values["now"]``, with its original message
+    id (``values`` names every column of the insert). Returns the new row id, or ``None`` when a message
+    with that id (or platform id) is in the queue already."""
+    new_id = tx.scalar(_INSERT_RESTORED, dict(values))
+    return None if new_id is None else int(new_id)

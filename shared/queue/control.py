@@ -1,0 +1,134 @@
+"""Steering a running agent through the database: pauses (rate limits), stop requests and the arrivals that
+interrupt a run.
+
+Other processes never signal the processor directly; they write here, and the processor reads the row of
+``agent_leases`` it already renews. A pause keeps the agent from being claimed until ``paused_until``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from shared.chat.address import ChatAddress
+from shared.clock import now_ms
+from shared.events.log import PendingEvent, append_events
+from shared.queue.records import QueueState
+from shared.reads.conversation_status import CHAT_KEY_SQL
+
+_ENSURE_ROW = (
+    "INSERT INTO agent_leases (agent, holder, lease_until, acquired_at, paused_until, stop_requested, note) "
+    "VALUES (:agent, NULL, 0, 0, 0, '', '') ON CONFLICT (agent) DO NOTHING"
+)
+
+
+class ControlOps(QueueState):
+    """Pause, resume and stop operations of :class:`shared.queue.core.Queue`."""
+
+    def pause_agent(self, agent: str, until_ms: int, reason: str) -> None:
+        """Keep ``agent`` from being claimed until ``until_ms`` (a rate limit, say). Never shortens a pause."""
+        now = now_ms()
+        with self.db.transaction() as tx:
+            tx.execute(_ENSURE_ROW, {"agent": agent})
+            tx.execute(
+                "UPDATE agent_leases SET paused_until = :until, note = :reason WHERE agent = :agent "
+                "AND paused_until < :until",
+                {"agent": agent, "until": until_ms, "reason": reason[:500]},
+            )
+            append_events(
+                tx,
+                [
+                    PendingEvent(
+                        "agent_paused", {"agent": agent, "until": until_ms, "reason": reason}, topic="agents"
+                    )
+                ],
+                now,
+            )
+            tx.signal("messages")
+
+    def resume_agent(self, agent: str) -> None:
+        """End a pause now."""
+        now = now_ms()
+        with self.db.transaction() as tx:
+            tx.execute(
+                "UPDATE agent_leases SET paused_until = 0, note = '' WHERE agent = :agent", {"agent": agent}
+            )
+            append_events(tx, [PendingEvent("agent_resumed", {"agent": agent}, topic="agents")], now)
+            tx.signal("messages")
+
+    def agent_state(self, agent: str) -> dict[str, Any]:
+        """The agent's lease row: holder, lease_until, paused_until, stop_requested, note (zeros when none)."""
+        rows = self.db.read("SELECT * FROM agent_leases WHERE agent = :a", {"a": agent})
+        if not rows:
+            return {
+                "agent": agent,
+                "holder": None,
+                "lease_until": 0,
+                "acquired_at": 0,
+                "paused_until": 0,
+                "stop_requested": "",
+                "note": "",
+            }
+        return dict(rows[0])
+
+    def request_stop(self, agent: str, conversation: str = "*") -> None:
+        """Ask the processor running ``agent`` to stop the run of ``conversation`` (``*``: any run)."""
+        now = now_ms()
+        with self.db.transaction() as tx:
+            tx.execute(_ENSURE_ROW, {"agent": agent})
+            tx.execute(
+                "UPDATE agent_leases SET stop_requested = :c WHERE agent = :agent",
+                {"agent": agent, "c": conversation or "*"},
+            )
+            append_events(
+                tx,
+                [
+                    PendingEvent(
+                        "stop_requested", {"agent": agent, "conversation": conversation}, topic="agents"
+                    )
+                ],
+                now,
+            )
+            tx.signal("control")
+
+    def take_stop_request(self, agent: str, worker: str) -> str:
+        """Read and clear a stop request for the worker holding ``agent``; ``""`` when there is none.
+
+        The processor calls this on every tick of a run, so it first looks with a plain read: only when a
+        request is there does it open a write transaction (which on SQLite takes the write lock)."""
+        probe = self.db.read_scalar(
+            "SELECT stop_requested FROM agent_leases WHERE agent = :agent AND holder = :worker",
+            {"agent": agent, "worker": worker},
+        )
+        if not probe:
+            return ""
+        with self.db.transaction() as tx:
+            row = tx.one(
+                "SELECT stop_requested FROM agent_leases WHERE agent = :agent AND holder = :worker "
+                f"AND stop_requested <> ''{tx.dialect.lock_rows}",
+                {"agent": agent, "worker": worker},
+            )
+            if row is None:
+                return ""
+            tx.execute("UPDATE agent_leases SET stop_requested = '' WHERE agent = :agent", {"agent": agent})
+        return str(row["stop_requested"])
+
+    def chat_has_arrival(self, agent: str, channel: str, conversation: str, now: int | None = None) -> bool:
+        """Whether a message for ``agent`` in the chat ``channel``/``conversation`` (the chat key the queue
+        groups by) waits, available by ``now``: under the ``interrupt`` busy policy it stops the chat's run.
+        Read-only."""
+        found = self.db.read_scalar(
+            "SELECT 1 FROM messages WHERE status = 'pending' AND agent = :a AND channel = :c "
+            f"AND {CHAT_KEY_SQL} = :conv AND available_at <= :now LIMIT 1",
+            {"a": agent, "c": channel, "conv": conversation, "now": now_ms() if now is None else now},
+        )
+        return found is not None
+
+    def waiting_arrivals(self, agent: str, limit: int = 200) -> list[tuple[str, ChatAddress]]:
+        """Messages for ``agent`` that wait for the first time (no retry), oldest first, as (message id,
+        chat): while the agent runs, they wait behind that run, and their chats are told so once. Read-only."""
+        rows = self.db.read(
+            "SELECT message_id, channel, sender, sender_id, conversation FROM messages "
+            "WHERE status = 'pending' AND agent = :a AND retry_count = 0 ORDER BY id LIMIT :n",
+            {"a": agent, "n": limit},
+        )
+        return [(str(r["message_id"]), ChatAddress.of(r)) for r in rows]

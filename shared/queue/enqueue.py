@@ -1,0 +1,326 @@
+"""Enqueue: a message into the queue as ``pending``, with its event, in one transaction (one statement on
+PostgreSQL) — routing, validation, dedupe on the message id and the platform id, and the debounce of a burst.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from shared.clock import now_ms
+from shared.events.log import PendingEvent, append_events, encode_payload
+from shared.ids import is_message_id, new_id
+from shared.queue.records import (
+    CHANNEL_RE,
+    INTERNAL_CHANNELS,
+    MAX_MESSAGE_CHARS,
+    EnqueueResult,
+    InvalidInput,
+    MessageDraft,
+    QueueState,
+    TxWork,
+)
+from shared.queue.records import to_json as _json
+from shared.settings.routing import AGENT_NAME_RE
+from shared.storage.db import Tx
+
+
+class UnknownMention(InvalidInput):
+    """A user's message starts with ``@name`` and no agent or team has that name: it is not queued (it
+    would silently reach the default agent); the chat answers with the names it knows (``agents``,
+    ``teams``)."""
+
+    def __init__(self, name: str, agents: Sequence[str], teams: Sequence[str]) -> None:
+        self.name, self.agents, self.teams = name, list(agents), list(teams)
+        listed = f"agents: {', '.join('@' + a for a in agents) or 'none'}"
+        if teams:
+            listed += f"; teams: {', '.join('@' + t for t in teams)}"
+        super().__init__(f"@{name} is not an agent or team here ({listed})")
+
+
+_MESSAGE_COLUMNS = (
+    "message_id, channel, sender, sender_id, message, agent, from_agent, status, retry_count, "
+    "created_at, updated_at, conversation, metadata, available_at, hops, external_id"
+)
+INSERT_MESSAGE = (
+    f"INSERT INTO messages ({_MESSAGE_COLUMNS}) VALUES (:message_id, :channel, :sender, :sender_id, "
+    ":message, :agent, :from_agent, 'pending', 0, :now, :now, :conversation, :metadata, :available_at, "
+    ":hops, :external_id) ON CONFLICT DO NOTHING"
+)
+
+#: The same INSERT as the head of the one-statement enqueue (shared.storage.dialect.Dialect.enqueue_statement).
+INSERT_MESSAGE_RETURNING = INSERT_MESSAGE + " RETURNING id, message_id"
+
+#: How often an enqueue draws a new random id when the one drawn is already taken (41 random bits: with a
+#: million messages kept, one enqueue in 2.8 million meets an older id once; twice in a row practically never).
+_REDRAWS = 3
+_PLATFORM_ID = "SELECT 1 FROM messages WHERE channel = :c AND external_id = :e"
+#: The queued message an enqueue that inserted nothing duplicates (same message id, or same platform id).
+_DUPLICATE_OF = (
+    "SELECT id, message_id, agent FROM messages WHERE message_id = :m OR (channel = :c AND external_id = :e)"
+)
+
+
+def _duplicate_keys(params: dict[str, Any]) -> dict[str, Any]:
+    return {"m": params["message_id"], "c": params["channel"], "e": params["external_id"]}
+
+
+#: enqueue_message's debounce: another message of the same chat still waiting for the same agent.
+_OTHER_WAITING = (
+    "SELECT 1 FROM messages WHERE status = 'pending' AND agent = :agent AND channel = :channel "
+    "AND conversation = :conversation AND id <> :id LIMIT 1"
+)
+#: ... and the burst's sliding window: every waiting message of the chat moves to the window's end.
+_SLIDE_WAITING = (
+    "UPDATE messages SET available_at = :at WHERE status = 'pending' AND agent = :agent "
+    "AND channel = :channel AND conversation = :conversation AND available_at < :at"
+)
+
+
+class EnqueueOps(QueueState):
+    """Putting messages into the queue (user messages, heartbeats, and the drafts a completion queues)."""
+
+    # -- enqueue -----------------------------------------------------------------------------------------
+    def _draft_params(
+        self,
+        *,
+        channel: str,
+        sender: str,
+        message: str,
+        sender_id: str,
+        message_id: str | None,
+        agent: str | None,
+        from_agent: str | None,
+        conversation: str,
+        metadata: Mapping[str, Any] | None,
+        hops: int,
+        external_id: str | None,
+        available_at: int | None,
+        prefix: str | None,
+        now: int,
+    ) -> tuple[dict[str, Any], bool]:
+        if not isinstance(message, str) or not message.strip():
+            raise InvalidInput("message is empty")
+        if len(message) > MAX_MESSAGE_CHARS:
+            raise InvalidInput(f"message is longer than {MAX_MESSAGE_CHARS} characters")
+        if not isinstance(channel, str) or not CHANNEL_RE.match(channel):
+            raise InvalidInput(f"channel {channel!r} must match {CHANNEL_RE.pattern}")
+        if message_id is not None and not is_message_id(message_id):
+            raise InvalidInput(
+                f"message id {message_id!r} must look like prefix_xxxxxxxx (8 lowercase a-z0-9)"
+            )
+        if hops < 0:
+            raise InvalidInput("hops must be zero or more")
+        directory = self.directory
+        routes = directory.routes
+        if agent is not None:
+            if agent not in directory.agents and agent not in directory.teams:
+                if not AGENT_NAME_RE.match(agent):
+                    raise InvalidInput(f"agent name {agent!r} must match {AGENT_NAME_RE.pattern}")
+                known = ", ".join(sorted(directory.agents | set(directory.teams)))
+                raise InvalidInput(f"unknown agent or team {agent!r} (known: {known})")
+        elif channel not in INTERNAL_CHANNELS and from_agent is None:
+            # A user addressed "@name" and nobody has that name: refused, not sent to the default agent.
+            mentioned = routes.unknown_mention(message)
+            if mentioned is not None:
+                raise UnknownMention(mentioned, sorted(directory.agents), sorted(directory.teams))
+        route = routes.resolve(message, agent)
+        params = {
+            "message_id": message_id or new_id(prefix or channel),
+            "channel": channel,
+            "sender": sender or "",
+            "sender_id": sender_id or "",
+            "message": message,
+            "agent": route.agent,
+            "from_agent": from_agent,
+            "conversation": conversation or "",
+            "metadata": _json(dict(metadata)) if metadata else "{}",
+            "available_at": now if available_at is None else available_at,
+            "hops": hops,
+            "external_id": external_id,
+            "now": now,
+        }
+        return params, route.explicit
+
+    def _insert_message(
+        self, tx: Tx, params: dict[str, Any], named: bool, *, drawn_id: str | None = None
+    ) -> int | None:
+        """Insert a message row with its event; None when it is a duplicate. ``drawn_id``: the id was drawn
+        at random with this prefix, so a conflict on it alone is a chance meeting with an older message,
+        not a duplicate: a fresh id is drawn (the message would otherwise be dropped as "already queued")."""
+        new_row = tx.insert(INSERT_MESSAGE, params)
+        for _ in range(_REDRAWS if drawn_id is not None else 0):
+            if new_row is not None or self._platform_id_taken(tx, params):
+                break
+            params["message_id"] = new_id(str(drawn_id))
+            new_row = tx.insert(INSERT_MESSAGE, params)
+        if new_row is None:
+            return None
+        append_events(tx, self._enqueue_events(params, named), params["now"])
+        tx.signal("messages")
+        return int(new_row)
+
+    def _enqueue_in_one_statement(
+        self, params: dict[str, Any], explicit: bool, drawn_id: str | None
+    ) -> EnqueueResult | None:
+        """PostgreSQL: the plain enqueue (no debounce, nothing added to the transaction) as one statement,
+        one round trip; the same rows, events and wake-ups as :meth:`_insert_message` (a random id that met
+        an older message's is drawn again there too). None on SQLite."""
+        if self.db.dialect.is_sqlite:
+            return None
+        events = self._enqueue_events(params, explicit)
+        sql = self.db.dialect.enqueue_statement(INSERT_MESSAGE_RETURNING, len(events))
+        if sql is None:
+            return None
+        values = dict(params)
+        for i, event in enumerate(events):
+            values[f"ev_topic{i}"], values[f"ev_type{i}"] = event.topic, event.type
+            values[f"ev_payload{i}"] = encode_payload(event.payload)
+        rows = self.db.write_statement(sql, values, {"messages", "events"})
+        for _ in range(_REDRAWS if drawn_id is not None else 0):
+            if rows or self._existing_platform_id(params):
+                break
+            values["message_id"] = params["message_id"] = new_id(str(drawn_id))
+            rows = self.db.write_statement(sql, values, {"messages", "events"})
+        if rows:
+            return EnqueueResult(params["message_id"], params["agent"], False, int(rows[0]["id"]))
+        existing = self._existing(params)
+        if existing is not None:
+            return existing
+        return EnqueueResult(params["message_id"], params["agent"], True, None)
+
+    def _existing_platform_id(self, params: dict[str, Any]) -> bool:
+        """True when the message's platform id (``channel``, ``external_id``) is already queued."""
+        if params["external_id"] is None:
+            return False
+        found = self.db.read_scalar(_PLATFORM_ID, {"c": params["channel"], "e": params["external_id"]})
+        return found is not None
+
+    @staticmethod
+    def _platform_id_taken(tx: Tx, params: dict[str, Any]) -> bool:
+        """:meth:`_existing_platform_id` inside a transaction."""
+        if params["external_id"] is None:
+            return False
+        return tx.scalar(_PLATFORM_ID, {"c": params["channel"], "e": params["external_id"]}) is not None
+
+    def _existing(self, params: dict[str, Any]) -> EnqueueResult | None:
+        """The queued message a duplicate enqueue refers to (same message id, or same platform id)."""
+        found = self.db.read(_DUPLICATE_OF, _duplicate_keys(params))
+        if not found:
+            return None
+        row = found[0]
+        return EnqueueResult(row["message_id"], row["agent"], True, int(row["id"]))
+
+    @staticmethod
+    def _enqueue_events(params: dict[str, Any], named: bool) -> list[PendingEvent]:
+        """The one event an enqueue appends: ``message_received``, with ``"named": true`` when the sender
+        chose the agent (an ``agent=`` or a mention) rather than falling back to the default agent."""
+        payload: dict[str, Any] = {
+            "channel": params["channel"],
+            "sender": params["sender"],
+            "agent": params["agent"],
+        }
+        if named:
+            payload["named"] = True
+        return [PendingEvent("message_received", payload, params["message_id"])]
+
+    def enqueue_message(
+        self,
+        channel: str,
+        sender: str,
+        message: str,
+        *,
+        sender_id: str = "",
+        message_id: str | None = None,
+        agent: str | None = None,
+        from_agent: str | None = None,
+        conversation: str = "",
+        metadata: Mapping[str, Any] | None = None,
+        hops: int = 0,
+        external_id: str | None = None,
+        available_at: int | None = None,
+        prefix: str | None = None,
+        debounce_ms: int = 0,
+        also: TxWork | None = None,
+    ) -> EnqueueResult:
+        """Queue one incoming message as ``pending`` and wake the processor.
+
+        Routing: ``agent`` (an agent or team name) if given, else a leading ``@agent``/``@team`` mention,
+        else the default agent; the text is kept intact. A ``message_id`` or ``(channel, external_id)``
+        that is already queued is reported as ``duplicate`` and changes nothing.
+        With ``debounce_ms``, a message to a quiet chat (nothing else of that chat waiting for that agent)
+        is available at once, so a lone message costs no wait; once a second message of the chat is waiting,
+        every waiting message of the chat becomes available only ``debounce_ms`` after the newest, so a
+        burst of quick messages is one run (the window slides with each message of the burst).
+        ``also(tx)`` runs in the same transaction whether or not the message was new (an adapter records
+        the platform update as seen with it). Raises :class:`InvalidInput` (nothing changed) for an empty
+        message or a bad name or id.
+        """
+        now = now_ms()
+        if debounce_ms < 0:
+            raise InvalidInput("debounce_ms must be zero or more")
+        # The debounce window opens only when this message joins another waiting one (below).
+        slide_to = now + debounce_ms if debounce_ms and available_at is None else None
+        params, explicit = self._draft_params(
+            channel=channel,
+            sender=sender,
+            message=message,
+            sender_id=sender_id,
+            message_id=message_id,
+            agent=agent,
+            from_agent=from_agent,
+            conversation=conversation,
+            metadata=metadata,
+            hops=hops,
+            external_id=external_id,
+            available_at=available_at,
+            prefix=prefix,
+            now=now,
+        )
+        drawn_id = (prefix or channel) if message_id is None else None
+        if also is None and slide_to is None:
+            one = self._enqueue_in_one_statement(params, explicit, drawn_id)
+            if one is not None:
+                return one
+        with self.db.transaction() as tx:
+            row_id = self._insert_message(tx, params, explicit, drawn_id=drawn_id)
+            if also is not None:
+                also(tx)
+            if row_id is not None and slide_to is not None:
+                # A burst: another message of this chat is still waiting for the agent, so all of them
+                # (this one too) wait until the window after the newest closes; each new one slides it.
+                # A lone message stays available at once: a quiet chat never waits for a debounce.
+                chat = {"agent": params["agent"], "channel": channel, "conversation": params["conversation"]}
+                if tx.scalar(_OTHER_WAITING, {**chat, "id": row_id}) is not None:
+                    tx.execute(_SLIDE_WAITING, {**chat, "at": slide_to})
+            if row_id is None:
+                existing = tx.one(_DUPLICATE_OF, _duplicate_keys(params))
+                if existing is not None:
+                    return EnqueueResult(existing["message_id"], existing["agent"], True, int(existing["id"]))
+        return EnqueueResult(params["message_id"], params["agent"], row_id is None, row_id)
+
+    def insert_drafts(self, tx: Tx, drafts: Sequence[MessageDraft], now: int | None = None) -> list[str]:
+        """Queue ``drafts`` inside the caller's transaction (so they land together with the caller's other
+        writes, or not at all); returns the new message ids."""
+        at = now_ms() if now is None else now
+        return [m for m in (self._insert_draft(tx, d, at) for d in drafts) if m is not None]
+
+    def _insert_draft(self, tx: Tx, draft: MessageDraft, now: int) -> str | None:
+        params = {
+            "message_id": new_id(draft.prefix),
+            "channel": draft.channel,
+            "sender": draft.sender,
+            "sender_id": draft.sender_id,
+            "message": draft.message,
+            "agent": draft.agent,
+            "from_agent": draft.from_agent,
+            "conversation": draft.conversation,
+            "metadata": _json(dict(draft.metadata)),
+            "available_at": now,
+            "hops": draft.hops,
+            "external_id": None,
+            "now": now,
+        }
+        if self._insert_message(tx, params, draft.named, drawn_id=draft.prefix) is None:
+            return None
+        return str(params["message_id"])

@@ -1,0 +1,220 @@
+"""Read views of chats for the dashboard: the chats across channels, one chat's history (the user's messages
+and every reply, notes included) page by page, and each agent's state (idle, running, paused, queue depth,
+last error).
+
+A chat is a channel plus its chat key (the conversation, else the sender id, else the sender: as the queue
+groups messages, see :data:`shared.reads.conversation_status.CHAT_KEY_SQL`). Every function takes the
+:class:`~shared.storage.db.Database`, so the web adapter calls named operations and holds no SQL of its own.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from typing import Any
+
+from shared.clock import now_ms
+from shared.reads.conversation_status import CHAT_KEY_SQL, conversation_status, current_run
+from shared.storage.db import Database
+
+#: Channels whose messages are the system's own (not chats a person has with an agent).
+HIDDEN_CHANNELS = ("chatroom",)
+
+
+def list_conversations(db: Database, *, limit: int = 50) -> list[dict[str, Any]]:
+    """The most recently active chats, newest first: channel, chat key, who wrote, the agent, the last
+    message (a user's or a reply's), its time, how many messages, and what is going on (``working``,
+    ``waiting``, ``failed`` when its latest message is a dead letter, else ``idle``)."""
+    limit = max(1, min(limit, 500))
+    marks = ", ".join(f":h{n}" for n in range(len(HIDDEN_CHANNELS)))
+    hidden = {f"h{n}": c for n, c in enumerate(HIDDEN_CHANNELS)}
+    chats = db.read(
+        f"SELECT channel, {CHAT_KEY_SQL} AS chat, MAX(id) AS last_id, COUNT(*) AS n, "
+        "SUM(CASE WHEN status = 'processing' THEN 1 ELSE 0 END) AS busy, "
+        "SUM(CASE WHEN status = 'pending' THEN 1 ELSE 0 END) AS waiting "
+        f"FROM messages WHERE channel NOT IN ({marks}) GROUP BY channel, {CHAT_KEY_SQL} "
+        "ORDER BY MAX(updated_at) DESC LIMIT :l",
+        {"l": limit, **hidden},
+    )
+    out: list[dict[str, Any]] = []
+    for chat in chats:
+        last = db.read(
+            "SELECT sender, sender_id, agent, message, status, created_at, updated_at FROM messages WHERE id = :i",
+            {"i": chat["last_id"]},
+        )
+        if not last:
+            continue
+        row = last[0]
+        reply = db.read(
+            "SELECT message, agent, created_at FROM responses WHERE channel = :c AND conversation = :v "
+            "ORDER BY id DESC LIMIT 1",
+            {"c": chat["channel"], "v": chat["chat"]},
+        )
+        text, at, by = str(row["message"]), int(row["created_at"]), str(row["sender"] or row["sender_id"])
+        if reply and int(reply[0]["created_at"]) >= at:
+            text, at, by = str(reply[0]["message"]), int(reply[0]["created_at"]), str(reply[0]["agent"])
+        if int(chat["busy"] or 0):
+            state = "working"
+        elif int(chat["waiting"] or 0):
+            state = "waiting"
+        elif row["status"] == "dead":
+            state = "failed"
+        else:
+            state = "idle"
+        out.append(
+            {
+                "channel": str(chat["channel"]),
+                "conversation": str(chat["chat"]),
+                "sender": str(row["sender"] or ""),
+                "senderId": str(row["sender_id"] or ""),
+                "agent": str(row["agent"]),
+                "lastMessage": text[:300],
+                "lastFrom": by,
+                "lastAt": at,
+                "messages": int(chat["n"]),
+                "state": state,
+            }
+        )
+    return out
+
+
+def conversation_history(
+    db: Database,
+    channel: str,
+    conversation: str,
+    *,
+    before: int = 0,
+    before_kind: str = "",
+    before_id: int = 0,
+    limit: int = 50,
+) -> dict[str, Any]:
+    """One chat's messages and replies, oldest first: the newest ``limit`` items before the item
+    (``before`` epoch ms, ``before_kind``, ``before_id``) — ``before`` 0: the newest items. Items are ordered
+    by (time, messages before replies, id), so a page never skips items written in the same millisecond.
+    ``more`` says whether older items exist (ask again with the first item's ``at``, ``kind`` and ``id``).
+    Each item is ``{"kind": "message" | "reply", ...}``; a reply's ``note`` is ``progress`` for a "trying
+    again" or "still working" note, ``dead_notice`` for the explanation of a message that will not be
+    answered, ``stopped`` for a run stopped on request, and its ``editKey`` names the note it replaces.
+    ``status`` is the chat's live state (:func:`shared.reads.conversation_status.conversation_status`)."""
+    limit = max(1, min(limit, 200))
+    cut = before if before > 0 else 2**62
+    cursor = (cut, _KIND_ORDER.get(before_kind, 2), before_id if before_kind else 0)
+    params = {"c": channel, "v": conversation, "b": cut, "l": limit + 1}
+    messages = db.read(
+        "SELECT id, message_id, sender, sender_id, message, agent, status, retry_count, manual_retries, "
+        "last_error, created_at, updated_at FROM messages "
+        f"WHERE channel = :c AND {CHAT_KEY_SQL} = :v AND created_at < :b ORDER BY created_at DESC, id DESC "
+        "LIMIT :l",
+        params,
+    ) + db.read(
+        "SELECT id, message_id, sender, sender_id, message, agent, status, retry_count, manual_retries, "
+        f"last_error, created_at, updated_at FROM messages WHERE channel = :c AND {CHAT_KEY_SQL} = :v "
+        "AND created_at = :b",
+        params,
+    )
+    replies = db.read(
+        "SELECT id, message_id, message, agent, metadata, status, files, created_at FROM responses "
+        "WHERE channel = :c AND conversation = :v AND created_at < :b ORDER BY created_at DESC, id DESC LIMIT :l",
+        params,
+    ) + db.read(
+        "SELECT id, message_id, message, agent, metadata, status, files, created_at FROM responses "
+        "WHERE channel = :c AND conversation = :v AND created_at = :b",
+        params,
+    )
+    items: list[dict[str, Any]] = [_message_item(r) for r in messages] + [_reply_item(r) for r in replies]
+    items = [i for i in items if _key(i) < cursor]
+    items.sort(key=_key)
+    more = len(items) > limit
+    items = items[-limit:]
+    status = conversation_status(db, None, channel, conversation)
+    return {"items": items, "more": more, "status": status}
+
+
+_KIND_ORDER = {"message": 0, "reply": 1}
+
+
+def _key(item: dict[str, Any]) -> tuple[int, int, int]:
+    return (int(item["at"]), _KIND_ORDER[str(item["kind"])], int(item["id"]))
+
+
+def _message_item(r: Any) -> dict[str, Any]:
+    return {
+        "kind": "message",
+        "id": int(r["id"]),
+        "messageId": str(r["message_id"]),
+        "sender": str(r["sender"] or r["sender_id"] or ""),
+        "text": str(r["message"]),
+        "agent": str(r["agent"]),
+        "status": str(r["status"]),
+        "retries": int(r["retry_count"]),
+        "manualRetries": int(r["manual_retries"]),
+        "error": str(r["last_error"] or ""),
+        "at": int(r["created_at"]),
+        "updatedAt": int(r["updated_at"]),
+    }
+
+
+def _reply_item(r: Any) -> dict[str, Any]:
+    meta = _json(r["metadata"], {})
+    files = _json(r["files"], [])
+    return {
+        "kind": "reply",
+        "id": int(r["id"]),
+        "messageId": str(r["message_id"]),
+        "text": str(r["message"]),
+        "agent": str(r["agent"] or meta.get("agent") or ""),
+        "note": str(meta.get("kind") or ""),
+        "editKey": str(meta.get("edit_key") or ""),
+        "files": [str(f) for f in files] if isinstance(files, list) else [],
+        "status": str(r["status"]),
+        "at": int(r["created_at"]),
+    }
+
+
+def _json(raw: Any, default: Any) -> Any:
+    try:
+        value = json.loads(str(raw or ""))
+    except ValueError:
+        return default
+    return value if isinstance(value, type(default)) else default
+
+
+def agent_overview(db: Database, agents: Iterable[str]) -> dict[str, dict[str, Any]]:
+    """Each agent's state for the dashboard: ``state`` (``idle``, ``running``, ``paused``), since when it
+    runs and its last step, ``pausedUntil`` and the reason, queue depth (pending, processing) and the last
+    error of its messages (with when it happened)."""
+    now = now_ms()
+    out: dict[str, dict[str, Any]] = {}
+    for agent in agents:
+        depth = db.read(
+            "SELECT SUM(CASE WHEN status = 'pending' THEN 1 ELSE 0 END) AS pending, "
+            "SUM(CASE WHEN status = 'processing' THEN 1 ELSE 0 END) AS processing, "
+            "SUM(CASE WHEN status = 'dead' THEN 1 ELSE 0 END) AS dead FROM messages WHERE agent = :a",
+            {"a": agent},
+        )[0]
+        failed = db.read(
+            "SELECT last_error, updated_at FROM messages WHERE agent = :a AND last_error IS NOT NULL "
+            "AND last_error <> '' ORDER BY updated_at DESC LIMIT 1",
+            {"a": agent},
+        )
+        pause = db.read(
+            "SELECT paused_until, note FROM agent_leases WHERE agent = :a AND paused_until > :now",
+            {"a": agent, "now": now},
+        )
+        run = current_run(db, agent, now)
+        state = "running" if run else ("paused" if pause else "idle")
+        out[agent] = {
+            "state": state,
+            "runningSince": int(run["started_at"]) if run else 0,
+            "lastStep": str(run.get("last_step") or "") if run else "",
+            "channel": str(run["channel"]) if run else "",
+            "conversation": str(run["conversation"]) if run else "",
+            "pausedUntil": int(pause[0]["paused_until"]) if pause else 0,
+            "pauseReason": str(pause[0]["note"] or "") if pause else "",
+            "pending": int(depth["pending"] or 0),
+            "processing": int(depth["processing"] or 0),
+            "dead": int(depth["dead"] or 0),
+            "lastError": str(failed[0]["last_error"]) if failed else "",
+            "lastErrorAt": int(failed[0]["updated_at"]) if failed else 0,
+        }
+    return out
