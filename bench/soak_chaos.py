@@ -3,7 +3,7 @@ processes kept running as a supervisor would (and SIGKILLed at random), and the 
 database going away once, the disk filling once).
 
 Everything here is the tests' own machinery reused: :class:`tests.fakes.anthropic_api.FakeAnthropic` for the
-API, ``python -m shared.cli run KIND`` for the processes (what ``agentpost run KIND`` runs, as systemd and
+API, ``python -m shared.cli.main run KIND`` for the processes (what ``agentpost run KIND`` runs, as systemd and
 supervisord start them), :class:`tests.integration.test_storage_faults.Relay` to take PostgreSQL away from
 agentpost's processes only, and :class:`tests.e2e.test_faults_disk_full.FullDisk` to keep a small tmpfs full.
 """
@@ -136,7 +136,7 @@ class Supervised:
     def start(self) -> None:
         with self._lock, self.log.open("ab") as out:
             self.popen = subprocess.Popen(
-                [sys.executable, "-m", "shared.cli", "run", self.kind],
+                [sys.executable, "-m", "shared.cli.main", "run", self.kind],
                 cwd=REPO,
                 env=self.env,
                 stdout=out,
