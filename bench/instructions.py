@@ -127,7 +127,7 @@ def _enqueue_sql_agentpost(folder: Path, n: int, warm: int) -> int:
     from shared.storage.db import configure_sqlite
 
     configure_sqlite(conn, 5_000)
-    event_sql = SQLITE.insert_event_sql(take_order_lock=True)
+    event_sql = SQLITE.sql(SQLITE.event_insert)
     rows = []
     for m in make_messages(warm + n, 8, 120):
         now = int(time.time() * 1000)

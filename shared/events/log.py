@@ -1,9 +1,12 @@
 """The durable event log (seed 001): append, read from a cursor, ack, subscribe, cleanup.
 
-Cursors are strings to clients and integers inside: the SQL driver's cursor is the event row id, assigned in
-commit order (SQLite has one writer at a time; PostgreSQL appends hold an advisory lock until commit), so a
-reader that has seen cursor N has seen every event that committed before it. Queue operations append their
-events with :func:`append_event` inside the transaction of the state change they report.
+Cursors are strings to clients and integers inside: the SQL driver's cursor is the event row id. A reader
+never skips an event: an event that commits after a reader has passed cursor N always gets an id above N.
+SQLite has one writer at a time, so ids taken as ``max + 1`` follow commit order. PostgreSQL writers append
+side by side without waiting for each other: an id there is its transaction's xid and the event's place in it,
+and readers see only ids below the oldest transaction still running (see :class:`shared.storage.dialect.Dialect`), so
+an id becomes readable once nothing can commit below it. Queue operations append their events with
+:func:`append_events` inside the transaction of the state change they report.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ from __future__ import annotations
 import abc
 import json
 import threading
+import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -238,23 +242,29 @@ def append_events(tx: Tx, events: Sequence[PendingEvent], created_at: int | None
     """Append events in the caller's transaction, so they commit (or vanish) with the change they report."""
     if not events:
         return
-    first = tx.take_event_order_lock()
+    params = _event_params(tx, events, created_at)
+    insert = tx.dialect.sql(tx.dialect.event_insert)
+    if len(params) == 1:
+        tx.execute_raw(insert, params[0])
+    else:
+        tx.executemany_raw(insert, params)
+    tx.signal("events")
+
+
+def _event_params(tx: Tx, events: Sequence[PendingEvent], created_at: int | None) -> list[dict[str, Any]]:
+    first = tx.event_ordinals(len(events))
     ts = now_ms() if created_at is None else created_at
-    params = [
+    return [
         {
+            "ordinal": first + i,
             "topic": e.topic,
             "type": e.type,
             "message_id": e.message_id,
             "payload": encode_payload(e.payload),
             "created_at": ts,
         }
-        for e in events
+        for i, e in enumerate(events)
     ]
-    dialect = tx.dialect
-    tx.execute_raw(dialect.insert_event_sql(take_order_lock=first), params[0])
-    if len(params) > 1:
-        tx.executemany_raw(dialect.insert_event_sql(take_order_lock=False), params[1:])
-    tx.signal("events")
 
 
 def entry_from_row(row: dict[str, Any]) -> EventEntry:
@@ -285,17 +295,37 @@ class SqlEventLog(LocalSubscriptions):
             return
         with self.db.transaction() as tx:
             append_events(tx, events)
+        self._await_visible()
         self._deliver_local()
 
     def append(self, topic: str, type: str, payload: dict[str, Any], *, message_id: str | None = None) -> str:
         with self.db.transaction() as tx:
-            append_events(tx, [PendingEvent(type=type, payload=payload, message_id=message_id, topic=topic)])
-            if tx.dialect.is_sqlite:
-                cursor = tx.scalar("SELECT last_insert_rowid()")
-            else:
-                cursor = tx.scalar("SELECT lastval()")
+            event = PendingEvent(type=type, payload=payload, message_id=message_id, topic=topic)
+            cursor = tx.insert(tx.dialect.event_insert, _event_params(tx, [event], None)[0])
+            tx.signal("events")
+        self._await_visible()
         self._deliver_local()
         return str(cursor)
+
+    #: How long an append waits for older transactions to end before it returns without having delivered its
+    #: events to this process's subscribers (their follower then delivers them once they are readable).
+    VISIBLE_WAIT_S = 5.0
+
+    def _await_visible(self) -> None:
+        """Before delivering to this process's subscribers (seed 001: a subscriber has an event once its
+        append returned): on PostgreSQL an event is readable only once every transaction that began
+        writing before it has ended, which for agentpost's own short transactions is a few milliseconds."""
+        read_after, readable = self.db.dialect.event_read_after, self.db.dialect.event_readable
+        if read_after is None or readable is None or not self._local_subs():
+            return
+        target = self.db.read_scalar(read_after)
+        deadline = time.monotonic() + self.VISIBLE_WAIT_S
+        pause = 0.0005
+        while not self.db.read_scalar(readable, {"target": target}):
+            if time.monotonic() > deadline:
+                return
+            time.sleep(pause)
+            pause = min(pause * 2, 0.01)
 
     def pruned_through(self, topic: str | None) -> int:
         """The highest cursor removed by cleanup for ``topic`` (or any topic)."""
@@ -307,14 +337,16 @@ class SqlEventLog(LocalSubscriptions):
         limit = max(1, min(int(limit), 10_000))
         if after is not None and after_id < self.pruned_through(topic):
             raise CursorExpired(str(after_id), str(self.pruned_through(topic)))
+        visible = self.db.dialect.visible_events()
         if topic is None:
             rows = self.db.read(
-                "SELECT * FROM events WHERE id > :after ORDER BY id LIMIT :limit",
+                f"SELECT * FROM events WHERE id > :after{visible} ORDER BY id LIMIT :limit",
                 {"after": after_id, "limit": limit},
             )
         else:
             rows = self.db.read(
-                f"SELECT * FROM events WHERE {topic_filter(topic)} AND id > :after ORDER BY id LIMIT :limit",
+                f"SELECT * FROM events WHERE {topic_filter(topic)} AND id > :after{visible} ORDER BY id "
+                "LIMIT :limit",
                 {"topic": topic, "after": after_id, "limit": limit},
             )
         return [entry_from_row(r) for r in rows]
@@ -346,16 +378,22 @@ class SqlEventLog(LocalSubscriptions):
         return (str(rows[0]["cursor"]), int(rows[0]["updated_at"])) if rows else None
 
     def last_cursor(self) -> str:
-        return str(self.db.read_scalar("SELECT COALESCE(MAX(id), 0) FROM events"))
+        # Only what a reader may see: a subscriber starting here must still get an event that commits
+        # later below a newer one (PostgreSQL).
+        visible = self.db.dialect.visible_events("WHERE")
+        return str(self.db.read_scalar(f"SELECT COALESCE(MAX(id), 0) FROM events{visible}"))
 
     def latest_cursor(self, topic: str | None) -> str | None:
+        visible = self.db.dialect.visible_events()
         if topic is None:
-            value = self.db.read_scalar("SELECT MAX(id) FROM events")
+            value = self.db.read_scalar(
+                f"SELECT MAX(id) FROM events{self.db.dialect.visible_events('WHERE')}"
+            )
         else:
             # Newest first by id, stopping at the first match: MAX() over a filter would read every row of a
             # topic that has no index (the busy one).
             value = self.db.read_scalar(
-                f"SELECT id FROM events WHERE {topic_filter(topic)} ORDER BY id DESC LIMIT 1",
+                f"SELECT id FROM events WHERE {topic_filter(topic)}{visible} ORDER BY id DESC LIMIT 1",
                 {"topic": topic},
             )
         return None if value is None else str(value)
@@ -402,14 +440,18 @@ class SqlEventLog(LocalSubscriptions):
                     _record_pruned(tx, t["topic"], int(t["m"]), now)
                 _record_pruned(tx, ALL_TOPICS, ttl_max, now)
                 removed += tx.execute("DELETE FROM events WHERE id <= :b", {"b": ttl_max}).rowcount
+            # Only events a reader may see: removing one above that bound would let an event committing
+            # later below it count as removed (PostgreSQL).
+            visible = tx.dialect.visible_events()
             for t in tx.rows(
-                "SELECT topic, COUNT(*) AS n FROM events GROUP BY topic HAVING COUNT(*) > :cap",
+                f"SELECT topic, COUNT(*) AS n FROM events{tx.dialect.visible_events('WHERE')} GROUP BY topic "
+                "HAVING COUNT(*) > :cap",
                 {"cap": max_per_topic},
             ):
                 topic = t["topic"]
                 excess = int(t["n"]) - max_per_topic
                 boundary = tx.scalar(
-                    f"SELECT id FROM events WHERE {topic_filter(topic)} ORDER BY id LIMIT 1 OFFSET :o",
+                    f"SELECT id FROM events WHERE {topic_filter(topic)}{visible} ORDER BY id LIMIT 1 OFFSET :o",
                     {"topic": topic, "o": excess - 1},
                 )
                 floor = tx.scalar("SELECT MIN(cursor) FROM event_consumers WHERE topic = :t", {"t": topic})
@@ -451,17 +493,22 @@ def topic_filter(topic: str) -> str:
 def _last_id_before(tx: Tx, cutoff: int) -> int | None:
     """The newest event id created before ``cutoff``, found by binary search over the primary key.
 
-    Ids grow in commit order and so, up to a lock wait, with ``created_at``: a search over ids costs a few
+    Ids grow with the order in which transactions append and so, up to a few milliseconds, with
+    ``created_at``: a search over ids costs a few
     primary-key lookups and spares every append the upkeep of an index on ``created_at``.
     """
-    lo, hi = tx.rows("SELECT MIN(id) AS lo, MAX(id) AS hi FROM events")[0].values()
+    visible = tx.dialect.visible_events()
+    bounds = f"SELECT MIN(id) AS lo, MAX(id) AS hi FROM events{tx.dialect.visible_events('WHERE')}"
+    lo, hi = tx.rows(bounds)[0].values()
     if lo is None:
         return None
     found: int | None = None
     lo, hi = int(lo), int(hi)
     while lo <= hi:
         mid = (lo + hi) // 2
-        row = tx.one("SELECT id, created_at FROM events WHERE id >= :i ORDER BY id LIMIT 1", {"i": mid})
+        row = tx.one(
+            f"SELECT id, created_at FROM events WHERE id >= :i{visible} ORDER BY id LIMIT 1", {"i": mid}
+        )
         if row is None:
             hi = mid - 1
         elif int(row["created_at"]) < cutoff:

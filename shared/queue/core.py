@@ -78,6 +78,15 @@ _PRIMARY = (
 )
 
 
+#: Whether a claim of the agent by ``:worker`` could take anything now: a message available, and the agent's
+#: lease free, expired or the worker's own, and the agent not paused (the conditions of ``_take_agent``).
+_CLAIM_PROBE = (
+    "SELECT 1 FROM messages WHERE status = 'pending' AND agent = :agent AND available_at <= :now "
+    "AND NOT EXISTS (SELECT 1 FROM agent_leases WHERE agent = :agent AND (paused_until > :now OR "
+    "(holder IS NOT NULL AND holder <> :worker AND lease_until >= :now))) LIMIT 1"
+)
+
+
 class Queue(EnqueueOps, FailureOps, LeaseOps, AdminOps, ControlOps):
     """The queue operations over one :class:`~shared.storage.db.Database`."""
 
@@ -137,10 +146,9 @@ class Queue(EnqueueOps, FailureOps, LeaseOps, AdminOps, ControlOps):
         nothing is available. The caller keeps the agent lease until :meth:`release_agent`.
         """
         now = now_ms()
-        probe = self.db.read_scalar(
-            "SELECT 1 FROM messages WHERE status = 'pending' AND agent = :agent AND available_at <= :now LIMIT 1",
-            {"agent": agent, "now": now},
-        )
+        # A read first, so that an agent with nothing available, or held by another worker (or paused), costs
+        # no write transaction: with several processors most attempts on a busy agent find it held.
+        probe = self.db.read_scalar(_CLAIM_PROBE, {"agent": agent, "worker": worker, "now": now})
         if probe is None:
             return []
         lease = now + (lease_ms or self.config.lease_ms)
@@ -236,8 +244,6 @@ class Queue(EnqueueOps, FailureOps, LeaseOps, AdminOps, ControlOps):
             queued, refused = self._queue_followups(tx, primary, followups, now, events)
             self._record_posts_and_history(tx, chat_posts, history, now)
             released = release_when_idle and self._release_if_idle(tx, str(primary["agent"]), worker, now)
-            # Last: on PostgreSQL the first event appended takes the event-order lock until the commit, and
-            # every other writer's events wait for it.
             append_events(tx, events, now)
             tx.signal("responses")
         return CompleteOutcome(response_id, queued, refused, released)

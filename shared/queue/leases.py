@@ -17,18 +17,30 @@ class LeaseOps(QueueState):
     """Taking, renewing and giving up agent leases."""
 
     def _take_agent(self, tx: Tx, agent: str, worker: str, now: int, lease: int) -> bool:
-        # The row is written (rowcount 1) exactly when the worker now holds the agent: a new row, or the
-        # update whose WHERE found the agent free, expired or already this worker's.
+        """Take the agent's lease for ``worker`` when it is free, expired or already the worker's; False
+        (changing nothing) when it is held, paused, or (PostgreSQL) being changed by another transaction
+        right now: a claimer skips that agent instead of waiting for the other transaction only to find
+        the agent taken."""
         taken = tx.execute(
-            "INSERT INTO agent_leases (agent, holder, lease_until, acquired_at, paused_until, stop_requested, note) "
-            "VALUES (:agent, :worker, :lease, :now, 0, '', '') ON CONFLICT (agent) DO UPDATE SET "
-            "holder = excluded.holder, lease_until = excluded.lease_until, acquired_at = CASE WHEN "
-            "agent_leases.holder = excluded.holder THEN agent_leases.acquired_at ELSE excluded.acquired_at END "
-            "WHERE agent_leases.paused_until <= :now AND (agent_leases.holder IS NULL OR "
-            "agent_leases.holder = excluded.holder OR agent_leases.lease_until < :now)",
+            "UPDATE agent_leases SET holder = :worker, lease_until = :lease, acquired_at = CASE WHEN "
+            "holder = :worker THEN acquired_at ELSE :now END WHERE agent IN (SELECT agent FROM agent_leases "
+            "WHERE agent = :agent AND paused_until <= :now AND (holder IS NULL OR holder = :worker OR "
+            f"lease_until < :now){tx.dialect.skip_locked})",
             {"agent": agent, "worker": worker, "lease": lease, "now": now},
         ).rowcount
-        return taken == 1
+        if taken == 1:
+            return True
+        # An agent never leased has no row yet. Inserted only when this transaction sees none: an INSERT
+        # meeting a row that another transaction is changing would wait for it.
+        return (
+            tx.execute(
+                "INSERT INTO agent_leases (agent, holder, lease_until, acquired_at, paused_until, stop_requested, "
+                "note) SELECT :agent, :worker, :lease, :now, 0, '', '' WHERE NOT EXISTS (SELECT 1 FROM "
+                "agent_leases WHERE agent = :agent) ON CONFLICT (agent) DO NOTHING",
+                {"agent": agent, "worker": worker, "lease": lease, "now": now},
+            ).rowcount
+            == 1
+        )
 
     @staticmethod
     def _release_agent(tx: Tx, agent: str, worker: str) -> None:
@@ -81,20 +93,14 @@ class LeaseOps(QueueState):
 
     def _release_if_idle(self, tx: Tx, agent: str, worker: str, now: int) -> bool:
         """Give up the agent lease when this worker holds no other message of the agent and none waits."""
-        # Two probes, each on its partial index (pending; processing): one query with OR would scan the table,
-        # and the table keeps every completed message for a day.
-        waiting = tx.scalar(
-            "SELECT 1 FROM messages WHERE status = 'pending' AND agent = :agent AND available_at <= :now LIMIT 1",
-            {"agent": agent, "now": now},
-        )
-        if waiting is not None:
-            return False
-        holding = tx.scalar(
-            "SELECT 1 FROM messages WHERE status = 'processing' AND claimed_by = :worker AND agent = :agent "
-            "LIMIT 1",
-            {"agent": agent, "worker": worker},
-        )
-        if holding is not None:
-            return False
-        self._release_agent(tx, agent, worker)
-        return True
+        # One statement (a round trip on PostgreSQL, not three). Two probes, each on its partial index
+        # (pending; processing): one probe with OR would scan the table, which keeps every completed
+        # message for a day.
+        released = tx.execute(
+            "UPDATE agent_leases SET holder = NULL, lease_until = 0 WHERE agent = :agent AND holder = :worker "
+            "AND NOT EXISTS (SELECT 1 FROM messages WHERE status = 'pending' AND agent = :agent "
+            "AND available_at <= :now) AND NOT EXISTS (SELECT 1 FROM messages WHERE status = 'processing' "
+            "AND claimed_by = :worker AND agent = :agent)",
+            {"agent": agent, "worker": worker, "now": now},
+        ).rowcount
+        return released == 1

@@ -23,6 +23,7 @@ from shared.backoff import Backoff
 from shared.clock import now_ms
 from shared.private_files import sqlite_files, tighten
 from shared.storage.dialect import (
+    EVENTS_PER_TRANSACTION,
     Dialect,
     dialect_for_url,
     libpq_url,
@@ -96,7 +97,7 @@ class Tx:
         self.dialect = db.dialect
         self._cur = cursor
         self.signals: set[str] = set()
-        self._event_lock_taken = False
+        self._events_appended = 0
 
     def execute(self, sql: str, params: Params | Sequence[Any] = ()) -> DBAPICursor:
         """Run one statement (``:name`` parameters)."""
@@ -158,11 +159,16 @@ class Tx:
             _GOOD_SIGNALS.add(kind)  # a handful of kinds exist: checked once each
         self.signals.add(kind)
 
-    def take_event_order_lock(self) -> bool:
-        """True the first time a transaction appends events: on PostgreSQL that append must take the
-        advisory lock that serialises appends until commit, so cursor order is commit order."""
-        first = not self._event_lock_taken
-        self._event_lock_taken = True
+    def event_ordinals(self, count: int) -> int:
+        """Reserve the places of ``count`` events this transaction appends; returns the first. On
+        PostgreSQL an event's id is its transaction's id and this place (:mod:`shared.storage.dialect`), so a
+        transaction appends at most :data:`~shared.storage.dialect.EVENTS_PER_TRANSACTION` events."""
+        first = self._events_appended
+        if self.dialect.tx_event_id is not None and first + count > EVENTS_PER_TRANSACTION:
+            raise ValueError(
+                f"one transaction may append at most {EVENTS_PER_TRANSACTION} events; split the work"
+            )
+        self._events_appended = first + count
         return first
 
 
@@ -423,6 +429,7 @@ class Database:
                 time.sleep(_SCHEMA_RACE_BACKOFF.delay(attempt + 1))
         self._add_missing_columns()
         self._drop_retired_indexes()
+        self._event_ids_ahead()
         if self.dialect.is_sqlite:
             # All chat content lives here: created 0600 under agentpost's umask; older files tightened.
             tighten(sqlite_files(Path(sqlite_path(self.url))))
@@ -480,6 +487,28 @@ class Database:
                     except Exception as exc:  # another process added it between our look and our ALTER
                         if "duplicate" not in str(exc).lower() and "already exists" not in str(exc):
                             raise
+
+    def _event_ids_ahead(self) -> None:
+        """PostgreSQL: widen ``events.id`` to 64 bits if an older schema made it ``integer``, and make sure
+        the next transaction's event ids lie above every id already in the table or removed by cleanup
+        (ids written by an older version, or copied from SQLite, counted from 1): each transaction id used
+        up here moves the next event id up by 2**20, so at most 2,048 short statements, once."""
+        floor_sql = self.dialect.event_id_floor
+        if floor_sql is None:
+            return
+        kind = self.read_scalar(
+            "SELECT data_type FROM information_schema.columns WHERE table_schema = current_schema() "
+            "AND table_name = 'events' AND column_name = 'id'"
+        )
+        if kind == "integer":
+            with self.transaction() as tx:
+                for statement in self.dialect.widen_event_ids:
+                    tx.execute(statement)
+        pruned = self.read_scalar("SELECT value FROM kv WHERE scope = 'events.pruned' AND key = '*'")
+        top = max(int(self.read_scalar("SELECT COALESCE(MAX(id), 0) FROM events")), int(pruned or 0))
+        # Autocommit: each read below is a transaction of its own and uses up one transaction id.
+        while int(self.read_scalar(floor_sql)) <= top:
+            pass
 
     def _drop_retired_indexes(self) -> None:
         """Indexes a newer schema replaced (:data:`shared.storage.models.RETIRED_INDEXES`): each one only costs

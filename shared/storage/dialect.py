@@ -1,7 +1,8 @@
 """Every difference between SQLite and PostgreSQL that the queue cares about, in one place.
 
 Queue operations are written once, as SQL with ``:name`` parameters; a :class:`Dialect` turns that into what
-the driver wants and supplies the few clauses that differ (row locking, change signals, event ordering).
+the driver wants and supplies the few clauses that differ (row locking, change signals, event ids and
+which of them a reader may see yet).
 """
 
 from __future__ import annotations
@@ -11,10 +12,21 @@ from dataclasses import dataclass, field
 from functools import cached_property, lru_cache
 from typing import Literal
 
-# One advisory-lock key for all event appends on PostgreSQL: holding it until commit makes the order in
-# which transactions take event ids the order in which they commit, so cursors never skip a late commit.
-EVENT_APPEND_LOCK_KEY = 0x61676E74  # "agnt"
 NOTIFY_CHANNEL = "agentpost"
+
+#: PostgreSQL event ids: the appending transaction's id (xid8) shifted left by this many bits, plus the event's
+#: ordinal within that transaction (so at most 2**20 events per transaction, and 2**43 transactions before
+#: the id reaches 2**63: at 10,000 transactions a second, some 27,000 years).
+EVENT_ORDINAL_BITS = 20
+#: How many events one transaction may append on PostgreSQL.
+EVENTS_PER_TRANSACTION = 1 << EVENT_ORDINAL_BITS
+# The id of an event appended now by this transaction (its ordinal added by the caller); and the first id a
+# reader may not see yet: the oldest transaction still running (pg_snapshot_xmin of the reading statement's
+# own snapshot) may yet commit events with ids from there on, while every older transaction has ended.
+_PG_TX_EVENT_BASE = f"(CAST(CAST(pg_current_xact_id() AS text) AS bigint) << {EVENT_ORDINAL_BITS})"
+_PG_VISIBLE_EVENT_BOUND = (
+    f"(CAST(CAST(pg_snapshot_xmin(pg_current_snapshot()) AS text) AS bigint) << {EVENT_ORDINAL_BITS})"
+)
 
 _PARAM_RE = re.compile(r"(?<![:\w]):([A-Za-z_][A-Za-z0-9_]*)")
 
@@ -37,40 +49,62 @@ class Dialect:
     lock_rows: str = field(default="")
     #: How a write transaction starts: SQLite takes the write lock up front so no reader upgrades later.
     begin_write: str = "BEGIN"
-    #: The id of a new event. PostgreSQL's sequence never repeats. SQLite without AUTOINCREMENT (which costs
-    #: a sqlite_sequence write per insert) would reuse ids once cleanup emptied the table, so it continues
-    #: from the newest row or from the highest id cleanup ever removed, whichever is larger.
+    #: The id of a new event where :attr:`tx_event_id` is None (SQLite). SQLite without AUTOINCREMENT (which
+    #: costs a sqlite_sequence write per insert) would reuse ids once cleanup emptied the table, so it
+    #: continues from the newest row or from the highest id cleanup ever removed, whichever is larger.
     next_event_id: str = "DEFAULT"
     #: How an INSERT reports its new row's id: SQLite's driver has it after the statement (``lastrowid``,
     #: with ``rowcount`` 0 when ON CONFLICT skipped the row), which costs less than a RETURNING clause;
     #: PostgreSQL's driver only has what the statement returns.
     id_by_returning: bool = True
 
-    def insert_event_sql(self, *, take_order_lock: bool) -> str:
-        """The INSERT of one event. On PostgreSQL the first event of a transaction takes the
-        event-order advisory lock inside the same statement (one round trip instead of two)."""
-        return self._event_inserts[take_order_lock]
+    #: Event cursors that never skip a late commit. SQLite has one writer at a time, so ids taken as
+    #: ``max + 1`` are already in commit order. PostgreSQL writers run side by side, so a transaction that
+    #: took a smaller id may commit after one that took a larger id; a reader that had moved past the larger
+    #: would never see the smaller. Instead of making appends wait for each other (an advisory lock held
+    #: until commit, which serialised every enqueue, claim and completion), an event's id there is its
+    #: transaction's id (xid8) shifted left, plus its ordinal within that transaction, and readers see only
+    #: ids below the oldest transaction still running (``pg_snapshot_xmin`` of their own snapshot): every
+    #: transaction with a smaller xid has ended, so nothing can still appear below that bound. Cursor order is
+    #: then the order in which transactions began writing, exposed only once it is final.
+    #:
+    #: The highest id (exclusive) a reader may see, as an SQL expression; None where every committed id is
+    #: final (SQLite).
+    visible_event_bound: str | None = None
+    #: The id of an event the current transaction appends, with ``:ordinal`` its place among that
+    #: transaction's events; None where :attr:`next_event_id` serves (SQLite).
+    tx_event_id: str | None = None
+    #: A query for the smallest id the next transaction could give an event (PostgreSQL), so a database
+    #: whose events were numbered otherwise (an older schema, a copy from SQLite) can be moved past them.
+    event_id_floor: str | None = None
+    #: Statements widening ``events.id`` to 64 bits (PostgreSQL tables created as ``integer``).
+    widen_event_ids: tuple[str, ...] = ()
+    #: A query, run after a commit, for a bound above every event id that commit wrote (PostgreSQL: the
+    #: next transaction id, shifted); and one for whether readers see everything below ``:target`` now.
+    event_read_after: str | None = None
+    event_readable: str | None = None
 
     @cached_property
-    def _event_inserts(self) -> dict[bool, str]:
-        # Built once per dialect: every enqueue and completion appends events.
-        return {first: self._build_event_insert(first) for first in (False, True)}
-
-    def _build_event_insert(self, take_order_lock: bool) -> str:
+    def event_insert(self) -> str:
+        """The INSERT of one event (``:ordinal``: its place among the transaction's events, counted by
+        :meth:`shared.db.Tx.event_ordinals`), with ``:name`` parameters like every statement before
+        :meth:`sql`."""
         columns = "topic, type, message_id, payload, created_at"
         values = ":topic, :type, :message_id, :payload, :created_at"
-        if self.is_sqlite:
-            return self.sql(f"INSERT INTO events (id, {columns}) VALUES ({self.next_event_id}, {values})")
-        if take_order_lock:
-            return self.sql(
-                f"INSERT INTO events ({columns}) SELECT {values} "
-                f"FROM (SELECT pg_advisory_xact_lock({EVENT_APPEND_LOCK_KEY})) AS commit_order"
-            )
-        return self.sql(f"INSERT INTO events ({columns}) VALUES ({values})")
+        event_id = self.next_event_id if self.tx_event_id is None else self.tx_event_id
+        return f"INSERT INTO events (id, {columns}) VALUES ({event_id}, {values})"
+
+    def visible_events(self, joiner: Literal["AND", "WHERE"] = "AND") -> str:
+        """A term (`` AND …`` or, for a query without other conditions, `` WHERE …``) keeping a read of
+        ``events`` to the ids no later commit can precede; empty where every committed id is final (SQLite,
+        whose queries then stay exactly as they were, planner shortcuts for ``MAX(id)`` included)."""
+        if self.visible_event_bound is None:
+            return ""
+        return f" {joiner} id < {self.visible_event_bound}"
 
     def enqueue_statement(self, insert_message: str, events: int) -> str | None:
-        """The whole enqueue as one statement (PostgreSQL: the message row, its ``events`` rows under the
-        commit-order lock, and the NOTIFYs, in data-modifying CTEs), or None where the engine has no such
+        """The whole enqueue as one statement (PostgreSQL: the message row, its ``events`` rows with their
+        transaction-ordered ids, and the NOTIFYs, in data-modifying CTEs), or None where the engine has no such
         statements (SQLite, which enqueues in a transaction); ``:name`` parameters like every statement
         before :meth:`sql`. ``insert_message`` must end in
         ``RETURNING id, message_id``; event ``i`` takes ``:ev_topic<i>``, ``:ev_type<i>``, ``:ev_payload<i>``,
@@ -79,12 +113,12 @@ class Dialect:
         if self.is_sqlite:
             return None
         rows = ", ".join(f"({i}, :ev_topic{i}, :ev_type{i}, :ev_payload{i})" for i in range(events))
+        # The statement is its own transaction: its events are that transaction's ordinals 0, 1, ...
         return (
             f"WITH m AS ({insert_message}), "
-            f"commit_order AS (SELECT pg_advisory_xact_lock({EVENT_APPEND_LOCK_KEY}) AS held FROM m), "
-            "e AS (INSERT INTO events (topic, type, message_id, payload, created_at) "
-            "SELECT v.topic, v.type, m.message_id, v.payload, CAST(:now AS BIGINT) FROM m, commit_order, "
-            f"(VALUES {rows}) AS v(n, topic, type, payload) ORDER BY v.n RETURNING id), "
+            "e AS (INSERT INTO events (id, topic, type, message_id, payload, created_at) "
+            f"SELECT {_PG_TX_EVENT_BASE} + v.n, v.topic, v.type, m.message_id, v.payload, CAST(:now AS BIGINT) "
+            f"FROM m, (VALUES {rows}) AS v(n, topic, type, payload) ORDER BY v.n RETURNING id), "
             f"woken AS (SELECT pg_notify('{NOTIFY_CHANNEL}', 'events'), pg_notify('{NOTIFY_CHANNEL}', 'messages') "
             "FROM m) "
             "SELECT m.id, (SELECT COUNT(*) FROM e) AS events, (SELECT COUNT(*) FROM woken) AS woken FROM m"
@@ -118,7 +152,21 @@ SQLITE = Dialect(
     ),
 )
 POSTGRESQL = Dialect(
-    name="postgresql", skip_locked=" FOR UPDATE SKIP LOCKED", lock_rows=" FOR UPDATE", begin_write="BEGIN"
+    name="postgresql",
+    skip_locked=" FOR UPDATE SKIP LOCKED",
+    lock_rows=" FOR UPDATE",
+    begin_write="BEGIN",
+    visible_event_bound=_PG_VISIBLE_EVENT_BOUND,
+    tx_event_id=f"{_PG_TX_EVENT_BASE} + :ordinal",
+    event_id_floor=f"SELECT {_PG_TX_EVENT_BASE}",
+    event_read_after=(
+        f"SELECT CAST(CAST(pg_snapshot_xmax(pg_current_snapshot()) AS text) AS bigint) << {EVENT_ORDINAL_BITS}"
+    ),
+    event_readable=f"SELECT CAST(:target AS bigint) <= {_PG_VISIBLE_EVENT_BOUND}",
+    widen_event_ids=(
+        "ALTER TABLE events ALTER COLUMN id TYPE bigint",
+        "ALTER SEQUENCE IF EXISTS events_id_seq AS bigint",
+    ),
 )
 
 

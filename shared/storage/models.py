@@ -169,7 +169,8 @@ class AgentMessage(SQLModel, table=True):
 
 
 class Event(SQLModel, table=True):
-    """The durable event log (seed 001): ``id`` is the cursor, assigned in commit order."""
+    """The durable event log (seed 001): ``id`` is the cursor; a reader never skips an event that commits
+    after it read (how, per engine: :class:`shared.storage.dialect.Dialect`)."""
 
     __tablename__ = "events"
     __table_args__ = (
@@ -189,7 +190,14 @@ class Event(SQLModel, table=True):
         # cleanup never deletes the newest event, so an id is never handed out twice.
     )
 
-    id: int | None = Field(default=None, sa_column=Column(Integer, primary_key=True, autoincrement=True))
+    # 64 bits on PostgreSQL, where an id carries its transaction's id (older databases are widened when the
+    # schema is brought up to date); SQLite's INTEGER PRIMARY KEY is the 64-bit rowid already.
+    id: int | None = Field(
+        default=None,
+        sa_column=Column(
+            BigInteger().with_variant(Integer(), "sqlite"), primary_key=True, autoincrement=True
+        ),
+    )
     topic: str = Field(sa_column=Column(Text, nullable=False))
     type: str = Field(sa_column=Column(Text, nullable=False))
     message_id: str | None = Field(default=None, sa_column=Column(Text, nullable=True))
