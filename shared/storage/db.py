@@ -504,7 +504,9 @@ class Database:
             with self.transaction() as tx:
                 for statement in self.dialect.widen_event_ids:
                     tx.execute(statement)
-        pruned = self.read_scalar("SELECT value FROM kv WHERE scope = 'events.pruned' AND key = '*'")
+        from shared.storage import kv  # kv is built on this module
+
+        pruned = kv.get(self, kv.Scope.EVENTS_PRUNED, "*")
         top = max(int(self.read_scalar("SELECT COALESCE(MAX(id), 0) FROM events")), int(pruned or 0))
         # Autocommit: each read below is a transaction of its own and uses up one transaction id.
         while int(self.read_scalar(floor_sql)) <= top:

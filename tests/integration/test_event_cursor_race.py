@@ -11,11 +11,13 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
+import psycopg
 import pytest
 
 from shared.events.log import EventEntry, PendingEvent, SqlEventLog, append_events
 from shared.queue.core import Directory, Queue, QueueConfig
 from shared.storage.db import Database, Tx, open_database
+from shared.storage.dialect import EVENT_ORDINAL_BITS
 from tests.web_support import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.postgres]
@@ -127,3 +129,35 @@ def test_an_append_delivers_to_local_subscribers_only_once_older_writers_ended(d
     assert got == ["slow", "fast"]
     unsubscribe()
     log_b.close()
+
+
+def test_an_older_database_is_widened_and_new_ids_start_above_every_old_one(pg_url: str) -> None:
+    """Databases of the advisory-lock era have ``integer`` ids counted from 1 (or copied from SQLite); the
+    schema upgrade widens the column and moves the next transaction's ids above the highest old id."""
+    with psycopg.connect(pg_url, autocommit=True) as admin:
+        admin.execute("ALTER TABLE events ALTER COLUMN id TYPE integer")
+        admin.execute(
+            "INSERT INTO events (id, topic, type, payload, created_at) VALUES (2147483000, 'queue', 'old', '{}', 1)"
+        )
+        # Cleanup once removed ids up to here: just above what this server's next transactions would take.
+        xid = int(admin.execute("SELECT CAST(CAST(pg_current_xact_id() AS text) AS bigint)").fetchone()[0])
+        removed = (xid + 40) << EVENT_ORDINAL_BITS
+    db = open_database(pg_url)
+    try:
+        kind = db.read_scalar(
+            "SELECT data_type FROM information_schema.columns WHERE table_name = 'events' AND column_name = 'id'"
+        )
+        assert kind == "bigint"
+        with psycopg.connect(pg_url, autocommit=True) as admin:
+            admin.execute(
+                "INSERT INTO kv (scope, key, value, updated_at) VALUES ('events.pruned', '*', %s, 1)",
+                (str(removed),),
+            )
+        db.create_schema()
+        log = SqlEventLog(db)
+        new = int(log.append("queue", "new", {}))
+        assert new > removed > 2147483000
+        assert [e.type for e in log.read(None, str(removed))] == ["new"]
+        log.close()
+    finally:
+        db.close()
