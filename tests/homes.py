@@ -85,6 +85,14 @@ def build_home(
     return home
 
 
+def write_settings(home: Path, text: str) -> Path:
+    """Write ``text`` as ``home``'s settings.toml (the folder made if missing); return the file's path."""
+    home.mkdir(parents=True, exist_ok=True)
+    path = home / "settings.toml"
+    path.write_text(text)
+    return path
+
+
 def update_settings(home: Path, table: str, values: Mapping[str, Any]) -> None:
     """Merge ``values`` into one table of an existing home's settings."""
     path = home / "settings.toml"

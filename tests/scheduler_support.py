@@ -10,6 +10,7 @@ import subprocess
 import sys
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -17,6 +18,7 @@ import psycopg
 
 from shared.clock import now_ms
 from shared.queue.core import Queue
+from shared.runtime import Runtime, open_runtime
 from tests.homes import build_home
 from tests.probes import free_port, service_unavailable, wait_for  # noqa: F401  (free_port re-exported: tests import it from here)
 
@@ -166,3 +168,17 @@ def up_home(tmp: Path, timeout: float) -> Iterator[Path]:
     )
     yield built
     run_cli(built, "down", env=cli_env(built), check=False, timeout=timeout)
+
+
+def open_scheduler_runtime(tmp_path: Path, db_url: str, extra: str = "") -> Runtime:
+    """A runtime over a fresh scheduler test home (see :func:`write_home`) with ``extra`` settings."""
+    return open_runtime(write_home(tmp_path / "home", db_url, extra), env={})
+
+
+def events_of(rt: Runtime, type_: str) -> list[dict[str, object]]:
+    """Every event of ``type_`` in ``rt``'s event log, oldest first, as dicts."""
+    return [e.as_dict() for e in rt.events.read(None, None, 10_000) if e.type == type_]
+
+
+#: A fixed start for scheduler tests that drive time themselves (never now, so no test depends on the clock).
+T0 = datetime(2030, 1, 1, 12, 0, 0, tzinfo=UTC)
