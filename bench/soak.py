@@ -545,7 +545,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--drain", type=float, default=300.0, help="seconds to wait for the last answers")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--json", help="write the report here as JSON")
-    p.add_argument("--workdir", help="run folder (default: a new one under /tmp)")
+    p.add_argument("--workdir", help="run folder, reachable by other users (default: a new one under /tmp)")
     p.add_argument("--keep", action="store_true", help="keep the run folder (logs) afterwards")
     return p.parse_args(argv)
 
@@ -555,6 +555,11 @@ def main(argv: list[str] | None = None) -> int:
     # SIGTERM (kill, nohup's end) unwinds like Ctrl-C: the processes stopped, the tmpfs and database removed.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     workdir = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="agentpost-soak-"))
+    closed = [p for p in Path(workdir).resolve().parents if p.exists() and not os.stat(p).st_mode & 0o001]
+    if closed:
+        # As root the agents run as a sandbox user who must walk to their workspace and CLI home by path: a
+        # run folder inside /root (0700) lets first runs answer but no conversation can be continued.
+        raise SystemExit(f"soak: the run folder must be reachable by other users; {closed[0]} is not")
     workdir.mkdir(parents=True, exist_ok=True)
     try:
         report = Soak(args, workdir).run()

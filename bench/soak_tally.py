@@ -11,6 +11,7 @@ it as dead; anything else is *lost*.
 
 from __future__ import annotations
 
+import math
 import re
 import statistics
 from collections import defaultdict
@@ -89,8 +90,8 @@ def count(
             serial = _serial(item.text)
             if serial is None:
                 continue
-            if not item.edit or item.key not in copies[(chat, serial)]:
-                copies[(chat, serial)].setdefault(item.key, item.at)
+            # An edit keeps its platform message's key: only a second message with this serial is a copy.
+            copies[(chat, serial)].setdefault(item.key, item.at)
             for lbl in labels_in(item.text):
                 serials_of[(chat, lbl)].add(serial)
                 first_final.setdefault((chat, lbl), item.at)
@@ -137,7 +138,7 @@ def percentile(values: Sequence[float], q: float) -> float | None:
     if not values:
         return None
     ordered = sorted(values)
-    rank = max(0, min(len(ordered) - 1, round(q * len(ordered) + 0.5) - 1))
+    rank = max(0, min(len(ordered) - 1, math.ceil(q * len(ordered)) - 1))
     return ordered[rank]
 
 
