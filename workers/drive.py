@@ -1,17 +1,22 @@
 """What the processor holds for one agent it drives: the work groups (the running one and those waiting), the
-stop requests of waiting chats, and whether the agent's lease was lost, paused or already given up; and the
-payload describing how a run ended.
+stop requests of waiting chats, whether the agent's lease was lost, paused or already given up, and the
+renewal that keeps those leases; and the payload describing how a run ended.
 """
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Callable
 from typing import Any
 
 import anyio
 
+from shared.aio import call
 from workers.busy import WorkGroup
 from workers.liveness import RunInfo
 from workers.providers import RunResult
+
+log = logging.getLogger("agentpost.processor")
 
 
 class Drive:
@@ -29,16 +34,40 @@ class Drive:
         self.released = False
 
     def held(self) -> list[WorkGroup]:
+        """The groups held, the running one first."""
         return ([self.running] if self.running is not None else []) + list(self.groups)
 
     def held_ids(self) -> list[str]:
+        """The ids of every message held."""
         return [i for g in self.held() for i in g.ids]
 
     def forget(self, group: WorkGroup) -> None:
+        """Stop holding ``group`` (its outcome is written, or it was released)."""
         if self.running is group:
             self.running = None
         elif group in self.groups:
             self.groups.remove(group)
+
+    async def keep_leases(
+        self, renew: Callable[[list[str]], int], interval: float, scope: anyio.CancelScope
+    ) -> None:
+        """Every ``interval`` seconds, extend the leases of every message held (and the agent's lease):
+        ``renew(ids)`` does it in a worker thread and returns how many it extended. One gone (the lease
+        lapsed and another worker took it over) marks the drive lost and cancels ``scope``: the run is
+        stopped and nothing of it is sent. A database hiccup is tried again next round."""
+        while True:
+            await anyio.sleep(interval)
+            async with self.lock:
+                ids = self.held_ids()
+                try:
+                    count = await call(renew, ids)
+                except Exception as exc:
+                    log.warning("agent %s: lease renewal failed: %s", self.agent, exc)
+                    continue
+                if count < len(ids):
+                    self.lost = True
+                    scope.cancel()
+                    return
 
 
 def step_done(run: RunInfo, result: RunResult) -> dict[str, Any]:

@@ -41,6 +41,12 @@ release the database refuses is kept and written again until it lands, the messa
 this processor that no drive holds (a claim committed while the connection dropped) are taken back within a
 recovery round; a chat that waited long because of it is told once why (:mod:`workers.storage_steps`).
 
+Who owns what: the :class:`Processor` is the loop — it claims, groups (:mod:`workers.busy`), keeps the
+leases (:meth:`workers.drive.Drive.keep_leases`) and schedules; each group it runs is a
+:class:`workers.run.Run` built with what it needs, ending through the drive's
+:class:`workers.run_outcome.OutcomeWriter`; :class:`workers.storage_steps.StorageSteps` keeps the writes the
+database refused.
+
 Why claim every waiting message of the agent, and not only the group about to run: one transaction per
 agent instead of one per chat, and the busy policy needs to see what is waiting to merge it. Holding them
 costs nothing on a crash (they come back uncharged), and no other processor could run them anyway while
@@ -68,20 +74,22 @@ from shared.queue.core import LeaseLost, QueuedMessage
 from shared.runtime import Runtime, open_runtime
 from shared.settings.model import Settings, SettingsError
 from shared.storage.errors import transient_problem
-from workers.busy import apply_cap, build_prompt, merge_arrivals, resolve_policy
+from workers.busy import WorkGroup, apply_cap, build_prompt, merge_arrivals, resolve_policy
 from workers.drive import Drive
-from workers.pauses import RateLimitPauses, StorageOutage
+from workers.observe import record_event
+from workers.pauses import RateLimitPauses
 from workers.processor_config import ProcessorSettings, ProcessorStats, default_worker_id
-from workers.runs import RunSteps
-from workers.sandbox import SandboxError, SandboxMode, SandboxPlan
-from workers.sandbox import choose as choose_sandbox
+from workers.run import Run
+from workers.run_outcome import OutcomeWriter
+from workers.sandbox import SandboxChoice, SandboxError, SandboxPlan
+from workers.storage_steps import StorageSteps
 
 __all__ = ["Processor", "ProcessorSettings", "ProcessorStats", "build_prompt", "main", "run_processor"]
 
 log = logging.getLogger("agentpost.processor")
 
 
-class Processor(RunSteps):
+class Processor:
     """One processor: runs agents for the messages in the shared queue.
 
     ``env`` is the base environment of the agent CLIs (default: this process's); ``config`` overrides the
@@ -113,17 +121,19 @@ class Processor(RunSteps):
         self._last_recover = 0.0
         self._cooldown: dict[str, float] = {}
         self.pauses = RateLimitPauses()
-        self.outage = StorageOutage(runtime.db.url)
         #: The agents driven now and what each holds: every claim of this worker that is not held here is
-        #: stranded (see _sweep_stranded).
+        #: stranded (see StorageSteps.sweep_stranded).
         self._drives: dict[str, Drive] = {}
-        #: Claims under way (their rows may be committed but not yet held by a drive), and how many began.
-        self._claiming = 0
-        self._claims_begun = 0
-        #: When each chat was last told its message waited through a storage outage (epoch ms).
-        self._told_waiting: dict[tuple[str, str], int] = {}
+        self.storage = StorageSteps(
+            runtime,
+            self.worker,
+            config=lambda: self.config,
+            stopping=lambda: self._stopping,
+            held=lambda: {agent: drive.held_ids() for agent, drive in self._drives.items()},
+            on_outage_end=self._outage_ended,
+        )
         #: The sandbox agent CLIs run in, chosen once per [processor] sandbox value (workers/sandbox.py).
-        self._sandbox: tuple[str, SandboxPlan] | None = None
+        self._sandbox = SandboxChoice()
 
     # -- public -----------------------------------------------------------------------------------------
     @property
@@ -150,31 +160,7 @@ class Processor(RunSteps):
         """How agent CLIs are confined: chosen the first time it is needed (and again only when
         ``[processor] sandbox`` changes), and logged with the reason when agents run unconfined. Raises
         :class:`SandboxError` when the settings ask for namespaces that cannot be had here."""
-        # AGENTPOST_SANDBOX in the processor's environment wins over the settings (an operator's switch
-        # for one process; the test suite's scripted agents, which report through files beside their
-        # script, run with it set to none, while tests/e2e/test_sandbox.py runs them confined).
-        override = os.environ.get("AGENTPOST_SANDBOX", "").strip()
-        mode: SandboxMode = self.config.sandbox
-        if override:
-            if override not in ("auto", "namespaces", "none"):
-                raise SandboxError(f"AGENTPOST_SANDBOX={override!r}: use auto, namespaces or none")
-            mode = override  # type: ignore[assignment]
-        if self._sandbox is None or self._sandbox[0] != mode:
-            try:
-                plan = choose_sandbox(mode)
-            except SandboxError as exc:
-                if self._sandbox is None:
-                    raise
-                log.warning(
-                    "[processor] sandbox = %r not taken up, the sandbox in force stays: %s", mode, exc
-                )
-                return self._sandbox[1]
-            if plan.kind == "none":
-                log.warning("agents run without a sandbox: %s", plan.reason)
-            else:
-                log.info("agents run in a sandbox: %s", plan.describe)
-            self._sandbox = (mode, plan)
-        return self._sandbox[1]
+        return self._sandbox.plan(self.config.sandbox)
 
     @property
     def agents(self) -> list[str]:
@@ -203,7 +189,8 @@ class Processor(RunSteps):
         self._wakeup = anyio.Event()
         if self._stopping:
             self._stop_event.set()
-        await self._event(
+        await record_event(
+            self.rt.events,
             "processor",
             "processor_start",
             {
@@ -239,7 +226,8 @@ class Processor(RunSteps):
                         await self._wait_slot()
                 # Past the grace period: cancelling kills the CLIs; the drives release their messages.
                 tg.cancel_scope.cancel()
-        await self._event("processor", "processor_stop", {"worker": self.worker, **self.stats.__dict__})
+        stopped = {"worker": self.worker, **self.stats.__dict__}
+        await record_event(self.rt.events, "processor", "processor_stop", stopped)
 
     # -- loop parts -------------------------------------------------------------------------------------
     async def _dispatch(self, tg: anyio.abc.TaskGroup) -> int:
@@ -251,7 +239,7 @@ class Processor(RunSteps):
                 log.warning(
                     "recovered %d expired message(s), %d now dead", len(outcome.retried), len(outcome.dead)
                 )
-            await self._sweep_stranded()
+            await self.storage.sweep_stranded()
         pending = await call(self.rt.queue.agents_with_pending)
         if any(agent not in self.rt.settings.agents for agent in pending):
             # Work for an agent these settings do not know: it may have been added a moment ago (the
@@ -326,6 +314,11 @@ class Processor(RunSteps):
         if self._wakeup is not None:
             self._wakeup.set()
 
+    def _outage_ended(self) -> None:
+        """A write ended a storage outage: look for claims it stranded at the loop's next round."""
+        self._last_recover = 0.0
+        self._slot_freed()
+
     # -- one agent ---------------------------------------------------------------------------------------
     async def _drive(self, agent: str) -> None:
         """Claim and run ``agent``'s messages until none is left, then release the agent."""
@@ -333,20 +326,17 @@ class Processor(RunSteps):
         self._drives[agent] = drive
         try:
             async with anyio.create_task_group() as tg:
-                tg.start_soon(self._renew_loop, drive, tg.cancel_scope)
+                renew = functools.partial(self._renew, agent)
+                tg.start_soon(drive.keep_leases, renew, self.renew_interval, tg.cancel_scope)
                 first = True
                 while not self._stopping and not drive.paused:
-                    self._claiming += 1
-                    self._claims_begun += 1
-                    try:
-                        claimed = await self._persist(
+                    with self.storage.claiming():
+                        claimed = await self.storage.persist(
                             f"agent {agent}: claim", functools.partial(self._claim, agent)
                         )
                         if claimed:
                             drive.released = False  # the claim took the agent's lease again
                             await self._take_in(drive, claimed)
-                    finally:
-                        self._claiming -= 1
                     if not claimed and first:
                         # Taken by another processor or paused between our look and our claim: do not
                         # retry it on every wake-up for a moment.
@@ -356,7 +346,7 @@ class Processor(RunSteps):
                     if not drive.groups or self._stopping:
                         break
                     drive.running = drive.groups.pop(0)  # no await in between: always held somewhere
-                    await self._run_group(drive, drive.running)
+                    await self._run(drive, drive.running).go()
                 tg.cancel_scope.cancel()
         except Exception as exc:
             problem = transient_problem(exc, self.rt.db.url)
@@ -382,9 +372,8 @@ class Processor(RunSteps):
                 if drive.lost:
                     self.stats.lease_lost += 1
                     log.warning("agent %s: lost the lease of its messages; run stopped, nothing sent", agent)
-                    await self._event(
-                        "queue", "lease_lost", {"agent": agent, "worker": self.worker, "during": "run"}
-                    )
+                    lost = {"agent": agent, "worker": self.worker, "during": "run"}
+                    await record_event(self.rt.events, "queue", "lease_lost", lost)
                 await self._release(drive, "lease lost" if drive.lost else "processor stopping")
                 if not drive.released:
                     with contextlib.suppress(Exception):
@@ -396,20 +385,32 @@ class Processor(RunSteps):
     def _claim(self, agent: str) -> list[QueuedMessage]:
         return self.rt.queue.claim_all_pending_messages(agent, self.worker, lease_ms=self.lease_ms)
 
-    async def _renew_loop(self, drive: Drive, scope: anyio.CancelScope) -> None:
-        while True:
-            await anyio.sleep(self.renew_interval)
-            async with drive.lock:
-                ids = drive.held_ids()
-                try:
-                    count = await call(self._renew, drive.agent, ids)
-                except Exception as exc:  # a database hiccup: try again next round
-                    log.warning("agent %s: lease renewal failed: %s", drive.agent, exc)
-                    continue
-                if count < len(ids):
-                    drive.lost = True
-                    scope.cancel()
-                    return
+    def _outcomes(self, drive: Drive) -> OutcomeWriter:
+        """The writer of ``drive``'s outcomes, with the [processor] settings in force now."""
+        return OutcomeWriter(
+            self.rt,
+            drive,
+            worker=self.worker,
+            config=self.config,
+            stats=self.stats,
+            pauses=self.pauses,
+            storage=self.storage,
+        )
+
+    def _run(self, drive: Drive, group: WorkGroup) -> Run:
+        """The run of ``group``, the one ``drive`` holds as running."""
+        return Run(
+            self.rt,
+            drive,
+            group,
+            outcomes=self._outcomes(drive),
+            storage=self.storage,
+            worker=self.worker,
+            config=self.config,
+            env=self.env,
+            sandbox=self.sandbox_plan,
+            stats=self.stats,
+        )
 
     def _renew(self, agent: str, ids: list[str]) -> int:
         return self.rt.queue.renew_leases(self.worker, ids, agent=agent, lease_ms=self.lease_ms)
@@ -420,7 +421,7 @@ class Processor(RunSteps):
         policies = await call(self._policies, keys)
         merge_arrivals(drive.groups, claimed, policies.__getitem__)
         for batch in apply_cap(drive.groups, self.config.max_waiting):
-            await self._drop(drive, batch)
+            await self._outcomes(drive).dropped(batch)
 
     def _policies(self, keys: set[tuple[str, str]]) -> dict[tuple[str, str], BusyPolicy]:
         """The busy policy of each chat in ``keys`` (read in a worker thread)."""
@@ -438,16 +439,17 @@ class Processor(RunSteps):
         if not drive.stops:
             return
         stops, drive.stops = drive.stops, set()
+        outcomes = self._outcomes(drive)
         for group in list(drive.groups):
             if "*" in stops or group.chat in stops:
-                await self._finish_stopped(drive, group, None)
+                await outcomes.stopped(group, None)
 
     async def _release(self, drive: Drive, why: str, *, count_attempt: bool = False) -> None:
         """Give back groups still held (not started, or cancelled mid-run); by default without counting an
         attempt and without delay."""
         for group in drive.held():
             try:
-                await self._persist(
+                await self.storage.persist(
                     f"agent {drive.agent}: release of {', '.join(group.ids)}",
                     functools.partial(
                         self.rt.queue.fail_messages,

@@ -19,12 +19,14 @@ database (every conversation), ``settings.toml``, every other agent's workspace,
 - **none**, where neither can be had (no ``bwrap``, user namespaces turned off): the CLI runs with the
   service's rights. ``agentpost doctor`` says so, and fails for agents that bypass permission prompts.
 
-The processor chooses once, at start (:func:`choose`), from ``[processor] sandbox``: ``auto`` (namespaces when
-they work, else none, said loudly), ``namespaces`` (refuse to start without them) or ``none``.
+The processor chooses once, at start (:func:`choose`, kept by :class:`SandboxChoice`), from ``[processor]
+sandbox``: ``auto`` (namespaces when they work, else none, said loudly), ``namespaces`` (refuse to start
+without them) or ``none``.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import pwd
 import shutil
@@ -34,6 +36,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
+
+log = logging.getLogger("agentpost.processor")
 
 #: The account agent CLIs run as when the processor runs as root (created on demand; see deploy/sysusers.d).
 SANDBOX_USER = "agentpost-agent"
@@ -332,3 +336,40 @@ class Sandboxed:
     def environment(self, env: Mapping[str, str]) -> dict[str, str]:
         """The CLI's environment inside: its own HOME, and a TMPDIR that exists there (``/tmp`` is empty)."""
         return {**env, "HOME": str(self.view.cli_home), "TMPDIR": "/tmp"}
+
+
+class SandboxChoice:
+    """The sandbox one processor runs agent CLIs in: chosen the first time it is needed, and again only when
+    the mode asked for changes (an edit of ``[processor] sandbox``)."""
+
+    def __init__(self) -> None:
+        self._chosen: tuple[SandboxMode, SandboxPlan] | None = None
+
+    def plan(self, configured: SandboxMode) -> SandboxPlan:
+        """The plan for ``configured`` (``AGENTPOST_SANDBOX`` in this process's environment wins), logged
+        with the reason when agents run unconfined. Raises :class:`SandboxError` when the first choice asks
+        for namespaces that cannot be had here; a later change that cannot be had keeps the plan in force."""
+        # AGENTPOST_SANDBOX is an operator's switch for one process; the test suite's scripted agents, which
+        # report through files beside their script, run with it set to none, while tests/e2e/test_sandbox.py
+        # runs them confined.
+        override = os.environ.get("AGENTPOST_SANDBOX", "").strip()
+        mode = configured
+        if override:
+            if override not in ("auto", "namespaces", "none"):
+                raise SandboxError(f"AGENTPOST_SANDBOX={override!r}: use auto, namespaces or none")
+            mode = override  # type: ignore[assignment]
+        if self._chosen is not None and self._chosen[0] == mode:
+            return self._chosen[1]
+        try:
+            plan = choose(mode)
+        except SandboxError as exc:
+            if self._chosen is None:
+                raise
+            log.warning("[processor] sandbox = %r not taken up, the sandbox in force stays: %s", mode, exc)
+            return self._chosen[1]
+        if plan.kind == "none":
+            log.warning("agents run without a sandbox: %s", plan.reason)
+        else:
+            log.info("agents run in a sandbox: %s", plan.describe)
+        self._chosen = (mode, plan)
+        return plan

@@ -1,0 +1,337 @@
+"""One run: a work group (claimed messages of one chat) going through one agent CLI run.
+
+:meth:`Run.go` takes the group from its claim to its outcome:
+
+1. checks that may end it before anything runs: the agent is configured, neither its sender nor its agent
+   is over a ``[budgets]`` limit (:mod:`workers.budgets`), its workspace is not on another host
+   (:mod:`workers.workspace`);
+2. gathers what the CLI needs: the chat's busy policy, the conversation's session, the model in force (the
+   fallback one during a rate limit), the prompt and system prompt, the environment and the sandbox;
+3. marks the run started, with its ``chain_step_start`` event and its status record, in one transaction
+   (from then on a crash of this processor costs the messages an *interrupted run*);
+4. starts the provider with a watch beside it (:class:`workers.liveness.RunWatch`: ``/stop``, interrupting
+   messages, "still working" notes);
+5. writes what it came to through the drive's :class:`workers.run_outcome.OutcomeWriter`, its end event,
+   status record removal and usage in the same transaction where the outcome allows.
+
+A :class:`Run` is built by the processor for each group with what it needs passed in; it holds nothing
+after it ends.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import anyio
+
+from shared.aio import call
+from shared.chat.sessions import AGENT_SCOPE_KEY, get_session
+from shared.clock import now_ms
+from shared.events.log import PendingEvent, append_events
+from shared.file_access import chat_upload_dir
+from shared.ids import new_id
+from shared.queue.core import LeaseLost, TxWork, retry_edit_key
+from shared.reads.conversation_status import clear_run, clear_run_in, record_run_in
+from shared.runtime import Runtime
+from shared.settings.model import AgentSettings, Settings
+from shared.storage.db import Tx
+from shared.storage.dialect import sqlite_path
+from workers.agent_env import child_env
+from workers.budgets import budget_gate, usage_work
+from workers.busy import WorkGroup, build_prompt, resolve_policy
+from workers.drive import Drive, step_done
+from workers.liveness import RunInfo, RunWatch, note_target
+from workers.observe import quietly, record_events
+from workers.processor_config import ProcessorSettings, ProcessorStats
+from workers.providers import AgentProvider, ProviderError, RunRequest, RunResult, provider_for
+from workers.ratelimit import fallback_until
+from workers.run_outcome import OutcomeWriter
+from workers.sandbox import Sandboxed, SandboxPlan, SandboxView
+from workers.storage_steps import StorageSteps
+from workers.workspace import WorkspaceElsewhere, host_of, prepare_workspace, team_instructions
+
+log = logging.getLogger("agentpost.processor")
+
+
+class Run:
+    """One work group's run (see the module docstring).
+
+    ``rt`` gives the settings in force, the queue, the database and the event log; ``drive`` is the agent's
+    holdings (its renewal lock, its waiting groups, where stop requests for other chats go); ``outcomes``
+    writes the result; ``storage`` makes the run's start again while the database refuses it; ``sandbox``
+    gives the plan agent CLIs run in (chosen when first asked); ``env`` is the base environment of the CLI;
+    ``config`` the ``[processor]`` section in force; ``stats`` counts the invocation."""
+
+    def __init__(
+        self,
+        rt: Runtime,
+        drive: Drive,
+        group: WorkGroup,
+        *,
+        outcomes: OutcomeWriter,
+        storage: StorageSteps,
+        worker: str,
+        config: ProcessorSettings,
+        env: Mapping[str, str],
+        sandbox: Callable[[], SandboxPlan],
+        stats: ProcessorStats,
+    ) -> None:
+        self.rt = rt
+        self.drive = drive
+        self.group = group
+        self.agent = drive.agent
+        self.outcomes = outcomes
+        self.storage = storage
+        self.worker = worker
+        self.config = config
+        self.env = env
+        self.sandbox = sandbox
+        self.stats = stats
+        #: The settings this run was started with (the agent's, its team's, where files may go).
+        self.settings: Settings = rt.settings
+
+    async def go(self) -> None:
+        """Run the group and write its outcome (see the module docstring). Returns once the group is no
+        longer held by this run: completed, failed, released, or (interrupted) back in the drive's front."""
+        agent, group, primary = self.agent, self.group, self.group.messages[0]
+        config = self.settings.agents.get(agent)
+        if config is None:
+            error = f"agent {agent!r} is not configured"
+            await self.outcomes.failed(group, RunResult(ok=False, error=error, cannot_start=True))
+            return
+        over = await call(budget_gate(self.settings).over, self.rt.db, agent, primary)
+        if over is not None:
+            await self.outcomes.refused(
+                group, over.error(), explanation=over.explanation(), advice=over.advice(now_ms())
+            )
+            return
+        group.policy = await call(
+            resolve_policy, self.rt.db, self.settings, self.config.busy_policy, group.key
+        )
+        try:
+            workspace = await call(prepare_workspace, self.rt.db, self.settings, agent, host_of(self.worker))
+        except WorkspaceElsewhere as elsewhere:
+            # Not in an empty folder: the group ends with one plain notice, the operator's line in its error.
+            log.warning("agent %s: %s", agent, elsewhere.error())
+            await self.outcomes.refused(
+                group, elsewhere.error(), explanation=elsewhere.explanation(), advice=elsewhere.advice()
+            )
+            return
+        session_key = AGENT_SCOPE_KEY if config.session_scope == "agent" else group.chat
+        session = await call(get_session, self.rt.db, agent, session_key)
+        run_config, on_fallback = await self._model_for(config)
+        run = RunInfo(agent, new_id("run"), group)
+        if any(m.retry_count for m in group.messages):
+            run.edit_key = retry_edit_key(primary.message_id)
+        request = self._request(run, config, run_config, workspace, session)
+        fallback_model = run_config.model if on_fallback else None
+        started = self._run_start(run, config.provider, session is not None, fallback_model)
+        try:
+            # From here a crash of this processor costs these messages an interrupted run; before, nothing.
+            await self.storage.persist(
+                f"agent {agent}: start of the run for {', '.join(group.ids)}",
+                functools.partial(self.rt.queue.mark_run_started, group.ids, self.worker, also=started),
+            )
+        except LeaseLost:
+            self.drive.lost = True
+            self.drive.forget(group)
+            return
+        self.stats.invocations += 1
+        try:
+            result = await self._invoke(run, request, config.provider)
+        except BaseException:
+            with anyio.CancelScope(shield=True):
+                await quietly(clear_run, self.rt.db, agent, run.run_id)
+            raise
+        await self._conclude(run, result, workspace, session_key, on_fallback)
+
+    def _run_start(self, run: RunInfo, provider: str, resumed: bool, fallback_model: str | None) -> TxWork:
+        """What commits with the run's start: its ``chain_step_start`` event and its status record."""
+        group, primary = run.group, run.group.messages[0]
+        payload: dict[str, Any] = {
+            "agent": run.agent,
+            "provider": provider,
+            "message_ids": group.ids,
+            "attempt": primary.retry_count + 1,
+            "worker": self.worker,
+            "session": "continue" if resumed else "new",
+            "run_id": run.run_id,
+            "policy": group.policy,
+            **({"carried": group.carried} if group.carried else {}),
+            **({"model": fallback_model, "fallback": True} if fallback_model is not None else {}),
+        }
+        start = PendingEvent("chain_step_start", payload, primary.message_id, topic="queue")
+
+        def started(tx: Tx) -> None:
+            append_events(tx, [start])
+            record_run_in(
+                tx,
+                run.agent,
+                run_id=run.run_id,
+                worker=self.worker,
+                channel=group.key[0],
+                conversation=group.key[1],
+                message_ids=group.ids,
+                started_at=run.started_ms,
+            )
+
+        return started
+
+    async def _conclude(
+        self, run: RunInfo, result: RunResult, workspace: Path, session_key: str, on_fallback: bool
+    ) -> None:
+        """Write what the run came to. A success's end event, last progress events and the status record's
+        removal commit with its completion; any other end writes them first, then its own outcome."""
+        agent, group = run.agent, run.group
+        done = PendingEvent(
+            "chain_step_done", step_done(run, result), group.messages[0].message_id, topic="queue"
+        )
+
+        # What the run cost commits with its outcome, whichever it is: never counted twice, never lost.
+        spent = usage_work(agent, run.run_id, group.messages[0], result)
+
+        def ended(tx: Tx) -> None:
+            append_events(tx, [*run.pending_events, done])  # taken once the write has succeeded
+            clear_run_in(tx, agent, run.run_id)
+            if spent is not None:
+                spent(tx)
+
+        if not run.reason and result.ok:
+            try:
+                finished = await self.outcomes.succeeded(run, result, workspace, session_key, ended)
+            except BaseException:
+                with anyio.CancelScope(shield=True):
+                    await quietly(clear_run, self.rt.db, agent, run.run_id)
+                raise
+            if finished:
+                run.take_events()
+                return
+        await quietly(clear_run, self.rt.db, agent, run.run_id)
+        await record_events(self.rt.events, [*run.take_events(), done])
+        if run.reason == "stop":
+            await self.outcomes.stopped(group, run.edit_key)
+        elif run.reason == "interrupt":
+            await self.outcomes.interrupted(group)
+        elif not result.ok:
+            await self.outcomes.failed(group, result, on_fallback, also=spent)
+
+    def _request(
+        self,
+        run: RunInfo,
+        config: AgentSettings,
+        run_config: AgentSettings,
+        workspace: Path,
+        session: str | None,
+    ) -> RunRequest:
+        """What the provider needs for ``run``: prompt, environment, limits (``run_config``: the model in
+        force, the fallback one during a rate limit)."""
+        agent, group = run.agent, run.group
+        primary = group.messages[0]
+        uploads = self._upload_dir()
+        extra_env = [("AGENTPOST_AGENT", agent), ("AGENTPOST_MESSAGE_ID", primary.message_id)]
+        if uploads is not None:
+            extra_env.append(("AGENTPOST_UPLOAD_DIR", str(uploads)))
+        return RunRequest(
+            agent=agent,
+            settings=run_config,
+            workspace=workspace,
+            prompt=self._prompt(config),
+            system_prompt=self._system_prompt(config) if config.provider == "claude" else "",
+            session_id=session,
+            env=child_env(self.env, config, extra_env),
+            timeout=config.timeout_seconds,
+            idle_timeout=self.config.idle_timeout_seconds,
+            orphan_guard=self.config.orphan_guard,
+            on_spawn=run.spawned,
+            on_notice=run.tell,
+            read_dirs=(uploads,) if uploads is not None else (),
+            sandbox=self._sandboxed(workspace, uploads),
+        )
+
+    def _sandboxed(self, workspace: Path, uploads: Path | None) -> Sandboxed | None:
+        """The sandbox of this run (None when this processor runs agents unconfined): its workspace, its own
+        CLI home under ``sandbox/<agent>``, the chat's uploads; agentpost's home, the SQLite database's
+        folder and the service user's home hidden."""
+        plan = self.sandbox()
+        if plan.kind == "none":
+            return None
+        home = self.settings.home
+        service_home = Path(self.env.get("HOME") or Path.home())
+        hidden = [home, service_home]
+        url = self.settings.database_url
+        if url.startswith("sqlite:///"):
+            hidden.append(Path(sqlite_path(url)).parent)
+        view = SandboxView(
+            workspace=workspace,
+            cli_home=home / "sandbox" / self.agent,
+            readable=(uploads,) if uploads is not None else (),
+            hidden=tuple(p for p in hidden if p.is_absolute() and len(p.parts) > 1),
+        )
+        return Sandboxed(plan, view, login_home=service_home)
+
+    def _upload_dir(self) -> Path | None:
+        """The upload folder of the chat this run answers (a teammate's run: the chat its chain started
+        from), when it exists: the run may read it, so the files the user sent reach the agent."""
+        primary = self.group.messages[0]
+        target = note_target(primary) or primary.address
+        folder = chat_upload_dir(self.settings, target.channel, target.conversation)
+        return folder if folder.is_dir() else None
+
+    async def _invoke(self, run: RunInfo, request: RunRequest, kind: str) -> RunResult:
+        """Run the CLI with a watch beside it; a stop or interrupt cancels the run (``run.reason``)."""
+        try:
+            provider: AgentProvider = provider_for(kind)
+        except ProviderError as exc:
+            return RunResult(ok=False, error=str(exc), cannot_start=True)
+        ids = run.group.ids
+
+        async def progress(text: str) -> None:
+            run.step(text)
+            if not self.config.progress_events:
+                return
+            payload = {"agent": run.agent, "text": text[:4000], "message_ids": ids, "run_id": run.run_id}
+            if run.add_progress_event(PendingEvent("agent_progress", payload, ids[0], topic="progress")):
+                await record_events(self.rt.events, run.take_events())
+
+        watch = RunWatch(
+            self.rt,
+            self.worker,
+            run,
+            control_interval=self.config.control_interval_seconds,
+            note_seconds=self.config.progress_note_seconds,
+            on_foreign_stop=self.drive.stops.add,
+            default_policy=self.config.busy_policy,
+        )
+        result = RunResult(ok=False, error="stopped before the CLI finished")
+        with anyio.CancelScope() as scope:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(watch.run, scope)
+                result = await provider.run(request, progress)
+                tg.cancel_scope.cancel()
+        return result
+
+    async def _model_for(self, config: AgentSettings) -> tuple[AgentSettings, bool]:
+        """The agent's settings for this run: on its fallback model while a rate limit lasts."""
+        if not config.fallback_model:
+            return config, False
+        until = await call(fallback_until, self.rt.db, self.agent)
+        if until <= now_ms():
+            return config, False
+        return config.model_copy(update={"model": config.fallback_model, "fallback_model": ""}), True
+
+    def _system_prompt(self, config: AgentSettings) -> str:
+        parts = [config.system_prompt.strip(), team_instructions(self.settings, self.agent)]
+        return "\n\n".join(p for p in parts if p)
+
+    def _prompt(self, config: AgentSettings) -> str:
+        prompt = build_prompt(self.group.messages, self.group.carried)
+        if config.provider != "claude":
+            # Other CLIs have no "append system prompt" flag: the instructions lead the prompt.
+            system = self._system_prompt(config)
+            if system:
+                prompt = f"<instructions>\n{system}\n</instructions>\n\n{prompt}"
+        return prompt

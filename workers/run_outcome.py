@@ -1,0 +1,371 @@
+"""Writing what became of a work group: each outcome in one transaction while the group's leases are held.
+
+- success: the reply (metadata ``kind: final`` and the run's ``edit_key``), handoffs, chat posts and
+  history; a heartbeat whose reply is the agent's silent token is recorded with no response;
+- failure: back to ``pending`` with a backoff, counting an attempt (dead with one notice at the limit);
+- refused before it ran (over a budget, its workspace on another host): dead at once with one notice;
+- rate limit: the fallback model or a pause, no attempt counted (:mod:`workers.ratelimit`);
+- ``/stop``: completed with one short "stopped" reply (kind ``stopped``);
+- interrupted by a newer message: not completed, not failed; back in front of the waiting groups;
+- dropped by the ``max_waiting`` cap: completed with one notice listing them (kind ``dropped``).
+
+An :class:`OutcomeWriter` serves one drive (:class:`workers.drive.Drive`): a :class:`workers.run.Run` ends
+through it, and the processor uses it for the groups it settles without a run (stopped while waiting,
+dropped by the cap).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, ParamSpec
+
+from shared.aio import call
+from shared.chat.address import ChatAddress
+from shared.chat.agents import record_answer
+from shared.chat.sessions import set_session_in
+from shared.clock import now_ms
+from shared.file_access import send_roots
+from shared.queue.core import CompleteOutcome, LeaseLost, QueuedMessage, ResponseDraft, TxWork
+from shared.runtime import Runtime
+from shared.storage.db import Tx
+from workers.busy import WorkGroup, dropped_notice
+from workers.drive import Drive
+from workers.errors import diagnose
+from workers.files import OutboundFiles, outbound_files
+from workers.liveness import RunInfo, note_target
+from workers.observe import record_event
+from workers.pauses import RateLimitPauses, WaitedNote
+from workers.processor_config import ProcessorSettings, ProcessorStats
+from workers.providers import RunResult
+from workers.ratelimit import backoff_ms, notify_waiting_chats, parse_reset, paused_text, use_fallback_until
+from workers.storage_steps import StorageSteps
+from workers.teams import plan_reply
+
+log = logging.getLogger("agentpost.processor")
+
+P = ParamSpec("P")
+
+STOPPED_TEXT = "Stopped. I did not finish this; send it again when you want me to continue."
+
+
+class OutcomeWriter:
+    """Writes the outcomes of ``drive``'s groups (see the module docstring): through ``storage`` (a write
+    refused for a while is made again), under the drive's renewal lock, counted in ``stats``; ``pauses``
+    keeps the agent's rate-limit strikes; ``config`` is the ``[processor]`` section in force."""
+
+    def __init__(
+        self,
+        rt: Runtime,
+        drive: Drive,
+        *,
+        worker: str,
+        config: ProcessorSettings,
+        stats: ProcessorStats,
+        pauses: RateLimitPauses,
+        storage: StorageSteps,
+    ) -> None:
+        self.rt = rt
+        self.drive = drive
+        self.worker = worker
+        self.config = config
+        self.stats = stats
+        self.pauses = pauses
+        self.storage = storage
+
+    async def _event(
+        self, topic: str, type_: str, payload: dict[str, Any], message_id: str | None = None
+    ) -> None:
+        await record_event(self.rt.events, topic, type_, payload, message_id)
+
+    async def settle(
+        self, group: WorkGroup, write: Callable[P, object], /, *args: P.args, **kwargs: P.kwargs
+    ) -> bool:
+        """Write a group's outcome, ``write(*args, **kwargs)``, under the renewal lock, and stop holding the
+        group; False if the lease was lost. A write the database refuses for a while (a full disk, a server
+        restarting) is made again until it lands, still held: the reply of a finished run is not thrown
+        away, and its messages are not left behind in ``processing``. Should the leases lapse meanwhile
+        and another worker take the messages over, the write is fenced off (``LeaseLost``), never doubled."""
+        drive = self.drive
+        async with drive.lock:
+            try:
+                await self.storage.persist(
+                    f"agent {drive.agent}: outcome of {', '.join(group.ids)}",
+                    functools.partial(write, *args, **kwargs),
+                )
+                return True
+            except LeaseLost as exc:
+                self.stats.lease_lost += 1
+                await self._event(
+                    "queue",
+                    "lease_lost",
+                    {"agent": drive.agent, "worker": self.worker, "error": str(exc)},
+                    group.messages[0].message_id,
+                )
+                return False
+            finally:
+                drive.forget(group)
+
+    # -- without a run -------------------------------------------------------------------------------------
+    async def dropped(self, batch: list[QueuedMessage]) -> None:
+        """Complete messages the ``max_waiting`` cap dropped, with one notice listing them."""
+        ids = [m.message_id for m in batch]
+        target = note_target(batch[0])
+        draft = None
+        if target is not None:
+            draft = ResponseDraft.to(
+                target,
+                dropped_notice(batch, self.config.max_waiting),
+                metadata={"kind": "dropped", "dropped": ids, "agent": self.drive.agent},
+            )
+        group = WorkGroup(batch, "collect")
+        if await self.settle(group, self.rt.queue.complete_messages, ids, self.worker, draft):
+            self.stats.dropped += len(ids)
+            await self._event(
+                "queue",
+                "messages_dropped",
+                {"agent": self.drive.agent, "message_ids": ids, "max": self.config.max_waiting},
+                ids[0],
+            )
+
+    async def refused(self, group: WorkGroup, error: str, *, explanation: str, advice: str) -> None:
+        """A group that may not run (over a budget, its workspace on another host): dead at once, with one
+        plain notice to its sender (``explanation`` and ``advice``) and the operator's line in ``error``."""
+        if await self.settle(
+            group,
+            self.rt.queue.fail_messages,
+            group.ids,
+            self.worker,
+            error,
+            permanent=True,
+            explanation=explanation,
+            advice=advice,
+        ):
+            self.stats.failed += len(group.ids)
+
+    async def stopped(self, group: WorkGroup, edit_key: str | None) -> None:
+        """Complete a group the user stopped with one short "stopped" reply (kind ``stopped``); ``edit_key``
+        is the key of its run's notes (None: it was stopped while waiting)."""
+        primary = group.messages[0]
+        target = note_target(primary)
+        draft = None
+        if target is not None:
+            draft = ResponseDraft.to(
+                target,
+                STOPPED_TEXT,
+                metadata={
+                    "kind": "stopped",
+                    "agent": self.drive.agent,
+                    **({"edit_key": edit_key} if edit_key else {}),
+                },
+            )
+        if await self.settle(group, self.rt.queue.complete_messages, group.ids, self.worker, draft):
+            self.stats.stopped += len(group.ids)
+            await self._event(
+                "queue",
+                "run_stopped",
+                {"agent": self.drive.agent, "message_ids": group.ids, "running": edit_key is not None},
+                primary.message_id,
+            )
+
+    # -- after a run ---------------------------------------------------------------------------------------
+    async def interrupted(self, group: WorkGroup) -> None:
+        """Not completed, not failed: the group waits in front, and the next claim merges the messages that
+        interrupted it; the next run is told what it had started on. No attempt is counted."""
+        drive = self.drive
+        self.stats.interrupted += 1
+        group.carried = len(group.messages)
+        drive.running = None
+        drive.groups.insert(0, group)
+        await self._event(
+            "queue",
+            "run_interrupted",
+            {"agent": drive.agent, "message_ids": group.ids},
+            group.messages[0].message_id,
+        )
+
+    async def succeeded(
+        self, run: RunInfo, result: RunResult, workspace: Path, session_key: str, ended: TxWork
+    ) -> bool:
+        """Complete a successful run with its reply; ``ended`` (the run's end event and record) and the
+        conversation's new session are written with it. True when that write happened; False (lease lost)
+        leaves ``ended`` to the caller."""
+        drive, group = self.drive, run.group
+        agent, primary = drive.agent, group.messages[0]
+        self.pauses.clear_strikes(agent)
+        user_chat = note_target(primary)  # None for agentpost's own channels
+        target = user_chat or primary.address
+        out = await self._outbound(primary, target, result.text, workspace)
+        chat_agents = await self._chat_agents(user_chat)
+        plan = plan_reply(
+            self.rt.settings,
+            agent,
+            group.messages,
+            out.text,
+            out.files,
+            {"kind": "final", "edit_key": run.edit_key},
+            chat_agents=chat_agents,
+        )
+        for item in plan.ignored:
+            await self._event("queue", "chain_handoff_ignored", {"agent": agent, **item}, primary.message_id)
+        token = self.config.silent_tokens.get(agent, self.config.silent_token)
+        silent = (
+            bool(token) and primary.channel == "heartbeat" and out.text.strip() == token and not out.files
+        )
+        if silent:
+            plan.response = None  # recorded in the history, sent to no one
+        session_id = result.session_id
+        waited: list[WaitedNote] = []
+
+        def written_with(tx: Tx) -> None:
+            ended(tx)
+            # Asked again on every try: a reply held back by a full disk may have waited long enough by now.
+            waited[:] = [n for n in [self.storage.waited_note(primary)] if n is not None]
+            for note in waited:
+                note.write(tx)
+            if session_id:
+                set_session_in(tx, agent, session_key, session_id, started_at=run.started_ms)
+
+        outcome: list[CompleteOutcome] = []
+
+        def complete() -> None:
+            outcome.append(
+                self.rt.queue.complete_messages(
+                    group.ids,
+                    self.worker,
+                    plan.response,
+                    followups=plan.followups,
+                    chat_posts=plan.chat_posts,
+                    history=plan.history,
+                    release_when_idle=not drive.groups,
+                    also=written_with,
+                )
+            )
+
+        if not await self.settle(group, complete):
+            return False
+        for note in waited:
+            note.told()
+        drive.released = outcome[0].released
+        self.stats.completed += len(group.ids)
+        if silent:
+            self.stats.silent += 1
+            await self._event(
+                "queue", "heartbeat_silent", {"agent": agent, "message_ids": group.ids}, primary.message_id
+            )
+        return True
+
+    async def _outbound(
+        self, primary: QueuedMessage, target: ChatAddress, text: str, workspace: Path
+    ) -> OutboundFiles:
+        """The reply's text and the files it may attach (refused ones logged and reported as events)."""
+        agent = self.drive.agent
+        roots = send_roots(self.rt.settings, agent, target.channel, target.conversation)
+        out = outbound_files(text, workspace, roots)
+        for path, reason in out.refused:
+            log.warning("agent %s: refused to send %s: %s", agent, path, reason)
+            await self._event(
+                "queue",
+                "send_file_refused",
+                {"agent": agent, "path": path, "reason": reason},
+                primary.message_id,
+            )
+        return out
+
+    async def _chat_agents(self, chat: ChatAddress | None) -> list[str]:
+        """The agents a user chat has talked to, this one now included (replies name their agent once
+        there is more than one); empty for agentpost's own channels (``chat`` None)."""
+        if chat is None:
+            return []
+        try:
+            return await call(record_answer, self.rt.db, chat.channel, chat.conversation, self.drive.agent)
+        except Exception as exc:  # who answered is presentation: never fail a finished run over it
+            log.warning("could not record who answered %s: %s", chat.label, exc)
+            return []
+
+    async def failed(
+        self, group: WorkGroup, result: RunResult, on_fallback: bool = False, also: TxWork | None = None
+    ) -> None:
+        """A run that failed (or could not start): back with a backoff, or dead at the limit; a rate limit
+        goes to :meth:`_rate_limited`. ``also`` (the run's usage) commits with the outcome."""
+        ids = group.ids
+        log.warning("agent %s: run failed for %s: %s", self.drive.agent, ", ".join(ids), result.error)
+        diagnosis = diagnose(result)
+        if diagnosis.pauses_agent:
+            await self._rate_limited(group, result, on_fallback, also)
+            return
+        if await self.settle(
+            group,
+            self.rt.queue.fail_messages,
+            ids,
+            self.worker,
+            result.error or "unknown error",
+            permanent=diagnosis.permanent,
+            explanation=diagnosis.explanation,
+            advice=diagnosis.advice,
+            tell_retry=True,
+            also=also,
+        ):
+            self.stats.failed += len(ids)
+
+    async def _rate_limited(
+        self, group: WorkGroup, result: RunResult, on_fallback: bool, also: TxWork | None = None
+    ) -> None:
+        """Fallback model or pause, without counting an attempt (see :mod:`workers.ratelimit`)."""
+        drive = self.drive
+        agent, now = drive.agent, now_ms()
+        strikes = self.pauses.strike(agent)
+        reset = parse_reset(result.error, now)
+        until = reset or now + backoff_ms(
+            strikes, self.config.rate_limit_pause_seconds, self.config.rate_limit_max_pause_seconds
+        )
+        self.stats.rate_limited += len(group.ids)
+        error = result.error or "rate limited"
+        settings = self.rt.settings
+        fallback = settings.agents[agent].fallback_model if agent in settings.agents else ""
+        if fallback and not on_fallback:
+            await call(use_fallback_until, self.rt.db, agent, until)
+            await self._event(
+                "agents",
+                "model_fallback",
+                {"agent": agent, "model": fallback, "until": until, "message_ids": group.ids},
+                group.messages[0].message_id,
+            )
+            await self.settle(
+                group,
+                self.rt.queue.fail_messages,
+                group.ids,
+                self.worker,
+                error,
+                count_attempt=False,
+                retry_after_ms=0,
+                also=also,
+            )
+            return
+        reason = f"rate limited{' (stated reset)' if reset else ''}: {error[:200]}"
+        await call(self.rt.queue.pause_agent, agent, until, reason)
+        wait = max(0, until - now)
+        for held in [group, *drive.groups]:
+            why = error if held is group else "released: the agent is paused by a rate limit"
+            await self.settle(
+                held,
+                self.rt.queue.fail_messages,
+                held.ids,
+                self.worker,
+                why,
+                count_attempt=False,
+                retry_after_ms=wait,
+                also=also if held is group else None,
+            )
+        drive.paused = True
+        self.pauses.pause(agent, wait / 1000)
+        told = await call(
+            notify_waiting_chats,
+            self.rt.queue,
+            agent,
+            until,
+            paused_text(until, now, on_fallback, overloaded=result.overloaded, service=result.service),
+        )
+        await self._event("agents", "rate_limit_notice", {"agent": agent, "until": until, "chats": told})
