@@ -101,7 +101,7 @@ def migrate(
             src_counts, src_status = table_counts(src.rows)
             for table in TABLE_NAMES:
                 copy_table(src, dst, table, chunk)
-            if not target.dialect.is_sqlite:
+            if target.dialect.id_sequences:
                 reset_sequences(dst)
             dst_counts, dst_status = table_counts(dst.rows)
             if (src_counts, src_status) != (dst_counts, dst_status):

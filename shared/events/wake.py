@@ -58,7 +58,7 @@ class Waker:
 
     def start(self) -> Waker:
         if self._thread is None:
-            target = self._poll_sqlite if self.db.dialect.is_sqlite else self._listen_postgres
+            target = self._listen_postgres if self.db.dialect.notifies_changes else self._poll_sqlite
             self._thread = threading.Thread(target=target, name="agentpost-waker", daemon=True)
             self._thread.start()
             # Return only once the watcher has its baseline (data_version read, LISTEN issued): a commit

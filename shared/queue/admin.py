@@ -302,9 +302,9 @@ def dead_letters_before(tx: Tx, died_before: int, limit: int) -> list[Row]:
     """Whole rows of up to ``limit`` dead letters that died before ``died_before`` (epoch ms), by row id.
     On PostgreSQL they stay locked until ``tx`` ends and rows another transaction holds are skipped, so two
     archivers never take the same row (SQLite has one writer at a time anyway)."""
-    lock = "" if tx.dialect.is_sqlite else " FOR UPDATE SKIP LOCKED"
     return tx.rows(
-        f"SELECT * FROM messages WHERE status = 'dead' AND updated_at < :cut ORDER BY id LIMIT :n{lock}",
+        f"SELECT * FROM messages WHERE status = 'dead' AND updated_at < :cut ORDER BY id "
+        f"LIMIT :n{tx.dialect.skip_locked}",
         {"cut": died_before, "n": limit},
     )
 

@@ -4,7 +4,7 @@ PostgreSQL) — routing, validation, dedupe on the message id and the platform i
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from shared.clock import now_ms
@@ -22,7 +22,7 @@ from shared.queue.records import (
 )
 from shared.queue.records import to_json as _json
 from shared.settings.routing import AGENT_NAME_RE
-from shared.storage.db import Tx
+from shared.storage.db import Row, Tx
 
 
 class UnknownMention(InvalidInput):
@@ -145,71 +145,64 @@ class EnqueueOps(QueueState):
     def _insert_message(
         self, tx: Tx, params: dict[str, Any], named: bool, *, drawn_id: str | None = None
     ) -> int | None:
-        """Insert a message row with its event; None when it is a duplicate. ``drawn_id``: the id was drawn
-        at random with this prefix, so a conflict on it alone is a chance meeting with an older message,
-        not a duplicate: a fresh id is drawn (the message would otherwise be dropped as "already queued")."""
-        new_row = tx.insert(INSERT_MESSAGE, params)
-        for _ in range(_REDRAWS if drawn_id is not None else 0):
-            if new_row is not None or self._platform_id_taken(tx, params):
-                break
-            params["message_id"] = new_id(str(drawn_id))
-            new_row = tx.insert(INSERT_MESSAGE, params)
+        """Insert a message row with its event in ``tx``; None when it is a duplicate (see
+        :meth:`_redrawing` for ``drawn_id``)."""
+        new_row = self._redrawing(lambda: tx.insert(INSERT_MESSAGE, params), params, drawn_id, tx.scalar)
         if new_row is None:
             return None
         append_events(tx, self._enqueue_events(params, named), params["now"])
         tx.signal("messages")
         return int(new_row)
 
-    def _enqueue_in_one_statement(
-        self, params: dict[str, Any], explicit: bool, drawn_id: str | None
-    ) -> EnqueueResult | None:
-        """PostgreSQL: the plain enqueue (no debounce, nothing added to the transaction) as one statement,
-        one round trip; the same rows, events and wake-ups as :meth:`_insert_message` (a random id that met
-        an older message's is drawn again there too). None on SQLite."""
-        if self.db.dialect.is_sqlite:
-            return None
-        events = self._enqueue_events(params, explicit)
+    def _insert_in_one_statement(
+        self, params: dict[str, Any], named: bool, drawn_id: str | None
+    ) -> int | None:
+        """:meth:`_insert_message` as the dialect's one-statement enqueue (a transaction by itself, one round
+        trip): the same rows, events and wake-ups. None when it is a duplicate."""
+        events = self._enqueue_events(params, named)
         sql = self.db.dialect.enqueue_statement(INSERT_MESSAGE_RETURNING, len(events))
-        if sql is None:
-            return None
-        values = dict(params)
+        encoded: dict[str, Any] = {}
         for i, event in enumerate(events):
-            values[f"ev_topic{i}"], values[f"ev_type{i}"] = event.topic, event.type
-            values[f"ev_payload{i}"] = encode_payload(event.payload)
-        rows = self.db.write_statement(sql, values, {"messages", "events"})
-        for _ in range(_REDRAWS if drawn_id is not None else 0):
-            if rows or self._existing_platform_id(params):
-                break
-            values["message_id"] = params["message_id"] = new_id(str(drawn_id))
-            rows = self.db.write_statement(sql, values, {"messages", "events"})
-        if rows:
-            return EnqueueResult(params["message_id"], params["agent"], False, int(rows[0]["id"]))
-        existing = self._existing(params)
-        if existing is not None:
-            return existing
-        return EnqueueResult(params["message_id"], params["agent"], True, None)
+            encoded[f"ev_topic{i}"], encoded[f"ev_type{i}"] = event.topic, event.type
+            encoded[f"ev_payload{i}"] = encode_payload(event.payload)
 
-    def _existing_platform_id(self, params: dict[str, Any]) -> bool:
-        """True when the message's platform id (``channel``, ``external_id``) is already queued."""
-        if params["external_id"] is None:
-            return False
-        found = self.db.read_scalar(_PLATFORM_ID, {"c": params["channel"], "e": params["external_id"]})
-        return found is not None
+        def insert() -> int | None:
+            # The event rows take the message id from the inserted row, so a redrawn id reaches them too.
+            rows = self.db.write_statement(sql, {**params, **encoded}, {"messages", "events"})
+            return int(rows[0]["id"]) if rows else None
+
+        return self._redrawing(insert, params, drawn_id, self.db.read_scalar)
 
     @staticmethod
-    def _platform_id_taken(tx: Tx, params: dict[str, Any]) -> bool:
-        """:meth:`_existing_platform_id` inside a transaction."""
-        if params["external_id"] is None:
-            return False
-        return tx.scalar(_PLATFORM_ID, {"c": params["channel"], "e": params["external_id"]}) is not None
+    def _redrawing(
+        insert: Callable[[], int | None],
+        params: dict[str, Any],
+        drawn_id: str | None,
+        scalar: Callable[[str, dict[str, Any]], Any],
+    ) -> int | None:
+        """Run ``insert`` (of the message in ``params``); the new row's id, or None when nothing was inserted.
+        ``drawn_id``: the id was drawn at random with this prefix, so a conflict on it alone (the platform
+        id, read with ``scalar``, is not queued) is a chance meeting with an older message, not a duplicate:
+        a fresh id is drawn and the insert runs again (the message would otherwise be dropped as "already
+        queued")."""
+        new_row = insert()
+        for _ in range(_REDRAWS if drawn_id is not None else 0):
+            external = params["external_id"]
+            if new_row is not None or (
+                external is not None
+                and scalar(_PLATFORM_ID, {"c": params["channel"], "e": external}) is not None
+            ):
+                break
+            params["message_id"] = new_id(str(drawn_id))
+            new_row = insert()
+        return new_row
 
-    def _existing(self, params: dict[str, Any]) -> EnqueueResult | None:
-        """The queued message a duplicate enqueue refers to (same message id, or same platform id)."""
-        found = self.db.read(_DUPLICATE_OF, _duplicate_keys(params))
-        if not found:
-            return None
-        row = found[0]
-        return EnqueueResult(row["message_id"], row["agent"], True, int(row["id"]))
+    @staticmethod
+    def _result(params: dict[str, Any], row_id: int | None, existing: Row | None) -> EnqueueResult:
+        """What an enqueue reports: the new row, or the queued message it duplicates (``existing``)."""
+        if row_id is None and existing is not None:
+            return EnqueueResult(existing["message_id"], existing["agent"], True, int(existing["id"]))
+        return EnqueueResult(params["message_id"], params["agent"], row_id is None, row_id)
 
     @staticmethod
     def _enqueue_events(params: dict[str, Any], named: bool) -> list[PendingEvent]:
@@ -278,10 +271,12 @@ class EnqueueOps(QueueState):
             now=now,
         )
         drawn_id = (prefix or channel) if message_id is None else None
-        if also is None and slide_to is None:
-            one = self._enqueue_in_one_statement(params, explicit, drawn_id)
-            if one is not None:
-                return one
+        # The plain enqueue (no debounce, nothing added to the transaction) is one statement where the
+        # dialect has one (PostgreSQL: one round trip instead of three); the same rows, events and wake-ups.
+        if also is None and slide_to is None and self.db.dialect.single_statement_writes:
+            row_id = self._insert_in_one_statement(params, explicit, drawn_id)
+            existing = None if row_id is not None else self.db.read(_DUPLICATE_OF, _duplicate_keys(params))
+            return self._result(params, row_id, existing[0] if existing else None)
         with self.db.transaction() as tx:
             row_id = self._insert_message(tx, params, explicit, drawn_id=drawn_id)
             if also is not None:
@@ -293,11 +288,8 @@ class EnqueueOps(QueueState):
                 chat = {"agent": params["agent"], "channel": channel, "conversation": params["conversation"]}
                 if tx.scalar(_OTHER_WAITING, {**chat, "id": row_id}) is not None:
                     tx.execute(_SLIDE_WAITING, {**chat, "at": slide_to})
-            if row_id is None:
-                existing = tx.one(_DUPLICATE_OF, _duplicate_keys(params))
-                if existing is not None:
-                    return EnqueueResult(existing["message_id"], existing["agent"], True, int(existing["id"]))
-        return EnqueueResult(params["message_id"], params["agent"], row_id is None, row_id)
+            found = None if row_id is not None else tx.one(_DUPLICATE_OF, _duplicate_keys(params))
+        return self._result(params, row_id, found)
 
     def insert_drafts(self, tx: Tx, drafts: Sequence[MessageDraft], now: int | None = None) -> list[str]:
         """Queue ``drafts`` inside the caller's transaction (so they land together with the caller's other

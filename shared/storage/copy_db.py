@@ -71,8 +71,8 @@ def nonempty_tables(db: Database) -> dict[str, int]:
 def begin_snapshot(src: Tx, db: Database) -> None:
     """Make the transaction ``src`` of ``db`` read one consistent snapshot of every table (PostgreSQL's
     default isolation would let each statement see later commits; SQLite's transaction already does)."""
-    if not db.dialect.is_sqlite:
-        src.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+    if db.dialect.snapshot_sql is not None:
+        src.execute(db.dialect.snapshot_sql)
 
 
 def copy_table(src: Tx, dst: Tx, table: str, chunk: int) -> int:

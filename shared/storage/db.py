@@ -343,7 +343,7 @@ class Database:
         """One writing statement that is a whole transaction by itself (PostgreSQL's autocommit), with the
         change ``signals`` it raises for this process's waiters — the same effect as a :meth:`transaction`
         holding only that statement, in one round trip instead of three."""
-        if self.dialect.is_sqlite:
+        if not self.dialect.single_statement_writes:
             raise RuntimeError("write_statement is for PostgreSQL; SQLite writes go through transaction()")
         try:
             cur = self.connection().cursor()

@@ -57,6 +57,18 @@ class Dialect:
     #: with ``rowcount`` 0 when ON CONFLICT skipped the row), which costs less than a RETURNING clause;
     #: PostgreSQL's driver only has what the statement returns.
     id_by_returning: bool = True
+    #: Whether a commit is announced to other processes (PostgreSQL's LISTEN/NOTIFY); where it is not
+    #: (SQLite), a waiter watches the database file for changes instead.
+    notifies_changes: bool = True
+    #: Whether a write that is a whole transaction can be sent as one statement (PostgreSQL: autocommit and
+    #: data-modifying CTEs, see :meth:`enqueue_statement`); SQLite writes go through a transaction.
+    single_statement_writes: bool = True
+    #: Run first in a read transaction that must see one snapshot of every table, or None where every
+    #: transaction already does (SQLite); PostgreSQL's default isolation lets each statement see later commits.
+    snapshot_sql: str | None = "SET TRANSACTION ISOLATION LEVEL REPEATABLE READ"
+    #: Whether ids come from sequences that rows inserted with explicit ids (a copy) do not advance, so
+    #: the copy must move them past the highest id (PostgreSQL); SQLite continues from the largest id.
+    id_sequences: bool = True
 
     #: Event cursors that never skip a late commit. SQLite has one writer at a time, so ids taken as
     #: ``max + 1`` are already in commit order. PostgreSQL writers run side by side, so a transaction that
@@ -102,16 +114,15 @@ class Dialect:
             return ""
         return f" {joiner} id < {self.visible_event_bound}"
 
-    def enqueue_statement(self, insert_message: str, events: int) -> str | None:
+    def enqueue_statement(self, insert_message: str, events: int) -> str:
         """The whole enqueue as one statement (PostgreSQL: the message row, its ``events`` rows with their
-        transaction-ordered ids, and the NOTIFYs, in data-modifying CTEs), or None where the engine has no such
-        statements (SQLite, which enqueues in a transaction); ``:name`` parameters like every statement
+        transaction-ordered ids, and the NOTIFYs, in data-modifying CTEs); ``:name`` parameters like every statement
         before :meth:`sql`. ``insert_message`` must end in
         ``RETURNING id, message_id``; event ``i`` takes ``:ev_topic<i>``, ``:ev_type<i>``, ``:ev_payload<i>``,
         all ``:now``. Returns the new row's ``id``, or no row when the message was a duplicate (then nothing
-        was written and nobody is woken)."""
-        if self.is_sqlite:
-            return None
+        was written and nobody is woken). Only where :attr:`single_statement_writes`."""
+        if not self.single_statement_writes:
+            raise ValueError(f"{self.name} has no one-statement enqueue")
         rows = ", ".join(f"({i}, :ev_topic{i}, :ev_type{i}, :ev_payload{i})" for i in range(events))
         # The statement is its own transaction: its events are that transaction's ordinals 0, 1, ...
         return (
@@ -146,6 +157,10 @@ SQLITE = Dialect(
     skip_locked="",
     begin_write="BEGIN IMMEDIATE",
     id_by_returning=False,
+    notifies_changes=False,
+    single_statement_writes=False,
+    snapshot_sql=None,
+    id_sequences=False,
     next_event_id=(
         "(SELECT MAX(COALESCE((SELECT MAX(id) FROM events), 0), COALESCE((SELECT CAST(value AS INTEGER) "
         "FROM kv WHERE scope = 'events.pruned' AND key = '*'), 0)) + 1)"
