@@ -10,6 +10,7 @@ from rich.table import Table
 
 from adapters import pairing
 from shared.clock import now_ms
+from shared.storage.statuses import PairingStatus
 
 
 def _when(ms: int | None) -> str:
@@ -38,7 +39,7 @@ def register(app: typer.Typer) -> None:
                 "channel": p.channel,
                 "sender_id": p.sender_id,
                 "sender": p.sender,
-                "code": p.code if p.status == "pending" else "",
+                "code": p.code if p.status == PairingStatus.PENDING else "",
                 "status": "expired" if p.expired(now) else p.status,
                 "created_at": p.created_at,
                 "approved_at": p.approved_at,

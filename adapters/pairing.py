@@ -32,6 +32,7 @@ from shared.chat.pairings import (
 from shared.clock import now_ms
 from shared.settings.channels import MAX_PENDING_PAIRINGS
 from shared.storage.db import Database
+from shared.storage.statuses import PairingStatus
 
 #: Letters and digits that cannot be mistaken for each other when read aloud or typed (no 0/O, 1/I/L).
 CODE_ALPHABET = "ABCDEFGHJKMNPQRSTUVWXYZ23456789"
@@ -75,9 +76,9 @@ def check_sender(
     with db.transaction() as tx:
         current = find(tx, channel, sender_id)
         if current is not None:
-            if current.status == "approved":
+            if current.status == PairingStatus.APPROVED:
                 return PairingCheck("approved")
-            if current.status == "pending" and not current.expired(now, ttl_ms):
+            if current.status == PairingStatus.PENDING and not current.expired(now, ttl_ms):
                 return PairingCheck("pending", current.code)
         if pending_since(tx, channel, now - ttl_ms) >= max_pending:
             return PairingCheck("full")

@@ -29,6 +29,7 @@ from shared.settings import edit as settings_edit
 from shared.settings.model import Settings, SettingsError
 from shared.settings.routing import is_valid_name
 from shared.storage.db import Database
+from shared.storage.statuses import PairingStatus
 
 from .dialect import (
     AgentMessageOut,
@@ -430,9 +431,9 @@ async def get_pairings(web: Web) -> PairingState:
             lastSeenAt=p.created_at,
         )
         for p in rows
-        if p.status == "pending" and not p.expired(now)
+        if p.status == PairingStatus.PENDING and not p.expired(now)
     ]
-    approved = [_approved_out(p, p.created_at) for p in rows if p.status == "approved"]
+    approved = [_approved_out(p, p.created_at) for p in rows if p.status == PairingStatus.APPROVED]
     return PairingState(pending=pending, approved=approved)
 
 
@@ -449,7 +450,7 @@ async def approve_pairing(body: CodeIn, web: Web) -> PairingApproved:
 async def dismiss_pending(code: Annotated[str, PathParam(max_length=32)], web: Web) -> Ok:
     wanted = code.strip().upper()
     rows = await web.run(pairings.list_pairings, web.db)
-    found = [p for p in rows if p.status == "pending" and p.code == wanted]
+    found = [p for p in rows if p.status == PairingStatus.PENDING and p.code == wanted]
     if not found:
         raise ApiError(404, f"no pending pairing has code {wanted!r}", ok=False)
     await web.run(pairings.revoke, web.db, found[0].channel, found[0].sender_id)

@@ -16,6 +16,7 @@ from collections.abc import Iterable
 from shared.events.log import CursorExpired, EventEntry
 from shared.queue.core import Queue
 from shared.reads.usage import usage_rows
+from shared.storage.statuses import MessageStatus, ResponseStatus
 
 from .stream import ReadableLog, StreamStats
 
@@ -137,10 +138,7 @@ class Metrics:
             "agentpost_queue_messages",
             "gauge",
             "Messages by status.",
-            [
-                ({"status": s}, float(status.get(s, 0)))
-                for s in ("pending", "processing", "completed", "dead")
-            ],
+            [({"status": s.value}, float(status.get(s, 0))) for s in MessageStatus],
         )
         _family(
             lines,
@@ -148,9 +146,18 @@ class Metrics:
             "gauge",
             "Undelivered responses by status (failed: the platform refused them for good).",
             [
-                ({"status": "pending"}, float(status.get("responses_pending", 0))),
-                ({"status": "delivering"}, float(status.get("responses_delivering", 0))),
-                ({"status": "failed"}, float(status.get("responses_failed", 0))),
+                (
+                    {"status": ResponseStatus.PENDING.value},
+                    float(status.get(f"responses_{ResponseStatus.PENDING}", 0)),
+                ),
+                (
+                    {"status": ResponseStatus.DELIVERING.value},
+                    float(status.get(f"responses_{ResponseStatus.DELIVERING}", 0)),
+                ),
+                (
+                    {"status": ResponseStatus.FAILED.value},
+                    float(status.get(f"responses_{ResponseStatus.FAILED}", 0)),
+                ),
             ],
         )
         _family(
@@ -159,9 +166,9 @@ class Metrics:
             "gauge",
             "Pending and processing messages per agent.",
             [
-                ({"agent": str(d["agent"]), "status": s}, float(d[s]))
+                ({"agent": str(d["agent"]), "status": s.value}, float(d[s]))
                 for d in depths
-                for s in ("pending", "processing")
+                for s in (MessageStatus.PENDING, MessageStatus.PROCESSING)
             ],
         )
 

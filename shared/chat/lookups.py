@@ -8,20 +8,21 @@ autocommit snapshot, cheap enough for the typing loop's pace (a few seconds).
 from __future__ import annotations
 
 from shared.storage.db import Database
+from shared.storage.statuses import MessageStatus
 
 _BUSY_AGENTS = (
-    "SELECT agent, MAX(CASE WHEN status = 'processing' THEN 1 ELSE 0 END) AS running FROM messages "
-    "WHERE channel = :c AND conversation = :conv AND status IN ('pending', 'processing') GROUP BY agent"
+    f"SELECT agent, MAX(CASE WHEN status = '{MessageStatus.PROCESSING}' THEN 1 ELSE 0 END) AS running FROM messages "
+    f"WHERE channel = :c AND conversation = :conv AND status IN ('{MessageStatus.PENDING}', '{MessageStatus.PROCESSING}') GROUP BY agent"
 )
 _BUSY_CONVERSATIONS = (
     "SELECT DISTINCT m.conversation FROM messages m LEFT JOIN agent_leases a ON a.agent = m.agent "
-    "WHERE m.channel = :c AND m.status IN ('pending', 'processing') AND m.conversation <> '' "
-    "AND (m.status = 'processing' OR "
-    "(m.status = 'pending' AND m.available_at <= :horizon AND COALESCE(a.paused_until, 0) <= :now))"
+    f"WHERE m.channel = :c AND m.status IN ('{MessageStatus.PENDING}', '{MessageStatus.PROCESSING}') AND m.conversation <> '' "
+    f"AND (m.status = '{MessageStatus.PROCESSING}' OR "
+    f"(m.status = '{MessageStatus.PENDING}' AND m.available_at <= :horizon AND COALESCE(a.paused_until, 0) <= :now))"
 )
 _NEWEST_WAITING_EXTERNAL_ID = (
     "SELECT external_id FROM messages WHERE channel = :c AND conversation = :conv "
-    "AND status IN ('pending', 'processing') AND external_id IS NOT NULL ORDER BY id DESC LIMIT 1"
+    f"AND status IN ('{MessageStatus.PENDING}', '{MessageStatus.PROCESSING}') AND external_id IS NOT NULL ORDER BY id DESC LIMIT 1"
 )
 
 

@@ -13,19 +13,18 @@ from dataclasses import dataclass
 from shared.clock import now_ms
 from shared.events.log import PendingEvent, append_events
 from shared.storage.db import Database, Row, Tx
+from shared.storage.statuses import PairingStatus
 
 #: How long a pairing code approves its sender.
 CODE_TTL_MS = 3_600_000
 
 _STATUS = "SELECT status FROM pairings WHERE channel = :c AND sender_id = :s"
 _FIND = "SELECT * FROM pairings WHERE channel = :c AND sender_id = :s"
-_PENDING_SINCE = (
-    "SELECT COUNT(*) FROM pairings WHERE channel = :c AND status = 'pending' AND created_at >= :since"
-)
+_PENDING_SINCE = f"SELECT COUNT(*) FROM pairings WHERE channel = :c AND status = '{PairingStatus.PENDING}' AND created_at >= :since"
 _ISSUE = (
     "INSERT INTO pairings (channel, sender_id, sender, code, status, created_at, approved_at) "
-    "VALUES (:c, :s, :n, :code, 'pending', :now, NULL) ON CONFLICT (channel, sender_id) DO UPDATE SET "
-    "sender = excluded.sender, code = excluded.code, status = 'pending', created_at = excluded.created_at, "
+    f"VALUES (:c, :s, :n, :code, '{PairingStatus.PENDING}', :now, NULL) ON CONFLICT (channel, sender_id) DO UPDATE SET "
+    f"sender = excluded.sender, code = excluded.code, status = '{PairingStatus.PENDING}', created_at = excluded.created_at, "
     "approved_at = NULL"
 )
 
@@ -60,7 +59,7 @@ class Pairing:
 
     def expired(self, now: int, ttl_ms: int = CODE_TTL_MS) -> bool:
         """A pending code older than the time to live no longer approves anyone."""
-        return self.status == "pending" and now - self.created_at > ttl_ms
+        return self.status == PairingStatus.PENDING and now - self.created_at > ttl_ms
 
 
 def approve(db: Database, code: str, *, ttl_ms: int = CODE_TTL_MS, now: int | None = None) -> Pairing:
@@ -70,7 +69,7 @@ def approve(db: Database, code: str, *, ttl_ms: int = CODE_TTL_MS, now: int | No
     wanted = code.strip().upper()
     with db.transaction() as tx:
         row = tx.one(
-            "SELECT * FROM pairings WHERE code = :code AND status = 'pending' ORDER BY created_at DESC"
+            f"SELECT * FROM pairings WHERE code = :code AND status = '{PairingStatus.PENDING}' ORDER BY created_at DESC"
             + tx.dialect.lock_rows,
             {"code": wanted},
         )
@@ -82,7 +81,7 @@ def approve(db: Database, code: str, *, ttl_ms: int = CODE_TTL_MS, now: int | No
                 f"pairing code {wanted} expired; the sender gets a new one on their next message"
             )
         tx.execute(
-            "UPDATE pairings SET status = 'approved', approved_at = :now WHERE channel = :c AND sender_id = :s",
+            f"UPDATE pairings SET status = '{PairingStatus.APPROVED}', approved_at = :now WHERE channel = :c AND sender_id = :s",
             {"now": now, "c": found.channel, "s": found.sender_id},
         )
         tx.signal("messages")  # wakes the channel, which then answers the messages kept for the sender
@@ -135,7 +134,7 @@ def list_pairings(db: Database, channel: str | None = None) -> list[Pairing]:
 def is_approved(db: Database, channel: str, sender_id: str) -> bool:
     """Whether the sender is paired with the channel now (a read without a transaction)."""
     status = db.read_scalar(_STATUS, {"c": channel, "s": sender_id})
-    return bool(status == "approved")
+    return bool(status == PairingStatus.APPROVED)
 
 
 def find(tx: Tx, channel: str, sender_id: str) -> Pairing | None:

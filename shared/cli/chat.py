@@ -16,6 +16,7 @@ from typing import Protocol
 from shared.queue.core import QueuedMessage, QueuedResponse
 from shared.queue.reports import processor_running
 from shared.runtime import Runtime
+from shared.storage.statuses import MessageStatus
 
 CLI_CHANNEL = "cli"
 #: Reply kinds that are an answer (or the explanation of why there is none), as opposed to a passing note.
@@ -60,7 +61,7 @@ class Followed:
 
     @property
     def failed(self) -> bool:
-        return self.status == "dead" or any(
+        return self.status == MessageStatus.DEAD or any(
             (r.metadata or {}).get("kind") in ERROR_KINDS for r in self.replies
         )
 
@@ -132,11 +133,11 @@ class _Follow:
         it with others (written, with the same time, in the transaction that completed it)."""
         if response.message_id == self.message_id:
             return True
-        if message is None or message.status != "completed":
+        if message is None or message.status != MessageStatus.COMPLETED:
             message = self.rt.queue.get_message(self.message_id)
         return (
             message is not None
-            and message.status == "completed"
+            and message.status == MessageStatus.COMPLETED
             and message.updated_at == response.created_at
         )
 
@@ -186,10 +187,10 @@ def follow_message(
         message = rt.queue.get_message(message_id)
         follow.steps()
         follow.replies(conversation, message)
-        if message is None or message.status in ("completed", "dead"):
+        if message is None or message.status in (MessageStatus.COMPLETED, MessageStatus.DEAD):
             # Its reply is written in the same transaction that completes it: it was read above.
             follow.flush("\n".join(r.message for r in follow.outcome.replies))
-            follow.outcome.status = "completed" if message is None else message.status
+            follow.outcome.status = MessageStatus.COMPLETED if message is None else message.status
             return follow.outcome
         if follow.held is not None and time.monotonic() - follow.held[1] >= STEP_HOLD:
             follow.flush()

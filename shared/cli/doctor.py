@@ -18,6 +18,7 @@ from typing import Literal
 from shared.private_files import loose_modes, sqlite_files
 from shared.settings.model import AgentSettings, Settings, SettingsError, load_settings
 from shared.storage.dialect import sqlite_path
+from shared.storage.statuses import PairingStatus
 
 Level = Literal["ok", "warn", "fail"]
 
@@ -98,7 +99,7 @@ def check_pairings(settings: Settings) -> list[Check]:
         return []
     try:
         now = now_ms()
-        waiting = [p for p in list_pairings(db) if p.status == "pending" and not p.expired(now)]
+        waiting = [p for p in list_pairings(db) if p.status == PairingStatus.PENDING and not p.expired(now)]
     finally:
         db.close()
     if not waiting:

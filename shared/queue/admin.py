@@ -23,6 +23,7 @@ from shared.queue.records import (
 from shared.storage import kv
 from shared.storage.db import Database, Row, Tx
 from shared.storage.kv import Scope
+from shared.storage.statuses import MessageStatus, ResponseStatus
 
 
 class AdminOps(QueueState):
@@ -38,7 +39,7 @@ class AdminOps(QueueState):
     def list_dead(self, limit: int = 100, offset: int = 0) -> list[QueuedMessage]:
         """Dead letters, newest first."""
         rows = self.db.read(
-            "SELECT * FROM messages WHERE status = 'dead' ORDER BY updated_at DESC, id DESC LIMIT :l OFFSET :o",
+            f"SELECT * FROM messages WHERE status = '{MessageStatus.DEAD}' ORDER BY updated_at DESC, id DESC LIMIT :l OFFSET :o",
             {"l": max(1, min(limit, 10_000)), "o": max(0, offset)},
         )
         return [QueuedMessage.from_row(r) for r in rows]
@@ -54,7 +55,8 @@ class AdminOps(QueueState):
             # Locked (PostgreSQL) so that a retry racing this one waits, then finds the row no longer dead;
             # SQLite's write transaction already excludes it.
             row = tx.one(
-                f"SELECT * FROM messages WHERE status = 'dead' AND {where}{tx.dialect.lock_rows}", params
+                f"SELECT * FROM messages WHERE status = '{MessageStatus.DEAD}' AND {where}{tx.dialect.lock_rows}",
+                params,
             )
             if row is None:
                 raise NotFound(f"no dead letter {ref}")
@@ -64,9 +66,9 @@ class AdminOps(QueueState):
                     f"(budget {self.config.manual_retry_budget}); delete it or archive it"
                 )
             updated = tx.one(
-                "UPDATE messages SET status = 'pending', retry_count = 0, manual_retries = manual_retries + 1, "
+                f"UPDATE messages SET status = '{MessageStatus.PENDING}', retry_count = 0, manual_retries = manual_retries + 1, "
                 "available_at = :now, updated_at = :now, claimed_by = NULL, lease_until = NULL WHERE id = :id "
-                "AND status = 'dead' RETURNING *",
+                f"AND status = '{MessageStatus.DEAD}' RETURNING *",
                 {"now": now, "id": row["id"]},
             )
             append_events(
@@ -95,7 +97,7 @@ class AdminOps(QueueState):
             # Locked (PostgreSQL; SQLite's write transaction excludes every other writer): a hand retry or
             # delete racing this waits for it, and another scheduler passes these rows by.
             rows = tx.rows(
-                "SELECT id, message_id FROM messages WHERE status = 'dead' AND updated_at < :cut "
+                f"SELECT id, message_id FROM messages WHERE status = '{MessageStatus.DEAD}' AND updated_at < :cut "
                 f"ORDER BY updated_at, id LIMIT :l{tx.dialect.skip_locked}",
                 {"cut": died_before_ms, "l": max(1, min(limit, 10_000))},
             )
@@ -106,8 +108,8 @@ class AdminOps(QueueState):
                 if done >= budget:
                     continue
                 tx.execute(
-                    "UPDATE messages SET status = 'pending', retry_count = 0, available_at = :now, "
-                    "updated_at = :now, claimed_by = NULL, lease_until = NULL WHERE id = :id AND status = 'dead'",
+                    f"UPDATE messages SET status = '{MessageStatus.PENDING}', retry_count = 0, available_at = :now, "
+                    f"updated_at = :now, claimed_by = NULL, lease_until = NULL WHERE id = :id AND status = '{MessageStatus.DEAD}'",
                     {"now": now, "id": row["id"]},
                 )
                 kv.put(tx, Scope.DLQ_AUTO_RETRIES, str(row["message_id"]), str(done + 1), now)
@@ -124,13 +126,15 @@ class AdminOps(QueueState):
 
     def dead_count(self) -> int:
         """How many dead letters the database holds."""
-        return int(self.db.read_scalar("SELECT COUNT(*) FROM messages WHERE status = 'dead'") or 0)
+        return int(
+            self.db.read_scalar(f"SELECT COUNT(*) FROM messages WHERE status = '{MessageStatus.DEAD}'") or 0
+        )
 
     def retry_last_failed(self, channel: str, conversation: str) -> QueuedMessage:
         """``/retry`` in a chat: put the chat's most recent dead letter back, within the manual-retry budget
         (:meth:`retry_dead`). Raises :class:`NotFound` when the chat has none."""
         ref = self.db.read_scalar(
-            "SELECT message_id FROM messages WHERE status = 'dead' AND channel = :c AND conversation = :conv "
+            f"SELECT message_id FROM messages WHERE status = '{MessageStatus.DEAD}' AND channel = :c AND conversation = :conv "
             "ORDER BY updated_at DESC, id DESC LIMIT 1",
             {"c": channel, "conv": conversation},
         )
@@ -143,7 +147,9 @@ class AdminOps(QueueState):
         where, params = self._dead_where(ref)
         now = now_ms()
         with self.db.transaction() as tx:
-            row = tx.one(f"DELETE FROM messages WHERE status = 'dead' AND {where} RETURNING *", params)
+            row = tx.one(
+                f"DELETE FROM messages WHERE status = '{MessageStatus.DEAD}' AND {where} RETURNING *", params
+            )
             if row is None:
                 raise NotFound(f"no dead letter {ref}")
             append_events(tx, [PendingEvent("message_deleted", {}, row["message_id"])], now)
@@ -154,44 +160,50 @@ class AdminOps(QueueState):
         """Counts of messages per status and of undelivered responses (each count reads a partial index)."""
         db = self.db
         counts = {
-            status: int(db.read_scalar(f"SELECT COUNT(*) FROM messages WHERE status = '{status}'") or 0)
-            for status in ("pending", "processing", "completed", "dead")
+            status.value: int(db.read_scalar(f"SELECT COUNT(*) FROM messages WHERE status = '{status}'") or 0)
+            for status in MessageStatus
         }
         responses = {"responses_pending": 0, "responses_delivering": 0, "cli_replies_unread": 0}
         for r in db.read(
-            "SELECT status, channel = 'cli' AS cli, COUNT(*) AS n FROM responses WHERE status <> 'acked' "
+            f"SELECT status, channel = 'cli' AS cli, COUNT(*) AS n FROM responses WHERE status <> '{ResponseStatus.ACKED}' "
             "GROUP BY status, channel = 'cli'"
         ):
             # CLI replies wait for `agentpost replies` or a waiting `send`: unread, not stuck in delivery.
             key = (
-                "cli_replies_unread" if r["cli"] and r["status"] == "pending" else f"responses_{r['status']}"
+                "cli_replies_unread"
+                if r["cli"] and r["status"] == ResponseStatus.PENDING
+                else f"responses_{r['status']}"
             )
             responses[key] = responses.get(key, 0) + int(r["n"])
         return counts | responses
 
     def agent_queue_depths(self) -> list[dict[str, Any]]:
         """Pending and processing counts per agent (every configured agent listed)."""
-        depths = {a: {"agent": a, "pending": 0, "processing": 0} for a in sorted(self.directory.agents)}
+        depths = {
+            a: {"agent": a, MessageStatus.PENDING.value: 0, MessageStatus.PROCESSING.value: 0}
+            for a in sorted(self.directory.agents)
+        }
         for r in self.db.read(
-            "SELECT agent, status, COUNT(*) AS n FROM messages WHERE status IN ('pending', 'processing') "
+            f"SELECT agent, status, COUNT(*) AS n FROM messages WHERE status IN ('{MessageStatus.PENDING}', '{MessageStatus.PROCESSING}') "
             "GROUP BY agent, status"
         ):
-            depths.setdefault(r["agent"], {"agent": r["agent"], "pending": 0, "processing": 0})[
-                r["status"]
-            ] = int(r["n"])
+            depths.setdefault(
+                r["agent"],
+                {"agent": r["agent"], MessageStatus.PENDING.value: 0, MessageStatus.PROCESSING.value: 0},
+            )[r["status"]] = int(r["n"])
         return list(depths.values())
 
     def waiting_messages(self, agent: str) -> list[QueuedMessage]:
         """The messages waiting for ``agent`` (pending or being processed), oldest first: the chats a pause
         of the agent keeps waiting."""
         rows = self.db.read(
-            "SELECT * FROM messages WHERE agent = :a AND status IN ('pending', 'processing') ORDER BY id",
+            f"SELECT * FROM messages WHERE agent = :a AND status IN ('{MessageStatus.PENDING}', '{MessageStatus.PROCESSING}') ORDER BY id",
             {"a": agent},
         )
         return [QueuedMessage.from_row(r) for r in rows]
 
     def list_processing(self) -> list[QueuedMessage]:
-        rows = self.db.read("SELECT * FROM messages WHERE status = 'processing' ORDER BY id")
+        rows = self.db.read(f"SELECT * FROM messages WHERE status = '{MessageStatus.PROCESSING}' ORDER BY id")
         return [QueuedMessage.from_row(r) for r in rows]
 
     def list_responses(
@@ -203,7 +215,9 @@ class AdminOps(QueueState):
             where.append("channel = :channel")
             params["channel"] = channel
         if pending_only:
-            where.append("status IN ('pending', 'delivering')")  # failed replies are not waiting
+            where.append(
+                f"status IN ('{ResponseStatus.PENDING}', '{ResponseStatus.DELIVERING}')"
+            )  # failed replies are not waiting
         clause = ("WHERE " + " AND ".join(where)) if where else ""
         order = "ASC" if pending_only else "DESC"
         rows = self.db.read(f"SELECT * FROM responses {clause} ORDER BY id {order} LIMIT :l", params)
@@ -212,7 +226,7 @@ class AdminOps(QueueState):
     def chat_responses(self, channel: str, conversation: str, *, limit: int = 100) -> list[QueuedResponse]:
         """Replies waiting to be read in one chat of a channel that is read on demand (the CLI), oldest first."""
         rows = self.db.read(
-            "SELECT * FROM responses WHERE status = 'pending' AND channel = :c AND conversation = :v "
+            f"SELECT * FROM responses WHERE status = '{ResponseStatus.PENDING}' AND channel = :c AND conversation = :v "
             "ORDER BY id LIMIT :l",
             {"c": channel, "v": conversation, "l": max(1, min(limit, 1000))},
         )
@@ -234,13 +248,13 @@ class AdminOps(QueueState):
         now = now_ms()
         with self.db.transaction() as tx:
             gone = tx.rows(
-                "DELETE FROM responses WHERE status = 'acked' AND acked_at < :cut RETURNING id",
+                f"DELETE FROM responses WHERE status = '{ResponseStatus.ACKED}' AND acked_at < :cut RETURNING id",
                 {"cut": now - acked_older_ms},
             )
             # Failed deliveries stay a week for trace, doctor and the user's notice, then go; so do CLI
             # replies nobody read (`agentpost replies` shows them until then).
             gone += tx.rows(
-                "DELETE FROM responses WHERE (status = 'failed' OR (status = 'pending' AND channel = 'cli')) "
+                f"DELETE FROM responses WHERE (status = '{ResponseStatus.FAILED}' OR (status = '{ResponseStatus.PENDING}' AND channel = 'cli')) "
                 "AND updated_at < :cut RETURNING id",
                 {"cut": now - failed_older_ms},
             )
@@ -249,7 +263,7 @@ class AdminOps(QueueState):
             # scheduler acknowledging replies on unserved channels) would otherwise leave it for ever.
             kv.delete_keys(tx, Scope.DELIVERY_ATTEMPTS, [str(r["id"]) for r in gone])
             messages = tx.execute(
-                "DELETE FROM messages WHERE status = 'completed' AND updated_at < :cut",
+                f"DELETE FROM messages WHERE status = '{MessageStatus.COMPLETED}' AND updated_at < :cut",
                 {"cut": now - completed_older_ms},
             ).rowcount
             prune_chain_budgets(tx, now - completed_older_ms)
@@ -270,7 +284,7 @@ def dead_letter_stats(db: Database, died_before: int) -> DeadLetterStats:
     """Count the dead letters, and those that died before ``died_before`` (epoch ms), in one read."""
     row = db.read(
         "SELECT COUNT(*) AS n, MIN(updated_at) AS oldest, "
-        "SUM(CASE WHEN updated_at < :cut THEN 1 ELSE 0 END) AS due FROM messages WHERE status = 'dead'",
+        f"SUM(CASE WHEN updated_at < :cut THEN 1 ELSE 0 END) AS due FROM messages WHERE status = '{MessageStatus.DEAD}'",
         {"cut": died_before},
     )[0]
     oldest = row["oldest"]
@@ -281,7 +295,7 @@ def dead_letter_cut_keeping(db: Database, keep: int) -> int | None:
     """When the newest dead letter beyond the newest ``keep`` died (epoch ms), or ``None`` when there are
     ``keep`` or fewer: archiving what died at or before it keeps at most ``keep``."""
     value = db.read_scalar(
-        "SELECT updated_at FROM messages WHERE status = 'dead' ORDER BY updated_at DESC, id DESC "
+        f"SELECT updated_at FROM messages WHERE status = '{MessageStatus.DEAD}' ORDER BY updated_at DESC, id DESC "
         "LIMIT 1 OFFSET :n",
         {"n": keep},
     )
@@ -292,7 +306,8 @@ def any_dead_before(db: Database, died_before: int) -> bool:
     """Whether a dead letter died before ``died_before`` (epoch ms): a cheap read before a write lock."""
     return (
         db.read_scalar(
-            "SELECT 1 FROM messages WHERE status = 'dead' AND updated_at < :cut LIMIT 1", {"cut": died_before}
+            f"SELECT 1 FROM messages WHERE status = '{MessageStatus.DEAD}' AND updated_at < :cut LIMIT 1",
+            {"cut": died_before},
         )
         is not None
     )
@@ -303,7 +318,7 @@ def dead_letters_before(tx: Tx, died_before: int, limit: int) -> list[Row]:
     On PostgreSQL they stay locked until ``tx`` ends and rows another transaction holds are skipped, so two
     archivers never take the same row (SQLite has one writer at a time anyway)."""
     return tx.rows(
-        f"SELECT * FROM messages WHERE status = 'dead' AND updated_at < :cut ORDER BY id "
+        f"SELECT * FROM messages WHERE status = '{MessageStatus.DEAD}' AND updated_at < :cut ORDER BY id "
         f"LIMIT :n{tx.dialect.skip_locked}",
         {"cut": died_before, "n": limit},
     )
@@ -316,7 +331,7 @@ def delete_dead_letters(tx: Tx, row_ids: Sequence[int]) -> int:
     keys = [f"i{i}" for i in range(len(row_ids))]
     return int(
         tx.execute(
-            f"DELETE FROM messages WHERE status = 'dead' AND id IN ({', '.join(':' + k for k in keys)})",
+            f"DELETE FROM messages WHERE status = '{MessageStatus.DEAD}' AND id IN ({', '.join(':' + k for k in keys)})",
             dict(zip(keys, row_ids, strict=True)),
         ).rowcount
     )
@@ -326,7 +341,7 @@ _INSERT_RESTORED = (
     "INSERT INTO messages (message_id, channel, sender, sender_id, message, agent, from_agent, status, "
     "retry_count, manual_retries, last_error, created_at, updated_at, conversation, metadata, available_at, "
     "hops, external_id) VALUES (:message_id, :channel, :sender, :sender_id, :message, :agent, :from_agent, "
-    "'pending', 0, :manual_retries, :last_error, :created_at, :now, :conversation, :metadata, :now, :hops, "
+    f"'{MessageStatus.PENDING}', 0, :manual_retries, :last_error, :created_at, :now, :conversation, :metadata, :now, :hops, "
     ":external_id) ON CONFLICT DO NOTHING RETURNING id"
 )
 

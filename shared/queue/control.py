@@ -14,6 +14,7 @@ from shared.clock import now_ms
 from shared.events.log import PendingEvent, append_events
 from shared.queue.records import QueueState
 from shared.reads.conversation_status import CHAT_KEY_SQL
+from shared.storage.statuses import MessageStatus
 
 _ENSURE_ROW = (
     "INSERT INTO agent_leases (agent, holder, lease_until, acquired_at, paused_until, stop_requested, note) "
@@ -117,7 +118,7 @@ class ControlOps(QueueState):
         groups by) waits, available by ``now``: under the ``interrupt`` busy policy it stops the chat's run.
         Read-only."""
         found = self.db.read_scalar(
-            "SELECT 1 FROM messages WHERE status = 'pending' AND agent = :a AND channel = :c "
+            f"SELECT 1 FROM messages WHERE status = '{MessageStatus.PENDING}' AND agent = :a AND channel = :c "
             f"AND {CHAT_KEY_SQL} = :conv AND available_at <= :now LIMIT 1",
             {"a": agent, "c": channel, "conv": conversation, "now": now_ms() if now is None else now},
         )
@@ -128,7 +129,7 @@ class ControlOps(QueueState):
         chat): while the agent runs, they wait behind that run, and their chats are told so once. Read-only."""
         rows = self.db.read(
             "SELECT message_id, channel, sender, sender_id, conversation FROM messages "
-            "WHERE status = 'pending' AND agent = :a AND retry_count = 0 ORDER BY id LIMIT :n",
+            f"WHERE status = '{MessageStatus.PENDING}' AND agent = :a AND retry_count = 0 ORDER BY id LIMIT :n",
             {"a": agent, "n": limit},
         )
         return [(str(r["message_id"]), ChatAddress.of(r)) for r in rows]

@@ -44,6 +44,7 @@ from shared.queue.records import (
 )
 from shared.settings.model import Settings
 from shared.storage.db import Database, Row, Tx
+from shared.storage.statuses import MessageStatus
 
 __all__ = [
     "INTERNAL_CHANNELS",
@@ -81,7 +82,7 @@ _PRIMARY = (
 #: Whether a claim of the agent by ``:worker`` could take anything now: a message available, and the agent's
 #: lease free, expired or the worker's own, and the agent not paused (the conditions of ``_take_agent``).
 _CLAIM_PROBE = (
-    "SELECT 1 FROM messages WHERE status = 'pending' AND agent = :agent AND available_at <= :now "
+    f"SELECT 1 FROM messages WHERE status = '{MessageStatus.PENDING}' AND agent = :agent AND available_at <= :now "
     "AND NOT EXISTS (SELECT 1 FROM agent_leases WHERE agent = :agent AND (paused_until > :now OR "
     "(holder IS NOT NULL AND holder <> :worker AND lease_until >= :now))) LIMIT 1"
 )
@@ -99,8 +100,8 @@ class Queue(EnqueueOps, FailureOps, LeaseOps, AdminOps, ControlOps):
         #: The claim statement of :meth:`claim_all_pending_messages` (public so the schema tests can check its
         #: plan: the statement itself, not a copy of it).
         self.claim_sql = (
-            "UPDATE messages SET status = 'processing', claimed_by = :worker, lease_until = :lease, "
-            "updated_at = :now, run_started_at = NULL WHERE id IN (SELECT id FROM messages WHERE status = 'pending' AND agent = :agent "
+            f"UPDATE messages SET status = '{MessageStatus.PROCESSING}', claimed_by = :worker, lease_until = :lease, "
+            f"updated_at = :now, run_started_at = NULL WHERE id IN (SELECT id FROM messages WHERE status = '{MessageStatus.PENDING}' AND agent = :agent "
             f"AND available_at <= :now ORDER BY id{db.dialect.skip_locked}) RETURNING {CLAIM_RETURNS}"
         )
 
@@ -127,14 +128,16 @@ class Queue(EnqueueOps, FailureOps, LeaseOps, AdminOps, ControlOps):
     def agents_with_pending(self, now: int | None = None) -> list[str]:
         """Agents with at least one message available now (read-only, takes no write lock)."""
         rows = self.db.read(
-            "SELECT DISTINCT agent FROM messages WHERE status = 'pending' AND available_at <= :now",
+            f"SELECT DISTINCT agent FROM messages WHERE status = '{MessageStatus.PENDING}' AND available_at <= :now",
             {"now": now_ms() if now is None else now},
         )
         return sorted(r["agent"] for r in rows)
 
     def next_available_at(self) -> int | None:
         """When the earliest pending message becomes available (for sleeping through a backoff)."""
-        value = self.db.read_scalar("SELECT MIN(available_at) FROM messages WHERE status = 'pending'")
+        value = self.db.read_scalar(
+            f"SELECT MIN(available_at) FROM messages WHERE status = '{MessageStatus.PENDING}'"
+        )
         return None if value is None else int(value)
 
     def claim_all_pending_messages(
@@ -175,7 +178,7 @@ class Queue(EnqueueOps, FailureOps, LeaseOps, AdminOps, ControlOps):
         # Built after the commit: the write lock is held for the statements only.
         claimed = {
             "agent": agent,
-            "status": "processing",
+            "status": MessageStatus.PROCESSING,
             "claimed_by": worker,
             "lease_until": lease,
             "updated_at": now,
@@ -212,7 +215,7 @@ class Queue(EnqueueOps, FailureOps, LeaseOps, AdminOps, ControlOps):
                 tx,
                 message_ids,
                 worker,
-                "status = 'completed', updated_at = :now, lease_until = NULL",
+                f"status = '{MessageStatus.COMPLETED}', updated_at = :now, lease_until = NULL",
                 {"now": now},
                 "id, message_id",
             )

@@ -50,20 +50,22 @@ from shared.settings.routing import AGENT_NAME_RE
 from shared.storage import kv
 from shared.storage.db import Row, Tx
 from shared.storage.kv import Scope, scoped
+from shared.storage.statuses import ResponseStatus
 from shared.worker_identity import Holder, holder_state
 
 #: Delivery records (platform ids, notices owed) older than this are removed by :meth:`ResponseOps.prune_delivery_records`.
 DELIVERY_RECORD_TTL_MS = 8 * 24 * 3600 * 1000
 
 _CLAIM_RESPONSES = (
-    "UPDATE responses SET status = 'delivering', claimed_by = :worker, lease_until = :lease, updated_at = :now "
-    "WHERE id IN (SELECT r.id FROM responses r WHERE r.status <> 'acked' AND r.channel = :channel "
-    "AND r.status IN ('pending', 'delivering') AND (r.lease_until IS NULL OR r.lease_until <= :now{gone}) "
+    f"UPDATE responses SET status = '{ResponseStatus.DELIVERING}', claimed_by = :worker, lease_until = :lease, updated_at = :now "
+    f"WHERE id IN (SELECT r.id FROM responses r WHERE r.status <> '{ResponseStatus.ACKED}' AND r.channel = :channel "
+    f"AND r.status IN ('{ResponseStatus.PENDING}', '{ResponseStatus.DELIVERING}') "
+    "AND (r.lease_until IS NULL OR r.lease_until <= :now{gone}) "
     # The head of its chat: no earlier unfinished response of the same conversation (pending, waiting
     # to retry, or being delivered by anyone). `status <> 'acked'` repeats the partial index's condition.
-    "AND (r.conversation = '' OR NOT EXISTS (SELECT 1 FROM responses e WHERE e.status <> 'acked' "
+    f"AND (r.conversation = '' OR NOT EXISTS (SELECT 1 FROM responses e WHERE e.status <> '{ResponseStatus.ACKED}' "
     "AND e.channel = r.channel AND e.conversation = r.conversation AND e.id < r.id "
-    "AND e.status IN ('pending', 'delivering'))) "
+    f"AND e.status IN ('{ResponseStatus.PENDING}', '{ResponseStatus.DELIVERING}'))) "
     "ORDER BY r.id LIMIT :limit{skip_locked}) RETURNING *"
 )
 
@@ -96,7 +98,7 @@ class RetryOutcome:
 _INSERT_RESPONSE = (
     "INSERT INTO responses (message_id, channel, sender, sender_id, message, original_message, agent, files, "
     "metadata, status, created_at, updated_at, conversation, delivered) VALUES (:message_id, :channel, "
-    ":sender, :sender_id, :message, :original_message, :agent, :files, :metadata, 'pending', :now, :now, "
+    f":sender, :sender_id, :message, :original_message, :agent, :files, :metadata, '{ResponseStatus.PENDING}', :now, :now, "
     ":conversation, 0)"
 )
 
@@ -112,15 +114,15 @@ class ResponseOps(QueueState):
         # The same claim, where a response held by one of ``holders`` known-dead workers is free although
         # its lease has not run out (still fenced by claimed_by: a holder that renewed since keeps it).
         names = ", ".join(f":gone{i}" for i in range(holders))
-        gone = f" OR (r.status = 'delivering' AND r.claimed_by IN ({names}))"
+        gone = f" OR (r.status = '{ResponseStatus.DELIVERING}' AND r.claimed_by IN ({names}))"
         return _CLAIM_RESPONSES.format(skip_locked=self.db.dialect.skip_locked, gone=gone)
 
     def _gone_response_holders(self, channel: str, now: int) -> list[str]:
         """Workers of this host that hold responses of ``channel`` under a running lease but no longer run
         (their process is gone or its pid was reused): their responses need not wait for the lease."""
         rows = self.db.read(
-            "SELECT DISTINCT claimed_by FROM responses WHERE status <> 'acked' AND channel = :channel "
-            "AND status = 'delivering' AND lease_until > :now AND claimed_by IS NOT NULL",
+            f"SELECT DISTINCT claimed_by FROM responses WHERE status <> '{ResponseStatus.ACKED}' AND channel = :channel "
+            f"AND status = '{ResponseStatus.DELIVERING}' AND lease_until > :now AND claimed_by IS NOT NULL",
             {"channel": channel, "now": now},
         )
         return sorted(str(r["claimed_by"]) for r in rows if holder_state(str(r["claimed_by"])) is Holder.GONE)
@@ -153,8 +155,8 @@ class ResponseOps(QueueState):
         unfinished one of each chat, when it is free (pending and due, or its deliverer's lease expired)."""
         now = now_ms()
         probe = self.db.read_scalar(
-            "SELECT 1 FROM responses WHERE status <> 'acked' AND channel = :channel "
-            "AND status IN ('pending', 'delivering') AND (lease_until IS NULL OR lease_until <= :now) LIMIT 1",
+            f"SELECT 1 FROM responses WHERE status <> '{ResponseStatus.ACKED}' AND channel = :channel "
+            f"AND status IN ('{ResponseStatus.PENDING}', '{ResponseStatus.DELIVERING}') AND (lease_until IS NULL OR lease_until <= :now) LIMIT 1",
             {"channel": channel, "now": now},
         )
         # A deliverer of this host that died (kill -9, a crash) left its responses under a running lease;
@@ -202,7 +204,7 @@ class ResponseOps(QueueState):
         with self.db.transaction() as tx:
             row = tx.one(
                 "UPDATE responses SET delivered = :next, lease_until = :lease, updated_at = :now WHERE id = :id "
-                "AND claimed_by = :worker AND status = 'delivering' AND delivered = :index "
+                f"AND claimed_by = :worker AND status = '{ResponseStatus.DELIVERING}' AND delivered = :index "
                 "RETURNING message_id, channel",
                 {
                     "next": chunk_index + 1,
@@ -238,7 +240,7 @@ class ResponseOps(QueueState):
                 exists = tx.scalar("SELECT status FROM responses WHERE id = :id", {"id": response_id})
                 if exists is None:
                     raise NotFound(f"no response with id {response_id}")
-                if exists == "acked" and worker is None:
+                if exists == ResponseStatus.ACKED and worker is None:
                     # Acked already (e.g. by the scheduler for an unserved channel): whoever acked it, its
                     # attempt count has no reader any more.
                     kv.delete(tx, Scope.DELIVERY_ATTEMPTS, str(response_id))
@@ -252,8 +254,8 @@ class ResponseOps(QueueState):
         failed: an ack arriving late must not turn them into "delivered")."""
         fence = " AND claimed_by = :worker" if worker is not None else ""
         row = tx.one(
-            f"UPDATE responses SET status = 'acked', acked_at = :now, updated_at = :now, lease_until = NULL "
-            f"WHERE id = :id AND status <> 'acked' AND status <> 'failed'{fence} RETURNING message_id",
+            f"UPDATE responses SET status = '{ResponseStatus.ACKED}', acked_at = :now, updated_at = :now, lease_until = NULL "
+            f"WHERE id = :id AND status <> '{ResponseStatus.ACKED}' AND status <> '{ResponseStatus.FAILED}'{fence} RETURNING message_id",
             {"now": now, "id": response_id, "worker": worker},
         )
         if row is None:
@@ -267,7 +269,7 @@ class ResponseOps(QueueState):
         with self.db.transaction() as tx:
             n = tx.execute(
                 "UPDATE responses SET lease_until = :lease WHERE id = :id AND claimed_by = :worker "
-                "AND status = 'delivering'",
+                f"AND status = '{ResponseStatus.DELIVERING}'",
                 {"lease": now + (lease_ms or self.config.lease_ms), "id": response_id, "worker": worker},
             ).rowcount
         return bool(n)
@@ -297,7 +299,7 @@ class ResponseOps(QueueState):
             # Locked (PostgreSQL): a takeover racing this waits, or has happened and the row is not held.
             held = tx.one(
                 "SELECT message_id FROM responses WHERE id = :id AND claimed_by = :worker "
-                f"AND status = 'delivering'{tx.dialect.lock_rows}",
+                f"AND status = '{ResponseStatus.DELIVERING}'{tx.dialect.lock_rows}",
                 {"id": response_id, "worker": worker},
             )
             if held is None:
@@ -305,7 +307,7 @@ class ResponseOps(QueueState):
             attempts = int(kv.get(tx, Scope.DELIVERY_ATTEMPTS, str(response_id)) or 0)
             if not count:
                 tx.execute(
-                    "UPDATE responses SET status = 'pending', claimed_by = NULL, lease_until = NULL, "
+                    f"UPDATE responses SET status = '{ResponseStatus.PENDING}', claimed_by = NULL, lease_until = NULL, "
                     "updated_at = :now WHERE id = :id",
                     {"now": now, "id": response_id},
                 )
@@ -319,7 +321,7 @@ class ResponseOps(QueueState):
             kv.put(tx, Scope.DELIVERY_ATTEMPTS, str(response_id), str(attempts), now)
             due = now + Backoff(base_ms / 1000, max_ms / 1000).delay_ms(attempts)
             tx.execute(
-                "UPDATE responses SET status = 'pending', claimed_by = NULL, lease_until = :due, "
+                f"UPDATE responses SET status = '{ResponseStatus.PENDING}', claimed_by = NULL, lease_until = :due, "
                 "updated_at = :now, last_error = :error WHERE id = :id",
                 {"due": due, "now": now, "error": error[:1000], "id": response_id},
             )
@@ -358,7 +360,11 @@ class ResponseOps(QueueState):
         Returns whether the response changed to failed.
         """
         now = now_ms()
-        fence = " AND claimed_by = :worker AND status = 'delivering'" if worker is not None else ""
+        fence = (
+            f" AND claimed_by = :worker AND status = '{ResponseStatus.DELIVERING}'"
+            if worker is not None
+            else ""
+        )
         with self.db.transaction() as tx:
             return _fail_in_tx(tx, response_id, reason, explanation, now, fence, worker)
 
@@ -399,7 +405,7 @@ class ResponseOps(QueueState):
     def failed_responses(self, *, since_ms: int = 0, limit: int = 100) -> list[QueuedResponse]:
         """Responses that could not be delivered (newest first), for operators."""
         rows = self.db.read(
-            "SELECT * FROM responses WHERE status <> 'acked' AND status = 'failed' AND updated_at >= :since "
+            f"SELECT * FROM responses WHERE status <> '{ResponseStatus.ACKED}' AND status = '{ResponseStatus.FAILED}' AND updated_at >= :since "
             "ORDER BY id DESC LIMIT :limit",
             {"since": since_ms, "limit": limit},
         )
@@ -409,7 +415,7 @@ class ResponseOps(QueueState):
         """How many responses could not be delivered (failed since ``since_ms``)."""
         return int(
             self.db.read_scalar(
-                "SELECT COUNT(*) FROM responses WHERE status <> 'acked' AND status = 'failed' "
+                f"SELECT COUNT(*) FROM responses WHERE status <> '{ResponseStatus.ACKED}' AND status = '{ResponseStatus.FAILED}' "
                 "AND updated_at >= :since",
                 {"since": since_ms},
             )
@@ -502,8 +508,8 @@ def _fail_in_tx(
     worker: str | None = None,
 ) -> bool:
     row = tx.one(
-        "UPDATE responses SET status = 'failed', last_error = :reason, lease_until = NULL, "
-        f"updated_at = :now WHERE id = :id AND status <> 'failed'{fence} "
+        f"UPDATE responses SET status = '{ResponseStatus.FAILED}', last_error = :reason, lease_until = NULL, "
+        f"updated_at = :now WHERE id = :id AND status <> '{ResponseStatus.FAILED}'{fence} "
         "RETURNING message_id, channel, conversation, created_at",
         {"reason": reason[:1000], "now": now, "id": response_id, "worker": worker},
     )

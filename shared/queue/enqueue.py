@@ -23,6 +23,7 @@ from shared.queue.records import (
 from shared.queue.records import to_json as _json
 from shared.settings.routing import AGENT_NAME_RE
 from shared.storage.db import Row, Tx
+from shared.storage.statuses import MessageStatus
 
 
 class UnknownMention(InvalidInput):
@@ -44,7 +45,7 @@ _MESSAGE_COLUMNS = (
 )
 INSERT_MESSAGE = (
     f"INSERT INTO messages ({_MESSAGE_COLUMNS}) VALUES (:message_id, :channel, :sender, :sender_id, "
-    ":message, :agent, :from_agent, 'pending', 0, :now, :now, :conversation, :metadata, :available_at, "
+    f":message, :agent, :from_agent, '{MessageStatus.PENDING}', 0, :now, :now, :conversation, :metadata, :available_at, "
     ":hops, :external_id) ON CONFLICT DO NOTHING"
 )
 
@@ -67,12 +68,12 @@ def _duplicate_keys(params: dict[str, Any]) -> dict[str, Any]:
 
 #: enqueue_message's debounce: another message of the same chat still waiting for the same agent.
 _OTHER_WAITING = (
-    "SELECT 1 FROM messages WHERE status = 'pending' AND agent = :agent AND channel = :channel "
+    f"SELECT 1 FROM messages WHERE status = '{MessageStatus.PENDING}' AND agent = :agent AND channel = :channel "
     "AND conversation = :conversation AND id <> :id LIMIT 1"
 )
 #: ... and the burst's sliding window: every waiting message of the chat moves to the window's end.
 _SLIDE_WAITING = (
-    "UPDATE messages SET available_at = :at WHERE status = 'pending' AND agent = :agent "
+    f"UPDATE messages SET available_at = :at WHERE status = '{MessageStatus.PENDING}' AND agent = :agent "
     "AND channel = :channel AND conversation = :conversation AND available_at < :at"
 )
 

@@ -29,6 +29,7 @@ from shared.queue.records import (
 )
 from shared.queue.records import sql_in as _in
 from shared.storage.db import Row, Tx
+from shared.storage.statuses import MessageStatus
 from shared.worker_identity import Holder, holder_state
 
 
@@ -51,7 +52,9 @@ class FailureOps(ResponseOps):
         if not message_ids:
             raise InvalidInput("no message ids given")
         clause, params = _in("m", list(message_ids))
-        held = f"WHERE message_id IN {clause} AND status = 'processing' AND claimed_by = :worker"
+        held = (
+            f"WHERE message_id IN {clause} AND status = '{MessageStatus.PROCESSING}' AND claimed_by = :worker"
+        )
         sql = (
             f"UPDATE messages SET {assignments} {held} RETURNING {columns}"
             if assignments
@@ -146,7 +149,7 @@ class FailureOps(ResponseOps):
             at = now + max(0, wait)
             next_at = at if next_at is None else min(next_at, at)
             tx.execute(
-                "UPDATE messages SET status = 'pending', retry_count = :n, last_error = :err, updated_at = :now, "
+                f"UPDATE messages SET status = '{MessageStatus.PENDING}', retry_count = :n, last_error = :err, updated_at = :now, "
                 "available_at = :at, lease_until = NULL, claimed_by = NULL, run_started_at = NULL WHERE id = :id",
                 {"n": attempts, "err": error, "now": now, "at": at, "id": row["id"]},
             )
@@ -180,7 +183,7 @@ class FailureOps(ResponseOps):
         permanent: bool,
     ) -> None:
         tx.execute(
-            "UPDATE messages SET status = 'dead', retry_count = :n, interruptions = :i, last_error = :err, "
+            f"UPDATE messages SET status = '{MessageStatus.DEAD}', retry_count = :n, interruptions = :i, last_error = :err, "
             "updated_at = :now, lease_until = NULL, run_started_at = NULL WHERE id = :id",
             {"n": attempts, "i": interruptions, "err": error, "now": now, "id": row["id"]},
         )
@@ -268,7 +271,7 @@ class FailureOps(ResponseOps):
         """
         now = now_ms() if now is None else now
         claims = self.db.read(
-            "SELECT message_id, claimed_by, lease_until FROM messages WHERE status = 'processing'"
+            f"SELECT message_id, claimed_by, lease_until FROM messages WHERE status = '{MessageStatus.PROCESSING}'"
         )
         holders = self.db.read("SELECT agent, holder, lease_until FROM agent_leases WHERE holder IS NOT NULL")
         takeable = self._takeable_at(now)
@@ -327,7 +330,7 @@ class FailureOps(ResponseOps):
     def claims_of(self, worker: str) -> dict[str, str]:
         """The messages ``worker`` holds in ``processing``, oldest first: message id → agent."""
         rows = self.db.read(
-            "SELECT message_id, agent FROM messages WHERE status = 'processing' AND claimed_by = :worker "
+            f"SELECT message_id, agent FROM messages WHERE status = '{MessageStatus.PROCESSING}' AND claimed_by = :worker "
             "ORDER BY id",
             {"worker": worker},
         )
@@ -349,7 +352,7 @@ class FailureOps(ResponseOps):
         events: list[PendingEvent] = []
         with self.db.transaction() as tx:
             rows = tx.rows(
-                f"SELECT * FROM messages WHERE status = 'processing' AND claimed_by = :worker "
+                f"SELECT * FROM messages WHERE status = '{MessageStatus.PROCESSING}' AND claimed_by = :worker "
                 f"AND message_id IN {clause} ORDER BY id{tx.dialect.lock_rows}",
                 {"worker": worker, **params},
             )
@@ -399,7 +402,7 @@ class FailureOps(ResponseOps):
             return []
         clause, params = _in("m", stale)
         rows = tx.rows(
-            f"SELECT * FROM messages WHERE status = 'processing' AND message_id IN {clause} ORDER BY id"
+            f"SELECT * FROM messages WHERE status = '{MessageStatus.PROCESSING}' AND message_id IN {clause} ORDER BY id"
             f"{tx.dialect.lock_rows}",
             params,
         )
@@ -414,7 +417,7 @@ class FailureOps(ResponseOps):
         worker = str(row["claimed_by"])
         if row["run_started_at"] is None:
             tx.execute(
-                "UPDATE messages SET status = 'pending', claimed_by = NULL, lease_until = NULL, "
+                f"UPDATE messages SET status = '{MessageStatus.PENDING}', claimed_by = NULL, lease_until = NULL, "
                 "available_at = :now, updated_at = :now WHERE id = :id",
                 {"now": now, "id": row["id"]},
             )
@@ -428,7 +431,7 @@ class FailureOps(ResponseOps):
             self._bury(tx, row, int(row["retry_count"]), interruptions, error, now, events, False)
             return False
         tx.execute(
-            "UPDATE messages SET status = 'pending', interruptions = :i, last_error = :err, "
+            f"UPDATE messages SET status = '{MessageStatus.PENDING}', interruptions = :i, last_error = :err, "
             "claimed_by = NULL, lease_until = NULL, run_started_at = NULL, available_at = :now, "
             "updated_at = :now WHERE id = :id",
             {"i": interruptions, "err": error, "now": now, "id": row["id"]},

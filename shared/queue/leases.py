@@ -11,6 +11,7 @@ from shared.clock import now_ms
 from shared.queue.records import QueueState
 from shared.queue.records import sql_in as _in
 from shared.storage.db import Tx
+from shared.storage.statuses import MessageStatus
 
 
 class LeaseOps(QueueState):
@@ -80,7 +81,7 @@ class LeaseOps(QueueState):
             if message_ids:
                 clause, params = _in("m", list(message_ids))
                 held = tx.execute(
-                    "UPDATE messages SET lease_until = :lease WHERE status = 'processing' AND claimed_by = :worker "
+                    f"UPDATE messages SET lease_until = :lease WHERE status = '{MessageStatus.PROCESSING}' AND claimed_by = :worker "
                     f"AND message_id IN {clause}",
                     {"lease": lease, "worker": worker, **params},
                 ).rowcount
@@ -98,8 +99,8 @@ class LeaseOps(QueueState):
         # message for a day.
         released = tx.execute(
             "UPDATE agent_leases SET holder = NULL, lease_until = 0 WHERE agent = :agent AND holder = :worker "
-            "AND NOT EXISTS (SELECT 1 FROM messages WHERE status = 'pending' AND agent = :agent "
-            "AND available_at <= :now) AND NOT EXISTS (SELECT 1 FROM messages WHERE status = 'processing' "
+            f"AND NOT EXISTS (SELECT 1 FROM messages WHERE status = '{MessageStatus.PENDING}' AND agent = :agent "
+            f"AND available_at <= :now) AND NOT EXISTS (SELECT 1 FROM messages WHERE status = '{MessageStatus.PROCESSING}' "
             "AND claimed_by = :worker AND agent = :agent)",
             {"agent": agent, "worker": worker, "now": now},
         ).rowcount

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from shared.clock import now_ms
 from shared.events.log import topic_filter
 from shared.storage.db import Database
+from shared.storage.statuses import MessageStatus
 from shared.worker_identity import Holder, holder_state
 
 HOUR_MS = 3_600_000
@@ -34,7 +35,7 @@ def open_message_count(db: Database, agent: str) -> int:
     the index of open messages."""
     return int(
         db.read_scalar(
-            "SELECT COUNT(*) FROM messages WHERE agent = :a AND status IN ('pending', 'processing')",
+            f"SELECT COUNT(*) FROM messages WHERE agent = :a AND status IN ('{MessageStatus.PENDING}', '{MessageStatus.PROCESSING}')",
             {"a": agent},
         )
         or 0
@@ -104,7 +105,7 @@ def oldest_event_at(db: Database) -> int | None:
 
 def oldest_pending_at(db: Database) -> int | None:
     """When the oldest pending message was queued (epoch ms); ``None`` when none waits."""
-    value = db.read_scalar("SELECT MIN(created_at) FROM messages WHERE status = 'pending'")
+    value = db.read_scalar(f"SELECT MIN(created_at) FROM messages WHERE status = '{MessageStatus.PENDING}'")
     return None if value is None else int(value)
 
 

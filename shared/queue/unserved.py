@@ -8,6 +8,7 @@ from typing import Any
 
 from shared.events.log import PendingEvent, append_events
 from shared.storage.db import Database
+from shared.storage.statuses import ResponseStatus
 
 
 def ack_unserved_responses(db: Database, channels: list[str], *, created_before: int, now: int) -> list[int]:
@@ -22,14 +23,14 @@ def ack_unserved_responses(db: Database, channels: list[str], *, created_before:
     clause = ", ".join(":" + k for k in keys)
     params: dict[str, Any] = {"cut": created_before, "now": now, **dict(zip(keys, channels, strict=True))}
     where = (
-        f"channel IN ({clause}) AND status <> 'acked' AND created_at <= :cut "
-        "AND (status = 'pending' OR lease_until IS NULL OR lease_until < :now)"
+        f"channel IN ({clause}) AND status <> '{ResponseStatus.ACKED}' AND created_at <= :cut "
+        f"AND (status = '{ResponseStatus.PENDING}' OR lease_until IS NULL OR lease_until < :now)"
     )
     if db.read_scalar(f"SELECT 1 FROM responses WHERE {where} LIMIT 1", params) is None:
         return []
     with db.transaction() as tx:
         rows = tx.rows(
-            f"UPDATE responses SET status = 'acked', acked_at = :now, updated_at = :now, lease_until = NULL, "
+            f"UPDATE responses SET status = '{ResponseStatus.ACKED}', acked_at = :now, updated_at = :now, lease_until = NULL, "
             f"claimed_by = 'scheduler' WHERE {where} RETURNING id, message_id, channel, agent, message",
             params,
         )

@@ -18,6 +18,7 @@ from shared.events.log import PendingEvent, append_events
 from shared.queue.core import Queue
 from shared.queue.records import MAX_MESSAGE_CHARS, InvalidInput, MessageDraft, QueuedResponse
 from shared.storage.db import Database
+from shared.storage.statuses import MessageStatus, ResponseStatus
 
 #: The most lines :func:`tail_logs` reads from one file (it reads from the end).
 _TAIL_BYTES = 256 * 1024
@@ -98,8 +99,8 @@ def pending_chat_replies(
     chats of the channel have waiting."""
     rows = db.read(
         # ``status <> 'acked'`` repeats ix_responses_open's condition, so SQLite uses that partial index.
-        "SELECT * FROM responses WHERE status <> 'acked' AND channel = :c AND conversation = :v "
-        "AND status IN ('pending', 'delivering') ORDER BY id LIMIT :l",
+        f"SELECT * FROM responses WHERE status <> '{ResponseStatus.ACKED}' AND channel = :c AND conversation = :v "
+        f"AND status IN ('{ResponseStatus.PENDING}', '{ResponseStatus.DELIVERING}') ORDER BY id LIMIT :l",
         {"c": channel, "v": conversation, "l": max(1, min(limit, 1000))},
     )
     return [QueuedResponse.from_row(r) for r in rows]
@@ -114,14 +115,16 @@ def active_conversations(db: Database) -> int:
     """How many chats have a message being processed now."""
     value = db.read_scalar(
         "SELECT COUNT(*) FROM (SELECT DISTINCT agent, channel, conversation FROM messages "
-        "WHERE status = 'processing') AS busy"
+        f"WHERE status = '{MessageStatus.PROCESSING}') AS busy"
     )
     return int(value or 0)
 
 
 def processing_message(db: Database, row_id: int) -> dict[str, Any] | None:
     """The ``messages`` row ``row_id`` if it is being processed now."""
-    rows = db.read("SELECT * FROM messages WHERE id = :i AND status = 'processing'", {"i": row_id})
+    rows = db.read(
+        f"SELECT * FROM messages WHERE id = :i AND status = '{MessageStatus.PROCESSING}'", {"i": row_id}
+    )
     return dict(rows[0]) if rows else None
 
 

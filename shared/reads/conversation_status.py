@@ -19,6 +19,7 @@ from shared.clock import now_ms
 from shared.storage import kv
 from shared.storage.db import Database, Tx
 from shared.storage.kv import Scope
+from shared.storage.statuses import MessageStatus
 
 #: SQL for a message's chat key: the conversation, else the sender id, else the sender (as the queue groups).
 CHAT_KEY_SQL = (
@@ -98,7 +99,7 @@ def current_run(db: Database, agent: str, now: int | None = None) -> dict[str, A
     ids = [str(i) for i in record["message_ids"]]
     marks = ", ".join(f":m{n}" for n in range(len(ids)))
     live = db.read_scalar(
-        f"SELECT COUNT(*) FROM messages WHERE message_id IN ({marks}) AND status = 'processing' "
+        f"SELECT COUNT(*) FROM messages WHERE message_id IN ({marks}) AND status = '{MessageStatus.PROCESSING}' "
         "AND lease_until >= :now",
         {"now": now, **{f"m{n}": i for n, i in enumerate(ids)}},
     )
@@ -119,7 +120,7 @@ def conversation_status(
     agent_clause = " AND agent = :agent" if agent is not None else ""
     rows = db.read(
         "SELECT message_id, agent, status FROM messages WHERE channel = :channel AND "
-        f"{CHAT_KEY_SQL} = :conv AND status IN ('pending', 'processing'){agent_clause} ORDER BY id",
+        f"{CHAT_KEY_SQL} = :conv AND status IN ('{MessageStatus.PENDING}', '{MessageStatus.PROCESSING}'){agent_clause} ORDER BY id",
         {"channel": channel, "conv": conversation, "agent": agent},
     )
     agents = {agent} if agent is not None else {str(r["agent"]) for r in rows}

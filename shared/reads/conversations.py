@@ -16,6 +16,7 @@ from typing import Any
 from shared.clock import now_ms
 from shared.reads.conversation_status import CHAT_KEY_SQL, conversation_status, current_run
 from shared.storage.db import Database
+from shared.storage.statuses import MessageStatus
 
 #: Channels whose messages are the system's own (not chats a person has with an agent).
 HIDDEN_CHANNELS = ("chatroom",)
@@ -30,8 +31,8 @@ def list_conversations(db: Database, *, limit: int = 50) -> list[dict[str, Any]]
     hidden = {f"h{n}": c for n, c in enumerate(HIDDEN_CHANNELS)}
     chats = db.read(
         f"SELECT channel, {CHAT_KEY_SQL} AS chat, MAX(id) AS last_id, COUNT(*) AS n, "
-        "SUM(CASE WHEN status = 'processing' THEN 1 ELSE 0 END) AS busy, "
-        "SUM(CASE WHEN status = 'pending' THEN 1 ELSE 0 END) AS waiting "
+        f"SUM(CASE WHEN status = '{MessageStatus.PROCESSING}' THEN 1 ELSE 0 END) AS busy, "
+        f"SUM(CASE WHEN status = '{MessageStatus.PENDING}' THEN 1 ELSE 0 END) AS waiting "
         f"FROM messages WHERE channel NOT IN ({marks}) GROUP BY channel, {CHAT_KEY_SQL} "
         "ORDER BY MAX(updated_at) DESC LIMIT :l",
         {"l": limit, **hidden},
@@ -57,7 +58,7 @@ def list_conversations(db: Database, *, limit: int = 50) -> list[dict[str, Any]]
             state = "working"
         elif int(chat["waiting"] or 0):
             state = "waiting"
-        elif row["status"] == "dead":
+        elif row["status"] == MessageStatus.DEAD:
             state = "failed"
         else:
             state = "idle"
@@ -187,9 +188,9 @@ def agent_overview(db: Database, agents: Iterable[str]) -> dict[str, dict[str, A
     out: dict[str, dict[str, Any]] = {}
     for agent in agents:
         depth = db.read(
-            "SELECT SUM(CASE WHEN status = 'pending' THEN 1 ELSE 0 END) AS pending, "
-            "SUM(CASE WHEN status = 'processing' THEN 1 ELSE 0 END) AS processing, "
-            "SUM(CASE WHEN status = 'dead' THEN 1 ELSE 0 END) AS dead FROM messages WHERE agent = :a",
+            f"SELECT SUM(CASE WHEN status = '{MessageStatus.PENDING}' THEN 1 ELSE 0 END) AS pending, "
+            f"SUM(CASE WHEN status = '{MessageStatus.PROCESSING}' THEN 1 ELSE 0 END) AS processing, "
+            f"SUM(CASE WHEN status = '{MessageStatus.DEAD}' THEN 1 ELSE 0 END) AS dead FROM messages WHERE agent = :a",
             {"a": agent},
         )[0]
         failed = db.read(

@@ -16,6 +16,7 @@ from shared.clock import now_ms
 from shared.events.log import EventEntry, entry_from_row
 from shared.reads.budget_status import OVER_BUDGET_PREFIX
 from shared.storage.db import Database
+from shared.storage.statuses import MessageStatus, ResponseStatus
 
 
 @dataclass(frozen=True)
@@ -70,7 +71,7 @@ def _verdict(
     types = [e.type for e in events]
     if message is None:
         finals = [r for r in responses if r["metadata"].get("kind") not in ("progress", "paused")]
-        if finals and finals[-1]["status"] != "acked":
+        if finals and finals[-1]["status"] != ResponseStatus.ACKED:
             return _delivery_verdict(finals[-1], now)
         if not events:
             return "unknown: no message and no event has this id (wrong id, or pruned long ago)"
@@ -80,7 +81,7 @@ def _verdict(
             return "delivered; the message row was pruned after its retention period"
         return "the message row is gone (pruned or archived); see the events above"
     status = message["status"]
-    if status == "pending":
+    if status == MessageStatus.PENDING:
         paused = db.read_scalar(
             "SELECT paused_until FROM agent_leases WHERE agent = :a", {"a": message["agent"]}
         )
@@ -94,7 +95,7 @@ def _verdict(
                 f"attempt(s); last error: {message['last_error']}"
             )
         return f"queued for agent {message['agent']}: waiting for a processor to pick it up"
-    if status == "processing":
+    if status == MessageStatus.PROCESSING:
         lease = int(message["lease_until"] or 0)
         state = (
             "its lease is live"
@@ -104,7 +105,7 @@ def _verdict(
         return (
             f"running on {message['claimed_by']} since {_ago(int(message['updated_at']), now)} ago; {state}"
         )
-    if status == "dead":
+    if status == MessageStatus.DEAD:
         told = any(r["metadata"].get("kind") == "dead_notice" for r in responses)
         notice = "the sender was told" if told else "no notice was sent (internal channel)"
         error = str(message["last_error"] or "")
@@ -118,7 +119,7 @@ def _verdict(
             f"dead letter after {message['retry_count']} attempt(s): {message['last_error']}; {notice}; "
             f"retry with `agentpost dead retry {message['message_id']}`"
         )
-    if status == "completed":
+    if status == MessageStatus.COMPLETED:
         if not responses:
             return "completed without a reply to send (internal or handed off)"
         finals = [r for r in responses if r["metadata"].get("kind") not in ("progress", "paused")]
@@ -127,7 +128,7 @@ def _verdict(
         how = {"stopped": "stopped by /stop; ", "dropped": "dropped by the waiting-message cap; "}.get(
             kind, ""
         )
-        if last["status"] == "acked":
+        if last["status"] == ResponseStatus.ACKED:
             return f"{how}delivered on {last['channel']} at {_when(int(last['acked_at'] or 0))}"
         return how + _delivery_verdict(last, now)
     return f"status {status}"
@@ -136,17 +137,17 @@ def _verdict(
 def _delivery_verdict(last: dict[str, Any], now: int) -> str:
     """Where an unacknowledged reply stands: failed for good, waiting to be re-sent, being sent, waiting."""
     channel = last["channel"]
-    if last["status"] == "failed":
+    if last["status"] == ResponseStatus.FAILED:
         return (
             f"the reply could not be delivered on {channel}: {last['last_error']}; "
             "the user is told the next time they write in that chat"
         )
-    if channel == "cli" and last["status"] == "pending":
+    if channel == "cli" and last["status"] == ResponseStatus.PENDING:
         return "reply waiting to be read: `agentpost replies` shows it"
-    if last["status"] == "delivering":
+    if last["status"] == ResponseStatus.DELIVERING:
         return f"reply being delivered on {channel} ({last['delivered']} chunk(s) sent so far)"
     due = int(last.get("lease_until") or 0)
-    if last["status"] == "pending" and due > now:
+    if last["status"] == ResponseStatus.PENDING and due > now:
         return (
             f"reply waiting to be sent again on {channel} at {_when(due)} "
             f"({last['delivered']} chunk(s) sent so far); last error: {last['last_error']}"

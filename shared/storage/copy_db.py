@@ -13,6 +13,7 @@ from typing import Any
 from shared.clock import now_ms
 from shared.storage.db import Database, Row, Tx
 from shared.storage.models import TABLE_NAMES, metadata
+from shared.storage.statuses import MessageStatus, ResponseStatus
 
 #: Tables whose rows carry a status worth comparing one by one.
 STATUS_TABLES = ("messages", "responses", "pairings")
@@ -49,8 +50,8 @@ def live_holders(db: Database, now: int | None = None) -> list[str]:
     now = now_ms() if now is None else now
     rows = db.read(
         "SELECT holder AS w FROM agent_leases WHERE holder IS NOT NULL AND lease_until > :now "
-        "UNION SELECT claimed_by AS w FROM messages WHERE status = 'processing' AND lease_until > :now "
-        "UNION SELECT claimed_by AS w FROM responses WHERE status = 'delivering' AND lease_until > :now",
+        f"UNION SELECT claimed_by AS w FROM messages WHERE status = '{MessageStatus.PROCESSING}' AND lease_until > :now "
+        f"UNION SELECT claimed_by AS w FROM responses WHERE status = '{ResponseStatus.DELIVERING}' AND lease_until > :now",
         {"now": now},
     )
     return sorted(str(r["w"]) for r in rows if r["w"])

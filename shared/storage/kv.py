@@ -18,6 +18,7 @@ from typing import Any
 
 from shared.clock import now_ms
 from shared.storage.db import Database, Row, Tx
+from shared.storage.statuses import PairingStatus
 
 
 class Scope(StrEnum):
@@ -159,7 +160,8 @@ def approved_sender_entries(src: Database | Tx, scope: str, channel: str) -> lis
     between two separate reads cannot be seen half-way."""
     sql = (
         "SELECT kv.key AS key, kv.value AS value, kv.updated_at AS updated_at FROM kv JOIN pairings p "
-        "ON p.channel = :c AND p.sender_id = kv.key AND p.status = 'approved' WHERE kv.scope = :s ORDER BY kv.key"
+        f"ON p.channel = :c AND p.sender_id = kv.key AND p.status = '{PairingStatus.APPROVED}' "
+        "WHERE kv.scope = :s ORDER BY kv.key"
     )
     return [_entry(r) for r in _rows(src, sql, {"s": scope, "c": channel})]
 

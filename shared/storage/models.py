@@ -10,6 +10,8 @@ from __future__ import annotations
 from sqlalchemy import BigInteger, Column, Float, Index, Integer, MetaData, Text, text
 from sqlmodel import Field, SQLModel
 
+from shared.storage.statuses import MessageStatus, PairingStatus, ResponseStatus
+
 SCHEMA_VERSION = 2
 
 
@@ -29,34 +31,34 @@ class Message(SQLModel, table=True):
             "agent",
             "available_at",
             "id",
-            sqlite_where=text("status = 'pending'"),
-            postgresql_where=text("status = 'pending'"),
+            sqlite_where=text(f"status = '{MessageStatus.PENDING}'"),
+            postgresql_where=text(f"status = '{MessageStatus.PENDING}'"),
         ),
         Index(
             "ix_messages_processing",
             "lease_until",
-            sqlite_where=text("status = 'processing'"),
-            postgresql_where=text("status = 'processing'"),
+            sqlite_where=text(f"status = '{MessageStatus.PROCESSING}'"),
+            postgresql_where=text(f"status = '{MessageStatus.PROCESSING}'"),
         ),
         # Open messages by chat: typing indicators, /status, debounce. Finished rows leave this index.
         Index(
             "ix_messages_open",
             "channel",
             "conversation",
-            sqlite_where=text("status IN ('pending', 'processing')"),
-            postgresql_where=text("status IN ('pending', 'processing')"),
+            sqlite_where=text(f"status IN ('{MessageStatus.PENDING}', '{MessageStatus.PROCESSING}')"),
+            postgresql_where=text(f"status IN ('{MessageStatus.PENDING}', '{MessageStatus.PROCESSING}')"),
         ),
         Index(
             "ix_messages_completed",
             "updated_at",
-            sqlite_where=text("status = 'completed'"),
-            postgresql_where=text("status = 'completed'"),
+            sqlite_where=text(f"status = '{MessageStatus.COMPLETED}'"),
+            postgresql_where=text(f"status = '{MessageStatus.COMPLETED}'"),
         ),
         Index(
             "ix_messages_dead",
             "updated_at",
-            sqlite_where=text("status = 'dead'"),
-            postgresql_where=text("status = 'dead'"),
+            sqlite_where=text(f"status = '{MessageStatus.DEAD}'"),
+            postgresql_where=text(f"status = '{MessageStatus.DEAD}'"),
         ),
         Index(
             "ux_messages_external",
@@ -76,7 +78,10 @@ class Message(SQLModel, table=True):
     message: str = Field(sa_column=Column(Text, nullable=False))
     agent: str = Field(sa_column=Column(Text, nullable=False))
     from_agent: str | None = Field(default=None, sa_column=Column(Text, nullable=True))
-    status: str = Field(default="pending", sa_column=Column(Text, nullable=False, server_default="pending"))
+    status: str = Field(
+        default=MessageStatus.PENDING.value,
+        sa_column=Column(Text, nullable=False, server_default=MessageStatus.PENDING.value),
+    )
     retry_count: int = Field(default=0, sa_column=Column(Integer, nullable=False, server_default="0"))
     manual_retries: int = Field(default=0, sa_column=Column(Integer, nullable=False, server_default="0"))
     last_error: str | None = Field(default=None, sa_column=Column(Text, nullable=True))
@@ -106,14 +111,14 @@ class Response(SQLModel, table=True):
             "ix_responses_open",
             "channel",
             "id",
-            sqlite_where=text("status <> 'acked'"),
-            postgresql_where=text("status <> 'acked'"),
+            sqlite_where=text(f"status <> '{ResponseStatus.ACKED}'"),
+            postgresql_where=text(f"status <> '{ResponseStatus.ACKED}'"),
         ),
         Index(
             "ix_responses_acked",
             "acked_at",
-            sqlite_where=text("status = 'acked'"),
-            postgresql_where=text("status = 'acked'"),
+            sqlite_where=text(f"status = '{ResponseStatus.ACKED}'"),
+            postgresql_where=text(f"status = '{ResponseStatus.ACKED}'"),
         ),
     )
 
@@ -127,7 +132,10 @@ class Response(SQLModel, table=True):
     agent: str = Field(default="", sa_column=Column(Text, nullable=False, server_default=""))
     files: str = Field(default="[]", sa_column=Column(Text, nullable=False, server_default="[]"))
     meta: str = Field(default="{}", sa_column=Column("metadata", Text, nullable=False, server_default="{}"))
-    status: str = Field(default="pending", sa_column=Column(Text, nullable=False, server_default="pending"))
+    status: str = Field(
+        default=ResponseStatus.PENDING.value,
+        sa_column=Column(Text, nullable=False, server_default=ResponseStatus.PENDING.value),
+    )
     created_at: int = Field(sa_column=_big())
     updated_at: int = Field(sa_column=_big())
     acked_at: int | None = Field(default=None, sa_column=_big(nullable=True, default=None))
@@ -249,7 +257,10 @@ class Pairing(SQLModel, table=True):
     sender_id: str = Field(sa_column=Column(Text, nullable=False))
     sender: str = Field(default="", sa_column=Column(Text, nullable=False, server_default=""))
     code: str = Field(sa_column=Column(Text, nullable=False))
-    status: str = Field(default="pending", sa_column=Column(Text, nullable=False, server_default="pending"))
+    status: str = Field(
+        default=PairingStatus.PENDING.value,
+        sa_column=Column(Text, nullable=False, server_default=PairingStatus.PENDING.value),
+    )
     created_at: int = Field(sa_column=_big())
     approved_at: int | None = Field(default=None, sa_column=_big(nullable=True, default=None))
 
