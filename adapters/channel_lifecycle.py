@@ -1,5 +1,5 @@
-"""The connection lifecycle of :class:`adapters.base.Channel` (a mixin): the platform's connect, receive
-and disconnect, which plugins override; tries again with a doubling wait while the platform cannot be
+"""The lifecycle part of the channel runner (:mod:`adapters.runner`): the platform's connect, receive and
+disconnect (:class:`adapters.platform.Platform`); tries again with a doubling wait while the platform cannot be
 reached; the state recorded for ``agentpost status`` and ``doctor``; the run of the receive, delivery,
 typing and pairing loops until a signal stops them.
 """
@@ -9,44 +9,44 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
-import socket
-from collections.abc import Callable, Coroutine
-from typing import Any
+from typing import TYPE_CHECKING
 
-from adapters.delivery import Delivery
 from shared.aio import call
 from shared.backoff import Backoff
 from shared.chat import health
 from shared.clock import now_ms
 
+if TYPE_CHECKING:
+    from adapters.delivery import Delivery
+    from adapters.intake import Intake
+    from adapters.platform import Platform
 
-class ChannelLifecycle(Delivery):
-    """Connecting, running and stopping a channel (the base class builds on it)."""
 
-    # -- platform half (override) ----------------------------------------------------------------------------
-    async def open(self) -> None:
-        """Connect to the platform (log in); called before delivery starts."""
+class Lifecycle:
+    """Connecting, running and stopping one channel (a part of :class:`adapters.runner.ChannelRunner`).
 
-    async def close(self) -> None:
-        """Disconnect; called once at the end, also after a failed :meth:`open`."""
+    Given the platform (connect, receive, disconnect), the intake (its pairing loop), the delivery (its
+    delivery and typing loops), the runner's worker id (recorded with the connection state) and its stop
+    event (set by a signal, or when one loop ends)."""
 
-    async def receive(self) -> None:
-        """Receive inbound messages until :attr:`stop_event` is set, calling :meth:`handle` for each."""
-        await self.stop_event.wait()
-
-    async def run_until_stopped(self, task: asyncio.Task[None], what: str) -> None:
-        """:meth:`receive` for a plugin whose platform client or server runs as ``task``: wait until
-        :attr:`stop_event` is set (``task`` is left to :meth:`close`), or until ``task`` ends — then raise
-        why it ended, or a ``RuntimeError`` saying ``what`` stopped."""
-        stop = asyncio.create_task(self.stop_event.wait())
-        done, _ = await asyncio.wait({task, stop}, return_when=asyncio.FIRST_COMPLETED)
-        stop.cancel()
-        if task in done:
-            task.result()
-            raise RuntimeError(f"{what} stopped")
-
-    #: Takes back held messages of senders approved since they wrote (:meth:`adapters.base.Channel.pairing_loop`).
-    pairing_loop: Callable[[], Coroutine[Any, Any, None]]
+    def __init__(
+        self,
+        platform: Platform,
+        intake: Intake,
+        delivery: Delivery,
+        *,
+        worker: str,
+        stop_event: asyncio.Event,
+    ) -> None:
+        self.platform = platform
+        self.intake = intake
+        self.delivery = delivery
+        self.rt = platform.rt
+        self.name = platform.name
+        self.config = platform.config
+        self.log = platform.log
+        self.worker = worker
+        self.stop_event = stop_event
 
     # -- running ---------------------------------------------------------------------------------------------
     async def run(self) -> None:
@@ -55,13 +55,13 @@ class ChannelLifecycle(Delivery):
             if not await self.open_with_retries():
                 return
             tasks = [
-                asyncio.create_task(self.receive(), name=f"{self.name}-receive"),
-                asyncio.create_task(self.delivery_loop(), name=f"{self.name}-deliver"),
+                asyncio.create_task(self.platform.receive(), name=f"{self.name}-receive"),
+                asyncio.create_task(self.delivery.loop(), name=f"{self.name}-deliver"),
             ]
             if self.config.typing:
-                tasks.append(asyncio.create_task(self.typing_loop(), name=f"{self.name}-typing"))
+                tasks.append(asyncio.create_task(self.delivery.typing_loop(), name=f"{self.name}-typing"))
             if self.config.pairing:
-                tasks.append(asyncio.create_task(self.pairing_loop(), name=f"{self.name}-pairing"))
+                tasks.append(asyncio.create_task(self.intake.pairing_loop(), name=f"{self.name}-pairing"))
             stopper = asyncio.create_task(self.stop_event.wait())
             done, _ = await asyncio.wait([*tasks, stopper], return_when=asyncio.FIRST_COMPLETED)
             self.stop_event.set()
@@ -81,7 +81,7 @@ class ChannelLifecycle(Delivery):
             await self._health("stopped")
         finally:
             with contextlib.suppress(Exception):
-                await self.close()
+                await self.platform.close()
 
     async def _health(
         self, state: health.State, *, error: str = "", attempts: int = 0, next_try_at: int = 0
@@ -101,12 +101,6 @@ class ChannelLifecycle(Delivery):
         except Exception as exc:
             self.log.info("could not record the %s state %s: %s", self.name, state, exc)
 
-    def is_unreachable(self, exc: BaseException) -> bool:
-        """Whether a failure to :meth:`open` means the platform cannot be reached now (worth retrying), as
-        opposed to a refusal such as a bad token. Plugins add their library's network errors."""
-        # Not every OSError: a webhook port that is taken will not free itself by waiting.
-        return isinstance(exc, ConnectionError | TimeoutError | socket.gaierror)
-
     async def open_with_retries(self) -> bool:
         """:meth:`open`; while the platform is unreachable, try again with a doubling wait, recording each
         failure for ``agentpost status`` and ``doctor``. A refusal is raised at once. Returns False when
@@ -116,16 +110,16 @@ class ChannelLifecycle(Delivery):
         await self._health("connecting")
         while True:
             try:
-                await self.open()
+                await self.platform.open()
             except Exception as exc:
                 error = f"{type(exc).__name__}: {exc}"
-                if not self.is_unreachable(exc) or self.stop_event.is_set():
+                if not self.platform.is_unreachable(exc) or self.stop_event.is_set():
                     await self._health("stopped", error=error)
                     raise
                 attempts += 1
                 self.log.warning(
                     "cannot reach %s (try %s): %s; trying again in %.1f s",
-                    self.platform_label or self.name,
+                    self.platform.platform_label or self.name,
                     attempts,
                     error,
                     wait,
@@ -134,7 +128,7 @@ class ChannelLifecycle(Delivery):
                     "retrying", error=error, attempts=attempts, next_try_at=now_ms() + int(wait * 1000)
                 )
                 with contextlib.suppress(Exception):
-                    await self.close()  # a fresh client for the next try
+                    await self.platform.close()  # a fresh client for the next try
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self.stop_event.wait(), wait)
                 if self.stop_event.is_set():  # stopped while waiting: a clean stop, not a failure
@@ -144,7 +138,7 @@ class ChannelLifecycle(Delivery):
                 continue
             await self._health("up")
             if attempts:
-                self.log.info("%s is reachable again; connected", self.platform_label or self.name)
+                self.log.info("%s is reachable again; connected", self.platform.platform_label or self.name)
             return True
 
     async def serve_with_signals(self) -> None:

@@ -21,7 +21,7 @@ Every command reaches the processor only through the database; the answer is que
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, ClassVar, Literal
+from typing import TYPE_CHECKING, Literal
 
 from adapters import chat_state
 from shared.chat.lookups import busy_agents
@@ -36,7 +36,8 @@ from shared.runtime import Runtime
 from shared.settings.routing import AGENT_NAME_RE
 
 if TYPE_CHECKING:
-    from adapters.base import ChannelSettings, Inbound
+    from adapters.platform import Inbound
+    from shared.settings.channels import ChannelSettings
     from shared.settings.model import Settings
 
 #: The commands :meth:`ChatCommands.run_command` answers (``/start`` is Telegram's greeting: the help).
@@ -63,12 +64,19 @@ _POLICY_HELP = {
 
 
 class ChatCommands:
-    """The command half of :class:`adapters.base.Channel` (a mixin; it needs the attributes below)."""
+    """The chat commands of one channel, and its chats' sticky default agent (a part of the channel runner,
+    :mod:`adapters.runner`; the intake asks it about every message it takes in)."""
 
-    name: ClassVar[str]
-    rt: Runtime
-    settings: Settings
-    config: ChannelSettings
+    def __init__(self, runtime: Runtime, channel: str, config: ChannelSettings) -> None:
+        self.rt = runtime
+        #: The channel name (the ``channel`` column).
+        self.name = channel
+        self.config = config
+
+    @property
+    def settings(self) -> Settings:
+        """The settings in force now (agents and teams are picked up without a restart)."""
+        return self.rt.settings
 
     # -- names and the sticky agent ---------------------------------------------------------------------
     def _known(self, name: str) -> Literal["agent", "team", ""]:
@@ -82,7 +90,8 @@ class ChatCommands:
         names = sorted(self.settings.agents) if kind == "agent" else sorted(self.settings.teams)
         return ", ".join(names) or "none"
 
-    def _sticky_for(self, conversation: str, text: str) -> str | None:
+    def sticky_for(self, conversation: str, text: str) -> str | None:
+        """The chat's sticky agent for a plain message ``text`` (None: route it normally)."""
         sticky = chat_state.sticky_agent(self.rt.db, self.name, conversation)
         if not sticky or not self._known(sticky):
             return None
@@ -108,7 +117,9 @@ class ChatCommands:
         )
         return "\n".join(lines)
 
-    def _switch(self, message: Inbound, name: str) -> str | None:
+    def switch(self, message: Inbound, name: str) -> str | None:
+        """``@name`` alone: make it the chat's default (``@default``: undo); the answer, or None when
+        ``name`` is nobody we know (the text then goes to the agent like any message)."""
         db = self.rt.db
         if name == "default":
             chat_state.clear_sticky_agent(db, self.name, message.conversation)
@@ -190,7 +201,7 @@ class ChatCommands:
             shown = f"@{current}" if current else f"normal routing (@{self.settings.queue.default_agent})"
             return f"This chat's default is {shown}. Known {name}s: {self._names(name)}."
         if target == "default":
-            answer = self._switch(message, "default")
+            answer = self.switch(message, "default")
             assert answer is not None
             return answer
         if self._known(target) != name:

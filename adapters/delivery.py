@@ -1,4 +1,4 @@
-"""The outbound half of :class:`adapters.base.Channel`: durable chunked delivery, progress notes, typing.
+"""The delivery part of the channel runner (:mod:`adapters.runner`): durable chunked delivery, progress notes, typing.
 
 - **Delivery**: wake on new responses, claim the channel's responses with a lease — at most one per chat,
   the oldest unfinished one (:meth:`shared.queue.core.Queue.claim_responses_for_channel`) — and deliver each chat
@@ -9,15 +9,15 @@
   at the end. The parts are a pure function of the response, so after a crash the next claim resumes at the
   first part not recorded: only a part whose confirmation was lost in the crash can be sent twice. The
   lease is renewed while a part is being sent, so a slow send is not mistaken for a dead deliverer.
-- **Send errors** are classified by the platform plugin (:meth:`Delivery.classify_send_error`): a
+- **Send errors** are classified by the platform plugin (:meth:`adapters.platform.Platform.classify_send_error`): a
   *permanent* refusal (blocked bot, unknown chat, a window that closed, a file type refused) marks the
   response ``failed`` with the platform's reason at once and the chat is told the next time the user writes
-  (:mod:`adapters.base`); a *transient* one (5xx, network, rate limit) gives the response back with a
+  (:mod:`adapters.intake`); a *transient* one (5xx, network, rate limit) gives the response back with a
   backoff that holds up only its own chat, and after ``delivery_attempts`` of them it is failed too. A
   failed response is never reported as delivered.
 - **Progress notes**: a response with metadata ``{"kind": "progress", "edit_key": K}`` (the processor's "still
   working" note) is sent once and later notes with the same key *edit that message* where the platform can
-  (:attr:`Delivery.can_edit`); elsewhere a new note is sent at most every ``progress_min_interval_seconds``.
+  (:attr:`adapters.platform.Platform.can_edit`); elsewhere a new note is sent at most every ``progress_min_interval_seconds``.
   The platform's message id per key lives in the ``kv`` table (scope ``progress.<channel>``), so it survives
   a restart. The final reply (``{"kind": "final", "edit_key": K}``, or any other reply) is always a new
   message; afterwards the note is edited to a short "done" and later notes of that key are dropped.
@@ -30,33 +30,30 @@
 
 from __future__ import annotations
 
-import abc
 import asyncio
 import contextlib
 import dataclasses
 import json
-import logging
 import os
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from adapters.chunking import split_message
+from adapters.platform import SendFailure
 from shared.aio import call
 from shared.chat import cursors, dedupe, lookups
 from shared.clock import now_ms
 from shared.file_access import check_send_path, safe_name, send_roots
 from shared.queue.core import QueuedResponse, TxWork
-from shared.runtime import Runtime
 from shared.storage import kv
 from shared.storage.db import Tx
 from shared.storage.kv import Scope, scoped
 
 if TYPE_CHECKING:
-    from adapters.base import ChannelSettings
-    from shared.settings.model import Settings
+    from adapters.platform import Platform
 
 #: The text a progress note is edited to once the final reply has been delivered.
 DONE_TEXT = "Done — the reply is below."
@@ -79,26 +76,6 @@ class Part:
     path: str = ""
 
 
-@dataclass(frozen=True)
-class SendFailure:
-    """How a platform refused a send: for good (``permanent``) or for now, and why.
-
-    ``reason`` is the platform's own words (kept in ``responses.last_error`` for operators); ``explanation``
-    is a short plain-language version for the user ("the bot was blocked"), used when the reply failed for
-    good.
-    """
-
-    permanent: bool
-    reason: str
-    explanation: str = ""
-
-
-def safe_filename(name: str, fallback: str = "file") -> str:
-    """A file name with no path parts or odd characters (inbound attachments are saved under it); the rule
-    of :func:`shared.file_access.safe_name`, under the name plugins import."""
-    return safe_name(name, fallback)
-
-
 def offline_preface(sent_at_ms: int) -> str:
     """The first line of a reply to a message that arrived while the bot was offline."""
     at = datetime.fromtimestamp(sent_at_ms / 1000, UTC).strftime("%H:%M UTC on %b %d")
@@ -110,68 +87,32 @@ def note_key(conversation: str, edit_key: str) -> str:
     return f"{conversation}|{edit_key}"
 
 
-class Delivery(abc.ABC):
-    """The delivery, progress-note and typing half of :class:`adapters.base.Channel` (a mixin)."""
+class Delivery:
+    """Delivers one channel's replies, progress notes and typing (a part of
+    :class:`adapters.runner.ChannelRunner`).
 
-    #: Whether :meth:`edit_text` can change a sent message in place (progress notes are edited).
-    can_edit: ClassVar[bool] = False
-    #: The platform's name as users know it (in notices about replies that could not be delivered).
-    platform_label: ClassVar[str] = ""
-    #: File name suffix of a long reply sent as a file: a type the platform accepts as a document.
-    long_reply_suffix: ClassVar[str] = ".txt"
+    Given the platform (sending, its limits and error classification, its settings section), the
+    runner's worker id (the lease owner of claimed responses), the queue poll interval, and the runner's
+    stop event (checked between parts: a stopping channel hands the rest back)."""
 
-    name: ClassVar[str]
-    limit: ClassVar[int]
-    rt: Runtime
-    settings: Settings
-    config: ChannelSettings
-    worker: str
-    lease_ms: int
-    poll_interval: float
-    stop_event: asyncio.Event
-    log: logging.Logger
-
-    # -- platform half (override) ----------------------------------------------------------------------------
-    def measure(self, text: str) -> int:
-        """Length of ``text`` in the platform's units (characters by default)."""
-        return len(text)
-
-    @abc.abstractmethod
-    async def send_text(self, conversation: str, text: str) -> str | None:
-        """Send one chunk (already within :attr:`limit`) to ``conversation``; returns the platform's id of
-        the sent message when it gives one (so a failure it reports later can be traced back)."""
-
-    @abc.abstractmethod
-    async def send_file(self, conversation: str, path: Path, caption: str) -> str | None:
-        """Send one file to ``conversation`` with a short caption (may be empty); returns the platform's
-        message id when it gives one."""
-
-    def classify_send_error(self, exc: Exception) -> SendFailure:
-        """Whether a send error is permanent (the reply can never be delivered) or worth retrying.
-        Default: everything is retried; plugins name their platform's permanent refusals."""
-        return SendFailure(False, f"{type(exc).__name__}: {exc}")
-
-    async def send_typing(self, conversation: str) -> None:
-        """Show the typing indicator in ``conversation`` (default: the platform has none)."""
-        return None
-
-    async def send_note(self, conversation: str, text: str) -> str:
-        """Send a progress note (plain text within :attr:`limit`); returns the platform's message id
-        (``""`` when the platform gives none). Default: :meth:`send_text`."""
-        await self.send_text(conversation, text)
-        return ""
-
-    async def edit_text(self, conversation: str, message_id: str, text: str) -> bool:
-        """Replace the text of a message sent earlier. True when edited (or unchanged); False when the
-        message cannot be edited any more (deleted, too old), so a new one should be sent. Other failures
-        raise (the delivery is retried)."""
-        return False
+    def __init__(
+        self, platform: Platform, *, worker: str, poll_interval: float, stop_event: asyncio.Event
+    ) -> None:
+        self.platform = platform
+        self.rt = platform.rt
+        self.name = platform.name
+        self.config = platform.config
+        self.log = platform.log
+        self.worker = worker
+        self.lease_ms = self.rt.queue.config.lease_ms
+        self.poll_interval = poll_interval
+        self.stop_event = stop_event
 
     # -- planning --------------------------------------------------------------------------------------------
     def plan(self, response: QueuedResponse) -> list[Part]:
         """The parts a response is sent as. Deterministic, so a restart resumes at the same part."""
         text = response.message.strip()
-        chunks = split_message(text, self.limit, length=self.measure) if text else []
+        chunks = split_message(text, self.platform.limit, length=self.platform.measure) if text else []
         parts: list[Part] = []
         if len(chunks) > self.config.max_chunks:
             path = self._long_reply_file(response, text)
@@ -184,7 +125,7 @@ class Delivery(abc.ABC):
             parts.extend(Part("text", chunk) for chunk in chunks)
         # Checked again here, not only when the reply was queued: the API and the processor queue paths, and
         # a path can be swapped for a symlink in between (shared.file_access has the one rule).
-        roots = send_roots(self.settings, response.agent, self.name, response.conversation)
+        roots = send_roots(self.rt.settings, response.agent, self.name, response.conversation)
         for f in response.files:
             allowed, why = check_send_path(str(f), roots)
             if allowed is None:
@@ -197,9 +138,11 @@ class Delivery(abc.ABC):
         return parts
 
     def _long_reply_file(self, response: QueuedResponse, text: str) -> str:
-        folder = self.settings.home / "files" / "outbound" / self.name
+        folder = self.rt.settings.home / "files" / "outbound" / self.name
         folder.mkdir(parents=True, exist_ok=True)
-        path = folder / f"reply-{safe_filename(response.message_id)}-{response.id}{self.long_reply_suffix}"
+        path = (
+            folder / f"reply-{safe_name(response.message_id)}-{response.id}{self.platform.long_reply_suffix}"
+        )
         if not path.exists():
             tmp = path.with_suffix(".tmp")
             tmp.write_text(text + "\n", encoding="utf-8")
@@ -210,11 +153,13 @@ class Delivery(abc.ABC):
         """Send one part; a file that is gone is replaced by a short note rather than failing forever.
         Returns the platform's message id, if any."""
         if part.kind == "text":
-            return await self.send_text(conversation, part.text)
+            return await self.platform.send_text(conversation, part.text)
         path = Path(part.path)
         if not path.is_file():
-            return await self.send_text(conversation, f"(the file {path.name} is no longer available)")
-        return await self.send_file(conversation, path, part.text)
+            return await self.platform.send_text(
+                conversation, f"(the file {path.name} is no longer available)"
+            )
+        return await self.platform.send_file(conversation, path, part.text)
 
     # -- delivering ------------------------------------------------------------------------------------------
     async def deliver(self, response: QueuedResponse) -> bool:
@@ -278,12 +223,12 @@ class Delivery(abc.ABC):
 
     def failure_explanation(self, failure: SendFailure, *, gave_up: bool = False) -> str:
         """The plain words a user reads about a reply that could not be delivered."""
-        label = self.platform_label or self.name.capitalize()
+        label = self.platform.platform_label or self.name.capitalize()
         why = failure.explanation or ("sending kept failing" if gave_up else "it was refused")
         return f"{label}: {why}"
 
     async def _send_failed(self, response: QueuedResponse, index: int, exc: Exception) -> bool:
-        failure = self.classify_send_error(exc)
+        failure = self.platform.classify_send_error(exc)
         queue = self.rt.queue
         silent = (response.metadata or {}).get("kind") in _SILENT_FAILURE_KINDS
         explanation = None if silent else self.failure_explanation(failure)
@@ -369,7 +314,7 @@ class Delivery(abc.ABC):
 
     def _note_text(self, text: str) -> str:
         text = " ".join(text.split()) or "…"
-        chunks = split_message(text, self.limit, length=self.measure)
+        chunks = split_message(text, self.platform.limit, length=self.platform.measure)
         return chunks[0] if chunks else text
 
     async def _deliver_note(self, response: QueuedResponse, edit_key: str) -> bool:
@@ -396,17 +341,17 @@ class Delivery(abc.ABC):
         now = now_ms()
         if record is not None and record.get("done"):
             return None  # a note that arrived after the final reply: the chat already has the answer
-        if record is not None and record.get("id") and self.can_edit:
-            if await self.edit_text(conversation, str(record["id"]), text):
+        if record is not None and record.get("id") and self.platform.can_edit:
+            if await self.platform.edit_text(conversation, str(record["id"]), text):
                 return {**record, "at": now}
             self.log.info(
                 "progress note %s in %s cannot be edited; sending a new one", edit_key, conversation
             )
-        elif record is not None and not self.can_edit:
+        elif record is not None and not self.platform.can_edit:
             quiet_ms = self.config.progress_min_interval_seconds * 1000
             if now - int(record.get("at") or 0) < quiet_ms:
                 return None  # no editing here: at most one note per interval
-        message_id = await self.send_note(conversation, text)
+        message_id = await self.platform.send_note(conversation, text)
         return {"id": message_id, "at": now, "done": False}
 
     async def _close_note(self, conversation: str, edit_key: str) -> None:
@@ -428,9 +373,9 @@ class Delivery(abc.ABC):
                 record = {"id": "", "at": now_ms()}
             elif record.get("done"):
                 return None
-            if record.get("id") and self.can_edit:
+            if record.get("id") and self.platform.can_edit:
                 try:
-                    await self.edit_text(conversation, str(record["id"]), DONE_TEXT)
+                    await self.platform.edit_text(conversation, str(record["id"]), DONE_TEXT)
                 except Exception as exc:
                     self.log.info("could not mark progress note %s done: %s", edit_key, exc)
             return self._note_writer(conversation, edit_key, {**record, "done": True})
@@ -483,7 +428,7 @@ class Delivery(abc.ABC):
         await asyncio.gather(*(self.deliver_claimed(r) for r in claimed))
         return len(claimed)
 
-    async def delivery_loop(self) -> None:
+    async def loop(self) -> None:
         """Deliver until stopped. Each claimed response is delivered in its own task, and a free slot is
         refilled as soon as a task ends, so a chat that is slow or backing off never holds up the others.
         Wakes on database changes, with the slow poll as the fallback."""
@@ -567,7 +512,7 @@ class Delivery(abc.ABC):
                 if now - shown.get(conversation, -interval) >= interval:
                     shown[conversation] = now
                     try:
-                        await self.send_typing(conversation)
+                        await self.platform.send_typing(conversation)
                     except Exception as exc:
                         self.log.debug("typing in %s failed: %s", conversation, exc)
             for conversation in list(shown):

@@ -19,7 +19,7 @@ while the bot was offline. A DM from someone the bot never talked with before ca
 Hygiene: a pairing code for someone who mentions the bot in a guild goes to them by DM (the guild channel gets
 a short hint without the code); channels are addressed without a ``GET /channels/{id}`` per send (cached
 channels, else a partial channel by id); an unreachable API at start is retried with backoff
-(:meth:`adapters.base.Channel.open_with_retries`), visible in ``agentpost status`` and ``doctor``.
+(:meth:`adapters.channel_lifecycle.Lifecycle.open_with_retries`), visible in ``agentpost status`` and ``doctor``.
 """
 
 from __future__ import annotations
@@ -37,10 +37,18 @@ from typing import Any, ClassVar
 import aiohttp
 import yarl
 
-from adapters.base import Channel, ChannelSettings, Inbound, pairing_code_text, safe_filename
-from adapters.delivery import SendFailure
+from adapters.platform import (
+    ChannelSettings,
+    Inbound,
+    Platform,
+    SendFailure,
+    pairing_code_text,
+    run_until_stopped,
+    safe_filename,
+)
 from shared.aio import call
 from shared.chat import cursors
+from shared.chat.address import ChatAddress
 from shared.settings.channels import DiscordSettings
 
 with warnings.catch_warnings():
@@ -82,7 +90,7 @@ class _Client(discord.Client):
         await self.adapter.on_message(message)
 
 
-class DiscordChannel(Channel):
+class DiscordChannel(Platform):
     """The Discord adapter (``agentpost run discord``)."""
 
     name: ClassVar[str] = "discord"
@@ -154,7 +162,7 @@ class DiscordChannel(Channel):
         assert self.client_task is not None
         if self.config.catch_up:
             self.catch_up_task = asyncio.create_task(self.catch_up(), name="discord-catch-up")
-        await self.run_until_stopped(self.client_task, "the Discord client")
+        await run_until_stopped(self.client_task, self.inbox.stop_event, "the Discord client")
 
     # -- receiving -----------------------------------------------------------------------------------------
     async def on_message(self, message: discord.Message, *, guild_id: str = "") -> None:
@@ -176,7 +184,7 @@ class DiscordChannel(Channel):
         sender_id = str(message.author.id)
         files: list[Path] = []
         metadata = {"guild_id": guild, "discord_message_id": str(message.id)}
-        if await self.may_download(sender_id):
+        if await self.inbox.may_download(sender_id):
             files = await self._save_attachments(message, conversation)
         else:
             if not text:
@@ -184,7 +192,7 @@ class DiscordChannel(Channel):
             if guild:
                 metadata["dm_channel"] = await self._dm_channel_of(message.author)
         cursor = (self.name, conversation, message.id, guild)
-        outcome = await self.handle(
+        outcome = await self.inbox.handle(
             Inbound(
                 conversation=conversation,
                 sender_id=sender_id,
@@ -201,7 +209,7 @@ class DiscordChannel(Channel):
         )
         if outcome not in ("queued", "command"):  # nothing was committed with the cursor: its own write
             note = functools.partial(call, cursors.note_seen, self.rt.db, *cursor)
-            await self.until_stored(note, f"recording message {message.id}")
+            await self.inbox.until_stored(note, f"recording message {message.id}")
 
     async def _dm_channel_of(self, user: discord.User | discord.Member) -> str:
         """The id of the DM channel with ``user`` ("" when Discord will not open one)."""
@@ -212,22 +220,23 @@ class DiscordChannel(Channel):
             return ""
         return str(dm.id)
 
-    def send_pairing_code(self, message: Inbound, code: str) -> None:
+    def pairing_replies(self, message: Inbound, code: str) -> list[tuple[ChatAddress, str, str]]:
         """In a guild the code goes by DM and the channel gets a hint without it (anyone can read there)."""
         if not message.metadata.get("guild_id"):
-            super().send_pairing_code(message, code)
-            return
+            return super().pairing_replies(message, code)
+        here = message.address_on(self.name)
         dm = str(message.metadata.get("dm_channel") or "")
-        if dm:
-            private = dataclasses.replace(message.address_on(self.name), conversation=dm)
-            self.reply_to(private, pairing_code_text(code), kind="pairing")
-            hint = f"<@{message.sender_id}> I don't know you yet; I sent you a direct message about getting access."
-        else:
+        if not dm:
             hint = (
                 f"<@{message.sender_id}> I don't know you yet, and I cannot send you a direct message. "
                 "Allow direct messages from this server's members, then mention me again."
             )
-        self.reply(message, hint, kind="pairing_hint")
+            return [(here, hint, "pairing_hint")]
+        private = dataclasses.replace(here, conversation=dm)
+        hint = (
+            f"<@{message.sender_id}> I don't know you yet; I sent you a direct message about getting access."
+        )
+        return [(private, pairing_code_text(code), "pairing"), (here, hint, "pairing_hint")]
 
     async def catch_up(self) -> None:
         """Read what arrived while the adapter was down in every channel it has talked in (see the module
@@ -240,7 +249,7 @@ class DiscordChannel(Channel):
         margin = _CATCH_UP_MARGIN_MS << 22
         taken = 0
         for cursor in await call(cursors.cursors, self.rt.db, self.name):
-            if self.stop_event.is_set():
+            if self.inbox.stop_event.is_set():
                 return
             after = max(oldest, cursor.last_id - margin)
             channel = self._channel_for(cursor.conversation, cursor.note)

@@ -37,9 +37,8 @@ from telegram.error import (
 from telegram.ext import AIORateLimiter, Application
 
 from adapters import chat_state
-from adapters.base import Channel, ChannelSettings, HandleOutcome, Inbound, safe_filename
 from adapters.chunking import utf16_len
-from adapters.delivery import SendFailure
+from adapters.platform import ChannelSettings, HandleOutcome, Inbound, Platform, SendFailure, safe_filename
 from shared.aio import call
 from shared.queue.core import TxWork
 from shared.settings.channels import TelegramSettings
@@ -57,7 +56,7 @@ def split_conversation(conversation: str) -> tuple[int | str, int | None]:
     return chat_id, int(thread) if thread.isdigit() else None
 
 
-class TelegramChannel(Channel):
+class TelegramChannel(Platform):
     """The Telegram adapter (``agentpost run telegram``)."""
 
     name: ClassVar[str] = "telegram"
@@ -131,7 +130,7 @@ class TelegramChannel(Channel):
                 allowed_updates=["message"],
             )
         )
-        stop = asyncio.create_task(self.stop_event.wait())
+        stop = asyncio.create_task(self.inbox.stop_event.wait())
         done, _ = await asyncio.wait({poll, stop}, return_when=asyncio.FIRST_COMPLETED)
         if poll not in done:
             poll.cancel()
@@ -144,7 +143,7 @@ class TelegramChannel(Channel):
     async def receive(self) -> None:
         db = self.rt.db
         offset = int(await call(chat_state.kv_get, db, Scope.TELEGRAM, self.offset_key) or 0)
-        while not self.stop_event.is_set():
+        while not self.inbox.stop_event.is_set():
             try:
                 updates = await self._fetch(offset)
             except Conflict as exc:
@@ -173,7 +172,7 @@ class TelegramChannel(Channel):
                         confirm = functools.partial(
                             call, chat_state.kv_set, db, Scope.TELEGRAM, self.offset_key, str(after)
                         )
-                        await self.until_stored(confirm, f"confirming update {update.update_id}")
+                        await self.inbox.until_stored(confirm, f"confirming update {update.update_id}")
                 except Exception:
                     # Not committed: keep the offset here so the update is fetched and handled again.
                     self.log.exception(
@@ -201,7 +200,7 @@ class TelegramChannel(Channel):
 
     async def handle_update(self, update: Update, *, also: TxWork | None = None) -> HandleOutcome:
         """Turn one update into an :class:`Inbound` and hand it to the base (returns once committed);
-        ``also`` commits with the message if one is queued or answered (see :meth:`Channel.handle`)."""
+        ``also`` commits with the message if one is queued or answered (see :meth:`adapters.intake.Intake.handle`)."""
         message = update.message
         if message is None or message.from_user is None or message.from_user.is_bot:
             return "ignored"
@@ -216,11 +215,11 @@ class TelegramChannel(Channel):
         external_id = f"{chat_id}:{message.message_id}"
         user = message.from_user
         files: list[Path] = []
-        if await self.may_download(str(user.id)):
+        if await self.inbox.may_download(str(user.id)):
             files = await self._save_attachments(message, conversation)
         elif not text:
             text = "(an attachment)"  # a stranger still gets a pairing code, but nothing is downloaded
-        return await self.handle(
+        return await self.inbox.handle(
             Inbound(
                 conversation=conversation,
                 sender_id=str(user.id),

@@ -53,8 +53,15 @@ from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
 
 from adapters import whatsapp_graph
-from adapters.base import Channel, ChannelSettings, HandleOutcome, Inbound, safe_filename
-from adapters.delivery import SendFailure
+from adapters.platform import (
+    ChannelSettings,
+    HandleOutcome,
+    Inbound,
+    Platform,
+    SendFailure,
+    run_until_stopped,
+    safe_filename,
+)
 from adapters.web.limits import BodyLimit, ConnectionLimits, server_config
 from adapters.whatsapp_graph import (
     THROUGHPUT_CODES,
@@ -88,12 +95,12 @@ class _QuietServer(uvicorn.Server):
         yield
 
 
-class WhatsAppChannel(Channel):
+class WhatsAppChannel(Platform):
     """The WhatsApp Cloud API adapter (``agentpost run whatsapp``)."""
 
     name: ClassVar[str] = "whatsapp"
     #: Meta redelivers a webhook answered with an error: while the database is away, answer 503 after a
-    #: short wait instead of holding the request open (:meth:`Channel.until_stored`).
+    #: short wait instead of holding the request open (:meth:`adapters.intake.Intake.until_stored`).
     storage_wait_seconds: ClassVar[float | None] = 5.0
     prefix: ClassVar[str] = "whatsapp"
     limit: ClassVar[int] = 4096
@@ -186,7 +193,7 @@ class WhatsAppChannel(Channel):
         assert self.server_task is not None
         media = asyncio.create_task(self.media_loop(), name="whatsapp-media")
         try:
-            await self.run_until_stopped(self.server_task, "the webhook server")
+            await run_until_stopped(self.server_task, self.inbox.stop_event, "the webhook server")
         finally:
             media.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
@@ -233,12 +240,12 @@ class WhatsAppChannel(Channel):
         """Queue a message now, or store its media job (fetched afterwards by :meth:`media_loop`)."""
         inbound = item.inbound
         if item.media is None:
-            self._taken_in(inbound, await self.handle(inbound))
+            self._taken_in(inbound, await self.inbox.handle(inbound))
             return
-        if not await self.may_download(inbound.sender_id):
+        if not await self.inbox.may_download(inbound.sender_id):
             # A stranger still gets a pairing code, but nothing is downloaded.
             text = inbound.text or "(an attachment)"
-            self._taken_in(inbound, await self.handle(replace(inbound, text=text)))
+            self._taken_in(inbound, await self.inbox.handle(replace(inbound, text=text)))
             return
         job = {
             "conversation": inbound.conversation,
@@ -258,12 +265,12 @@ class WhatsAppChannel(Channel):
     # -- media, after the webhook was answered ---------------------------------------------------------------
     async def media_loop(self) -> None:
         """Fetch the files of stored media jobs and queue their messages, until stopped."""
-        while not self.stop_event.is_set():
+        while not self.inbox.stop_event.is_set():
             self.media_wake.clear()
             try:
                 jobs = await call(inbound_jobs.pending, self.rt.db, self.name)
                 for key, text in jobs:
-                    if self.stop_event.is_set():
+                    if self.inbox.stop_event.is_set():
                         return
                     await self._media_job(key, text)
             except Exception:
@@ -304,7 +311,7 @@ class WhatsAppChannel(Channel):
                 return
             await self._media_failed(inbound, media, kind)
         else:
-            self._taken_in(inbound, await self.handle(replace(inbound, files=[path])))
+            self._taken_in(inbound, await self.inbox.handle(replace(inbound, files=[path])))
         await call(inbound_jobs.finish, db, self.name, key)
 
     async def _media_failed(self, inbound: Inbound, media: dict[str, Any], kind: str) -> None:
@@ -315,13 +322,13 @@ class WhatsAppChannel(Channel):
         if await call(dedupe.is_seen, self.rt.db, self.name, inbound.external_id):
             return
         await call(
-            self.reply,
+            self.inbox.reply,
             inbound,
             f"I could not fetch the file you sent ({name}). I passed your message on without it; "
             "please send the file again if it matters.",
             kind="media_failed",
         )
-        self._taken_in(inbound, await self.handle(replace(inbound, text=text)))
+        self._taken_in(inbound, await self.inbox.handle(replace(inbound, text=text)))
 
     async def _download(self, sender: str, wamid: str, media: dict[str, Any], kind: str) -> Path:
         assert self.http is not None

@@ -16,8 +16,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from adapters.base import Inbound
-from adapters.delivery import SendFailure
+from adapters.platform import Inbound, SendFailure
 
 THROUGHPUT_CODES = frozenset({130429, 131056})
 #: Errors that are about our account or Meta's side, not this reply: retried (the operator may fix them).

@@ -20,6 +20,8 @@ from typing import Any
 
 import httpx
 
+from adapters.platform import Platform
+from adapters.runner import ChannelRunner
 from adapters.whatsapp import WhatsAppChannel
 from shared.runtime import Runtime
 from tests.fakes.discord_api import FakeDiscord
@@ -250,12 +252,14 @@ def events(rt: Runtime, type_: str) -> list[dict[str, Any]]:
 
 
 class RunningChannel:
-    """A channel adapter running in-process in its own thread and event loop (integration tests)."""
+    """A channel adapter running in-process in its own thread and event loop (integration tests): a
+    platform under the channel runner (a bare platform gets a runner of its own)."""
 
-    def __init__(self, channel: Any, *, deliver_only: bool = False) -> None:
+    def __init__(self, channel: Platform | ChannelRunner, *, deliver_only: bool = False) -> None:
         import asyncio
 
-        self.channel = channel
+        runner = channel if isinstance(channel, ChannelRunner) else ChannelRunner(channel)
+        self.channel = runner
         self._loop: asyncio.AbstractEventLoop | None = None
         self._error: list[BaseException] = []
         self._started = threading.Event()
@@ -264,13 +268,13 @@ class RunningChannel:
             self._loop = asyncio.get_running_loop()
             self._started.set()
             if deliver_only:
-                await channel.open()
+                await runner.platform.open()
                 try:
-                    await channel.delivery_loop()
+                    await runner.delivery.loop()
                 finally:
-                    await channel.close()
+                    await runner.platform.close()
             else:
-                await channel.run()
+                await runner.run()
 
         def target() -> None:
             try:
@@ -279,7 +283,7 @@ class RunningChannel:
                 self._error.append(exc)
                 self._started.set()
 
-        self._thread = threading.Thread(target=target, name=f"channel-{channel.name}", daemon=True)
+        self._thread = threading.Thread(target=target, name=f"channel-{runner.name}", daemon=True)
         self._thread.start()
         self._started.wait(10)
 

@@ -8,7 +8,7 @@ two values as text compares the ids, and a record only ever moves forward — al
 chat are handled out of order.
 
 It also answers, for a reply being delivered, when its message was sent if it arrived while the adapter was
-down (``messages.metadata.offline_sent_at``, set by :mod:`adapters.base`), so the reply can say so.
+down (``messages.metadata.offline_sent_at``, set by :mod:`adapters.intake`), so the reply can say so.
 """
 
 from __future__ import annotations

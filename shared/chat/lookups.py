@@ -1,6 +1,6 @@
 """Named reads the chat adapters make about one channel's chats: who is busy, where typing shows.
 
-The channel adapters (:mod:`adapters.base` and its plugins) hold no SQL; what they need to know about the
+The channel adapters (:mod:`adapters.runner` and the platforms) hold no SQL; what they need to know about the
 queue's rows beyond the queue operations is asked here. Every function is one read-only statement on an
 autocommit snapshot, cheap enough for the typing loop's pace (a few seconds).
 """

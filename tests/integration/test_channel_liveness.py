@@ -13,9 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from adapters.base import Inbound
 from adapters.delivery import DONE_TEXT
 from adapters.discord import DiscordChannel
+from adapters.platform import Inbound
+from adapters.runner import ChannelRunner
 from adapters.telegram import TelegramChannel
 from adapters.whatsapp import WhatsAppChannel
 from shared.chat.prefs import get_busy_policy
@@ -108,7 +109,7 @@ def test_status_stop_and_queue_commands(rt: Runtime, fake: HoldingTelegram) -> N
     stop_events = rt.db.read("SELECT payload FROM events WHERE type = 'stop_requested'")
     assert len(stop_events) == 1
     # The policy is in the database: a new adapter (another process, after a restart) sees it.
-    fresh = _telegram(rt, fake)
+    fresh = ChannelRunner(_telegram(rt, fake)).commands
     assert "is followup" in fresh.run_command(_inbound(), "queue", "")
     assert "back to the default busy policy, collect" in fresh.run_command(_inbound(), "queue", "default")
     assert get_busy_policy(rt.db, "telegram", "42") is None
@@ -284,7 +285,7 @@ async def _deliver_with_http(channel: WhatsAppChannel) -> None:
 
     channel.http = httpx.AsyncClient(timeout=10)
     try:
-        await channel.run_until_idle(10)
+        await ChannelRunner(channel).delivery.run_until_idle(10)
     finally:
         await channel.http.aclose()
         channel.http = None

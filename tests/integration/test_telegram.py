@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from adapters.base import Inbound
+from adapters.platform import Inbound
+from adapters.runner import ChannelRunner
 from adapters.telegram import TelegramChannel
 from shared.runtime import Runtime
 from tests.channel_support import HoldingTelegram, RunningChannel, channel_home, count, open_home, wait_for
@@ -20,9 +21,9 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 SETTINGS = {"allowlist": ["42", "900"], "poll_timeout_seconds": 1, "typing_interval_seconds": 0.3}
 
 
-def _channel(rt: Runtime, fake: HoldingTelegram, worker: str | None = None) -> TelegramChannel:
+def _channel(rt: Runtime, fake: HoldingTelegram, worker: str | None = None) -> ChannelRunner:
     env = {"TELEGRAM_BOT_TOKEN": fake.token, "TELEGRAM_API_BASE_URL": fake.url}
-    return TelegramChannel(rt, env=env, worker_id=worker)
+    return ChannelRunner(TelegramChannel(rt, env=env), worker_id=worker)
 
 
 @pytest.fixture
@@ -75,8 +76,8 @@ def test_markdown_fallback_long_reply_as_file_and_typing(rt: Runtime, fake: Hold
 def test_redelivered_update_is_not_queued_twice(rt: Runtime, fake: HoldingTelegram) -> None:
     channel = _channel(rt, fake)
     message = Inbound(conversation="42", sender_id="42", sender="alice", text="hi", external_id="42:7")
-    assert asyncio.run(channel.handle(message)) == "queued"
-    assert asyncio.run(channel.handle(message)) == "duplicate"
+    assert asyncio.run(channel.intake.handle(message)) == "queued"
+    assert asyncio.run(channel.intake.handle(message)) == "duplicate"
     assert count(rt, "SELECT COUNT(*) FROM messages") == 1
 
 

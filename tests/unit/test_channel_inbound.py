@@ -1,10 +1,10 @@
-"""adapters.base.Inbound: its chat address, and the record kept while its sender waits for pairing."""
+"""adapters.platform.Inbound: its chat address, and the record kept while its sender waits for pairing."""
 
 from __future__ import annotations
 
 import pytest
 
-from adapters.base import Inbound
+from adapters.platform import Inbound
 from shared.chat.address import ChatAddress
 
 pytestmark = pytest.mark.unit

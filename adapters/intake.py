@@ -1,145 +1,56 @@
-"""The channel base every chat plugin shares (Telegram, Discord, WhatsApp, and third-party ones).
+"""The intake of the channel runner: every inbound message a platform hands over, taken in durably.
 
-A plugin subclasses :class:`Channel` and fills in the platform half: connect (:meth:`Channel.open`),
-receive (:meth:`Channel.receive`, which hands each inbound message to :meth:`Channel.handle`), send a text
-chunk, send a file, show typing, disconnect. The base gives it the rest, talking to other processes only
-through the database:
+- an allowlist or pairing check (unknown senders get a one-time code and their message is kept, not queued,
+  until the operator approves them: :mod:`adapters.pairing`, :mod:`shared.chat.held`);
+- chat commands and a sticky default agent per chat (:mod:`adapters.chat_commands`: ``/agent``, ``/team``,
+  ``/reset``, ``/status``, ``/stop``, ``/queue``, ``/help``…; ``@agent`` alone switches, ``@default``
+  clears);
+- then ``enqueue_message`` with the platform's message id as ``external_id`` (a redelivered message is
+  reported as a duplicate, not queued twice — also after the message row was pruned: the ids taken in are
+  remembered for longer than any platform redelivers, :mod:`shared.chat.dedupe`) and the chat debounce
+  (``[queue] debounce_ms``: a burst of quick messages becomes one run).
 
-- **Inbound**: an allowlist or pairing check (unknown senders get a one-time code and their message is not
-  queued), chat commands (:mod:`adapters.chat_commands`: ``/agent``, ``/team``, ``/reset``, ``/status``,
-  ``/stop``, ``/queue``, ``/help``), a sticky default agent per chat (``@agent`` alone switches, ``@default``
-  clears), then ``enqueue_message`` with the platform's message id as ``external_id`` (a redelivered message
-  is reported as a duplicate, not queued twice — also after the message row was pruned: the ids taken in
-  are remembered for longer than any platform redelivers, :mod:`shared.chat.dedupe`) and the chat debounce (``[queue] debounce_ms``: a burst of
-  quick messages becomes one run). :meth:`Channel.handle` returns only after the message is committed, so a
-  platform delivery is acknowledged (an offset confirmed, a webhook answered) only then. A command's answer
-  commits with the message's seen mark and the plugin's cursor in the same way, so a crash never answers
-  it twice. While the database is away (a server restarting, a lock, a full disk), :meth:`Channel.handle`
-  waits and tries again (:meth:`Channel.until_stored`) instead of dropping the update.
-- **Delivery, progress notes and typing**: :mod:`adapters.delivery`. Replies to commands and pairing codes go
-  through the same responses table, so they are durable too.
-- **Connecting and running**: :mod:`adapters.channel_lifecycle` (retries while the platform is unreachable,
-  the recorded connection state, the loops run until a signal).
-- **Replies that could not be delivered**: when a user whose earlier reply failed for good (the platform
-  refused it) writes again, a short note saying so is queued first, in that chat — the path that works.
+:meth:`Intake.handle` returns only after the message is committed, so a platform delivery is acknowledged
+(an offset confirmed, a webhook answered) only then. A command's answer commits with the message's seen mark
+and the plugin's cursor in the same way, so a crash never answers it twice. While the database is away (a
+server restarting, a lock, a full disk), :meth:`Intake.handle` waits and tries again
+(:meth:`Intake.until_stored`) instead of dropping the update.
 
-Test hook: ``AGENTPOST_TEST_PAUSE_AFTER_FETCH=SECONDS`` makes a plugin sleep after it fetched an inbound
-message and before handling it (tests kill the process in that window). Never set it in production.
+Replies that could not be delivered: when a user whose earlier reply failed for good (the platform refused
+it) writes again, a short note saying so is queued first, in that chat — the path that works. Replies to
+commands and pairing codes go through the same responses table as agents' replies, so they are durable too.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
-import os
 import re
-import secrets
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
-from pathlib import Path
-from typing import Any, ClassVar, Literal, TypeVar
-
-from pydantic import ConfigDict, create_model
+from typing import TYPE_CHECKING, TypeVar
 
 from adapters import pairing as pairings
-from adapters.channel_lifecycle import ChannelLifecycle
-from adapters.chat_commands import COMMANDS, HELP_TEXT, ChatCommands, reset_conversation
-from adapters.delivery import Part, safe_filename
+from adapters.chat_commands import COMMANDS, ChatCommands
+from adapters.platform import HandleOutcome, Inbound
 from shared.aio import call
 from shared.chat import dedupe, held
 from shared.chat.address import ChatAddress
 from shared.chat.cursors import OFFLINE_SENT_AT
 from shared.clock import now_ms
-from shared.file_access import chat_upload_dir
 from shared.queue.core import TxWork, UnknownMention
-from shared.runtime import Runtime, open_runtime
-from shared.settings.channels import ChannelSettings
-from shared.settings.model import Settings, SettingsError
 from shared.storage.db import Tx
 from shared.storage.errors import transient_problem
-from shared.worker_identity import new_worker_id
 
-TEST_PAUSE_ENV = "AGENTPOST_TEST_PAUSE_AFTER_FETCH"
+if TYPE_CHECKING:
+    from adapters.platform import Platform
+
 _T = TypeVar("_T")
 #: Longest pause between two tries to reach a database that is away.
 _STORAGE_RETRY_MAX_SECONDS = 5.0
 _COMMAND_RE = re.compile(r"^/(?P<name>[A-Za-z_]+)(?:@[A-Za-z0-9_]+)?(?:\s+(?P<args>.*))?$", re.DOTALL)
 _MENTION_ONLY_RE = re.compile(r"^@(?P<name>[A-Za-z0-9][A-Za-z0-9_-]{0,31})$")
-
-__all__ = [
-    "COMMANDS",
-    "HELP_TEXT",
-    "Channel",
-    "ChannelSettings",
-    "HandleOutcome",
-    "Inbound",
-    "MissingSecret",
-    "Part",
-    "pairing_code_text",
-    "reset_conversation",
-    "safe_filename",
-    "worker_name",
-]
-
-
-class MissingSecret(SettingsError):
-    """A token or secret the channel needs is not in the environment (the message names the variable)."""
-
-
-@dataclass(frozen=True)
-class Inbound:
-    """One message a user sent on the platform, as a plugin hands it to :meth:`Channel.handle`."""
-
-    conversation: str
-    sender_id: str
-    sender: str
-    text: str
-    external_id: str
-    files: Sequence[Path] = ()
-    metadata: Mapping[str, Any] = field(default_factory=dict)
-    #: When the user sent it (epoch ms, 0: unknown). Older than ``late_message_seconds`` (a minute) when
-    #: handled: it arrived while the adapter was down, and the reply says so.
-    sent_at: int = 0
-
-    def address_on(self, channel: str) -> ChatAddress:
-        """Where the message came from on ``channel``, and so where replies to it go."""
-        return ChatAddress(channel, self.sender, self.sender_id, self.conversation)
-
-    def held_record(self) -> dict[str, Any]:
-        """The message as :mod:`shared.chat.held` keeps it while its sender waits for approval (a
-        stored format: :meth:`from_held` reads it back)."""
-        return {
-            "conversation": self.conversation,
-            "sender_id": self.sender_id,
-            "sender": self.sender,
-            "text": self.text,
-            "external_id": self.external_id,
-            "metadata": dict(self.metadata),
-            "sent_at": self.sent_at or now_ms(),
-        }
-
-    @classmethod
-    def from_held(cls, sender_id: str, record: Mapping[str, Any]) -> Inbound:
-        """A message kept by :meth:`held_record`, from the sender ``sender_id``."""
-        return cls(
-            conversation=str(record.get("conversation") or ""),
-            sender_id=sender_id,
-            sender=str(record.get("sender") or ""),
-            text=str(record.get("text") or ""),
-            external_id=str(record.get("external_id") or ""),
-            metadata=dict(record.get("metadata") or {}),
-            sent_at=int(record.get("sent_at") or 0),
-        )
-
-
-HandleOutcome = Literal["queued", "duplicate", "command", "pairing_code", "unpaired", "ignored"]
-
-
-_WORKER_NAMES_TAKEN: set[str] = set()
-
 
 #: How long messages of a sender nobody approves are kept (their code expires after an hour).
 HELD_FOR_MS = 24 * 3_600_000
@@ -153,104 +64,30 @@ def pairing_reminder_text(kept: bool) -> str:
     return f"Still waiting for the operator to approve your pairing code. {kept_text} once they do."
 
 
-def pairing_code_text(code: str) -> str:
-    """The message that gives a new sender their code."""
-    return (
-        f"Hi! I don't know you yet. Your pairing code is {code}. Ask the operator to run: "
-        f"agentpost pairing approve {code} — I'll answer your message as soon as they do."
-    )
+class Intake:
+    """Takes in what one platform receives (a part of :class:`adapters.runner.ChannelRunner`).
 
-
-def worker_name(channel: str) -> str:
-    """The delivery worker id: ``host:pid:start`` (:func:`shared.worker_identity.new_worker_id`), so a
-    restarted adapter on this host sees that its predecessor is gone and takes over its replies at once.
-
-    A second adapter of the same channel in one process (tests) gets a random suffix: its id no longer
-    parses as a process, so its claims are judged by their lease alone, as before.
-    """
-    worker = new_worker_id()
-    if channel in _WORKER_NAMES_TAKEN:
-        return f"{worker}:{secrets.token_hex(3)}"
-    _WORKER_NAMES_TAKEN.add(channel)
-    return worker
-
-
-class Channel(ChatCommands, ChannelLifecycle):
-    """Base class of channel plugins. Subclasses set the class attributes and the platform methods."""
-
-    #: The channel name (the ``channel`` column, the ``[channels.<name>]`` settings table).
-    name: ClassVar[str] = ""
-    #: Prefix of the message ids this channel creates.
-    prefix: ClassVar[str] = ""
-    #: The platform's text limit per message, in the units :meth:`measure` counts.
-    limit: ClassVar[int] = 2000
-    #: The settings model of ``[channels.<name>]``.
-    settings_model: ClassVar[type[ChannelSettings]] = ChannelSettings
-    #: How long :meth:`handle` waits for a database that is away (a restarting server, a lock, a full
-    #: disk) before it gives up and raises; None: until the adapter is stopped. A plugin whose platform
-    #: redelivers what was not acknowledged (a webhook answered with an error) sets a bound, so the
-    #: platform is told to try again instead of being kept waiting.
-    storage_wait_seconds: ClassVar[float | None] = None
+    Given the platform (its name, settings section and pairing-code routing), the chat commands, the queue
+    poll interval (the pairing loop's fallback) and the runner's stop event (a wait for the database ends
+    when the channel stops)."""
 
     def __init__(
         self,
-        runtime: Runtime,
-        config: ChannelSettings | None = None,
-        env: Mapping[str, str] | None = None,
+        platform: Platform,
+        commands: ChatCommands,
         *,
-        worker_id: str | None = None,
+        poll_interval: float,
+        stop_event: asyncio.Event,
     ) -> None:
-        self.rt = runtime
-        self.config = config if config is not None else self.load_config(runtime.settings)
-        self.env: Mapping[str, str] = dict(os.environ if env is None else env)
-        self.worker = worker_id or worker_name(self.name)
-        self.log = logging.getLogger(f"agentpost.channel.{self.name}")
-        self.lease_ms = runtime.queue.config.lease_ms
-        self.poll_interval = self.config.poll_interval_seconds or self.settings.queue.poll_interval_seconds
-        self.stop_event = asyncio.Event()
-        self.read_secrets()
-
-    # -- configuration -------------------------------------------------------------------------------------
-    @property
-    def settings(self) -> Settings:  # type: ignore[override]
-        """The settings in force now: an edited settings.toml is picked up without a restart (agents,
-        teams and queue tuning; the channel's own section is read at start)."""
-        return self.rt.settings
-
-    @classmethod
-    def load_config(cls, settings: Settings) -> ChannelSettings:
-        """Validate ``[channels.<name>]`` (errors name the key, e.g. ``channels.telegram.allowlist``)."""
-        wrapper = create_model(  # type: ignore[call-overload]
-            f"{cls.__name__}Section",
-            __config__=ConfigDict(extra="allow"),
-            **{cls.name: (cls.settings_model, cls.settings_model())},
-        )
-        section = settings.section("channels", wrapper)
-        config: ChannelSettings = getattr(section, cls.name)
-        return config
-
-    def read_secrets(self) -> None:
-        """Read tokens and addresses from :attr:`env`; raise :class:`MissingSecret` naming a missing one."""
-
-    def require_env(self, variable: str, what: str) -> str:
-        """The value of ``variable``, or :class:`MissingSecret` telling the operator to set it."""
-        value = self.env.get(variable, "").strip()
-        if not value:
-            raise MissingSecret(
-                f"the {self.name} adapter needs {what}: set the environment variable {variable}"
-            )
-        return value
-
-    # The sending methods (send_text, send_file, send_typing, send_note, edit_text, measure) are declared
-    # with the delivery in adapters.delivery.Delivery.
-
-    # -- inbound ---------------------------------------------------------------------------------------------
-    async def test_pause_after_fetch(self, what: str) -> None:
-        """The documented test hook (see the module docstring): sleep between fetching and handling."""
-        seconds = float(self.env.get(TEST_PAUSE_ENV) or 0)
-        if seconds > 0:
-            self.log.warning("test hook: paused %.1f s after fetching %s", seconds, what)
-            await asyncio.sleep(seconds)
+        self.platform = platform
+        self.rt = platform.rt
+        self.name = platform.name
+        self.config = platform.config
+        self.commands = commands
+        #: Set when the channel stops: receive loops end, waits for the database give up.
+        self.stop_event = stop_event
+        self.log = platform.log
+        self.poll_interval = poll_interval
 
     async def handle(self, message: Inbound, *, also: TxWork | None = None) -> HandleOutcome:
         """Authorise, run commands, or queue one inbound message; returns once the outcome is committed.
@@ -272,7 +109,7 @@ class Channel(ChatCommands, ChannelLifecycle):
         again, up to :attr:`storage_wait_seconds` or until the adapter is stopped — then raise. ``work``
         must be safe to run again: it is one transaction, or checks what an earlier try committed (an
         update already taken in is a duplicate). Other errors are raised at once."""
-        limit = self.storage_wait_seconds
+        limit = self.platform.storage_wait_seconds
         deadline = None if limit is None else time.monotonic() + limit
         pause = 0.25
         waiting = False
@@ -325,19 +162,19 @@ class Channel(ChatCommands, ChannelLifecycle):
         taken_in = self._commits_with_message(message.external_id, also)
         command = _COMMAND_RE.match(text)
         if command and command.group("name").lower() in COMMANDS:
-            answer = self.run_command(
+            answer = self.commands.run_command(
                 message, command.group("name").lower(), (command.group("args") or "").strip()
             )
             self.reply(message, answer, kind="command", also=taken_in)
             return "command"
         switch = _MENTION_ONLY_RE.match(text)
         if switch and not refs:
-            switched = self._switch(message, switch.group("name").lower())
+            switched = self.commands.switch(message, switch.group("name").lower())
             if switched is not None:
                 self.reply(message, switched, kind="command", also=taken_in)
                 return "command"
         body = "\n".join([text, *refs]) if text else "\n".join(refs)
-        agent = self._sticky_for(message.conversation, text)
+        agent = self.commands.sticky_for(message.conversation, text)
         metadata = dict(message.metadata)
         if message.sent_at and now_ms() - message.sent_at > self.config.late_message_seconds * 1000:
             metadata[OFFLINE_SENT_AT] = message.sent_at  # the final reply will say it arrived while offline
@@ -351,12 +188,14 @@ class Channel(ChatCommands, ChannelLifecycle):
                 external_id=message.external_id,
                 metadata=metadata,
                 agent=agent,
-                prefix=self.prefix or self.name,
-                debounce_ms=self.settings.queue.debounce_ms if self.config.debounce else 0,
+                prefix=self.platform.prefix or self.name,
+                debounce_ms=self.rt.settings.queue.debounce_ms if self.config.debounce else 0,
                 also=taken_in,
             )
         except UnknownMention as exc:  # "@nosuch hi": answered with the names we know, nothing queued
-            self.reply(message, self.unknown_mention_reply(message, exc), kind="command", also=taken_in)
+            self.reply(
+                message, self.commands.unknown_mention_reply(message, exc), kind="command", also=taken_in
+            )
             return "command"
         return "duplicate" if result.duplicate else "queued"
 
@@ -376,7 +215,8 @@ class Channel(ChatCommands, ChannelLifecycle):
         """Keep the message for when the sender is approved; give the code once, remind now and then."""
         kept = held.hold(self.rt.db, self.name, message.sender_id, message.held_record())
         if check.decision == "new_code":
-            self.send_pairing_code(message, check.code)
+            for address, text, kind in self.platform.pairing_replies(message, check.code):
+                self.reply_to(address, text, kind=kind)
             self._tell_operator(message, check.code)
             return "pairing_code"
         if check.decision == "pending" and held.remind_due(self.rt.db, self.name, message.sender_id):
@@ -434,13 +274,6 @@ class Channel(ChatCommands, ChannelLifecycle):
                     self.log.warning("taking back messages of approved senders: %s", problem.describe())
             await waker.wait_async(generation, self.poll_interval)
 
-    def upload_folder(self, conversation: str) -> Path:
-        """Where a chat's inbound files are saved (created if missing): the chat's upload folder of
-        :func:`shared.file_access.chat_upload_dir`, so replies to that chat may attach them again."""
-        folder = chat_upload_dir(self.settings, self.name, conversation)
-        folder.mkdir(parents=True, exist_ok=True)
-        return folder
-
     async def may_download(self, sender_id: str) -> bool:
         """Whether to fetch a sender's attachments: not for strangers (they only get a pairing code)."""
         return await self.until_stored(
@@ -453,11 +286,6 @@ class Channel(ChatCommands, ChannelLifecycle):
         if "*" in allow or sender_id in allow:
             return True
         return pairings.is_approved(self.rt.db, self.name, sender_id)
-
-    def send_pairing_code(self, message: Inbound, code: str) -> None:
-        """Tell a new sender their pairing code (in the chat they wrote in; plugins with public chats
-        override this to send it privately)."""
-        self.reply(message, pairing_code_text(code), kind="pairing")
 
     def reply(self, message: Inbound, text: str, *, kind: str, also: TxWork | None = None) -> None:
         """Queue a reply of the channel itself (a command answer, a pairing code) for delivery; ``also(tx)``
@@ -494,26 +322,3 @@ class Channel(ChatCommands, ChannelLifecycle):
                 f"Send it again if you still need it. Ref: {notice.message_id}",
                 kind="undelivered_notice",
             )
-
-    @classmethod
-    def run_process(cls, home: Path | None = None) -> None:
-        """``agentpost run <name>``: open the runtime, check settings and secrets, run until a signal.
-
-        Bad settings or a missing token raise :class:`SettingsError` (the CLI prints it, exit code 2).
-        """
-        logging.basicConfig(
-            level=os.environ.get("AGENTPOST_LOG_LEVEL", "INFO"),
-            format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        )
-        for noisy in ("httpx", "telegram", "discord", "uvicorn.access"):
-            logging.getLogger(noisy).setLevel(logging.WARNING)
-        runtime = open_runtime(home)
-        try:
-            channel = cls(runtime)
-            try:
-                asyncio.run(channel.serve_with_signals())
-            except Exception as exc:  # the platform refused us (bad token, unreachable): say so, exit 1
-                channel.log.error("%s adapter stopped: %s: %s", cls.name, type(exc).__name__, exc)
-                raise SystemExit(1) from None
-        finally:
-            runtime.close()

@@ -1,0 +1,304 @@
+"""The platform seam: what differs between chat platforms (Telegram, Discord, WhatsApp, third-party ones).
+
+A channel plugin is a subclass of :class:`Platform` (the class the ``agentpost.channels`` entry point names).
+It fills in only the platform's half:
+
+- **connecting**: :meth:`Platform.open`, :meth:`Platform.close`, :meth:`Platform.is_unreachable`;
+- **receiving**: :meth:`Platform.receive` runs until the channel stops, turning each platform update into an
+  :class:`Inbound` and handing it to :attr:`Platform.inbox` (:meth:`adapters.intake.Intake.handle`, which
+  returns once the message is committed — only then is the update acknowledged to the platform);
+- **sending**: :meth:`Platform.send_text`, :meth:`Platform.send_file`, :meth:`Platform.send_note`,
+  :meth:`Platform.edit_text`, :meth:`Platform.send_typing`, :meth:`Platform.classify_send_error`;
+- **limits**: :attr:`Platform.limit` measured by :meth:`Platform.measure`, :attr:`Platform.can_edit`, the
+  long-reply file type, where a pairing code goes (:meth:`Platform.pairing_replies`).
+
+Everything else — allowlist and pairing, dedupe, chat commands, queueing, claiming and chunking replies,
+progress notes, typing, retries, health, signals — is the one channel runner (:mod:`adapters.runner`), the
+same for every platform. The runner attaches its intake as :attr:`Platform.inbox` before :meth:`open`.
+
+Test hook: ``AGENTPOST_TEST_PAUSE_AFTER_FETCH=SECONDS`` makes a plugin sleep after it fetched an inbound
+message and before handling it (tests kill the process in that window). Never set it in production.
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+import logging
+import os
+import socket
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
+
+from pydantic import ConfigDict, create_model
+
+from shared.chat.address import ChatAddress
+from shared.clock import now_ms
+from shared.file_access import chat_upload_dir, safe_name
+from shared.runtime import Runtime
+from shared.settings.channels import ChannelSettings
+from shared.settings.model import Settings, SettingsError
+
+if TYPE_CHECKING:
+    from adapters.intake import Intake
+
+TEST_PAUSE_ENV = "AGENTPOST_TEST_PAUSE_AFTER_FETCH"
+
+__all__ = [
+    "ChannelSettings",
+    "HandleOutcome",
+    "Inbound",
+    "MissingSecret",
+    "Platform",
+    "SendFailure",
+    "pairing_code_text",
+    "run_until_stopped",
+    "safe_filename",
+]
+
+
+class MissingSecret(SettingsError):
+    """A token or secret the channel needs is not in the environment (the message names the variable)."""
+
+
+@dataclass(frozen=True)
+class Inbound:
+    """One message a user sent on the platform, as a plugin hands it to :meth:`adapters.intake.Intake.handle`."""
+
+    conversation: str
+    sender_id: str
+    sender: str
+    text: str
+    external_id: str
+    files: Sequence[Path] = ()
+    metadata: Mapping[str, Any] = field(default_factory=dict)
+    #: When the user sent it (epoch ms, 0: unknown). Older than ``late_message_seconds`` (a minute) when
+    #: handled: it arrived while the adapter was down, and the reply says so.
+    sent_at: int = 0
+
+    def address_on(self, channel: str) -> ChatAddress:
+        """Where the message came from on ``channel``, and so where replies to it go."""
+        return ChatAddress(channel, self.sender, self.sender_id, self.conversation)
+
+    def held_record(self) -> dict[str, Any]:
+        """The message as :mod:`shared.chat.held` keeps it while its sender waits for approval (a
+        stored format: :meth:`from_held` reads it back)."""
+        return {
+            "conversation": self.conversation,
+            "sender_id": self.sender_id,
+            "sender": self.sender,
+            "text": self.text,
+            "external_id": self.external_id,
+            "metadata": dict(self.metadata),
+            "sent_at": self.sent_at or now_ms(),
+        }
+
+    @classmethod
+    def from_held(cls, sender_id: str, record: Mapping[str, Any]) -> Inbound:
+        """A message kept by :meth:`held_record`, from the sender ``sender_id``."""
+        return cls(
+            conversation=str(record.get("conversation") or ""),
+            sender_id=sender_id,
+            sender=str(record.get("sender") or ""),
+            text=str(record.get("text") or ""),
+            external_id=str(record.get("external_id") or ""),
+            metadata=dict(record.get("metadata") or {}),
+            sent_at=int(record.get("sent_at") or 0),
+        )
+
+
+#: What became of an inbound message (:meth:`adapters.intake.Intake.handle`).
+HandleOutcome = Literal["queued", "duplicate", "command", "pairing_code", "unpaired", "ignored"]
+
+
+@dataclass(frozen=True)
+class SendFailure:
+    """How a platform refused a send: for good (``permanent``) or for now, and why.
+
+    ``reason`` is the platform's own words (kept in ``responses.last_error`` for operators); ``explanation``
+    is a short plain-language version for the user ("the bot was blocked"), used when the reply failed for
+    good.
+    """
+
+    permanent: bool
+    reason: str
+    explanation: str = ""
+
+
+def pairing_code_text(code: str) -> str:
+    """The message that gives a new sender their code."""
+    return (
+        f"Hi! I don't know you yet. Your pairing code is {code}. Ask the operator to run: "
+        f"agentpost pairing approve {code} — I'll answer your message as soon as they do."
+    )
+
+
+def safe_filename(name: str, fallback: str = "file") -> str:
+    """A file name with no path parts or odd characters (inbound attachments are saved under it); the rule
+    of :func:`shared.file_access.safe_name`, under the name plugins import."""
+    return safe_name(name, fallback)
+
+
+async def run_until_stopped(task: asyncio.Task[None], stop: asyncio.Event, what: str) -> None:
+    """A :meth:`Platform.receive` for a platform whose client or server runs as ``task``: wait until
+    ``stop`` is set (``task`` is left to :meth:`Platform.close`), or until ``task`` ends — then raise why it
+    ended, or a ``RuntimeError`` saying ``what`` stopped."""
+    stopper = asyncio.create_task(stop.wait())
+    done, _ = await asyncio.wait({task, stopper}, return_when=asyncio.FIRST_COMPLETED)
+    stopper.cancel()
+    if task in done:
+        task.result()
+        raise RuntimeError(f"{what} stopped")
+
+
+class Platform(abc.ABC):
+    """Base class of channel plugins: one chat platform's connection, receiving and sending. Subclasses set
+    the class attributes and override the platform methods; the defaults suit a platform without typing,
+    editing or permanent errors."""
+
+    #: The channel name (the ``channel`` column, the ``[channels.<name>]`` settings table).
+    name: ClassVar[str] = ""
+    #: Prefix of the message ids this channel creates.
+    prefix: ClassVar[str] = ""
+    #: The platform's text limit per message, in the units :meth:`measure` counts.
+    limit: ClassVar[int] = 2000
+    #: The settings model of ``[channels.<name>]``.
+    settings_model: ClassVar[type[ChannelSettings]] = ChannelSettings
+    #: Whether :meth:`edit_text` can change a sent message in place (progress notes are edited).
+    can_edit: ClassVar[bool] = False
+    #: The platform's name as users know it (in notices about replies that could not be delivered).
+    platform_label: ClassVar[str] = ""
+    #: File name suffix of a long reply sent as a file: a type the platform accepts as a document.
+    long_reply_suffix: ClassVar[str] = ".txt"
+    #: How long taking in a message waits for a database that is away (a restarting server, a lock, a full
+    #: disk) before it gives up and raises; None: until the adapter is stopped. A plugin whose platform
+    #: redelivers what was not acknowledged (a webhook answered with an error) sets a bound, so the
+    #: platform is told to try again instead of being kept waiting.
+    storage_wait_seconds: ClassVar[float | None] = None
+
+    #: Where inbound messages go: the channel runner's intake, attached before :meth:`open`.
+    inbox: Intake
+
+    def __init__(
+        self, runtime: Runtime, config: ChannelSettings | None = None, env: Mapping[str, str] | None = None
+    ) -> None:
+        self.rt = runtime
+        self.config = config if config is not None else self.load_config(runtime.settings)
+        self.env: Mapping[str, str] = dict(os.environ if env is None else env)
+        self.log = logging.getLogger(f"agentpost.channel.{self.name}")
+        self.read_secrets()
+
+    # -- configuration -------------------------------------------------------------------------------------
+    @property
+    def settings(self) -> Settings:
+        """The settings in force now: an edited settings.toml is picked up without a restart (agents,
+        teams and queue tuning; the channel's own section is read at start)."""
+        return self.rt.settings
+
+    @classmethod
+    def load_config(cls, settings: Settings) -> ChannelSettings:
+        """Validate ``[channels.<name>]`` (errors name the key, e.g. ``channels.telegram.allowlist``)."""
+        wrapper = create_model(  # type: ignore[call-overload]
+            f"{cls.__name__}Section",
+            __config__=ConfigDict(extra="allow"),
+            **{cls.name: (cls.settings_model, cls.settings_model())},
+        )
+        section = settings.section("channels", wrapper)
+        config: ChannelSettings = getattr(section, cls.name)
+        return config
+
+    def read_secrets(self) -> None:  # noqa: B027  (optional: a platform without secrets)
+        """Read tokens and addresses from :attr:`env`; raise :class:`MissingSecret` naming a missing one."""
+
+    def require_env(self, variable: str, what: str) -> str:
+        """The value of ``variable``, or :class:`MissingSecret` telling the operator to set it."""
+        value = self.env.get(variable, "").strip()
+        if not value:
+            raise MissingSecret(
+                f"the {self.name} adapter needs {what}: set the environment variable {variable}"
+            )
+        return value
+
+    @classmethod
+    def run_process(cls, home: Path | None = None) -> None:
+        """``agentpost run <name>``: this platform under the channel runner until a signal
+        (:func:`adapters.runner.run_process`)."""
+        from adapters.runner import run_process  # the runner imports plugins' types, not the other way
+
+        run_process(cls, home)
+
+    # -- connecting (override) -----------------------------------------------------------------------------
+    async def open(self) -> None:  # noqa: B027  (optional: a platform with nothing to connect)
+        """Connect to the platform (log in); called before delivery starts."""
+
+    async def close(self) -> None:  # noqa: B027  (optional, like open)
+        """Disconnect; called once at the end, also after a failed :meth:`open`."""
+
+    def is_unreachable(self, exc: BaseException) -> bool:
+        """Whether a failure to :meth:`open` means the platform cannot be reached now (worth retrying), as
+        opposed to a refusal such as a bad token. Plugins add their library's network errors."""
+        # Not every OSError: a webhook port that is taken will not free itself by waiting.
+        return isinstance(exc, ConnectionError | TimeoutError | socket.gaierror)
+
+    # -- receiving (override) ------------------------------------------------------------------------------
+    async def receive(self) -> None:
+        """Receive inbound messages until the channel stops (``inbox.stop_event``), handing each to
+        :meth:`adapters.intake.Intake.handle` on :attr:`inbox`."""
+        await self.inbox.stop_event.wait()
+
+    async def test_pause_after_fetch(self, what: str) -> None:
+        """The documented test hook (see the module docstring): sleep between fetching and handling."""
+        seconds = float(self.env.get(TEST_PAUSE_ENV) or 0)
+        if seconds > 0:
+            self.log.warning("test hook: paused %.1f s after fetching %s", seconds, what)
+            await asyncio.sleep(seconds)
+
+    def upload_folder(self, conversation: str) -> Path:
+        """Where a chat's inbound files are saved (created if missing): the chat's upload folder of
+        :func:`shared.file_access.chat_upload_dir`, so replies to that chat may attach them again."""
+        folder = chat_upload_dir(self.settings, self.name, conversation)
+        folder.mkdir(parents=True, exist_ok=True)
+        return folder
+
+    def pairing_replies(self, message: Inbound, code: str) -> list[tuple[ChatAddress, str, str]]:
+        """Where a new sender's pairing code goes, as ``(address, text, kind)`` replies: by default in the
+        chat they wrote in; plugins with public chats send it privately."""
+        return [(message.address_on(self.name), pairing_code_text(code), "pairing")]
+
+    # -- sending (override) --------------------------------------------------------------------------------
+    def measure(self, text: str) -> int:
+        """Length of ``text`` in the platform's units (characters by default)."""
+        return len(text)
+
+    @abc.abstractmethod
+    async def send_text(self, conversation: str, text: str) -> str | None:
+        """Send one chunk (already within :attr:`limit`) to ``conversation``; returns the platform's id of
+        the sent message when it gives one (so a failure it reports later can be traced back)."""
+
+    @abc.abstractmethod
+    async def send_file(self, conversation: str, path: Path, caption: str) -> str | None:
+        """Send one file to ``conversation`` with a short caption (may be empty); returns the platform's
+        message id when it gives one."""
+
+    async def send_note(self, conversation: str, text: str) -> str:
+        """Send a progress note (plain text within :attr:`limit`); returns the platform's message id
+        (``""`` when the platform gives none). Default: :meth:`send_text`."""
+        await self.send_text(conversation, text)
+        return ""
+
+    async def edit_text(self, conversation: str, message_id: str, text: str) -> bool:
+        """Replace the text of a message sent earlier. True when edited (or unchanged); False when the
+        message cannot be edited any more (deleted, too old), so a new one should be sent. Other failures
+        raise (the delivery is retried)."""
+        return False
+
+    async def send_typing(self, conversation: str) -> None:
+        """Show the typing indicator in ``conversation`` (default: the platform has none)."""
+        return None
+
+    def classify_send_error(self, exc: Exception) -> SendFailure:
+        """Whether a send error is permanent (the reply can never be delivered) or worth retrying.
+        Default: everything is retried; plugins name their platform's permanent refusals."""
+        return SendFailure(False, f"{type(exc).__name__}: {exc}")

@@ -1,0 +1,67 @@
+"""The channel seam (adapters/platform.py): a platform plugin knows only the seam, never the runner's parts.
+
+A plugin that reached into the intake, the delivery or the lifecycle would make the runner's parts part of
+the plugin interface again (the mixins issue 26 removed). Read with :mod:`ast`, like the layering test.
+"""
+
+from __future__ import annotations
+
+import ast
+import tomllib
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.unit
+
+ROOT = Path(__file__).resolve().parents[2]
+PLUGINS = ("telegram.py", "discord.py", "whatsapp.py", "whatsapp_graph.py")
+#: The channel runner's parts: the runner builds them and hands the platform its intake as ``inbox``.
+RUNNER_PARTS = frozenset(
+    {
+        "adapters.runner",
+        "adapters.intake",
+        "adapters.delivery",
+        "adapters.channel_lifecycle",
+        "adapters.chat_commands",
+    }
+)
+
+
+def _module_level_imports(path: Path) -> set[str]:
+    """Modules imported when ``path`` is imported (not those under ``TYPE_CHECKING`` or inside functions)."""
+    found: set[str] = set()
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            found.add(node.module)
+            found.update(f"{node.module}.{alias.name}" for alias in node.names)
+    return found
+
+
+@pytest.mark.parametrize("plugin", PLUGINS)
+def test_plugins_import_the_seam_not_the_runner(plugin: str) -> None:
+    imports = _module_level_imports(ROOT / "adapters" / plugin)
+    assert not imports & RUNNER_PARTS, f"adapters/{plugin} imports {sorted(imports & RUNNER_PARTS)}"
+
+
+def test_the_seam_loads_without_the_runner() -> None:
+    # The runner imports the seam; the seam reaches the runner only inside run_process.
+    assert not _module_level_imports(ROOT / "adapters" / "platform.py") & RUNNER_PARTS
+
+
+def test_channel_entry_points_name_platform_classes() -> None:
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    channels = project["project"]["entry-points"]["agentpost.channels"]
+    assert set(channels) == {"telegram", "discord", "whatsapp"}
+    for name, target in channels.items():
+        module, _, cls = target.partition(":")
+        tree = ast.parse((ROOT / Path(*module.split("."))).with_suffix(".py").read_text())
+        bases = [
+            ast.unparse(base)
+            for node in tree.body
+            if isinstance(node, ast.ClassDef) and node.name == cls
+            for base in node.bases
+        ]
+        assert bases == ["Platform"], f"{name}: {target} should subclass Platform, has {bases}"
