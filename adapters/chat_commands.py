@@ -24,6 +24,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Literal
 
 from adapters import chat_state
+from shared.chat.address import ChatAddress
 from shared.chat.lookups import busy_agents
 from shared.chat.prefs import BUSY_POLICIES, get_busy_policy, parse_busy_policy, set_busy_policy
 from shared.chat.sessions import AGENT_SCOPE_KEY, clear_sessions
@@ -78,6 +79,9 @@ class ChatCommands:
         """The settings in force now (agents and teams are picked up without a restart)."""
         return self.rt.settings
 
+    def _chat(self, conversation: str) -> ChatAddress:
+        return ChatAddress(self.name, conversation=conversation)
+
     # -- names and the sticky agent ---------------------------------------------------------------------
     def _known(self, name: str) -> Literal["agent", "team", ""]:
         if name in self.settings.agents:
@@ -92,7 +96,7 @@ class ChatCommands:
 
     def sticky_for(self, conversation: str, text: str) -> str | None:
         """The chat's sticky agent for a plain message ``text`` (None: route it normally)."""
-        sticky = chat_state.sticky_agent(self.rt.db, self.name, conversation)
+        sticky = chat_state.sticky_agent(self.rt.db, self._chat(conversation))
         if not sticky or not self._known(sticky):
             return None
         routes = self.rt.queue.directory.routes  # the table the queue routes with, built once
@@ -122,20 +126,20 @@ class ChatCommands:
         ``name`` is nobody we know (the text then goes to the agent like any message)."""
         db = self.rt.db
         if name == "default":
-            chat_state.clear_sticky_agent(db, self.name, message.conversation)
+            chat_state.clear_sticky_agent(db, self._chat(message.conversation))
             return (
                 f"This chat is back to normal routing (default agent @{self.settings.queue.default_agent})."
             )
         kind = self._known(name)
         if not kind:
             return None  # not a name we know: the text goes to the agent like any message
-        chat_state.set_sticky_agent(db, self.name, message.conversation, name)
+        chat_state.set_sticky_agent(db, self._chat(message.conversation), name)
         return f"Messages in this chat now go to {kind} @{name}. Send @default to undo."
 
     def chat_agent(self, conversation: str) -> str:
         """The agent a plain message of this chat goes to: the sticky agent (a team's leader), else the
         default agent."""
-        target = chat_state.sticky_agent(self.rt.db, self.name, conversation) or ""
+        target = chat_state.sticky_agent(self.rt.db, self._chat(conversation)) or ""
         if self._known(target) == "team":
             return self.settings.teams[target].leader
         if self._known(target) == "agent":
@@ -197,7 +201,7 @@ class ChatCommands:
         db = self.rt.db
         target = args.removeprefix("@").strip().lower()
         if not target:
-            current = chat_state.sticky_agent(db, self.name, message.conversation)
+            current = chat_state.sticky_agent(db, self._chat(message.conversation))
             shown = f"@{current}" if current else f"normal routing (@{self.settings.queue.default_agent})"
             return f"This chat's default is {shown}. Known {name}s: {self._names(name)}."
         if target == "default":
@@ -206,20 +210,20 @@ class ChatCommands:
             return answer
         if self._known(target) != name:
             return f"Unknown {name} {target!r}. Known {name}s: {self._names(name)}."
-        chat_state.set_sticky_agent(db, self.name, message.conversation, target)
+        chat_state.set_sticky_agent(db, self._chat(message.conversation), target)
         return f"Messages in this chat now go to {name} @{target}. Send @default to undo."
 
     def _cmd_reset(self, message: Inbound, args: str) -> str:
         target = args.removeprefix("@").strip().lower()
         if not target:
-            target = chat_state.sticky_agent(self.rt.db, self.name, message.conversation) or ""
+            target = chat_state.sticky_agent(self.rt.db, self._chat(message.conversation)) or ""
             target = target or self.settings.queue.default_agent
         kind = self._known(target)
         if not kind:
             return f"Unknown agent {target!r}. Known agents: {self._names('agent')}."
         agents = [target] if kind == "agent" else list(self.settings.teams[target].agents)
         for agent in agents:
-            reset_conversation(self.rt, agent, self.name, message.conversation)
+            reset_conversation(self.rt, agent, self._chat(message.conversation))
         shown = ", ".join(f"@{a}" for a in agents)
         return f"Started a fresh conversation with {shown}."
 
@@ -272,8 +276,8 @@ class ChatCommands:
         return f"Busy policy set to {stored}: {_POLICY_HELP[stored]}."
 
 
-def reset_conversation(runtime: Runtime, agent: str, channel: str, conversation: str) -> int:
-    """Make ``agent`` start a fresh conversation for this chat, through the ``sessions`` table.
+def reset_conversation(runtime: Runtime, agent: str, chat: ChatAddress) -> int:
+    """Make ``agent`` start a fresh conversation in ``chat``, through the ``sessions`` table.
 
     The processor keys sessions by ``""`` (``session_scope = "agent"``) or ``"channel:conversation"``
     (``"conversation"``), so the key cleared follows the agent's setting. Returns sessions cleared.
@@ -282,5 +286,5 @@ def reset_conversation(runtime: Runtime, agent: str, channel: str, conversation:
         raise InvalidInput(f"bad agent name {agent!r}")
     config = runtime.settings.agents.get(agent)
     scope = config.session_scope if config is not None else "agent"
-    key = AGENT_SCOPE_KEY if scope == "agent" else f"{channel}:{conversation}"
-    return clear_sessions(runtime.db, agent, key, reason=f"/reset in {channel}")
+    key = AGENT_SCOPE_KEY if scope == "agent" else f"{chat.channel}:{chat.conversation}"
+    return clear_sessions(runtime.db, agent, key, reason=f"/reset in {chat.channel}")

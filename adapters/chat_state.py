@@ -10,6 +10,7 @@ statements themselves are :mod:`shared.storage.kv`'s.
 
 from __future__ import annotations
 
+from shared.chat.address import ChatAddress
 from shared.storage import kv
 from shared.storage.db import Database
 from shared.storage.kv import Scope, scoped
@@ -32,16 +33,16 @@ def kv_delete(db: Database, scope: str, key: str) -> bool:
         return kv.delete(tx, scope, key) > 0
 
 
-def sticky_agent(db: Database, channel: str, conversation: str) -> str | None:
+def sticky_agent(db: Database, chat: ChatAddress) -> str | None:
     """The chat's default agent or team, or None when messages follow the normal routing."""
-    return kv_get(db, scoped(Scope.CHAT_AGENT, channel), conversation)
+    return kv_get(db, scoped(Scope.CHAT_AGENT, chat.channel), chat.conversation)
 
 
-def set_sticky_agent(db: Database, channel: str, conversation: str, agent: str) -> None:
+def set_sticky_agent(db: Database, chat: ChatAddress, agent: str) -> None:
     """Make ``agent`` (an agent or team name, already validated) the chat's default."""
-    kv_set(db, scoped(Scope.CHAT_AGENT, channel), conversation, agent)
+    kv_set(db, scoped(Scope.CHAT_AGENT, chat.channel), chat.conversation, agent)
 
 
-def clear_sticky_agent(db: Database, channel: str, conversation: str) -> bool:
+def clear_sticky_agent(db: Database, chat: ChatAddress) -> bool:
     """Go back to normal routing in this chat; returns whether a default was set."""
-    return kv_delete(db, scoped(Scope.CHAT_AGENT, channel), conversation)
+    return kv_delete(db, scoped(Scope.CHAT_AGENT, chat.channel), chat.conversation)

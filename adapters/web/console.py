@@ -12,6 +12,7 @@ from pydantic import Field
 
 from adapters.chat_commands import reset_conversation
 from shared.chat import health
+from shared.chat.address import ChatAddress
 from shared.queue.core import EnqueueResult, NotFound, Queue, RetryBudgetExhausted, UnknownMention
 from shared.queue.records import MAX_MESSAGE_CHARS
 from shared.reads import conversations
@@ -112,19 +113,21 @@ async def chat_history(
     )
 
 
-def stop_running_chat(db: Database, queue: Queue, channel: str, conversation: str) -> list[str]:
+def stop_running_chat(db: Database, queue: Queue, chat: ChatAddress) -> list[str]:
     """Ask the processor to stop the run working for one chat; the agents asked (none: nothing runs)."""
-    status = conversations.conversation_history(db, channel, conversation, limit=1)["status"]
+    status = conversations.conversation_history(db, chat.channel, chat.conversation, limit=1)["status"]
     if not status["running"]:
         return []
     agent = str(status["agent"])
-    queue.request_stop(agent, f"{channel}:{conversation}")
+    queue.request_stop(agent, chat.label)  # the chat as the processor's run names it
     return [agent]
 
 
 @router.post("/conversations/{channel}/stop", summary="Stop the runs working for one chat")
 async def stop_chat(channel: Name, body: ChatIn, web: Web) -> dict[str, Any]:
-    stopped = await web.run(stop_running_chat, web.db, web.queue, channel, body.conversation)
+    stopped = await web.run(
+        stop_running_chat, web.db, web.queue, ChatAddress(channel, conversation=body.conversation)
+    )
     return {"ok": True, "stopping": stopped}
 
 
@@ -133,7 +136,9 @@ async def reset_chat(channel: Name, body: ChatIn, web: Web) -> dict[str, Any]:
     agent = body.agent or web.settings.queue.default_agent
     if agent not in web.settings.agents:
         raise ApiError(404, f"no agent {agent!r}")
-    n = await web.run(reset_conversation, web.runtime, agent, channel, body.conversation)
+    n = await web.run(
+        reset_conversation, web.runtime, agent, ChatAddress(channel, conversation=body.conversation)
+    )
     return {"ok": True, "agent": agent, "sessionsReset": int(n)}
 
 

@@ -1,0 +1,68 @@
+"""The dashboard's per-chat actions over a real uvicorn server and SQLite: ``POST /api/conversations/{channel}/stop``
+asks the processor to stop the run of that chat only (and asks nothing when none runs), and ``…/reset`` clears
+the agent's session of that chat."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from shared.chat.sessions import get_session, set_session
+from shared.reads.conversation_status import record_run
+from shared.runtime import Runtime
+from tests.web_support import LiveServer, home_runtime
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def rt(tmp_path: Path) -> Iterator[Runtime]:
+    yield from home_runtime(tmp_path)  # agents alpha (default), beta, gamma
+
+
+@pytest.fixture
+def client(rt: Runtime) -> Iterator[httpx.Client]:
+    with LiveServer(rt) as live, live.client() as c:
+        yield c
+
+
+def test_stop_asks_only_the_run_of_that_chat(client: httpx.Client, rt: Runtime) -> None:
+    r = client.post("/api/conversations/telegram/stop", json={"conversation": "42"})
+    assert r.status_code == 200, r.text
+    assert r.json() == {"ok": True, "stopping": []}
+    assert rt.queue.agent_state("alpha")["stop_requested"] == ""  # nothing runs: no request left behind
+    rt.queue.enqueue_message("telegram", "ann", "work", sender_id="42", conversation="42")
+    ids = [m.message_id for m in rt.queue.claim_all_pending_messages("alpha", "proc-1")]
+    record_run(
+        rt.db,
+        "alpha",
+        run_id="run-1",
+        worker="proc-1",
+        channel="telegram",
+        conversation="42",
+        message_ids=ids,
+        started_at=int(time.time() * 1000),
+    )
+    other = client.post("/api/conversations/telegram/stop", json={"conversation": "43"})
+    assert other.json() == {"ok": True, "stopping": []}
+    assert rt.queue.agent_state("alpha")["stop_requested"] == ""
+    r = client.post("/api/conversations/telegram/stop", json={"conversation": "42"})
+    assert r.json() == {"ok": True, "stopping": ["alpha"]}
+    assert rt.queue.agent_state("alpha")["stop_requested"] == "telegram:42"
+
+
+def test_reset_clears_the_session_of_that_chat(client: httpx.Client, rt: Runtime) -> None:
+    # alpha keeps one session per chat (session_scope = "conversation", the default), keyed channel:chat.
+    set_session(rt.db, "alpha", "telegram:42", "session-42")
+    set_session(rt.db, "alpha", "telegram:43", "session-43")
+    r = client.post("/api/conversations/telegram/reset", json={"conversation": "42", "agent": "alpha"})
+    assert r.status_code == 200, r.text
+    assert r.json() == {"ok": True, "agent": "alpha", "sessionsReset": 1}
+    assert get_session(rt.db, "alpha", "telegram:42") in (None, "")
+    assert get_session(rt.db, "alpha", "telegram:43") == "session-43"  # another chat keeps its own
+    again = client.post("/api/conversations/telegram/reset", json={"conversation": "42"})
+    assert again.json() == {"ok": True, "agent": "alpha", "sessionsReset": 0}
