@@ -290,3 +290,22 @@ def kill_until_dead(queue: Queue, agent: str, error: str = "the CLI exited with 
         dead.extend(outcome.dead)
         queue.release_agent(agent, "test-processor")
     return dead
+
+
+def snapshot(rt: Runtime) -> dict[str, Any]:
+    """Everything a refused request must leave untouched."""
+    return {
+        "messages": rt.db.read("SELECT * FROM messages ORDER BY id"),
+        "responses": rt.db.read("SELECT * FROM responses ORDER BY id"),
+        "events": rt.db.read_scalar("SELECT COUNT(*) FROM events"),
+        "chat": rt.db.read_scalar("SELECT COUNT(*) FROM chat_messages"),
+    }
+
+
+def assert_refused(response: httpx.Response, status: int, contains: str = "") -> None:
+    """``response`` is a JSON error with ``status`` whose ``error`` names ``contains``."""
+    assert response.status_code == status, response.text
+    assert response.headers["content-type"].startswith("application/json")
+    body = response.json()
+    assert isinstance(body.get("error"), str) and body["error"], body
+    assert contains.lower() in body["error"].lower(), body

@@ -11,8 +11,8 @@ from shared.runtime import Runtime
 pytestmark = pytest.mark.integration
 
 
-def test_audit_measures_the_profile_and_judges_it(rt: Runtime) -> None:
-    q = rt.queue
+def test_audit_measures_the_profile_and_judges_it(scheduler_rt: Runtime) -> None:
+    q = scheduler_rt.queue
     for i in range(6):
         q.enqueue_message("cli", "ann", f"m{i}")
     claimed = q.claim_all_pending_messages("assistant", "w")

@@ -24,14 +24,14 @@ from tests.scheduler_support import (
 pytestmark = pytest.mark.integration
 
 
-def test_recover_job_returns_messages_of_a_dead_worker(rt: Runtime) -> None:
-    q = rt.queue
+def test_recover_job_returns_messages_of_a_dead_worker(scheduler_rt: Runtime) -> None:
+    q = scheduler_rt.queue
     mid = q.enqueue_message("cli", "ann", "hello").message_id
     claimed = q.claim_all_pending_messages("assistant", "gone-worker", lease_ms=1)
     assert [m.message_id for m in claimed] == [mid]
     q.mark_run_started([mid], "gone-worker")  # its run had started when the worker died
     wait_until(lambda: now_ms() > (q.get_message(mid).lease_until or 0) + 1, what="the lease to expire")  # type: ignore[union-attr]
-    service = SchedulerService(rt)
+    service = SchedulerService(scheduler_rt)
     # An interrupted run is charged to the message (its own budget), not a retry meant for errors.
     assert service.recover() == {"retried": 1, "dead": 0}
     back = q.get_message(mid)
@@ -39,8 +39,8 @@ def test_recover_job_returns_messages_of_a_dead_worker(rt: Runtime) -> None:
     assert service.recover() == {"retried": 0, "dead": 0}  # idempotent: nothing left to recover
 
 
-def test_prune_job_deletes_only_old_finished_rows(rt: Runtime) -> None:
-    q = rt.queue
+def test_prune_job_deletes_only_old_finished_rows(scheduler_rt: Runtime) -> None:
+    q = scheduler_rt.queue
     old, fresh = (q.enqueue_message("cli", "ann", t).message_id for t in ("old one", "fresh one"))
     claimed = q.claim_all_pending_messages("assistant", "w")
     for m in claimed:
@@ -51,7 +51,7 @@ def test_prune_job_deletes_only_old_finished_rows(rt: Runtime) -> None:
     make_dead(q, 1)
     pending = q.enqueue_message("cli", "ann", "still waiting").message_id
     day = 86_400_000
-    with rt.db.transaction() as tx:  # age the first message and its reply past 24 h
+    with scheduler_rt.db.transaction() as tx:  # age the first message and its reply past 24 h
         tx.execute(
             "UPDATE messages SET updated_at = updated_at - :d WHERE message_id = :m",
             {"d": day + 1000, "m": old},
@@ -60,7 +60,7 @@ def test_prune_job_deletes_only_old_finished_rows(rt: Runtime) -> None:
             "UPDATE responses SET acked_at = acked_at - :d WHERE message_id = :m", {"d": day + 1000, "m": old}
         )
         tx.execute("UPDATE messages SET updated_at = updated_at - :d WHERE status = 'dead'", {"d": 3 * day})
-    pruned, unserved = SchedulerService(rt).prune()
+    pruned, unserved = SchedulerService(scheduler_rt).prune()
     assert pruned == {"messages": 1, "responses": 1} and unserved == 0
     assert q.get_message(old) is None
     assert q.get_message(fresh).status == "completed"  # type: ignore[union-attr]
@@ -68,9 +68,9 @@ def test_prune_job_deletes_only_old_finished_rows(rt: Runtime) -> None:
     assert count(q, "dead") == 1
 
 
-def test_replies_on_unserved_channels_are_acked_and_recorded(rt: Runtime) -> None:
-    q = rt.queue
-    service = SchedulerService(rt, start=T0)
+def test_replies_on_unserved_channels_are_acked_and_recorded(scheduler_rt: Runtime) -> None:
+    q = scheduler_rt.queue
+    service = SchedulerService(scheduler_rt, start=T0)
     fired = service.fire_due(T0 + timedelta(seconds=1))
     assert fired == []  # no heartbeats configured
     hb = q.enqueue_message("heartbeat", "System", "check in", agent="assistant").message_id
@@ -79,28 +79,28 @@ def test_replies_on_unserved_channels_are_acked_and_recorded(rt: Runtime) -> Non
     for m in claimed:
         q.complete_messages([m.message_id], "w", ResponseDraft(message=f"reply to {m.message_id}"))
     assert service.prune()[1] == 0  # younger than unserved_response_age_seconds
-    with rt.db.transaction() as tx:
+    with scheduler_rt.db.transaction() as tx:
         tx.execute("UPDATE responses SET created_at = created_at - 61000")
     assert service.prune()[1] == 1
     assert service.prune()[1] == 0
     by_message = {r.message_id: r.status for r in q.list_responses(10)}
     assert by_message == {hb: "acked", tg: "pending"}
-    recorded = events_of(rt, "response_unserved")
+    recorded = events_of(scheduler_rt, "response_unserved")
     assert len(recorded) == 1 and recorded[0]["message_id"] == hb
     assert recorded[0]["payload"]["reply"] == f"reply to {hb}"  # type: ignore[index]
 
 
-def test_event_cleanup_job_applies_the_ttl(rt: Runtime) -> None:
-    rt.queue.enqueue_message("cli", "ann", "one")
-    rt.queue.enqueue_message("cli", "ann", "two")
-    before = len(rt.events.read(None, None, 1000))
-    with rt.db.transaction() as tx:
+def test_event_cleanup_job_applies_the_ttl(scheduler_rt: Runtime) -> None:
+    scheduler_rt.queue.enqueue_message("cli", "ann", "one")
+    scheduler_rt.queue.enqueue_message("cli", "ann", "two")
+    before = len(scheduler_rt.events.read(None, None, 1000))
+    with scheduler_rt.db.transaction() as tx:
         tx.execute(
             "UPDATE events SET created_at = created_at - :age WHERE id = (SELECT MIN(id) FROM events)",
-            {"age": int(rt.settings.events.ttl_hours * 3_600_000) + 1000},
+            {"age": int(scheduler_rt.settings.events.ttl_hours * 3_600_000) + 1000},
         )
-    assert SchedulerService(rt).clean_events() == 1
-    assert len(rt.events.read(None, None, 1000)) == before - 1
+    assert SchedulerService(scheduler_rt).clean_events() == 1
+    assert len(scheduler_rt.events.read(None, None, 1000)) == before - 1
 
 
 @pytest.mark.parametrize(
