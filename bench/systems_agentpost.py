@@ -217,3 +217,15 @@ def fill_retained(db: Any, count: int, *, agents: int = 8, batch: int = 200_000)
 
 
 ALL_AGENTPOST: tuple[type[AgentpostSqlite], ...] = (AgentpostSqlite, AgentpostPostgres)
+
+
+class AgentpostPostgresNiced(AgentpostPostgres):
+    """agentpost on PostgreSQL with each consumer process at ``nice 10``: the producer (and the server) get
+    the CPU first. A diagnosis for machines with fewer cores than busy processes, not a benchmark row: it
+    shows what the consumers would drain if they did not take the producer's CPU (docs/benchmarks.md)."""
+
+    name = "agentpost-pg-niced"
+
+    def consumer(self, target: str, slot: int) -> Iterator[int | None]:
+        os.nice(10)
+        return super().consumer(target, slot)
