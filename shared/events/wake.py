@@ -25,7 +25,7 @@ from typing import Any
 
 from shared.events.fswatch import open_watch
 from shared.storage.db import Database, configure_sqlite
-from shared.storage.dialect import NOTIFY_CHANNEL, libpq_url, sqlite_path
+from shared.storage.dialect import NOTIFY_CHANNEL, pg_connect_args, sqlite_path
 
 #: With a file watch, the data_version poll is only a safety net for a missed event.
 WATCH_SAFETY_POLL_S = 1.0
@@ -179,7 +179,7 @@ class Waker:
 
         while not self._stop.is_set():
             try:
-                conn = psycopg.connect(libpq_url(self.db.url), autocommit=True)
+                conn = psycopg.connect(**pg_connect_args(self.db.url), autocommit=True)  # type: ignore[arg-type]
             except psycopg.Error:
                 self._stop.wait(1.0)
                 continue

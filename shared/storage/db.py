@@ -26,7 +26,7 @@ from shared.storage.dialect import (
     EVENTS_PER_TRANSACTION,
     Dialect,
     dialect_for_url,
-    libpq_url,
+    pg_connect_args,
     sqlalchemy_url,
     sqlite_path,
 )
@@ -207,7 +207,7 @@ class Database:
             return conn
         import psycopg
 
-        return psycopg.connect(libpq_url(self.url), autocommit=True)
+        return psycopg.connect(**pg_connect_args(self.url), autocommit=True)  # type: ignore[arg-type]
 
     def connection(self) -> Any:
         """This thread's driver connection (opened on first use, and again after the server dropped it)."""

@@ -209,6 +209,37 @@ def libpq_url(url: str) -> str:
     return "postgresql://" + rest if scheme.startswith("postgres") else url
 
 
+#: What every PostgreSQL session asks of the server. A client cut off by the network in the middle of a
+#: transaction (a partition: no FIN, no RST) leaves its server session "idle in transaction", holding its
+#: locks — the event-order lock above stops every writer of every host — until the server's TCP gives up,
+#: hours later by default. The server ends such a transaction after this long (agentpost's transactions
+#: take milliseconds), and probes idle clients (keepalives) so a vanished one frees its session.
+PG_SESSION_OPTIONS = (
+    "-c idle_in_transaction_session_timeout=5000 "
+    "-c tcp_keepalives_idle=5 -c tcp_keepalives_interval=2 -c tcp_keepalives_count=3"
+)
+#: The client side of the same: a call to a server that the network cut off fails within seconds instead of
+#: hanging for TCP's retransmission timeout (about 15 minutes), so a process notices and reconnects.
+PG_CLIENT_KEEPALIVES = {
+    "keepalives": 1,
+    "keepalives_idle": 5,
+    "keepalives_interval": 2,
+    "keepalives_count": 3,
+    "tcp_user_timeout": 10_000,
+}
+
+
+def pg_connect_args(url: str) -> dict[str, object]:
+    """``psycopg.connect(**pg_connect_args(url), autocommit=True)``: ``url`` with :data:`PG_SESSION_OPTIONS`
+    (in front of any ``options`` the URL has, so the operator's own win) and :data:`PG_CLIENT_KEEPALIVES`
+    (unless the URL sets them)."""
+    from psycopg.conninfo import conninfo_to_dict  # only here: SQLite processes never load psycopg
+
+    params: dict[str, object] = {**PG_CLIENT_KEEPALIVES, **conninfo_to_dict(libpq_url(url))}
+    params["options"] = f"{PG_SESSION_OPTIONS} {params.get('options') or ''}".strip()
+    return params
+
+
 def sqlite_path(url: str) -> str:
     """The file path of a ``sqlite:///`` URL (``:memory:`` is refused: processes must share a file)."""
     if not url.startswith("sqlite:///"):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gc
 import threading
+import time
 
 import anyio
 import pytest
@@ -49,3 +50,45 @@ def test_store_calls_from_async_code_do_not_pile_up_connections(db: Database) ->
     gc.collect()
     # anyio keeps its idle workers for a while; at most one connection per worker it has.
     assert db.open_connections() <= 1 + 8
+
+
+@pytest.mark.postgres
+def test_a_transaction_its_client_left_open_does_not_stop_every_writer(pg_url: str) -> None:
+    """Issue 30: a client cut off by the network in the middle of a transaction (here: one that simply stops
+    talking while its transaction is open, which is all the server sees of a partition) holds the event-order
+    lock. Every append of every other process waits for it; before, until the server's TCP gave up (hours).
+    Now the server ends that transaction after 5 s (shared/storage/dialect.py, PG_SESSION_OPTIONS)."""
+    from shared.events.log import PendingEvent, append_events
+    from shared.storage.db import open_database
+
+    stalled, other = open_database(pg_url), open_database(pg_url)
+    holding, release = threading.Event(), threading.Event()
+    outcome: list[BaseException | None] = []
+
+    def vanish_mid_transaction() -> None:
+        try:
+            with stalled.transaction() as tx:
+                append_events(tx, [PendingEvent("held", {})])  # takes the lock, until commit
+                holding.set()
+                release.wait(15)  # the client is gone: nothing more reaches the server
+            outcome.append(None)
+        except BaseException as exc:
+            outcome.append(exc)
+
+    thread = threading.Thread(target=vanish_mid_transaction)
+    thread.start()
+    try:
+        assert holding.wait(10)
+        began = time.monotonic()
+        with other.transaction() as tx:
+            append_events(tx, [PendingEvent("waited", {})])
+        waited = time.monotonic() - began
+    finally:
+        release.set()
+        thread.join(30)
+        stalled.close()
+    types = [r["type"] for r in other.read("SELECT type FROM events ORDER BY id")]
+    other.close()
+    assert 3.0 < waited < 9.0, f"the other writer waited {waited:.1f} s"
+    assert outcome and outcome[0] is not None, "the abandoned transaction must not commit afterwards"
+    assert types == ["waited"]
