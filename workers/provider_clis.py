@@ -104,7 +104,11 @@ class ClaudeProvider(CliProvider):
                     or event.get("api_error_type") == "rate_limit_error"
                     or looks_rate_limited(text)
                 )
-                detail = result if isinstance(result, str) and result else str(event.get("subtype"))
+                errors = [str(e) for e in event.get("errors") or [] if e]
+                # A --resume of a conversation this host's CLI home does not have (another host ran it).
+                state.session_missing = any("No conversation found" in e for e in errors)
+                detail = result if isinstance(result, str) and result else "; ".join(errors)
+                detail = detail or str(event.get("subtype"))
                 state.error = (
                     f"claude reported an error ({event.get('terminal_reason') or 'error'}): {detail}"
                 )

@@ -121,6 +121,8 @@ class RunResult:
     stopped_by: str = ""  # "idle" or "ceiling" when the processor killed a run that did not end by itself
     status: int | None = None  # the HTTP status the AI service answered with, when the CLI reports it
     cannot_start: bool = False  # the CLI is missing or its command template is broken
+    # The conversation to continue is not on this host (its CLI home: another host ran it, or it was removed).
+    session_missing: bool = False
     service: str = ""  # whose AI service the CLI talks to ("Anthropic"), for messages; "" when unknown
     usage: RunUsage | None = None  # tokens and cost as the CLI reported them; None when it reports none
 
@@ -188,6 +190,7 @@ class StreamState:
     rate_limited: bool = False
     overloaded: bool = False
     status: int | None = None
+    session_missing: bool = False  # see RunResult.session_missing
     notices: list[str] = field(default_factory=list)  # for RunRequest.on_notice, not yet handed over
     usage: RunUsage | None = None
     last_output: float = 0.0  # time.monotonic() of the last byte the CLI wrote (stdout or stderr)
@@ -254,6 +257,7 @@ class CliProvider(abc.ABC):
                 rate_limited=state.rate_limited,
                 overloaded=state.overloaded,
                 status=state.status,
+                session_missing=state.session_missing,
             )
         if exit_code != 0:
             detail = stderr.strip().splitlines()[-1] if stderr.strip() else "no error output"

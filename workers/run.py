@@ -216,6 +216,8 @@ class Run:
             await self.outcomes.stopped(group, run.edit_key)
         elif run.reason == "interrupt":
             await self.outcomes.interrupted(group)
+        elif result.session_missing:
+            await self.outcomes.start_afresh(group, session_key, also=spent)
         elif not result.ok:
             await self.outcomes.failed(group, result, on_fallback, also=spent)
 

@@ -25,7 +25,7 @@ from typing import Any, ParamSpec
 from shared.aio import call
 from shared.chat.address import ChatAddress
 from shared.chat.agents import record_answer
-from shared.chat.sessions import set_session_in
+from shared.chat.sessions import clear_sessions, set_session_in
 from shared.clock import now_ms
 from shared.file_access import send_roots
 from shared.queue.core import CompleteOutcome, LeaseLost, QueuedMessage, ResponseDraft, TxWork
@@ -36,7 +36,7 @@ from workers.drive import Drive
 from workers.errors import diagnose
 from workers.files import OutboundFiles, outbound_files
 from workers.liveness import RunInfo, note_target
-from workers.observe import record_event
+from workers.observe import quietly, record_event
 from workers.pauses import RateLimitPauses, WaitedNote
 from workers.processor_config import ProcessorSettings, ProcessorStats
 from workers.providers import RunResult
@@ -185,6 +185,19 @@ class OutcomeWriter:
             {"agent": drive.agent, "message_ids": group.ids},
             group.messages[0].message_id,
         )
+
+    async def start_afresh(self, group: WorkGroup, session_key: str, *, also: TxWork | None) -> None:
+        """The chat's conversation is not on this host (another host ran it, or its CLI home was removed):
+        forget it, and run the messages again at once in a new conversation, charging them nothing (a retry
+        would only fail the same way here)."""
+        why = "the conversation to continue is not on this host; starting a new one"
+        log.warning("agent %s, chat %s: %s", self.drive.agent, group.chat, why)
+        await quietly(clear_sessions, self.rt.db, self.drive.agent, session_key, reason=why)
+        fail = self.rt.queue.fail_messages
+        if await self.settle(
+            group, fail, group.ids, self.worker, why, count_attempt=False, retry_after_ms=0, also=also
+        ):
+            self.stats.released += len(group.ids)
 
     async def succeeded(
         self, run: RunInfo, result: RunResult, workspace: Path, session_key: str, ended: TxWork

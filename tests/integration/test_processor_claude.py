@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import time
 from pathlib import Path
 
@@ -400,3 +401,37 @@ def test_two_senders_get_private_conversations_by_default(
         assert get_session(rt.db, "coder", "whatsapp:111") and get_session(rt.db, "coder", "whatsapp:222")
     (request,) = api.main_requests()
     assert "what do you know" in str(request.body) and "secret plan" not in str(request.body)
+
+
+def test_a_conversation_this_host_does_not_have_starts_afresh_at_once(
+    tmp_path: Path, sqlite_url: str, api: FakeAnthropic
+) -> None:
+    """The chat's recorded conversation is not in this host's CLI home (another host ran it, issue 30; or the
+    folder was removed): the CLI refuses ``--resume`` ("No conversation found"). The message is answered in a
+    new conversation at once, uncharged, instead of failing on every retry into a dead letter."""
+    api.add_rule("second question", Text("Second answer."))
+    home = _home(tmp_path, sqlite_url)
+    env = _env(api, tmp_path)
+    with open_home(home) as rt:
+        rt.queue.enqueue_message("telegram", "ann", "first question", sender_id="42", conversation="c")
+        run_idle(rt, env=env)
+        before = get_session(rt.db, "coder", "telegram:c")
+        assert before
+        shutil.rmtree(tmp_path / "user-home" / ".claude" / "projects")  # the conversations are elsewhere
+        sent = rt.queue.enqueue_message(
+            "telegram", "ann", "second question", sender_id="42", conversation="c"
+        )
+        stats = run_idle(rt, env=env)
+        message = rt.queue.get_message(sent.message_id)
+        assert message is not None and (message.status, message.retry_count) == ("completed", 0)
+        assert stats.invocations == 2 and stats.released == 1
+        after = get_session(rt.db, "coder", "telegram:c")
+        assert after and after != before
+        assert [r["message"] for r in _responses(rt)][-1] == "Second answer."
+        resets = [
+            json.loads(r["payload"])
+            for r in rt.db.read("SELECT payload FROM events WHERE type = 'agent_reset'")
+        ]
+        assert [r["reason"] for r in resets] == [
+            "the conversation to continue is not on this host; starting a new one"
+        ]
