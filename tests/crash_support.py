@@ -72,9 +72,9 @@ class ApiCall:
 class LabelledApi:
     """The fake Anthropic API answering every main request with the labels of its prompt, slowly."""
 
-    def __init__(self, stream_seconds: float = STREAM_SECONDS) -> None:
+    def __init__(self, stream_seconds: float = STREAM_SECONDS, host: str = "127.0.0.1") -> None:
         self.stream_seconds = stream_seconds
-        self.fake = FakeAnthropic(default=Computed(self._reply))
+        self.fake = FakeAnthropic(default=Computed(self._reply), host=host)
         self._lock = threading.Lock()
         self._calls: list[ApiCall] = []
 

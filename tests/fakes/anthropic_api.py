@@ -322,9 +322,9 @@ def tool_images(block: JSON) -> list[JSON]:
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
 
-    def __init__(self, fake: FakeAnthropic) -> None:
+    def __init__(self, fake: FakeAnthropic, host: str = "127.0.0.1") -> None:
         self.fake = fake
-        super().__init__(("127.0.0.1", 0), _Handler)
+        super().__init__((host, 0), _Handler)
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         error = sys.exc_info()[1]
@@ -552,7 +552,10 @@ class FakeAnthropic:
         default: Reply | None = None,
         side_reply: str = "OK",
         is_main: Callable[[JSON], bool] = has_tools,
+        host: str = "127.0.0.1",
     ) -> None:
+        #: The address to listen on: loopback, or a test network's own address (tests/netns.py).
+        self.host = host
         self.default: Reply = Text("OK") if default is None else default
         self.side_reply = side_reply
         self.is_main = is_main
@@ -569,11 +572,11 @@ class FakeAnthropic:
     # -- lifecycle ---------------------------------------------------------------------------------------
 
     def start(self) -> Self:
-        """Bind a free port on 127.0.0.1 and serve from a background thread."""
+        """Bind a free port on :attr:`host` (127.0.0.1) and serve from a background thread."""
         if self._server is not None:
             raise RuntimeError("FakeAnthropic is already running")
         self._stopping.clear()
-        self._server = _Server(self)
+        self._server = _Server(self, self.host)
         self._thread = threading.Thread(
             target=self._server.serve_forever,
             kwargs={"poll_interval": 0.05},
@@ -612,8 +615,8 @@ class FakeAnthropic:
 
     @property
     def base_url(self) -> str:
-        """``http://127.0.0.1:PORT``, the value for ``ANTHROPIC_BASE_URL``."""
-        return f"http://127.0.0.1:{self.port}"
+        """``http://127.0.0.1:PORT`` (the :attr:`host`), the value for ``ANTHROPIC_BASE_URL``."""
+        return f"http://{self.host}:{self.port}"
 
     # -- scripting ---------------------------------------------------------------------------------------
 

@@ -84,6 +84,7 @@ class ThreadedHttpFake(ContextFake):
     def __init__(self) -> None:
         self._server: QuietServer | None = None
         self._thread: threading.Thread | None = None
+        self._more: list[tuple[QuietServer, threading.Thread]] = []
 
     def start(self) -> Self:
         """Bind a free port and serve in a daemon thread."""
@@ -94,8 +95,23 @@ class ThreadedHttpFake(ContextFake):
         self._thread.start()
         return self
 
+    def serve_also(self, host: str) -> str:
+        """Serve the same fake on ``host`` as well (a free port there), e.g. a test network's own address
+        (tests/netns.py), so clients in several places talk to one fake; returns that root URL."""
+        server = self.server_class((host, 0), self.handler_class)
+        server.fake = self
+        thread = threading.Thread(target=server.serve_forever, name=self.thread_name, daemon=True)
+        thread.start()
+        self._more.append((server, thread))
+        return f"http://{host}:{server.server_address[1]}"
+
     def close(self) -> None:
-        """Stop the server and wait for its thread."""
+        """Stop the server(s) and wait for their threads."""
+        for server, thread in self._more:
+            server.shutdown()
+            server.server_close()
+            thread.join(timeout=5)
+        self._more.clear()
         if self._server is not None:
             self._server.shutdown()
             self._server.server_close()
