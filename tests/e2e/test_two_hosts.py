@@ -38,7 +38,7 @@ from typing import Any
 
 import pytest
 
-from shared.db import Database, open_database
+from shared.storage.db import Database, open_database
 from tests.crash_support import LabelledApi, cli_pids, label, labels_in
 from tests.fakes.claude_env import claude_binary, claude_env
 from tests.fakes.telegram_api import FakeTelegram
@@ -54,7 +54,7 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 AGENTS = ("alpha", "beta", "gamma")
 CHATS = 6
 #: Short leases so the scenarios take seconds: a takeover waits for one. Longer than the 5 s after which the
-#: server ends a transaction a cut-off host left open (shared/dialect.py): that transaction holds locks every
+#: server ends a transaction a cut-off host left open (shared/storage/dialect.py): that transaction holds locks every
 #: other host's writes wait for.
 LEASE = 6.0
 RECOVER = 0.5
