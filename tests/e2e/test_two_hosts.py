@@ -91,7 +91,7 @@ class Site:
         for kind in ("processor", "telegram"):
             with (self.logs / f"{self.host.name}-{kind}.log").open("ab") as out:
                 self.procs[kind] = subprocess.Popen(
-                    self.net.command(self.host, [sys.executable, "-m", "shared.cli", "run", kind]),
+                    self.net.command(self.host, [sys.executable, "-m", "shared.cli.main", "run", kind]),
                     cwd=REPO_ROOT,
                     env=self.env,
                     stdout=out,
@@ -274,8 +274,9 @@ class World:
 
 
 @contextlib.contextmanager
-def world(net: TwoHosts, tmp: Path) -> Iterator[World]:
-    """A fresh database, the fakes served on each host's link, and each host's home and processes."""
+def world(net: TwoHosts, tmp: Path, pins: dict[str, list[str]] | None = None) -> Iterator[World]:
+    """A fresh database, the fakes served on each host's link, and each host's home and processes (with
+    ``[processor] agents`` from ``pins`` by host name: all agents where none is given)."""
     with fresh_pg_database() as url, FakeTelegram() as fake, contextlib.ExitStack() as stack:
         name = url.rpartition("/")[2]
         workspaces, user_home = tmp / "workspaces", tmp / "user-home"  # on storage both hosts see
@@ -290,7 +291,7 @@ def world(net: TwoHosts, tmp: Path) -> Iterator[World]:
                 f"postgresql://postgres@{host.outside}:5432/{name}",
                 {a: {"provider": "claude", "workspace_shared": True} for a in AGENTS},
                 queue={"lease_seconds": LEASE, "poll_interval_seconds": 1.0},
-                processor={"recover_interval_seconds": RECOVER},
+                processor={"recover_interval_seconds": RECOVER, "agents": (pins or {}).get(host.name, [])},
                 channels=CHANNELS,
                 extra={"workspace_dir": str(workspaces)},
                 fast=False,
@@ -350,6 +351,7 @@ def _run_on(w: World, host: str, timeout: float = 90.0) -> dict[str, dict[str, A
     deadline = time.monotonic() + timeout
     while not (site.clis() and (held := w.held_by(host))):
         assert time.monotonic() < deadline, f"nothing ran on {host} within {timeout:g} s\n{site.output()}"
+        assert all(p.poll() is None for p in site.procs.values()), f"{host} exited:\n{site.output()}"
         if w.idle():
             w.wave()
         time.sleep(0.05)
@@ -457,7 +459,10 @@ def test_a_host_killed_outright_is_taken_over(network: TwoHosts, tmp_path: Path)
 
 def test_the_database_server_restarts_while_both_hosts_work(network: TwoHosts, tmp_path: Path) -> None:
     a, b = network.hosts
-    with world(network, tmp_path) as w:
+    # Each host has an agent of its own and shares one ([processor] agents): with traffic that never stops,
+    # an unpinned host keeps every agent it holds, and only one host would be working.
+    pins = {a.name: ["alpha", "beta"], b.name: ["beta", "gamma"]}
+    with world(network, tmp_path, pins) as w:
         restarted = threading.Event()
 
         def keep_writing() -> None:  # a wave every 2 s until one more after the restart (8 at most)
@@ -467,24 +472,18 @@ def test_the_database_server_restarts_while_both_hosts_work(network: TwoHosts, t
                     w.wave()
                     return
 
-        def both_working() -> bool:
-            workers = {str(p.get("worker", "")).split(":")[0] for _, p in w.events("chain_step_start")}
-            return {a.name, b.name} <= workers and bool(w.held_by(a.name) or w.held_by(b.name))
-
         writer = threading.Thread(target=keep_writing)
         writer.start()
         try:
-            wait_for(both_working, 60, "both hosts to have run agents, and a run going on")
-            runs_before = len(w.events("chain_step_start"))
+            wait_for(lambda: w.held_by(a.name) and w.held_by(b.name), 60, "both hosts running agents at once")
             running = sorted(w.held_by(a.name)) + sorted(w.held_by(b.name))
             away = restart_postgres()
             w.reconnect()
         finally:
             restarted.set()
             writer.join(30)
-        _finish(
-            w,
-            "pg-restart",
-            tmp_path,
-            f" restart took {away:.1f}s; {runs_before} runs had started before it, in a run at it: {running}",
-        )
+        counts = _finish(w, "pg-restart", f" restart took {away:.1f}s; in a run at it: {running}")
+        ran = {(str(p["worker"]).split(":")[0], str(p["agent"])) for _, p in w.events("chain_step_start")}
+    assert (a.name, "gamma") not in ran and (b.name, "alpha") not in ran, ran  # each host ran only its agents
+    assert {host for host, _ in ran} == {a.name, b.name}
+    assert counts.messages >= 2 * CHATS
