@@ -210,10 +210,11 @@ def libpq_url(url: str) -> str:
 
 
 #: What every PostgreSQL session asks of the server. A client cut off by the network in the middle of a
-#: transaction (a partition: no FIN, no RST) leaves its server session "idle in transaction", holding its
-#: locks — the event-order lock above stops every writer of every host — until the server's TCP gives up,
-#: hours later by default. The server ends such a transaction after this long (agentpost's transactions
-#: take milliseconds), and probes idle clients (keepalives) so a vanished one frees its session.
+#: transaction (a partition: no FIN, no RST) leaves its server session "idle in transaction" until the
+#: server's TCP gives up, hours later by default: it keeps its row locks, and, since events are readable only
+#: below the oldest running transaction (``visible_event_bound``), every reader of every host stops seeing
+#: new events. The server ends such a transaction after 5 s (agentpost's transactions take milliseconds),
+#: and probes idle clients (keepalives) so a vanished one frees its session.
 PG_SESSION_OPTIONS = (
     "-c idle_in_transaction_session_timeout=5000 "
     "-c tcp_keepalives_idle=5 -c tcp_keepalives_interval=2 -c tcp_keepalives_count=3"

@@ -54,8 +54,8 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 AGENTS = ("alpha", "beta", "gamma")
 CHATS = 6
 #: Short leases so the scenarios take seconds: a takeover waits for one. Longer than the 5 s after which the
-#: server ends a transaction a cut-off host left open (shared/storage/dialect.py): that transaction holds locks every
-#: other host's writes wait for.
+#: server ends a transaction a cut-off host left open (shared/storage/dialect.py), which holds the other
+#: host back meanwhile (its row locks; events readable only below it).
 LEASE = 6.0
 RECOVER = 0.5
 #: How long the fake API streams one reply: long enough to cut or kill a host in the middle of it.
