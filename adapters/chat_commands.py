@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Literal
 from adapters import chat_state
 from shared.chat.address import ChatAddress
 from shared.chat.lookups import busy_agents
-from shared.chat.prefs import BUSY_POLICIES, get_busy_policy, parse_busy_policy, set_busy_policy
+from shared.chat.prefs import get_busy_policy, set_busy_policy
 from shared.chat.sessions import AGENT_SCOPE_KEY, clear_sessions
 from shared.clock import now_ms
 from shared.queue.core import InvalidInput, NotFound, RetryBudgetExhausted, UnknownMention
@@ -34,6 +34,7 @@ from shared.reads.budget_status import agents_usage_text
 from shared.reads.conversation_status import conversation_status, format_status
 from shared.reads.usage import sender_usage_text
 from shared.runtime import Runtime
+from shared.settings.busy_policy import BUSY_POLICIES, parse_busy_policy
 from shared.settings.routing import AGENT_NAME_RE
 
 if TYPE_CHECKING:
@@ -79,9 +80,6 @@ class ChatCommands:
         """The settings in force now (agents and teams are picked up without a restart)."""
         return self.rt.settings
 
-    def _chat(self, conversation: str) -> ChatAddress:
-        return ChatAddress(self.name, conversation=conversation)
-
     # -- names and the sticky agent ---------------------------------------------------------------------
     def _known(self, name: str) -> Literal["agent", "team", ""]:
         if name in self.settings.agents:
@@ -94,9 +92,9 @@ class ChatCommands:
         names = sorted(self.settings.agents) if kind == "agent" else sorted(self.settings.teams)
         return ", ".join(names) or "none"
 
-    def sticky_for(self, conversation: str, text: str) -> str | None:
+    def sticky_for(self, chat: ChatAddress, text: str) -> str | None:
         """The chat's sticky agent for a plain message ``text`` (None: route it normally)."""
-        sticky = chat_state.sticky_agent(self.rt.db, self._chat(conversation))
+        sticky = chat_state.sticky_agent(self.rt.db, chat)
         if not sticky or not self._known(sticky):
             return None
         routes = self.rt.queue.directory.routes  # the table the queue routes with, built once
@@ -113,7 +111,7 @@ class ChatCommands:
         ]
         if exc.teams:
             lines.append("Teams: " + ", ".join(f"@{t}" for t in exc.teams) + ".")
-        usual = self.chat_agent(message.conversation)
+        usual = self.chat_agent(message.address_on(self.name))
         example = exc.agents[0] if exc.agents else usual
         lines.append(
             f"Start your message with one of them (like “@{example} …”), or send it without the @name "
@@ -126,20 +124,20 @@ class ChatCommands:
         ``name`` is nobody we know (the text then goes to the agent like any message)."""
         db = self.rt.db
         if name == "default":
-            chat_state.clear_sticky_agent(db, self._chat(message.conversation))
+            chat_state.clear_sticky_agent(db, message.address_on(self.name))
             return (
                 f"This chat is back to normal routing (default agent @{self.settings.queue.default_agent})."
             )
         kind = self._known(name)
         if not kind:
             return None  # not a name we know: the text goes to the agent like any message
-        chat_state.set_sticky_agent(db, self._chat(message.conversation), name)
+        chat_state.set_sticky_agent(db, message.address_on(self.name), name)
         return f"Messages in this chat now go to {kind} @{name}. Send @default to undo."
 
-    def chat_agent(self, conversation: str) -> str:
+    def chat_agent(self, chat: ChatAddress) -> str:
         """The agent a plain message of this chat goes to: the sticky agent (a team's leader), else the
         default agent."""
-        target = chat_state.sticky_agent(self.rt.db, self._chat(conversation)) or ""
+        target = chat_state.sticky_agent(self.rt.db, chat) or ""
         if self._known(target) == "team":
             return self.settings.teams[target].leader
         if self._known(target) == "agent":
@@ -170,7 +168,7 @@ class ChatCommands:
         # the agent this chat talks to ([budgets.agents.<name>] may override them).
         budgets = self.settings.budgets
         sender = f"{self.name}:{message.sender_id}"
-        limits = budgets.for_agent(self.chat_agent(message.conversation))
+        limits = budgets.for_agent(self.chat_agent(message.address_on(self.name)))
         now = now_ms()
         text = sender_usage_text(
             self.rt.db,
@@ -201,7 +199,7 @@ class ChatCommands:
         db = self.rt.db
         target = args.removeprefix("@").strip().lower()
         if not target:
-            current = chat_state.sticky_agent(db, self._chat(message.conversation))
+            current = chat_state.sticky_agent(db, message.address_on(self.name))
             shown = f"@{current}" if current else f"normal routing (@{self.settings.queue.default_agent})"
             return f"This chat's default is {shown}. Known {name}s: {self._names(name)}."
         if target == "default":
@@ -210,41 +208,40 @@ class ChatCommands:
             return answer
         if self._known(target) != name:
             return f"Unknown {name} {target!r}. Known {name}s: {self._names(name)}."
-        chat_state.set_sticky_agent(db, self._chat(message.conversation), target)
+        chat_state.set_sticky_agent(db, message.address_on(self.name), target)
         return f"Messages in this chat now go to {name} @{target}. Send @default to undo."
 
     def _cmd_reset(self, message: Inbound, args: str) -> str:
         target = args.removeprefix("@").strip().lower()
         if not target:
-            target = chat_state.sticky_agent(self.rt.db, self._chat(message.conversation)) or ""
+            target = chat_state.sticky_agent(self.rt.db, message.address_on(self.name)) or ""
             target = target or self.settings.queue.default_agent
         kind = self._known(target)
         if not kind:
             return f"Unknown agent {target!r}. Known agents: {self._names('agent')}."
         agents = [target] if kind == "agent" else list(self.settings.teams[target].agents)
         for agent in agents:
-            reset_conversation(self.rt, agent, self._chat(message.conversation))
+            reset_conversation(self.rt, agent, message.address_on(self.name))
         shown = ", ".join(f"@{a}" for a in agents)
         return f"Started a fresh conversation with {shown}."
 
     def _cmd_status(self, message: Inbound) -> str:
         db = self.rt.db
-        status = conversation_status(db, None, self.name, message.conversation)
+        chat = message.address_on(self.name)
+        status = conversation_status(db, None, chat)
         if not status["running"] and not status["waiting"]:
             # Nothing queued: still say whether the chat's agent is paused (a rate limit, say).
-            status = conversation_status(
-                db, self.chat_agent(message.conversation), self.name, message.conversation
-            )
+            status = conversation_status(db, self.chat_agent(chat), chat)
         return format_status(status)
 
     def _cmd_stop(self, message: Inbound) -> str:
-        chat = message.address_on(self.name).label  # the chat as the processor's run names it
-        agents = busy_agents(self.rt.db, self.name, message.conversation)
+        chat = message.address_on(self.name)
+        agents = busy_agents(self.rt.db, chat)
         if not agents:
             # A request left behind would stop this chat's *next* run, so none is written.
             return "Nothing is running for this chat."
         for agent in agents:
-            self.rt.queue.request_stop(agent, chat)
+            self.rt.queue.request_stop(agent, chat.label)  # the chat as the processor's run names it
         return "Stopping…"
 
     def _default_policy(self) -> str:
@@ -262,12 +259,12 @@ class ChatCommands:
         mode = args.strip().lower()
         choices = "|".join(BUSY_POLICIES)
         if not mode:
-            own = get_busy_policy(db, self.name, message.conversation)
+            own = get_busy_policy(db, message.address_on(self.name))
             current = own or self._default_policy()
             source = "" if own else " (the default)"
             return f"This chat's busy policy is {current}{source}: {_POLICY_HELP[current]}. Change it with /queue {choices}."
         try:
-            stored = set_busy_policy(db, self.name, message.conversation, mode)
+            stored = set_busy_policy(db, message.address_on(self.name), mode)
         except ValueError:
             return f"Unknown busy policy {mode!r}. Use /queue {choices} (or /queue default)."
         if stored is None:
@@ -277,14 +274,15 @@ class ChatCommands:
 
 
 def reset_conversation(runtime: Runtime, agent: str, chat: ChatAddress) -> int:
-    """Make ``agent`` start a fresh conversation in ``chat``, through the ``sessions`` table.
+    """Make ``agent`` start a fresh conversation for this chat, through the ``sessions`` table.
 
-    The processor keys sessions by ``""`` (``session_scope = "agent"``) or ``"channel:conversation"``
-    (``"conversation"``), so the key cleared follows the agent's setting. Returns sessions cleared.
+    The processor keys sessions by ``""`` (``session_scope = "agent"``) or the chat's
+    :attr:`ChatAddress.row_key` (``"conversation"``), so the key cleared follows the agent's setting. Returns
+    sessions cleared.
     """
     if not AGENT_NAME_RE.match(agent):
         raise InvalidInput(f"bad agent name {agent!r}")
     config = runtime.settings.agents.get(agent)
     scope = config.session_scope if config is not None else "agent"
-    key = AGENT_SCOPE_KEY if scope == "agent" else f"{chat.channel}:{chat.conversation}"
+    key = AGENT_SCOPE_KEY if scope == "agent" else chat.row_key
     return clear_sessions(runtime.db, agent, key, reason=f"/reset in {chat.channel}")

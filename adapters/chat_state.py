@@ -1,7 +1,8 @@
 """Small durable state of the channel adapters in the ``kv`` table.
 
 - A chat's sticky default agent: ``@agent`` alone or ``/agent NAME`` sets it, ``@default`` clears it; while
-  set, messages that name no agent go to it (scope ``chat_agent:<channel>``, key = the conversation).
+  set, messages that name no agent go to it (scope ``chat_agent:<channel>``, key = the chat,
+  :attr:`ChatAddress.chat`; one an earlier release stored under an empty conversation is still read).
 - A channel's own cursors, such as Telegram's update offset (:func:`kv_get` / :func:`kv_set`).
 
 Each call is one autocommit read or one short transaction, for adapters that have no transaction open; the
@@ -35,14 +36,23 @@ def kv_delete(db: Database, scope: str, key: str) -> bool:
 
 def sticky_agent(db: Database, chat: ChatAddress) -> str | None:
     """The chat's default agent or team, or None when messages follow the normal routing."""
-    return kv_get(db, scoped(Scope.CHAT_AGENT, chat.channel), chat.conversation)
+    scope = scoped(Scope.CHAT_AGENT, chat.channel)
+    found = kv_get(db, scope, chat.chat)
+    if found is None and chat.earlier_chat is not None:
+        found = kv_get(db, scope, chat.earlier_chat)
+    return found
 
 
 def set_sticky_agent(db: Database, chat: ChatAddress, agent: str) -> None:
     """Make ``agent`` (an agent or team name, already validated) the chat's default."""
-    kv_set(db, scoped(Scope.CHAT_AGENT, chat.channel), chat.conversation, agent)
+    kv_set(db, scoped(Scope.CHAT_AGENT, chat.channel), chat.chat, agent)
 
 
 def clear_sticky_agent(db: Database, chat: ChatAddress) -> bool:
-    """Go back to normal routing in this chat; returns whether a default was set."""
-    return kv_delete(db, scoped(Scope.CHAT_AGENT, chat.channel), chat.conversation)
+    """Go back to normal routing in this chat (also a default an earlier release stored under its empty
+    conversation); returns whether a default was set."""
+    scope = scoped(Scope.CHAT_AGENT, chat.channel)
+    cleared = kv_delete(db, scope, chat.chat)
+    if chat.earlier_chat is not None:
+        cleared = kv_delete(db, scope, chat.earlier_chat) or cleared
+    return cleared

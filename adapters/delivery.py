@@ -125,7 +125,7 @@ class Delivery:
             parts.extend(Part("text", chunk) for chunk in chunks)
         # Checked again here, not only when the reply was queued: the API and the processor queue paths, and
         # a path can be swapped for a symlink in between (shared.file_access has the one rule).
-        roots = send_roots(self.rt.settings, response.agent, self.name, response.conversation)
+        roots = send_roots(self.rt.settings, response.agent, response.address)
         for f in response.files:
             allowed, why = check_send_path(str(f), roots)
             if allowed is None:

@@ -191,7 +191,7 @@ class DiscordChannel(Platform):
                 text = "(an attachment)"  # a stranger still gets a pairing code, but nothing is downloaded
             if guild:
                 metadata["dm_channel"] = await self._dm_channel_of(message.author)
-        cursor = (self.name, conversation, message.id, guild)
+        cursor = (ChatAddress(self.name, conversation=conversation), message.id, guild)
         outcome = await self.inbox.handle(
             Inbound(
                 conversation=conversation,

@@ -174,7 +174,7 @@ class Intake:
                 self.reply(message, switched, kind="command", also=taken_in)
                 return "command"
         body = "\n".join([text, *refs]) if text else "\n".join(refs)
-        agent = self.commands.sticky_for(message.conversation, text)
+        agent = self.commands.sticky_for(message.address_on(self.name), text)
         metadata = dict(message.metadata)
         if message.sent_at and now_ms() - message.sent_at > self.config.late_message_seconds * 1000:
             metadata[OFFLINE_SENT_AT] = message.sent_at  # the final reply will say it arrived while offline

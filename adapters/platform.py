@@ -258,7 +258,7 @@ class Platform(abc.ABC):
     def upload_folder(self, conversation: str) -> Path:
         """Where a chat's inbound files are saved (created if missing): the chat's upload folder of
         :func:`shared.file_access.chat_upload_dir`, so replies to that chat may attach them again."""
-        folder = chat_upload_dir(self.settings, self.name, conversation)
+        folder = chat_upload_dir(self.settings, ChatAddress(self.name, conversation=conversation))
         folder.mkdir(parents=True, exist_ok=True)
         return folder
 

@@ -79,6 +79,7 @@ from adapters.whatsapp_graph import (
 from shared.aio import call
 from shared.backoff import Backoff
 from shared.chat import dedupe, inbound_jobs
+from shared.chat.address import ChatAddress
 from shared.chat.lookups import newest_waiting_external_id
 from shared.settings.channels import WhatsAppSettings
 from shared.settings.model import SettingsError
@@ -384,7 +385,9 @@ class WhatsAppChannel(Platform):
         if not self.config.read_receipts:
             return  # the Cloud API's typing indicator is part of a read receipt
         # Typing shows on the chat's newest waiting message.
-        wamid = await call(newest_waiting_external_id, self.rt.db, self.name, conversation)
+        wamid = await call(
+            newest_waiting_external_id, self.rt.db, ChatAddress(self.name, conversation=conversation)
+        )
         if wamid is None:
             return
         now = time.monotonic()

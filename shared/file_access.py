@@ -14,6 +14,7 @@ import re
 from collections.abc import Sequence
 from pathlib import Path
 
+from shared.chat.address import ChatAddress
 from shared.settings.model import Settings
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
@@ -44,14 +45,14 @@ def safe_name(name: str, fallback: str = "file") -> str:
     return cleaned[:100] or fallback
 
 
-def chat_upload_dir(settings: Settings, channel: str, conversation: str) -> Path:
-    """The folder of one chat's uploads: ``<home>/files/<channel>/<conversation>``."""
-    return settings.home / "files" / safe_name(channel, "channel") / safe_name(conversation, "chat")
+def chat_upload_dir(settings: Settings, chat: ChatAddress) -> Path:
+    """The folder of one chat's uploads: ``<home>/files/<channel>/<chat>`` (:attr:`ChatAddress.chat`)."""
+    return settings.home / "files" / safe_name(chat.channel, "channel") / safe_name(chat.chat, "chat")
 
 
-def send_roots(settings: Settings, agent: str, channel: str, conversation: str) -> list[Path]:
-    """The folders a reply of ``agent`` to this chat may attach files from."""
-    roots = [chat_upload_dir(settings, channel, conversation)]
+def send_roots(settings: Settings, agent: str, chat: ChatAddress) -> list[Path]:
+    """The folders a reply of ``agent`` to ``chat`` may attach files from."""
+    roots = [chat_upload_dir(settings, chat)]
     if agent in settings.agents:
         roots.insert(0, settings.workspace(agent))
     return roots

@@ -22,8 +22,10 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from shared.chat.prefs import BusyPolicy, get_busy_policy, parse_busy_policy
+from shared.chat.address import ChatAddress
+from shared.chat.prefs import get_busy_policy
 from shared.queue.core import QueuedMessage, group_by_conversation
+from shared.settings.busy_policy import BusyPolicy, parse_busy_policy
 from shared.settings.model import Settings
 from shared.storage.db import Database
 from workers.files import describe_inbound
@@ -88,8 +90,10 @@ def busy_notice_on(settings: Settings, channel: str) -> bool:
 
 def resolve_policy(db: Database, settings: Settings, default: BusyPolicy, key: tuple[str, str]) -> BusyPolicy:
     """The busy policy of one chat: its own (``/queue``), else its channel's, else ``default``."""
-    channel, conversation = key
-    return get_busy_policy(db, channel, conversation) or channel_policy(settings, channel) or default
+    channel, chat = key
+    # The key's chat is already the chat (ChatAddress.chat): as a conversation it reads back the same.
+    own = get_busy_policy(db, ChatAddress(channel, conversation=chat))
+    return own or channel_policy(settings, channel) or default
 
 
 def merge_arrivals(

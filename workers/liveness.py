@@ -34,13 +34,13 @@ import anyio
 
 from shared.aio import call
 from shared.chat.address import ChatAddress
-from shared.chat.prefs import BusyPolicy
 from shared.clock import now_ms
 from shared.events.log import PendingEvent
 from shared.notices import busy_note
 from shared.queue.core import INTERNAL_CHANNELS, QueuedMessage
 from shared.reads.conversation_status import format_duration, update_run_step
 from shared.runtime import Runtime
+from shared.settings.busy_policy import BusyPolicy
 from workers.busy import WorkGroup, busy_notice_on, resolve_policy
 from workers.teams import origin_of
 

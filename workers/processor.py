@@ -68,10 +68,10 @@ from pathlib import Path
 import anyio
 
 from shared.aio import call
-from shared.chat.prefs import BusyPolicy
 from shared.clock import now_ms
 from shared.queue.core import LeaseLost, QueuedMessage
 from shared.runtime import Runtime, open_runtime
+from shared.settings.busy_policy import BusyPolicy
 from shared.settings.model import Settings, SettingsError
 from shared.storage.errors import transient_problem
 from workers.busy import WorkGroup, apply_cap, build_prompt, merge_arrivals, resolve_policy

@@ -173,8 +173,7 @@ class Run:
                 run.agent,
                 run_id=run.run_id,
                 worker=self.worker,
-                channel=group.key[0],
-                conversation=group.key[1],
+                chat=group.messages[0].address,
                 message_ids=group.ids,
                 started_at=run.started_ms,
             )
@@ -280,7 +279,7 @@ class Run:
         from), when it exists: the run may read it, so the files the user sent reach the agent."""
         primary = self.group.messages[0]
         target = note_target(primary) or primary.address
-        folder = chat_upload_dir(self.settings, target.channel, target.conversation)
+        folder = chat_upload_dir(self.settings, target)
         return folder if folder.is_dir() else None
 
     async def _invoke(self, run: RunInfo, request: RunRequest, kind: str) -> RunResult:

@@ -275,7 +275,7 @@ class OutcomeWriter:
     ) -> OutboundFiles:
         """The reply's text and the files it may attach (refused ones logged and reported as events)."""
         agent = self.drive.agent
-        roots = send_roots(self.rt.settings, agent, target.channel, target.conversation)
+        roots = send_roots(self.rt.settings, agent, target)
         out = outbound_files(text, workspace, roots)
         for path, reason in out.refused:
             log.warning("agent %s: refused to send %s: %s", agent, path, reason)
@@ -293,7 +293,7 @@ class OutcomeWriter:
         if chat is None:
             return []
         try:
-            return await call(record_answer, self.rt.db, chat.channel, chat.conversation, self.drive.agent)
+            return await call(record_answer, self.rt.db, chat, self.drive.agent)
         except Exception as exc:  # who answered is presentation: never fail a finished run over it
             log.warning("could not record who answered %s: %s", chat.label, exc)
             return []

@@ -104,8 +104,7 @@ async def chat_history(
     return await web.run(
         conversations.conversation_history,
         web.db,
-        channel,
-        conversation,
+        ChatAddress(channel, conversation=conversation),
         before=before,
         before_kind=beforeKind,
         before_id=beforeId,
@@ -115,19 +114,18 @@ async def chat_history(
 
 def stop_running_chat(db: Database, queue: Queue, chat: ChatAddress) -> list[str]:
     """Ask the processor to stop the run working for one chat; the agents asked (none: nothing runs)."""
-    status = conversations.conversation_history(db, chat.channel, chat.conversation, limit=1)["status"]
+    status = conversations.conversation_history(db, chat, limit=1)["status"]
     if not status["running"]:
         return []
     agent = str(status["agent"])
-    queue.request_stop(agent, chat.label)  # the chat as the processor's run names it
+    queue.request_stop(agent, chat.label)
     return [agent]
 
 
 @router.post("/conversations/{channel}/stop", summary="Stop the runs working for one chat")
 async def stop_chat(channel: Name, body: ChatIn, web: Web) -> dict[str, Any]:
-    stopped = await web.run(
-        stop_running_chat, web.db, web.queue, ChatAddress(channel, conversation=body.conversation)
-    )
+    chat = ChatAddress(channel, conversation=body.conversation)
+    stopped = await web.run(stop_running_chat, web.db, web.queue, chat)
     return {"ok": True, "stopping": stopped}
 
 

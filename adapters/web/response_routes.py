@@ -9,6 +9,7 @@ from fastapi import APIRouter, Query
 from fastapi import Path as PathParam
 from pydantic import Field
 
+from shared.chat.address import ChatAddress
 from shared.file_access import check_send_path, send_roots
 from shared.queue.records import MAX_MESSAGE_CHARS
 from shared.reads import api_views
@@ -53,7 +54,8 @@ async def responses_pending(
     if conversation is None:
         rows = await web.run(web.queue.list_responses, limit, channel, True)
     else:
-        rows = await web.run(api_views.pending_chat_replies, web.db, channel, conversation, limit)
+        chat = ChatAddress(channel, conversation=conversation)
+        rows = await web.run(api_views.pending_chat_replies, web.db, chat, limit)
     return [response_out(r) for r in rows]
 
 
@@ -98,7 +100,7 @@ async def _chat_of_sender(web: WebState, body: ProactiveIn) -> str:
 def checked_files(settings: Settings, body: ProactiveIn, conversation: str) -> list[str]:
     """The files of a proactive message, each resolved and inside the roots a reply of its agent to its
     chat may send from (:mod:`shared.file_access`: the agent's workspace, that chat's uploads)."""
-    roots = send_roots(settings, body.agent, body.channel, conversation)
+    roots = send_roots(settings, body.agent, ChatAddress(body.channel, conversation=conversation))
     base = settings.workspace(body.agent) if body.agent in settings.agents else None
     resolved = []
     for raw in body.files:

@@ -1,9 +1,14 @@
 """Where a message came from and where its reply goes: one immutable type from inbound message to send.
 
 A chat is named by its channel and the first of *conversation*, *sender id*, *sender* that is set — a
-platform's chat id when it has one, else the user. That rule lives in :attr:`ChatAddress.chat` and nowhere
-else: the queue groups a run's messages by it, delivery keeps a chat's replies in order by it, rate-limit
-notices and handoffs address the chat through it.
+platform's chat id when it has one, else the user. That rule lives in :attr:`ChatAddress.chat` (and its SQL
+form :data:`CHAT_KEY_SQL`) and nowhere else: the queue groups a run's messages by it, delivery keeps a chat's
+replies in order by it, rate-limit notices and handoffs address the chat through it, and every row kept per
+chat (busy policy, sticky agent, the agents that answered, cursors, run status) is keyed by it
+(:attr:`ChatAddress.row_key` where one table holds every channel's chats).
+
+Earlier releases keyed the per-chat ``kv`` rows by the conversation alone, also when it was empty; such a
+row is still read for a chat without a conversation (:attr:`ChatAddress.earlier_chat`).
 """
 
 from __future__ import annotations
@@ -11,6 +16,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
+
+#: SQL for a message row's chat: the conversation, else the sender id, else the sender (:attr:`ChatAddress.chat`).
+CHAT_KEY_SQL = (
+    "(CASE WHEN conversation <> '' THEN conversation WHEN sender_id <> '' THEN sender_id ELSE sender END)"
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,9 +55,28 @@ class ChatAddress:
         return (self.channel, self.chat)
 
     @property
-    def label(self) -> str:
-        """``channel:chat``, the form people and logs see (and ``/stop`` requests use)."""
+    def row_key(self) -> str:
+        """``channel:chat``: the key of a row kept per chat in a table or ``kv`` scope shared by every channel
+        (busy policy, agents that answered, sessions); also what ``/stop`` requests and people see."""
         return f"{self.channel}:{self.chat}"
+
+    @property
+    def label(self) -> str:
+        """``channel:chat``, the form people and logs see (the same string as :attr:`row_key`)."""
+        return self.row_key
+
+    @property
+    def earlier_chat(self) -> str | None:
+        """The chat as rows written by earlier releases named it, when that differs from :attr:`chat`: those keyed a
+        chat's ``kv`` rows by the conversation alone, so a chat without one wrote under the empty string.
+        ``None`` when both rules agree (a chat with a conversation). A read that finds no row under
+        :attr:`chat` tries this one."""
+        return "" if not self.conversation and self.chat else None
+
+    @property
+    def earlier_row_key(self) -> str | None:
+        """:attr:`row_key` as earlier releases wrote it, when that differs (see :attr:`earlier_chat`)."""
+        return None if self.earlier_chat is None else f"{self.channel}:{self.earlier_chat}"
 
     @property
     def thread(self) -> str:

@@ -8,7 +8,7 @@ processors answering the same chat at once never overwrite each other's record.
 
 from __future__ import annotations
 
-from shared.chat.prefs import chat_key
+from shared.chat.address import ChatAddress
 from shared.clock import now_ms
 from shared.storage import kv
 from shared.storage.db import Database
@@ -21,13 +21,13 @@ _REFRESH_MS = 24 * 3600 * 1000
 _SEP = "|"
 
 
-def record_answer(db: Database, channel: str, conversation: str, agent: str) -> list[str]:
+def record_answer(db: Database, chat: ChatAddress, agent: str) -> list[str]:
     """Note that ``agent`` answers this chat now; return the agents that answered it recently (sorted,
     ``agent`` included). A record refreshed within the last day is left as it is (a read, no write);
     records of this chat older than :data:`RECENT_MS` are removed when one is written."""
-    prefix = chat_key(channel, conversation) + _SEP
+    prefix = chat.row_key + _SEP
     now = now_ms()
-    rows = kv.entries(db, Scope.CHAT_AGENTS, prefix=prefix)
+    rows = _entries(db, chat)
     recent = {e.value: e.updated_at for e in rows if e.updated_at >= now - RECENT_MS}
     if recent.get(agent, 0) >= now - _REFRESH_MS:
         return sorted(recent)
@@ -38,8 +38,16 @@ def record_answer(db: Database, channel: str, conversation: str, agent: str) -> 
     return sorted({*recent, agent})
 
 
-def answered_by(db: Database, channel: str, conversation: str) -> list[str]:
+def answered_by(db: Database, chat: ChatAddress) -> list[str]:
     """The agents that answered this chat within :data:`RECENT_MS`, sorted."""
-    prefix = chat_key(channel, conversation) + _SEP
-    rows = kv.entries(db, Scope.CHAT_AGENTS, prefix=prefix, since=now_ms() - RECENT_MS)
+    rows = _entries(db, chat, since=now_ms() - RECENT_MS)
     return sorted({e.value for e in rows})
+
+
+def _entries(db: Database, chat: ChatAddress, since: int | None = None) -> list[kv.Entry]:
+    """The chat's records, with those an earlier release wrote under its conversation alone
+    (:attr:`ChatAddress.earlier_row_key`; they age out within :data:`RECENT_MS`)."""
+    rows = kv.entries(db, Scope.CHAT_AGENTS, prefix=chat.row_key + _SEP, since=since)
+    if chat.earlier_row_key is not None:
+        rows += kv.entries(db, Scope.CHAT_AGENTS, prefix=chat.earlier_row_key + _SEP, since=since)
+    return rows

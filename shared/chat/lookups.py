@@ -7,12 +7,13 @@ autocommit snapshot, cheap enough for the typing loop's pace (a few seconds).
 
 from __future__ import annotations
 
+from shared.chat.address import CHAT_KEY_SQL, ChatAddress
 from shared.storage.db import Database
 from shared.storage.statuses import MessageStatus
 
 _BUSY_AGENTS = (
     f"SELECT agent, MAX(CASE WHEN status = '{MessageStatus.PROCESSING}' THEN 1 ELSE 0 END) AS running FROM messages "
-    f"WHERE channel = :c AND conversation = :conv AND status IN ('{MessageStatus.PENDING}', '{MessageStatus.PROCESSING}') GROUP BY agent"
+    f"WHERE channel = :c AND {CHAT_KEY_SQL} = :chat AND status IN ('{MessageStatus.PENDING}', '{MessageStatus.PROCESSING}') GROUP BY agent"
 )
 _BUSY_CONVERSATIONS = (
     "SELECT DISTINCT m.conversation FROM messages m LEFT JOIN agent_leases a ON a.agent = m.agent "
@@ -21,15 +22,15 @@ _BUSY_CONVERSATIONS = (
     f"(m.status = '{MessageStatus.PENDING}' AND m.available_at <= :horizon AND COALESCE(a.paused_until, 0) <= :now))"
 )
 _NEWEST_WAITING_EXTERNAL_ID = (
-    "SELECT external_id FROM messages WHERE channel = :c AND conversation = :conv "
+    f"SELECT external_id FROM messages WHERE channel = :c AND {CHAT_KEY_SQL} = :chat "
     f"AND status IN ('{MessageStatus.PENDING}', '{MessageStatus.PROCESSING}') AND external_id IS NOT NULL ORDER BY id DESC LIMIT 1"
 )
 
 
-def busy_agents(db: Database, channel: str, conversation: str) -> list[str]:
-    """Agents with a message of the chat ``channel``/``conversation`` pending or processing: those with one
-    processing first, then by name (the agents a ``/stop`` in that chat asks to stop)."""
-    rows = db.read(_BUSY_AGENTS, {"c": channel, "conv": conversation})
+def busy_agents(db: Database, chat: ChatAddress) -> list[str]:
+    """Agents with a message of ``chat`` pending or processing: those with one processing first, then by name
+    (the agents a ``/stop`` in that chat asks to stop)."""
+    rows = db.read(_BUSY_AGENTS, {"c": chat.channel, "chat": chat.chat})
     ordered = sorted(rows, key=lambda r: (-int(r["running"]), str(r["agent"])))
     return [str(r["agent"]) for r in ordered]
 
@@ -42,8 +43,8 @@ def busy_conversations(db: Database, channel: str, now: int, horizon_ms: int) ->
     return [str(r["conversation"]) for r in rows]
 
 
-def newest_waiting_external_id(db: Database, channel: str, conversation: str) -> str | None:
+def newest_waiting_external_id(db: Database, chat: ChatAddress) -> str | None:
     """The platform's id of the chat's newest message still pending or processing (``None``: none, or none
     with a platform id). WhatsApp shows its typing indicator on that message."""
-    value = db.read_scalar(_NEWEST_WAITING_EXTERNAL_ID, {"c": channel, "conv": conversation})
+    value = db.read_scalar(_NEWEST_WAITING_EXTERNAL_ID, {"c": chat.channel, "chat": chat.chat})
     return str(value) if value else None

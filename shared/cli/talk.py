@@ -218,10 +218,10 @@ def _status(rt: Runtime, chat: ChatAddress, target: str) -> str:
     """``/status``: what the agent is doing for this chat, as the other channels say it."""
     from shared.reads.conversation_status import conversation_status, format_status
 
-    status = conversation_status(rt.db, None, CLI_CHANNEL, chat.chat)
+    status = conversation_status(rt.db, None, chat)
     if not status["running"] and not status["waiting"] and target in rt.settings.agents:
         # Nothing queued: still say whether the chat's agent is paused (a rate limit, say).
-        status = conversation_status(rt.db, target, CLI_CHANNEL, chat.chat)
+        status = conversation_status(rt.db, target, chat)
     return format_status(status)
 
 

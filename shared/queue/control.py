@@ -9,11 +9,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from shared.chat.address import ChatAddress
+from shared.chat.address import CHAT_KEY_SQL, ChatAddress
 from shared.clock import now_ms
 from shared.events.log import PendingEvent, append_events
 from shared.queue.records import QueueState
-from shared.reads.conversation_status import CHAT_KEY_SQL
 from shared.storage.statuses import MessageStatus
 
 _ENSURE_ROW = (

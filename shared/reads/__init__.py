@@ -2,4 +2,4 @@
 chat's status, a message's trace from the event log, what runs cost and who is over a budget. They read what
 the queue and the event log wrote (and make a few small writes the web API needs); they may import
 ``storage``, ``events``, ``queue``, ``chat``, ``settings`` and the plain values beside this folder, and
-nothing below them imports them (one exception named in ``tests/unit/test_layering.py``)."""
+nothing below them imports them (``tests/unit/test_layering.py``)."""

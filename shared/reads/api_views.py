@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from shared.chat.address import ChatAddress
 from shared.clock import now_ms
 from shared.events.log import PendingEvent, append_events
 from shared.queue.core import Queue
@@ -91,17 +92,15 @@ def post_to_chat_room(
     return ChatRoomPost(int(row_id), queued)
 
 
-def pending_chat_replies(
-    db: Database, channel: str, conversation: str, limit: int = 100
-) -> list[QueuedResponse]:
-    """The replies of one chat of ``channel`` still to deliver (``pending`` or ``delivering``; a ``failed``
+def pending_chat_replies(db: Database, chat: ChatAddress, limit: int = 100) -> list[QueuedResponse]:
+    """The replies to ``chat`` still to deliver (``pending`` or ``delivering``; a ``failed``
     one waits for nobody), oldest first, at most ``limit``. Filtered in the query, however many replies other
     chats of the channel have waiting."""
     rows = db.read(
         # ``status <> 'acked'`` repeats ix_responses_open's condition, so SQLite uses that partial index.
         f"SELECT * FROM responses WHERE status <> '{ResponseStatus.ACKED}' AND channel = :c AND conversation = :v "
         f"AND status IN ('{ResponseStatus.PENDING}', '{ResponseStatus.DELIVERING}') ORDER BY id LIMIT :l",
-        {"c": channel, "v": conversation, "l": max(1, min(limit, 1000))},
+        {"c": chat.channel, "v": chat.chat, "l": max(1, min(limit, 1000))},
     )
     return [QueuedResponse.from_row(r) for r in rows]
 

@@ -15,16 +15,12 @@ import json
 from datetime import UTC, datetime
 from typing import Any
 
+from shared.chat.address import CHAT_KEY_SQL, ChatAddress
 from shared.clock import now_ms
 from shared.storage import kv
 from shared.storage.db import Database, Tx
 from shared.storage.kv import Scope
 from shared.storage.statuses import MessageStatus
-
-#: SQL for a message's chat key: the conversation, else the sender id, else the sender (as the queue groups).
-CHAT_KEY_SQL = (
-    "(CASE WHEN conversation <> '' THEN conversation WHEN sender_id <> '' THEN sender_id ELSE sender END)"
-)
 
 
 def record_run(db: Database, agent: str, **fields: Any) -> None:
@@ -39,8 +35,7 @@ def record_run_in(
     *,
     run_id: str,
     worker: str,
-    channel: str,
-    conversation: str,
+    chat: ChatAddress,
     message_ids: list[str],
     started_at: int,
 ) -> None:
@@ -48,8 +43,8 @@ def record_run_in(
     value = {
         "run_id": run_id,
         "worker": worker,
-        "channel": channel,
-        "conversation": conversation,
+        "channel": chat.channel,
+        "conversation": chat.chat,
         "message_ids": list(message_ids),
         "started_at": started_at,
         "last_step": "",
@@ -107,9 +102,9 @@ def current_run(db: Database, agent: str, now: int | None = None) -> dict[str, A
 
 
 def conversation_status(
-    db: Database, agent: str | None, channel: str, conversation: str, *, now: int | None = None
+    db: Database, agent: str | None, chat: ChatAddress, *, now: int | None = None
 ) -> dict[str, Any]:
-    """What ``agent`` (``None``: any agent) is doing for the chat ``channel``/``conversation``.
+    """What ``agent`` (``None``: any agent) is doing for ``chat``.
 
     Keys: ``running`` (bool), ``run_id``, ``agent`` (the running one, or the one asked about),
     ``running_since`` (epoch ms or 0), ``last_step``, ``last_step_at``, ``message_ids`` (of the run),
@@ -121,14 +116,14 @@ def conversation_status(
     rows = db.read(
         "SELECT message_id, agent, status FROM messages WHERE channel = :channel AND "
         f"{CHAT_KEY_SQL} = :conv AND status IN ('{MessageStatus.PENDING}', '{MessageStatus.PROCESSING}'){agent_clause} ORDER BY id",
-        {"channel": channel, "conv": conversation, "agent": agent},
+        {"channel": chat.channel, "conv": chat.chat, "agent": agent},
     )
     agents = {agent} if agent is not None else {str(r["agent"]) for r in rows}
     run: dict[str, Any] | None = None
     run_agent = agent
     for name in sorted(agents):
         record = current_run(db, name, now)
-        if record is not None and (record["channel"], record["conversation"]) == (channel, conversation):
+        if record is not None and (record["channel"], record["conversation"]) == chat.key:
             run, run_agent = record, name
             break
     in_run = set(run["message_ids"]) if run else set()
@@ -143,8 +138,8 @@ def conversation_status(
             paused_until, reason = int(pause[0]["paused_until"]), str(pause[0]["note"] or "")
     return {
         "agent": run_agent,
-        "channel": channel,
-        "conversation": conversation,
+        "channel": chat.channel,
+        "conversation": chat.chat,
         "running": run is not None,
         "run_id": run["run_id"] if run else None,
         "running_since": int(run["started_at"]) if run else 0,

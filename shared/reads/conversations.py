@@ -3,7 +3,7 @@ and every reply, notes included) page by page, and each agent's state (idle, run
 last error).
 
 A chat is a channel plus its chat key (the conversation, else the sender id, else the sender: as the queue
-groups messages, see :data:`shared.reads.conversation_status.CHAT_KEY_SQL`). Every function takes the
+groups messages, see :data:`shared.chat.address.CHAT_KEY_SQL`). Every function takes the
 :class:`~shared.storage.db.Database`, so the web adapter calls named operations and holds no SQL of its own.
 """
 
@@ -13,8 +13,9 @@ import json
 from collections.abc import Iterable
 from typing import Any
 
+from shared.chat.address import CHAT_KEY_SQL, ChatAddress
 from shared.clock import now_ms
-from shared.reads.conversation_status import CHAT_KEY_SQL, conversation_status, current_run
+from shared.reads.conversation_status import conversation_status, current_run
 from shared.storage.db import Database
 from shared.storage.statuses import MessageStatus
 
@@ -81,8 +82,7 @@ def list_conversations(db: Database, *, limit: int = 50) -> list[dict[str, Any]]
 
 def conversation_history(
     db: Database,
-    channel: str,
-    conversation: str,
+    chat: ChatAddress,
     *,
     before: int = 0,
     before_kind: str = "",
@@ -100,7 +100,7 @@ def conversation_history(
     limit = max(1, min(limit, 200))
     cut = before if before > 0 else 2**62
     cursor = (cut, _KIND_ORDER.get(before_kind, 2), before_id if before_kind else 0)
-    params = {"c": channel, "v": conversation, "b": cut, "l": limit + 1}
+    params = {"c": chat.channel, "v": chat.chat, "b": cut, "l": limit + 1}
     messages = db.read(
         "SELECT id, message_id, sender, sender_id, message, agent, status, retry_count, manual_retries, "
         "last_error, created_at, updated_at FROM messages "
@@ -127,7 +127,7 @@ def conversation_history(
     items.sort(key=_key)
     more = len(items) > limit
     items = items[-limit:]
-    status = conversation_status(db, None, channel, conversation)
+    status = conversation_status(db, None, chat)
     return {"items": items, "more": more, "status": status}
 
 

@@ -15,7 +15,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from shared.chat.prefs import BusyPolicy
+from shared.settings.busy_policy import BusyPolicy
 
 #: Pairing requests one channel keeps waiting at once (``pairing_max_pending``'s default).
 MAX_PENDING_PAIRINGS = 3

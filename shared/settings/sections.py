@@ -17,7 +17,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from pydantic import BaseModel, ConfigDict, Field, RootModel, field_validator, model_validator
 
-from shared.chat.prefs import BusyPolicy
+from shared.settings.busy_policy import BusyPolicy
 from shared.settings.routing import AGENT_NAME_RE
 
 DEFAULT_HEARTBEAT_PROMPT = (

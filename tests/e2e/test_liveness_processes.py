@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from shared.chat.address import ChatAddress
 from shared.reads.conversation_status import conversation_status
 from tests.fakes.anthropic_api import Chunked, FakeAnthropic
 from tests.fixtures import anthropic_api, cli_installed  # noqa: F401  (fixtures)
@@ -102,7 +103,12 @@ def test_stop_from_another_process_ends_the_run_within_seconds(
         procs.start(home, "processor")
         api.wait_for_main_requests(1, 30)  # the CLI is running and streaming
         status = wait_for(
-            lambda: (s := conversation_status(rt.db, "coder", "telegram", "c1"))["running"] and s,
+            lambda: (
+                (s := conversation_status(rt.db, "coder", ChatAddress("telegram", conversation="c1")))[
+                    "running"
+                ]
+                and s
+            ),
             30,
             "/status to report the run",
         )
@@ -115,5 +121,8 @@ def test_stop_from_another_process_ends_the_run_within_seconds(
         assert msg is not None and msg.status == "completed"
         done = wait_for(lambda: payloads(rt, "chain_step_done"), 5, "the run's end event")
         wait_for(lambda: process_gone(int(done[0]["pid"])), 5, "the stopped CLI to be gone")
-        assert conversation_status(rt.db, "coder", "telegram", "c1")["running"] is False
+        assert (
+            conversation_status(rt.db, "coder", ChatAddress("telegram", conversation="c1"))["running"]
+            is False
+        )
         assert not of_kind(rt, "final")

@@ -19,6 +19,7 @@ from adapters.platform import Inbound
 from adapters.runner import ChannelRunner
 from adapters.telegram import TelegramChannel
 from adapters.whatsapp import WhatsAppChannel
+from shared.chat.address import ChatAddress
 from shared.chat.prefs import get_busy_policy
 from shared.reads.conversation_status import record_run, update_run_step
 from shared.runtime import Runtime
@@ -73,8 +74,7 @@ def _claim_as_processor(rt: Runtime, worker: str = "proc-1") -> list[str]:
         "alpha",
         run_id="run-1",
         worker=worker,
-        channel="telegram",
-        conversation="42",
+        chat=ChatAddress("telegram", conversation="42"),
         message_ids=ids,
         started_at=int(time.time() * 1000) - 125_000,
     )
@@ -105,14 +105,14 @@ def test_status_stop_and_queue_commands(rt: Runtime, fake: HoldingTelegram) -> N
     assert "followup" in shown and "(the default)" not in shown
     assert "Unknown busy policy 'sometimes'" in bad
     assert all(f"/{name}" in help_text for name in ("status", "stop", "queue"))
-    assert get_busy_policy(rt.db, "telegram", "42") == "followup"
+    assert get_busy_policy(rt.db, ChatAddress("telegram", conversation="42")) == "followup"
     stop_events = rt.db.read("SELECT payload FROM events WHERE type = 'stop_requested'")
     assert len(stop_events) == 1
     # The policy is in the database: a new adapter (another process, after a restart) sees it.
     fresh = ChannelRunner(_telegram(rt, fake)).commands
     assert "is followup" in fresh.run_command(_inbound(), "queue", "")
     assert "back to the default busy policy, collect" in fresh.run_command(_inbound(), "queue", "default")
-    assert get_busy_policy(rt.db, "telegram", "42") is None
+    assert get_busy_policy(rt.db, ChatAddress("telegram", conversation="42")) is None
     assert len(ids) == 1
 
 

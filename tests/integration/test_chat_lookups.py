@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from shared.chat import lookups, pairings
+from shared.chat.address import ChatAddress
 from shared.clock import now_ms
 from shared.queue.core import Queue
 
@@ -17,9 +18,13 @@ def test_busy_agents_lists_processing_ones_first(queue: Queue) -> None:
     queue.enqueue_message("telegram", "ann", "hi", sender_id="1", conversation="c1", agent="alpha")
     queue.enqueue_message("telegram", "bob", "hi", sender_id="2", conversation="c2", agent="alpha")
     assert queue.claim_all_pending_messages("gamma", "w1")
-    assert lookups.busy_agents(queue.db, "telegram", "c1") == ["gamma", "alpha", "beta"]
-    assert lookups.busy_agents(queue.db, "telegram", "c3") == []
-    assert lookups.busy_agents(queue.db, "discord", "c1") == []
+    assert lookups.busy_agents(queue.db, ChatAddress("telegram", conversation="c1")) == [
+        "gamma",
+        "alpha",
+        "beta",
+    ]
+    assert lookups.busy_agents(queue.db, ChatAddress("telegram", conversation="c3")) == []
+    assert lookups.busy_agents(queue.db, ChatAddress("discord", conversation="c1")) == []
 
 
 def test_busy_conversations_leave_out_paused_agents_and_far_retries(queue: Queue) -> None:
@@ -41,11 +46,11 @@ def test_busy_conversations_leave_out_paused_agents_and_far_retries(queue: Queue
 
 
 def test_newest_waiting_external_id(queue: Queue) -> None:
-    assert lookups.newest_waiting_external_id(queue.db, "whatsapp", "49") is None
+    assert lookups.newest_waiting_external_id(queue.db, ChatAddress("whatsapp", conversation="49")) is None
     queue.enqueue_message("whatsapp", "ann", "one", sender_id="49", conversation="49", external_id="w1")
     queue.enqueue_message("whatsapp", "ann", "two", sender_id="49", conversation="49", external_id="w2")
     queue.enqueue_message("whatsapp", "ann", "three", sender_id="49", conversation="49")
-    assert lookups.newest_waiting_external_id(queue.db, "whatsapp", "49") == "w2"
+    assert lookups.newest_waiting_external_id(queue.db, ChatAddress("whatsapp", conversation="49")) == "w2"
 
 
 def test_pairing_storage_issue_find_and_count(queue: Queue) -> None:

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from adapters.telegram import TelegramChannel
+from shared.chat.address import ChatAddress
 from shared.file_access import chat_upload_dir
 from tests.channel_support import HoldingTelegram, RunningChannel, channel_home, open_home, wait_for
 from tests.fakes.anthropic_api import FakeAnthropic, Text
@@ -32,8 +33,8 @@ def test_delivery_sends_only_allowed_files_and_says_so_for_the_rest(
     workspace.mkdir(parents=True)
     (workspace / "ok.txt").write_text("from the workspace")
     mine, theirs = (
-        chat_upload_dir(rt.settings, "telegram", "42"),
-        chat_upload_dir(rt.settings, "telegram", "43"),
+        chat_upload_dir(rt.settings, ChatAddress("telegram", conversation="42")),
+        chat_upload_dir(rt.settings, ChatAddress("telegram", conversation="43")),
     )
     for folder in (mine, theirs):
         folder.mkdir(parents=True)

@@ -17,6 +17,7 @@ import httpx
 import pytest
 
 from adapters.telegram import TelegramChannel
+from shared.chat.address import ChatAddress
 from shared.file_access import chat_upload_dir
 from tests.channel_support import (
     HoldingTelegram,
@@ -73,7 +74,7 @@ def test_telegram_document_and_image_are_read_by_the_agent(
     )
     with HoldingTelegram() as fake, open_home(home) as rt:
         # Another chat's upload: a run for chat 42 must not be able to read it.
-        other = chat_upload_dir(rt.settings, "telegram", "99")
+        other = chat_upload_dir(rt.settings, ChatAddress("telegram", conversation="99"))
         other.mkdir(parents=True)
         (other / "private.txt").write_text("not yours")
         env = {"TELEGRAM_BOT_TOKEN": fake.token, "TELEGRAM_API_BASE_URL": fake.url}
@@ -146,7 +147,7 @@ def test_a_home_with_a_space_still_lets_the_agent_read_uploads(tmp_path: Path, a
     base.mkdir()
     home = claude_home(base, f"sqlite:///{tmp_path / 'a.db'}", queue={"debounce_ms": 0})
     with open_home(home) as rt:
-        folder = chat_upload_dir(rt.settings, "telegram", "42")
+        folder = chat_upload_dir(rt.settings, ChatAddress("telegram", conversation="42"))
         folder.mkdir(parents=True)
         (folder / "notes.txt").write_bytes(DOC)
         rt.queue.enqueue_message(

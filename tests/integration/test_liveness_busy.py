@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from shared.chat.address import ChatAddress
 from shared.chat.prefs import set_busy_policy
 from shared.clock import now_ms
 from shared.queue.core import Queue
@@ -77,7 +78,8 @@ def test_followup_runs_each_waiting_message_alone_in_order(
 ) -> None:
     home = claude_home(tmp_path, sqlite_url)
     with open_home(home) as rt:
-        set_busy_policy(rt.db, "telegram", "c1", "followup")  # the per-chat override (/queue followup)
+        # the per-chat override (/queue followup)
+        set_busy_policy(rt.db, ChatAddress("telegram", conversation="c1"), "followup")
         rt.queue.enqueue_message("telegram", "ann", "first task", sender_id="7", conversation="c1")
         ids, act = _five_when_running(api, rt.queue)
         stats = run_with(rt, cli_env(api, tmp_path), act)

@@ -12,6 +12,7 @@ from pathlib import Path
 import anyio
 import pytest
 
+from shared.chat.address import ChatAddress
 from shared.chat.prefs import get_busy_policy, set_busy_policy
 from shared.reads.conversation_status import conversation_status, format_status, record_run
 from shared.settings.model import AgentSettings
@@ -48,12 +49,12 @@ def test_policy_resolution_chat_then_channel_then_processor(tmp_path: Path, sqli
     with open_home(home) as rt:
         assert resolve_policy(rt.db, rt.settings, "followup", ("telegram", "c1")) == "followup"
         assert resolve_policy(rt.db, rt.settings, "followup", ("discord", "c1")) == "interrupt"
-        assert set_busy_policy(rt.db, "discord", "c1", "Collect") == "collect"
-        assert get_busy_policy(rt.db, "discord", "c1") == "collect"
+        assert set_busy_policy(rt.db, ChatAddress("discord", conversation="c1"), "Collect") == "collect"
+        assert get_busy_policy(rt.db, ChatAddress("discord", conversation="c1")) == "collect"
         assert resolve_policy(rt.db, rt.settings, "followup", ("discord", "c1")) == "collect"
         with pytest.raises(ValueError, match="unknown busy policy"):
-            set_busy_policy(rt.db, "discord", "c1", "sometimes")
-        assert set_busy_policy(rt.db, "discord", "c1", "default") is None
+            set_busy_policy(rt.db, ChatAddress("discord", conversation="c1"), "sometimes")
+        assert set_busy_policy(rt.db, ChatAddress("discord", conversation="c1"), "default") is None
         assert resolve_policy(rt.db, rt.settings, "followup", ("discord", "c1")) == "interrupt"
 
 
@@ -65,14 +66,17 @@ def test_status_of_a_chat_with_a_live_run_waiting_messages_and_a_pause(
         first = rt.queue.enqueue_message("telegram", "ann", "one", sender_id="7", conversation="c1")
         rt.queue.claim_all_pending_messages("coder", "w1", lease_ms=60_000)
         waiting = rt.queue.enqueue_message("telegram", "ann", "two", sender_id="7", conversation="c1")
-        assert conversation_status(rt.db, "coder", "telegram", "c1")["running"] is False  # no run record yet
+        assert (
+            conversation_status(rt.db, "coder", ChatAddress("telegram", conversation="c1"))["running"]
+            is False
+        )  # no run record yet
         started = int(time.time() * 1000) - 400_000
         record_run(
-            rt.db, "coder", run_id="run_abcdefgh", worker="w1", channel="telegram", conversation="c1",
+            rt.db, "coder", run_id="run_abcdefgh", worker="w1", chat=ChatAddress("telegram", conversation="c1"),
             message_ids=[first.message_id], started_at=started,
         )  # fmt: skip
         rt.queue.pause_agent("coder", int(time.time() * 1000) + 600_000, "rate limited")
-        status = conversation_status(rt.db, None, "telegram", "c1")
+        status = conversation_status(rt.db, None, ChatAddress("telegram", conversation="c1"))
         assert status["running"] and status["agent"] == "coder" and status["running_since"] == started
         assert status["waiting_ids"] == [waiting.message_id]
         text = format_status(status)
@@ -80,10 +84,17 @@ def test_status_of_a_chat_with_a_live_run_waiting_messages_and_a_pause(
         # A record whose messages are no longer processing (the worker died and they were recovered) is stale.
         with rt.db.transaction() as tx:
             tx.execute("UPDATE messages SET lease_until = 1 WHERE message_id = :m", {"m": first.message_id})
-        assert conversation_status(rt.db, "coder", "telegram", "c1")["running"] is False
-        assert format_status(conversation_status(rt.db, "coder", "telegram", "nobody")).startswith("Paused")
+        assert (
+            conversation_status(rt.db, "coder", ChatAddress("telegram", conversation="c1"))["running"]
+            is False
+        )
+        assert format_status(
+            conversation_status(rt.db, "coder", ChatAddress("telegram", conversation="nobody"))
+        ).startswith("Paused")
         rt.queue.resume_agent("coder")
-        assert format_status(conversation_status(rt.db, "coder", "telegram", "nobody")).startswith("Nothing")
+        assert format_status(
+            conversation_status(rt.db, "coder", ChatAddress("telegram", conversation="nobody"))
+        ).startswith("Nothing")
 
 
 def test_idle_watchdog_kills_a_silent_command_but_not_a_chatty_one(tmp_path: Path) -> None:

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from shared.chat.address import ChatAddress
 from shared.reads.conversation_status import conversation_status, format_status
 from tests.fakes.anthropic_api import JSON, Chunked, Computed, FakeAnthropic, RateLimited, Reply, Text
 from tests.fixtures import anthropic_api, cli_installed  # noqa: F401  (fixtures)
@@ -78,12 +79,19 @@ def test_stop_ends_a_run_within_seconds_and_status_reports_it_while_running(
         def act() -> None:
             api.wait_for_main_requests(1, 30)
             status = wait_for(
-                lambda: (s := conversation_status(rt.db, "coder", "telegram", "c1"))["running"] and s,
+                lambda: (
+                    (s := conversation_status(rt.db, "coder", ChatAddress("telegram", conversation="c1")))[
+                        "running"
+                    ]
+                    and s
+                ),
                 10,
                 "status to report the run",
             )
             seen["status"], seen["text"] = status, format_status(status)
-            seen["other"] = conversation_status(rt.db, "coder", "telegram", "elsewhere")
+            seen["other"] = conversation_status(
+                rt.db, "coder", ChatAddress("telegram", conversation="elsewhere")
+            )
             seen["asked"] = time.monotonic()
             rt.queue.request_stop("coder", "telegram:c1")
 
@@ -102,7 +110,10 @@ def test_stop_ends_a_run_within_seconds_and_status_reports_it_while_running(
         assert reply["metadata"]["kind"] == "stopped" and reply["message"].startswith("Stopped.")
         (done,) = payloads(rt, "chain_step_done")
         assert done["stopped_by"] == "stop" and reply["metadata"]["edit_key"] == done["run_id"]
-        assert conversation_status(rt.db, "coder", "telegram", "c1")["running"] is False
+        assert (
+            conversation_status(rt.db, "coder", ChatAddress("telegram", conversation="c1"))["running"]
+            is False
+        )
     wait_for(lambda: group_gone(int(done["pid"])), 5, "the stopped CLI to be gone")
 
 

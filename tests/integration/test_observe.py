@@ -11,6 +11,7 @@ from pathlib import Path
 import anyio
 import pytest
 
+from shared.chat.address import ChatAddress
 from shared.events.log import PendingEvent
 from shared.reads.conversation_status import clear_run, record_run
 from shared.storage import kv
@@ -35,8 +36,7 @@ def test_writes_refused_by_a_locked_database_are_logged_not_raised(
             "solo",
             run_id="run_x",
             worker="here:1:1",
-            channel="api",
-            conversation="c",
+            chat=ChatAddress("api", conversation="c"),
             message_ids=["m1"],
             started_at=1,
         )

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from shared.chat.address import ChatAddress
 from shared.chat.sessions import clear_sessions, get_session
 from shared.file_access import chat_upload_dir
 from shared.runtime import Runtime
@@ -306,8 +307,8 @@ def test_send_file_attaches_only_the_workspace_and_this_chats_uploads(
         workspace = rt.settings.workspace("coder")
         workspace.mkdir(parents=True)
         (workspace / "report.txt").write_text("numbers")
-        mine = chat_upload_dir(rt.settings, "telegram", "7")
-        theirs = chat_upload_dir(rt.settings, "telegram", "8")
+        mine = chat_upload_dir(rt.settings, ChatAddress("telegram", conversation="7"))
+        theirs = chat_upload_dir(rt.settings, ChatAddress("telegram", conversation="8"))
         for folder in (mine, theirs):
             folder.mkdir(parents=True)
             (folder / "photo.jpg").write_bytes(b"jpeg")

@@ -11,6 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from shared.chat.address import ChatAddress
 from shared.chat.sessions import get_session, set_session
 from shared.reads.conversation_status import record_run
 from shared.runtime import Runtime
@@ -42,8 +43,7 @@ def test_stop_asks_only_the_run_of_that_chat(client: httpx.Client, rt: Runtime) 
         "alpha",
         run_id="run-1",
         worker="proc-1",
-        channel="telegram",
-        conversation="42",
+        chat=ChatAddress("telegram", conversation="42"),
         message_ids=ids,
         started_at=int(time.time() * 1000),
     )

@@ -11,6 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from shared.chat.address import ChatAddress
 from shared.file_access import chat_upload_dir
 from shared.runtime import Runtime
 from tests.web_support import free_port, make_home, runtime_for, web_process
@@ -48,7 +49,7 @@ def test_paths_outside_the_roots_are_refused_and_nothing_is_queued(setup: tuple[
     workspace.mkdir(parents=True, exist_ok=True)
     (workspace / "link-out").symlink_to("/etc/passwd")
     (workspace / "dir-out").symlink_to("/etc")
-    other_chat = chat_upload_dir(settings, "web", "chat-2")
+    other_chat = chat_upload_dir(settings, ChatAddress("web", conversation="chat-2"))
     other_chat.mkdir(parents=True, exist_ok=True)
     (other_chat / "private.txt").write_text("someone else's upload")
     secret = settings.home / "settings.toml"
@@ -90,7 +91,7 @@ def test_files_in_the_workspace_and_this_chats_uploads_are_queued(setup: tuple[s
     workspace = settings.workspace("alpha")
     (workspace / "out").mkdir(parents=True, exist_ok=True)
     (workspace / "out" / "report.txt").write_text("report")
-    uploads = chat_upload_dir(settings, "web", CHAT)
+    uploads = chat_upload_dir(settings, ChatAddress("web", conversation=CHAT))
     uploads.mkdir(parents=True, exist_ok=True)
     (uploads / "photo.jpg").write_bytes(b"\xff\xd8")
 
