@@ -8,9 +8,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from adapters.base import Inbound
 
 from adapters import chat_state
+from adapters.platform import Inbound
 from shared.chat import agents
 from shared.chat.prefs import get_busy_policy, set_busy_policy
 from shared.storage import kv
