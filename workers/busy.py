@@ -88,12 +88,10 @@ def busy_notice_on(settings: Settings, channel: str) -> bool:
     return value is not False
 
 
-def resolve_policy(db: Database, settings: Settings, default: BusyPolicy, key: tuple[str, str]) -> BusyPolicy:
-    """The busy policy of one chat: its own (``/queue``), else its channel's, else ``default``."""
-    channel, chat = key
-    # The key's chat is already the chat (ChatAddress.chat): as a conversation it reads back the same.
-    own = get_busy_policy(db, ChatAddress(channel, conversation=chat))
-    return own or channel_policy(settings, channel) or default
+def resolve_policy(db: Database, settings: Settings, default: BusyPolicy, chat: ChatAddress) -> BusyPolicy:
+    """The busy policy of ``chat``: its own (``/queue``, read as the channel stored it), else its channel's,
+    else ``default``."""
+    return get_busy_policy(db, chat) or channel_policy(settings, chat.channel) or default
 
 
 def merge_arrivals(

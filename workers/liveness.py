@@ -248,7 +248,7 @@ class RunWatch:
                 policy = (
                     info.group.policy
                     if key == info.group.key
-                    else resolve_policy(self.rt.db, settings, self.default_policy, key)
+                    else resolve_policy(self.rt.db, settings, self.default_policy, address)
                 )
                 same_chat = self.target is not None and key == self.target.key
                 self.rt.queue.reply_to(

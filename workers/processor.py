@@ -68,6 +68,7 @@ from pathlib import Path
 import anyio
 
 from shared.aio import call
+from shared.chat.address import ChatAddress
 from shared.clock import now_ms
 from shared.queue.core import LeaseLost, QueuedMessage
 from shared.runtime import Runtime, open_runtime
@@ -417,15 +418,16 @@ class Processor:
 
     async def _take_in(self, drive: Drive, claimed: list[QueuedMessage]) -> None:
         """Merge newly claimed messages into the waiting groups; complete what the cap drops."""
-        keys = {m.conversation_key for m in claimed}
-        policies = await call(self._policies, keys)
+        chats = {m.conversation_key: m.address for m in claimed}
+        policies = await call(self._policies, chats)
         merge_arrivals(drive.groups, claimed, policies.__getitem__)
         for batch in apply_cap(drive.groups, self.config.max_waiting):
             await self._outcomes(drive).dropped(batch)
 
-    def _policies(self, keys: set[tuple[str, str]]) -> dict[tuple[str, str], BusyPolicy]:
-        """The busy policy of each chat in ``keys`` (read in a worker thread)."""
-        return {k: resolve_policy(self.rt.db, self.settings, self.config.busy_policy, k) for k in keys}
+    def _policies(self, chats: dict[tuple[str, str], ChatAddress]) -> dict[tuple[str, str], BusyPolicy]:
+        """The busy policy of each chat, by its key (read in a worker thread)."""
+        default = self.config.busy_policy
+        return {k: resolve_policy(self.rt.db, self.settings, default, chat) for k, chat in chats.items()}
 
     async def _apply_stops(self, drive: Drive) -> None:
         """Between runs: take a stop request and complete the waiting groups it names as stopped."""

@@ -110,7 +110,7 @@ class Run:
             )
             return
         group.policy = await call(
-            resolve_policy, self.rt.db, self.settings, self.config.busy_policy, group.key
+            resolve_policy, self.rt.db, self.settings, self.config.busy_policy, group.messages[0].address
         )
         try:
             workspace = await call(prepare_workspace, self.rt.db, self.settings, agent, host_of(self.worker))

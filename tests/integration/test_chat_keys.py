@@ -12,6 +12,7 @@ import pytest
 from adapters import chat_state
 from adapters.platform import Inbound
 from shared.chat import agents
+from shared.chat.address import ChatAddress
 from shared.chat.prefs import get_busy_policy, set_busy_policy
 from shared.storage import kv
 from shared.storage.kv import Scope, scoped
@@ -36,9 +37,10 @@ def test_a_policy_set_from_a_chat_is_the_one_its_runs_follow(tmp_path: Path, sql
         rt.queue.enqueue_message("web", "ann", "work", sender_id="u7", agent="coder")
         (claimed,) = rt.queue.claim_all_pending_messages("coder", "w1")
         # ...is what the processor reads for the chat of the message it claimed.
-        assert resolve_policy(rt.db, rt.settings, "collect", claimed.conversation_key) == "interrupt"
+        assert resolve_policy(rt.db, rt.settings, "collect", claimed.address) == "interrupt"
         # Another sender without a conversation is another chat: the default applies there.
-        assert resolve_policy(rt.db, rt.settings, "collect", ("web", "u8")) == "collect"
+        other = ChatAddress("web", "bob", "u8")
+        assert resolve_policy(rt.db, rt.settings, "collect", other) == "collect"
         # The processor's record of who answered is the chat the channel asks about.
         agents.record_answer(rt.db, claimed.address, "coder")
         assert agents.answered_by(rt.db, chat) == ["coder"]
@@ -58,12 +60,14 @@ def test_rows_written_under_the_earlier_rule_are_still_found(tmp_path: Path, sql
             kv.put(tx, scoped(Scope.CHAT_AGENT, "telegram"), "42", "gamma")
         chat = NO_CONVERSATION.address_on("web")
         assert get_busy_policy(rt.db, chat) == "followup"
+        # The processor reads it too (before, only the channel's /queue did).
+        assert resolve_policy(rt.db, rt.settings, "collect", chat) == "followup"
         assert chat_state.sticky_agent(rt.db, chat) == "beta"
         assert agents.answered_by(rt.db, chat) == ["alpha"]
         group = Inbound(conversation="42", sender_id="7", sender="bob", text="", external_id="")
         telegram = group.address_on("telegram")
         assert get_busy_policy(rt.db, telegram) == "interrupt"
-        assert resolve_policy(rt.db, rt.settings, "collect", telegram.key) == "interrupt"
+        assert resolve_policy(rt.db, rt.settings, "collect", telegram) == "interrupt"
         assert chat_state.sticky_agent(rt.db, telegram) == "gamma"
 
         # Changing the chat's choice writes under the one rule and retires the earlier row, so the new

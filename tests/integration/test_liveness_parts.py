@@ -47,15 +47,27 @@ def test_parse_reset_reads_the_stated_reset_time(text: str, expected: int | None
 def test_policy_resolution_chat_then_channel_then_processor(tmp_path: Path, sqlite_url: str) -> None:
     home = claude_home(tmp_path, sqlite_url, channels={"discord": {"busy_policy": "interrupt"}})
     with open_home(home) as rt:
-        assert resolve_policy(rt.db, rt.settings, "followup", ("telegram", "c1")) == "followup"
-        assert resolve_policy(rt.db, rt.settings, "followup", ("discord", "c1")) == "interrupt"
+        assert (
+            resolve_policy(rt.db, rt.settings, "followup", ChatAddress("telegram", conversation="c1"))
+            == "followup"
+        )
+        assert (
+            resolve_policy(rt.db, rt.settings, "followup", ChatAddress("discord", conversation="c1"))
+            == "interrupt"
+        )
         assert set_busy_policy(rt.db, ChatAddress("discord", conversation="c1"), "Collect") == "collect"
         assert get_busy_policy(rt.db, ChatAddress("discord", conversation="c1")) == "collect"
-        assert resolve_policy(rt.db, rt.settings, "followup", ("discord", "c1")) == "collect"
+        assert (
+            resolve_policy(rt.db, rt.settings, "followup", ChatAddress("discord", conversation="c1"))
+            == "collect"
+        )
         with pytest.raises(ValueError, match="unknown busy policy"):
             set_busy_policy(rt.db, ChatAddress("discord", conversation="c1"), "sometimes")
         assert set_busy_policy(rt.db, ChatAddress("discord", conversation="c1"), "default") is None
-        assert resolve_policy(rt.db, rt.settings, "followup", ("discord", "c1")) == "interrupt"
+        assert (
+            resolve_policy(rt.db, rt.settings, "followup", ChatAddress("discord", conversation="c1"))
+            == "interrupt"
+        )
 
 
 def test_status_of_a_chat_with_a_live_run_waiting_messages_and_a_pause(
