@@ -44,10 +44,11 @@ from typing import TYPE_CHECKING, Any, Literal
 from adapters.chunking import split_message
 from adapters.platform import SendFailure
 from shared.aio import call
-from shared.chat import cursors, dedupe, lookups
+from shared.chat import dedupe, lookups
 from shared.clock import now_ms
 from shared.file_access import check_send_path, safe_name, send_roots
 from shared.queue.core import QueuedResponse, TxWork
+from shared.reads import late_messages
 from shared.storage import kv
 from shared.storage.db import Tx
 from shared.storage.kv import Scope, scoped
@@ -210,7 +211,7 @@ class Delivery:
     def _with_offline_preface(self, response: QueuedResponse) -> QueuedResponse:
         """The reply to a message that reached us only after a restart starts by saying so. Derived from the
         stored message, so the parts stay the same when a restart resumes the delivery."""
-        sent_at = cursors.offline_sent_at(self.rt.db, response.message_id)
+        sent_at = late_messages.offline_sent_at(self.rt.db, response.message_id)
         if sent_at is None:
             return response
         return dataclasses.replace(response, message=f"{offline_preface(sent_at)}\n\n{response.message}")

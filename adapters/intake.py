@@ -37,9 +37,9 @@ from adapters.platform import HandleOutcome, Inbound
 from shared.aio import call
 from shared.chat import dedupe, held
 from shared.chat.address import ChatAddress
-from shared.chat.cursors import OFFLINE_SENT_AT
 from shared.clock import now_ms
 from shared.queue.core import TxWork, UnknownMention
+from shared.reads.late_messages import OFFLINE_SENT_AT
 from shared.storage.db import Tx
 from shared.storage.errors import transient_problem
 

@@ -3,28 +3,21 @@
 Discord's gateway replays nothing to a fresh session, so a message sent while the adapter was down is seen
 only if the adapter asks for the history of that chat after the last message it took in. These records say
 which chats to ask and from where. Rows live in ``kv`` (scope ``cursor:<channel>``, key = the chat
-(:attr:`ChatAddress.chat`), value =
-the message id zero-padded to 20 digits, then ``|`` and a free-form note such as the guild id), so comparing
-two values as text compares the ids, and a record only ever moves forward — also when two messages of one
-chat are handled out of order.
-
-It also answers, for a reply being delivered, when its message was sent if it arrived while the adapter was
-down (``messages.metadata.offline_sent_at``, set by :mod:`adapters.intake`), so the reply can say so.
+(:attr:`ChatAddress.chat`), value = the message id zero-padded to 20 digits, then ``|`` and a free-form note
+such as the guild id), so comparing two values as text compares the ids, and a record only ever moves forward
+— also when two messages of one chat are handled out of order. When a late message was sent is read by
+:mod:`shared.reads.late_messages`.
 """
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 
 from shared.chat.address import ChatAddress
-from shared.queue.reports import message_metadata
 from shared.storage import kv
 from shared.storage.db import Database, Tx
 from shared.storage.kv import Scope, scoped
 
-#: Metadata key of an inbound message the platform handed over late (after a restart): when it was sent.
-OFFLINE_SENT_AT = "offline_sent_at"
 _WIDTH = 20
 
 
@@ -60,15 +53,3 @@ def cursors(db: Database, channel: str) -> list[Cursor]:
         if digits.isdigit():
             found.append(Cursor(e.key, int(digits), note, e.updated_at))
     return found
-
-
-def offline_sent_at(db: Database, message_id: str) -> int | None:
-    """When the message ``message_id`` was sent, if it reached us only after a restart; else None."""
-    raw = message_metadata(db, message_id)
-    if not raw:
-        return None
-    try:
-        value = json.loads(str(raw)).get(OFFLINE_SENT_AT)
-    except (ValueError, AttributeError):
-        return None
-    return int(value) if isinstance(value, int | float) and value > 0 else None

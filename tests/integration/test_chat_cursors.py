@@ -1,5 +1,5 @@
 """Catch-up cursors (the newest platform message id taken in, per chat) only move forward, also when two
-messages are recorded out of order; late messages are found by their metadata. On SQLite and PostgreSQL."""
+messages are recorded out of order. On SQLite and PostgreSQL."""
 
 from __future__ import annotations
 
@@ -7,7 +7,6 @@ import pytest
 
 from shared.chat import cursors
 from shared.chat.address import ChatAddress
-from shared.chat.cursors import OFFLINE_SENT_AT
 from shared.queue.core import Queue
 
 pytestmark = pytest.mark.integration
@@ -28,11 +27,3 @@ def test_a_cursor_only_moves_forward_and_keeps_its_note(queue: Queue) -> None:
     assert [c.last_id for c in cursors.cursors(db, "discord") if c.conversation == "701"] == [10**18]
     with pytest.raises(ValueError):
         cursors.note_seen(db, ChatAddress("discord", conversation="701"), 10**21)
-
-
-def test_offline_sent_at_reads_the_late_mark_of_a_message(queue: Queue) -> None:
-    late = queue.enqueue_message("discord", "ann", "late one", metadata={OFFLINE_SENT_AT: 1_700_000_000_000})
-    live = queue.enqueue_message("discord", "ann", "live one", metadata={"guild_id": ""})
-    assert cursors.offline_sent_at(queue.db, late.message_id) == 1_700_000_000_000
-    assert cursors.offline_sent_at(queue.db, live.message_id) is None
-    assert cursors.offline_sent_at(queue.db, "discord_zzzzzzzz") is None
