@@ -4,7 +4,7 @@ Cursors are strings to clients and integers inside: the SQL driver's cursor is t
 never skips an event: an event that commits after a reader has passed cursor N always gets an id above N.
 SQLite has one writer at a time, so ids taken as ``max + 1`` follow commit order. PostgreSQL writers append
 side by side without waiting for each other: an id there is its transaction's xid and the event's place in it,
-and readers see only ids below the oldest transaction still running (see :class:`shared.storage.dialect.Dialect`), so
+and readers see only ids below the oldest transaction of the database still running (see :class:`shared.storage.dialect.Dialect`), so
 an id becomes readable once nothing can commit below it. Queue operations append their events with
 :func:`append_events` inside the transaction of the state change they report.
 """

@@ -21,11 +21,23 @@ EVENT_ORDINAL_BITS = 20
 #: How many events one transaction may append on PostgreSQL.
 EVENTS_PER_TRANSACTION = 1 << EVENT_ORDINAL_BITS
 # The id of an event appended now by this transaction (its ordinal added by the caller); and the first id a
-# reader may not see yet: the oldest transaction still running (pg_snapshot_xmin of the reading statement's
-# own snapshot) may yet commit events with ids from there on, while every older transaction has ended.
+# reader may not see yet: the oldest transaction of this database still running in the reading statement's
+# own snapshot may yet commit events with ids from there on, while every older one has ended.
 _PG_TX_EVENT_BASE = f"(CAST(CAST(pg_current_xact_id() AS text) AS bigint) << {EVENT_ORDINAL_BITS})"
+#
+# Transaction ids are server-wide, so the oldest running transaction may belong to another database on the same
+# server (another application's long batch job): it cannot write this database's events, and waiting for it
+# would hold every reader back. So the bound is the smallest running xid of the reading statement's snapshot
+# (pg_snapshot_xip) that is not known to be another database's: pg_stat_activity names the xid each session
+# holds. An xid it does not name (its transaction ended after the snapshot, or a prepared transaction) counts
+# as this database's, so a doubt only delays readers, never lets one skip. 4294967296 = 2**32: backend_xid is
+# the 32-bit form of the xid8.
 _PG_VISIBLE_EVENT_BOUND = (
-    f"(CAST(CAST(pg_snapshot_xmin(pg_current_snapshot()) AS text) AS bigint) << {EVENT_ORDINAL_BITS})"
+    "(SELECT CAST(CAST(COALESCE((SELECT MIN(x) FROM pg_snapshot_xip(s.snap) AS x WHERE CAST(CAST(x AS text) "
+    "AS bigint) % 4294967296 NOT IN (SELECT CAST(CAST(a.backend_xid AS text) AS bigint) FROM pg_stat_activity "
+    "AS a WHERE a.backend_xid IS NOT NULL AND a.datname IS DISTINCT FROM current_database())), "
+    f"pg_snapshot_xmax(s.snap)) AS text) AS bigint) << {EVENT_ORDINAL_BITS} "
+    "FROM (SELECT pg_current_snapshot() AS snap) AS s)"
 )
 
 _PARAM_RE = re.compile(r"(?<![:\w]):([A-Za-z_][A-Za-z0-9_]*)")
@@ -76,7 +88,7 @@ class Dialect:
     #: would never see the smaller. Instead of making appends wait for each other (an advisory lock held
     #: until commit, which serialised every enqueue, claim and completion), an event's id there is its
     #: transaction's id (xid8) shifted left, plus its ordinal within that transaction, and readers see only
-    #: ids below the oldest transaction still running (``pg_snapshot_xmin`` of their own snapshot): every
+    #: ids below the oldest transaction of this database still running in their own snapshot: every such
     #: transaction with a smaller xid has ended, so nothing can still appear below that bound. Cursor order is
     #: then the order in which transactions began writing, exposed only once it is final.
     #:

@@ -161,3 +161,24 @@ def test_an_older_database_is_widened_and_new_ids_start_above_every_old_one(pg_u
         log.close()
     finally:
         db.close()
+
+
+def test_a_transaction_in_another_database_does_not_hold_readers_back(
+    dbs: list[Database], pg_url: str
+) -> None:
+    """Transaction ids are server-wide: a long write transaction of another database on the same server (another
+    application's batch job) cannot write these events, and must not keep readers from them."""
+    _, db_b, db_r = dbs
+    info = psycopg.conninfo.conninfo_to_dict(pg_url)
+    info["dbname"] = "postgres"
+    with psycopg.connect(psycopg.conninfo.make_conninfo(**info)) as elsewhere:
+        elsewhere.execute("SELECT pg_current_xact_id()")  # holds a transaction id, open until the block ends
+        log_b, reader = SqlEventLog(db_b), SqlEventLog(db_r)
+        first = log_b.append("queue", "first", {})
+        second = log_b.append("queue", "second", {})
+        wait_until(lambda: reader.read(None), 10, "the events of this database to be readable")
+        assert [(e.type, e.cursor) for e in reader.read(None)] == [("first", first), ("second", second)]
+        assert reader.last_cursor() == second
+        elsewhere.rollback()
+    log_b.close()
+    reader.close()
