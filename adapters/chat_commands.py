@@ -7,7 +7,7 @@
 - ``/reset [@agent]``: a fresh conversation, by clearing the agent's session row.
 - ``/status``: what the agent does for this chat (running since, last step, waiting messages, a pause), read
   from the database with :mod:`shared.reads.conversation_status`.
-- ``/stop``: a stop request in the agent's lease row (:meth:`shared.queue.core.Queue.request_stop`) for each agent
+- ``/stop``: a stop request in the agent's lease row (:meth:`shared.queue.control.Control.request_stop`) for each agent
   with work for this chat; the processor stops the run and completes its messages with a short reply.
 - ``/queue [collect|followup|interrupt|default]``: the chat's busy policy (:mod:`shared.chat.prefs`).
 - ``/usage``: what the sender's messages have cost today and this month, against their ``[budgets]``
@@ -185,7 +185,7 @@ class ChatCommands:
 
     def _cmd_retry(self, message: Inbound) -> str:
         try:
-            retried = self.rt.queue.retry_last_failed(self.name, message.conversation)
+            retried = self.rt.queue.admin.retry_last_failed(self.name, message.conversation)
         except NotFound:
             return "There is no failed message in this chat to try again."
         except RetryBudgetExhausted:
@@ -241,7 +241,7 @@ class ChatCommands:
             # A request left behind would stop this chat's *next* run, so none is written.
             return "Nothing is running for this chat."
         for agent in agents:
-            self.rt.queue.request_stop(agent, chat.label)  # the chat as the processor's run names it
+            self.rt.queue.control.request_stop(agent, chat.label)  # the chat as the processor's run names it
         return "Stopping…"
 
     def _default_policy(self) -> str:

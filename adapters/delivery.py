@@ -1,7 +1,7 @@
 """The delivery part of the channel runner (:mod:`adapters.runner`): durable chunked delivery, progress notes, typing.
 
 - **Delivery**: wake on new responses, claim the channel's responses with a lease — at most one per chat,
-  the oldest unfinished one (:meth:`shared.queue.core.Queue.claim_responses_for_channel`) — and deliver each chat
+  the oldest unfinished one (:meth:`shared.queue.delivery.Responses.claim_responses_for_channel`) — and deliver each chat
   in its own task, so chats never wait for each other while each chat gets its replies in order, one at a
   time. A response is sent as parts (chunks split by :mod:`adapters.chunking`, then the attached files; a
   reply longer than ``max_chunks`` chunks goes as one file of a type the platform accepts); each part is
@@ -188,7 +188,7 @@ class Delivery:
             # reply is its chat's head, so a later note of the same run cannot be sent before it.
             note = await self._note_closing(response.conversation, edit_key) if last and edit_key else None
             held = await call(
-                queue.mark_chunk_delivered,
+                queue.responses.mark_chunk_delivered,
                 response.id,
                 self.worker,
                 index,
@@ -206,7 +206,7 @@ class Delivery:
             # Before the ack: until then this reply is its chat's head, so a later note of the same run
             # cannot be claimed (and sent) before the note is marked done.
             await self._close_note(response.conversation, edit_key)
-        return bool(await call(queue.ack_response, response.id, self.worker))
+        return bool(await call(queue.responses.ack_response, response.id, self.worker))
 
     def _with_offline_preface(self, response: QueuedResponse) -> QueuedResponse:
         """The reply to a message that reached us only after a restart starts by saying so. Derived from the
@@ -218,7 +218,7 @@ class Delivery:
 
     def _give_back(self, response: QueuedResponse) -> None:
         base = int(self.config.delivery_backoff_base_seconds * 1000)
-        self.rt.queue.retry_response_later(
+        self.rt.queue.responses.retry_response_later(
             response.id, self.worker, "", base_ms=base, max_ms=base, count=False
         )
 
@@ -244,7 +244,7 @@ class Delivery:
             )
             return bool(
                 await call(
-                    queue.fail_response,
+                    queue.responses.fail_response,
                     response.id,
                     failure.reason,
                     worker=self.worker,
@@ -252,7 +252,7 @@ class Delivery:
                 )
             )
         retried = await call(
-            queue.retry_response_later,
+            queue.responses.retry_response_later,
             response.id,
             self.worker,
             failure.reason,
@@ -330,10 +330,12 @@ class Delivery:
                 return await self._send_failed(response, 0, exc)
             if done is not None:
                 await call(self._store_note, conversation, edit_key, done)
-            held = await call(queue.mark_chunk_delivered, response.id, self.worker, 0, lease_ms=self.lease_ms)
+            held = await call(
+                queue.responses.mark_chunk_delivered, response.id, self.worker, 0, lease_ms=self.lease_ms
+            )
             if not held:
                 return False
-        return bool(await call(queue.ack_response, response.id, self.worker))
+        return bool(await call(queue.responses.ack_response, response.id, self.worker))
 
     async def _send_or_edit_note(
         self, conversation: str, edit_key: str, record: dict[str, Any] | None, text: str
@@ -405,7 +407,10 @@ class Delivery:
             await asyncio.sleep(interval)
             try:
                 held = await call(
-                    self.rt.queue.renew_response_lease, response_id, self.worker, lease_ms=self.lease_ms
+                    self.rt.queue.responses.renew_response_lease,
+                    response_id,
+                    self.worker,
+                    lease_ms=self.lease_ms,
                 )
             except Exception as exc:  # a busy database: the next renewal tries again
                 self.log.info("renewing the lease of response %s failed: %s", response_id, exc)
@@ -415,7 +420,7 @@ class Delivery:
 
     async def _claim(self, limit: int) -> list[QueuedResponse]:
         return await call(
-            self.rt.queue.claim_responses_for_channel,
+            self.rt.queue.responses.claim_responses_for_channel,
             self.name,
             self.worker,
             limit=limit,
@@ -474,7 +479,7 @@ class Delivery:
 
     async def _prune_records(self) -> None:
         try:
-            await call(self.rt.queue.prune_delivery_records, self.name)
+            await call(self.rt.queue.responses.prune_delivery_records, self.name)
             await call(dedupe.prune, self.rt.db, self.name)
         except Exception as exc:
             self.log.info("forgetting old delivery records failed: %s", exc)

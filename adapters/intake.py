@@ -179,7 +179,7 @@ class Intake:
         if message.sent_at and now_ms() - message.sent_at > self.config.late_message_seconds * 1000:
             metadata[OFFLINE_SENT_AT] = message.sent_at  # the final reply will say it arrived while offline
         try:
-            result = self.rt.queue.enqueue_message(
+            result = self.rt.queue.intake.enqueue_message(
                 self.name,
                 message.sender,
                 body,
@@ -295,7 +295,7 @@ class Intake:
     def reply_to(self, address: ChatAddress, text: str, *, kind: str, also: TxWork | None = None) -> None:
         """Queue a message of the channel itself to ``address`` (durable like any reply); ``kind`` goes in
         its metadata, ``also(tx)`` commits with it."""
-        self.rt.queue.enqueue_response(
+        self.rt.queue.responses.enqueue_response(
             address.channel,
             address.sender,
             text,
@@ -312,9 +312,9 @@ class Intake:
         """Queue a note about replies of this chat that could not be delivered, before anything else the
         user gets now (they wrote, so this chat works again)."""
         queue = self.rt.queue
-        if not queue.has_undelivered_notices(self.name, message.conversation):
+        if not queue.responses.has_undelivered_notices(self.name, message.conversation):
             return
-        for notice in queue.take_undelivered_notices(self.name, message.conversation):
+        for notice in queue.responses.take_undelivered_notices(self.name, message.conversation):
             at = datetime.fromtimestamp(notice.created_at / 1000, UTC).strftime("%H:%M UTC")
             self.reply(
                 message,

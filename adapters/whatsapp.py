@@ -403,7 +403,7 @@ class WhatsAppChannel(Platform):
         if status.get("status") != "failed":
             return
         wamid = str(status.get("id") or "")
-        response_id = await call(self.rt.queue.response_for_platform_id, self.name, wamid)
+        response_id = await call(self.rt.queue.responses.response_for_platform_id, self.name, wamid)
         errors = [e for e in as_list(status.get("errors")) if isinstance(e, dict)]
         error = errors[0] if errors else {}
         code = as_int(error.get("code"))
@@ -414,7 +414,7 @@ class WhatsAppChannel(Platform):
             self.log.info("a message %s we do not know (any more) failed: %s", wamid, reason)
             return
         changed = await call(
-            self.rt.queue.fail_response,
+            self.rt.queue.responses.fail_response,
             response_id,
             reason,
             explanation=f"WhatsApp: {explain(code, title)}",

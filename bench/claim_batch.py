@@ -51,24 +51,24 @@ def _agentpost(target: str) -> tuple[Fill, Drain, Callable[[], None]]:
 
     def fill(batch: Sequence[Msg]) -> None:
         for m in batch:
-            queue.enqueue_message("bench", "bench-user", m.body, agent=m.agent, conversation=m.agent)
+            queue.intake.enqueue_message("bench", "bench-user", m.body, agent=m.agent, conversation=m.agent)
 
     def drain() -> list[int]:
         got: list[int] = []
         while True:
-            agents = queue.agents_with_pending()
+            agents = queue.messages.agents_with_pending()
             if not agents:
                 return got
             for agent in agents:
-                group = queue.claim_all_pending_messages(agent, worker)
+                group = queue.messages.claim_all_pending_messages(agent, worker)
                 if not group:
                     continue
                 got.extend(msg_id_of(m.message) for m in group)
-                outcome = queue.complete_messages(
+                outcome = queue.messages.complete_messages(
                     [m.message_id for m in group], worker, REPLY, release_when_idle=True
                 )
                 if not outcome.released:
-                    queue.release_agent(agent, worker)
+                    queue.leases.release_agent(agent, worker)
 
     return fill, drain, queue.db.close
 

@@ -3,7 +3,7 @@
 Issue 17's target "enqueue with 256 agents >= 0.9x enqueue with 8": routing must not cost more as the
 directory grows. In one process, per run: a fresh SQLite file, a Queue whose directory is
 ``Directory.single(agent-0 .. agent-{K-1})`` (K = --small or --large), then --n calls of the public
-``Queue.enqueue_message`` routed by a leading "@agent-N " mention (no ``agent=`` argument, so routing
+``Queue.intake.enqueue_message`` routed by a leading "@agent-N " mention (no ``agent=`` argument, so routing
 reads the text) to the first 8 agents in turn, each its own transaction. Timed: the enqueues only.
 Runs alternate small and large so drifting machine load hits both alike; the figure is the ratio of the
 medians of --runs runs. Each run checks that every agent got its share (the mention was routed).
@@ -33,7 +33,8 @@ ROUTED = 8
 
 def one_run(agents: int, workdir: Path, *, n: int) -> float:
     """Fresh database with a directory of `agents` agents; returns enqueues per second."""
-    from shared.queue.core import Directory, Queue, QueueConfig
+    from shared.queue.core import Directory, Queue
+    from shared.settings.model import QueueSettings
     from shared.storage.db import open_database
 
     folder = Path(tempfile.mkdtemp(prefix=f"agents-{agents}-", dir=workdir))
@@ -43,13 +44,13 @@ def one_run(agents: int, workdir: Path, *, n: int) -> float:
     # The route table is built once per directory (when the settings load); build it before the clock.
     _ = directory.routes
     db = open_database(f"sqlite:///{target}", create=True)
-    queue = Queue(db, QueueConfig(lease_ms=AgentpostSqlite.lease_ms), directory)
+    queue = Queue(db, QueueSettings(lease_seconds=AgentpostSqlite.lease_ms / 1000), directory)
     texts = [f"@agent-{i % ROUTED} " + make_body(i, f"agent-{i % ROUTED}", 120) for i in range(n)]
     try:
         db.connection()  # connect before the clock
         t = time.perf_counter()
         for i, text in enumerate(texts):
-            queue.enqueue_message(CHANNEL, "bench-user", text, conversation=f"chat-{i % ROUTED}")
+            queue.intake.enqueue_message(CHANNEL, "bench-user", text, conversation=f"chat-{i % ROUTED}")
         spent = time.perf_counter() - t
         counts = {
             r["agent"]: int(r["n"])

@@ -11,7 +11,7 @@ not instead of them.
 
 Workloads (the same code paths as the throughput benchmarks):
 
-* ``enqueue``: ``Queue.enqueue_message`` (agent named, one conversation per agent) vs the
+* ``enqueue``: ``Queue.intake.enqueue_message`` (agent named, one conversation per agent) vs the
   ``sqlite-insert-event`` peer's producer (INSERT of the message + INSERT of its event, one transaction).
 * ``enqueue-sql``: agentpost's enqueue statements alone (the message INSERT and its event INSERT as the
   queue runs them, in BEGIN IMMEDIATE ... COMMIT, from a bare loop): the floor our schema sets, whatever
@@ -81,10 +81,10 @@ def _enqueue_agentpost(folder: Path, n: int, warm: int) -> int:
     queue = system.open_queue(target)
     messages = make_messages(warm + n, 8, 120)
     for m in messages[:warm]:
-        queue.enqueue_message(CHANNEL, "bench-user", m.body, agent=m.agent, conversation=m.agent)
+        queue.intake.enqueue_message(CHANNEL, "bench-user", m.body, agent=m.agent, conversation=m.agent)
     _counting(True)
     for m in messages[warm:]:
-        queue.enqueue_message(CHANNEL, "bench-user", m.body, agent=m.agent, conversation=m.agent)
+        queue.intake.enqueue_message(CHANNEL, "bench-user", m.body, agent=m.agent, conversation=m.agent)
     _counting(False)
     queue.db.close()
     return n
@@ -249,7 +249,7 @@ def _drain_sql(split: bool) -> Callable[[Path, int, int], int]:
             system = AgentpostSqlite()
             system.setup(target)
             queue = system.open_queue(target)
-            claim_sql = queue.claim_sql  # the statement itself, as the queue runs it
+            claim_sql = queue.messages.claim_sql  # the statement itself, as the queue runs it
             queue.db.close()
             conn = sqlite3.connect(target, isolation_level=None)
             configure_sqlite(conn, 5_000)
@@ -312,7 +312,7 @@ def _drain_sql(split: bool) -> Callable[[Path, int, int], int]:
                 else:
                     got = conn.execute(claim_sql, claim).fetchall()
                     clause, keys = sql_in("m", [row[1] for row in got])
-                    done = (  # as complete_messages' _take_group runs it
+                    done = (  # as complete_messages' take_group runs it
                         "UPDATE messages SET status = 'completed', updated_at = :now, lease_until = NULL"
                         f" WHERE message_id IN {clause} AND status = 'processing' AND claimed_by = :worker"
                         " RETURNING id, message_id"

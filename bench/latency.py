@@ -1,9 +1,9 @@
 """Cross-process pickup latency at a steady rate, and what a waiting process costs when idle.
 
 A producer process enqueues at a fixed rate (default 200 messages/s) with the real
-:meth:`Queue.enqueue_message` and records the moment each commit returned; a consumer process waits on
+:meth:`Queue.intake.enqueue_message` and records the moment each commit returned; a consumer process waits on
 :class:`shared.events.wake.Waker` (read the generation, look for work, ``wait(generation, timeout)``), claims with
-:meth:`Queue.claim_all_pending_messages`, records the moment each claim returned, then completes the group
+:meth:`Queue.messages.claim_all_pending_messages`, records the moment each claim returned, then completes the group
 and releases the agent. ``time.monotonic`` is one system-wide clock on Linux, so the two processes'
 timestamps compare directly. Latency = claim time - commit time, per message.
 
@@ -50,7 +50,7 @@ def _producer(backend: str, target: str, n: int, rate: float, start: Any, out: s
         pause = due - time.monotonic()
         if pause > 0:
             time.sleep(pause)
-        queue.enqueue_message("bench", "bench-user", m.body, agent=m.agent, conversation=m.agent)
+        queue.intake.enqueue_message("bench", "bench-user", m.body, agent=m.agent, conversation=m.agent)
         commits.append(time.monotonic())
     queue.db.close()
     Path(out).write_text(json.dumps(commits))
@@ -70,19 +70,19 @@ def _consumer(backend: str, target: str, n: int, wake_ms: int, ready: Any, start
     while len(claims) < n and time.monotonic() < deadline:
         gen = waker.generation
         got = False
-        for agent in queue.agents_with_pending():
-            group = queue.claim_all_pending_messages(agent, worker)
+        for agent in queue.messages.agents_with_pending():
+            group = queue.messages.claim_all_pending_messages(agent, worker)
             now = time.monotonic()
             if not group:
                 continue
             got = True
             for m in group:
                 claims[msg_id_of(m.message)] = now
-            outcome = queue.complete_messages(
+            outcome = queue.messages.complete_messages(
                 [m.message_id for m in group], worker, "ok", release_when_idle=True
             )
             if not outcome.released:
-                queue.release_agent(agent, worker)
+                queue.leases.release_agent(agent, worker)
         if not got:
             waker.wait(gen, 1.0)
     waker.stop()
@@ -101,7 +101,7 @@ def _idle(backend: str, target: str, wake_ms: int, seconds: float, out: str) -> 
     end = w0 + seconds
     while (left := end - time.monotonic()) > 0:
         gen = waker.generation
-        if not queue.agents_with_pending():  # what an idle processor does after each wake-up
+        if not queue.messages.agents_with_pending():  # what an idle processor does after each wake-up
             waker.wait(gen, min(left, 5.0))
     r1, w1 = resource.getrusage(resource.RUSAGE_SELF), time.monotonic()
     cpu = (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime)

@@ -76,7 +76,7 @@ def measure(k: int, cap: int, timeout: float = 120.0) -> dict[str, Any]:
             t0 = time.monotonic()
             for j in range(PER_AGENT):
                 for i in range(k):
-                    rt.queue.enqueue_message(
+                    rt.queue.intake.enqueue_message(
                         "bench", "bench-user", f"task {j} for a{i}", agent=f"a{i}", conversation=f"c{i}"
                     )
             done = 0

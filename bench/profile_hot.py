@@ -50,19 +50,19 @@ def main(argv: list[str] | None = None) -> int:
         prod.start()
         t = time.perf_counter()
         for m in batch:
-            queue.enqueue_message("bench", "bench-user", m.body, agent=m.agent, conversation=m.agent)
+            queue.intake.enqueue_message("bench", "bench-user", m.body, agent=m.agent, conversation=m.agent)
         t_prod += time.perf_counter() - t
         prod.stop()
         cons.start()
         t = time.perf_counter()
-        for agent in queue.agents_with_pending():
-            group = queue.claim_all_pending_messages(agent, "profiler")
+        for agent in queue.messages.agents_with_pending():
+            group = queue.messages.claim_all_pending_messages(agent, "profiler")
             done += sum(1 for m in group if msg_id_of(m.message) >= 0)
-            outcome = queue.complete_messages(
+            outcome = queue.messages.complete_messages(
                 [m.message_id for m in group], "profiler", REPLY, release_when_idle=True
             )
             if not outcome.released:
-                queue.release_agent(agent, "profiler")
+                queue.leases.release_agent(agent, "profiler")
         t_cons += time.perf_counter() - t
         cons.stop()
     queue.db.close()

@@ -315,7 +315,7 @@ def render(results: Path) -> tuple[str, str]:
         ea = enqueue_agents
         md += ["", f"## Enqueue with {ea['large_agents']} agents", ""]
         md.append(
-            f"bench/enqueue_agents.py, one process, SQLite: {ea['n']:,} `Queue.enqueue_message` calls on a fresh"
+            f"bench/enqueue_agents.py, one process, SQLite: {ea['n']:,} `Queue.intake.enqueue_message` calls on a fresh"
             f" file with a directory of {ea['small_agents']} or {ea['large_agents']} agents, each message routed"
             " by a leading `@agent-N` mention (no `agent=`) to one of the first 8 agents. Runs alternate;"
             f" medians of {ea['runs']}."

@@ -2,13 +2,13 @@
 
 Only the public queue operations are used, exactly as the processor uses them:
 
-* producer: one :meth:`Queue.enqueue_message` per message (agent from the message, one conversation per
+* producer: one :meth:`Queue.intake.enqueue_message` per message (agent from the message, one conversation per
   agent), each its own transaction with its ``message_received`` event.
-* consumer: :meth:`Queue.agents_with_pending`, then per agent :meth:`Queue.claim_all_pending_messages`
+* consumer: :meth:`Queue.messages.agents_with_pending`, then per agent :meth:`Queue.messages.claim_all_pending_messages`
   (the agent lease plus every available message of that agent), yield each id, then one
-  :meth:`Queue.complete_messages` for the group (which enqueues the response with its events in the same
+  :meth:`Queue.messages.complete_messages` for the group (which enqueues the response with its events in the same
   transaction; with ``release_when_idle`` it also gives up the agent when nothing else waits, else
-  :meth:`Queue.release_agent` follows). When nothing is claimable: :meth:`recover_stale_messages`
+  :meth:`Queue.leases.release_agent` follows). When nothing is claimable: :meth:`recover_stale_messages`
   (returns the messages of a SIGKILLed consumer once its 2 s lease lapses) and yield None.
 
 A (re)started consumer takes a new worker id, as a restarted processor does. On PostgreSQL the sessions
@@ -57,11 +57,12 @@ class AgentpostSqlite:
 
     def open_queue(self, target: str, *, create: bool = False) -> Any:
         """A Queue over the target (imports here: the harness parent need not import agentpost)."""
-        from shared.queue.core import Directory, Queue, QueueConfig
+        from shared.queue.core import Directory, Queue
+        from shared.settings.model import QueueSettings
         from shared.storage.db import open_database
 
         db = open_database(self.url(target), create=create)
-        return Queue(db, QueueConfig(lease_ms=self.lease_ms), Directory.single(*AGENT_NAMES))
+        return Queue(db, QueueSettings(lease_seconds=self.lease_ms / 1000), Directory.single(*AGENT_NAMES))
 
     # -- QueueSystem -------------------------------------------------------------------------------------
     def setup(self, target: str) -> None:
@@ -78,7 +79,9 @@ class AgentpostSqlite:
         def run() -> Iterator[int]:
             try:
                 for m in messages:
-                    queue.enqueue_message(CHANNEL, "bench-user", m.body, agent=m.agent, conversation=m.agent)
+                    queue.intake.enqueue_message(
+                        CHANNEL, "bench-user", m.body, agent=m.agent, conversation=m.agent
+                    )
                     yield m.id
             finally:
                 queue.db.close()
@@ -96,8 +99,8 @@ class AgentpostSqlite:
             try:
                 while True:
                     got = False
-                    for agent in queue.agents_with_pending():
-                        group = queue.claim_all_pending_messages(agent, worker)
+                    for agent in queue.messages.agents_with_pending():
+                        group = queue.messages.claim_all_pending_messages(agent, worker)
                         if not group:
                             continue  # another consumer holds the agent
                         got = True
@@ -107,13 +110,13 @@ class AgentpostSqlite:
                         # The release rides with the completion when nothing else waits, as in the processor.
                         released = False
                         with contextlib.suppress(LeaseLost):
-                            released = queue.complete_messages(
+                            released = queue.messages.complete_messages(
                                 [m.message_id for m in group], worker, REPLY, release_when_idle=True
                             ).released
                         if not released:
-                            queue.release_agent(agent, worker)
+                            queue.leases.release_agent(agent, worker)
                     if not got:
-                        queue.recover_stale_messages()
+                        queue.failures.recover_stale_messages()
                         yield None
             finally:
                 queue.db.close()

@@ -106,7 +106,7 @@ def run_audit(queue: Queue, *, hours: float, capacity_per_second: float, now: in
     oldest_event = oldest_event_at(db)
     if oldest_event is not None:
         audit.covered_hours = round(min(hours, (now - max(oldest_event, since)) / HOUR_MS), 2)
-    audit.depth = queue.queue_status()
+    audit.depth = queue.admin.queue_status()
     oldest_pending = oldest_pending_at(db)
     if oldest_pending is not None:
         audit.oldest_pending_age_s = round((now - oldest_pending) / 1000, 1)

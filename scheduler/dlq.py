@@ -375,6 +375,6 @@ def retry_dead_letters(queue: Queue, config: DlqConfig, *, now: int | None = Non
     if not config.auto_retry or config.max_retries <= 0:
         return []
     now = now_ms() if now is None else now
-    return queue.retry_dead_automatically(
+    return queue.admin.retry_dead_automatically(
         died_before_ms=now - int(config.retry_delay_seconds * 1000), budget=config.max_retries
     )

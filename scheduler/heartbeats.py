@@ -63,7 +63,9 @@ def fire_heartbeat(
     slot_text = slot.isoformat()
     message_id = derived_id("heartbeat", agent, slot_text)
     # A slot another scheduler fired already is a duplicate, whatever the agent is doing now.
-    reason = "" if beat is None or queue.get_message(message_id) else skip_reason(queue, beat, agent, slot)
+    reason = (
+        "" if beat is None or queue.admin.get_message(message_id) else skip_reason(queue, beat, agent, slot)
+    )
     if reason:
         SqlEventLog(queue.db).append(
             "scheduler", "heartbeat_skipped", {"agent": agent, "slot": slot_text, "reason": reason}
@@ -71,7 +73,7 @@ def fire_heartbeat(
         return Fired(
             job=f"heartbeat:{agent}", slot=slot, message_id=message_id, duplicate=False, skipped=reason
         )
-    result = queue.enqueue_message(
+    result = queue.intake.enqueue_message(
         CHANNEL,
         SENDER,
         heartbeat_prompt(settings, agent, config.default_heartbeat_prompt),

@@ -28,7 +28,7 @@ class UnservedResult:
 
 def recover_expired_leases(queue: Queue) -> dict[str, int]:
     """Return messages whose worker's lease expired to ``pending`` (or ``dead`` at the retry limit)."""
-    outcome = queue.recover_stale_messages()
+    outcome = queue.failures.recover_stale_messages()
     if outcome.retried or outcome.dead:
         log.info(
             "recovered %d message(s) with expired leases, %d became dead letters",
@@ -40,7 +40,7 @@ def recover_expired_leases(queue: Queue) -> dict[str, int]:
 
 def prune_finished(queue: Queue, config: SchedulerConfig) -> dict[str, int]:
     """Delete completed messages and acked responses older than their configured ages."""
-    result = queue.prune(
+    result = queue.admin.prune(
         completed_older_ms=int(config.completed_max_age_hours * 3_600_000),
         acked_older_ms=int(config.acked_max_age_hours * 3_600_000),
     )

@@ -21,7 +21,7 @@ def fire_schedule(queue: Queue, entry: ScheduleConfig, slot: datetime) -> Fired:
     """Enqueue ``entry``'s message for ``slot`` (a duplicate if that slot was fired already)."""
     slot_text = slot.isoformat()
     message_id = derived_id("schedule", entry.key, slot_text)
-    result = queue.enqueue_message(
+    result = queue.intake.enqueue_message(
         CHANNEL,
         SENDER,
         entry.message,

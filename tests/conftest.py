@@ -16,7 +16,8 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from shared.queue.core import Directory, Queue, QueueConfig
+from shared.queue.core import Directory, Queue
+from shared.settings.model import QueueSettings
 from shared.storage.db import Database, open_database
 from shared.storage.models import SCHEMA_VERSION, TABLE_NAMES
 from tests.probes import service_unavailable
@@ -91,7 +92,7 @@ def queue(db: Database) -> Queue:
         teams={"dev": Team(name="dev", agents=("beta", "gamma"), leader="beta")},
         default_agent="alpha",
     )
-    config = QueueConfig(backoff_base_ms=1000, backoff_max_ms=60_000, lease_ms=30_000)
+    config = QueueSettings(backoff_base_seconds=1, backoff_max_seconds=60, lease_seconds=30)
     return Queue(db, config, directory)
 
 

@@ -17,17 +17,18 @@ import time
 from pathlib import Path
 
 from shared.events.wake import Waker
-from shared.queue.core import Directory, Queue, QueueConfig
+from shared.queue.core import Directory, Queue
+from shared.settings.model import QueueSettings
 from shared.storage.db import open_database
 
 
 def producer(args: argparse.Namespace) -> int:
     agents = args.agents.split(",")
     db = open_database(args.url, create=False)
-    queue = Queue(db, QueueConfig(), Directory.single(*agents))
+    queue = Queue(db, QueueSettings(), Directory.single(*agents))
     for i in range(args.count):
         agent = agents[i % len(agents)]
-        queue.enqueue_message(
+        queue.intake.enqueue_message(
             "cli",
             args.tag,
             f"{args.tag}:{i:06d} " + "x" * 80,
@@ -41,7 +42,7 @@ def producer(args: argparse.Namespace) -> int:
 def consumer(args: argparse.Namespace) -> int:
     agents = args.agents.split(",")
     db = open_database(args.url, create=False)
-    queue = Queue(db, QueueConfig(lease_ms=int(args.lease_ms)), Directory.single(*agents))
+    queue = Queue(db, QueueSettings(lease_seconds=int(args.lease_ms) / 1000), Directory.single(*agents))
     waker = Waker(db, interval_ms=5).start()
     log = Path(args.log).open("a", buffering=1)  # noqa: SIM115 - open for the life of the process
     stop_file = Path(args.stop_file) if args.stop_file else None
@@ -49,9 +50,9 @@ def consumer(args: argparse.Namespace) -> int:
     while True:
         gen = waker.generation
         worked = False
-        queue.recover_stale_messages()
+        queue.failures.recover_stale_messages()
         for agent in agents:
-            claimed = queue.claim_all_pending_messages(agent, args.worker)
+            claimed = queue.messages.claim_all_pending_messages(agent, args.worker)
             if not claimed:
                 continue
             worked = True
@@ -63,8 +64,8 @@ def consumer(args: argparse.Namespace) -> int:
             if args.hold_seconds:
                 time.sleep(args.hold_seconds)  # simulates an agent run while holding the claim
             end = time.monotonic()
-            queue.complete_messages(ids, args.worker, f"done {len(ids)}")
-            queue.release_agent(agent, args.worker)
+            queue.messages.complete_messages(ids, args.worker, f"done {len(ids)}")
+            queue.leases.release_agent(agent, args.worker)
             log.write(
                 json.dumps(
                     {

@@ -114,25 +114,25 @@ def make_dead(queue: Queue, count: int, *, agent: str = "assistant", channel: st
     """``count`` dead letters made the way real ones are: enqueue, claim, fail past ``max_retries``.
     The agent must have no other pending messages (they would be claimed too)."""
     ids = [
-        queue.enqueue_message(channel, "ann", f"dead letter {i}", agent=agent).message_id
+        queue.intake.enqueue_message(channel, "ann", f"dead letter {i}", agent=agent).message_id
         for i in range(count)
     ]
     worker = "test-worker-" + secrets.token_hex(3)
-    claimed = queue.claim_all_pending_messages(agent, worker)
+    claimed = queue.messages.claim_all_pending_messages(agent, worker)
     assert {m.message_id for m in claimed} == set(ids)
     for _ in range(queue.config.max_retries + 1):
-        outcome = queue.fail_messages([m.message_id for m in claimed], worker, "provider exploded")
+        outcome = queue.failures.fail_messages([m.message_id for m in claimed], worker, "provider exploded")
         if len(outcome.dead) == len(claimed):
             break
         with queue.db.transaction() as tx:
             tx.execute("UPDATE messages SET available_at = 0 WHERE status = 'pending'")
-        claimed = queue.claim_all_pending_messages(agent, worker)
-    queue.release_agent(agent, worker)
+        claimed = queue.messages.claim_all_pending_messages(agent, worker)
+    queue.leases.release_agent(agent, worker)
     died = now_ms()
     wait_until(
         lambda: now_ms() > died + 1, what="the clock to pass the deaths (archive age 0 means older than now)"
     )
-    assert all(queue.get_message(i).status == "dead" for i in ids)  # type: ignore[union-attr]
+    assert all(queue.admin.get_message(i).status == "dead" for i in ids)  # type: ignore[union-attr]
     return ids
 
 

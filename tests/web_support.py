@@ -269,13 +269,13 @@ def play_processor(
 ) -> list[str]:
     """Do what the processor does for one agent: claim every pending message and complete each group with a
     response (the real queue API; the test stands in for the processor process)."""
-    claimed = queue.claim_all_pending_messages(agent, worker)
+    claimed = queue.messages.claim_all_pending_messages(agent, worker)
     done = []
     for m in claimed:
-        queue.complete_messages([m.message_id], worker, reply(m))
+        queue.messages.complete_messages([m.message_id], worker, reply(m))
         done.append(m.message_id)
     if claimed:
-        queue.release_agent(agent, worker)
+        queue.leases.release_agent(agent, worker)
     return done
 
 
@@ -283,12 +283,12 @@ def kill_until_dead(queue: Queue, agent: str, error: str = "the CLI exited with 
     """Fail the agent's pending messages until they are dead letters (max_retries attempts)."""
     dead: list[str] = []
     for _ in range(queue.config.max_retries + 1):
-        claimed = queue.claim_all_pending_messages(agent, "test-processor")
+        claimed = queue.messages.claim_all_pending_messages(agent, "test-processor")
         if not claimed:
             break
-        outcome = queue.fail_messages([m.message_id for m in claimed], "test-processor", error)
+        outcome = queue.failures.fail_messages([m.message_id for m in claimed], "test-processor", error)
         dead.extend(outcome.dead)
-        queue.release_agent(agent, "test-processor")
+        queue.leases.release_agent(agent, "test-processor")
     return dead
 
 

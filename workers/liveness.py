@@ -3,7 +3,7 @@
 A :class:`RunWatch` runs beside each CLI invocation. It wakes on every database change (the waker) and at
 least every ``[processor] control_interval_seconds`` (at most five times a second), and then:
 
-- takes a stop request from the agent's lease row (:meth:`shared.queue.core.Queue.take_stop_request`, written by
+- takes a stop request from the agent's lease row (:meth:`shared.queue.control.Control.take_stop_request`, written by
   ``/stop``). One naming this run's chat (``<channel>:<conversation>``) or ``*`` stops the run: its CLI
   process group is killed and its messages complete with a short "stopped" reply. A request naming another
   chat is handed to the processor, which completes that chat's waiting messages the same way.
@@ -187,7 +187,7 @@ class RunWatch:
         """One round of checks (in a worker thread); returns why to stop the run, or ``""``."""
         info = self.info
         chat = info.group.chat
-        taken = self.rt.queue.take_stop_request(info.agent, self.worker)
+        taken = self.rt.queue.control.take_stop_request(info.agent, self.worker)
         if taken in ("*", chat):
             return "stop"
         if taken:
@@ -195,7 +195,7 @@ class RunWatch:
         self._tell_waiting()
         if info.group.policy == "interrupt":
             channel, conversation = info.group.key
-            if self.rt.queue.chat_has_arrival(info.agent, channel, conversation):
+            if self.rt.queue.control.chat_has_arrival(info.agent, channel, conversation):
                 return "interrupt"
         elapsed = time.monotonic() - info.started
         if (
@@ -219,7 +219,7 @@ class RunWatch:
         if not text:
             info.notes = int(elapsed_ms / 1000 / self.note_seconds)
         primary = info.group.messages[0]
-        self.rt.queue.reply_to(
+        self.rt.queue.responses.reply_to(
             target,
             text or progress_text(elapsed_ms, info.last_step),
             agent=info.agent,
@@ -231,7 +231,7 @@ class RunWatch:
         """Send the busy note to each chat with a message newly waiting behind this run (once per run)."""
         info = self.info
         try:
-            arrivals = self.rt.queue.waiting_arrivals(info.agent)
+            arrivals = self.rt.queue.control.waiting_arrivals(info.agent)
         except Exception as exc:  # a note is a courtesy: the run goes on
             log.warning("agent %s: could not look for waiting messages: %s", info.agent, exc)
             return
@@ -251,7 +251,7 @@ class RunWatch:
                     else resolve_policy(self.rt.db, settings, self.default_policy, address)
                 )
                 same_chat = self.target is not None and key == self.target.key
-                self.rt.queue.reply_to(
+                self.rt.queue.responses.reply_to(
                     address,
                     busy_note(info.agent, policy, same_chat=same_chat),
                     agent=info.agent,

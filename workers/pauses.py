@@ -2,7 +2,7 @@
 the backoff grows with them, and until when it paused the agent), and storage outages (writes the database
 refused for a while: a full disk, a server restarting).
 
-The rate-limit pause itself is also written to the database (:meth:`shared.queue.core.Queue.pause_agent`), where
+The rate-limit pause itself is also written to the database (:meth:`shared.queue.control.Control.pause_agent`), where
 every processor respects it; the copy here lets the processor's own loop skip the agent without a read.
 
 A storage outage is not written anywhere (nothing can be): :class:`StorageOutage` keeps each write that met

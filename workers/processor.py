@@ -21,12 +21,12 @@ Loop (``agentpost run processor``):
 6. Success completes the group with its response (metadata ``kind: final`` and the run's ``edit_key``),
    handoffs, chat posts and history in one transaction; a heartbeat answered with the silent token is
    recorded with no response. Failure (non-zero exit, timeout, reported error) goes back with backoff, and
-   dead at the limit with one notice to the sender (:meth:`shared.queue.core.Queue.fail_messages`). A rate
+   dead at the limit with one notice to the sender (:meth:`shared.queue.failures.Failures.fail_messages`). A rate
    limit costs no attempt: the agent moves to its fallback model or is paused (:mod:`workers.ratelimit`).
 
 Shutdown (SIGTERM or SIGINT), the decision: stop claiming at once; let runs in progress *finish* for up to
 ``shutdown_grace_seconds`` and complete normally; then cancel what is still running — its CLI process group
-is killed and its messages are *released* with :meth:`~shared.queue.core.Queue.fail_messages` using
+is killed and its messages are *released* with :meth:`~shared.queue.failures.Failures.fail_messages` using
 ``count_attempt=False`` and no delay, so another processor (or this one after a restart) runs them at once
 and the interruption costs the message no attempt. Claimed groups that had not started are released the
 same way. A ``kill -9`` gives no chance to release: a restarted processor on the same host sees that the
@@ -235,13 +235,13 @@ class Processor:
         self._follow_config()
         if time.monotonic() - self._last_recover >= self.config.recover_interval_seconds:
             self._last_recover = time.monotonic()
-            outcome = await call(self.rt.queue.recover_stale_messages)
+            outcome = await call(self.rt.queue.failures.recover_stale_messages)
             if outcome.retried or outcome.dead:
                 log.warning(
                     "recovered %d expired message(s), %d now dead", len(outcome.retried), len(outcome.dead)
                 )
             await self.storage.sweep_stranded()
-        pending = await call(self.rt.queue.agents_with_pending)
+        pending = await call(self.rt.queue.messages.agents_with_pending)
         if any(agent not in self.rt.settings.agents for agent in pending):
             # Work for an agent these settings do not know: it may have been added a moment ago (the
             # sender's process read the new file first). Look at the file now rather than within a second.
@@ -257,7 +257,7 @@ class Processor:
                 continue  # another processor's agent (or, unlisted, one we do not run)
             if len(self._active) >= self.config.max_concurrency:
                 break
-            holder = await call(self.rt.queue.agent_holder, agent)
+            holder = await call(self.rt.queue.leases.agent_holder, agent)
             if holder is not None and holder != self.worker:
                 continue  # another processor runs it (and claims what is pending when its run ends)
             self._active.add(agent)
@@ -266,7 +266,7 @@ class Processor:
         return started
 
     async def _has_work(self, include_delayed: bool) -> bool:
-        pending = await call(self.rt.queue.agents_with_pending)
+        pending = await call(self.rt.queue.messages.agents_with_pending)
         now = time.monotonic()
         if any(
             (a in self.agents or not self.config.agents) and (include_delayed or self.pauses.until(a) <= now)
@@ -274,12 +274,12 @@ class Processor:
         ):
             return True
         if include_delayed:
-            return await call(self.rt.queue.next_available_at) is not None
+            return await call(self.rt.queue.messages.next_available_at) is not None
         return False
 
     async def _sleep_for(self) -> float:
         timeout = min(self.settings.queue.poll_interval_seconds, self.config.recover_interval_seconds)
-        at = await call(self.rt.queue.next_available_at)
+        at = await call(self.rt.queue.messages.next_available_at)
         now = now_ms()
         # Only a future backoff shortens the sleep: work available now belongs to a running agent (whose
         # drive claims it next) or to another processor's agent, and must not make this loop spin.
@@ -378,13 +378,13 @@ class Processor:
                 await self._release(drive, "lease lost" if drive.lost else "processor stopping")
                 if not drive.released:
                     with contextlib.suppress(Exception):
-                        await call(self.rt.queue.release_agent, agent, self.worker)
+                        await call(self.rt.queue.leases.release_agent, agent, self.worker)
             self._drives.pop(agent, None)
             self._active.discard(agent)
             self._slot_freed()
 
     def _claim(self, agent: str) -> list[QueuedMessage]:
-        return self.rt.queue.claim_all_pending_messages(agent, self.worker, lease_ms=self.lease_ms)
+        return self.rt.queue.messages.claim_all_pending_messages(agent, self.worker, lease_ms=self.lease_ms)
 
     def _outcomes(self, drive: Drive) -> OutcomeWriter:
         """The writer of ``drive``'s outcomes, with the [processor] settings in force now."""
@@ -414,7 +414,7 @@ class Processor:
         )
 
     def _renew(self, agent: str, ids: list[str]) -> int:
-        return self.rt.queue.renew_leases(self.worker, ids, agent=agent, lease_ms=self.lease_ms)
+        return self.rt.queue.leases.renew_leases(self.worker, ids, agent=agent, lease_ms=self.lease_ms)
 
     async def _take_in(self, drive: Drive, claimed: list[QueuedMessage]) -> None:
         """Merge newly claimed messages into the waiting groups; complete what the cap drops."""
@@ -432,7 +432,7 @@ class Processor:
     async def _apply_stops(self, drive: Drive) -> None:
         """Between runs: take a stop request and complete the waiting groups it names as stopped."""
         try:
-            taken = await call(self.rt.queue.take_stop_request, drive.agent, self.worker)
+            taken = await call(self.rt.queue.control.take_stop_request, drive.agent, self.worker)
         except Exception as exc:
             log.warning("agent %s: could not read stop requests: %s", drive.agent, exc)
             taken = ""
@@ -454,7 +454,7 @@ class Processor:
                 await self.storage.persist(
                     f"agent {drive.agent}: release of {', '.join(group.ids)}",
                     functools.partial(
-                        self.rt.queue.fail_messages,
+                        self.rt.queue.failures.fail_messages,
                         group.ids,
                         self.worker,
                         f"released: {why}",

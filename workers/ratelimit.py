@@ -13,7 +13,7 @@ overloaded, an API 529 (``RunResult.overloaded``: nobody's limit, and never told
    a restart keeps it) and gives the messages back at once without counting an attempt — the next runs use
    ``--model <fallback_model>`` until the reset time, then the primary model again. No pause, no notice.
 3. otherwise (no fallback, or the fallback is limited too): pauses the *agent* until the reset with
-   :meth:`shared.queue.core.Queue.pause_agent`, gives back every message it held without counting an attempt,
+   :meth:`shared.queue.control.Control.pause_agent`, gives back every message it held without counting an attempt,
    available at the reset, and enqueues one ``paused`` notice per waiting chat (kind ``paused``).
 """
 
@@ -155,14 +155,14 @@ def notify_waiting_chats(queue: Queue, agent: str, until: int, text: str) -> lis
     processing). Returns the chats told (``channel:conversation``)."""
     told: list[str] = []
     seen: set[tuple[str, str]] = set()
-    for batch in group_by_conversation(queue.waiting_messages(agent)):
+    for batch in group_by_conversation(queue.admin.waiting_messages(agent)):
         target = note_target(batch[0])
         if target is None:
             continue
         if target.key in seen:
             continue
         seen.add(target.key)
-        queue.reply_to(
+        queue.responses.reply_to(
             target,
             text,
             agent=agent,

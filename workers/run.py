@@ -134,7 +134,9 @@ class Run:
             # From here a crash of this processor costs these messages an interrupted run; before, nothing.
             await self.storage.persist(
                 f"agent {agent}: start of the run for {', '.join(group.ids)}",
-                functools.partial(self.rt.queue.mark_run_started, group.ids, self.worker, also=started),
+                functools.partial(
+                    self.rt.queue.messages.mark_run_started, group.ids, self.worker, also=started
+                ),
             )
         except LeaseLost:
             self.drive.lost = True

@@ -121,7 +121,7 @@ class OutcomeWriter:
                 metadata={"kind": "dropped", "dropped": ids, "agent": self.drive.agent},
             )
         group = WorkGroup(batch, "collect")
-        if await self.settle(group, self.rt.queue.complete_messages, ids, self.worker, draft):
+        if await self.settle(group, self.rt.queue.messages.complete_messages, ids, self.worker, draft):
             self.stats.dropped += len(ids)
             await self._event(
                 "queue",
@@ -135,7 +135,7 @@ class OutcomeWriter:
         plain notice to its sender (``explanation`` and ``advice``) and the operator's line in ``error``."""
         if await self.settle(
             group,
-            self.rt.queue.fail_messages,
+            self.rt.queue.failures.fail_messages,
             group.ids,
             self.worker,
             error,
@@ -161,7 +161,7 @@ class OutcomeWriter:
                     **({"edit_key": edit_key} if edit_key else {}),
                 },
             )
-        if await self.settle(group, self.rt.queue.complete_messages, group.ids, self.worker, draft):
+        if await self.settle(group, self.rt.queue.messages.complete_messages, group.ids, self.worker, draft):
             self.stats.stopped += len(group.ids)
             await self._event(
                 "queue",
@@ -193,7 +193,7 @@ class OutcomeWriter:
         why = "the conversation to continue is not on this host; starting a new one"
         log.warning("agent %s, chat %s: %s", self.drive.agent, group.chat, why)
         await quietly(clear_sessions, self.rt.db, self.drive.agent, session_key, reason=why)
-        fail = self.rt.queue.fail_messages
+        fail = self.rt.queue.failures.fail_messages
         if await self.settle(
             group, fail, group.ids, self.worker, why, count_attempt=False, retry_after_ms=0, also=also
         ):
@@ -245,7 +245,7 @@ class OutcomeWriter:
 
         def complete() -> None:
             outcome.append(
-                self.rt.queue.complete_messages(
+                self.rt.queue.messages.complete_messages(
                     group.ids,
                     self.worker,
                     plan.response,
@@ -311,7 +311,7 @@ class OutcomeWriter:
             return
         if await self.settle(
             group,
-            self.rt.queue.fail_messages,
+            self.rt.queue.failures.fail_messages,
             ids,
             self.worker,
             result.error or "unknown error",
@@ -348,7 +348,7 @@ class OutcomeWriter:
             )
             await self.settle(
                 group,
-                self.rt.queue.fail_messages,
+                self.rt.queue.failures.fail_messages,
                 group.ids,
                 self.worker,
                 error,
@@ -358,13 +358,13 @@ class OutcomeWriter:
             )
             return
         reason = f"rate limited{' (stated reset)' if reset else ''}: {error[:200]}"
-        await call(self.rt.queue.pause_agent, agent, until, reason)
+        await call(self.rt.queue.control.pause_agent, agent, until, reason)
         wait = max(0, until - now)
         for held in [group, *drive.groups]:
             why = error if held is group else "released: the agent is paused by a rate limit"
             await self.settle(
                 held,
-                self.rt.queue.fail_messages,
+                self.rt.queue.failures.fail_messages,
                 held.ids,
                 self.worker,
                 why,

@@ -92,14 +92,14 @@ class StorageSteps:
         if self._claiming:
             return  # a claim's rows may be committed and not yet held: look again next round
         begun = self._claims_begun
-        mine = await call(self.rt.queue.claims_of, self.worker)
+        mine = await call(self.rt.queue.failures.claims_of, self.worker)
         if not mine or self._claiming or begun != self._claims_begun:
             return
         held = {i for ids in self._held().values() for i in ids}
         stranded = [i for i in mine if i not in held]
         if not stranded:
             return
-        outcome = await call(self.rt.queue.release_stranded, self.worker, stranded)
+        outcome = await call(self.rt.queue.failures.release_stranded, self.worker, stranded)
         log.warning(
             "took back %d claim(s) of this processor that no run held: %s%s",
             len(outcome.retried) + len(outcome.dead),
@@ -117,13 +117,15 @@ class StorageSteps:
             return
         del outage  # each chat is told the time refused during its own wait
         try:
-            agents = set(self._held()) | set((await call(self.rt.queue.claims_of, self.worker)).values())
+            agents = set(self._held()) | set(
+                (await call(self.rt.queue.failures.claims_of, self.worker)).values()
+            )
         except Exception as exc:
             log.warning("could not tell the waiting chats about the outage: %s", exc)
             return
         for agent in sorted(agents):
             try:
-                waiting = await call(self.rt.queue.waiting_messages, agent)
+                waiting = await call(self.rt.queue.admin.waiting_messages, agent)
                 for batch in group_by_conversation(waiting):
                     note = self.waited_note(batch[0])
                     if note is not None:
@@ -157,7 +159,7 @@ class StorageSteps:
         )
 
         def write(tx: Tx) -> None:
-            self.rt.queue.note_in(tx, first.message_id, first.agent, draft)
+            self.rt.queue.responses.note_in(tx, first.message_id, first.agent, draft)
 
         def told() -> None:
             self._told_waiting[target.key] = now_ms()

@@ -2,7 +2,7 @@
 
 A reply may carry ``[@teammate: text]`` / ``[@a,b: text]`` (handoffs) and ``[#team: text]`` (a chat-room
 post). :func:`plan_reply` turns one reply into everything the processor commits *in the same transaction*
-as the completion (see :meth:`shared.queue.core.Queue.complete_messages`):
+as the completion (see :meth:`shared.queue.messages.Messages.complete_messages`):
 
 - **Handoffs** become ``internal_`` messages to each named teammate with ``hops + 1``. The text outside the
   tags is the *shared context* and goes to every target, followed by the part directed at that target.

@@ -53,7 +53,9 @@ def chosen_unless_named(queue: Queue, text: str, chosen: str | None) -> str | No
 def send_typed(queue: Queue, body: TypedIn) -> EnqueueResult:
     """Queue a message typed in the web chat ``body.conversation``, routed as any channel's message."""
     agent = chosen_unless_named(queue, body.message, body.agent)
-    return queue.enqueue_message("web", "web", body.message, agent=agent, conversation=body.conversation)
+    return queue.intake.enqueue_message(
+        "web", "web", body.message, agent=agent, conversation=body.conversation
+    )
 
 
 def unknown_name_refusal(exc: UnknownMention) -> ApiError:
@@ -118,7 +120,7 @@ def stop_running_chat(db: Database, queue: Queue, chat: ChatAddress) -> list[str
     if not status["running"]:
         return []
     agent = str(status["agent"])
-    queue.request_stop(agent, chat.label)
+    queue.control.request_stop(agent, chat.label)
     return [agent]
 
 
@@ -143,7 +145,7 @@ async def reset_chat(channel: Name, body: ChatIn, web: Web) -> dict[str, Any]:
 @router.post("/conversations/{channel}/retry", summary="Try again the chat's last message that failed")
 async def retry_chat(channel: Name, body: ChatIn, web: Web) -> dict[str, Any]:
     try:
-        retried = await web.run(web.queue.retry_last_failed, channel, body.conversation)
+        retried = await web.run(web.queue.admin.retry_last_failed, channel, body.conversation)
     except NotFound:
         raise ApiError(404, "there is no failed message in this chat to try again") from None
     except RetryBudgetExhausted:

@@ -40,7 +40,7 @@ class QueueStatusOut(_Out):
 
 
 def queue_status_out(counts: Mapping[str, int], active_conversations: int) -> QueueStatusOut:
-    """The queue's counts (:meth:`~shared.queue.core.Queue.queue_status`) under TinyOffice's names and ours."""
+    """The queue's counts (:meth:`~shared.queue.admin.Admin.queue_status`) under TinyOffice's names and ours."""
     return QueueStatusOut(
         incoming=counts["pending"],
         queued=counts["pending"],

@@ -130,8 +130,8 @@ class Metrics:
             return "\n".join(lines) + "\n"
 
     def _queue_families(self, lines: list[str]) -> None:
-        status = self.queue.queue_status()
-        depths = self.queue.agent_queue_depths()
+        status = self.queue.admin.queue_status()
+        depths = self.queue.admin.agent_queue_depths()
         _family(lines, "agentpost_up", "gauge", "1 while the web process can read the database.", [({}, 1)])
         _family(
             lines,

@@ -42,7 +42,7 @@ class MessageIn(Body):
 @router.post("/message", status_code=201, summary="Queue a message")
 async def post_message(body: MessageIn, web: Web) -> MessageAccepted:
     result = await web.run(
-        web.queue.enqueue_message,
+        web.queue.intake.enqueue_message,
         body.channel,
         body.sender,
         body.message,
@@ -65,7 +65,7 @@ async def post_message(body: MessageIn, web: Web) -> MessageAccepted:
 
 def read_queue_status(queue: Queue, db: Database) -> QueueStatusOut:
     """The queue's counts and how many chats are busy, as ``GET /api/queue/status`` answers them."""
-    return queue_status_out(queue.queue_status(), api_views.active_conversations(db))
+    return queue_status_out(queue.admin.queue_status(), api_views.active_conversations(db))
 
 
 @router.get("/queue/status", summary="Messages per status and undelivered responses")
@@ -75,13 +75,13 @@ async def queue_status(web: Web) -> QueueStatusOut:
 
 @router.get("/queue/agents", summary="Pending and processing messages per agent")
 async def queue_agents(web: Web) -> list[dict[str, Any]]:
-    return await web.run(web.queue.agent_queue_depths)
+    return await web.run(web.queue.admin.agent_queue_depths)
 
 
 @router.get("/queue/processing", summary="Messages being processed now")
 async def queue_processing(web: Web) -> list[ProcessingOut]:
     now = now_ms()
-    return [processing_out(m, now) for m in await web.run(web.queue.list_processing)]
+    return [processing_out(m, now) for m in await web.run(web.queue.admin.list_processing)]
 
 
 @router.post("/queue/processing/{row_id}/kill", summary="Stop the run working on a message")
@@ -90,7 +90,7 @@ async def kill_session(row_id: RowId, web: Web) -> KillOut:
         row = api_views.processing_message(web.db, row_id)
         if row is None:
             raise ApiError(404, f"message {row_id} is not being processed")
-        web.queue.request_stop(str(row["agent"]), str(row["conversation"] or "*"))
+        web.queue.control.request_stop(str(row["agent"]), str(row["conversation"] or "*"))
         return KillOut(ok=True, agent=str(row["agent"]), processKilled=row["run_started_at"] is not None)
 
     return await web.run(stop)
@@ -102,16 +102,16 @@ async def queue_dead(
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
     offset: Annotated[int, Query(ge=0, le=10**9)] = 0,
 ) -> list[dict[str, Any]]:
-    return [m.as_dict() for m in await web.run(web.queue.list_dead, limit, offset)]
+    return [m.as_dict() for m in await web.run(web.queue.admin.list_dead, limit, offset)]
 
 
 @router.post("/queue/dead/{ref}/retry", summary="Retry a dead letter (row id or message id)")
 async def retry_dead(ref: DeadRef, web: Web) -> dict[str, Any]:
-    row = await web.run(web.queue.retry_dead, ref)
+    row = await web.run(web.queue.admin.retry_dead, ref)
     return {"ok": True, "message": row.as_dict()}
 
 
 @router.delete("/queue/dead/{ref}", summary="Delete a dead letter for good")
 async def delete_dead(ref: DeadRef, web: Web) -> dict[str, Any]:
-    row = await web.run(web.queue.delete_dead, ref)
+    row = await web.run(web.queue.admin.delete_dead, ref)
     return {"ok": True, "messageId": row.message_id}

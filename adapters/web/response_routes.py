@@ -41,7 +41,7 @@ async def responses(
     limit: Annotated[int, Query(ge=1, le=1000)] = 20,
     channel: Annotated[str | None, Query(pattern=NAME_PATTERN)] = None,
 ) -> list[ResponseOut]:
-    return [response_out(r) for r in await web.run(web.queue.list_responses, limit, channel)]
+    return [response_out(r) for r in await web.run(web.queue.admin.list_responses, limit, channel)]
 
 
 @router.get("/responses/pending", summary="Undelivered responses of one channel, oldest first")
@@ -52,7 +52,7 @@ async def responses_pending(
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
 ) -> list[ResponseOut]:
     if conversation is None:
-        rows = await web.run(web.queue.list_responses, limit, channel, True)
+        rows = await web.run(web.queue.admin.list_responses, limit, channel, True)
     else:
         chat = ChatAddress(channel, conversation=conversation)
         rows = await web.run(api_views.pending_chat_replies, web.db, chat, limit)
@@ -61,7 +61,7 @@ async def responses_pending(
 
 @router.post("/responses/{response_id}/ack", summary="Mark a response delivered")
 async def ack_response(response_id: Annotated[int, PathParam(ge=1, le=2**62)], web: Web) -> AckOut:
-    changed = await web.run(web.queue.ack_response, response_id)
+    changed = await web.run(web.queue.responses.ack_response, response_id)
     return AckOut(ok=True, acked=bool(changed))
 
 
@@ -71,7 +71,7 @@ async def post_response(body: ProactiveIn, web: Web) -> ProactiveAccepted:
     # Read now, not at start-up: agents added since (settings.toml is reloaded) have workspaces too.
     files = await web.run(checked_files, web.settings, body, conversation) if body.files else []
     row = await web.run(
-        web.queue.enqueue_response,
+        web.queue.responses.enqueue_response,
         body.channel,
         body.sender,
         body.message,

@@ -71,10 +71,10 @@ def read_replies(
 ) -> list[QueuedResponse]:
     """Show and acknowledge the replies waiting in a CLI chat, oldest first; notes only when ``notes``."""
     shown = []
-    for response in rt.queue.chat_responses(CLI_CHANNEL, conversation):
+    for response in rt.queue.admin.chat_responses(CLI_CHANNEL, conversation):
         if notes or (response.metadata or {}).get("kind") not in NOTE_KINDS:
             show(response)
-        rt.queue.ack_response(response.id)
+        rt.queue.responses.ack_response(response.id)
         shown.append(response)
     return shown
 
@@ -113,7 +113,7 @@ class _Follow:
             self.held = None
 
     def replies(self, conversation: str, message: QueuedMessage | None) -> None:
-        for response in self.rt.queue.chat_responses(CLI_CHANNEL, conversation):
+        for response in self.rt.queue.admin.chat_responses(CLI_CHANNEL, conversation):
             kind = (response.metadata or {}).get("kind")
             if self._answers(response, message):
                 if kind in NOTE_KINDS:
@@ -126,7 +126,7 @@ class _Follow:
             elif kind not in NOTE_KINDS:  # a passing note about another message is over by now
                 self.view.earlier(response)
                 self.outcome.earlier.append(response)
-            self.rt.queue.ack_response(response.id)
+            self.rt.queue.responses.ack_response(response.id)
 
     def _answers(self, response: QueuedResponse, message: QueuedMessage | None) -> bool:
         """Whether ``response`` answers the followed message: its own, or the reply of a run that merged
@@ -134,7 +134,7 @@ class _Follow:
         if response.message_id == self.message_id:
             return True
         if message is None or message.status != MessageStatus.COMPLETED:
-            message = self.rt.queue.get_message(self.message_id)
+            message = self.rt.queue.admin.get_message(self.message_id)
         return (
             message is not None
             and message.status == MessageStatus.COMPLETED
@@ -184,7 +184,7 @@ def follow_message(
         generation = rt.waker.generation
         # The status first: a reply is committed with the completion, so once the status says done, the
         # reply is visible to the read below.
-        message = rt.queue.get_message(message_id)
+        message = rt.queue.admin.get_message(message_id)
         follow.steps()
         follow.replies(conversation, message)
         if message is None or message.status in (MessageStatus.COMPLETED, MessageStatus.DEAD):

@@ -131,8 +131,8 @@ def check_deliveries(settings: Settings) -> list[Check]:
     try:
         queue = Queue(db)
         since = now_ms() - FAILED_DELIVERY_WINDOW_MS
-        failed = queue.failed_response_count(since_ms=since)
-        recent = queue.failed_responses(since_ms=since, limit=3) if failed else []
+        failed = queue.responses.failed_response_count(since_ms=since)
+        recent = queue.responses.failed_responses(since_ms=since, limit=3) if failed else []
     except Exception as exc:
         return [Check("delivery", "failed replies", "warn", f"could not be read: {exc}".splitlines()[0])]
     finally:

@@ -164,7 +164,7 @@ def send(
         raise fail("--wait reads replies of the cli channel; leave out --channel", 2)
     with runtime() as rt:
         cursor = rt.events.last_cursor()
-        result = rt.queue.enqueue_message(
+        result = rt.queue.intake.enqueue_message(
             channel,
             sender,
             text,
@@ -293,7 +293,7 @@ def print_lines(lines: list[str]) -> None:
 def queue_status(as_json: JsonFlag = False) -> None:
     """Message counts per status, and responses waiting for delivery."""
     with runtime() as rt:
-        status = rt.queue.queue_status()
+        status = rt.queue.admin.queue_status()
     if as_json:
         print_json(status)
         return
@@ -308,7 +308,7 @@ def queue_status(as_json: JsonFlag = False) -> None:
 def queue_agents(as_json: JsonFlag = False) -> None:
     """Pending and processing messages per agent."""
     with runtime() as rt:
-        depths = rt.queue.agent_queue_depths()
+        depths = rt.queue.admin.agent_queue_depths()
     if as_json:
         print_json(depths)
         return
@@ -372,7 +372,7 @@ def dead_list(
 ) -> None:
     """Dead letters, newest first (`agentpost trace ID` tells one's whole story)."""
     with runtime() as rt:
-        dead = rt.queue.list_dead(limit)
+        dead = rt.queue.admin.list_dead(limit)
     if as_json:
         print_json([m.as_dict() for m in dead])
         return
@@ -399,7 +399,7 @@ def dead_list(
 def dead_retry(ref: Annotated[str, typer.Argument(help="Row id or message id of the dead letter.")]) -> None:
     """Put a dead letter back in the queue (within its manual-retry budget)."""
     with runtime() as rt:
-        m = rt.queue.retry_dead(ref)
+        m = rt.queue.admin.retry_dead(ref)
     console.print(
         f"{m.message_id} is pending again (manual retry {m.manual_retries} of "
         f"{rt.queue.config.manual_retry_budget})"
@@ -410,7 +410,7 @@ def dead_retry(ref: Annotated[str, typer.Argument(help="Row id or message id of 
 def dead_delete(ref: Annotated[str, typer.Argument(help="Row id or message id of the dead letter.")]) -> None:
     """Delete a dead letter for good."""
     with runtime() as rt:
-        m = rt.queue.delete_dead(ref)
+        m = rt.queue.admin.delete_dead(ref)
     console.print(f"deleted dead letter {m.message_id}")
 
 

@@ -167,7 +167,7 @@ def chat_loop(
                 message_id = retried
             else:
                 try:
-                    message_id = rt.queue.enqueue_message(
+                    message_id = rt.queue.intake.enqueue_message(
                         CLI_CHANNEL, sender, line, agent=agent, conversation=conversation
                     ).message_id
                 except InvalidInput as exc:  # "@nosuch hi", an empty or oversized message: say so, go on
@@ -198,11 +198,11 @@ def _chat_command(rt: Runtime, line: str, chat: ChatAddress, agent: str | None) 
         clear_sessions(rt.db, target, key, reason="/reset in cli")
         return f"Started a fresh conversation with @{target}.", None
     if name == "stop":
-        rt.queue.request_stop(target, chat.label)
+        rt.queue.control.request_stop(target, chat.label)
         return "Stopping…", None
     if name == "retry":
         try:
-            retried = rt.queue.retry_last_failed(CLI_CHANNEL, chat.conversation)
+            retried = rt.queue.admin.retry_last_failed(CLI_CHANNEL, chat.conversation)
         except NotFound:
             return "There is no failed message in this chat to try again.", None
         except RetryBudgetExhausted:

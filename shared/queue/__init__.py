@@ -1,6 +1,7 @@
 """The durable queue: every queue operation implemented once for both dialects — enqueue, agent leases and
 claims, failures and retries, reply delivery, steering (pauses, stops), operator repairs and statistics —
-composed into ``core.Queue``, with the records it takes and returns in ``records``. It may import
-``storage``, ``events``, ``settings`` (routing), ``chat`` (the chat address and its key rule),
-``chain_budget`` and the plain values beside this folder (``tests/unit/test_layering.py``). Nothing here knows
-of a process, a platform or the CLI."""
+each a part of ``core.Queue`` (intake, leases, responses, messages, failures, admin, control: plain classes,
+each given the parts it needs), with the records they take and return in ``records``. It may import
+``storage``, ``events``, ``settings`` (routing, the ``[queue]`` tuning), ``chat`` (the chat address and its key
+rule), ``chain_budget`` and the plain values beside this folder (``tests/unit/test_layering.py``). Nothing here
+knows of a process, a platform or the CLI."""

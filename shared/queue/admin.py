@@ -13,21 +13,28 @@ from shared.clock import now_ms
 from shared.events.log import PendingEvent, append_events
 from shared.ids import is_message_id
 from shared.queue.records import (
+    Directory,
     InvalidInput,
     NotFound,
     QueuedMessage,
     QueuedResponse,
-    QueueState,
     RetryBudgetExhausted,
 )
+from shared.settings.model import QueueSettings
 from shared.storage import kv
 from shared.storage.db import Database, Row, Tx
 from shared.storage.kv import Scope
 from shared.storage.statuses import MessageStatus, ResponseStatus
 
 
-class AdminOps(QueueState):
-    """Dead-letter, view and pruning operations of :class:`shared.queue.core.Queue`."""
+class Admin:
+    """Dead letters, views and pruning for operators: the part ``Queue.admin`` (``directory`` lists every
+    configured agent in the depths per agent)."""
+
+    def __init__(self, db: Database, config: QueueSettings, directory: Directory) -> None:
+        self.db = db
+        self.config = config
+        self.directory = directory
 
     def _dead_where(self, ref: int | str) -> tuple[str, dict[str, Any]]:
         if isinstance(ref, int) or (isinstance(ref, str) and ref.isdigit()):

@@ -12,7 +12,7 @@ from typing import Any
 from shared.chat.address import CHAT_KEY_SQL, ChatAddress
 from shared.clock import now_ms
 from shared.events.log import PendingEvent, append_events
-from shared.queue.records import QueueState
+from shared.storage.db import Database
 from shared.storage.statuses import MessageStatus
 
 _ENSURE_ROW = (
@@ -21,8 +21,11 @@ _ENSURE_ROW = (
 )
 
 
-class ControlOps(QueueState):
-    """Pause, resume and stop operations of :class:`shared.queue.core.Queue`."""
+class Control:
+    """Pause, resume and stop operations: the part ``Queue.control``."""
+
+    def __init__(self, db: Database) -> None:
+        self.db = db
 
     def pause_agent(self, agent: str, until_ms: int, reason: str) -> None:
         """Keep ``agent`` from being claimed until ``until_ms`` (a rate limit, say). Never shortens a pause."""

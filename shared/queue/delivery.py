@@ -42,18 +42,18 @@ from shared.queue.records import (
     InvalidInput,
     NotFound,
     QueuedResponse,
-    QueueState,
     ResponseDraft,
 )
 from shared.queue.records import to_json as _json
+from shared.settings.model import QueueSettings
 from shared.settings.routing import AGENT_NAME_RE
 from shared.storage import kv
-from shared.storage.db import Row, Tx
+from shared.storage.db import Database, Row, Tx
 from shared.storage.kv import Scope, scoped
 from shared.storage.statuses import ResponseStatus
 from shared.worker_identity import Holder, holder_state
 
-#: Delivery records (platform ids, notices owed) older than this are removed by :meth:`ResponseOps.prune_delivery_records`.
+#: Delivery records (platform ids, notices owed) older than this are removed by :meth:`Responses.prune_delivery_records`.
 DELIVERY_RECORD_TTL_MS = 8 * 24 * 3600 * 1000
 
 _CLAIM_RESPONSES = (
@@ -87,7 +87,7 @@ class UndeliveredNotice:
 
 @dataclass(frozen=True)
 class RetryOutcome:
-    """What :meth:`ResponseOps.retry_response_later` did: attempts so far, when it is due, or that it
+    """What :meth:`Responses.retry_response_later` did: attempts so far, when it is due, or that it
     failed for good (attempts used up)."""
 
     attempts: int
@@ -103,8 +103,13 @@ _INSERT_RESPONSE = (
 )
 
 
-class ResponseOps(QueueState):
-    """Response operations of :class:`shared.queue.core.Queue`."""
+class Responses:
+    """The outbox, the part ``Queue.responses``: replies queued, claimed per channel, delivered chunk by
+    chunk, retried, acked or failed, and the delivery records kept with them."""
+
+    def __init__(self, db: Database, config: QueueSettings) -> None:
+        self.db = db
+        self.config = config
 
     @cached_property
     def _claim_responses_sql(self) -> str:
@@ -127,7 +132,9 @@ class ResponseOps(QueueState):
         )
         return sorted(str(r["claimed_by"]) for r in rows if holder_state(str(r["claimed_by"])) is Holder.GONE)
 
-    def _insert_response(self, tx: Tx, primary: Row, draft: ResponseDraft, now: int) -> int:
+    def insert_response(self, tx: Tx, primary: Row, draft: ResponseDraft, now: int) -> int:
+        """Queue ``draft`` inside ``tx`` as the reply to ``primary`` (the message row it answers: what the
+        draft leaves unset is taken from it); returns the response's row id."""
         new_id = tx.insert(
             _INSERT_RESPONSE,
             {
@@ -147,6 +154,25 @@ class ResponseOps(QueueState):
         if new_id is None:  # responses have no unique key besides id: an INSERT always adds its row
             raise RuntimeError("the response row was not inserted")
         return new_id
+
+    def note_in(self, tx: Tx, message_id: str, agent: str, draft: ResponseDraft) -> int:
+        """Queue ``draft`` (addressed to a chat) as a note about ``message_id`` inside the caller's
+        transaction, so it commits with the caller's write and, written before it, goes out first."""
+        now = now_ms()
+        about = {
+            "message_id": message_id,
+            "channel": draft.channel,
+            "sender": "",
+            "sender_id": "",
+            "message": "",
+            "agent": agent,
+            "conversation": "",
+        }
+        rid = self.insert_response(tx, about, draft, now)
+        payload = {"response_id": rid, "channel": draft.channel, "agent": agent, "note": True}
+        append_events(tx, [PendingEvent("response_ready", payload, message_id)], now)
+        tx.signal("responses")
+        return rid
 
     def claim_responses_for_channel(
         self, channel: str, worker: str, *, limit: int = 10, lease_ms: int | None = None
@@ -475,7 +501,7 @@ class ResponseOps(QueueState):
             "conversation": conversation,
         }
         with self.db.transaction() as tx:
-            rid = self._insert_response(
+            rid = self.insert_response(
                 tx, primary, ResponseDraft(message=message, files=files, metadata=metadata or {}), now
             )
             append_events(

@@ -14,15 +14,15 @@ from shared.queue.records import (
     CHANNEL_RE,
     INTERNAL_CHANNELS,
     MAX_MESSAGE_CHARS,
+    Directory,
     EnqueueResult,
     InvalidInput,
     MessageDraft,
-    QueueState,
     TxWork,
 )
 from shared.queue.records import to_json as _json
 from shared.settings.routing import AGENT_NAME_RE
-from shared.storage.db import Row, Tx
+from shared.storage.db import Database, Row, Tx
 from shared.storage.statuses import MessageStatus
 
 
@@ -78,8 +78,13 @@ _SLIDE_WAITING = (
 )
 
 
-class EnqueueOps(QueueState):
-    """Putting messages into the queue (user messages, heartbeats, and the drafts a completion queues)."""
+class Intake:
+    """Putting messages into the queue (user messages, heartbeats, and the drafts a completion queues): the
+    part ``Queue.intake``, routing by ``directory``."""
+
+    def __init__(self, db: Database, directory: Directory) -> None:
+        self.db = db
+        self.directory = directory
 
     # -- enqueue -----------------------------------------------------------------------------------------
     def _draft_params(
@@ -296,9 +301,11 @@ class EnqueueOps(QueueState):
         """Queue ``drafts`` inside the caller's transaction (so they land together with the caller's other
         writes, or not at all); returns the new message ids."""
         at = now_ms() if now is None else now
-        return [m for m in (self._insert_draft(tx, d, at) for d in drafts) if m is not None]
+        return [m for m in (self.insert_draft(tx, d, at) for d in drafts) if m is not None]
 
-    def _insert_draft(self, tx: Tx, draft: MessageDraft, now: int) -> str | None:
+    def insert_draft(self, tx: Tx, draft: MessageDraft, now: int) -> str | None:
+        """Queue one draft inside ``tx`` (a completion's handoff); its new message id, None when it was a
+        duplicate."""
         params = {
             "message_id": new_id(draft.prefix),
             "channel": draft.channel,

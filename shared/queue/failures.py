@@ -1,5 +1,5 @@
 """Failure and recovery: a claimed group failed (retried after a backoff, or a dead letter), and the claims of
-workers that died taken back. Part of :class:`shared.queue.core.Queue`.
+workers that died taken back. The part ``Queue.failures``.
 
 What a failure costs and what the chat is told follows one rule: a counted attempt (an error) backs off and
 retries up to ``max_retries``; an uncounted one (a rate limit, a release) waits as long as it is told; a
@@ -11,70 +11,39 @@ message whose run had started.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
 
 from shared.backoff import Backoff
 from shared.chat.address import ChatAddress
 from shared.clock import now_ms
 from shared.events.log import PendingEvent, append_events
 from shared.notices import gave_up_notice, retry_note
-from shared.queue.delivery import ResponseOps
+from shared.queue.delivery import Responses
+from shared.queue.messages import take_group
 from shared.queue.records import (
     INTERNAL_CHANNELS,
     FailOutcome,
-    InvalidInput,
-    LeaseLost,
     ResponseDraft,
     TxWork,
 )
 from shared.queue.records import sql_in as _in
-from shared.storage.db import Row, Tx
+from shared.settings.model import QueueSettings
+from shared.storage.db import Database, Row, Tx
 from shared.storage.statuses import MessageStatus
 from shared.worker_identity import Holder, holder_state
 
 
-class FailureOps(ResponseOps):
-    """Failing claimed groups and recovering dead workers' claims (notices are written as responses)."""
+class Failures:
+    """Failing claimed groups and recovering dead workers' claims, the part ``Queue.failures`` (the notices
+    the chats are owed go out through ``responses``)."""
 
-    def _take_group(
-        self,
-        tx: Tx,
-        message_ids: Sequence[str],
-        worker: str,
-        assignments: str = "",
-        values: dict[str, Any] | None = None,
-        columns: str = "*",
-    ) -> list[Row]:
-        """The rows of a group this worker still holds (their ``columns``, which must include ``id``), oldest
-        first; with ``assignments`` (``col = :v, …``) they are updated in the same statement. Raises
-        :class:`LeaseLost` when the worker lost any of them (the caller's transaction then rolls back, so
-        nothing changed)."""
-        if not message_ids:
-            raise InvalidInput("no message ids given")
-        clause, params = _in("m", list(message_ids))
-        held = (
-            f"WHERE message_id IN {clause} AND status = '{MessageStatus.PROCESSING}' AND claimed_by = :worker"
-        )
-        sql = (
-            f"UPDATE messages SET {assignments} {held} RETURNING {columns}"
-            if assignments
-            # Locked (PostgreSQL) for the updates the caller makes next: a recovery racing them waits. In id
-            # order, as recovery locks them, so the two never wait for each other.
-            else f"SELECT {columns} FROM messages {held} ORDER BY id{tx.dialect.lock_rows}"
-        )
-        rows = tx.rows(sql, {"worker": worker, **params, **(values or {})})
-        if len(rows) != len(set(message_ids)):
-            raise LeaseLost(
-                f"worker {worker} no longer holds {len(set(message_ids)) - len(rows)} of {len(message_ids)} messages"
-            )
-        rows.sort(key=lambda r: int(r["id"]))
-        return rows
+    def __init__(self, db: Database, config: QueueSettings, responses: Responses) -> None:
+        self.db = db
+        self.config = config
+        self.responses = responses
 
     def backoff_ms(self, attempt: int) -> int:
         """The wait before a failed message's next try, for the given failed-attempt count (1-based)."""
-        return Backoff(self.config.backoff_base_ms / 1000, self.config.backoff_max_ms / 1000).delay_ms(
-            attempt
-        )
+        return Backoff(self.config.backoff_base_seconds, self.config.backoff_max_seconds).delay_ms(attempt)
 
     def fail_messages(
         self,
@@ -104,7 +73,7 @@ class FailureOps(ResponseOps):
         now = now_ms()
         error = (error or "unknown error")[:2000]
         with self.db.transaction() as tx:
-            rows = self._take_group(tx, message_ids, worker)
+            rows = take_group(tx, message_ids, worker)
             outcome = self._fail_rows(
                 tx,
                 rows,
@@ -213,7 +182,7 @@ class FailureOps(ResponseOps):
                 "agent": row["agent"],
             },
         )
-        rid = self._insert_response(tx, row, note, now)
+        rid = self.responses.insert_response(tx, row, note, now)
         events.append(PendingEvent("retry_notice_queued", {"response_id": rid}, row["message_id"]))
         tx.signal("responses")
 
@@ -250,7 +219,7 @@ class FailureOps(ResponseOps):
                     "edit_key": retry_edit_key(row["message_id"]),
                 },
             )
-            rid = self._insert_response(tx, row, notice, now)
+            rid = self.responses.insert_response(tx, row, notice, now)
             events.append(PendingEvent("dead_notice_queued", {"response_id": rid}, row["message_id"]))
         if told:
             tx.signal("responses")
@@ -265,7 +234,7 @@ class FailureOps(ResponseOps):
 
         What it costs the message: nothing when it was merely claimed (it is back at once, uncounted and
         without a note); one *interrupted run* when a run containing it had started. Interrupted runs have
-        their own budget (``max_interruptions``), so a message that kills its processor every time still
+        their own budget (``max_interrupted_runs``), so a message that kills its processor every time still
         ends as a dead letter, while operators' restarts do not use up its retries. Agent leases of such
         holders are freed too.
         """
@@ -307,25 +276,6 @@ class FailureOps(ResponseOps):
             append_events(tx, events, now)
             tx.signal("messages")
         return FailOutcome(retried, [r["message_id"] for r in dead], now if retried else None)
-
-    def note_in(self, tx: Tx, message_id: str, agent: str, draft: ResponseDraft) -> int:
-        """Queue ``draft`` (addressed to a chat) as a note about ``message_id`` inside the caller's
-        transaction, so it commits with the caller's write and, written before it, goes out first."""
-        now = now_ms()
-        about = {
-            "message_id": message_id,
-            "channel": draft.channel,
-            "sender": "",
-            "sender_id": "",
-            "message": "",
-            "agent": agent,
-            "conversation": "",
-        }
-        rid = self._insert_response(tx, about, draft, now)
-        payload = {"response_id": rid, "channel": draft.channel, "agent": agent, "note": True}
-        append_events(tx, [PendingEvent("response_ready", payload, message_id)], now)
-        tx.signal("responses")
-        return rid
 
     def claims_of(self, worker: str) -> dict[str, str]:
         """The messages ``worker`` holds in ``processing``, oldest first: message id → agent."""
@@ -427,7 +377,7 @@ class FailureOps(ResponseOps):
             return True
         interruptions = int(row["interruptions"]) + 1
         error = f"interrupted: the processor running it stopped (worker {worker}, {why})"
-        if interruptions >= self.config.max_interruptions:
+        if interruptions >= self.config.max_interrupted_runs:
             self._bury(tx, row, int(row["retry_count"]), interruptions, error, now, events, False)
             return False
         tx.execute(

@@ -1,6 +1,8 @@
 """Agent leases: one run at a time per agent. A processor holds an agent's lease while it runs that agent's
 messages (taken with the claim, renewed while the run goes on) and gives it up when the agent has nothing
-more; a lease whose holder died is taken back by recovery. Part of :class:`shared.queue.core.Queue`.
+more; a lease whose holder died is taken back by recovery. The part ``Queue.leases``; the claim and the
+completion (:mod:`shared.queue.messages`) take and give up the agent lease inside their own transactions
+through the ``*_in`` methods.
 """
 
 from __future__ import annotations
@@ -8,16 +10,20 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from shared.clock import now_ms
-from shared.queue.records import QueueState
 from shared.queue.records import sql_in as _in
-from shared.storage.db import Tx
+from shared.settings.model import QueueSettings
+from shared.storage.db import Database, Tx
 from shared.storage.statuses import MessageStatus
 
 
-class LeaseOps(QueueState):
-    """Taking, renewing and giving up agent leases."""
+class AgentLeases:
+    """Taking, renewing and giving up agent leases (and renewing the leases of the messages a run holds)."""
 
-    def _take_agent(self, tx: Tx, agent: str, worker: str, now: int, lease: int) -> bool:
+    def __init__(self, db: Database, config: QueueSettings) -> None:
+        self.db = db
+        self.config = config
+
+    def take_in(self, tx: Tx, agent: str, worker: str, now: int, lease: int) -> bool:
         """Take the agent's lease for ``worker`` when it is free, expired or already the worker's; False
         (changing nothing) when it is held, paused, or (PostgreSQL) being changed by another transaction
         right now: a claimer skips that agent instead of waiting for the other transaction only to find
@@ -44,7 +50,8 @@ class LeaseOps(QueueState):
         )
 
     @staticmethod
-    def _release_agent(tx: Tx, agent: str, worker: str) -> None:
+    def release_in(tx: Tx, agent: str, worker: str) -> None:
+        """Give up ``worker``'s lease of ``agent`` inside ``tx`` (nothing when another worker holds it)."""
         tx.execute(
             "UPDATE agent_leases SET holder = NULL, lease_until = 0 WHERE agent = :agent AND holder = :worker",
             {"agent": agent, "worker": worker},
@@ -53,7 +60,7 @@ class LeaseOps(QueueState):
     def release_agent(self, agent: str, worker: str) -> None:
         """Give up the agent lease (after the worker's last group of that agent is done)."""
         with self.db.transaction() as tx:
-            self._release_agent(tx, agent, worker)
+            self.release_in(tx, agent, worker)
 
     def agent_holder(self, agent: str) -> str | None:
         """The worker holding the agent's lease now, if any."""
@@ -92,7 +99,7 @@ class LeaseOps(QueueState):
                 )
         return held
 
-    def _release_if_idle(self, tx: Tx, agent: str, worker: str, now: int) -> bool:
+    def release_if_idle_in(self, tx: Tx, agent: str, worker: str, now: int) -> bool:
         """Give up the agent lease when this worker holds no other message of the agent and none waits."""
         # One statement (a round trip on PostgreSQL, not three). Two probes, each on its partial index
         # (pending; processing): one probe with OR would scan the table, which keeps every completed

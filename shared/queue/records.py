@@ -1,4 +1,4 @@
-"""The records, errors and configuration the queue operations take and return."""
+"""The records and errors the queue operations take and return, and the directory of agents they route by."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Any
 
 from shared.chat.address import ChatAddress
 from shared.settings.routing import AGENT_NAME_RE, RouteTable, Team
-from shared.storage.db import Database, Row, Tx
+from shared.storage.db import Row, Tx
 
 #: Channels whose messages come from agentpost itself: nobody to tell about a dead letter there.
 INTERNAL_CHANNELS = frozenset({"internal", "chat", "chatroom", "heartbeat", "schedule"})
@@ -36,26 +36,6 @@ class RetryBudgetExhausted(QueueError):
 
 class LeaseLost(QueueError):
     """The worker no longer holds the messages it tried to complete (its lease expired)."""
-
-
-@dataclass(frozen=True)
-class QueueConfig:
-    """Tuning of the queue; every value comes from ``[queue]`` in the settings."""
-
-    max_retries: int = 5
-    manual_retry_budget: int = 3
-    lease_ms: int = 30_000
-    backoff_base_ms: int = 2_000
-    backoff_max_ms: int = 300_000
-    max_hops: int = 8
-    # Agent runs one user message may set off through handoffs and chat rooms (its own run included).
-    max_chain_runs: int = 10
-    # Runs of one message cut short by a dying processor before it becomes a dead letter (its own budget:
-    # an operator's restarts must not use up the retries meant for errors).
-    max_interruptions: int = 10
-    # A holder on this host that is alive keeps its claims past its lease (a stalled database is not a
-    # failure of the message) — but not past this, so a hung processor cannot hold them forever.
-    stall_ceiling_ms: int = 600_000
 
 
 @dataclass(frozen=True)
@@ -208,7 +188,7 @@ class QueuedResponse(_ChatRow):
 
 @dataclass(frozen=True)
 class EnqueueResult:
-    """What :meth:`Queue.enqueue_message` did. ``duplicate`` means the id was already queued."""
+    """What :meth:`Queue.intake.enqueue_message` did. ``duplicate`` means the id was already queued."""
 
     message_id: str
     agent: str
@@ -333,11 +313,3 @@ def group_by_conversation(messages: Iterable[QueuedMessage]) -> list[list[Queued
     for m in sorted(messages, key=lambda m: m.id):
         groups.setdefault(m.conversation_key, []).append(m)
     return sorted(groups.values(), key=lambda g: g[0].id)
-
-
-class QueueState:
-    """What every part of the queue shares: the database, the tuning and the directory of agents."""
-
-    db: Database
-    config: QueueConfig
-    directory: Directory

@@ -58,7 +58,7 @@ def post_to_chat_room(
     ``team:<team>``), the ``chat_messages`` row and its ``chatroom_post`` event, in one transaction — a
     failure anywhere leaves neither a post nobody was told of nor messages about a post that is not there.
 
-    Each member's message is recorded as :meth:`Queue.enqueue_message` with ``agent=`` would
+    Each member's message is recorded as :meth:`Queue.intake.enqueue_message` with ``agent=`` would
     (``message_received`` with ``"named": true``). Raises :class:`InvalidInput` (nothing written) when the
     text with its chat-room heading is too long or a member is no known agent."""
     text = f"[Chat room #{team} — {sender or 'user'}]: {message}"
@@ -82,7 +82,7 @@ def post_to_chat_room(
                 conversation=f"team:{team}",
                 named=True,
             )
-            queued.extend(queue.insert_drafts(tx, [draft], now))
+            queued.extend(queue.intake.insert_drafts(tx, [draft], now))
         row_id = tx.scalar(
             "INSERT INTO chat_messages (team_id, from_agent, message, created_at) "
             "VALUES (:t, :f, :m, :now) RETURNING id",

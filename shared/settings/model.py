@@ -121,6 +121,17 @@ class QueueSettings(_Strict):
     # Chat channels hold a message this long (sliding with each new one) so a burst becomes one run.
     debounce_ms: int = Field(default=1_200, ge=0, le=60_000)
 
+    # The queue counts in epoch milliseconds; these are the settings above in its unit.
+    @property
+    def lease_ms(self) -> int:
+        """``lease_seconds`` in milliseconds."""
+        return round(self.lease_seconds * 1000)
+
+    @property
+    def stall_ceiling_ms(self) -> int:
+        """``stall_ceiling_seconds`` in milliseconds."""
+        return round(self.stall_ceiling_seconds * 1000)
+
 
 class EventSettings(_Strict):
     driver: Literal["sql", "memory", "redis"] = "sql"

@@ -24,7 +24,7 @@ def service(tmp_path: Path, db_url: str, dlq: str) -> tuple[Runtime, SchedulerSe
 
 def dead(rt: Runtime, n: int) -> list[str]:
     for i in range(n):
-        rt.queue.enqueue_message("web", "ann", f"doomed {i}", conversation=f"c{i}")
+        rt.queue.intake.enqueue_message("web", "ann", f"doomed {i}", conversation=f"c{i}")
     return kill_until_dead(rt.queue, "alpha")
 
 
@@ -46,9 +46,9 @@ def test_max_entries_archives_the_oldest_beyond_it_and_drops_nothing(tmp_path: P
                     {"t": now_ms() - 5000 + n, "m": mid},
                 )
         assert svc.archive().archived == 3
-        assert rt.queue.dead_count() == 2
+        assert rt.queue.admin.dead_count() == 2
         assert sorted(archived_ids(rt)) == sorted(ids[:3])
-        assert {m.message_id for m in rt.queue.list_dead()} == set(ids[3:])
+        assert {m.message_id for m in rt.queue.admin.list_dead()} == set(ids[3:])
     finally:
         rt.close()
 
@@ -58,7 +58,7 @@ def test_disabled_keeps_dead_letters_in_the_database(tmp_path: Path, db_url: str
     try:
         dead(rt, 3)
         assert svc.archive().archived == 0
-        assert rt.queue.dead_count() == 3 and archived_ids(rt) == []
+        assert rt.queue.admin.dead_count() == 3 and archived_ids(rt) == []
     finally:
         rt.close()
 
@@ -74,7 +74,7 @@ def test_auto_retry_after_the_delay_within_its_budget(tmp_path: Path, db_url: st
                 {"t": now_ms() - 61_000, "m": mid},
             )
         assert svc.retry_dead() == [mid]
-        got = rt.queue.get_message(mid)
+        got = rt.queue.admin.get_message(mid)
         assert got is not None and got.status == "pending" and got.retry_count == 0
         # It fails again: dead once more, and its automatic budget (1) is spent.
         kill_until_dead(rt.queue, "alpha")
@@ -84,9 +84,9 @@ def test_auto_retry_after_the_delay_within_its_budget(tmp_path: Path, db_url: st
                 {"t": now_ms() - 61_000, "m": mid},
             )
         assert svc.retry_dead() == []
-        assert rt.queue.dead_count() == 1
+        assert rt.queue.admin.dead_count() == 1
         # The manual budget is separate: an operator can still retry it.
-        assert rt.queue.retry_dead(mid).status == "pending"
+        assert rt.queue.admin.retry_dead(mid).status == "pending"
     finally:
         rt.close()
 

@@ -209,7 +209,7 @@ def test_send_message_queue_status_processing_and_kill(live: Live) -> None:
         )
         assert status["incoming"] >= 1
         # getProcessingMessages: ProcessingMessage[]
-        live.rt.queue.claim_all_pending_messages("gamma", "contract-processor")
+        live.rt.queue.messages.claim_all_pending_messages("gamma", "contract-processor")
         rows = c.get("/api/queue/processing").json()
         row = next(m for m in rows if m["messageId"] == r.json()["messageId"])
         has(
@@ -234,7 +234,7 @@ def test_send_message_queue_status_processing_and_kill(live: Live) -> None:
         assert killed.status_code == 200
         has(killed.json(), {"ok": bool, "agent": str, "processKilled": bool})
         assert killed.json()["agent"] == "gamma"
-        assert live.rt.queue.agent_state("gamma")["stop_requested"]  # the processor sees the request
+        assert live.rt.queue.control.agent_state("gamma")["stop_requested"]  # the processor sees the request
         assert c.post("/api/queue/processing/999999/kill").status_code == 404
         play_processor(live.rt.queue, "gamma", lambda m: "done")
 
@@ -613,7 +613,7 @@ def test_reply_by_sender_id_alone_on_discord_goes_to_their_chat(live: Live) -> N
     q = live.rt.queue
     with live.client() as c:
         # Bo wrote in a guild channel only: the reply goes there.
-        q.enqueue_message(
+        q.intake.enqueue_message(
             "discord", "Bo", "hi", sender_id="9001", conversation="333444", metadata={"guild_id": "77"}
         )
         r = c.post(
@@ -622,10 +622,10 @@ def test_reply_by_sender_id_alone_on_discord_goes_to_their_chat(live: Live) -> N
         )
         assert r.status_code == 201 and r.json()["response"]["conversation"] == "333444"
         # Once Bo has written in a direct message, a reply by id alone is private.
-        q.enqueue_message(
+        q.intake.enqueue_message(
             "discord", "Bo", "psst", sender_id="9001", conversation="555666", metadata={"guild_id": ""}
         )
-        q.enqueue_message(
+        q.intake.enqueue_message(
             "discord", "Bo", "again", sender_id="9001", conversation="333444", metadata={"guild_id": "77"}
         )
         r = c.post(

@@ -65,7 +65,7 @@ def test_sigkill_mid_reply_resumes_without_duplicates_or_gaps(tmp_path: Path, fa
     rt = open_home(home)
     try:
         fake.hold_send(2)  # the second chunk hangs in flight ...
-        rt.queue.enqueue_response("telegram", "alice", text, sender_id="42", conversation="42")
+        rt.queue.responses.enqueue_response("telegram", "alice", text, sender_id="42", conversation="42")
         assert fake.held.wait(20), adapter.output()
         adapter.kill()  # ... and the adapter dies with it
         fake.release()

@@ -149,7 +149,7 @@ def test_two_instances_never_send_the_same_response(tmp_path: Path, fake: FakeWh
         for proc in procs:
             proc.wait_output("webhook listening")
         for i in range(40):
-            rt.queue.enqueue_response(
+            rt.queue.responses.enqueue_response(
                 "whatsapp", "alice", f"reply number {i}", sender_id=ALICE, conversation=ALICE
             )
         wait_for(

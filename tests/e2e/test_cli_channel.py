@@ -56,7 +56,7 @@ def test_send_wait_piped_prints_the_reply_once_and_acknowledges_it(home: Path, a
     # Piped: the reply as written, not terminal codes, and once (the agent's last text is not also a step).
     assert done.stdout.count("It is **4**.") == 1, done.stdout
     with open_home(home) as rt:
-        assert rt.queue.queue_status()["cli_replies_unread"] == 0
+        assert rt.queue.admin.queue_status()["cli_replies_unread"] == 0
         assert rt.db.read_scalar("SELECT status FROM responses") == "acked"
 
 
@@ -83,7 +83,7 @@ def test_a_reply_nobody_waited_for_is_shown_by_replies_once(home: Path, api: Fak
     assert sent.returncode == 0
     message_id = sent.stdout.strip()
     with open_home(home) as rt:
-        wait_for(lambda: rt.queue.queue_status()["cli_replies_unread"] == 1, 60, "the reply to arrive")
+        wait_for(lambda: rt.queue.admin.queue_status()["cli_replies_unread"] == 1, 60, "the reply to arrive")
         trace = _cli(home, "trace", message_id).stdout
         assert "agentpost replies" in trace and "adapter running" not in trace
     first = _cli(home, "replies")

@@ -83,22 +83,22 @@ def test_dead_letters_list_retry_and_delete(tmp_path: Path) -> None:
     settings = load_settings(home, env={})
     db = open_database(settings.database_url)
     queue = Queue.from_settings(settings, db)
-    ids = [queue.enqueue_message("cli", "s", f"m{i}").message_id for i in range(2)]
+    ids = [queue.intake.enqueue_message("cli", "s", f"m{i}").message_id for i in range(2)]
     for _ in range(settings.queue.max_retries):
         with db.transaction() as tx:
             tx.execute("UPDATE messages SET available_at = 0 WHERE status = 'pending'")
-        queue.claim_all_pending_messages("assistant", "w")
-        queue.fail_messages(ids, "w", "exit 1: boom")
+        queue.messages.claim_all_pending_messages("assistant", "w")
+        queue.failures.fail_messages(ids, "w", "exit 1: boom")
     listed = json.loads(run(home, "dead", "list", "--json").stdout)
     assert sorted(d["message_id"] for d in listed) == sorted(ids)
     assert all(d["last_error"] == "exit 1: boom" and d["retry_count"] == 5 for d in listed)
     assert ids[0] in run(home, "dead", "list").stdout
     assert "pending again" in run(home, "dead", "retry", ids[0]).stdout
-    assert "deleted" in run(home, "dead", "delete", str(queue.list_dead()[0].id)).stdout
+    assert "deleted" in run(home, "dead", "delete", str(queue.admin.list_dead()[0].id)).stdout
     assert json.loads(run(home, "dead", "list", "--json").stdout) == []
-    m = queue.get_message(ids[0])
+    m = queue.admin.get_message(ids[0])
     assert m is not None and m.status == "pending" and m.manual_retries == 1
-    assert queue.get_message(ids[1]) is None
+    assert queue.admin.get_message(ids[1]) is None
     db.close()
 
 

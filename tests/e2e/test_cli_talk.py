@@ -145,7 +145,7 @@ def _started(rt: Runtime, pid: int) -> bool:
 
 
 def _status(rt: Runtime, message_id: str) -> str | None:
-    message = rt.queue.get_message(message_id)
+    message = rt.queue.admin.get_message(message_id)
     return None if message is None else message.status
 
 

@@ -152,7 +152,7 @@ def test_the_reset_confirmation_stays_until_dismissed(rt: Runtime) -> None:
                 .observe(card, { attributes: true, childList: true, subtree: true, characterData: true });
             }"""
         )
-        rt.queue.enqueue_message("telegram", "bob", "meanwhile elsewhere", conversation="tg-9")
+        rt.queue.intake.enqueue_message("telegram", "bob", "meanwhile elsewhere", conversation="tg-9")
         expect(page.locator("#st-pending")).to_have_text("1")
         # A claim about duration: it is still there after several refresh ticks (the old one went in < 1 s).
         page.wait_for_timeout(3500)
@@ -221,7 +221,7 @@ def test_the_id_fields_validate_in_chromium_and_the_server_refuses_in_words(rt: 
 def test_the_chat_list_keeps_underscores(rt: Runtime) -> None:
     from playwright.sync_api import expect
 
-    rt.queue.enqueue_message(
+    rt.queue.intake.enqueue_message(
         "telegram",
         "",
         "look at ref tg_123_abc and snake_case_name, **bold**, _slanted_ and `code_span`",
@@ -294,7 +294,7 @@ def test_a_120_kb_message_is_collapsed_with_show_all(rt: Runtime) -> None:
         assert len(reply.locator(".md").inner_text()) >= len(big) - 1000
         expect(button).to_have_text("Show less")
         # Stays open across the page's refreshes (a message elsewhere makes it refresh), then folds again.
-        rt.queue.enqueue_message("telegram", "bob", "elsewhere", conversation="tg-1")
+        rt.queue.intake.enqueue_message("telegram", "bob", "elsewhere", conversation="tg-1")
         expect(page.locator("#st-pending")).to_have_text("1")
         expect(reply).to_contain_text("line 00999")
         button.click()

@@ -32,8 +32,10 @@ def test_long_history_is_paged_and_markdown_is_inert(rt: Runtime) -> None:
     from playwright.sync_api import expect, sync_playwright
 
     for n in range(1, 71):
-        rt.queue.enqueue_message("web", "web", f"note number {n}", agent="beta", conversation="web-long")
-    rt.queue.enqueue_message("web", "web", "show me something", agent="alpha", conversation="web-long")
+        rt.queue.intake.enqueue_message(
+            "web", "web", f"note number {n}", agent="beta", conversation="web-long"
+        )
+    rt.queue.intake.enqueue_message("web", "web", "show me something", agent="alpha", conversation="web-long")
     play_processor(rt.queue, "alpha", lambda m: HOSTILE)
 
     with LiveServer(rt) as live, sync_playwright() as pw:

@@ -52,11 +52,11 @@ def test_costs_view_shows_each_agents_cost_today_and_who_is_over_budget(
     with open_home(home) as rt:
         # Two runs of coder for Ann, one of writer for Bob: the CLI reports what each cost.
         for text in ("first question", "second question"):
-            rt.queue.enqueue_message(
+            rt.queue.intake.enqueue_message(
                 "telegram", "ann", text, sender_id="42", conversation="c1", agent="coder"
             )
             run_idle(rt, env=env)
-        rt.queue.enqueue_message(
+        rt.queue.intake.enqueue_message(
             "telegram", "bob", "a poem", sender_id="43", conversation="c2", agent="writer"
         )
         run_idle(rt, env=env)
@@ -73,11 +73,11 @@ def test_costs_view_shows_each_agents_cost_today_and_who_is_over_budget(
         limit = round(coder_today / 2, 4)
         with (home / "settings.toml").open("a") as f:
             f.write(f"\n[budgets]\nsender_daily_usd = {limit}\n")
-        held = rt.queue.enqueue_message(
+        held = rt.queue.intake.enqueue_message(
             "telegram", "ann", "third", sender_id="42", conversation="c1", agent="coder"
         )
         run_idle(rt, env=env)
-        message = rt.queue.get_message(held.message_id)
+        message = rt.queue.admin.get_message(held.message_id)
         assert message is not None and message.status == "dead"
         assert len(reported(log)) == 3
 

@@ -68,7 +68,7 @@ def _enqueue(rt: Runtime, numbers: tuple[int, ...], agent_of: Callable[[int], st
     debounce = rt.settings.queue.debounce_ms
     for number in numbers:
         for chat in range(CHATS):
-            rt.queue.enqueue_message(
+            rt.queue.intake.enqueue_message(
                 "telegram",
                 f"user{chat}",
                 f"{label(chat, number)} please answer this",

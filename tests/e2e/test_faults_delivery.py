@@ -125,7 +125,9 @@ def test_adapter_killed_mid_send_keeps_each_chat_in_order(
             chunks = split_message(text, 4096, length=utf16_len)
             assert [c.split(" ", 1)[0] for c in chunks] == [label(reply, c) for c in range(CHUNKS_PER_REPLY)]
             expected[chat] += [label(reply, c) for c in range(CHUNKS_PER_REPLY)]
-            rt.queue.enqueue_response("telegram", "alice", text, sender_id=str(chat), conversation=str(chat))
+            rt.queue.responses.enqueue_response(
+                "telegram", "alice", text, sender_id=str(chat), conversation=str(chat)
+            )
     log = tmp_path / "telegram.log"
     adapter = Proc("telegram", home, telegram_env(fake), log)
     kills = 0

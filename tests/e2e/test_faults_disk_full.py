@@ -119,7 +119,7 @@ def test_disk_full_mid_run_then_freed_answers_every_message_in_order_and_tells_w
     rt = open_home(home)
     processor = Proc("processor", home, {}, tmp_path / "processor.log")
     try:
-        send = rt.queue.enqueue_message
+        send = rt.queue.intake.enqueue_message
         # The first chat's run is long enough to fill the disk under it; two more chats wait their turn.
         first = send("api", "u1", "token-one sleep=1.5", conversation="c1").message_id
         wait_for(lambda: started_runs(tmp_path, first), 20, "the first run to start")

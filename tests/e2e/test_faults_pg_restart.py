@@ -110,7 +110,7 @@ def test_postgres_restart_mid_traffic_loses_duplicates_and_strands_nothing(tmp_p
                 for n in range(MESSAGES):
                     agent = AGENTS[n % len(AGENTS)]
                     text = f"@{agent} token-m{n} sleep=0.2"
-                    sent = rt.queue.enqueue_message("api", "user", text, conversation=f"chat{n}")
+                    sent = rt.queue.intake.enqueue_message("api", "user", text, conversation=f"chat{n}")
                     ids.append(sent.message_id)
                     time.sleep(0.1)
 

@@ -92,7 +92,7 @@ def test_sigkill_of_the_processor_kills_every_descendant_of_the_agent(
 ) -> None:
     proc, home = processor
     with open_home(home) as rt:
-        rt.queue.enqueue_message("cli", "me", "start the tree")
+        rt.queue.intake.enqueue_message("cli", "me", "start the tree")
 
     def tree_is_up() -> dict[int, str] | None:
         # Found by working folder rather than by parentage, so a sleep that escaped the tree still counts.

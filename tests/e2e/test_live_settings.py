@@ -65,7 +65,7 @@ def _events(home: Path) -> list[str]:
 
 
 def _status(rt: Runtime, message_id: str) -> str:
-    msg = rt.queue.get_message(message_id)
+    msg = rt.queue.admin.get_message(message_id)
     return "" if msg is None else msg.status
 
 
@@ -112,7 +112,7 @@ def test_a_broken_settings_file_keeps_the_old_settings_and_doctor_and_log_say_wh
             15,
             "the processor to log the broken file",
         )
-        result = rt.queue.enqueue_message("api", "tester", "still here", agent="solo")
+        result = rt.queue.intake.enqueue_message("api", "tester", "still here", agent="solo")
         wait_for(
             lambda: _status(rt, result.message_id) == "completed",
             30,

@@ -68,7 +68,7 @@ def test_sigkill_mid_run_then_the_rerun_is_told_it_was_interrupted(
         processor={"progress_note_seconds": 1.0},
     )
     with open_home(home) as rt:
-        sent = rt.queue.enqueue_message(
+        sent = rt.queue.intake.enqueue_message(
             "telegram", "ann", "migrate the database", sender_id="7", conversation="c1"
         )
         first = procs.start(home, "first")
@@ -80,11 +80,13 @@ def test_sigkill_mid_run_then_the_rerun_is_told_it_was_interrupted(
         first.wait(timeout=10)
         procs.start(home, "second")
         wait_for(
-            lambda: (m := rt.queue.get_message(sent.message_id)) is not None and m.status == "completed",
+            lambda: (
+                (m := rt.queue.admin.get_message(sent.message_id)) is not None and m.status == "completed"
+            ),
             40,
             "the message to complete after the restart",
         )
-        msg = rt.queue.get_message(sent.message_id)
+        msg = rt.queue.admin.get_message(sent.message_id)
         assert msg is not None and msg.interruptions == 1 and (msg.last_error or "").startswith("interrupted")
         (final,) = of_kind(rt, "final")
         assert final["metadata"]["edit_key"] != start["run_id"]  # a new run, a new note to edit
@@ -99,7 +101,9 @@ def test_stop_from_another_process_ends_the_run_within_seconds(
     api.add_rule("endless", Chunked(["tick "] * 80, interval=0.5))  # 40 s unless stopped
     home = claude_home(tmp_path, f"sqlite:///{tmp_path / 'agentpost.db'}")
     with open_home(home) as rt:
-        sent = rt.queue.enqueue_message("telegram", "ann", "endless job", sender_id="7", conversation="c1")
+        sent = rt.queue.intake.enqueue_message(
+            "telegram", "ann", "endless job", sender_id="7", conversation="c1"
+        )
         procs.start(home, "processor")
         api.wait_for_main_requests(1, 30)  # the CLI is running and streaming
         status = wait_for(
@@ -114,10 +118,10 @@ def test_stop_from_another_process_ends_the_run_within_seconds(
         )
         assert status["message_ids"] == [sent.message_id]
         asked = time.monotonic()
-        rt.queue.request_stop("coder", "telegram:c1")
+        rt.queue.control.request_stop("coder", "telegram:c1")
         wait_for(lambda: of_kind(rt, "stopped"), 10, "the stopped reply")
         assert time.monotonic() - asked < 5
-        msg = rt.queue.get_message(sent.message_id)
+        msg = rt.queue.admin.get_message(sent.message_id)
         assert msg is not None and msg.status == "completed"
         done = wait_for(lambda: payloads(rt, "chain_step_done"), 5, "the run's end event")
         wait_for(lambda: process_gone(int(done[0]["pid"])), 5, "the stopped CLI to be gone")

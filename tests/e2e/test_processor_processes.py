@@ -83,7 +83,7 @@ def _solo_home(tmp: Path, **sections: Mapping[str, Any]) -> tuple[Path, Path]:
 
 
 def _status(rt: Runtime, message_id: str) -> str:
-    msg = rt.queue.get_message(message_id)
+    msg = rt.queue.admin.get_message(message_id)
     assert msg is not None
     return msg.status
 
@@ -93,7 +93,7 @@ def test_sigkill_mid_run_then_restart_runs_it_once_more_without_waiting_for_the_
 ) -> None:
     home, log = _solo_home(tmp_path, queue={"lease_seconds": 30})
     with open_home(home) as rt:
-        sent = rt.queue.enqueue_message(
+        sent = rt.queue.intake.enqueue_message(
             "telegram", "ann", "long job sleep=2.5", sender_id="1", conversation="c"
         )
         first = procs.start(home, log, "first")
@@ -118,7 +118,7 @@ def test_sigkill_mid_run_then_restart_runs_it_once_more_without_waiting_for_the_
         # The restarted processor on this host sees its predecessor is gone: no 30 s wait for the lease.
         assert runs[1].start * 1000 < lease_until - 20_000, "waited for the lease of a worker known dead"
         assert count(rt, "SELECT COUNT(*) FROM responses WHERE message_id = :m", {"m": sent.message_id}) == 1
-        msg = rt.queue.get_message(sent.message_id)
+        msg = rt.queue.admin.get_message(sent.message_id)
         # The interrupted run counted once, as an interruption (not one of the retries meant for errors).
         assert msg is not None and msg.interruptions == 1 and msg.retry_count == 0
         time.sleep(0.5)
@@ -128,7 +128,7 @@ def test_sigkill_mid_run_then_restart_runs_it_once_more_without_waiting_for_the_
 def test_sigterm_lets_the_current_run_finish(tmp_path: Path, procs: Processes) -> None:
     home, log = _solo_home(tmp_path)
     with open_home(home) as rt:
-        sent = rt.queue.enqueue_message("cli", "me", "job sleep=1.5")
+        sent = rt.queue.intake.enqueue_message("cli", "me", "job sleep=1.5")
         proc = procs.start(home, log, "p")
         wait_for(lambda: read_invocations(log), 20, "the run to start")
         proc.send_signal(signal.SIGTERM)
@@ -143,12 +143,12 @@ def test_sigterm_past_the_grace_period_releases_without_counting_an_attempt(
 ) -> None:
     home, log = _solo_home(tmp_path, processor={"shutdown_grace_seconds": 0.5})
     with open_home(home) as rt:
-        sent = rt.queue.enqueue_message("cli", "me", "job sleep=30")
+        sent = rt.queue.intake.enqueue_message("cli", "me", "job sleep=30")
         proc = procs.start(home, log, "p")
         (run,) = wait_for(lambda: read_invocations(log), 20, "the run to start")
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=20) == 0, procs.output("p")
-        msg = rt.queue.get_message(sent.message_id)
+        msg = rt.queue.admin.get_message(sent.message_id)
         assert msg is not None and msg.status == "pending" and msg.retry_count == 0
         assert msg.available_at <= int(time.time() * 1000)
         assert "released" in (msg.last_error or "")
@@ -172,7 +172,7 @@ def test_two_processors_never_run_one_agent_twice_and_lose_nothing(
                 for chat in range(2):
                     text = f"w{wave} sleep=0.2 {agent} {chat}"
                     sent.append(
-                        rt.queue.enqueue_message(
+                        rt.queue.intake.enqueue_message(
                             "api", "u", text, agent=agent, conversation=f"c{chat}"
                         ).message_id
                     )

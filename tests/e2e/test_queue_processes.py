@@ -79,14 +79,16 @@ def test_four_producers_two_consumers_ten_thousand_messages(
         assert p.returncode == 0, err.decode()
     db = open_database(url, create=False)
     queue = Queue(db, directory=Directory.single(*AGENTS))
-    _wait_until(lambda: queue.queue_status()["completed"] == 10_000, 240, "all 10,000 messages completed")
+    _wait_until(
+        lambda: queue.admin.queue_status()["completed"] == 10_000, 240, "all 10,000 messages completed"
+    )
     stop.touch()
     for c in consumers:
         _, err = c.communicate(timeout=60)
         assert c.returncode == 0, err.decode()
         assert b"locked" not in err, err.decode()
 
-    status = queue.queue_status()
+    status = queue.admin.queue_status()
     assert status["completed"] == 10_000 and status["pending"] == status["processing"] == status["dead"] == 0
     entries = [e for e in _read_log(logs) if e["event"] == "completed"]
     completed_ids = [i for e in entries for i in e["ids"]]
@@ -120,7 +122,9 @@ def test_consumer_killed_holding_claims_loses_nothing(
     url = f"sqlite:///{tmp_path / 'q.db'}" if backend == "sqlite" else request.getfixturevalue("pg_url")
     db = open_database(url)
     queue = Queue(db, directory=Directory.single("a1"))
-    ids = [queue.enqueue_message("cli", "s", f"job {i}", conversation="c").message_id for i in range(3)]
+    ids = [
+        queue.intake.enqueue_message("cli", "s", f"job {i}", conversation="c").message_id for i in range(3)
+    ]
     victim_log = tmp_path / "victim.log"
     victim = _spawn(
         "consumer",
@@ -138,7 +142,7 @@ def test_consumer_killed_holding_claims_loses_nothing(
         stderr=subprocess.DEVNULL,
     )
     _wait_until(lambda: "claimed" in (victim_log.read_text() if victim_log.exists() else ""), 30, "the claim")
-    assert {m.status for m in map(queue.get_message, ids) if m} == {"processing"}
+    assert {m.status for m in map(queue.admin.get_message, ids) if m} == {"processing"}
     victim.send_signal(signal.SIGKILL)
     victim.wait(timeout=10)
     killed_at = now_ms()
@@ -157,12 +161,12 @@ def test_consumer_killed_holding_claims_loses_nothing(
         "--stop-file",
         str(stop),
     )
-    _wait_until(lambda: queue.queue_status()["completed"] == 3, 60, "the rescue")
+    _wait_until(lambda: queue.admin.queue_status()["completed"] == 3, 60, "the rescue")
     stop.touch()
     rescuer.communicate(timeout=30)
 
     for mid in ids:
-        m = queue.get_message(mid)
+        m = queue.admin.get_message(mid)
         # Merely claimed (no run of them had started): they come back uncharged, with no "interrupted" note.
         assert m is not None and m.status == "completed" and m.retry_count == 0 and m.interruptions == 0
         assert m.last_error is None

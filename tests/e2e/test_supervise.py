@@ -102,7 +102,7 @@ def test_up_starts_what_it_can_restarts_a_killed_process_and_down_stops_all(
     # Queue messages, SIGKILL the scheduler (and the processor mid-run), and watch supervisord restart them.
     with open_runtime(home, env={}) as rt:
         ids = [
-            rt.queue.enqueue_message("cli", "ann", f"job {i}", conversation=f"c{i}").message_id
+            rt.queue.intake.enqueue_message("cli", "ann", f"job {i}", conversation=f"c{i}").message_id
             for i in range(4)
         ]
     victims = ["scheduler"]

@@ -33,7 +33,7 @@ def test_dashboard_chat_reply_and_dead_letter_retry(rt: Runtime) -> None:
     need_chromium()
     from playwright.sync_api import expect, sync_playwright
 
-    doomed = rt.queue.enqueue_message("api", "ops", "this one keeps failing", agent="beta").message_id
+    doomed = rt.queue.intake.enqueue_message("api", "ops", "this one keeps failing", agent="beta").message_id
     assert kill_until_dead(rt.queue, "beta") == [doomed]
 
     with LiveServer(rt) as live, sync_playwright() as pw:
@@ -89,13 +89,13 @@ def test_dashboard_chat_reply_and_dead_letter_retry(rt: Runtime) -> None:
             page.click(".tab[data-view='ops']")
             page.click(f"#dead-list button.retry[data-id='{doomed}']")
             wait_until(
-                lambda: (m := rt.queue.get_message(doomed)) is not None and m.status == "pending",
+                lambda: (m := rt.queue.admin.get_message(doomed)) is not None and m.status == "pending",
                 10,
                 "the dead letter back to pending",
             )
             expect(page.locator(f"#dead-list li[data-id='{doomed}']")).to_have_count(0)
             expect(page.locator("#st-dead")).to_have_text("0")
-            message = rt.queue.get_message(doomed)
+            message = rt.queue.admin.get_message(doomed)
             assert message is not None and message.manual_retries == 1
             assert errors == []
         finally:

@@ -36,7 +36,9 @@ def test_a_team_handing_work_around_stops_at_the_run_budget_with_one_notice(
         queue={"max_chain_runs": budget, "max_hops": 8},
     )
     with open_home(home) as rt:
-        sent = rt.queue.enqueue_message("telegram", "zoe", "@crew build it", sender_id="9", conversation="c9")
+        sent = rt.queue.intake.enqueue_message(
+            "telegram", "zoe", "@crew build it", sender_id="9", conversation="c9"
+        )
         run_idle(rt, timeout=60)
         runs = count(rt, "SELECT COUNT(*) FROM events WHERE type = 'chain_step_start'")
         notices = rt.db.read("SELECT * FROM responses WHERE metadata LIKE '%budget_notice%'")

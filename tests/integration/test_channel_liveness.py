@@ -66,7 +66,7 @@ def _ask(fake: HoldingTelegram, text: str, timeout: float = 10) -> str:
 def _claim_as_processor(rt: Runtime, worker: str = "proc-1") -> list[str]:
     """Play the processor: claim alpha's pending messages and record a run for chat 42."""
     claimed = wait_for(
-        lambda: rt.queue.claim_all_pending_messages("alpha", worker), 10, "a claimable message"
+        lambda: rt.queue.messages.claim_all_pending_messages("alpha", worker), 10, "a claimable message"
     )
     ids = [m.message_id for m in claimed]
     record_run(
@@ -86,15 +86,17 @@ def test_status_stop_and_queue_commands(rt: Runtime, fake: HoldingTelegram) -> N
     with RunningChannel(_telegram(rt, fake)):
         assert "Nothing is running" in _ask(fake, "/status")
         assert "Nothing is running" in _ask(fake, "/stop")
-        assert rt.queue.agent_state("alpha")["stop_requested"] == ""  # no request left to stop a later run
+        assert (
+            rt.queue.control.agent_state("alpha")["stop_requested"] == ""
+        )  # no request left to stop a later run
         fake.push_text(42, "first job")
         ids = _claim_as_processor(rt)
         fake.push_text(42, "while busy")
         wait_for(lambda: count(rt, "SELECT COUNT(*) FROM messages") == 2, 10, "the second message")
         status = _ask(fake, "/status")
-        assert rt.queue.agent_state("alpha")["stop_requested"] == ""  # /status changes nothing
+        assert rt.queue.control.agent_state("alpha")["stop_requested"] == ""  # /status changes nothing
         stop = _ask(fake, "/stop")
-        requested = rt.queue.agent_state("alpha")["stop_requested"]
+        requested = rt.queue.control.agent_state("alpha")["stop_requested"]
         assert _ask(fake, "/queue followup").startswith("Busy policy set to followup")
         shown = _ask(fake, "/queue")
         bad = _ask(fake, "/queue sometimes")
@@ -138,7 +140,7 @@ def test_chat_messages_are_debounced_and_commands_are_not(rt: Runtime, fake: Hol
 
 
 def _progress(rt: Runtime, key: str, text: str, *, kind: str = "progress", conversation: str = "42") -> None:
-    rt.queue.enqueue_response(
+    rt.queue.responses.enqueue_response(
         "telegram",
         "alice",
         text,
@@ -185,14 +187,14 @@ def test_telegram_progress_note_is_edited_in_place_across_a_restart(
 
 def test_typing_keeps_refreshing_during_a_long_run(rt: Runtime, fake: HoldingTelegram) -> None:
     fake.add_chat(42, username="alice")
-    rt.queue.enqueue_message("telegram", "alice", "long job", sender_id="42", conversation="42")
-    claimed = rt.queue.claim_all_pending_messages("alpha", "proc-1", lease_ms=60_000)
+    rt.queue.intake.enqueue_message("telegram", "alice", "long job", sender_id="42", conversation="42")
+    claimed = rt.queue.messages.claim_all_pending_messages("alpha", "proc-1", lease_ms=60_000)
     assert len(claimed) == 1
     with RunningChannel(_telegram(rt, fake), deliver_only=False):
         wait_for(
             lambda: len([c for c in fake.sent if c.method == "sendChatAction"]) >= 6, 15, "six typing calls"
         )
-        rt.queue.complete_messages([claimed[0].message_id], "proc-1", "done")
+        rt.queue.messages.complete_messages([claimed[0].message_id], "proc-1", "done")
         wait_for(lambda: "done" in fake.texts(42), 10, "the reply")
         typed = len([c for c in fake.sent if c.method == "sendChatAction"])
         time.sleep(1.0)  # a quiet second: typing must have stopped with the run
@@ -219,7 +221,7 @@ def test_discord_progress_note_is_one_message_edited_in_place(tmp_path: Path) ->
                 fake.push_message(DM, "hello", ALICE, "alice")
                 wait_for(lambda: count(rt, "SELECT COUNT(*) FROM messages") == 1, 10, "the DM queued")
                 for minutes in (3, 6):
-                    rt.queue.enqueue_response(
+                    rt.queue.responses.enqueue_response(
                         "discord",
                         "alice",
                         f"Still working — {minutes} min",
@@ -227,7 +229,7 @@ def test_discord_progress_note_is_one_message_edited_in_place(tmp_path: Path) ->
                         metadata={"kind": "progress", "edit_key": "run-9"},
                     )
                     wait_for(lambda m=minutes: count(rt, acked) == m // 3, 10, f"note at {minutes} min")  # type: ignore[misc]
-                rt.queue.enqueue_response(
+                rt.queue.responses.enqueue_response(
                     "discord",
                     "alice",
                     "The answer.",
@@ -269,7 +271,7 @@ def test_whatsapp_notes_are_new_messages_at_most_once_per_interval(tmp_path: Pat
                 ],
                 1,
             ):
-                rt.queue.enqueue_response(
+                rt.queue.responses.enqueue_response(
                     "whatsapp", "bob", text, conversation="111", metadata={"kind": kind, "edit_key": "run-3"}
                 )
                 asyncio.run(_deliver_with_http(channel))

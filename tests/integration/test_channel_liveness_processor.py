@@ -118,4 +118,4 @@ def test_status_and_stop_end_a_running_run_within_seconds(
     assert len(done) == 1 and done[0].get("stopped_by") == "stop"
     assert count(rt, "SELECT COUNT(*) FROM messages WHERE status = 'completed'") == 1
     assert [json.loads(r["metadata"])["kind"] for r in row] == ["stopped"]
-    assert rt.queue.agent_state("alpha")["stop_requested"] == ""  # taken by the processor
+    assert rt.queue.control.agent_state("alpha")["stop_requested"] == ""  # taken by the processor

@@ -130,10 +130,10 @@ def _fail_for_good(rt: object, agent: str) -> None:
     claimed: list[object] = []
     # The message may still be on its way in (a lone chat message is claimable as soon as it is queued).
     wait_for(
-        lambda: claimed.extend(rt.queue.claim_all_pending_messages(agent, "test-worker")) or claimed,
+        lambda: claimed.extend(rt.queue.messages.claim_all_pending_messages(agent, "test-worker")) or claimed,
         10,
         "a claim",
     )
-    ids = [m.message_id for m in rt.queue.list_processing()]
-    rt.queue.fail_messages(ids, "test-worker", "refused", permanent=True)
-    rt.queue.release_agent(agent, "test-worker")
+    ids = [m.message_id for m in rt.queue.admin.list_processing()]
+    rt.queue.failures.fail_messages(ids, "test-worker", "refused", permanent=True)
+    rt.queue.leases.release_agent(agent, "test-worker")

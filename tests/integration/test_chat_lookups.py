@@ -13,11 +13,11 @@ pytestmark = pytest.mark.integration
 
 
 def test_busy_agents_lists_processing_ones_first(queue: Queue) -> None:
-    queue.enqueue_message("telegram", "ann", "hi", sender_id="1", conversation="c1", agent="gamma")
-    queue.enqueue_message("telegram", "ann", "hi", sender_id="1", conversation="c1", agent="beta")
-    queue.enqueue_message("telegram", "ann", "hi", sender_id="1", conversation="c1", agent="alpha")
-    queue.enqueue_message("telegram", "bob", "hi", sender_id="2", conversation="c2", agent="alpha")
-    assert queue.claim_all_pending_messages("gamma", "w1")
+    queue.intake.enqueue_message("telegram", "ann", "hi", sender_id="1", conversation="c1", agent="gamma")
+    queue.intake.enqueue_message("telegram", "ann", "hi", sender_id="1", conversation="c1", agent="beta")
+    queue.intake.enqueue_message("telegram", "ann", "hi", sender_id="1", conversation="c1", agent="alpha")
+    queue.intake.enqueue_message("telegram", "bob", "hi", sender_id="2", conversation="c2", agent="alpha")
+    assert queue.messages.claim_all_pending_messages("gamma", "w1")
     assert lookups.busy_agents(queue.db, ChatAddress("telegram", conversation="c1")) == [
         "gamma",
         "alpha",
@@ -29,8 +29,8 @@ def test_busy_agents_lists_processing_ones_first(queue: Queue) -> None:
 
 def test_busy_conversations_leave_out_paused_agents_and_far_retries(queue: Queue) -> None:
     now = now_ms()
-    queue.enqueue_message("telegram", "ann", "hi", sender_id="1", conversation="soon", agent="alpha")
-    queue.enqueue_message(
+    queue.intake.enqueue_message("telegram", "ann", "hi", sender_id="1", conversation="soon", agent="alpha")
+    queue.intake.enqueue_message(
         "telegram",
         "bob",
         "hi",
@@ -39,17 +39,21 @@ def test_busy_conversations_leave_out_paused_agents_and_far_retries(queue: Queue
         agent="alpha",
         available_at=now + 600_000,
     )
-    queue.enqueue_message("telegram", "cy", "hi", sender_id="3", conversation="paused", agent="beta")
-    queue.pause_agent("beta", now + 600_000, "rate limited")
+    queue.intake.enqueue_message("telegram", "cy", "hi", sender_id="3", conversation="paused", agent="beta")
+    queue.control.pause_agent("beta", now + 600_000, "rate limited")
     assert lookups.busy_conversations(queue.db, "telegram", now, 60_000) == ["soon"]
     assert sorted(lookups.busy_conversations(queue.db, "telegram", now, 1_200_000)) == ["later", "soon"]
 
 
 def test_newest_waiting_external_id(queue: Queue) -> None:
     assert lookups.newest_waiting_external_id(queue.db, ChatAddress("whatsapp", conversation="49")) is None
-    queue.enqueue_message("whatsapp", "ann", "one", sender_id="49", conversation="49", external_id="w1")
-    queue.enqueue_message("whatsapp", "ann", "two", sender_id="49", conversation="49", external_id="w2")
-    queue.enqueue_message("whatsapp", "ann", "three", sender_id="49", conversation="49")
+    queue.intake.enqueue_message(
+        "whatsapp", "ann", "one", sender_id="49", conversation="49", external_id="w1"
+    )
+    queue.intake.enqueue_message(
+        "whatsapp", "ann", "two", sender_id="49", conversation="49", external_id="w2"
+    )
+    queue.intake.enqueue_message("whatsapp", "ann", "three", sender_id="49", conversation="49")
     assert lookups.newest_waiting_external_id(queue.db, ChatAddress("whatsapp", conversation="49")) == "w2"
 
 

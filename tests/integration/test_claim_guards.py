@@ -29,8 +29,9 @@ import pytest
 
 from adapters import pairing
 from shared.clock import now_ms
-from shared.queue.core import Directory, Queue, QueueConfig
+from shared.queue.core import Directory, Queue
 from shared.queue.records import LeaseLost, NotFound
+from shared.settings.model import QueueSettings
 from shared.storage.db import Database, open_database
 from shared.storage.dialect import libpq_url
 
@@ -48,7 +49,9 @@ CLAIM_DEADLINE = 8.0
 @pytest.fixture
 def queue(db: Database) -> Queue:
     directory = Directory(agents=frozenset(AGENTS), teams={}, default_agent="alpha")
-    return Queue(db, QueueConfig(lease_ms=30_000, backoff_base_ms=1000, backoff_max_ms=60_000), directory)
+    return Queue(
+        db, QueueSettings(lease_seconds=30, backoff_base_seconds=1, backoff_max_seconds=60), directory
+    )
 
 
 def _row(queue: Queue, table: str, key: str, value: object) -> dict[str, Any]:
@@ -73,16 +76,20 @@ def _message(queue: Queue, message_id: str) -> dict[str, Any]:
 
 # -- recovery ---------------------------------------------------------------------------------------------
 def test_recovery_at_one_moment_returns_the_expired_claim_and_keeps_the_live_one(queue: Queue) -> None:
-    expired = queue.enqueue_message("api", "ann", "old job", agent="alpha", conversation="c1").message_id
-    live = queue.enqueue_message("api", "bob", "running job", agent="beta", conversation="c2").message_id
+    expired = queue.intake.enqueue_message(
+        "api", "ann", "old job", agent="alpha", conversation="c1"
+    ).message_id
+    live = queue.intake.enqueue_message(
+        "api", "bob", "running job", agent="beta", conversation="c2"
+    ).message_id
     start = now_ms()
-    assert queue.claim_all_pending_messages("alpha", "w-expired", lease_ms=1_000)
-    assert queue.claim_all_pending_messages("beta", "w-live", lease_ms=600_000)
+    assert queue.messages.claim_all_pending_messages("alpha", "w-expired", lease_ms=1_000)
+    assert queue.messages.claim_all_pending_messages("beta", "w-live", lease_ms=600_000)
     live_before = _message(queue, live)
     moment = start + 5_000  # past the first lease, far inside the second
     assert int(_message(queue, expired)["lease_until"]) < moment < int(live_before["lease_until"])
 
-    outcome = queue.recover_stale_messages(now=moment)
+    outcome = queue.failures.recover_stale_messages(now=moment)
 
     assert outcome.retried == [expired] and outcome.dead == []
     back = _message(queue, expired)
@@ -92,17 +99,19 @@ def test_recovery_at_one_moment_returns_the_expired_claim_and_keeps_the_live_one
     assert kept["status"] == "processing" and kept["claimed_by"] == "w-live"
     assert kept["lease_until"] == live_before["lease_until"] and kept["retry_count"] == 0
     assert kept["last_error"] is None
-    assert queue.agent_holder("beta") == "w-live"  # the live worker keeps its agent too
-    assert queue.agent_holder("alpha") is None
+    assert queue.leases.agent_holder("beta") == "w-live"  # the live worker keeps its agent too
+    assert queue.leases.agent_holder("alpha") is None
     # The live worker can still finish its message.
-    queue.complete_messages([live], "w-live", "done")
+    queue.messages.complete_messages([live], "w-live", "done")
     assert _message(queue, live)["status"] == "completed"
 
 
 def test_a_crash_during_one_run_charges_only_that_group(queue: Queue) -> None:
     groups = {
         chat: [
-            queue.enqueue_message("telegram", chat, f"{chat} message {n}", sender_id=chat, conversation=chat)
+            queue.intake.enqueue_message(
+                "telegram", chat, f"{chat} message {n}", sender_id=chat, conversation=chat
+            )
             for n in range(2)
         ]
         for chat in ("g1", "g2", "g3")
@@ -111,12 +120,14 @@ def test_a_crash_during_one_run_charges_only_that_group(queue: Queue) -> None:
     worker = "w-crashed"
     claimed: set[str] = set()
     for _ in range(3):  # one claim takes them all today; a claim per group would do too
-        claimed |= {m.message_id for m in queue.claim_all_pending_messages("alpha", worker, lease_ms=1_000)}
+        claimed |= {
+            m.message_id for m in queue.messages.claim_all_pending_messages("alpha", worker, lease_ms=1_000)
+        }
     assert claimed == {mid for group in ids.values() for mid in group}
-    queue.mark_run_started(ids["g2"], worker)
+    queue.messages.mark_run_started(ids["g2"], worker)
     moment = now_ms() + 5_000
 
-    outcome = queue.recover_stale_messages(now=moment)
+    outcome = queue.failures.recover_stale_messages(now=moment)
 
     assert sorted(outcome.retried) == sorted(claimed) and outcome.dead == []
     for mid in ids["g2"]:
@@ -141,34 +152,38 @@ def _wait_past(ms: int) -> None:
 
 
 def test_an_ack_is_what_the_row_says_and_a_deliverer_without_the_lease_cannot_ack(queue: Queue) -> None:
-    first = queue.enqueue_response("telegram", "ann", "first reply", sender_id="1", conversation="1")
+    first = queue.responses.enqueue_response(
+        "telegram", "ann", "first reply", sender_id="1", conversation="1"
+    )
 
     # A plain delivery: claim, record the chunk, ack; the row says acked.
-    [claimed] = queue.claim_responses_for_channel("telegram", "d1")
+    [claimed] = queue.responses.claim_responses_for_channel("telegram", "d1")
     assert claimed.id == first.id
-    assert queue.mark_chunk_delivered(first.id, "d1", 0)
+    assert queue.responses.mark_chunk_delivered(first.id, "d1", 0)
     before = now_ms()
-    assert queue.ack_response(first.id, "d1") is True
+    assert queue.responses.ack_response(first.id, "d1") is True
     row = _row(queue, "responses", "id", first.id)
     assert row["status"] == "acked" and row["acked_at"] is not None and int(row["acked_at"]) >= before
     assert row["claimed_by"] == "d1" and row["delivered"] == 1 and claimed.status == "delivering"
 
     # A deliverer whose lease lapsed and was taken over: its ack is refused and changes nothing.
-    second = queue.enqueue_response("telegram", "bob", "second reply", sender_id="2", conversation="2")
-    [lapsed] = queue.claim_responses_for_channel("telegram", "d-slow", lease_ms=1)
+    second = queue.responses.enqueue_response(
+        "telegram", "bob", "second reply", sender_id="2", conversation="2"
+    )
+    [lapsed] = queue.responses.claim_responses_for_channel("telegram", "d-slow", lease_ms=1)
     assert lapsed.id == second.id
     _wait_past(int(_row(queue, "responses", "id", second.id)["lease_until"]))
-    [taken] = queue.claim_responses_for_channel("telegram", "d-new")
+    [taken] = queue.responses.claim_responses_for_channel("telegram", "d-new")
     assert taken.id == second.id
     held = _row(queue, "responses", "id", second.id)
-    assert not queue.ack_response(second.id, "d-slow")
+    assert not queue.responses.ack_response(second.id, "d-slow")
     assert _row(queue, "responses", "id", second.id) == held  # still delivering, still d-new's
     assert held["status"] == "delivering" and held["claimed_by"] == "d-new" and held["acked_at"] is None
 
-    assert queue.ack_response(second.id, "d-new") is True
+    assert queue.responses.ack_response(second.id, "d-new") is True
     acked = _row(queue, "responses", "id", second.id)
     assert acked["status"] == "acked" and acked["claimed_by"] == "d-new" and acked["acked_at"] is not None
-    assert not queue.ack_response(second.id, "d-slow")
+    assert not queue.responses.ack_response(second.id, "d-slow")
     assert _row(queue, "responses", "id", second.id) == acked
 
 
@@ -234,13 +249,13 @@ def _race_while_locked(
 def test_postgres_message_claims_for_distinct_agents_never_share_or_wait(pg_url: str) -> None:
     db = open_database(pg_url)
     try:
-        queue = Queue(db, QueueConfig(lease_ms=30_000), Directory(frozenset(AGENTS), {}, "alpha"))
+        queue = Queue(db, QueueSettings(lease_seconds=30), Directory(frozenset(AGENTS), {}, "alpha"))
         owner: dict[int, str] = {}
         for rnd in range(ROUNDS):
             mine: dict[str, list[int]] = {
                 agent: [
                     int(
-                        queue.enqueue_message(
+                        queue.intake.enqueue_message(
                             "api", "u", f"r{rnd} {agent} {n}", agent=agent, conversation=f"{agent}-{rnd}"
                         ).id
                         or 0
@@ -255,7 +270,7 @@ def test_postgres_message_claims_for_distinct_agents_never_share_or_wait(pg_url:
                 pg_url,
                 "messages",
                 locked,
-                lambda i, w=workers: queue.claim_all_pending_messages(AGENTS[i], w[i]),  # type: ignore[misc]
+                lambda i, w=workers: queue.messages.claim_all_pending_messages(AGENTS[i], w[i]),  # type: ignore[misc]
             )
             assert prompt, f"round {rnd}: a claim waited for a row another transaction held (no SKIP LOCKED?)"
             for i, claimed in results.items():
@@ -266,10 +281,10 @@ def test_postgres_message_claims_for_distinct_agents_never_share_or_wait(pg_url:
             for i, agent in enumerate(AGENTS):
                 assert _row(queue, "messages", "id", locked[i])["status"] == "pending"
                 # The lock gone, the row passed over is claimed next, by the agent's holder.
-                again = queue.claim_all_pending_messages(agent, workers[i])
+                again = queue.messages.claim_all_pending_messages(agent, workers[i])
                 assert [m.id for m in again] == [locked[i]], (rnd, agent, again)
                 owner[locked[i]] = workers[i]
-                queue.release_agent(agent, workers[i])
+                queue.leases.release_agent(agent, workers[i])
     finally:
         db.close()
 
@@ -278,12 +293,12 @@ def test_postgres_message_claims_for_distinct_agents_never_share_or_wait(pg_url:
 def test_postgres_message_claims_for_one_agent_give_each_row_to_one_worker(pg_url: str) -> None:
     db = open_database(pg_url)
     try:
-        queue = Queue(db, QueueConfig(lease_ms=30_000), Directory(frozenset(AGENTS), {}, "alpha"))
+        queue = Queue(db, QueueSettings(lease_seconds=30), Directory(frozenset(AGENTS), {}, "alpha"))
         owner: dict[int, str] = {}
         for rnd in range(ROUNDS):
             ids = [
                 int(
-                    queue.enqueue_message(
+                    queue.intake.enqueue_message(
                         "api", "u", f"r{rnd} {n}", agent="alpha", conversation=f"chat-{rnd}"
                     ).id
                     or 0
@@ -296,7 +311,7 @@ def test_postgres_message_claims_for_one_agent_give_each_row_to_one_worker(pg_ur
                 pg_url,
                 "messages",
                 locked,
-                lambda i, w=workers: queue.claim_all_pending_messages("alpha", w[i]),  # type: ignore[misc]
+                lambda i, w=workers: queue.messages.claim_all_pending_messages("alpha", w[i]),  # type: ignore[misc]
             )
             assert prompt, f"round {rnd}: a claim waited for a row another transaction held (no SKIP LOCKED?)"
             winners = [i for i, claimed in results.items() if claimed]
@@ -305,12 +320,12 @@ def test_postgres_message_claims_for_one_agent_give_each_row_to_one_worker(pg_ur
             got = [m.id for m in results[winner]]
             assert sorted(got) == sorted(set(ids) - set(locked)), (rnd, got)
             _claimed_once(queue, owner, rnd, workers[winner], got)
-            assert queue.agent_holder("alpha") == workers[winner]
+            assert queue.leases.agent_holder("alpha") == workers[winner]
             assert _row(queue, "messages", "id", locked[0])["status"] == "pending"
-            again = queue.claim_all_pending_messages("alpha", workers[winner])
+            again = queue.messages.claim_all_pending_messages("alpha", workers[winner])
             assert [m.id for m in again] == locked, (rnd, again)
             owner[locked[0]] = workers[winner]
-            queue.release_agent("alpha", workers[winner])
+            queue.leases.release_agent("alpha", workers[winner])
     finally:
         db.close()
 
@@ -319,11 +334,13 @@ def test_postgres_message_claims_for_one_agent_give_each_row_to_one_worker(pg_ur
 def test_postgres_response_claims_never_give_one_response_to_two_deliverers(pg_url: str) -> None:
     db = open_database(pg_url)
     try:
-        queue = Queue(db, QueueConfig(lease_ms=30_000), Directory(frozenset(AGENTS), {}, "alpha"))
+        queue = Queue(db, QueueSettings(lease_seconds=30), Directory(frozenset(AGENTS), {}, "alpha"))
         owner: dict[int, str] = {}
         for rnd in range(ROUNDS):
             ids = [
-                queue.enqueue_response("telegram", "u", f"r{rnd} reply {n}", conversation=f"{rnd}-{n}").id
+                queue.responses.enqueue_response(
+                    "telegram", "u", f"r{rnd} reply {n}", conversation=f"{rnd}-{n}"
+                ).id
                 for n in range(12)
             ]
             locked = [ids[5]]
@@ -332,7 +349,7 @@ def test_postgres_response_claims_never_give_one_response_to_two_deliverers(pg_u
                 pg_url,
                 "responses",
                 locked,
-                lambda i, w=workers: queue.claim_responses_for_channel("telegram", w[i], limit=100),  # type: ignore[misc]
+                lambda i, w=workers: queue.responses.claim_responses_for_channel("telegram", w[i], limit=100),  # type: ignore[misc]
             )
             assert prompt, f"round {rnd}: a claim waited for a row another transaction held (no SKIP LOCKED?)"
             got: list[int] = []
@@ -347,7 +364,7 @@ def test_postgres_response_claims_never_give_one_response_to_two_deliverers(pg_u
                     assert (row["status"], row["claimed_by"]) == ("delivering", workers[i])
             assert sorted(got) == sorted(set(ids) - set(locked)), (rnd, got)
             assert _row(queue, "responses", "id", locked[0])["status"] == "pending"
-            again = queue.claim_responses_for_channel("telegram", f"d{rnd}-late", limit=100)
+            again = queue.responses.claim_responses_for_channel("telegram", f"d{rnd}-late", limit=100)
             assert [r.id for r in again] == locked, (rnd, again)
             owner[locked[0]] = f"d{rnd}-late"
     finally:
@@ -375,9 +392,11 @@ def test_postgres_recovery_keeps_a_claim_renewed_while_it_was_deciding(pg_url: s
     # it runs (seen as "delivered twice to processes never killed" in the benchmark's kill test).
     db = open_database(pg_url)
     try:
-        queue = Queue(db, QueueConfig(lease_ms=30_000), Directory(frozenset(AGENTS), {}, "alpha"))
-        mid = queue.enqueue_message("api", "ann", "long job", agent="alpha", conversation="c").message_id
-        assert queue.claim_all_pending_messages("alpha", "w-stalled", lease_ms=1)
+        queue = Queue(db, QueueSettings(lease_seconds=30), Directory(frozenset(AGENTS), {}, "alpha"))
+        mid = queue.intake.enqueue_message(
+            "api", "ann", "long job", agent="alpha", conversation="c"
+        ).message_id
+        assert queue.messages.claim_all_pending_messages("alpha", "w-stalled", lease_ms=1)
         _wait_past(int(_message(queue, mid)["lease_until"]))
         with psycopg.connect(libpq_url(pg_url)) as renewer:
             # The renewal, as the stalled worker sends it, in a transaction not yet committed.
@@ -391,7 +410,7 @@ def test_postgres_recovery_keeps_a_claim_renewed_while_it_was_deciding(pg_url: s
 
             def recover() -> None:
                 recovery_pid.append(queue.db.connection().info.backend_pid)
-                outcome.append(queue.recover_stale_messages())
+                outcome.append(queue.failures.recover_stale_messages())
 
             worker = threading.Thread(target=recover)
             worker.start()
@@ -406,7 +425,7 @@ def test_postgres_recovery_keeps_a_claim_renewed_while_it_was_deciding(pg_url: s
         kept = _message(queue, mid)
         assert (kept["status"], kept["claimed_by"]) == ("processing", "w-stalled"), kept
         assert outcome and outcome[0].retried == []
-        queue.complete_messages([mid], "w-stalled", "done")
+        queue.messages.complete_messages([mid], "w-stalled", "done")
         assert _message(queue, mid)["status"] == "completed"
     finally:
         db.close()
@@ -451,11 +470,11 @@ def test_postgres_retry_of_a_dead_letter_retried_meanwhile_changes_nothing(pg_ur
     # hand the running message back to the queue, and it would run twice.
     db = open_database(pg_url)
     try:
-        queue = Queue(db, QueueConfig(manual_retry_budget=5), Directory(frozenset(AGENTS), {}, "alpha"))
-        mid = queue.enqueue_message("api", "ann", "doomed", agent="alpha", conversation="c").message_id
-        assert queue.claim_all_pending_messages("alpha", "w1")
-        queue.fail_messages([mid], "w1", "broken", permanent=True)
-        queue.release_agent("alpha", "w1")
+        queue = Queue(db, QueueSettings(manual_retry_budget=5), Directory(frozenset(AGENTS), {}, "alpha"))
+        mid = queue.intake.enqueue_message("api", "ann", "doomed", agent="alpha", conversation="c").message_id
+        assert queue.messages.claim_all_pending_messages("alpha", "w1")
+        queue.failures.fail_messages([mid], "w1", "broken", permanent=True)
+        queue.leases.release_agent("alpha", "w1")
         assert _message(queue, mid)["status"] == "dead"
         outcome = _act_behind_an_uncommitted_change(
             db,
@@ -464,7 +483,7 @@ def test_postgres_retry_of_a_dead_letter_retried_meanwhile_changes_nothing(pg_ur
             "UPDATE messages SET status = 'processing', claimed_by = 'w2', manual_retries = 1, "
             "lease_until = %s WHERE message_id = %s",
             (now_ms() + 600_000, mid),
-            lambda: queue.retry_dead(mid),
+            lambda: queue.admin.retry_dead(mid),
         )
         kept = _message(queue, mid)
         assert (kept["status"], kept["claimed_by"], kept["manual_retries"]) == ("processing", "w2", 1), kept
@@ -480,16 +499,20 @@ def test_postgres_send_retry_of_a_response_taken_over_meanwhile_changes_nothing(
     # would make it pending again: the chat would get the reply twice.
     db = open_database(pg_url)
     try:
-        queue = Queue(db, QueueConfig(), Directory(frozenset(AGENTS), {}, "alpha"))
-        reply = queue.enqueue_response("telegram", "ann", "the reply", sender_id="1", conversation="1")
-        [claimed] = queue.claim_responses_for_channel("telegram", "d-slow")
+        queue = Queue(db, QueueSettings(), Directory(frozenset(AGENTS), {}, "alpha"))
+        reply = queue.responses.enqueue_response(
+            "telegram", "ann", "the reply", sender_id="1", conversation="1"
+        )
+        [claimed] = queue.responses.claim_responses_for_channel("telegram", "d-slow")
         assert claimed.id == reply.id
         outcome = _act_behind_an_uncommitted_change(
             db,
             pg_url,
             "UPDATE responses SET claimed_by = 'd-new', delivered = 1 WHERE id = %s",
             (reply.id,),
-            lambda: queue.retry_response_later(reply.id, "d-slow", "timed out", base_ms=1000, max_ms=60_000),
+            lambda: queue.responses.retry_response_later(
+                reply.id, "d-slow", "timed out", base_ms=1000, max_ms=60_000
+            ),
         )
         kept = _row(queue, "responses", "id", reply.id)
         assert (kept["status"], kept["claimed_by"], kept["delivered"]) == ("delivering", "d-new", 1), kept
@@ -505,15 +528,15 @@ def test_postgres_failure_of_a_message_taken_back_meanwhile_changes_nothing(pg_u
     # change nothing; putting it back to pending would run it a second time beside the new worker's run.
     db = open_database(pg_url)
     try:
-        queue = Queue(db, QueueConfig(), Directory(frozenset(AGENTS), {}, "alpha"))
-        mid = queue.enqueue_message("api", "ann", "job", agent="alpha", conversation="c").message_id
-        assert queue.claim_all_pending_messages("alpha", "w-stalled")
+        queue = Queue(db, QueueSettings(), Directory(frozenset(AGENTS), {}, "alpha"))
+        mid = queue.intake.enqueue_message("api", "ann", "job", agent="alpha", conversation="c").message_id
+        assert queue.messages.claim_all_pending_messages("alpha", "w-stalled")
         outcome = _act_behind_an_uncommitted_change(
             db,
             pg_url,
             "UPDATE messages SET claimed_by = 'w-new', lease_until = %s WHERE message_id = %s",
             (now_ms() + 600_000, mid),
-            lambda: queue.fail_messages([mid], "w-stalled", "the CLI exited with status 1"),
+            lambda: queue.failures.fail_messages([mid], "w-stalled", "the CLI exited with status 1"),
         )
         kept = _message(queue, mid)
         assert (kept["status"], kept["claimed_by"], kept["retry_count"]) == ("processing", "w-new", 0), kept

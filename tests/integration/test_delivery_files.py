@@ -51,7 +51,7 @@ def test_delivery_sends_only_allowed_files_and_says_so_for_the_rest(
             TelegramChannel(rt, env={"TELEGRAM_BOT_TOKEN": fake.token, "TELEGRAM_API_BASE_URL": fake.url}),
             deliver_only=True,
         ):
-            rt.queue.enqueue_response(
+            rt.queue.responses.enqueue_response(
                 "telegram", "ann", "here you go", conversation="42", agent="alpha", files=queued
             )
             wait_for(lambda: len(fake.texts(42)) >= 4, 15, "the reply and the three notes")
@@ -82,7 +82,9 @@ def test_a_refused_send_file_is_named_in_the_reply_the_chat_receives(
         workspace.mkdir(parents=True)
         (workspace / "report.txt").write_text("the numbers")
         (workspace / "link.txt").symlink_to(secret)
-        rt.queue.enqueue_message("telegram", "ann", "send me the report", sender_id="42", conversation="42")
+        rt.queue.intake.enqueue_message(
+            "telegram", "ann", "send me the report", sender_id="42", conversation="42"
+        )
         run_idle(rt, env=cli_env(api, tmp_path))
         with RunningChannel(
             TelegramChannel(rt, env={"TELEGRAM_BOT_TOKEN": fake.token, "TELEGRAM_API_BASE_URL": fake.url}),

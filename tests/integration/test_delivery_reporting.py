@@ -40,9 +40,9 @@ def test_failed_deliveries_in_metrics_doctor_and_trace(home: Path, rt: Runtime) 
     assert [(c.level, c.name) for c in before] == [("ok", "failed replies")]
     with LiveServer(rt) as live, live.client() as client:
         client.get("/metrics")  # the counters count from here
-        reply = rt.queue.enqueue_response("telegram", "ann", "hello", conversation="42")
-        [claimed] = rt.queue.claim_responses_for_channel("telegram", "tg")
-        assert rt.queue.fail_response(
+        reply = rt.queue.responses.enqueue_response("telegram", "ann", "hello", conversation="42")
+        [claimed] = rt.queue.responses.claim_responses_for_channel("telegram", "tg")
+        assert rt.queue.responses.fail_response(
             claimed.id, "Telegram: Forbidden: bot was blocked by the user", worker="tg", explanation="blocked"
         )
         text = client.get("/metrics").text

@@ -32,7 +32,8 @@ def dead_worker() -> Iterator[str]:
 
 def _queue_replies(queue: Queue, chat: str, n: int) -> list[int]:
     return [
-        queue.enqueue_response("discord", "ann", f"{chat} reply {i}", conversation=chat).id for i in range(n)
+        queue.responses.enqueue_response("discord", "ann", f"{chat} reply {i}", conversation=chat).id
+        for i in range(n)
     ]
 
 
@@ -45,19 +46,23 @@ def test_the_responses_of_a_dead_deliverer_are_taken_at_once_in_chat_order(
 ) -> None:
     a = _queue_replies(queue, "chat-a", 3)
     b = _queue_replies(queue, "chat-b", 2)
-    claimed = queue.claim_responses_for_channel("discord", dead_worker, limit=10, lease_ms=LONG_LEASE)
+    claimed = queue.responses.claim_responses_for_channel(
+        "discord", dead_worker, limit=10, lease_ms=LONG_LEASE
+    )
     assert sorted(r.id for r in claimed) == [a[0], b[0]]
-    assert queue.mark_chunk_delivered(a[0], dead_worker, 0, lease_ms=LONG_LEASE)
+    assert queue.responses.mark_chunk_delivered(a[0], dead_worker, 0, lease_ms=LONG_LEASE)
     successor = new_worker_id()
-    taken = queue.claim_responses_for_channel("discord", successor, limit=10, lease_ms=LONG_LEASE)
+    taken = queue.responses.claim_responses_for_channel("discord", successor, limit=10, lease_ms=LONG_LEASE)
     # Both heads at once although the lease has ten minutes to run; nothing after them.
     assert sorted(r.id for r in taken) == [a[0], b[0]]
     assert next(r for r in taken if r.id == a[0]).delivered == 1  # resumes after the part recorded
     assert _holder(queue, a[0]) == successor and _holder(queue, b[0]) == successor
-    assert not queue.mark_chunk_delivered(a[0], dead_worker, 1)  # the dead holder is fenced out
-    assert queue.claim_responses_for_channel("discord", successor, limit=10) == []
-    assert queue.ack_response(a[0], successor)
-    assert [r.id for r in queue.claim_responses_for_channel("discord", successor, limit=10)] == [a[1]]
+    assert not queue.responses.mark_chunk_delivered(a[0], dead_worker, 1)  # the dead holder is fenced out
+    assert queue.responses.claim_responses_for_channel("discord", successor, limit=10) == []
+    assert queue.responses.ack_response(a[0], successor)
+    assert [r.id for r in queue.responses.claim_responses_for_channel("discord", successor, limit=10)] == [
+        a[1]
+    ]
 
 
 def test_alive_other_host_and_unparsed_holders_keep_their_responses_until_the_lease_runs_out(
@@ -71,16 +76,18 @@ def test_alive_other_host_and_unparsed_holders_keep_their_responses_until_the_le
     ids: dict[str, int] = {}
     for name, holder in holders.items():
         (rid,) = _queue_replies(queue, name, 1)
-        claimed = queue.claim_responses_for_channel("discord", holder, limit=10, lease_ms=LONG_LEASE)
+        claimed = queue.responses.claim_responses_for_channel(
+            "discord", holder, limit=10, lease_ms=LONG_LEASE
+        )
         assert [r.id for r in claimed] == [rid]
         ids[name] = rid
-    assert queue.claim_responses_for_channel("discord", "successor:1:1", limit=10) == []
+    assert queue.responses.claim_responses_for_channel("discord", "successor:1:1", limit=10) == []
     for name, holder in holders.items():
         assert _holder(queue, ids[name]) == holder, name
     # Once the lease has run out, anyone may take them (the old rule, unchanged).
     with queue.db.transaction() as tx:
         tx.execute("UPDATE responses SET lease_until = 1")
-    taken = queue.claim_responses_for_channel("discord", "successor:1:1", limit=10)
+    taken = queue.responses.claim_responses_for_channel("discord", "successor:1:1", limit=10)
     assert sorted(r.id for r in taken) == sorted(ids.values())
 
 
@@ -89,8 +96,8 @@ def test_a_reused_pid_does_not_keep_a_dead_deliverers_responses(queue: Queue) ->
     host, pid, start = new_worker_id().split(":")
     impostor = f"{host}:{pid}:{int(start) + 1}"
     (rid,) = _queue_replies(queue, "chat", 1)
-    queue.claim_responses_for_channel("discord", impostor, limit=10, lease_ms=LONG_LEASE)
-    taken = queue.claim_responses_for_channel("discord", "successor:1:1", limit=10)
+    queue.responses.claim_responses_for_channel("discord", impostor, limit=10, lease_ms=LONG_LEASE)
+    taken = queue.responses.claim_responses_for_channel("discord", "successor:1:1", limit=10)
     assert [r.id for r in taken] == [rid]
     # Another channel's deliverer never takes this channel's responses.
-    assert queue.claim_responses_for_channel("telegram", "other:1:1", limit=10) == []
+    assert queue.responses.claim_responses_for_channel("telegram", "other:1:1", limit=10) == []

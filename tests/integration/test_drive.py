@@ -23,7 +23,7 @@ LEASE_MS = 600
 
 
 def renew(rt: Runtime, agent: str, ids: list[str]) -> int:
-    return rt.queue.renew_leases(WORKER, ids, agent=agent, lease_ms=LEASE_MS)
+    return rt.queue.leases.renew_leases(WORKER, ids, agent=agent, lease_ms=LEASE_MS)
 
 
 def test_renewed_leases_outlive_their_length_and_a_takeover_marks_the_drive_lost(
@@ -31,10 +31,10 @@ def test_renewed_leases_outlive_their_length_and_a_takeover_marks_the_drive_lost
 ) -> None:
     home = make_home(tmp_path, sqlite_url, {"solo": command_agent(agent_script(tmp_path))})
     with open_home(home) as rt:
-        mid = rt.queue.enqueue_message("api", "u", "hello", conversation="c").message_id
+        mid = rt.queue.intake.enqueue_message("api", "u", "hello", conversation="c").message_id
         drive = Drive("solo")
         drive.running = WorkGroup(
-            rt.queue.claim_all_pending_messages("solo", WORKER, lease_ms=LEASE_MS), "collect"
+            rt.queue.messages.claim_all_pending_messages("solo", WORKER, lease_ms=LEASE_MS), "collect"
         )
         assert drive.held_ids() == [mid]
         keep = functools.partial(renew, rt, "solo")
@@ -47,12 +47,14 @@ def test_renewed_leases_outlive_their_length_and_a_takeover_marks_the_drive_lost
             return not timer.cancelled_caught
 
         assert anyio.run(renewing_for, 3 * LEASE_MS / 1000) is False
-        assert rt.queue.recover_stale_messages().retried == []  # still leased: nothing to take back
+        assert rt.queue.failures.recover_stale_messages().retried == []  # still leased: nothing to take back
         assert not drive.lost
 
         # Without renewal the lease lapses and recovery takes the message back; the next renewal finds it gone.
         wait_for(
-            lambda: rt.queue.recover_stale_messages().retried == [mid], 10, "the lapsed lease taken back"
+            lambda: rt.queue.failures.recover_stale_messages().retried == [mid],
+            10,
+            "the lapsed lease taken back",
         )
         assert anyio.run(renewing_for, 10.0) is True
         assert drive.lost

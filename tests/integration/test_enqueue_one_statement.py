@@ -23,10 +23,12 @@ def test_one_statement_writes_what_the_transaction_path_writes(pg_url: str) -> N
     queue = _queue(db)
     woken: list[set[str]] = []
     db.on_commit(woken.append)
-    plain = queue.enqueue_message("api", "ann", "hello", agent="beta", conversation="c1", external_id="x1")
+    plain = queue.intake.enqueue_message(
+        "api", "ann", "hello", agent="beta", conversation="c1", external_id="x1"
+    )
     assert not plain.duplicate and plain.id is not None
     assert woken and {"messages", "events"} <= woken[-1]
-    debounced = queue.enqueue_message(
+    debounced = queue.intake.enqueue_message(
         "api", "ann", "hi again", conversation="c1", debounce_ms=10
     )  # transaction
     rows = db.read("SELECT type, message_id, payload FROM events ORDER BY id")
@@ -41,7 +43,9 @@ def test_one_statement_writes_what_the_transaction_path_writes(pg_url: str) -> N
         "agent": "beta",
         "named": True,
     }
-    again = queue.enqueue_message("api", "ann", "hello", agent="beta", conversation="c1", external_id="x1")
+    again = queue.intake.enqueue_message(
+        "api", "ann", "hello", agent="beta", conversation="c1", external_id="x1"
+    )
     assert again.duplicate and again.message_id == plain.message_id and again.id == plain.id
     assert db.read_scalar("SELECT COUNT(*) FROM events") == 2  # a duplicate writes nothing
     db.close()
@@ -53,7 +57,7 @@ def test_concurrent_enqueues_each_get_their_events(pg_url: str) -> None:
 
     def produce(k: int) -> None:
         for i in range(25):
-            queue.enqueue_message("api", f"u{k}", f"m{k}-{i}", agent="alpha")
+            queue.intake.enqueue_message("api", f"u{k}", f"m{k}-{i}", agent="alpha")
 
     threads = [threading.Thread(target=produce, args=(k,)) for k in range(4)]
     for t in threads:

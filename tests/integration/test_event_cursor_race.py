@@ -15,7 +15,8 @@ import psycopg
 import pytest
 
 from shared.events.log import EventEntry, PendingEvent, SqlEventLog, append_events
-from shared.queue.core import Directory, Queue, QueueConfig
+from shared.queue.core import Directory, Queue
+from shared.settings.model import QueueSettings
 from shared.storage.db import Database, Tx, open_database
 from shared.storage.dialect import EVENT_ORDINAL_BITS
 from tests.web_support import wait_until
@@ -77,8 +78,8 @@ def test_queue_writers_do_not_wait_for_each_other_and_readers_keep_commit_safe_o
     dbs: list[Database],
 ) -> None:
     db_a, db_b, db_r = dbs
-    queue_a = Queue(db_a, QueueConfig(), Directory.single("alpha", "beta"))
-    queue_b = Queue(db_b, QueueConfig(), Directory.single("alpha", "beta"))
+    queue_a = Queue(db_a, QueueSettings(), Directory.single("alpha", "beta"))
+    queue_b = Queue(db_b, QueueSettings(), Directory.single("alpha", "beta"))
     reader = SqlEventLog(db_r)
     appended = threading.Event()
     release = threading.Event()

@@ -91,7 +91,7 @@ def test_telegram_document_and_image_are_read_by_the_agent(
 
             # The same scripted model asked to read another chat's upload from chat 42: refused.
             api.clear()
-            rt.queue.enqueue_message(
+            rt.queue.intake.enqueue_message(
                 "telegram",
                 "alice",
                 f"and this?\n[file: {other / 'private.txt'}]",
@@ -150,7 +150,7 @@ def test_a_home_with_a_space_still_lets_the_agent_read_uploads(tmp_path: Path, a
         folder = chat_upload_dir(rt.settings, ChatAddress("telegram", conversation="42"))
         folder.mkdir(parents=True)
         (folder / "notes.txt").write_bytes(DOC)
-        rt.queue.enqueue_message(
+        rt.queue.intake.enqueue_message(
             "telegram", "alice", f"read it\n[file: {folder / 'notes.txt'}]", sender_id="42", conversation="42"
         )
         run_idle(rt, env=cli_env(api, tmp_path))

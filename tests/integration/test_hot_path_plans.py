@@ -38,14 +38,14 @@ def test_the_hot_path_reads_growing_tables_only_through_indexes(tmp_path: object
     queue = Queue(db, directory=Directory.single("alpha", "beta"))
 
     def one_message() -> None:
-        queue.enqueue_message(
+        queue.intake.enqueue_message(
             "telegram", "ann", "hello", sender_id="7", conversation="42", external_id="42:1"
         )
-        (m,) = queue.claim_all_pending_messages("alpha", "w1")
-        queue.mark_run_started([m.message_id], "w1")
-        queue.complete_messages([m.message_id], "w1", "the answer", release_when_idle=True)
-        (r,) = queue.claim_responses_for_channel("telegram", "d1")
-        assert queue.mark_chunk_delivered(r.id, "d1", 0, platform_id="9", ack=True)
+        (m,) = queue.messages.claim_all_pending_messages("alpha", "w1")
+        queue.messages.mark_run_started([m.message_id], "w1")
+        queue.messages.complete_messages([m.message_id], "w1", "the answer", release_when_idle=True)
+        (r,) = queue.responses.claim_responses_for_channel("telegram", "d1")
+        assert queue.responses.mark_chunk_delivered(r.id, "d1", 0, platform_id="9", ack=True)
 
     statements = _statements(db, one_message)
     assert len(statements) >= 10  # the capture works: the path ran its statements through this connection

@@ -228,36 +228,39 @@ def _attempts(queue: Queue, response_id: int) -> str | None:
 
 
 def _retry_once(queue: Queue, response_id: int) -> None:
-    [claimed] = queue.claim_responses_for_channel("telegram", "d1", limit=10)
+    [claimed] = queue.responses.claim_responses_for_channel("telegram", "d1", limit=10)
     assert claimed.id == response_id
-    outcome = queue.retry_response_later(response_id, "d1", "timeout", base_ms=0, max_ms=0)
+    outcome = queue.responses.retry_response_later(response_id, "d1", "timeout", base_ms=0, max_ms=0)
     assert outcome is not None and not outcome.failed
     assert _attempts(queue, response_id) == "1"
 
 
 def test_delivery_attempts_go_when_the_reply_is_acked(queue: Queue) -> None:
-    rid = queue.enqueue_response("telegram", "ann", "hello", conversation="c1").id
+    rid = queue.responses.enqueue_response("telegram", "ann", "hello", conversation="c1").id
     _retry_once(queue, rid)
-    [again] = queue.claim_responses_for_channel("telegram", "d2", limit=10)
+    [again] = queue.responses.claim_responses_for_channel("telegram", "d2", limit=10)
     assert again.id == rid
-    assert queue.ack_response(rid, "d2")
+    assert queue.responses.ack_response(rid, "d2")
     assert _attempts(queue, rid) is None
 
 
 def test_delivery_attempts_go_when_the_reply_is_failed(queue: Queue) -> None:
-    rid = queue.enqueue_response("telegram", "ann", "hello", conversation="c1").id
+    rid = queue.responses.enqueue_response("telegram", "ann", "hello", conversation="c1").id
     _retry_once(queue, rid)
-    assert queue.fail_response(rid, "blocked by the user")
+    assert queue.responses.fail_response(rid, "blocked by the user")
     assert _attempts(queue, rid) is None
 
 
 def test_delivery_attempts_of_a_reply_acked_elsewhere_go_by_ack_or_prune(queue: Queue) -> None:
-    first = queue.enqueue_response("telegram", "ann", "one", conversation="c1").id
-    second = queue.enqueue_response("telegram", "ann", "two", conversation="c2").id
-    claimed = queue.claim_responses_for_channel("telegram", "d1", limit=10)
+    first = queue.responses.enqueue_response("telegram", "ann", "one", conversation="c1").id
+    second = queue.responses.enqueue_response("telegram", "ann", "two", conversation="c2").id
+    claimed = queue.responses.claim_responses_for_channel("telegram", "d1", limit=10)
     assert sorted(r.id for r in claimed) == [first, second]  # the heads of two chats
     for rid in (first, second):
-        assert queue.retry_response_later(rid, "d1", "timeout", base_ms=60_000, max_ms=60_000) is not None
+        assert (
+            queue.responses.retry_response_later(rid, "d1", "timeout", base_ms=60_000, max_ms=60_000)
+            is not None
+        )
         assert _attempts(queue, rid) == "1"
     # Settled without ack_response (as the scheduler acknowledges replies on unserved channels).
     with queue.db.transaction() as tx:
@@ -265,8 +268,8 @@ def test_delivery_attempts_of_a_reply_acked_elsewhere_go_by_ack_or_prune(queue: 
             "UPDATE responses SET status = 'acked', acked_at = :t, lease_until = NULL WHERE id IN (:a, :b)",
             {"t": now_ms() - 10 * 86_400_000, "a": first, "b": second},
         )
-    assert queue.ack_response(first)  # an operator's late ack of an acked reply
+    assert queue.responses.ack_response(first)  # an operator's late ack of an acked reply
     assert _attempts(queue, first) is None
     assert _attempts(queue, second) == "1"
-    assert queue.prune()["responses"] == 2
+    assert queue.admin.prune()["responses"] == 2
     assert _attempts(queue, second) is None

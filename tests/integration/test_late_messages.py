@@ -13,8 +13,10 @@ pytestmark = pytest.mark.integration
 
 
 def test_offline_sent_at_reads_the_late_mark_of_a_message(queue: Queue) -> None:
-    late = queue.enqueue_message("discord", "ann", "late one", metadata={OFFLINE_SENT_AT: 1_700_000_000_000})
-    live = queue.enqueue_message("discord", "ann", "live one", metadata={"guild_id": ""})
+    late = queue.intake.enqueue_message(
+        "discord", "ann", "late one", metadata={OFFLINE_SENT_AT: 1_700_000_000_000}
+    )
+    live = queue.intake.enqueue_message("discord", "ann", "live one", metadata={"guild_id": ""})
     assert late_messages.offline_sent_at(queue.db, late.message_id) == 1_700_000_000_000
     assert late_messages.offline_sent_at(queue.db, live.message_id) is None
     assert late_messages.offline_sent_at(queue.db, "discord_zzzzzzzz") is None

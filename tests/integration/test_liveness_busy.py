@@ -43,7 +43,9 @@ def _five_when_running(
     def act() -> None:
         api.wait_for_main_requests(1, 30)
         for n in range(1, 6):
-            sent = queue.enqueue_message("telegram", "ann", f"extra {n}", sender_id="7", conversation=chat)
+            sent = queue.intake.enqueue_message(
+                "telegram", "ann", f"extra {n}", sender_id="7", conversation=chat
+            )
             ids.append(sent.message_id)
 
     return ids, act
@@ -54,12 +56,14 @@ def test_collect_five_messages_during_a_run_become_one_followup_run(
 ) -> None:
     home = claude_home(tmp_path, db_url)
     with open_home(home) as rt:
-        first = rt.queue.enqueue_message("telegram", "ann", "first task", sender_id="7", conversation="c1")
+        first = rt.queue.intake.enqueue_message(
+            "telegram", "ann", "first task", sender_id="7", conversation="c1"
+        )
         ids, act = _five_when_running(api, rt.queue)
         stats = run_with(rt, cli_env(api, tmp_path), act)
         assert stats.invocations == 2
         for mid in [first.message_id, *ids]:
-            msg = rt.queue.get_message(mid)
+            msg = rt.queue.admin.get_message(mid)
             assert msg is not None and msg.status == "completed" and msg.retry_count == 0
         finals = of_kind(rt, "final")
         assert len(finals) == 2 and len(responses(rt)) == 3  # the two answers and the one busy note
@@ -80,7 +84,7 @@ def test_followup_runs_each_waiting_message_alone_in_order(
     with open_home(home) as rt:
         # the per-chat override (/queue followup)
         set_busy_policy(rt.db, ChatAddress("telegram", conversation="c1"), "followup")
-        rt.queue.enqueue_message("telegram", "ann", "first task", sender_id="7", conversation="c1")
+        rt.queue.intake.enqueue_message("telegram", "ann", "first task", sender_id="7", conversation="c1")
         ids, act = _five_when_running(api, rt.queue)
         stats = run_with(rt, cli_env(api, tmp_path), act)
         assert stats.invocations == 6
@@ -99,15 +103,19 @@ def test_interrupt_kills_the_running_cli_and_the_new_run_carries_the_earlier_mes
     api.add_rule(re.compile(r"^first"), Chunked(["still going "] * 40, interval=0.5))  # 20 s if not stopped
     home = claude_home(tmp_path, sqlite_url, processor={"busy_policy": "interrupt"})
     with open_home(home) as rt:
-        first = rt.queue.enqueue_message("telegram", "ann", "first task", sender_id="7", conversation="c1")
-        other = rt.queue.enqueue_message("telegram", "bo", "other chat", sender_id="8", conversation="c2")
+        first = rt.queue.intake.enqueue_message(
+            "telegram", "ann", "first task", sender_id="7", conversation="c1"
+        )
+        other = rt.queue.intake.enqueue_message(
+            "telegram", "bo", "other chat", sender_id="8", conversation="c2"
+        )
         second: list[str] = []
 
         def act() -> None:
             api.wait_for_main_requests(1, 30)
             time.sleep(1.0)  # let it stream a little
             second.append(
-                rt.queue.enqueue_message(
+                rt.queue.intake.enqueue_message(
                     "telegram", "ann", "actually do this instead", sender_id="7", conversation="c1"
                 ).message_id
             )
@@ -121,7 +129,7 @@ def test_interrupt_kills_the_running_cli_and_the_new_run_carries_the_earlier_mes
         killed = next(d for d in payloads(rt, "chain_step_done") if d.get("stopped_by") == "interrupt")
         assert group_gone(int(killed["pid"]))
         for mid in (first.message_id, second[0], other.message_id):
-            msg = rt.queue.get_message(mid)
+            msg = rt.queue.admin.get_message(mid)
             assert msg is not None and msg.status == "completed" and msg.retry_count == 0, (mid, msg)
         finals = of_kind(rt, "final")
         c1 = [f for f in finals if f["conversation"] == "c1"]
@@ -138,11 +146,11 @@ def test_a_burst_inside_the_debounce_window_is_one_run(
     home = claude_home(tmp_path, sqlite_url)
     with open_home(home) as rt:
         for n in range(3):
-            sent = rt.queue.enqueue_message(
+            sent = rt.queue.intake.enqueue_message(
                 "telegram", "ann", f"burst {n}", sender_id="7", conversation="c1", debounce_ms=800
             )
             if n == 0:  # a lone message of a quiet chat is claimable at once ...
-                lone = rt.queue.get_message(sent.message_id)
+                lone = rt.queue.admin.get_message(sent.message_id)
                 assert lone is not None and lone.available_at <= now_ms()
             time.sleep(0.2)
         # ... and the second one opened the window: the three wait together until 800 ms after the last.
@@ -162,7 +170,7 @@ def test_waiting_messages_past_the_cap_are_dropped_with_one_notice(
     api.add_rule(None, Text("answered"))
     home = claude_home(tmp_path, sqlite_url, processor={"max_waiting": 3})
     with open_home(home) as rt:
-        rt.queue.enqueue_message("telegram", "ann", "first task", sender_id="7", conversation="c1")
+        rt.queue.intake.enqueue_message("telegram", "ann", "first task", sender_id="7", conversation="c1")
         ids, act = _five_when_running(api, rt.queue)
         stats = run_with(rt, cli_env(api, tmp_path), act)
         assert stats.invocations == 2 and stats.dropped == 2
@@ -171,7 +179,7 @@ def test_waiting_messages_past_the_cap_are_dropped_with_one_notice(
         assert "extra 1" in notice["message"] and "extra 2" in notice["message"]
         assert "extra 3" not in notice["message"] and notice["conversation"] == "c1"
         for mid in ids:
-            msg = rt.queue.get_message(mid)
+            msg = rt.queue.admin.get_message(mid)
             assert msg is not None and msg.status == "completed"
     follow = api.main_requests()[1].last_user_text
     assert "extra 1" not in follow and all(f"extra {n}" in follow for n in (3, 4, 5))
@@ -197,19 +205,21 @@ def test_messages_sent_during_a_run_get_one_busy_note_per_chat_saying_how_they_w
     home = claude_home(tmp_path, sqlite_url, processor={"busy_policy": policy})
     burst = 1 if policy == "interrupt" else 5  # an interrupt starts a new run at the first one
     with open_home(home) as rt:
-        first = rt.queue.enqueue_message("telegram", "ann", "first task", sender_id="7", conversation="c1")
+        first = rt.queue.intake.enqueue_message(
+            "telegram", "ann", "first task", sender_id="7", conversation="c1"
+        )
         mine: list[str] = []
         other: list[str] = []
 
         def act() -> None:
             api.wait_for_main_requests(1, 30)
             other.append(
-                rt.queue.enqueue_message(
+                rt.queue.intake.enqueue_message(
                     "telegram", "bo", "hello", sender_id="8", conversation="c2"
                 ).message_id
             )
             for n in range(1, burst + 1):
-                sent = rt.queue.enqueue_message(
+                sent = rt.queue.intake.enqueue_message(
                     "telegram", "ann", f"extra {n}", sender_id="7", conversation="c1"
                 )
                 mine.append(sent.message_id)
@@ -218,7 +228,7 @@ def test_messages_sent_during_a_run_get_one_busy_note_per_chat_saying_how_they_w
         notes = _busy_notes(rt)
         finals = of_kind(rt, "final")
         for mid in [first.message_id, *mine, *other]:
-            msg = rt.queue.get_message(mid)
+            msg = rt.queue.admin.get_message(mid)
             assert msg is not None and msg.status == "completed", (mid, msg)
     c1 = [n for n in notes if n["conversation"] == "c1"]
     c2 = [n for n in notes if n["conversation"] == "c2"]

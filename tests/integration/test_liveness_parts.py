@@ -75,9 +75,9 @@ def test_status_of_a_chat_with_a_live_run_waiting_messages_and_a_pause(
 ) -> None:
     home = claude_home(tmp_path, sqlite_url)
     with open_home(home) as rt:
-        first = rt.queue.enqueue_message("telegram", "ann", "one", sender_id="7", conversation="c1")
-        rt.queue.claim_all_pending_messages("coder", "w1", lease_ms=60_000)
-        waiting = rt.queue.enqueue_message("telegram", "ann", "two", sender_id="7", conversation="c1")
+        first = rt.queue.intake.enqueue_message("telegram", "ann", "one", sender_id="7", conversation="c1")
+        rt.queue.messages.claim_all_pending_messages("coder", "w1", lease_ms=60_000)
+        waiting = rt.queue.intake.enqueue_message("telegram", "ann", "two", sender_id="7", conversation="c1")
         assert (
             conversation_status(rt.db, "coder", ChatAddress("telegram", conversation="c1"))["running"]
             is False
@@ -87,7 +87,7 @@ def test_status_of_a_chat_with_a_live_run_waiting_messages_and_a_pause(
             rt.db, "coder", run_id="run_abcdefgh", worker="w1", chat=ChatAddress("telegram", conversation="c1"),
             message_ids=[first.message_id], started_at=started,
         )  # fmt: skip
-        rt.queue.pause_agent("coder", int(time.time() * 1000) + 600_000, "rate limited")
+        rt.queue.control.pause_agent("coder", int(time.time() * 1000) + 600_000, "rate limited")
         status = conversation_status(rt.db, None, ChatAddress("telegram", conversation="c1"))
         assert status["running"] and status["agent"] == "coder" and status["running_since"] == started
         assert status["waiting_ids"] == [waiting.message_id]
@@ -103,7 +103,7 @@ def test_status_of_a_chat_with_a_live_run_waiting_messages_and_a_pause(
         assert format_status(
             conversation_status(rt.db, "coder", ChatAddress("telegram", conversation="nobody"))
         ).startswith("Paused")
-        rt.queue.resume_agent("coder")
+        rt.queue.control.resume_agent("coder")
         assert format_status(
             conversation_status(rt.db, "coder", ChatAddress("telegram", conversation="nobody"))
         ).startswith("Nothing")

@@ -30,10 +30,12 @@ def test_streaming_run_outlives_idle_timeout_with_progress_notes_and_one_final_r
         tmp_path, db_url, processor={"idle_timeout_seconds": 1.5, "progress_note_seconds": 1.0}
     )
     with open_home(home) as rt:
-        sent = rt.queue.enqueue_message("telegram", "ann", "long job", sender_id="7", conversation="c1")
+        sent = rt.queue.intake.enqueue_message(
+            "telegram", "ann", "long job", sender_id="7", conversation="c1"
+        )
         stats = run_idle(rt, env=cli_env(api, tmp_path))
         assert stats.invocations == 1 and stats.completed == 1
-        msg = rt.queue.get_message(sent.message_id)
+        msg = rt.queue.admin.get_message(sent.message_id)
         assert msg is not None and msg.status == "completed" and msg.retry_count == 0
         notes = of_kind(rt, "progress")
         (final,) = of_kind(rt, "final")
@@ -54,13 +56,15 @@ def test_silent_run_is_stopped_after_idle_timeout(
         tmp_path, sqlite_url, processor={"idle_timeout_seconds": 1.5}, queue={"max_retries": 1}
     )
     with open_home(home) as rt:
-        sent = rt.queue.enqueue_message("telegram", "ann", "hang please", sender_id="7", conversation="c1")
+        sent = rt.queue.intake.enqueue_message(
+            "telegram", "ann", "hang please", sender_id="7", conversation="c1"
+        )
         started = time.monotonic()
         run_idle(rt, env=cli_env(api, tmp_path))
         assert time.monotonic() - started < 12
         (done,) = payloads(rt, "chain_step_done")
         assert done["stopped_by"] == "idle" and done["timed_out"] is True
-        msg = rt.queue.get_message(sent.message_id)
+        msg = rt.queue.admin.get_message(sent.message_id)
         assert msg is not None and msg.status == "dead" and "no output for 1.5 s" in (msg.last_error or "")
         (notice,) = responses(rt)
         assert notice["metadata"]["kind"] == "dead_notice"
@@ -73,7 +77,9 @@ def test_stop_ends_a_run_within_seconds_and_status_reports_it_while_running(
     api.add_rule("endless", Chunked(["tick "] * 60, interval=0.5))  # 30 s unless stopped
     home = claude_home(tmp_path, db_url)
     with open_home(home) as rt:
-        sent = rt.queue.enqueue_message("telegram", "ann", "endless task", sender_id="7", conversation="c1")
+        sent = rt.queue.intake.enqueue_message(
+            "telegram", "ann", "endless task", sender_id="7", conversation="c1"
+        )
         seen: dict[str, object] = {}
 
         def act() -> None:
@@ -93,7 +99,7 @@ def test_stop_ends_a_run_within_seconds_and_status_reports_it_while_running(
                 rt.db, "coder", ChatAddress("telegram", conversation="elsewhere")
             )
             seen["asked"] = time.monotonic()
-            rt.queue.request_stop("coder", "telegram:c1")
+            rt.queue.control.request_stop("coder", "telegram:c1")
 
         stats = run_with(rt, cli_env(api, tmp_path), act)
         stopped_after = time.monotonic() - float(seen["asked"])  # type: ignore[arg-type]
@@ -104,7 +110,7 @@ def test_stop_ends_a_run_within_seconds_and_status_reports_it_while_running(
         assert status["running_since"] > 0 and status["waiting"] == 0
         assert "Working on it since" in str(seen["text"])
         assert seen["other"]["running"] is False  # type: ignore[index]
-        msg = rt.queue.get_message(sent.message_id)
+        msg = rt.queue.admin.get_message(sent.message_id)
         assert msg is not None and msg.status == "completed"
         (reply,) = responses(rt)
         assert reply["metadata"]["kind"] == "stopped" and reply["message"].startswith("Stopped.")
@@ -123,10 +129,10 @@ def test_rate_limit_pauses_the_agent_tells_each_chat_once_and_resumes_without_sp
     limited = api.add_rule("from chat one", RateLimited(retry_after=1), times=1)
     home = claude_home(tmp_path, sqlite_url, queue={"max_retries": 1})  # one counted failure = dead
     with open_home(home) as rt:
-        a = rt.queue.enqueue_message(
+        a = rt.queue.intake.enqueue_message(
             "telegram", "ann", "hello from chat one", sender_id="7", conversation="c1"
         )
-        b = rt.queue.enqueue_message(
+        b = rt.queue.intake.enqueue_message(
             "telegram", "bo", "hello from chat two", sender_id="8", conversation="c2"
         )
         started = time.monotonic()
@@ -135,7 +141,7 @@ def test_rate_limit_pauses_the_agent_tells_each_chat_once_and_resumes_without_sp
         assert limited.hits == 1 and stats.rate_limited == 1
         assert elapsed >= 1.4, "the agent should have waited out the pause"
         for mid in (a.message_id, b.message_id):
-            msg = rt.queue.get_message(mid)
+            msg = rt.queue.admin.get_message(mid)
             assert msg is not None and msg.status == "completed" and msg.retry_count == 0
         paused = of_kind(rt, "paused")
         assert sorted(p["conversation"] for p in paused) == ["c1", "c2"]  # each waiting chat, once
@@ -161,18 +167,20 @@ def test_rate_limit_moves_to_the_fallback_model_instead_of_waiting(
         processor={"rate_limit_pause_seconds": 30},
     )
     with open_home(home) as rt:
-        sent = rt.queue.enqueue_message("telegram", "ann", "hi there", sender_id="7", conversation="c1")
+        sent = rt.queue.intake.enqueue_message(
+            "telegram", "ann", "hi there", sender_id="7", conversation="c1"
+        )
         started = time.monotonic()
         run_idle(rt, env=cli_env(api, tmp_path), timeout=30)
         assert time.monotonic() - started < 15, "no 30 s pause: the fallback model ran at once"
-        msg = rt.queue.get_message(sent.message_id)
+        msg = rt.queue.admin.get_message(sent.message_id)
         assert msg is not None and msg.status == "completed" and msg.retry_count == 0
         assert [r["message"] for r in responses(rt)] == ["from the fallback"]  # no "paused" notice
         (switch,) = payloads(rt, "model_fallback")
         assert switch["model"] == "spare-model" and switch["until"] > int(time.time() * 1000) + 20_000
-        assert rt.queue.agent_state("coder")["paused_until"] == 0
+        assert rt.queue.control.agent_state("coder")["paused_until"] == 0
         # Later runs stay on the fallback until the reset time.
-        rt.queue.enqueue_message("telegram", "ann", "and again", sender_id="7", conversation="c1")
+        rt.queue.intake.enqueue_message("telegram", "ann", "and again", sender_id="7", conversation="c1")
         run_idle(rt, env=cli_env(api, tmp_path), timeout=30)
         assert [r["message"] for r in responses(rt)][-1] == "from the fallback"
     models = [r.body["model"] for r in api.main_requests()]
@@ -184,16 +192,16 @@ def test_a_message_whose_run_was_interrupted_by_a_crash_is_rerun_with_a_note(
 ) -> None:
     home = claude_home(tmp_path, sqlite_url)
     with open_home(home) as rt:
-        sent = rt.queue.enqueue_message(
+        sent = rt.queue.intake.enqueue_message(
             "telegram", "ann", "refactor the module", sender_id="7", conversation="c1"
         )
         # A worker claims it, starts its run and dies (no renewal): its lease lapses and the processor
         # recovers it, charging one interrupted run.
-        assert rt.queue.claim_all_pending_messages("coder", "dead-worker", lease_ms=300)
-        rt.queue.mark_run_started([sent.message_id], "dead-worker")
+        assert rt.queue.messages.claim_all_pending_messages("coder", "dead-worker", lease_ms=300)
+        rt.queue.messages.mark_run_started([sent.message_id], "dead-worker")
         time.sleep(0.4)
         run_idle(rt, env=cli_env(api, tmp_path), include_delayed=True)
-        msg = rt.queue.get_message(sent.message_id)
+        msg = rt.queue.admin.get_message(sent.message_id)
         assert msg is not None and msg.status == "completed" and msg.retry_count == 0
         assert msg.interruptions == 1 and (msg.last_error or "").startswith("interrupted")
     (request,) = api.main_requests()
@@ -208,12 +216,12 @@ def test_heartbeat_answered_with_the_silent_token_is_recorded_but_sent_to_no_one
     api.add_rule("report", Text("Something needs attention."))
     home = claude_home(tmp_path, sqlite_url)
     with open_home(home) as rt:
-        quiet = rt.queue.enqueue_message("heartbeat", "scheduler", "check in", conversation="hb")
-        loud = rt.queue.enqueue_message("heartbeat", "scheduler", "report", conversation="hb2")
+        quiet = rt.queue.intake.enqueue_message("heartbeat", "scheduler", "check in", conversation="hb")
+        loud = rt.queue.intake.enqueue_message("heartbeat", "scheduler", "report", conversation="hb2")
         stats = run_idle(rt, env=cli_env(api, tmp_path))
         assert stats.silent == 1
         for mid in (quiet.message_id, loud.message_id):
-            msg = rt.queue.get_message(mid)
+            msg = rt.queue.admin.get_message(mid)
             assert msg is not None and msg.status == "completed"
         (reply,) = responses(rt)
         assert reply["message_id"] == loud.message_id and reply["message"] == "Something needs attention."

@@ -85,7 +85,9 @@ def test_claims_use_the_partial_pending_index(sqlite_url: str) -> None:
     db = open_database(sqlite_url)
     queue = Queue(db)
     params = {"worker": "w", "lease": 10, "now": 5, "agent": "a"}
-    plan = " ".join(str(r["detail"]) for r in db.read("EXPLAIN QUERY PLAN " + queue.claim_sql, params))
+    plan = " ".join(
+        str(r["detail"]) for r in db.read("EXPLAIN QUERY PLAN " + queue.messages.claim_sql, params)
+    )
     assert "ix_messages_pending" in plan, plan
     assert "SCAN messages" not in plan, plan
     db.close()

@@ -32,7 +32,7 @@ def test_the_chat_hears_of_an_overload_while_the_cli_retries_and_then_gets_its_a
     overload = api.add_rule(None, Overloaded(), times=3)  # the 4th request is answered "OK"
     home = claude_home(tmp_path, sqlite_url)
     with open_home(home) as rt:
-        sent = rt.queue.enqueue_message("telegram", "ann", "hello", sender_id="7", conversation="c1")
+        sent = rt.queue.intake.enqueue_message("telegram", "ann", "hello", sender_id="7", conversation="c1")
         stats = run_idle(rt, env=retrying_env(api, tmp_path, retries=5))
         assert overload.hits == 3 and stats.completed == 1 and stats.rate_limited == 0
         notes, (final,) = of_kind(rt, "progress"), of_kind(rt, "final")
@@ -43,7 +43,7 @@ def test_the_chat_hears_of_an_overload_while_the_cli_retries_and_then_gets_its_a
         assert [r["id"] for r in responses(rt)][-1] == final["id"]
         assert {n["metadata"]["edit_key"] for n in notes} == {final["metadata"]["edit_key"]}
         assert all((n["conversation"], n["sender_id"]) == ("c1", "7") for n in notes)
-        msg = rt.queue.get_message(sent.message_id)
+        msg = rt.queue.admin.get_message(sent.message_id)
         assert msg is not None and msg.status == "completed" and msg.retry_count == 0
 
 
@@ -53,12 +53,12 @@ def test_an_overload_that_outlasts_the_run_pauses_the_agent_in_the_right_words(
     overload = api.add_rule(None, Overloaded(), times=2)  # the whole first run (1 + 1 retry), then "OK"
     home = claude_home(tmp_path, sqlite_url, queue={"max_retries": 1})  # one counted failure = dead
     with open_home(home) as rt:
-        sent = rt.queue.enqueue_message("telegram", "ann", "hello", sender_id="7", conversation="c1")
+        sent = rt.queue.intake.enqueue_message("telegram", "ann", "hello", sender_id="7", conversation="c1")
         stats = run_idle(rt, env=retrying_env(api, tmp_path, retries=1), include_delayed=True, timeout=60)
         assert overload.hits == 2 and stats.rate_limited == 1
         (paused,) = of_kind(rt, "paused")
         assert paused["message"].startswith("Anthropic's servers are overloaded, so the agent is waiting")
         assert "not a usage limit" in paused["message"] and "has hit" not in paused["message"]
         assert [r["message"] for r in of_kind(rt, "final")] == ["OK"] and not of_kind(rt, "dead_notice")
-        msg = rt.queue.get_message(sent.message_id)
+        msg = rt.queue.admin.get_message(sent.message_id)
         assert msg is not None and msg.status == "completed" and msg.retry_count == 0

@@ -52,7 +52,7 @@ def test_reply_reaches_responses_with_events_and_history(
     api.add_rule("what is 2+2", Text("It is 4."))
     home = _home(tmp_path, db_url, coder={"model": "claude-test-model", "system_prompt": "Be terse."})
     with open_home(home) as rt:
-        sent = rt.queue.enqueue_message(
+        sent = rt.queue.intake.enqueue_message(
             "telegram", "ann", "what is 2+2", sender_id="42", conversation="chat-7"
         )
         stats = run_idle(rt, env=_env(api, tmp_path))
@@ -61,7 +61,7 @@ def test_reply_reaches_responses_with_events_and_history(
         assert resp["message"] == "It is 4."
         assert (resp["channel"], resp["sender_id"], resp["conversation"]) == ("telegram", "42", "chat-7")
         assert resp["message_id"] == sent.message_id
-        assert rt.queue.get_message(sent.message_id).status == "completed"  # type: ignore[union-attr]
+        assert rt.queue.admin.get_message(sent.message_id).status == "completed"  # type: ignore[union-attr]
         types = event_types(rt, sent.message_id)
         for expected in (
             "message_received",
@@ -97,14 +97,14 @@ def test_continue_then_reset_starts_a_new_conversation(
     home = _home(tmp_path, sqlite_url, coder={"session_scope": "agent"})  # one shared conversation
     env = _env(api, tmp_path)
     with open_home(home) as rt:
-        rt.queue.enqueue_message("cli", "me", "first")
+        rt.queue.intake.enqueue_message("cli", "me", "first")
         run_idle(rt, env=env)
         assert get_session(rt.db, "coder") is not None
-        rt.queue.enqueue_message("cli", "me", "second")
+        rt.queue.intake.enqueue_message("cli", "me", "second")
         run_idle(rt, env=env)
         clear_sessions(rt.db, "coder")
         assert get_session(rt.db, "coder") is None
-        rt.queue.enqueue_message("cli", "me", "third")
+        rt.queue.intake.enqueue_message("cli", "me", "third")
         run_idle(rt, env=env)
         replies = [r["message"] for r in _responses(rt)]
     turns = [r.user_turns for r in api.main_requests()]
@@ -118,10 +118,10 @@ def test_conversation_scope_resumes_per_chat(tmp_path: Path, sqlite_url: str, ap
     home = _home(tmp_path, sqlite_url, coder={"session_scope": "conversation"})
     env = _env(api, tmp_path)
     with open_home(home) as rt:
-        rt.queue.enqueue_message("discord", "a", "hello from A", conversation="A")
-        rt.queue.enqueue_message("discord", "b", "hello from B", conversation="B")
+        rt.queue.intake.enqueue_message("discord", "a", "hello from A", conversation="A")
+        rt.queue.intake.enqueue_message("discord", "b", "hello from B", conversation="B")
         run_idle(rt, env=env)
-        rt.queue.enqueue_message("discord", "a", "again from A", conversation="A")
+        rt.queue.intake.enqueue_message("discord", "a", "again from A", conversation="A")
         run_idle(rt, env=env)
         assert get_session(rt.db, "coder", "discord:A") != get_session(rt.db, "coder", "discord:B")
     by_text = {r.last_user_text: r.user_turns for r in api.main_requests()}
@@ -140,7 +140,7 @@ def test_handoff_reaches_teammate_and_answer_goes_to_the_user(
         teams={"dev": {"agents": ["lead", "reviewer"], "leader": "lead"}},
     )
     with open_home(home) as rt:
-        sent = rt.queue.enqueue_message(
+        sent = rt.queue.intake.enqueue_message(
             "telegram", "ann", "@dev build the thing", sender_id="42", conversation="c1"
         )
         assert sent.agent == "lead"
@@ -179,7 +179,7 @@ def test_handoff_loop_stops_at_the_hop_limit(tmp_path: Path, sqlite_url: str, ap
         queue={"max_hops": 2},
     )
     with open_home(home) as rt:
-        rt.queue.enqueue_message("cli", "me", "ping")
+        rt.queue.intake.enqueue_message("cli", "me", "ping")
         stats = run_idle(rt, env=_env(api, tmp_path))
         hops = sorted(int(r["hops"]) for r in rt.db.read("SELECT hops FROM messages"))
         assert hops == [0, 1, 2]  # the third handoff (hops 3) was refused
@@ -196,12 +196,12 @@ def test_a_transient_api_error_retries_with_one_edited_note_then_one_plain_notic
     )
     home = _home(tmp_path, sqlite_url)
     with open_home(home) as rt:
-        sent = rt.queue.enqueue_message("whatsapp", "bo", "explode", sender_id="555")
+        sent = rt.queue.intake.enqueue_message("whatsapp", "bo", "explode", sender_id="555")
         started = time.monotonic()
         stats = run_idle(rt, env=_env(api, tmp_path), include_delayed=True)
         assert time.monotonic() - started < 30
         assert stats.invocations == 3  # max_retries = 3 in the test settings
-        msg = rt.queue.get_message(sent.message_id)
+        msg = rt.queue.admin.get_message(sent.message_id)
         assert msg is not None and msg.status == "dead" and msg.retry_count == 3
         assert "scripted failure" in (msg.last_error or "")
         *notes, notice = _responses(rt)
@@ -226,7 +226,7 @@ def test_a_reply_after_a_retry_closes_the_trying_again_note(
     api.add_rule("flaky", Text("fine now"))
     home = _home(tmp_path, sqlite_url)
     with open_home(home) as rt:
-        rt.queue.enqueue_message("telegram", "ann", "flaky", sender_id="42", conversation="c")
+        rt.queue.intake.enqueue_message("telegram", "ann", "flaky", sender_id="42", conversation="c")
         stats = run_idle(rt, env=_env(api, tmp_path), include_delayed=True)
         assert stats.invocations == 2
         note, final = _responses(rt)
@@ -248,7 +248,7 @@ def test_a_refused_message_fails_at_once_and_leaves_no_trace_in_the_conversation
     with open_home(home) as rt:
 
         def send(text: str) -> str:
-            return rt.queue.enqueue_message(
+            return rt.queue.intake.enqueue_message(
                 "telegram", "ann", text, sender_id="42", conversation="chat-7"
             ).message_id
 
@@ -257,7 +257,7 @@ def test_a_refused_message_fails_at_once_and_leaves_no_trace_in_the_conversation
         poison = send("poison")
         stats = run_idle(rt, env=env, include_delayed=True)
         assert stats.invocations == 1  # refused for good: no retries burnt
-        dead = rt.queue.get_message(poison)
+        dead = rt.queue.admin.get_message(poison)
         assert dead is not None and dead.status == "dead"
         # One CLI run (stats.invocations above). Within it the CLI itself re-sends a 400'd request a few
         # times, dropping one beta header each time (its fallback for proxies without betas): all of them
@@ -285,14 +285,14 @@ def test_timeout_kills_the_cli_and_its_process_group(
     api.add_rule("slow", Text("too late", delay=60))
     home = _home(tmp_path, sqlite_url, coder={"timeout_seconds": 2})
     with open_home(home) as rt:
-        sent = rt.queue.enqueue_message("cli", "me", "slow please")
+        sent = rt.queue.intake.enqueue_message("cli", "me", "slow please")
         started = time.monotonic()
         run_idle(rt, env=_env(api, tmp_path))
         assert time.monotonic() - started < 15
         done = rt.db.read("SELECT payload FROM events WHERE type = 'chain_step_done'")
         assert '"timed_out":true' in done[0]["payload"]
         pid = int(re.search(r'"pid":(\d+)', done[0]["payload"]).group(1))  # type: ignore[union-attr]
-        msg = rt.queue.get_message(sent.message_id)
+        msg = rt.queue.admin.get_message(sent.message_id)
         assert msg is not None and msg.status == "pending" and "timed out" in (msg.last_error or "")
         (note,) = _responses(rt)  # no answer: only the note that it is being tried again
         assert '"progress"' in str(note["metadata"]) and "time limit" in str(note["message"])
@@ -324,7 +324,7 @@ def test_send_file_attaches_only_the_workspace_and_this_chats_uploads(
             "/proc/self/environ",
         ]
         api.add_rule("report", Text("Here it is.\n" + "\n".join(f"[send_file: {a}]" for a in attempts)))
-        rt.queue.enqueue_message("telegram", "ann", "send the report", sender_id="7", conversation="7")
+        rt.queue.intake.enqueue_message("telegram", "ann", "send the report", sender_id="7", conversation="7")
         run_idle(rt, env=_env(api, tmp_path))
         (resp,) = _responses(rt)
         # Each refused file is named in the reply, in plain words: the user is not left waiting for it.
@@ -353,9 +353,9 @@ def test_send_file_attaches_only_the_workspace_and_this_chats_uploads(
 def test_missing_cli_is_a_clear_failure(tmp_path: Path, sqlite_url: str, api: FakeAnthropic) -> None:
     home = _home(tmp_path, sqlite_url, coder={"command": [str(tmp_path / "no-such-claude")]})
     with open_home(home) as rt:
-        sent = rt.queue.enqueue_message("cli", "me", "hi")
+        sent = rt.queue.intake.enqueue_message("cli", "me", "hi")
         run_idle(rt, env=_env(api, tmp_path))
-        msg = rt.queue.get_message(sent.message_id)
+        msg = rt.queue.admin.get_message(sent.message_id)
         assert msg is not None and msg.status == "dead"  # it cannot work on a retry: no retries burnt
         assert "no-such-claude" in (msg.last_error or "") and "not an executable" in (msg.last_error or "")
         (notice,) = _responses(rt)
@@ -373,17 +373,17 @@ def test_rate_limit_pauses_without_spending_an_attempt(
         tmp_path, sqlite_url, {"coder": {"provider": "claude"}}, processor={"rate_limit_pause_seconds": 30}
     )
     with open_home(home) as rt:
-        sent = rt.queue.enqueue_message("cli", "me", "busy now?")
+        sent = rt.queue.intake.enqueue_message("cli", "me", "busy now?")
         before = int(time.time() * 1000)
         run_idle(rt, env=_env(api, tmp_path))
-        msg = rt.queue.get_message(sent.message_id)
+        msg = rt.queue.admin.get_message(sent.message_id)
         assert msg is not None and msg.status == "pending" and msg.retry_count == 0
         assert msg.available_at >= before + 29_000
         assert "429" in (msg.last_error or "")
         # No reply yet: only the one notice that the agent is paused (issue 8), no error as an answer.
         (notice,) = _responses(rt)
         assert '"kind":"paused"' in str(notice["metadata"]) and "429" not in str(notice["message"])
-        assert int(rt.queue.agent_state("coder")["paused_until"]) >= before + 29_000
+        assert int(rt.queue.control.agent_state("coder")["paused_until"]) >= before + 29_000
 
 
 def test_two_senders_get_private_conversations_by_default(
@@ -394,10 +394,14 @@ def test_two_senders_get_private_conversations_by_default(
     home = _home(tmp_path, sqlite_url)  # no session_scope: the default
     env = _env(api, tmp_path)
     with open_home(home) as rt:
-        rt.queue.enqueue_message("whatsapp", "ann", "my secret plan", sender_id="111", conversation="111")
+        rt.queue.intake.enqueue_message(
+            "whatsapp", "ann", "my secret plan", sender_id="111", conversation="111"
+        )
         run_idle(rt, env=env)
         api.clear()
-        rt.queue.enqueue_message("whatsapp", "bob", "what do you know", sender_id="222", conversation="222")
+        rt.queue.intake.enqueue_message(
+            "whatsapp", "bob", "what do you know", sender_id="222", conversation="222"
+        )
         run_idle(rt, env=env)
         assert get_session(rt.db, "coder", "whatsapp:111") and get_session(rt.db, "coder", "whatsapp:222")
     (request,) = api.main_requests()
@@ -414,16 +418,16 @@ def test_a_conversation_this_host_does_not_have_starts_afresh_at_once(
     home = _home(tmp_path, sqlite_url)
     env = _env(api, tmp_path)
     with open_home(home) as rt:
-        rt.queue.enqueue_message("telegram", "ann", "first question", sender_id="42", conversation="c")
+        rt.queue.intake.enqueue_message("telegram", "ann", "first question", sender_id="42", conversation="c")
         run_idle(rt, env=env)
         before = get_session(rt.db, "coder", "telegram:c")
         assert before
         shutil.rmtree(tmp_path / "user-home" / ".claude" / "projects")  # the conversations are elsewhere
-        sent = rt.queue.enqueue_message(
+        sent = rt.queue.intake.enqueue_message(
             "telegram", "ann", "second question", sender_id="42", conversation="c"
         )
         stats = run_idle(rt, env=env)
-        message = rt.queue.get_message(sent.message_id)
+        message = rt.queue.admin.get_message(sent.message_id)
         assert message is not None and (message.status, message.retry_count) == ("completed", 0)
         assert stats.invocations == 2 and stats.released == 1
         after = get_session(rt.db, "coder", "telegram:c")

@@ -40,7 +40,7 @@ def test_two_agents_run_in_parallel_and_each_one_run_at_a_time(tmp_path: Path, s
     with open_home(home) as rt:
         for agent in ("alpha", "beta"):
             for chat in range(5):  # five chats: five groups, so five runs of about one second each
-                rt.queue.enqueue_message(
+                rt.queue.intake.enqueue_message(
                     "api", "u", f"job sleep=1 chat{chat}", agent=agent, conversation=f"c{chat}"
                 )
         started = time.monotonic()
@@ -61,7 +61,9 @@ def test_burst_to_a_busy_agent_becomes_at_most_two_runs(tmp_path: Path, sqlite_u
     script, log = agent_script(tmp_path), tmp_path / "runs.log"
     home = make_home(tmp_path, sqlite_url, {"solo": command_agent(script)})
     with open_home(home) as rt:
-        first = rt.queue.enqueue_message("telegram", "ann", "one sleep=1.5", sender_id="7", conversation="c")
+        first = rt.queue.intake.enqueue_message(
+            "telegram", "ann", "one sleep=1.5", sender_id="7", conversation="c"
+        )
         processor = Processor(rt, env=_env(log))
         ids = [first.message_id]
 
@@ -70,7 +72,7 @@ def test_burst_to_a_busy_agent_becomes_at_most_two_runs(tmp_path: Path, sqlite_u
             wait_for(lambda: read_invocations(log), 10, "the first run to start")
             for n in range(2, 6):
                 ids.append(
-                    rt.queue.enqueue_message(
+                    rt.queue.intake.enqueue_message(
                         "telegram", "ann", f"msg {n}", sender_id="7", conversation="c"
                     ).message_id
                 )
@@ -83,7 +85,7 @@ def test_burst_to_a_busy_agent_becomes_at_most_two_runs(tmp_path: Path, sqlite_u
         assert len(runs) <= 2 and processor.stats.invocations == len(runs)
         assert len(ids) == 5
         for mid in ids:
-            msg = rt.queue.get_message(mid)
+            msg = rt.queue.admin.get_message(mid)
             assert msg is not None and msg.status == "completed", (mid, msg and msg.status)
         responses = rt.db.read("SELECT message_id, message, metadata FROM responses ORDER BY id")
         answers = [r for r in responses if '"note":"busy"' not in str(r["metadata"])]
@@ -95,9 +97,9 @@ def test_timeout_kills_children_of_the_cli(tmp_path: Path, sqlite_url: str) -> N
     script, log = agent_script(tmp_path), tmp_path / "runs.log"
     home = make_home(tmp_path, sqlite_url, {"solo": command_agent(script, timeout_seconds=1.5)})
     with open_home(home) as rt:
-        sent = rt.queue.enqueue_message("cli", "me", "spawn sleep=30")
+        sent = rt.queue.intake.enqueue_message("cli", "me", "spawn sleep=30")
         run_idle(rt, env=_env(log))
-        msg = rt.queue.get_message(sent.message_id)
+        msg = rt.queue.admin.get_message(sent.message_id)
         assert msg is not None and msg.status == "pending" and "timed out" in (msg.last_error or "")
     child = int(Path(str(log) + ".child").read_text())
     wait_for(lambda: _dead(child), 5, f"child {child} of the CLI to be killed")
@@ -109,9 +111,9 @@ def test_failing_command_retries_then_dies_with_one_notice(tmp_path: Path, db_ur
     script, log = agent_script(tmp_path), tmp_path / "runs.log"
     home = make_home(tmp_path, db_url, {"solo": command_agent(script)})
     with open_home(home) as rt:
-        sent = rt.queue.enqueue_message("discord", "ann", "fail", sender_id="9", conversation="room")
+        sent = rt.queue.intake.enqueue_message("discord", "ann", "fail", sender_id="9", conversation="room")
         run_idle(rt, env=_env(log), include_delayed=True)
-        msg = rt.queue.get_message(sent.message_id)
+        msg = rt.queue.admin.get_message(sent.message_id)
         assert msg is not None and msg.status == "dead"
         assert "exited with code 3" in (msg.last_error or "") and "something broke" in (msg.last_error or "")
         responses = rt.db.read("SELECT * FROM responses ORDER BY id")
@@ -143,7 +145,7 @@ def test_a_run_whose_lease_was_taken_over_is_stopped_and_sends_nothing(
         processor={"renew_interval_seconds": 1.2, "recover_interval_seconds": 60},
     )
     with open_home(home) as rt:
-        sent = rt.queue.enqueue_message("cli", "me", "long sleep=8")
+        sent = rt.queue.intake.enqueue_message("cli", "me", "long sleep=8")
         # A worker id of another host: only its lease speaks for it (a live one on this host is never
         # taken over before the stall ceiling).
         processor = Processor(rt, env=_env(log), worker_id="elsewhere:1:1")
@@ -153,8 +155,8 @@ def test_a_run_whose_lease_was_taken_over_is_stopped_and_sends_nothing(
             wait_for(lambda: read_invocations(log), 10, "the run to start")
             deadline = time.monotonic() + 20
             while not taken and time.monotonic() < deadline:
-                rt.queue.recover_stale_messages()
-                if rt.queue.claim_all_pending_messages("solo", "thief", lease_ms=60_000):
+                rt.queue.failures.recover_stale_messages()
+                if rt.queue.messages.claim_all_pending_messages("solo", "thief", lease_ms=60_000):
                     taken.append("thief")
                 time.sleep(0.02)
 
@@ -168,7 +170,7 @@ def test_a_run_whose_lease_was_taken_over_is_stopped_and_sends_nothing(
         (run,) = read_invocations(log)
         assert run.end is None
         wait_for(lambda: _dead(run.pid), 5, "the stopped CLI to be gone")
-        msg = rt.queue.get_message(sent.message_id)
+        msg = rt.queue.admin.get_message(sent.message_id)
         assert msg is not None and msg.status == "processing" and msg.claimed_by == "thief"
         assert count(rt, "SELECT COUNT(*) FROM responses") == 0
         assert count(rt, "SELECT COUNT(*) FROM events WHERE type = 'lease_lost'") == 1

@@ -46,10 +46,10 @@ def test_started_processors_count_until_they_stop_or_their_process_is_gone(queue
 
 def test_a_processor_holding_an_agent_counts_without_its_start_event(queue: Queue) -> None:
     # A processor up longer than the event log keeps its start is still seen while it works an agent.
-    queue.enqueue_message("cli", "ann", "hi", agent="alpha")
-    assert queue.claim_all_pending_messages("alpha", _gone_worker())
+    queue.intake.enqueue_message("cli", "ann", "hi", agent="alpha")
+    assert queue.messages.claim_all_pending_messages("alpha", _gone_worker())
     assert not processor_running(queue.db)  # the holder's process is gone
 
-    queue.enqueue_message("cli", "ann", "hi", agent="beta")
-    assert queue.claim_all_pending_messages("beta", new_worker_id())
+    queue.intake.enqueue_message("cli", "ann", "hi", agent="beta")
+    assert queue.messages.claim_all_pending_messages("beta", new_worker_id())
     assert processor_running(queue.db)

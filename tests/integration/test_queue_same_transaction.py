@@ -23,37 +23,39 @@ def _put(key: str) -> Callable[[Tx], None]:
 
 
 def test_a_completion_releases_the_agent_only_when_nothing_else_waits(queue: Queue) -> None:
-    queue.enqueue_message("api", "ann", "one", agent="alpha")
-    (first,) = queue.claim_all_pending_messages("alpha", "w1")
-    queue.enqueue_message("api", "ann", "two", agent="alpha")  # arrives during the run
-    busy = queue.complete_messages([first.message_id], "w1", "done", release_when_idle=True)
-    assert not busy.released and queue.agent_holder("alpha") == "w1"
-    (second,) = queue.claim_all_pending_messages("alpha", "w1")
-    idle = queue.complete_messages([second.message_id], "w1", "done", release_when_idle=True)
-    assert idle.released and queue.agent_holder("alpha") is None
+    queue.intake.enqueue_message("api", "ann", "one", agent="alpha")
+    (first,) = queue.messages.claim_all_pending_messages("alpha", "w1")
+    queue.intake.enqueue_message("api", "ann", "two", agent="alpha")  # arrives during the run
+    busy = queue.messages.complete_messages([first.message_id], "w1", "done", release_when_idle=True)
+    assert not busy.released and queue.leases.agent_holder("alpha") == "w1"
+    (second,) = queue.messages.claim_all_pending_messages("alpha", "w1")
+    idle = queue.messages.complete_messages([second.message_id], "w1", "done", release_when_idle=True)
+    assert idle.released and queue.leases.agent_holder("alpha") is None
     # Another worker can take the agent at once.
-    queue.enqueue_message("api", "ann", "three", agent="alpha")
-    assert [m.message for m in queue.claim_all_pending_messages("alpha", "w2")] == ["three"]
+    queue.intake.enqueue_message("api", "ann", "three", agent="alpha")
+    assert [m.message for m in queue.messages.claim_all_pending_messages("alpha", "w2")] == ["three"]
 
 
 def test_work_added_to_a_transaction_commits_with_it_or_not_at_all(queue: Queue) -> None:
-    queue.enqueue_message("api", "ann", "one", agent="alpha", also=_put("enqueued"))
-    (m,) = queue.claim_all_pending_messages("alpha", "w1")
-    queue.mark_run_started([m.message_id], "w1", also=_put("started"))
+    queue.intake.enqueue_message("api", "ann", "one", agent="alpha", also=_put("enqueued"))
+    (m,) = queue.messages.claim_all_pending_messages("alpha", "w1")
+    queue.messages.mark_run_started([m.message_id], "w1", also=_put("started"))
     with pytest.raises(LeaseLost):
-        queue.complete_messages([m.message_id], "other", "x", also=_put("lost"))
-    queue.complete_messages([m.message_id], "w1", "done", also=_put("completed"))
+        queue.messages.complete_messages([m.message_id], "other", "x", also=_put("lost"))
+    queue.messages.complete_messages([m.message_id], "w1", "done", also=_put("completed"))
     assert [e.key for e in kv.entries(queue.db, Scope.AGENT_RUN)] == ["completed", "enqueued", "started"]
 
 
 def test_the_last_chunk_and_the_ack_are_one_write(queue: Queue) -> None:
-    queue.enqueue_message("telegram", "ann", "hi", agent="alpha", conversation="42")
-    (m,) = queue.claim_all_pending_messages("alpha", "w1")
-    queue.complete_messages([m.message_id], "w1", "the answer")
-    (reply,) = queue.claim_responses_for_channel("telegram", "d1")
+    queue.intake.enqueue_message("telegram", "ann", "hi", agent="alpha", conversation="42")
+    (m,) = queue.messages.claim_all_pending_messages("alpha", "w1")
+    queue.messages.complete_messages([m.message_id], "w1", "the answer")
+    (reply,) = queue.responses.claim_responses_for_channel("telegram", "d1")
     # A deliverer that lost the reply changes nothing, its own record included.
-    assert not queue.mark_chunk_delivered(reply.id, "someone-else", 0, ack=True, also=_put("lost"))
-    assert queue.mark_chunk_delivered(reply.id, "d1", 0, platform_id="777", ack=True, also=_put("sent"))
+    assert not queue.responses.mark_chunk_delivered(reply.id, "someone-else", 0, ack=True, also=_put("lost"))
+    assert queue.responses.mark_chunk_delivered(
+        reply.id, "d1", 0, platform_id="777", ack=True, also=_put("sent")
+    )
     status = queue.db.read("SELECT status, delivered FROM responses WHERE id = :i", {"i": reply.id})
     assert status == [{"status": "acked", "delivered": 1}]
     assert [e.key for e in kv.entries(queue.db, Scope.AGENT_RUN)] == ["sent"]
@@ -61,4 +63,4 @@ def test_the_last_chunk_and_the_ack_are_one_write(queue: Queue) -> None:
         r["type"] for r in queue.db.read("SELECT type FROM events WHERE message_id = :m", {"m": m.message_id})
     ]
     assert kinds[-2:] == ["chunk_delivered", "response_acked"]
-    assert queue.claim_responses_for_channel("telegram", "d1") == []
+    assert queue.responses.claim_responses_for_channel("telegram", "d1") == []

@@ -37,7 +37,7 @@ WORKER = "here:1:1"
 def run_group(rt: Runtime, agent: str, log: Path) -> tuple[Drive, ProcessorStats]:
     """Claim ``agent``'s pending messages as one group and take it through a :class:`Run`."""
     drive = Drive(agent)
-    group = WorkGroup(rt.queue.claim_all_pending_messages(agent, WORKER, lease_ms=30_000), "collect")
+    group = WorkGroup(rt.queue.messages.claim_all_pending_messages(agent, WORKER, lease_ms=30_000), "collect")
     drive.running = group
     config = rt.settings.section("processor", ProcessorSettings)
     stats = ProcessorStats()
@@ -73,15 +73,15 @@ def test_a_run_completes_its_group_with_the_agents_reply(tmp_path: Path, sqlite_
     script, log = agent_script(tmp_path), tmp_path / "runs.log"
     home = make_home(tmp_path, sqlite_url, {"solo": command_agent(script)})
     with open_home(home) as rt:
-        first = rt.queue.enqueue_message("telegram", "ann", "alpha", sender_id="7", conversation="a")
-        second = rt.queue.enqueue_message("telegram", "ann", "beta", sender_id="7", conversation="a")
+        first = rt.queue.intake.enqueue_message("telegram", "ann", "alpha", sender_id="7", conversation="a")
+        second = rt.queue.intake.enqueue_message("telegram", "ann", "beta", sender_id="7", conversation="a")
         drive, stats = run_group(rt, "solo", log)
 
         (invocation,) = read_invocations(log)
         assert "alpha" in invocation.prompt and "beta" in invocation.prompt  # one run for the chat's group
         for mid in (first.message_id, second.message_id):
-            assert rt.queue.get_message(mid).status == "completed"  # type: ignore[union-attr]
-        (reply,) = rt.queue.list_responses()
+            assert rt.queue.admin.get_message(mid).status == "completed"  # type: ignore[union-attr]
+        (reply,) = rt.queue.admin.list_responses()
         assert reply.message.startswith("(Answering your 2 messages together.)")
         assert reply.metadata["kind"] == "final" and reply.metadata["edit_key"].startswith("run")
         assert stats.invocations == 1 and stats.completed == 2 and drive.held_ids() == []
@@ -93,12 +93,12 @@ def test_a_failing_cli_sends_the_group_back_with_an_attempt_counted(tmp_path: Pa
     script, log = agent_script(tmp_path), tmp_path / "runs.log"
     home = make_home(tmp_path, sqlite_url, {"solo": command_agent(script)})
     with open_home(home) as rt:
-        mid = rt.queue.enqueue_message(
+        mid = rt.queue.intake.enqueue_message(
             "telegram", "ann", "please fail", sender_id="7", conversation="a"
         ).message_id
         drive, stats = run_group(rt, "solo", log)
 
-        message = rt.queue.get_message(mid)
+        message = rt.queue.admin.get_message(mid)
         assert message is not None and message.status == "pending" and message.retry_count == 1
         assert "something broke" in (message.last_error or "")
         assert stats.invocations == 1 and stats.failed == 1 and drive.held_ids() == []
@@ -109,12 +109,12 @@ def test_a_group_of_an_agent_no_longer_configured_never_starts(tmp_path: Path, s
     script, log = agent_script(tmp_path), tmp_path / "runs.log"
     home = make_home(tmp_path, sqlite_url, {"solo": command_agent(script), "gone": command_agent(script)})
     with open_home(home) as rt:
-        mid = rt.queue.enqueue_message("api", "u", "hello", agent="gone", conversation="c").message_id
+        mid = rt.queue.intake.enqueue_message("api", "u", "hello", agent="gone", conversation="c").message_id
         make_home(tmp_path, sqlite_url, {"solo": command_agent(script)})  # "gone" is taken out of the file
         assert rt.refresh_settings(force=True) and "gone" not in rt.settings.agents
         _, stats = run_group(rt, "gone", log)
 
-        message = rt.queue.get_message(mid)
+        message = rt.queue.admin.get_message(mid)
         assert message is not None and message.status == "dead"
         assert "'gone' is not configured" in (message.last_error or "")
         assert stats.invocations == 0 and read_invocations(log) == []

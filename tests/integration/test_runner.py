@@ -52,7 +52,7 @@ def test_a_message_is_taken_in_once_and_its_reply_goes_out_in_chunks(
     platform.push(_from_ann("hello", "m1"))  # the platform redelivers it
     wait_for(lambda: len(platform.outcomes) == 2, 10, "both deliveries handled")
     reply = "one two three four five six seven eight nine ten eleven twelve thirteen fourteen"
-    rt.queue.enqueue_response("fake", "ann", reply, sender_id="u1", conversation="c1")
+    rt.queue.responses.enqueue_response("fake", "ann", reply, sender_id="u1", conversation="c1")
     wait_for(lambda: count(rt, ACKED) == 1, 10, "the reply acked")
     assert platform.outcomes == ["queued", "duplicate"]
     assert count(rt, "SELECT COUNT(*) FROM messages WHERE channel = 'fake'") == 1
@@ -79,7 +79,9 @@ def test_a_refused_reply_fails_for_good_and_the_chat_is_told_when_it_writes_agai
     rt: Runtime, platform: FakePlatform
 ) -> None:
     platform.refusals.append(PlatformRefused("bot blocked", permanent=True))
-    rt.queue.enqueue_response("fake", "ann", "a reply that is lost", sender_id="u1", conversation="c1")
+    rt.queue.responses.enqueue_response(
+        "fake", "ann", "a reply that is lost", sender_id="u1", conversation="c1"
+    )
     wait_for(lambda: count(rt, "SELECT COUNT(*) FROM responses WHERE status = 'failed'") == 1, 10, "failed")
     assert platform.texts("c1") == []
     platform.push(_from_ann("are you there?", "m3"))

@@ -14,11 +14,11 @@ pytestmark = pytest.mark.integration
 def test_audit_measures_the_profile_and_judges_it(scheduler_rt: Runtime) -> None:
     q = scheduler_rt.queue
     for i in range(6):
-        q.enqueue_message("cli", "ann", f"m{i}")
-    claimed = q.claim_all_pending_messages("assistant", "w")
+        q.intake.enqueue_message("cli", "ann", f"m{i}")
+    claimed = q.messages.claim_all_pending_messages("assistant", "w")
     for m in claimed[:4]:
-        q.complete_messages([m.message_id], "w", ResponseDraft(message="ok"))
-    q.fail_messages([m.message_id for m in claimed[4:]], "w", "boom")
+        q.messages.complete_messages([m.message_id], "w", ResponseDraft(message="ok"))
+    q.failures.fail_messages([m.message_id for m in claimed[4:]], "w", "boom")
     audit = run_audit(q, hours=1, capacity_per_second=1000)
     assert (audit.received, audit.completed, audit.dead) == (6, 4, 2)
     assert audit.peak_per_second >= 1 and audit.hours and audit.hours[-1].received == 6

@@ -48,7 +48,7 @@ def test_restore_puts_entries_back_once_and_skips_corrupt_lines(scheduler_rt: Ru
         f.write(b'{"v":1,"key":"broken\n')  # a torn line, as a crash mid-write would leave
     result = dlq.restore(scheduler_rt.db, scheduler_rt.settings, path, only=ids[1])
     assert result.restored == [ids[1]] and len(result.corrupt) == 1
-    assert q.get_message(ids[1]).status == "pending"  # type: ignore[union-attr]
+    assert q.admin.get_message(ids[1]).status == "pending"  # type: ignore[union-attr]
     result = dlq.restore(scheduler_rt.db, scheduler_rt.settings, path)
     assert sorted(result.restored) == sorted([ids[0], ids[2]]) and result.already_restored == [ids[1]]
     # Even once the restored messages finished and were pruned, a second restore does nothing.
@@ -63,9 +63,9 @@ def test_restore_puts_entries_back_once_and_skips_corrupt_lines(scheduler_rt: Ru
         tx.execute("DELETE FROM kv WHERE scope = :s", {"s": dlq.RESTORED_SCOPE})
     dlq.restore(scheduler_rt.db, scheduler_rt.settings, path, only=ids[0])
     worker = "w2"
-    claimed = q.claim_all_pending_messages("assistant", worker)
-    q.fail_messages([m.message_id for m in claimed], worker, "again")
-    q.release_agent("assistant", worker)
+    claimed = q.messages.claim_all_pending_messages("assistant", worker)
+    q.failures.fail_messages([m.message_id for m in claimed], worker, "again")
+    q.leases.release_agent("assistant", worker)
     died = now_ms()
     wait_until(lambda: now_ms() > died + 1, what="the clock to move past the death")
     assert SchedulerService(scheduler_rt).archive().archived == 1

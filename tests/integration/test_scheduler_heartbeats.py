@@ -68,7 +68,8 @@ def test_heartbeat_hygiene_active_hours_and_busy_agents(tmp_path: Path, db_url: 
         # 12:00 UTC is outside 22:00-06:00 (a window across midnight): skipped, and the event says why.
         [noon] = service.fire_due(T0 + timedelta(seconds=1))
         assert (
-            noon.skipped.startswith("outside active hours") and rt.queue.get_message(noon.message_id) is None
+            noon.skipped.startswith("outside active hours")
+            and rt.queue.admin.get_message(noon.message_id) is None
         )
         [night] = service.fire_due(T0 + timedelta(hours=11, seconds=1))  # 23:00
         assert not night.skipped and not night.duplicate

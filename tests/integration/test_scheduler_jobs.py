@@ -26,30 +26,30 @@ pytestmark = pytest.mark.integration
 
 def test_recover_job_returns_messages_of_a_dead_worker(scheduler_rt: Runtime) -> None:
     q = scheduler_rt.queue
-    mid = q.enqueue_message("cli", "ann", "hello").message_id
-    claimed = q.claim_all_pending_messages("assistant", "gone-worker", lease_ms=1)
+    mid = q.intake.enqueue_message("cli", "ann", "hello").message_id
+    claimed = q.messages.claim_all_pending_messages("assistant", "gone-worker", lease_ms=1)
     assert [m.message_id for m in claimed] == [mid]
-    q.mark_run_started([mid], "gone-worker")  # its run had started when the worker died
-    wait_until(lambda: now_ms() > (q.get_message(mid).lease_until or 0) + 1, what="the lease to expire")  # type: ignore[union-attr]
+    q.messages.mark_run_started([mid], "gone-worker")  # its run had started when the worker died
+    wait_until(lambda: now_ms() > (q.admin.get_message(mid).lease_until or 0) + 1, what="the lease to expire")  # type: ignore[union-attr]
     service = SchedulerService(scheduler_rt)
     # An interrupted run is charged to the message (its own budget), not a retry meant for errors.
     assert service.recover() == {"retried": 1, "dead": 0}
-    back = q.get_message(mid)
+    back = q.admin.get_message(mid)
     assert back is not None and back.status == "pending" and back.interruptions == 1 and back.retry_count == 0
     assert service.recover() == {"retried": 0, "dead": 0}  # idempotent: nothing left to recover
 
 
 def test_prune_job_deletes_only_old_finished_rows(scheduler_rt: Runtime) -> None:
     q = scheduler_rt.queue
-    old, fresh = (q.enqueue_message("cli", "ann", t).message_id for t in ("old one", "fresh one"))
-    claimed = q.claim_all_pending_messages("assistant", "w")
+    old, fresh = (q.intake.enqueue_message("cli", "ann", t).message_id for t in ("old one", "fresh one"))
+    claimed = q.messages.claim_all_pending_messages("assistant", "w")
     for m in claimed:
-        q.complete_messages([m.message_id], "w", ResponseDraft(message="done"))
-    q.release_agent("assistant", "w")
-    for r in q.list_responses(10, pending_only=True):
-        q.ack_response(r.id)
+        q.messages.complete_messages([m.message_id], "w", ResponseDraft(message="done"))
+    q.leases.release_agent("assistant", "w")
+    for r in q.admin.list_responses(10, pending_only=True):
+        q.responses.ack_response(r.id)
     make_dead(q, 1)
-    pending = q.enqueue_message("cli", "ann", "still waiting").message_id
+    pending = q.intake.enqueue_message("cli", "ann", "still waiting").message_id
     day = 86_400_000
     with scheduler_rt.db.transaction() as tx:  # age the first message and its reply past 24 h
         tx.execute(
@@ -62,9 +62,9 @@ def test_prune_job_deletes_only_old_finished_rows(scheduler_rt: Runtime) -> None
         tx.execute("UPDATE messages SET updated_at = updated_at - :d WHERE status = 'dead'", {"d": 3 * day})
     pruned, unserved = SchedulerService(scheduler_rt).prune()
     assert pruned == {"messages": 1, "responses": 1} and unserved == 0
-    assert q.get_message(old) is None
-    assert q.get_message(fresh).status == "completed"  # type: ignore[union-attr]
-    assert q.get_message(pending).status == "pending"  # type: ignore[union-attr]
+    assert q.admin.get_message(old) is None
+    assert q.admin.get_message(fresh).status == "completed"  # type: ignore[union-attr]
+    assert q.admin.get_message(pending).status == "pending"  # type: ignore[union-attr]
     assert count(q, "dead") == 1
 
 
@@ -73,17 +73,17 @@ def test_replies_on_unserved_channels_are_acked_and_recorded(scheduler_rt: Runti
     service = SchedulerService(scheduler_rt, start=T0)
     fired = service.fire_due(T0 + timedelta(seconds=1))
     assert fired == []  # no heartbeats configured
-    hb = q.enqueue_message("heartbeat", "System", "check in", agent="assistant").message_id
-    tg = q.enqueue_message("telegram", "ann", "hi", agent="assistant").message_id
-    claimed = q.claim_all_pending_messages("assistant", "w")
+    hb = q.intake.enqueue_message("heartbeat", "System", "check in", agent="assistant").message_id
+    tg = q.intake.enqueue_message("telegram", "ann", "hi", agent="assistant").message_id
+    claimed = q.messages.claim_all_pending_messages("assistant", "w")
     for m in claimed:
-        q.complete_messages([m.message_id], "w", ResponseDraft(message=f"reply to {m.message_id}"))
+        q.messages.complete_messages([m.message_id], "w", ResponseDraft(message=f"reply to {m.message_id}"))
     assert service.prune()[1] == 0  # younger than unserved_response_age_seconds
     with scheduler_rt.db.transaction() as tx:
         tx.execute("UPDATE responses SET created_at = created_at - 61000")
     assert service.prune()[1] == 1
     assert service.prune()[1] == 0
-    by_message = {r.message_id: r.status for r in q.list_responses(10)}
+    by_message = {r.message_id: r.status for r in q.admin.list_responses(10)}
     assert by_message == {hb: "acked", tg: "pending"}
     recorded = events_of(scheduler_rt, "response_unserved")
     assert len(recorded) == 1 and recorded[0]["message_id"] == hb
@@ -91,8 +91,8 @@ def test_replies_on_unserved_channels_are_acked_and_recorded(scheduler_rt: Runti
 
 
 def test_event_cleanup_job_applies_the_ttl(scheduler_rt: Runtime) -> None:
-    scheduler_rt.queue.enqueue_message("cli", "ann", "one")
-    scheduler_rt.queue.enqueue_message("cli", "ann", "two")
+    scheduler_rt.queue.intake.enqueue_message("cli", "ann", "one")
+    scheduler_rt.queue.intake.enqueue_message("cli", "ann", "two")
     before = len(scheduler_rt.events.read(None, None, 1000))
     with scheduler_rt.db.transaction() as tx:
         tx.execute(

@@ -30,11 +30,13 @@ def populate(home: Path) -> None:
         q = rt.queue
         make_dead(q, 2)
         done = [
-            q.enqueue_message("telegram", "ann", f"done {i}", sender_id="42", conversation="c1").message_id
+            q.intake.enqueue_message(
+                "telegram", "ann", f"done {i}", sender_id="42", conversation="c1"
+            ).message_id
             for i in range(3)
         ]
-        claimed = q.claim_all_pending_messages("assistant", "w1")
-        q.complete_messages(
+        claimed = q.messages.claim_all_pending_messages("assistant", "w1")
+        q.messages.complete_messages(
             [m.message_id for m in claimed],
             "w1",
             ResponseDraft(message="all done"),
@@ -44,18 +46,18 @@ def populate(home: Path) -> None:
                 AgentTurn("assistant", "assistant", "all done"),
             ],
         )
-        q.release_agent("assistant", "w1")
+        q.leases.release_agent("assistant", "w1")
         assert {m.message_id for m in claimed} == set(done)
         # responses: one acked, one being delivered (lease expired: its adapter died), one pending
         # (each in a chat of its own: a chat's later reply is not claimed while an earlier one is unfinished)
         for chat, text in (("c2", "second"), ("c3", "third")):
-            q.enqueue_response("telegram", "ann", text, conversation=chat)
-        taken = q.claim_responses_for_channel("telegram", "tg-1", limit=2, lease_ms=1)
-        q.ack_response(taken[0].id, "tg-1")
+            q.responses.enqueue_response("telegram", "ann", text, conversation=chat)
+        taken = q.responses.claim_responses_for_channel("telegram", "tg-1", limit=2, lease_ms=1)
+        q.responses.ack_response(taken[0].id, "tg-1")
         # messages: processing (its worker died: the lease is in the past), pending
-        q.enqueue_message("cli", "bob", "in flight", agent="coder")
-        q.claim_all_pending_messages("coder", "w2", lease_ms=1)
-        q.enqueue_message("cli", "bob", "waiting", agent="coder")
+        q.intake.enqueue_message("cli", "bob", "in flight", agent="coder")
+        q.messages.claim_all_pending_messages("coder", "w2", lease_ms=1)
+        q.intake.enqueue_message("cli", "bob", "waiting", agent="coder")
         SqlEventLog(rt.db).ack("dashboard", "queue", SqlEventLog(rt.db).last_cursor())
         now = now_ms()
         with rt.db.transaction() as tx:
@@ -110,15 +112,17 @@ def test_migrate_sqlite_with_every_status_to_postgresql(tmp_path: Path) -> None:
             assert rt.db.dialect.name == "postgresql"
             assert table_counts(rt.db.read) == source_counts
             max_id = rt.db.read_scalar("SELECT MAX(id) FROM messages")
-            new = rt.queue.enqueue_message("cli", "ann", "after the move")
+            new = rt.queue.intake.enqueue_message("cli", "ann", "after the move")
             assert new.id is not None and new.id > max_id
-            recovered = rt.queue.recover_stale_messages()
+            recovered = rt.queue.failures.recover_stale_messages()
             assert len(recovered.retried) + len(recovered.dead) == 1
-            claimed = rt.queue.claim_all_pending_messages("coder", "pg-worker")
+            claimed = rt.queue.messages.claim_all_pending_messages("coder", "pg-worker")
             assert {m.message for m in claimed} >= {"waiting"}
             event = rt.events.append("queue", "probe", {})
             assert int(event) > int(source_counts[0]["events"])
-            assert rt.queue.claim_responses_for_channel("telegram", "tg-2")  # the pending and the stale one
+            assert rt.queue.responses.claim_responses_for_channel(
+                "telegram", "tg-2"
+            )  # the pending and the stale one
 
         # A second migration onto the now non-empty target is refused, and nothing changes.
         sqlite_home = write_home(tmp_path / "other", f"sqlite:///{sqlite_file}", agents=AGENTS)
@@ -131,8 +135,8 @@ def test_migrate_sqlite_with_every_status_to_postgresql(tmp_path: Path) -> None:
 def test_migrate_refuses_while_a_worker_holds_a_live_lease(tmp_path: Path) -> None:
     home = write_home(tmp_path / "home", f"sqlite:///{tmp_path / 'a.db'}")
     with open_runtime(home, env={}) as rt:
-        rt.queue.enqueue_message("cli", "ann", "busy")
-        rt.queue.claim_all_pending_messages("assistant", "live-worker", lease_ms=600_000)
+        rt.queue.intake.enqueue_message("cli", "ann", "busy")
+        rt.queue.messages.claim_all_pending_messages("assistant", "live-worker", lease_ms=600_000)
     with fresh_pg_database() as pg:
         with pytest.raises(MigrationError, match="live-worker"):
             migrate(load_settings(home, env={}), pg)

@@ -223,7 +223,7 @@ def test_read_only_database_gives_one_line_from_cli_and_web_then_resumes(
 ) -> None:
     writable, view = read_only_view
     rt = runtime_for(make_home(writable))
-    before = rt.queue.enqueue_message("cli", "me", "stored before").message_id
+    before = rt.queue.intake.enqueue_message("cli", "me", "stored before").message_id
     rt.close()
     home = view / "home"
     db_file = home / "agentpost.db"

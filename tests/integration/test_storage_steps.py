@@ -49,7 +49,9 @@ def test_a_kept_completion_is_fenced_off_when_another_worker_took_the_messages_o
     away = open_runtime(home, env={"PATH": os.environ.get("PATH", "")})
     direct = open_runtime(home, env={"PATH": os.environ.get("PATH", ""), "AGENTPOST_DATABASE_URL": pg_url})
     elsewhere = Processor(away, worker_id="elsewhere:4242:1")
-    mid = direct.queue.enqueue_message("api", "u", "token-once sleepfirst=2", conversation="c").message_id
+    mid = direct.queue.intake.enqueue_message(
+        "api", "u", "token-once sleepfirst=2", conversation="c"
+    ).message_id
     failures: list[BaseException] = []
 
     def serve() -> None:
@@ -66,10 +68,12 @@ def test_a_kept_completion_is_fenced_off_when_another_worker_took_the_messages_o
         # Its leases lapse; recovery (here, on the second processor's side) takes the message back, and
         # the second processor answers it.
         wait_for(
-            lambda: direct.queue.recover_stale_messages().retried == [mid], 10, "the lapsed claim taken back"
+            lambda: direct.queue.failures.recover_stale_messages().retried == [mid],
+            10,
+            "the lapsed claim taken back",
         )
         anyio.run(lambda: Processor(direct).run_until_idle(timeout=30))
-        assert direct.queue.get_message(mid).status == "completed"  # type: ignore[union-attr]
+        assert direct.queue.admin.get_message(mid).status == "completed"  # type: ignore[union-attr]
         wait_for(lambda: "kept, trying again" in caplog.text, 10, "the first run's outcome kept")
         relay.open()
         first.join(30)
@@ -129,7 +133,7 @@ def test_a_claim_committed_while_the_connection_dropped_is_taken_back_within_sec
     processor = Proc("processor", home, {}, tmp_path / "processor.log")
     held = True
     try:
-        mid = direct.queue.enqueue_message("api", "u", "token-stranded", conversation="c").message_id
+        mid = direct.queue.intake.enqueue_message("api", "u", "token-stranded", conversation="c").message_id
         wait_for(lambda: _waiting_on(admin, 7401), 20, "the processor's claim to wait in its commit")
         relay.close()  # the processor loses its connection in the middle of committing the claim
         admin.execute("SELECT pg_advisory_unlock(7401)")
@@ -172,5 +176,5 @@ def _waiting_on(conn: psycopg.Connection[tuple[object, ...]], key: int) -> bool:
 
 
 def _status(rt: Runtime, message_id: str) -> str:
-    found = rt.queue.get_message(message_id)
+    found = rt.queue.admin.get_message(message_id)
     return found.status if found is not None else "missing"

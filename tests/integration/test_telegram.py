@@ -57,10 +57,12 @@ def test_markdown_fallback_long_reply_as_file_and_typing(rt: Runtime, fake: Hold
     fake.add_chat(42, username="alice")
     fake.reject_markdown = True
     with RunningChannel(_channel(rt, fake)):
-        rt.queue.enqueue_message("telegram", "alice", "busy", sender_id="42", conversation="42")
+        rt.queue.intake.enqueue_message("telegram", "alice", "busy", sender_id="42", conversation="42")
         fake.wait_for(lambda c: c.method == "sendChatAction" and c.chat_id == 42, 10)
-        rt.queue.enqueue_response("telegram", "alice", "a *broken markdown reply", conversation="42")
-        rt.queue.enqueue_response(
+        rt.queue.responses.enqueue_response(
+            "telegram", "alice", "a *broken markdown reply", conversation="42"
+        )
+        rt.queue.responses.enqueue_response(
             "telegram", "alice", "\n\n".join(["paragraph " * 300] * 10), conversation="42"
         )
         wait_for(lambda: count(rt, "SELECT COUNT(*) FROM responses WHERE status = 'acked'") == 2, 15, "acks")
@@ -93,7 +95,9 @@ def test_two_deliverers_never_send_the_same_response(
         ]
         try:
             for i in range(60):
-                runtimes[0].queue.enqueue_response("telegram", "alice", f"reply {i}", conversation="42")
+                runtimes[0].queue.responses.enqueue_response(
+                    "telegram", "alice", f"reply {i}", conversation="42"
+                )
             wait_for(
                 lambda: count(runtimes[0], "SELECT COUNT(*) FROM responses WHERE status = 'acked'") == 60,
                 30,

@@ -18,7 +18,7 @@ pytestmark = pytest.mark.integration
 
 ENQUEUE = (
     "import sys, time; from shared.storage.db import open_database; from shared.queue.core import Queue;"
-    "db = open_database(sys.argv[1], create=False); Queue(db).enqueue_message('cli', 's', 'wake up');"
+    "db = open_database(sys.argv[1], create=False); Queue(db).intake.enqueue_message('cli', 's', 'wake up');"
     "print(time.monotonic()); db.close()"
 )
 # Measured once the waker has settled: on PostgreSQL its listener imports psycopg and connects in the
@@ -70,7 +70,7 @@ def test_local_commit_wakes_an_async_waiter_at_once(sqlite_url: str) -> None:
             gen = waker.generation
             loop = asyncio.get_running_loop()
             t0 = time.monotonic()
-            loop.call_later(0.05, lambda: Queue(db).enqueue_message("cli", "s", "local"))
+            loop.call_later(0.05, lambda: Queue(db).intake.enqueue_message("cli", "s", "local"))
             assert await waker.wait_async(gen, 5.0) != gen
             return time.monotonic() - t0
 

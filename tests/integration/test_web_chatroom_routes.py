@@ -30,7 +30,7 @@ def test_agents_teams_and_chatroom(api_client: httpx.Client, api_rt: Runtime) ->
     assert r.status_code == 201
     queued = r.json()["queued"]
     assert len(queued) == 2
-    assert {api_rt.queue.get_message(m).agent for m in queued} == {"beta", "gamma"}  # type: ignore[union-attr]
+    assert {api_rt.queue.admin.get_message(m).agent for m in queued} == {"beta", "gamma"}  # type: ignore[union-attr]
     posts = api_client.get("/api/chatroom/dev").json()
     assert [p["message"] for p in posts] == ["standup in 5"]
     assert api_client.get("/api/chatroom/dev", params={"after": posts[0]["id"]}).json() == []
@@ -70,7 +70,7 @@ def test_chatroom_post_reports_each_member_and_the_post_in_order(
         "named": True,
     }
     assert json.loads(rows[2]["payload"]) == {"team": "dev", "id": body["id"], "queued": [beta, gamma]}
-    message = api_rt.queue.get_message(gamma)
+    message = api_rt.queue.admin.get_message(gamma)
     assert message is not None and message.conversation == "team:dev" and message.sender == "ann"
     assert message.message == "[Chat room #dev — ann]: standup" and message.message_id.startswith("chatroom_")
 

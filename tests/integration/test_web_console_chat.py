@@ -35,9 +35,11 @@ def test_stop_asks_only_the_run_of_that_chat(client: httpx.Client, rt: Runtime) 
     r = client.post("/api/conversations/telegram/stop", json={"conversation": "42"})
     assert r.status_code == 200, r.text
     assert r.json() == {"ok": True, "stopping": []}
-    assert rt.queue.agent_state("alpha")["stop_requested"] == ""  # nothing runs: no request left behind
-    rt.queue.enqueue_message("telegram", "ann", "work", sender_id="42", conversation="42")
-    ids = [m.message_id for m in rt.queue.claim_all_pending_messages("alpha", "proc-1")]
+    assert (
+        rt.queue.control.agent_state("alpha")["stop_requested"] == ""
+    )  # nothing runs: no request left behind
+    rt.queue.intake.enqueue_message("telegram", "ann", "work", sender_id="42", conversation="42")
+    ids = [m.message_id for m in rt.queue.messages.claim_all_pending_messages("alpha", "proc-1")]
     record_run(
         rt.db,
         "alpha",
@@ -49,10 +51,10 @@ def test_stop_asks_only_the_run_of_that_chat(client: httpx.Client, rt: Runtime) 
     )
     other = client.post("/api/conversations/telegram/stop", json={"conversation": "43"})
     assert other.json() == {"ok": True, "stopping": []}
-    assert rt.queue.agent_state("alpha")["stop_requested"] == ""
+    assert rt.queue.control.agent_state("alpha")["stop_requested"] == ""
     r = client.post("/api/conversations/telegram/stop", json={"conversation": "42"})
     assert r.json() == {"ok": True, "stopping": ["alpha"]}
-    assert rt.queue.agent_state("alpha")["stop_requested"] == "telegram:42"
+    assert rt.queue.control.agent_state("alpha")["stop_requested"] == "telegram:42"
 
 
 def test_reset_clears_the_session_of_that_chat(client: httpx.Client, rt: Runtime) -> None:

@@ -25,7 +25,7 @@ def test_post_message_queues_and_routes(api_client: httpx.Client, api_rt: Runtim
     assert r.status_code == 201
     body = r.json()
     assert body["agent"] == "alpha" and body["messageId"].startswith("web_")
-    row = api_rt.queue.get_message(body["messageId"])
+    row = api_rt.queue.admin.get_message(body["messageId"])
     assert row is not None and row.status == "pending" and row.channel == "web" and row.sender_id == "u1"
 
     r = api_client.post("/api/message", json={"message": "@beta please look", "channel": "api"})
@@ -34,7 +34,7 @@ def test_post_message_queues_and_routes(api_client: httpx.Client, api_rt: Runtim
         "/api/message", json={"message": "to the team", "agent": "dev", "conversation": "c-1"}
     )
     assert r.json()["agent"] == "beta"
-    assert api_rt.queue.get_message(r.json()["messageId"]).conversation == "c-1"  # type: ignore[union-attr]
+    assert api_rt.queue.admin.get_message(r.json()["messageId"]).conversation == "c-1"  # type: ignore[union-attr]
 
 
 def test_post_message_duplicate_id_is_409_and_changes_nothing(
@@ -105,7 +105,7 @@ def test_non_json_content_type_is_refused(api_client: httpx.Client, api_rt: Runt
 def test_queue_views(api_client: httpx.Client, api_rt: Runtime) -> None:
     for text in ("one", "two", "@beta three"):
         api_client.post("/api/message", json={"message": text})
-    api_rt.queue.claim_all_pending_messages("beta", "w1")
+    api_rt.queue.messages.claim_all_pending_messages("beta", "w1")
     status = api_client.get("/api/queue/status").json()
     assert status["pending"] == 2 and status["processing"] == 1 and status["dead"] == 0
     depths = {d["agent"]: d for d in api_client.get("/api/queue/agents").json()}
@@ -136,7 +136,7 @@ def test_dead_letters_list_retry_delete(api_client: httpx.Client, api_rt: Runtim
     row_id = next(d["id"] for d in dead if d["message_id"] == b)
     r = api_client.delete(f"/api/queue/dead/{row_id}")
     assert r.status_code == 200 and r.json()["messageId"] == b
-    assert api_rt.queue.get_message(b) is None
+    assert api_rt.queue.admin.get_message(b) is None
     assert api_client.get("/api/queue/dead").json() == []
 
     before = snapshot(api_rt)

@@ -48,7 +48,7 @@ def _serve(rt: Runtime, host: str, log: Path) -> None:
 
 
 def _send(rt: Runtime, text: str) -> str:
-    return rt.queue.enqueue_message("api", "ann", text, agent="coder", conversation="c1").message_id
+    return rt.queue.intake.enqueue_message("api", "ann", text, agent="coder", conversation="c1").message_id
 
 
 def _row(rt: Runtime, message_id: str) -> dict[str, Any]:
@@ -147,7 +147,9 @@ def test_pinned_agents_run_only_on_their_hosts(tmp_path: Path, sqlite_url: str) 
     home = build_home(tmp_path, sqlite_url, agents)
     with open_home(home) as rt:
         ids = {
-            agent: rt.queue.enqueue_message("api", "ann", "hi", agent=agent, conversation=agent).message_id
+            agent: rt.queue.intake.enqueue_message(
+                "api", "ann", "hi", agent=agent, conversation=agent
+            ).message_id
             for agent in agents
         }
         env = {"PATH": os.environ.get("PATH", ""), "AGENT_LOG": str(log)}

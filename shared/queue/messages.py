@@ -1,0 +1,352 @@
+"""Claims and completions: an agent's available messages claimed together under its lease, a claimed group
+completed with its reply, handoffs, chat-room posts and history in one transaction, and the mark that a run
+started. The part ``Queue.messages``; every write a worker makes to a claimed group is fenced by
+:func:`take_group`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from shared.chain_budget import take_chain_run
+from shared.chat.address import ChatAddress
+from shared.clock import now_ms
+from shared.events.log import PendingEvent, append_events
+from shared.queue.delivery import Responses
+from shared.queue.enqueue import Intake
+from shared.queue.leases import AgentLeases
+from shared.queue.records import (
+    CLAIM_RETURNS,
+    INTERNAL_CHANNELS,
+    AgentTurn,
+    ChatPost,
+    CompleteOutcome,
+    InvalidInput,
+    LeaseLost,
+    MessageDraft,
+    QueuedMessage,
+    ResponseDraft,
+    TxWork,
+)
+from shared.queue.records import sql_in as _in
+from shared.settings.model import QueueSettings
+from shared.storage.db import Database, Row, Tx
+from shared.storage.statuses import MessageStatus
+
+#: What a completion reads of the group's first message, for the reply (the other rows give only their ids:
+#: a group of 20 then converts 40 values instead of 160).
+_PRIMARY = (
+    "SELECT id, message_id, agent, channel, sender, sender_id, message, conversation FROM messages "
+    "WHERE id = :id"
+)
+
+
+#: Whether a claim of the agent by ``:worker`` could take anything now: a message available, and the agent's
+#: lease free, expired or the worker's own, and the agent not paused (the conditions of
+#: :meth:`AgentLeases.take_in`).
+_CLAIM_PROBE = (
+    f"SELECT 1 FROM messages WHERE status = '{MessageStatus.PENDING}' AND agent = :agent AND available_at <= :now "
+    "AND NOT EXISTS (SELECT 1 FROM agent_leases WHERE agent = :agent AND (paused_until > :now OR "
+    "(holder IS NOT NULL AND holder <> :worker AND lease_until >= :now))) LIMIT 1"
+)
+
+
+class Messages:
+    """Claiming an agent's messages, completing a claimed group and marking its run started."""
+
+    def __init__(
+        self,
+        db: Database,
+        config: QueueSettings,
+        intake: Intake,
+        leases: AgentLeases,
+        responses: Responses,
+    ) -> None:
+        self.db = db
+        self.config = config
+        self.intake = intake
+        self.leases = leases
+        self.responses = responses
+        #: The claim statement of :meth:`claim_all_pending_messages` (public so the schema tests can check its
+        #: plan: the statement itself, not a copy of it).
+        self.claim_sql = (
+            f"UPDATE messages SET status = '{MessageStatus.PROCESSING}', claimed_by = :worker, lease_until = :lease, "
+            f"updated_at = :now, run_started_at = NULL WHERE id IN (SELECT id FROM messages WHERE status = '{MessageStatus.PENDING}' AND agent = :agent "
+            f"AND available_at <= :now ORDER BY id{db.dialect.skip_locked}) RETURNING {CLAIM_RETURNS}"
+        )
+
+    # -- claim ------------------------------------------------------------------------------------------
+    def agents_with_pending(self, now: int | None = None) -> list[str]:
+        """Agents with at least one message available now (read-only, takes no write lock)."""
+        rows = self.db.read(
+            f"SELECT DISTINCT agent FROM messages WHERE status = '{MessageStatus.PENDING}' AND available_at <= :now",
+            {"now": now_ms() if now is None else now},
+        )
+        return sorted(r["agent"] for r in rows)
+
+    def next_available_at(self) -> int | None:
+        """When the earliest pending message becomes available (for sleeping through a backoff)."""
+        value = self.db.read_scalar(
+            f"SELECT MIN(available_at) FROM messages WHERE status = '{MessageStatus.PENDING}'"
+        )
+        return None if value is None else int(value)
+
+    def claim_all_pending_messages(
+        self, agent: str, worker: str, *, lease_ms: int | None = None
+    ) -> list[QueuedMessage]:
+        """Take the agent's lease and claim every available pending message of that agent, oldest first.
+
+        Returns ``[]`` (changing nothing) when another worker holds the agent, the agent is paused, or
+        nothing is available. The caller keeps the agent lease until :meth:`AgentLeases.release_agent`.
+        """
+        now = now_ms()
+        # A read first, so that an agent with nothing available, or held by another worker (or paused), costs
+        # no write transaction: with several processors most attempts on a busy agent find it held.
+        probe = self.db.read_scalar(_CLAIM_PROBE, {"agent": agent, "worker": worker, "now": now})
+        if probe is None:
+            return []
+        lease = now + (lease_ms or self.config.lease_ms)
+        with self.db.transaction() as tx:
+            if not self.leases.take_in(tx, agent, worker, now, lease):
+                return []
+            names, rows = tx.tuples(
+                self.claim_sql, {"worker": worker, "lease": lease, "now": now, "agent": agent}
+            )
+            if not rows:
+                self.leases.release_in(tx, agent, worker)
+                return []
+            rows.sort(key=_first)  # CLAIM_RETURNS: id, message_id, ...
+            ids = [str(r[1]) for r in rows]
+            append_events(
+                tx,
+                [
+                    PendingEvent(
+                        "message_claimed", {"agent": agent, "worker": worker, "message_ids": ids}, ids[0]
+                    )
+                ],
+                now,
+            )
+        # Built after the commit: the write lock is held for the statements only.
+        claimed = {
+            "agent": agent,
+            "status": MessageStatus.PROCESSING,
+            "claimed_by": worker,
+            "lease_until": lease,
+            "updated_at": now,
+            "run_started_at": None,
+        }
+        return [QueuedMessage.from_claim(names, r, claimed) for r in rows]
+
+    # -- complete / fail ---------------------------------------------------------------------------------
+    def complete_messages(
+        self,
+        message_ids: Sequence[str],
+        worker: str,
+        response: ResponseDraft | str | None,
+        *,
+        followups: Sequence[MessageDraft] = (),
+        chat_posts: Sequence[ChatPost] = (),
+        history: Sequence[AgentTurn] = (),
+        release_when_idle: bool = False,
+        also: TxWork | None = None,
+    ) -> CompleteOutcome:
+        """Complete a claimed group and, in the same transaction, enqueue its response, its handoffs,
+        chat-room posts and history. Handoffs beyond ``max_hops`` are refused (an event says so).
+
+        With ``release_when_idle``, the agent's lease is given up in the same transaction when the worker
+        holds no other message of the agent and none is waiting (``CompleteOutcome.released``), sparing the
+        caller a transaction of its own. ``also(tx)`` runs inside the transaction too (a status record, the
+        caller's events), so it commits or vanishes with the completion.
+
+        Raises :class:`LeaseLost` (changing nothing) when the worker no longer holds every message.
+        """
+        now = now_ms()
+        with self.db.transaction() as tx:
+            rows = take_group(
+                tx,
+                message_ids,
+                worker,
+                f"status = '{MessageStatus.COMPLETED}', updated_at = :now, lease_until = NULL",
+                {"now": now},
+                "id, message_id",
+            )
+            if also is not None:
+                also(tx)  # first: the caller's events (the run's end) come before the reply's
+            primary = tx.one(_PRIMARY, {"id": rows[0]["id"]})
+            if primary is None:  # the row was updated by this transaction a moment ago
+                raise RuntimeError(f"message {rows[0]['message_id']} vanished during its completion")
+            ids = [r["message_id"] for r in rows]
+            response_id: int | None = None
+            events: list[PendingEvent] = []
+            if response is not None:
+                draft = ResponseDraft(message=response) if isinstance(response, str) else response
+                response_id = self.responses.insert_response(tx, primary, draft, now)
+                events.append(
+                    PendingEvent(
+                        "response_ready",
+                        {
+                            "message_ids": ids,
+                            "response_id": response_id,
+                            "agent": primary["agent"],
+                            "channel": draft.channel or primary["channel"],
+                        },
+                        primary["message_id"],
+                    )
+                )
+            else:
+                events.append(PendingEvent("message_completed", {"message_ids": ids}, primary["message_id"]))
+            queued, refused = self._queue_followups(tx, primary, followups, now, events)
+            self._record_posts_and_history(tx, chat_posts, history, now)
+            released = release_when_idle and self.leases.release_if_idle_in(
+                tx, str(primary["agent"]), worker, now
+            )
+            append_events(tx, events, now)
+            tx.signal("responses")
+        return CompleteOutcome(response_id, queued, refused, released)
+
+    def _queue_followups(
+        self, tx: Tx, primary: Row, followups: Sequence[MessageDraft], now: int, events: list[PendingEvent]
+    ) -> tuple[list[str], int]:
+        """Queue a completion's handoffs within ``max_hops`` and the chain's run budget; returns the new
+        message ids and how many were refused (each refusal is an event)."""
+        queued: list[str] = []
+        refused = 0
+        for draft_msg in followups:
+            if draft_msg.hops > self.config.max_hops:
+                refused += 1
+                events.append(
+                    PendingEvent(
+                        "chain_handoff_refused",
+                        {"to": draft_msg.agent, "hops": draft_msg.hops, "max_hops": self.config.max_hops},
+                        primary["message_id"],
+                    )
+                )
+                continue
+            root = _chain_root(draft_msg)
+            if root is not None:
+                granted, first_refusal = take_chain_run(tx, root, self.config.max_chain_runs, now)
+                if not granted:
+                    refused += 1
+                    events.append(
+                        PendingEvent(
+                            "chain_budget_spent",
+                            {"to": draft_msg.agent, "max_chain_runs": self.config.max_chain_runs},
+                            primary["message_id"],
+                        )
+                    )
+                    if first_refusal:
+                        self._tell_budget_spent(tx, primary, draft_msg, root, now)
+                    continue
+            mid = self.intake.insert_draft(tx, draft_msg, now)
+            if mid is not None:
+                queued.append(mid)
+                events.append(
+                    PendingEvent(
+                        "chain_handoff",
+                        {
+                            "from": draft_msg.from_agent,
+                            "to": draft_msg.agent,
+                            "message_id": mid,
+                            "hops": draft_msg.hops,
+                        },
+                        primary["message_id"],
+                    )
+                )
+        return queued, refused
+
+    @staticmethod
+    def _record_posts_and_history(
+        tx: Tx, chat_posts: Sequence[ChatPost], history: Sequence[AgentTurn], now: int
+    ) -> None:
+        for post in chat_posts:
+            tx.execute(
+                "INSERT INTO chat_messages (team_id, from_agent, message, created_at) "
+                "VALUES (:team, :agent, :message, :now)",
+                {"team": post.team_id, "agent": post.from_agent, "message": post.message, "now": now},
+            )
+        for turn in history:
+            tx.execute(
+                "INSERT INTO agent_messages (agent_id, role, channel, sender, message_id, content, created_at) "
+                "VALUES (:agent, :role, :channel, :sender, :mid, :content, :now)",
+                {
+                    "agent": turn.agent_id,
+                    "role": turn.role,
+                    "channel": turn.channel,
+                    "sender": turn.sender,
+                    "mid": turn.message_id,
+                    "content": turn.content,
+                    "now": now,
+                },
+            )
+
+    def _tell_budget_spent(self, tx: Tx, primary: Row, draft: MessageDraft, root: str, now: int) -> None:
+        origin = draft.metadata.get("origin") or {}
+        if origin.get("channel") in INTERNAL_CHANNELS or not origin.get("channel"):
+            return
+        notice = ResponseDraft.to(
+            ChatAddress.of(origin),
+            f"The agents have used up the {self.config.max_chain_runs} runs one message may set off, so they "
+            "stopped handing your request on to each other. Their answers so far are above; send a new "
+            f"message to carry on. (ref {root})",
+            metadata={"kind": "budget_notice", "agent": draft.from_agent or primary["agent"]},
+        )
+        self.responses.insert_response(tx, primary, notice, now)
+
+    def mark_run_started(
+        self, message_ids: Sequence[str], worker: str, *, also: TxWork | None = None
+    ) -> None:
+        """Record that a run containing these claimed messages starts now: from here a crash of the
+        worker costs them an interrupted run (see :meth:`~shared.queue.failures.Failures.recover_stale_messages`); before, nothing.
+        ``also(tx)`` runs in the same transaction (the run's status record and start event).
+
+        Raises :class:`LeaseLost` (changing nothing) when the worker no longer holds every message.
+        """
+        now = now_ms()
+        with self.db.transaction() as tx:
+            take_group(tx, message_ids, worker, "run_started_at = :now", {"now": now}, "id")
+            if also is not None:
+                also(tx)
+
+
+def _first(row: Sequence[Any]) -> Any:
+    return row[0]
+
+
+def _chain_root(draft: MessageDraft) -> str | None:
+    """The user message a handoff's chain started from (its run budget is counted against it)."""
+    origin = draft.metadata.get("origin")
+    root = origin.get("message_id") if isinstance(origin, Mapping) else None
+    return str(root) if root else None
+
+
+def take_group(
+    tx: Tx,
+    message_ids: Sequence[str],
+    worker: str,
+    assignments: str = "",
+    values: dict[str, Any] | None = None,
+    columns: str = "*",
+) -> list[Row]:
+    """The rows of a group this worker still holds (their ``columns``, which must include ``id``), oldest
+    first; with ``assignments`` (``col = :v, …``) they are updated in the same statement. Raises
+    :class:`LeaseLost` when the worker lost any of them (the caller's transaction then rolls back, so
+    nothing changed)."""
+    if not message_ids:
+        raise InvalidInput("no message ids given")
+    clause, params = _in("m", list(message_ids))
+    held = f"WHERE message_id IN {clause} AND status = '{MessageStatus.PROCESSING}' AND claimed_by = :worker"
+    sql = (
+        f"UPDATE messages SET {assignments} {held} RETURNING {columns}"
+        if assignments
+        # Locked (PostgreSQL) for the updates the caller makes next: a recovery racing them waits. In id
+        # order, as recovery locks them, so the two never wait for each other.
+        else f"SELECT {columns} FROM messages {held} ORDER BY id{tx.dialect.lock_rows}"
+    )
+    rows = tx.rows(sql, {"worker": worker, **params, **(values or {})})
+    if len(rows) != len(set(message_ids)):
+        raise LeaseLost(
+            f"worker {worker} no longer holds {len(set(message_ids)) - len(rows)} of {len(message_ids)} messages"
+        )
+    rows.sort(key=lambda r: int(r["id"]))
+    return rows
