@@ -185,7 +185,7 @@ class ChatCommands:
 
     def _cmd_retry(self, message: Inbound) -> str:
         try:
-            retried = self.rt.queue.admin.retry_last_failed(self.name, message.conversation)
+            retried = self.rt.queue.admin.retry_last_failed(message.address_on(self.name))
         except NotFound:
             return "There is no failed message in this chat to try again."
         except RetryBudgetExhausted:

@@ -180,11 +180,10 @@ class Intake:
             metadata[OFFLINE_SENT_AT] = message.sent_at  # the final reply will say it arrived while offline
         try:
             result = self.rt.queue.intake.enqueue_message(
-                self.name,
-                message.sender,
+                ChatAddress(
+                    self.name, message.sender, sender_id=message.sender_id, conversation=message.conversation
+                ),
                 body,
-                sender_id=message.sender_id,
-                conversation=message.conversation,
                 external_id=message.external_id,
                 metadata=metadata,
                 agent=agent,
@@ -296,11 +295,13 @@ class Intake:
         """Queue a message of the channel itself to ``address`` (durable like any reply); ``kind`` goes in
         its metadata, ``also(tx)`` commits with it."""
         self.rt.queue.responses.enqueue_response(
-            address.channel,
-            address.sender,
+            ChatAddress(
+                address.channel,
+                address.sender,
+                sender_id=address.sender_id,
+                conversation=address.conversation,
+            ),
             text,
-            sender_id=address.sender_id,
-            conversation=address.conversation,
             metadata={"kind": kind},
             also=also,
         )
@@ -312,9 +313,10 @@ class Intake:
         """Queue a note about replies of this chat that could not be delivered, before anything else the
         user gets now (they wrote, so this chat works again)."""
         queue = self.rt.queue
-        if not queue.responses.has_undelivered_notices(self.name, message.conversation):
+        chat = message.address_on(self.name)
+        if not queue.responses.has_undelivered_notices(chat):
             return
-        for notice in queue.responses.take_undelivered_notices(self.name, message.conversation):
+        for notice in queue.responses.take_undelivered_notices(chat):
             at = datetime.fromtimestamp(notice.created_at / 1000, UTC).strftime("%H:%M UTC")
             self.reply(
                 message,

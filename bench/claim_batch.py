@@ -31,6 +31,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from shared.chat.address import ChatAddress
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from harness import Msg, make_messages, msg_id_of
@@ -51,7 +53,9 @@ def _agentpost(target: str) -> tuple[Fill, Drain, Callable[[], None]]:
 
     def fill(batch: Sequence[Msg]) -> None:
         for m in batch:
-            queue.intake.enqueue_message("bench", "bench-user", m.body, agent=m.agent, conversation=m.agent)
+            queue.intake.enqueue_message(
+                ChatAddress("bench", "bench-user", conversation=m.agent), m.body, agent=m.agent
+            )
 
     def drain() -> list[int]:
         got: list[int] = []

@@ -21,6 +21,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from shared.chat.address import ChatAddress
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from harness import make_body
@@ -50,7 +52,9 @@ def one_run(agents: int, workdir: Path, *, n: int) -> float:
         db.connection()  # connect before the clock
         t = time.perf_counter()
         for i, text in enumerate(texts):
-            queue.intake.enqueue_message(CHANNEL, "bench-user", text, conversation=f"chat-{i % ROUTED}")
+            queue.intake.enqueue_message(
+                ChatAddress(CHANNEL, "bench-user", conversation=f"chat-{i % ROUTED}"), text
+            )
         spent = time.perf_counter() - t
         counts = {
             r["agent"]: int(r["n"])

@@ -45,6 +45,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from shared.chat.address import ChatAddress
+
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
@@ -81,10 +83,14 @@ def _enqueue_agentpost(folder: Path, n: int, warm: int) -> int:
     queue = system.open_queue(target)
     messages = make_messages(warm + n, 8, 120)
     for m in messages[:warm]:
-        queue.intake.enqueue_message(CHANNEL, "bench-user", m.body, agent=m.agent, conversation=m.agent)
+        queue.intake.enqueue_message(
+            ChatAddress(CHANNEL, "bench-user", conversation=m.agent), m.body, agent=m.agent
+        )
     _counting(True)
     for m in messages[warm:]:
-        queue.intake.enqueue_message(CHANNEL, "bench-user", m.body, agent=m.agent, conversation=m.agent)
+        queue.intake.enqueue_message(
+            ChatAddress(CHANNEL, "bench-user", conversation=m.agent), m.body, agent=m.agent
+        )
     _counting(False)
     queue.db.close()
     return n

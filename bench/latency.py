@@ -27,6 +27,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from shared.chat.address import ChatAddress
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from harness import DEFAULT_PG_URL, make_messages, msg_id_of
@@ -50,7 +52,9 @@ def _producer(backend: str, target: str, n: int, rate: float, start: Any, out: s
         pause = due - time.monotonic()
         if pause > 0:
             time.sleep(pause)
-        queue.intake.enqueue_message("bench", "bench-user", m.body, agent=m.agent, conversation=m.agent)
+        queue.intake.enqueue_message(
+            ChatAddress("bench", "bench-user", conversation=m.agent), m.body, agent=m.agent
+        )
         commits.append(time.monotonic())
     queue.db.close()
     Path(out).write_text(json.dumps(commits))

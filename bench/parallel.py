@@ -23,6 +23,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from shared.chat.address import ChatAddress
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from measure import say, write_json
@@ -77,7 +79,9 @@ def measure(k: int, cap: int, timeout: float = 120.0) -> dict[str, Any]:
             for j in range(PER_AGENT):
                 for i in range(k):
                     rt.queue.intake.enqueue_message(
-                        "bench", "bench-user", f"task {j} for a{i}", agent=f"a{i}", conversation=f"c{i}"
+                        ChatAddress("bench", "bench-user", conversation=f"c{i}"),
+                        f"task {j} for a{i}",
+                        agent=f"a{i}",
                     )
             done = 0
             while done < total:

@@ -16,6 +16,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from shared.chat.address import ChatAddress
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from harness import DEFAULT_PG_URL, make_messages, msg_id_of, pg_admin
@@ -50,7 +52,9 @@ def main(argv: list[str] | None = None) -> int:
         prod.start()
         t = time.perf_counter()
         for m in batch:
-            queue.intake.enqueue_message("bench", "bench-user", m.body, agent=m.agent, conversation=m.agent)
+            queue.intake.enqueue_message(
+                ChatAddress("bench", "bench-user", conversation=m.agent), m.body, agent=m.agent
+            )
         t_prod += time.perf_counter() - t
         prod.stop()
         cons.start()

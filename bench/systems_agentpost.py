@@ -32,6 +32,8 @@ from typing import Any, Literal
 
 from harness import Msg, msg_id_of
 
+from shared.chat.address import ChatAddress
+
 #: Agents the directory knows: the harness default of 8 (agent-0 .. agent-7; run_peers --agents N > 8 needs
 #: more). How enqueue fares with a large directory is bench/enqueue_agents.py's question, not this one's.
 AGENT_NAMES: tuple[str, ...] = tuple(f"agent-{i}" for i in range(8))
@@ -80,7 +82,7 @@ class AgentpostSqlite:
             try:
                 for m in messages:
                     queue.intake.enqueue_message(
-                        CHANNEL, "bench-user", m.body, agent=m.agent, conversation=m.agent
+                        ChatAddress(CHANNEL, "bench-user", conversation=m.agent), m.body, agent=m.agent
                     )
                     yield m.id
             finally:

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from scheduler.config import HeartbeatConfig, SchedulerConfig, heartbeat_trigger, within_active_hours, zone
 from scheduler.timed import Fired, TimedJob
+from shared.chat.address import ChatAddress
 from shared.events.log import SqlEventLog
 from shared.ids import derived_id
 from shared.queue.core import Queue
@@ -74,13 +75,10 @@ def fire_heartbeat(
             job=f"heartbeat:{agent}", slot=slot, message_id=message_id, duplicate=False, skipped=reason
         )
     result = queue.intake.enqueue_message(
-        CHANNEL,
-        SENDER,
+        ChatAddress(CHANNEL, SENDER, sender_id="system", conversation=f"heartbeat:{agent}"),
         heartbeat_prompt(settings, agent, config.default_heartbeat_prompt),
-        sender_id="system",
         message_id=message_id,
         agent=agent,
-        conversation=f"heartbeat:{agent}",
         metadata={"kind": "heartbeat", "slot": slot_text},
     )
     return Fired(

@@ -10,6 +10,7 @@ from datetime import datetime, timedelta
 
 from scheduler.config import ScheduleConfig, SchedulerConfig, schedule_trigger, zone
 from scheduler.timed import Fired, TimedJob
+from shared.chat.address import ChatAddress
 from shared.ids import derived_id
 from shared.queue.core import Queue
 
@@ -22,13 +23,10 @@ def fire_schedule(queue: Queue, entry: ScheduleConfig, slot: datetime) -> Fired:
     slot_text = slot.isoformat()
     message_id = derived_id("schedule", entry.key, slot_text)
     result = queue.intake.enqueue_message(
-        CHANNEL,
-        SENDER,
+        ChatAddress(CHANNEL, SENDER, sender_id="system", conversation=f"schedule:{entry.key}"),
         entry.message,
-        sender_id="system",
         message_id=message_id,
         agent=entry.agent,
-        conversation=f"schedule:{entry.key}",
         metadata={"kind": "schedule", "schedule": entry.key, "slot": slot_text},
     )
     return Fired(

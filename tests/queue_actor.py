@@ -16,6 +16,7 @@ import sys
 import time
 from pathlib import Path
 
+from shared.chat.address import ChatAddress
 from shared.events.wake import Waker
 from shared.queue.core import Directory, Queue
 from shared.settings.model import QueueSettings
@@ -29,11 +30,9 @@ def producer(args: argparse.Namespace) -> int:
     for i in range(args.count):
         agent = agents[i % len(agents)]
         queue.intake.enqueue_message(
-            "cli",
-            args.tag,
+            ChatAddress("cli", args.tag, conversation=f"{args.tag}-{agent}"),
             f"{args.tag}:{i:06d} " + "x" * 80,
             agent=agent,
-            conversation=f"{args.tag}-{agent}",
         )
     db.close()
     return 0

@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 
 import psycopg
 
+from shared.chat.address import ChatAddress
 from shared.clock import now_ms
 from shared.queue.core import Queue
 from shared.runtime import Runtime, open_runtime
@@ -114,7 +115,7 @@ def make_dead(queue: Queue, count: int, *, agent: str = "assistant", channel: st
     """``count`` dead letters made the way real ones are: enqueue, claim, fail past ``max_retries``.
     The agent must have no other pending messages (they would be claimed too)."""
     ids = [
-        queue.intake.enqueue_message(channel, "ann", f"dead letter {i}", agent=agent).message_id
+        queue.intake.enqueue_message(ChatAddress(channel, "ann"), f"dead letter {i}", agent=agent).message_id
         for i in range(count)
     ]
     worker = "test-worker-" + secrets.token_hex(3)

@@ -193,10 +193,9 @@ class RunWatch:
         if taken:
             self.on_foreign_stop(taken)
         self._tell_waiting()
-        if info.group.policy == "interrupt":
-            channel, conversation = info.group.key
-            if self.rt.queue.control.chat_has_arrival(info.agent, channel, conversation):
-                return "interrupt"
+        arrival = self.rt.queue.control.chat_has_arrival
+        if info.group.policy == "interrupt" and arrival(info.agent, info.group.messages[0].address):
+            return "interrupt"
         elapsed = time.monotonic() - info.started
         if (
             self.note_seconds > 0
@@ -219,7 +218,7 @@ class RunWatch:
         if not text:
             info.notes = int(elapsed_ms / 1000 / self.note_seconds)
         primary = info.group.messages[0]
-        self.rt.queue.responses.reply_to(
+        self.rt.queue.responses.enqueue_response(
             target,
             text or progress_text(elapsed_ms, info.last_step),
             agent=info.agent,
@@ -251,7 +250,7 @@ class RunWatch:
                     else resolve_policy(self.rt.db, settings, self.default_policy, address)
                 )
                 same_chat = self.target is not None and key == self.target.key
-                self.rt.queue.responses.reply_to(
+                self.rt.queue.responses.enqueue_response(
                     address,
                     busy_note(info.agent, policy, same_chat=same_chat),
                     agent=info.agent,

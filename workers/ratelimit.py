@@ -162,7 +162,7 @@ def notify_waiting_chats(queue: Queue, agent: str, until: int, text: str) -> lis
         if target.key in seen:
             continue
         seen.add(target.key)
-        queue.responses.reply_to(
+        queue.responses.enqueue_response(
             target,
             text,
             agent=agent,

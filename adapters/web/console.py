@@ -54,7 +54,7 @@ def send_typed(queue: Queue, body: TypedIn) -> EnqueueResult:
     """Queue a message typed in the web chat ``body.conversation``, routed as any channel's message."""
     agent = chosen_unless_named(queue, body.message, body.agent)
     return queue.intake.enqueue_message(
-        "web", "web", body.message, agent=agent, conversation=body.conversation
+        ChatAddress("web", "web", conversation=body.conversation), body.message, agent=agent
     )
 
 
@@ -145,7 +145,9 @@ async def reset_chat(channel: Name, body: ChatIn, web: Web) -> dict[str, Any]:
 @router.post("/conversations/{channel}/retry", summary="Try again the chat's last message that failed")
 async def retry_chat(channel: Name, body: ChatIn, web: Web) -> dict[str, Any]:
     try:
-        retried = await web.run(web.queue.admin.retry_last_failed, channel, body.conversation)
+        retried = await web.run(
+            web.queue.admin.retry_last_failed, ChatAddress(channel, conversation=body.conversation)
+        )
     except NotFound:
         raise ApiError(404, "there is no failed message in this chat to try again") from None
     except RetryBudgetExhausted:

@@ -9,6 +9,7 @@ from fastapi import APIRouter, Query
 from fastapi import Path as PathParam
 from pydantic import Field
 
+from shared.chat.address import ChatAddress
 from shared.clock import now_ms
 from shared.ids import MESSAGE_ID_RE
 from shared.queue.core import Queue
@@ -43,13 +44,10 @@ class MessageIn(Body):
 async def post_message(body: MessageIn, web: Web) -> MessageAccepted:
     result = await web.run(
         web.queue.intake.enqueue_message,
-        body.channel,
-        body.sender,
+        ChatAddress(body.channel, body.sender, sender_id=body.senderId, conversation=body.conversation),
         body.message,
-        sender_id=body.senderId,
         message_id=body.messageId,
         agent=body.agent,
-        conversation=body.conversation,
     )
     if result.duplicate:
         raise ApiError(

@@ -72,11 +72,8 @@ async def post_response(body: ProactiveIn, web: Web) -> ProactiveAccepted:
     files = await web.run(checked_files, web.settings, body, conversation) if body.files else []
     row = await web.run(
         web.queue.responses.enqueue_response,
-        body.channel,
-        body.sender,
+        ChatAddress(body.channel, body.sender, sender_id=body.senderId, conversation=conversation),
         body.message,
-        sender_id=body.senderId,
-        conversation=conversation,
         agent=body.agent,
         files=files,
     )

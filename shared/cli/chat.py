@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from shared.chat.address import ChatAddress
 from shared.queue.core import QueuedMessage, QueuedResponse
 from shared.queue.reports import processor_running
 from shared.runtime import Runtime
@@ -71,7 +72,7 @@ def read_replies(
 ) -> list[QueuedResponse]:
     """Show and acknowledge the replies waiting in a CLI chat, oldest first; notes only when ``notes``."""
     shown = []
-    for response in rt.queue.admin.chat_responses(CLI_CHANNEL, conversation):
+    for response in rt.queue.admin.chat_responses(ChatAddress(CLI_CHANNEL, conversation=conversation)):
         if notes or (response.metadata or {}).get("kind") not in NOTE_KINDS:
             show(response)
         rt.queue.responses.ack_response(response.id)
@@ -113,7 +114,9 @@ class _Follow:
             self.held = None
 
     def replies(self, conversation: str, message: QueuedMessage | None) -> None:
-        for response in self.rt.queue.admin.chat_responses(CLI_CHANNEL, conversation):
+        for response in self.rt.queue.admin.chat_responses(
+            ChatAddress(CLI_CHANNEL, conversation=conversation)
+        ):
             kind = (response.metadata or {}).get("kind")
             if self._answers(response, message):
                 if kind in NOTE_KINDS:

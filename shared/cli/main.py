@@ -26,6 +26,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
+from shared.chat.address import ChatAddress
 from shared.cli.chat import CLI_CHANNEL
 from shared.private_files import not_dumpable, private_umask
 from shared.queue.core import QueueError
@@ -165,12 +166,9 @@ def send(
     with runtime() as rt:
         cursor = rt.events.last_cursor()
         result = rt.queue.intake.enqueue_message(
-            channel,
-            sender,
+            ChatAddress(channel, sender, sender_id=sender_id, conversation=conversation),
             text,
-            sender_id=sender_id,
             agent=agent,
-            conversation=conversation,
             message_id=message_id,
         )
         if result.duplicate:

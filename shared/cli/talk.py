@@ -168,7 +168,7 @@ def chat_loop(
             else:
                 try:
                     message_id = rt.queue.intake.enqueue_message(
-                        CLI_CHANNEL, sender, line, agent=agent, conversation=conversation
+                        ChatAddress(CLI_CHANNEL, sender, conversation=conversation), line, agent=agent
                     ).message_id
                 except InvalidInput as exc:  # "@nosuch hi", an empty or oversized message: say so, go on
                     printer.console.print(str(exc), highlight=False, markup=False)
@@ -202,7 +202,7 @@ def _chat_command(rt: Runtime, line: str, chat: ChatAddress, agent: str | None) 
         return "Stopping…", None
     if name == "retry":
         try:
-            retried = rt.queue.admin.retry_last_failed(CLI_CHANNEL, chat.conversation)
+            retried = rt.queue.admin.retry_last_failed(chat)
         except NotFound:
             return "There is no failed message in this chat to try again.", None
         except RetryBudgetExhausted:

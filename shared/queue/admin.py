@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from shared.chain_budget import prune_chain_budgets
+from shared.chat.address import ChatAddress
 from shared.clock import now_ms
 from shared.events.log import PendingEvent, append_events
 from shared.ids import is_message_id
@@ -137,16 +138,17 @@ class Admin:
             self.db.read_scalar(f"SELECT COUNT(*) FROM messages WHERE status = '{MessageStatus.DEAD}'") or 0
         )
 
-    def retry_last_failed(self, channel: str, conversation: str) -> QueuedMessage:
-        """``/retry`` in a chat: put the chat's most recent dead letter back, within the manual-retry budget
-        (:meth:`retry_dead`). Raises :class:`NotFound` when the chat has none."""
+    def retry_last_failed(self, chat: ChatAddress) -> QueuedMessage:
+        """``/retry`` in a chat: put the most recent dead letter of ``chat`` (its channel and conversation)
+        back, within the manual-retry budget (:meth:`retry_dead`). Raises :class:`NotFound` when the chat
+        has none."""
         ref = self.db.read_scalar(
             f"SELECT message_id FROM messages WHERE status = '{MessageStatus.DEAD}' AND channel = :c AND conversation = :conv "
             "ORDER BY updated_at DESC, id DESC LIMIT 1",
-            {"c": channel, "conv": conversation},
+            {"c": chat.channel, "conv": chat.conversation},
         )
         if ref is None:
-            raise NotFound(f"no failed message in {channel}:{conversation}")
+            raise NotFound(f"no failed message in {chat.channel}:{chat.conversation}")
         return self.retry_dead(str(ref))
 
     def delete_dead(self, ref: int | str) -> QueuedMessage:
@@ -230,12 +232,13 @@ class Admin:
         rows = self.db.read(f"SELECT * FROM responses {clause} ORDER BY id {order} LIMIT :l", params)
         return [QueuedResponse.from_row(r) for r in rows]
 
-    def chat_responses(self, channel: str, conversation: str, *, limit: int = 100) -> list[QueuedResponse]:
-        """Replies waiting to be read in one chat of a channel that is read on demand (the CLI), oldest first."""
+    def chat_responses(self, chat: ChatAddress, *, limit: int = 100) -> list[QueuedResponse]:
+        """Replies waiting to be read in ``chat`` (its channel and conversation) on a channel that is read on
+        demand (the CLI), oldest first."""
         rows = self.db.read(
             f"SELECT * FROM responses WHERE status = '{ResponseStatus.PENDING}' AND channel = :c AND conversation = :v "
             "ORDER BY id LIMIT :l",
-            {"c": channel, "v": conversation, "l": max(1, min(limit, 1000))},
+            {"c": chat.channel, "v": chat.conversation, "l": max(1, min(limit, 1000))},
         )
         return [QueuedResponse.from_row(r) for r in rows]
 

@@ -115,14 +115,13 @@ class Control:
             tx.execute("UPDATE agent_leases SET stop_requested = '' WHERE agent = :agent", {"agent": agent})
         return str(row["stop_requested"])
 
-    def chat_has_arrival(self, agent: str, channel: str, conversation: str, now: int | None = None) -> bool:
-        """Whether a message for ``agent`` in the chat ``channel``/``conversation`` (the chat key the queue
-        groups by) waits, available by ``now``: under the ``interrupt`` busy policy it stops the chat's run.
-        Read-only."""
+    def chat_has_arrival(self, agent: str, chat: ChatAddress, now: int | None = None) -> bool:
+        """Whether a message for ``agent`` in ``chat`` (by the chat key the queue groups by) waits, available
+        by ``now``: under the ``interrupt`` busy policy it stops the chat's run. Read-only."""
         found = self.db.read_scalar(
             f"SELECT 1 FROM messages WHERE status = '{MessageStatus.PENDING}' AND agent = :a AND channel = :c "
             f"AND {CHAT_KEY_SQL} = :conv AND available_at <= :now LIMIT 1",
-            {"a": agent, "c": channel, "conv": conversation, "now": now_ms() if now is None else now},
+            {"a": agent, "c": chat.channel, "conv": chat.chat, "now": now_ms() if now is None else now},
         )
         return found is not None
 

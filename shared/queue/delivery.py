@@ -70,9 +70,10 @@ _CLAIM_RESPONSES = (
 )
 
 
-def _notice_scope(channel: str, conversation: str) -> str:
-    """The scope of the notices one chat is owed (family :attr:`Scope.UNDELIVERED`, by chat)."""
-    return scoped(Scope.UNDELIVERED, f"{channel}:{conversation}")
+def _notice_scope(chat: ChatAddress) -> str:
+    """The scope of the notices one chat is owed (family :attr:`Scope.UNDELIVERED`, by channel and
+    conversation)."""
+    return scoped(Scope.UNDELIVERED, f"{chat.channel}:{chat.conversation}")
 
 
 @dataclass(frozen=True)
@@ -399,14 +400,14 @@ class Responses:
         value = kv.get(self.db, scoped(Scope.SENT, channel), platform_id)
         return None if value is None else int(value)
 
-    def has_undelivered_notices(self, channel: str, conversation: str) -> bool:
-        """Whether a chat is owed a notice about a failed reply (a cheap read, no write lock)."""
-        return kv.any_in(self.db, _notice_scope(channel, conversation))
+    def has_undelivered_notices(self, chat: ChatAddress) -> bool:
+        """Whether ``chat`` is owed a notice about a failed reply (a cheap read, no write lock)."""
+        return kv.any_in(self.db, _notice_scope(chat))
 
-    def take_undelivered_notices(self, channel: str, conversation: str) -> list[UndeliveredNotice]:
-        """The failed replies a chat has not been told about, oldest first, removed in the same
+    def take_undelivered_notices(self, chat: ChatAddress) -> list[UndeliveredNotice]:
+        """The failed replies ``chat`` has not been told about, oldest first, removed in the same
         transaction (the caller queues the notice; at most once)."""
-        scope = _notice_scope(channel, conversation)
+        scope = _notice_scope(chat)
         with self.db.transaction() as tx:
             rows = kv.entries(tx, scope)
             if not rows:
@@ -454,39 +455,27 @@ class Responses:
         with self.db.transaction() as tx:
             n = kv.delete_older(tx, scoped(Scope.SENT, channel), cut)
             # Every chat of this channel: the notice scopes ``undelivered:<channel>:<conversation>``.
-            n += kv.delete_older(tx, _notice_scope(channel, ""), cut, family=True)
+            n += kv.delete_older(tx, _notice_scope(ChatAddress(channel)), cut, family=True)
         return n
-
-    def reply_to(self, address: ChatAddress, message: str, **options: Any) -> QueuedResponse:
-        """:meth:`enqueue_response` to the chat ``address`` names (``options``: its keyword arguments)."""
-        return self.enqueue_response(
-            address.channel,
-            address.sender,
-            message,
-            sender_id=address.sender_id,
-            conversation=address.conversation,
-            **options,
-        )
 
     def enqueue_response(
         self,
-        channel: str,
-        sender: str,
+        chat: ChatAddress,
         message: str,
         *,
-        sender_id: str = "",
-        conversation: str = "",
         agent: str = "",
         files: Sequence[str] = (),
         metadata: Mapping[str, Any] | None = None,
         message_id: str | None = None,
         also: Callable[[Tx], None] | None = None,
     ) -> QueuedResponse:
-        """Queue an outgoing message nobody asked for (a proactive message, a progress note). ``also(tx)``
+        """Queue an outgoing message to ``chat`` that nobody asked for (a proactive message, a progress
+        note). ``also(tx)``
         commits with it (an adapter's answer to a command, with the command's update marked seen)."""
         if not isinstance(message, str) or not message.strip():
             raise InvalidInput("message is empty")
-        if not CHANNEL_RE.match(channel or ""):
+        channel = chat.channel
+        if not CHANNEL_RE.match(channel):
             raise InvalidInput(f"channel {channel!r} must match {CHANNEL_RE.pattern}")
         if agent and not AGENT_NAME_RE.match(agent):
             raise InvalidInput(f"agent name {agent!r} must match {AGENT_NAME_RE.pattern}")
@@ -494,11 +483,11 @@ class Responses:
         primary = {
             "message_id": message_id or new_id("proactive"),
             "channel": channel,
-            "sender": sender,
-            "sender_id": sender_id,
+            "sender": chat.sender,
+            "sender_id": chat.sender_id,
             "message": "",
             "agent": agent,
-            "conversation": conversation,
+            "conversation": chat.conversation,
         }
         with self.db.transaction() as tx:
             rid = self.insert_response(
@@ -563,7 +552,7 @@ def _fail_in_tx(
         }
         kv.put(
             tx,
-            _notice_scope(str(row["channel"]), str(row["conversation"])),
+            _notice_scope(ChatAddress.of(row)),
             str(response_id),
             json.dumps(record, separators=(",", ":")),
             now,

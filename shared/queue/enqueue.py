@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from shared.chat.address import ChatAddress
 from shared.clock import now_ms
 from shared.events.log import PendingEvent, append_events, encode_payload
 from shared.ids import is_message_id, new_id
@@ -62,6 +63,11 @@ _DUPLICATE_OF = (
 )
 
 
+#: Channel names an enqueue has found well-formed (a few, bounded): the next enqueue on one skips the pattern
+#: match, which costs as much as building the chat address the enqueue is given.
+_GOOD_CHANNELS: set[str] = set()
+
+
 def _duplicate_keys(params: dict[str, Any]) -> dict[str, Any]:
     return {"m": params["message_id"], "c": params["channel"], "e": params["external_id"]}
 
@@ -90,14 +96,11 @@ class Intake:
     def _draft_params(
         self,
         *,
-        channel: str,
-        sender: str,
+        chat: ChatAddress,
         message: str,
-        sender_id: str,
         message_id: str | None,
         agent: str | None,
         from_agent: str | None,
-        conversation: str,
         metadata: Mapping[str, Any] | None,
         hops: int,
         external_id: str | None,
@@ -105,12 +108,16 @@ class Intake:
         prefix: str | None,
         now: int,
     ) -> tuple[dict[str, Any], bool]:
+        channel = chat.channel
         if not isinstance(message, str) or not message.strip():
             raise InvalidInput("message is empty")
         if len(message) > MAX_MESSAGE_CHARS:
             raise InvalidInput(f"message is longer than {MAX_MESSAGE_CHARS} characters")
-        if not isinstance(channel, str) or not CHANNEL_RE.match(channel):
-            raise InvalidInput(f"channel {channel!r} must match {CHANNEL_RE.pattern}")
+        if channel not in _GOOD_CHANNELS:
+            if not isinstance(channel, str) or not CHANNEL_RE.match(channel):
+                raise InvalidInput(f"channel {channel!r} must match {CHANNEL_RE.pattern}")
+            if len(_GOOD_CHANNELS) < 256:
+                _GOOD_CHANNELS.add(channel)
         if message_id is not None and not is_message_id(message_id):
             raise InvalidInput(
                 f"message id {message_id!r} must look like prefix_xxxxxxxx (8 lowercase a-z0-9)"
@@ -134,12 +141,12 @@ class Intake:
         params = {
             "message_id": message_id or new_id(prefix or channel),
             "channel": channel,
-            "sender": sender or "",
-            "sender_id": sender_id or "",
+            "sender": chat.sender or "",
+            "sender_id": chat.sender_id or "",
             "message": message,
             "agent": route.agent,
             "from_agent": from_agent,
-            "conversation": conversation or "",
+            "conversation": chat.conversation or "",
             "metadata": _json(dict(metadata)) if metadata else "{}",
             "available_at": now if available_at is None else available_at,
             "hops": hops,
@@ -225,15 +232,12 @@ class Intake:
 
     def enqueue_message(
         self,
-        channel: str,
-        sender: str,
+        chat: ChatAddress,
         message: str,
         *,
-        sender_id: str = "",
         message_id: str | None = None,
         agent: str | None = None,
         from_agent: str | None = None,
-        conversation: str = "",
         metadata: Mapping[str, Any] | None = None,
         hops: int = 0,
         external_id: str | None = None,
@@ -242,7 +246,7 @@ class Intake:
         debounce_ms: int = 0,
         also: TxWork | None = None,
     ) -> EnqueueResult:
-        """Queue one incoming message as ``pending`` and wake the processor.
+        """Queue one incoming message from ``chat`` as ``pending`` and wake the processor.
 
         Routing: ``agent`` (an agent or team name) if given, else a leading ``@agent``/``@team`` mention,
         else the default agent; the text is kept intact. A ``message_id`` or ``(channel, external_id)``
@@ -261,14 +265,11 @@ class Intake:
         # The debounce window opens only when this message joins another waiting one (below).
         slide_to = now + debounce_ms if debounce_ms and available_at is None else None
         params, explicit = self._draft_params(
-            channel=channel,
-            sender=sender,
+            chat=chat,
             message=message,
-            sender_id=sender_id,
             message_id=message_id,
             agent=agent,
             from_agent=from_agent,
-            conversation=conversation,
             metadata=metadata,
             hops=hops,
             external_id=external_id,
@@ -276,7 +277,7 @@ class Intake:
             prefix=prefix,
             now=now,
         )
-        drawn_id = (prefix or channel) if message_id is None else None
+        drawn_id = (prefix or chat.channel) if message_id is None else None
         # The plain enqueue (no debounce, nothing added to the transaction) is one statement where the
         # dialect has one (PostgreSQL: one round trip instead of three); the same rows, events and wake-ups.
         if also is None and slide_to is None and self.db.dialect.single_statement_writes:
@@ -291,9 +292,9 @@ class Intake:
                 # A burst: another message of this chat is still waiting for the agent, so all of them
                 # (this one too) wait until the window after the newest closes; each new one slides it.
                 # A lone message stays available at once: a quiet chat never waits for a debounce.
-                chat = {"agent": params["agent"], "channel": channel, "conversation": params["conversation"]}
-                if tx.scalar(_OTHER_WAITING, {**chat, "id": row_id}) is not None:
-                    tx.execute(_SLIDE_WAITING, {**chat, "at": slide_to})
+                keys = {"agent": params["agent"], "channel": chat.channel, "conversation": chat.conversation}
+                if tx.scalar(_OTHER_WAITING, {**keys, "id": row_id}) is not None:
+                    tx.execute(_SLIDE_WAITING, {**keys, "at": slide_to})
             found = None if row_id is not None else tx.one(_DUPLICATE_OF, _duplicate_keys(params))
         return self._result(params, row_id, found)
 

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from scheduler.service import SchedulerService
+from shared.chat.address import ChatAddress
 from shared.clock import now_ms
 from shared.runtime import Runtime
 from tests.web_support import kill_until_dead, make_home, runtime_for
@@ -24,7 +25,7 @@ def service(tmp_path: Path, db_url: str, dlq: str) -> tuple[Runtime, SchedulerSe
 
 def dead(rt: Runtime, n: int) -> list[str]:
     for i in range(n):
-        rt.queue.intake.enqueue_message("web", "ann", f"doomed {i}", conversation=f"c{i}")
+        rt.queue.intake.enqueue_message(ChatAddress("web", "ann", conversation=f"c{i}"), f"doomed {i}")
     return kill_until_dead(rt.queue, "alpha")
 
 

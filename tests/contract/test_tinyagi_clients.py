@@ -23,6 +23,7 @@ import httpx
 import pytest
 
 from adapters.pairing import check_sender
+from shared.chat.address import ChatAddress
 from shared.runtime import Runtime
 from tests.web_support import (
     AGENTPOST,
@@ -614,7 +615,9 @@ def test_reply_by_sender_id_alone_on_discord_goes_to_their_chat(live: Live) -> N
     with live.client() as c:
         # Bo wrote in a guild channel only: the reply goes there.
         q.intake.enqueue_message(
-            "discord", "Bo", "hi", sender_id="9001", conversation="333444", metadata={"guild_id": "77"}
+            ChatAddress("discord", "Bo", sender_id="9001", conversation="333444"),
+            "hi",
+            metadata={"guild_id": "77"},
         )
         r = c.post(
             "/api/responses",
@@ -623,10 +626,14 @@ def test_reply_by_sender_id_alone_on_discord_goes_to_their_chat(live: Live) -> N
         assert r.status_code == 201 and r.json()["response"]["conversation"] == "333444"
         # Once Bo has written in a direct message, a reply by id alone is private.
         q.intake.enqueue_message(
-            "discord", "Bo", "psst", sender_id="9001", conversation="555666", metadata={"guild_id": ""}
+            ChatAddress("discord", "Bo", sender_id="9001", conversation="555666"),
+            "psst",
+            metadata={"guild_id": ""},
         )
         q.intake.enqueue_message(
-            "discord", "Bo", "again", sender_id="9001", conversation="333444", metadata={"guild_id": "77"}
+            ChatAddress("discord", "Bo", sender_id="9001", conversation="333444"),
+            "again",
+            metadata={"guild_id": "77"},
         )
         r = c.post(
             "/api/responses", json={"channel": "discord", "sender": "Bo", "senderId": "9001", "message": "dm"}

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from shared.chat.address import ChatAddress
 from tests.fakes.anthropic_api import (
     JSON,
     Computed,
@@ -63,7 +64,7 @@ def test_an_agent_sees_no_secret_of_the_processor_but_its_own_variables(tmp_path
         **secrets,
     }
     with open_home(home) as rt:
-        sent = rt.queue.intake.enqueue_message("cli", "me", "print your environment")
+        sent = rt.queue.intake.enqueue_message(ChatAddress("cli", "me"), "print your environment")
         out = (tmp_path / "processor.out").open("wb")
         proc = subprocess.Popen(
             [AGENTPOST, "run", "processor"], env=env, stdout=out, stderr=subprocess.STDOUT
@@ -128,7 +129,7 @@ def test_a_claude_agent_sees_only_the_clis_own_variables_and_runs_as_root_with_a
             **secrets,
         }
         with open_home(home) as rt:
-            sent = rt.queue.intake.enqueue_message("cli", "me", "print your environment")
+            sent = rt.queue.intake.enqueue_message(ChatAddress("cli", "me"), "print your environment")
             out = (tmp_path / "processor.out").open("wb")
             proc = subprocess.Popen(
                 [AGENTPOST, "run", "processor"], env=env, stdout=out, stderr=subprocess.STDOUT

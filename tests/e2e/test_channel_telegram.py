@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from adapters.chunking import split_message, utf16_len
+from shared.chat.address import ChatAddress
 from tests.channel_support import (
     HoldingTelegram,
     Proc,
@@ -65,7 +66,9 @@ def test_sigkill_mid_reply_resumes_without_duplicates_or_gaps(tmp_path: Path, fa
     rt = open_home(home)
     try:
         fake.hold_send(2)  # the second chunk hangs in flight ...
-        rt.queue.responses.enqueue_response("telegram", "alice", text, sender_id="42", conversation="42")
+        rt.queue.responses.enqueue_response(
+            ChatAddress("telegram", "alice", sender_id="42", conversation="42"), text
+        )
         assert fake.held.wait(20), adapter.output()
         adapter.kill()  # ... and the adapter dies with it
         fake.release()

@@ -10,6 +10,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from shared.chat.address import ChatAddress
 from tests.channel_support import Proc, channel_home, count, free_port, open_home, wait_for, whatsapp_env
 from tests.fakes.whatsapp_api import (
     FakeWhatsApp,
@@ -150,7 +151,7 @@ def test_two_instances_never_send_the_same_response(tmp_path: Path, fake: FakeWh
             proc.wait_output("webhook listening")
         for i in range(40):
             rt.queue.responses.enqueue_response(
-                "whatsapp", "alice", f"reply number {i}", sender_id=ALICE, conversation=ALICE
+                ChatAddress("whatsapp", "alice", sender_id=ALICE, conversation=ALICE), f"reply number {i}"
             )
         wait_for(
             lambda: count(rt, "SELECT COUNT(*) FROM responses WHERE status = 'acked'") == 40, 40, "all acked"

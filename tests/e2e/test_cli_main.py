@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from shared.chat.address import ChatAddress
 from shared.queue.core import Queue
 from shared.settings.model import load_settings
 from shared.storage.db import open_database
@@ -83,7 +84,7 @@ def test_dead_letters_list_retry_and_delete(tmp_path: Path) -> None:
     settings = load_settings(home, env={})
     db = open_database(settings.database_url)
     queue = Queue.from_settings(settings, db)
-    ids = [queue.intake.enqueue_message("cli", "s", f"m{i}").message_id for i in range(2)]
+    ids = [queue.intake.enqueue_message(ChatAddress("cli", "s"), f"m{i}").message_id for i in range(2)]
     for _ in range(settings.queue.max_retries):
         with db.transaction() as tx:
             tx.execute("UPDATE messages SET available_at = 0 WHERE status = 'pending'")

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from shared.chat.address import ChatAddress
 from shared.runtime import open_runtime
 
 pytestmark = pytest.mark.e2e
@@ -44,7 +45,7 @@ def home(tmp_path: Path) -> Path:
 
 def _dead_letter(home: Path, text: str, message_id: str) -> str:
     with open_runtime(home, env={}) as rt:
-        queued = rt.queue.intake.enqueue_message("telegram", "ann", text, message_id=message_id)
+        queued = rt.queue.intake.enqueue_message(ChatAddress("telegram", "ann"), text, message_id=message_id)
         claimed = rt.queue.messages.claim_all_pending_messages(LONG_AGENT, "w1", lease_ms=60_000)
         assert [m.message_id for m in claimed] == [queued.message_id]
         rt.queue.failures.fail_messages([queued.message_id], "w1", ROOT_ERROR, permanent=True)
@@ -69,7 +70,7 @@ def test_list_commands_fit_80_columns_and_keep_whole_ids(home: Path) -> None:
     assert sum(ids[0] in line and "last error" not in line for line in wide.stdout.splitlines()) == 1
 
     with open_runtime(home, env={}) as rt:
-        rt.queue.intake.enqueue_message("api", "bob", "waiting")
+        rt.queue.intake.enqueue_message(ChatAddress("api", "bob"), "waiting")
     agents = run(home, "queue", "agents")
     assert agents.returncode == 0, agents.stderr
     assert all(len(line) <= 80 for line in agents.stdout.splitlines())

@@ -22,6 +22,7 @@ from typing import Any
 
 import pytest
 
+from shared.chat.address import ChatAddress
 from shared.runtime import Runtime
 from tests.web_support import (
     CHROMIUM,
@@ -152,7 +153,9 @@ def test_the_reset_confirmation_stays_until_dismissed(rt: Runtime) -> None:
                 .observe(card, { attributes: true, childList: true, subtree: true, characterData: true });
             }"""
         )
-        rt.queue.intake.enqueue_message("telegram", "bob", "meanwhile elsewhere", conversation="tg-9")
+        rt.queue.intake.enqueue_message(
+            ChatAddress("telegram", "bob", conversation="tg-9"), "meanwhile elsewhere"
+        )
         expect(page.locator("#st-pending")).to_have_text("1")
         # A claim about duration: it is still there after several refresh ticks (the old one went in < 1 s).
         page.wait_for_timeout(3500)
@@ -222,10 +225,8 @@ def test_the_chat_list_keeps_underscores(rt: Runtime) -> None:
     from playwright.sync_api import expect
 
     rt.queue.intake.enqueue_message(
-        "telegram",
-        "",
+        ChatAddress("telegram", "", conversation="tg_123_abc"),
         "look at ref tg_123_abc and snake_case_name, **bold**, _slanted_ and `code_span`",
-        conversation="tg_123_abc",
     )
     with dashboard(rt) as (_, page, _console):
         row = page.locator("#conv-list .conv[data-conversation='tg_123_abc']")
@@ -294,7 +295,7 @@ def test_a_120_kb_message_is_collapsed_with_show_all(rt: Runtime) -> None:
         assert len(reply.locator(".md").inner_text()) >= len(big) - 1000
         expect(button).to_have_text("Show less")
         # Stays open across the page's refreshes (a message elsewhere makes it refresh), then folds again.
-        rt.queue.intake.enqueue_message("telegram", "bob", "elsewhere", conversation="tg-1")
+        rt.queue.intake.enqueue_message(ChatAddress("telegram", "bob", conversation="tg-1"), "elsewhere")
         expect(page.locator("#st-pending")).to_have_text("1")
         expect(reply).to_contain_text("line 00999")
         button.click()

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from shared.chat.address import ChatAddress
 from shared.runtime import Runtime
 from tests.e2e.test_dashboard_console import _need_chromium
 from tests.web_support import CHROMIUM, CHROMIUM_ARGS, LiveServer, home_runtime, play_processor
@@ -33,9 +34,11 @@ def test_long_history_is_paged_and_markdown_is_inert(rt: Runtime) -> None:
 
     for n in range(1, 71):
         rt.queue.intake.enqueue_message(
-            "web", "web", f"note number {n}", agent="beta", conversation="web-long"
+            ChatAddress("web", "web", conversation="web-long"), f"note number {n}", agent="beta"
         )
-    rt.queue.intake.enqueue_message("web", "web", "show me something", agent="alpha", conversation="web-long")
+    rt.queue.intake.enqueue_message(
+        ChatAddress("web", "web", conversation="web-long"), "show me something", agent="alpha"
+    )
     play_processor(rt.queue, "alpha", lambda m: HOSTILE)
 
     with LiveServer(rt) as live, sync_playwright() as pw:

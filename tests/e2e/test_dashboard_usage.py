@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from shared.chat.address import ChatAddress
 from shared.clock import now_ms
 from shared.reads.usage import UsageRecord, day_of, record_usage_in, usd
 from tests.e2e.test_dashboard_console import _axe, _need_chromium, _no_sideways_scroll
@@ -53,11 +54,11 @@ def test_costs_view_shows_each_agents_cost_today_and_who_is_over_budget(
         # Two runs of coder for Ann, one of writer for Bob: the CLI reports what each cost.
         for text in ("first question", "second question"):
             rt.queue.intake.enqueue_message(
-                "telegram", "ann", text, sender_id="42", conversation="c1", agent="coder"
+                ChatAddress("telegram", "ann", sender_id="42", conversation="c1"), text, agent="coder"
             )
             run_idle(rt, env=env)
         rt.queue.intake.enqueue_message(
-            "telegram", "bob", "a poem", sender_id="43", conversation="c2", agent="writer"
+            ChatAddress("telegram", "bob", sender_id="43", conversation="c2"), "a poem", agent="writer"
         )
         run_idle(rt, env=env)
         results = reported(log)
@@ -74,7 +75,7 @@ def test_costs_view_shows_each_agents_cost_today_and_who_is_over_budget(
         with (home / "settings.toml").open("a") as f:
             f.write(f"\n[budgets]\nsender_daily_usd = {limit}\n")
         held = rt.queue.intake.enqueue_message(
-            "telegram", "ann", "third", sender_id="42", conversation="c1", agent="coder"
+            ChatAddress("telegram", "ann", sender_id="42", conversation="c1"), "third", agent="coder"
         )
         run_idle(rt, env=env)
         message = rt.queue.admin.get_message(held.message_id)

@@ -28,6 +28,7 @@ from pathlib import Path
 
 import pytest
 
+from shared.chat.address import ChatAddress
 from shared.runtime import Runtime
 from tests.crash_support import (
     Kill,
@@ -69,11 +70,10 @@ def _enqueue(rt: Runtime, numbers: tuple[int, ...], agent_of: Callable[[int], st
     for number in numbers:
         for chat in range(CHATS):
             rt.queue.intake.enqueue_message(
-                "telegram",
-                f"user{chat}",
+                ChatAddress(
+                    "telegram", f"user{chat}", sender_id=str(7000 + chat), conversation=str(7000 + chat)
+                ),
                 f"{label(chat, number)} please answer this",
-                sender_id=str(7000 + chat),
-                conversation=str(7000 + chat),
                 agent=agent_of(chat),
                 debounce_ms=debounce,
             )

@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from adapters.chunking import split_message, utf16_len
+from shared.chat.address import ChatAddress
 from shared.runtime import Runtime
 from tests.channel_support import (
     HoldingTelegram,
@@ -126,7 +127,7 @@ def test_adapter_killed_mid_send_keeps_each_chat_in_order(
             assert [c.split(" ", 1)[0] for c in chunks] == [label(reply, c) for c in range(CHUNKS_PER_REPLY)]
             expected[chat] += [label(reply, c) for c in range(CHUNKS_PER_REPLY)]
             rt.queue.responses.enqueue_response(
-                "telegram", "alice", text, sender_id=str(chat), conversation=str(chat)
+                ChatAddress("telegram", "alice", sender_id=str(chat), conversation=str(chat)), text
             )
     log = tmp_path / "telegram.log"
     adapter = Proc("telegram", home, telegram_env(fake), log)

@@ -22,6 +22,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
+from shared.chat.address import ChatAddress
 from shared.clock import now_ms
 from shared.runtime import Runtime, open_runtime
 from tests.channel_support import Proc
@@ -110,7 +111,9 @@ def test_postgres_restart_mid_traffic_loses_duplicates_and_strands_nothing(tmp_p
                 for n in range(MESSAGES):
                     agent = AGENTS[n % len(AGENTS)]
                     text = f"@{agent} token-m{n} sleep=0.2"
-                    sent = rt.queue.intake.enqueue_message("api", "user", text, conversation=f"chat{n}")
+                    sent = rt.queue.intake.enqueue_message(
+                        ChatAddress("api", "user", conversation=f"chat{n}"), text
+                    )
                     ids.append(sent.message_id)
                     time.sleep(0.1)
 

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from shared.chat.address import ChatAddress
 from tests.liveness_support import process_gone
 from tests.processor_support import make_home, open_home, wait_for
 
@@ -92,7 +93,7 @@ def test_sigkill_of_the_processor_kills_every_descendant_of_the_agent(
 ) -> None:
     proc, home = processor
     with open_home(home) as rt:
-        rt.queue.intake.enqueue_message("cli", "me", "start the tree")
+        rt.queue.intake.enqueue_message(ChatAddress("cli", "me"), "start the tree")
 
     def tree_is_up() -> dict[int, str] | None:
         # Found by working folder rather than by parentage, so a sleep that escaped the tree still counts.

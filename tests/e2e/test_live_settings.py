@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from shared.chat.address import ChatAddress
 from shared.runtime import Runtime
 from tests.processor_support import agent_script, command_agent, make_home, open_home, wait_for
 
@@ -112,7 +113,7 @@ def test_a_broken_settings_file_keeps_the_old_settings_and_doctor_and_log_say_wh
             15,
             "the processor to log the broken file",
         )
-        result = rt.queue.intake.enqueue_message("api", "tester", "still here", agent="solo")
+        result = rt.queue.intake.enqueue_message(ChatAddress("api", "tester"), "still here", agent="solo")
         wait_for(
             lambda: _status(rt, result.message_id) == "completed",
             30,

@@ -69,7 +69,7 @@ def test_sigkill_mid_run_then_the_rerun_is_told_it_was_interrupted(
     )
     with open_home(home) as rt:
         sent = rt.queue.intake.enqueue_message(
-            "telegram", "ann", "migrate the database", sender_id="7", conversation="c1"
+            ChatAddress("telegram", "ann", sender_id="7", conversation="c1"), "migrate the database"
         )
         first = procs.start(home, "first")
         wait_for(
@@ -102,7 +102,7 @@ def test_stop_from_another_process_ends_the_run_within_seconds(
     home = claude_home(tmp_path, f"sqlite:///{tmp_path / 'agentpost.db'}")
     with open_home(home) as rt:
         sent = rt.queue.intake.enqueue_message(
-            "telegram", "ann", "endless job", sender_id="7", conversation="c1"
+            ChatAddress("telegram", "ann", sender_id="7", conversation="c1"), "endless job"
         )
         procs.start(home, "processor")
         api.wait_for_main_requests(1, 30)  # the CLI is running and streaming

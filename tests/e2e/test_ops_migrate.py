@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from shared.chat.address import ChatAddress
 from shared.runtime import open_runtime
 from tests.scheduler_support import (
     fresh_pg_database,
@@ -31,7 +32,7 @@ def test_migrate_cli_then_run_on_postgresql(tmp_path: Path) -> None:
     with open_runtime(home, env={}) as rt:
         make_dead(rt.queue, 2)
         for i in range(3):
-            rt.queue.intake.enqueue_message("cli", "ann", f"waiting {i}")
+            rt.queue.intake.enqueue_message(ChatAddress("cli", "ann"), f"waiting {i}")
     before = json.loads(run_cli(home, "queue", "status", "--json").stdout)
     with fresh_pg_database() as pg:
         out = run_cli(home, "migrate", "--to", pg)

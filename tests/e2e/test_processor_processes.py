@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from shared.chat.address import ChatAddress
 from shared.runtime import Runtime
 from tests.liveness_support import process_gone
 from tests.probes import kill_all
@@ -94,7 +95,7 @@ def test_sigkill_mid_run_then_restart_runs_it_once_more_without_waiting_for_the_
     home, log = _solo_home(tmp_path, queue={"lease_seconds": 30})
     with open_home(home) as rt:
         sent = rt.queue.intake.enqueue_message(
-            "telegram", "ann", "long job sleep=2.5", sender_id="1", conversation="c"
+            ChatAddress("telegram", "ann", sender_id="1", conversation="c"), "long job sleep=2.5"
         )
         first = procs.start(home, log, "first")
         (run1,) = wait_for(lambda: read_invocations(log), 20, "the first run to start")
@@ -128,7 +129,7 @@ def test_sigkill_mid_run_then_restart_runs_it_once_more_without_waiting_for_the_
 def test_sigterm_lets_the_current_run_finish(tmp_path: Path, procs: Processes) -> None:
     home, log = _solo_home(tmp_path)
     with open_home(home) as rt:
-        sent = rt.queue.intake.enqueue_message("cli", "me", "job sleep=1.5")
+        sent = rt.queue.intake.enqueue_message(ChatAddress("cli", "me"), "job sleep=1.5")
         proc = procs.start(home, log, "p")
         wait_for(lambda: read_invocations(log), 20, "the run to start")
         proc.send_signal(signal.SIGTERM)
@@ -143,7 +144,7 @@ def test_sigterm_past_the_grace_period_releases_without_counting_an_attempt(
 ) -> None:
     home, log = _solo_home(tmp_path, processor={"shutdown_grace_seconds": 0.5})
     with open_home(home) as rt:
-        sent = rt.queue.intake.enqueue_message("cli", "me", "job sleep=30")
+        sent = rt.queue.intake.enqueue_message(ChatAddress("cli", "me"), "job sleep=30")
         proc = procs.start(home, log, "p")
         (run,) = wait_for(lambda: read_invocations(log), 20, "the run to start")
         proc.send_signal(signal.SIGTERM)
@@ -173,7 +174,7 @@ def test_two_processors_never_run_one_agent_twice_and_lose_nothing(
                     text = f"w{wave} sleep=0.2 {agent} {chat}"
                     sent.append(
                         rt.queue.intake.enqueue_message(
-                            "api", "u", text, agent=agent, conversation=f"c{chat}"
+                            ChatAddress("api", "u", conversation=f"c{chat}"), text, agent=agent
                         ).message_id
                     )
             time.sleep(0.3)

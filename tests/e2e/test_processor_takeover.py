@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from shared.chat.address import ChatAddress
 from shared.runtime import Runtime
 from tests.probes import kill_all
 from tests.processor_support import (
@@ -94,7 +95,7 @@ def test_same_host_successor_reruns_within_3_s(
     script = agent_script(tmp_path)
     home = _home(tmp_path, script, 30.0)
     with open_home(home) as rt:
-        sent = rt.queue.intake.enqueue_message("cli", "ann", "job sleep=2", conversation="c")
+        sent = rt.queue.intake.enqueue_message(ChatAddress("cli", "ann", conversation="c"), "job sleep=2")
         holder, lease_until = _kill_mid_run(started, home, tmp_path, rt, sent.message_id)
         restarted = time.time()
         _start(started, home, tmp_path, "second")
@@ -121,7 +122,7 @@ def test_other_host_holder_is_waited_for_until_its_lease_runs_out(
     script = agent_script(tmp_path)
     home = _home(tmp_path, script, 6.0, {"worker_id": "otherhost:1:1"})
     with open_home(home) as rt:
-        sent = rt.queue.intake.enqueue_message("cli", "ann", "job sleep=1", conversation="c")
+        sent = rt.queue.intake.enqueue_message(ChatAddress("cli", "ann", conversation="c"), "job sleep=1")
         holder, lease_until = _kill_mid_run(started, home, tmp_path, rt, sent.message_id)
         _home(tmp_path, script, 6.0)  # the successor runs with this host's own worker id
         restarted = time.time()

@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from shared.chat.address import ChatAddress
 from shared.clock import now_ms
 from shared.queue.core import Directory, Queue
 from shared.storage.db import open_database
@@ -123,7 +124,8 @@ def test_consumer_killed_holding_claims_loses_nothing(
     db = open_database(url)
     queue = Queue(db, directory=Directory.single("a1"))
     ids = [
-        queue.intake.enqueue_message("cli", "s", f"job {i}", conversation="c").message_id for i in range(3)
+        queue.intake.enqueue_message(ChatAddress("cli", "s", conversation="c"), f"job {i}").message_id
+        for i in range(3)
     ]
     victim_log = tmp_path / "victim.log"
     victim = _spawn(

@@ -21,6 +21,7 @@ from typing import Any
 import httpx
 import pytest
 
+from shared.chat.address import ChatAddress
 from tests.fakes.anthropic_api import (
     JSON,
     Computed,
@@ -102,7 +103,7 @@ def _run_probe(
     home: Path, argv_prefix: list[str], env: dict[str, str], owner: tuple[int, int] | None = None
 ) -> dict[str, str]:
     with open_home(home) as rt:
-        sent = rt.queue.intake.enqueue_message("cli", "me", "probe", agent="prober")
+        sent = rt.queue.intake.enqueue_message(ChatAddress("cli", "me"), "probe", agent="prober")
         if owner is not None:
             _give(home, owner)  # the database this test just wrote belongs to the service user
         log = home.parent / "processor.out"
@@ -286,7 +287,9 @@ def test_the_claude_cli_answers_resumes_reads_uploads_and_attaches_inside_the_sa
             )
 
             def ask(text: str) -> tuple[str, dict[str, object]]:
-                sent = rt.queue.intake.enqueue_message("cli", "me", text, agent="coder", conversation="me")
+                sent = rt.queue.intake.enqueue_message(
+                    ChatAddress("cli", "me", conversation="me"), text, agent="coder"
+                )
 
                 def answered() -> list[Any]:
                     assert proc.poll() is None, log.read_text(errors="replace")[-3000:]
@@ -428,7 +431,7 @@ def test_a_sandboxed_run_is_killed_whole_by_its_timeout_and_with_a_killed_proces
     )
     env = _base_env(home, tmp_path)
     with open_home(home) as rt:
-        first = rt.queue.intake.enqueue_message("cli", "me", "take your time", agent="slow")
+        first = rt.queue.intake.enqueue_message(ChatAddress("cli", "me"), "take your time", agent="slow")
         log = (tmp_path / "processor.out").open("wb")
         proc = subprocess.Popen(
             [AGENTPOST, "run", "processor"], env=env, stdout=log, stderr=subprocess.STDOUT

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from scheduler import dlq
+from shared.chat.address import ChatAddress
 from shared.runtime import open_runtime
 from tests.scheduler_support import (
     cli_env,
@@ -50,7 +51,7 @@ def test_scheduler_process_runs_its_jobs_and_stops_on_sigterm(tmp_path: Path) ->
     home = write_home(tmp_path / "home", f"sqlite:///{tmp_path / 'a.db'}", FAST)
     with open_runtime(home, env={}) as rt:
         dead = make_dead(rt.queue, 2)
-        rt.queue.intake.enqueue_message("cli", "ann", "its worker dies")
+        rt.queue.intake.enqueue_message(ChatAddress("cli", "ann"), "its worker dies")
         rt.queue.messages.claim_all_pending_messages("assistant", "doomed", lease_ms=1)
     log = tmp_path / "scheduler.log"
     proc = start_process(home, "scheduler", log)

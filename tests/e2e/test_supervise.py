@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from scheduler import supervise
+from shared.chat.address import ChatAddress
 from shared.runtime import open_runtime
 from tests.scheduler_support import cli_env, free_port, run_cli, wait_until, write_home
 
@@ -102,7 +103,9 @@ def test_up_starts_what_it_can_restarts_a_killed_process_and_down_stops_all(
     # Queue messages, SIGKILL the scheduler (and the processor mid-run), and watch supervisord restart them.
     with open_runtime(home, env={}) as rt:
         ids = [
-            rt.queue.intake.enqueue_message("cli", "ann", f"job {i}", conversation=f"c{i}").message_id
+            rt.queue.intake.enqueue_message(
+                ChatAddress("cli", "ann", conversation=f"c{i}"), f"job {i}"
+            ).message_id
             for i in range(4)
         ]
     victims = ["scheduler"]

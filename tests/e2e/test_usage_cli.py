@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from shared.chat.address import ChatAddress
 from shared.clock import now_ms
 from shared.reads.usage import UsageRecord, record_usage_in
 from tests.homes import open_home
@@ -82,7 +83,9 @@ def test_doctor_and_trace_tell_the_operator_who_is_over_budget(tmp_path: Path) -
             record_usage_in(tx, UsageRecord(agent="alpha", sender="telegram:42", cost_usd=0.0612))
             record_usage_in(tx, UsageRecord(agent="alpha", sender="telegram:43", cost_usd=0.01))
             record_usage_in(tx, UsageRecord(agent="beta", cost_usd=0.75))  # a heartbeat's run
-        held = rt.queue.intake.enqueue_message("telegram", "ann", "one more", sender_id="42", agent="alpha")
+        held = rt.queue.intake.enqueue_message(
+            ChatAddress("telegram", "ann", sender_id="42"), "one more", agent="alpha"
+        )
         run_idle(rt)
         message = rt.queue.admin.get_message(held.message_id)
         assert message is not None and message.status == "dead"

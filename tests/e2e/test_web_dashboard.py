@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from shared.chat.address import ChatAddress
 from shared.runtime import Runtime
 from tests.web_support import (
     CHROMIUM,
@@ -33,7 +34,9 @@ def test_dashboard_chat_reply_and_dead_letter_retry(rt: Runtime) -> None:
     need_chromium()
     from playwright.sync_api import expect, sync_playwright
 
-    doomed = rt.queue.intake.enqueue_message("api", "ops", "this one keeps failing", agent="beta").message_id
+    doomed = rt.queue.intake.enqueue_message(
+        ChatAddress("api", "ops"), "this one keeps failing", agent="beta"
+    ).message_id
     assert kill_until_dead(rt.queue, "beta") == [doomed]
 
     with LiveServer(rt) as live, sync_playwright() as pw:

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from shared.chat.address import ChatAddress
 from tests.processor_support import count, make_home, open_home, run_idle
 
 pytestmark = pytest.mark.integration
@@ -37,7 +38,7 @@ def test_a_team_handing_work_around_stops_at_the_run_budget_with_one_notice(
     )
     with open_home(home) as rt:
         sent = rt.queue.intake.enqueue_message(
-            "telegram", "zoe", "@crew build it", sender_id="9", conversation="c9"
+            ChatAddress("telegram", "zoe", sender_id="9", conversation="c9"), "@crew build it"
         )
         run_idle(rt, timeout=60)
         runs = count(rt, "SELECT COUNT(*) FROM events WHERE type = 'chain_step_start'")

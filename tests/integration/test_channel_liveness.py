@@ -141,10 +141,8 @@ def test_chat_messages_are_debounced_and_commands_are_not(rt: Runtime, fake: Hol
 
 def _progress(rt: Runtime, key: str, text: str, *, kind: str = "progress", conversation: str = "42") -> None:
     rt.queue.responses.enqueue_response(
-        "telegram",
-        "alice",
+        ChatAddress("telegram", "alice", conversation=conversation),
         text,
-        conversation=conversation,
         metadata={"kind": kind, "edit_key": key},
     )
 
@@ -187,7 +185,9 @@ def test_telegram_progress_note_is_edited_in_place_across_a_restart(
 
 def test_typing_keeps_refreshing_during_a_long_run(rt: Runtime, fake: HoldingTelegram) -> None:
     fake.add_chat(42, username="alice")
-    rt.queue.intake.enqueue_message("telegram", "alice", "long job", sender_id="42", conversation="42")
+    rt.queue.intake.enqueue_message(
+        ChatAddress("telegram", "alice", sender_id="42", conversation="42"), "long job"
+    )
     claimed = rt.queue.messages.claim_all_pending_messages("alpha", "proc-1", lease_ms=60_000)
     assert len(claimed) == 1
     with RunningChannel(_telegram(rt, fake), deliver_only=False):
@@ -222,18 +222,14 @@ def test_discord_progress_note_is_one_message_edited_in_place(tmp_path: Path) ->
                 wait_for(lambda: count(rt, "SELECT COUNT(*) FROM messages") == 1, 10, "the DM queued")
                 for minutes in (3, 6):
                     rt.queue.responses.enqueue_response(
-                        "discord",
-                        "alice",
+                        ChatAddress("discord", "alice", conversation=str(DM)),
                         f"Still working — {minutes} min",
-                        conversation=str(DM),
                         metadata={"kind": "progress", "edit_key": "run-9"},
                     )
                     wait_for(lambda m=minutes: count(rt, acked) == m // 3, 10, f"note at {minutes} min")  # type: ignore[misc]
                 rt.queue.responses.enqueue_response(
-                    "discord",
-                    "alice",
+                    ChatAddress("discord", "alice", conversation=str(DM)),
                     "The answer.",
-                    conversation=str(DM),
                     metadata={"kind": "final", "edit_key": "run-9"},
                 )
                 wait_for(lambda: count(rt, acked) == 3, 10, "the final reply")
@@ -272,7 +268,9 @@ def test_whatsapp_notes_are_new_messages_at_most_once_per_interval(tmp_path: Pat
                 1,
             ):
                 rt.queue.responses.enqueue_response(
-                    "whatsapp", "bob", text, conversation="111", metadata={"kind": kind, "edit_key": "run-3"}
+                    ChatAddress("whatsapp", "bob", conversation="111"),
+                    text,
+                    metadata={"kind": kind, "edit_key": "run-3"},
                 )
                 asyncio.run(_deliver_with_http(channel))
                 assert count(rt, acked) == n

@@ -34,7 +34,7 @@ def test_a_policy_set_from_a_chat_is_the_one_its_runs_follow(tmp_path: Path, sql
         chat = NO_CONVERSATION.address_on("web")
         # What the channel's /queue command stores for the chat it came from...
         assert set_busy_policy(rt.db, chat, "interrupt") == "interrupt"
-        rt.queue.intake.enqueue_message("web", "ann", "work", sender_id="u7", agent="coder")
+        rt.queue.intake.enqueue_message(ChatAddress("web", "ann", sender_id="u7"), "work", agent="coder")
         (claimed,) = rt.queue.messages.claim_all_pending_messages("coder", "w1")
         # ...is what the processor reads for the chat of the message it claimed.
         assert resolve_policy(rt.db, rt.settings, "collect", claimed.address) == "interrupt"

@@ -13,10 +13,18 @@ pytestmark = pytest.mark.integration
 
 
 def test_busy_agents_lists_processing_ones_first(queue: Queue) -> None:
-    queue.intake.enqueue_message("telegram", "ann", "hi", sender_id="1", conversation="c1", agent="gamma")
-    queue.intake.enqueue_message("telegram", "ann", "hi", sender_id="1", conversation="c1", agent="beta")
-    queue.intake.enqueue_message("telegram", "ann", "hi", sender_id="1", conversation="c1", agent="alpha")
-    queue.intake.enqueue_message("telegram", "bob", "hi", sender_id="2", conversation="c2", agent="alpha")
+    queue.intake.enqueue_message(
+        ChatAddress("telegram", "ann", sender_id="1", conversation="c1"), "hi", agent="gamma"
+    )
+    queue.intake.enqueue_message(
+        ChatAddress("telegram", "ann", sender_id="1", conversation="c1"), "hi", agent="beta"
+    )
+    queue.intake.enqueue_message(
+        ChatAddress("telegram", "ann", sender_id="1", conversation="c1"), "hi", agent="alpha"
+    )
+    queue.intake.enqueue_message(
+        ChatAddress("telegram", "bob", sender_id="2", conversation="c2"), "hi", agent="alpha"
+    )
     assert queue.messages.claim_all_pending_messages("gamma", "w1")
     assert lookups.busy_agents(queue.db, ChatAddress("telegram", conversation="c1")) == [
         "gamma",
@@ -29,17 +37,18 @@ def test_busy_agents_lists_processing_ones_first(queue: Queue) -> None:
 
 def test_busy_conversations_leave_out_paused_agents_and_far_retries(queue: Queue) -> None:
     now = now_ms()
-    queue.intake.enqueue_message("telegram", "ann", "hi", sender_id="1", conversation="soon", agent="alpha")
     queue.intake.enqueue_message(
-        "telegram",
-        "bob",
+        ChatAddress("telegram", "ann", sender_id="1", conversation="soon"), "hi", agent="alpha"
+    )
+    queue.intake.enqueue_message(
+        ChatAddress("telegram", "bob", sender_id="2", conversation="later"),
         "hi",
-        sender_id="2",
-        conversation="later",
         agent="alpha",
         available_at=now + 600_000,
     )
-    queue.intake.enqueue_message("telegram", "cy", "hi", sender_id="3", conversation="paused", agent="beta")
+    queue.intake.enqueue_message(
+        ChatAddress("telegram", "cy", sender_id="3", conversation="paused"), "hi", agent="beta"
+    )
     queue.control.pause_agent("beta", now + 600_000, "rate limited")
     assert lookups.busy_conversations(queue.db, "telegram", now, 60_000) == ["soon"]
     assert sorted(lookups.busy_conversations(queue.db, "telegram", now, 1_200_000)) == ["later", "soon"]
@@ -48,12 +57,12 @@ def test_busy_conversations_leave_out_paused_agents_and_far_retries(queue: Queue
 def test_newest_waiting_external_id(queue: Queue) -> None:
     assert lookups.newest_waiting_external_id(queue.db, ChatAddress("whatsapp", conversation="49")) is None
     queue.intake.enqueue_message(
-        "whatsapp", "ann", "one", sender_id="49", conversation="49", external_id="w1"
+        ChatAddress("whatsapp", "ann", sender_id="49", conversation="49"), "one", external_id="w1"
     )
     queue.intake.enqueue_message(
-        "whatsapp", "ann", "two", sender_id="49", conversation="49", external_id="w2"
+        ChatAddress("whatsapp", "ann", sender_id="49", conversation="49"), "two", external_id="w2"
     )
-    queue.intake.enqueue_message("whatsapp", "ann", "three", sender_id="49", conversation="49")
+    queue.intake.enqueue_message(ChatAddress("whatsapp", "ann", sender_id="49", conversation="49"), "three")
     assert lookups.newest_waiting_external_id(queue.db, ChatAddress("whatsapp", conversation="49")) == "w2"
 
 

@@ -28,6 +28,7 @@ import psycopg
 import pytest
 
 from adapters import pairing
+from shared.chat.address import ChatAddress
 from shared.clock import now_ms
 from shared.queue.core import Directory, Queue
 from shared.queue.records import LeaseLost, NotFound
@@ -77,10 +78,10 @@ def _message(queue: Queue, message_id: str) -> dict[str, Any]:
 # -- recovery ---------------------------------------------------------------------------------------------
 def test_recovery_at_one_moment_returns_the_expired_claim_and_keeps_the_live_one(queue: Queue) -> None:
     expired = queue.intake.enqueue_message(
-        "api", "ann", "old job", agent="alpha", conversation="c1"
+        ChatAddress("api", "ann", conversation="c1"), "old job", agent="alpha"
     ).message_id
     live = queue.intake.enqueue_message(
-        "api", "bob", "running job", agent="beta", conversation="c2"
+        ChatAddress("api", "bob", conversation="c2"), "running job", agent="beta"
     ).message_id
     start = now_ms()
     assert queue.messages.claim_all_pending_messages("alpha", "w-expired", lease_ms=1_000)
@@ -110,7 +111,7 @@ def test_a_crash_during_one_run_charges_only_that_group(queue: Queue) -> None:
     groups = {
         chat: [
             queue.intake.enqueue_message(
-                "telegram", chat, f"{chat} message {n}", sender_id=chat, conversation=chat
+                ChatAddress("telegram", chat, sender_id=chat, conversation=chat), f"{chat} message {n}"
             )
             for n in range(2)
         ]
@@ -153,7 +154,7 @@ def _wait_past(ms: int) -> None:
 
 def test_an_ack_is_what_the_row_says_and_a_deliverer_without_the_lease_cannot_ack(queue: Queue) -> None:
     first = queue.responses.enqueue_response(
-        "telegram", "ann", "first reply", sender_id="1", conversation="1"
+        ChatAddress("telegram", "ann", sender_id="1", conversation="1"), "first reply"
     )
 
     # A plain delivery: claim, record the chunk, ack; the row says acked.
@@ -168,7 +169,7 @@ def test_an_ack_is_what_the_row_says_and_a_deliverer_without_the_lease_cannot_ac
 
     # A deliverer whose lease lapsed and was taken over: its ack is refused and changes nothing.
     second = queue.responses.enqueue_response(
-        "telegram", "bob", "second reply", sender_id="2", conversation="2"
+        ChatAddress("telegram", "bob", sender_id="2", conversation="2"), "second reply"
     )
     [lapsed] = queue.responses.claim_responses_for_channel("telegram", "d-slow", lease_ms=1)
     assert lapsed.id == second.id
@@ -256,7 +257,9 @@ def test_postgres_message_claims_for_distinct_agents_never_share_or_wait(pg_url:
                 agent: [
                     int(
                         queue.intake.enqueue_message(
-                            "api", "u", f"r{rnd} {agent} {n}", agent=agent, conversation=f"{agent}-{rnd}"
+                            ChatAddress("api", "u", conversation=f"{agent}-{rnd}"),
+                            f"r{rnd} {agent} {n}",
+                            agent=agent,
                         ).id
                         or 0
                     )
@@ -299,7 +302,7 @@ def test_postgres_message_claims_for_one_agent_give_each_row_to_one_worker(pg_ur
             ids = [
                 int(
                     queue.intake.enqueue_message(
-                        "api", "u", f"r{rnd} {n}", agent="alpha", conversation=f"chat-{rnd}"
+                        ChatAddress("api", "u", conversation=f"chat-{rnd}"), f"r{rnd} {n}", agent="alpha"
                     ).id
                     or 0
                 )
@@ -339,7 +342,7 @@ def test_postgres_response_claims_never_give_one_response_to_two_deliverers(pg_u
         for rnd in range(ROUNDS):
             ids = [
                 queue.responses.enqueue_response(
-                    "telegram", "u", f"r{rnd} reply {n}", conversation=f"{rnd}-{n}"
+                    ChatAddress("telegram", "u", conversation=f"{rnd}-{n}"), f"r{rnd} reply {n}"
                 ).id
                 for n in range(12)
             ]
@@ -394,7 +397,7 @@ def test_postgres_recovery_keeps_a_claim_renewed_while_it_was_deciding(pg_url: s
     try:
         queue = Queue(db, QueueSettings(lease_seconds=30), Directory(frozenset(AGENTS), {}, "alpha"))
         mid = queue.intake.enqueue_message(
-            "api", "ann", "long job", agent="alpha", conversation="c"
+            ChatAddress("api", "ann", conversation="c"), "long job", agent="alpha"
         ).message_id
         assert queue.messages.claim_all_pending_messages("alpha", "w-stalled", lease_ms=1)
         _wait_past(int(_message(queue, mid)["lease_until"]))
@@ -471,7 +474,9 @@ def test_postgres_retry_of_a_dead_letter_retried_meanwhile_changes_nothing(pg_ur
     db = open_database(pg_url)
     try:
         queue = Queue(db, QueueSettings(manual_retry_budget=5), Directory(frozenset(AGENTS), {}, "alpha"))
-        mid = queue.intake.enqueue_message("api", "ann", "doomed", agent="alpha", conversation="c").message_id
+        mid = queue.intake.enqueue_message(
+            ChatAddress("api", "ann", conversation="c"), "doomed", agent="alpha"
+        ).message_id
         assert queue.messages.claim_all_pending_messages("alpha", "w1")
         queue.failures.fail_messages([mid], "w1", "broken", permanent=True)
         queue.leases.release_agent("alpha", "w1")
@@ -501,7 +506,7 @@ def test_postgres_send_retry_of_a_response_taken_over_meanwhile_changes_nothing(
     try:
         queue = Queue(db, QueueSettings(), Directory(frozenset(AGENTS), {}, "alpha"))
         reply = queue.responses.enqueue_response(
-            "telegram", "ann", "the reply", sender_id="1", conversation="1"
+            ChatAddress("telegram", "ann", sender_id="1", conversation="1"), "the reply"
         )
         [claimed] = queue.responses.claim_responses_for_channel("telegram", "d-slow")
         assert claimed.id == reply.id
@@ -529,7 +534,9 @@ def test_postgres_failure_of_a_message_taken_back_meanwhile_changes_nothing(pg_u
     db = open_database(pg_url)
     try:
         queue = Queue(db, QueueSettings(), Directory(frozenset(AGENTS), {}, "alpha"))
-        mid = queue.intake.enqueue_message("api", "ann", "job", agent="alpha", conversation="c").message_id
+        mid = queue.intake.enqueue_message(
+            ChatAddress("api", "ann", conversation="c"), "job", agent="alpha"
+        ).message_id
         assert queue.messages.claim_all_pending_messages("alpha", "w-stalled")
         outcome = _act_behind_an_uncommitted_change(
             db,

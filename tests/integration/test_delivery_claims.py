@@ -8,6 +8,7 @@ import threading
 
 import pytest
 
+from shared.chat.address import ChatAddress
 from shared.clock import now_ms
 from shared.queue.core import Queue
 from shared.storage.db import open_database
@@ -17,7 +18,9 @@ pytestmark = pytest.mark.integration
 
 def _queue_replies(queue: Queue, chat: str, n: int) -> list[int]:
     return [
-        queue.responses.enqueue_response("telegram", "ann", f"{chat} reply {i}", conversation=chat).id
+        queue.responses.enqueue_response(
+            ChatAddress("telegram", "ann", conversation=chat), f"{chat} reply {i}"
+        ).id
         for i in range(n)
     ]
 
@@ -95,9 +98,11 @@ def test_failed_responses_are_never_claimed_again(queue: Queue) -> None:
     assert queue.responses.ack_response(a[1], "d2")
     assert queue.responses.claim_responses_for_channel("telegram", "d3", limit=10) == []
     assert [f.id for f in queue.responses.failed_responses()] == [a[0]]
-    notices = queue.responses.take_undelivered_notices("telegram", "chat-a")
+    notices = queue.responses.take_undelivered_notices(ChatAddress("telegram", conversation="chat-a"))
     assert [(n.response_id, n.explanation) for n in notices] == [(a[0], "blocked")]
-    assert queue.responses.take_undelivered_notices("telegram", "chat-a") == []  # told once
+    assert (
+        queue.responses.take_undelivered_notices(ChatAddress("telegram", conversation="chat-a")) == []
+    )  # told once
 
 
 def test_transient_failures_run_out_into_failed(queue: Queue) -> None:

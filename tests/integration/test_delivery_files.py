@@ -52,7 +52,7 @@ def test_delivery_sends_only_allowed_files_and_says_so_for_the_rest(
             deliver_only=True,
         ):
             rt.queue.responses.enqueue_response(
-                "telegram", "ann", "here you go", conversation="42", agent="alpha", files=queued
+                ChatAddress("telegram", "ann", conversation="42"), "here you go", agent="alpha", files=queued
             )
             wait_for(lambda: len(fake.texts(42)) >= 4, 15, "the reply and the three notes")
             wait_for(lambda: len(fake.documents(42)) >= 2, 15, "the two allowed files")
@@ -83,7 +83,7 @@ def test_a_refused_send_file_is_named_in_the_reply_the_chat_receives(
         (workspace / "report.txt").write_text("the numbers")
         (workspace / "link.txt").symlink_to(secret)
         rt.queue.intake.enqueue_message(
-            "telegram", "ann", "send me the report", sender_id="42", conversation="42"
+            ChatAddress("telegram", "ann", sender_id="42", conversation="42"), "send me the report"
         )
         run_idle(rt, env=cli_env(api, tmp_path))
         with RunningChannel(

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from shared.chat.address import ChatAddress
 from shared.cli.doctor import run_checks
 from shared.reads.trace import trace_message
 from shared.runtime import Runtime
@@ -40,7 +41,9 @@ def test_failed_deliveries_in_metrics_doctor_and_trace(home: Path, rt: Runtime) 
     assert [(c.level, c.name) for c in before] == [("ok", "failed replies")]
     with LiveServer(rt) as live, live.client() as client:
         client.get("/metrics")  # the counters count from here
-        reply = rt.queue.responses.enqueue_response("telegram", "ann", "hello", conversation="42")
+        reply = rt.queue.responses.enqueue_response(
+            ChatAddress("telegram", "ann", conversation="42"), "hello"
+        )
         [claimed] = rt.queue.responses.claim_responses_for_channel("telegram", "tg")
         assert rt.queue.responses.fail_response(
             claimed.id, "Telegram: Forbidden: bot was blocked by the user", worker="tg", explanation="blocked"

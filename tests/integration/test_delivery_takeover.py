@@ -11,6 +11,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from shared.chat.address import ChatAddress
 from shared.queue.core import Queue
 from shared.worker_identity import new_worker_id
 
@@ -32,7 +33,9 @@ def dead_worker() -> Iterator[str]:
 
 def _queue_replies(queue: Queue, chat: str, n: int) -> list[int]:
     return [
-        queue.responses.enqueue_response("discord", "ann", f"{chat} reply {i}", conversation=chat).id
+        queue.responses.enqueue_response(
+            ChatAddress("discord", "ann", conversation=chat), f"{chat} reply {i}"
+        ).id
         for i in range(n)
     ]
 

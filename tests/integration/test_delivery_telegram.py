@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from adapters.telegram import TelegramChannel
+from shared.chat.address import ChatAddress
 from shared.reads.trace import trace_message
 from shared.runtime import Runtime
 from tests.channel_support import HoldingTelegram, RunningChannel, channel_home, count, open_home, wait_for
@@ -45,13 +46,17 @@ def test_one_chats_retries_do_not_delay_another_chat(
     try:
         with RunningChannel(_channel(rt, fake), deliver_only=True):
             slow = [
-                rt.queue.responses.enqueue_response("telegram", "ann", f"to chat {c}", conversation=str(c)).id
+                rt.queue.responses.enqueue_response(
+                    ChatAddress("telegram", "ann", conversation=str(c)), f"to chat {c}"
+                ).id
                 for c in (41, 42)
             ]
             fake.wait_for_call(lambda c: c.chat_id == 42 and not c.ok, 10)  # chat 42 is being held back
             fake.wait_for_call(lambda c: c.chat_id == 41 and not c.ok, 10)  # chat 41 is backing off
             started = time.monotonic()
-            rt.queue.responses.enqueue_response("telegram", "bob", "to chat 43", conversation="43")
+            rt.queue.responses.enqueue_response(
+                ChatAddress("telegram", "bob", conversation="43"), "to chat 43"
+            )
             sent = fake.wait_for(lambda c: c.method == "sendMessage" and c.chat_id == 43, 10)
             latency = sent.at - started
             waiting = [_status(rt, r) for r in slow]
@@ -73,7 +78,9 @@ def test_a_refused_reply_is_failed_and_the_user_told_when_they_write(
     fake.fail_in_chat(44, "sendMessage", error_code=403, description="Forbidden: bot was blocked by the user")
     try:
         with RunningChannel(_channel(rt, fake)):
-            reply = rt.queue.responses.enqueue_response("telegram", "ann", "the answer", conversation="44")
+            reply = rt.queue.responses.enqueue_response(
+                ChatAddress("telegram", "ann", conversation="44"), "the answer"
+            )
             wait_for(lambda: _status(rt, reply.id) == "failed", 15, "the reply marked failed")
             attempts = [c for c in fake.calls if c.method == "sendMessage" and c.chat_id == 44]
             fake.push_text(44, "hello again")
@@ -99,7 +106,9 @@ def test_a_reply_to_an_unknown_chat_is_failed_with_telegrams_reason(
     rt = open_home(channel_home(tmp_path, f"sqlite:///{tmp_path / 'a.db'}", {"telegram": SETTINGS}))
     try:
         with RunningChannel(_channel(rt, fake), deliver_only=True):
-            reply = rt.queue.responses.enqueue_response("telegram", "ann", "hello", conversation="9999")
+            reply = rt.queue.responses.enqueue_response(
+                ChatAddress("telegram", "ann", conversation="9999"), "hello"
+            )
             wait_for(lambda: _status(rt, reply.id) == "failed", 15, "the reply marked failed")
         last_error = rt.db.read_scalar("SELECT last_error FROM responses WHERE id = :id", {"id": reply.id})
     finally:

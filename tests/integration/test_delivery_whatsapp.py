@@ -16,6 +16,7 @@ import httpx
 import pytest
 
 from adapters.whatsapp import WhatsAppChannel
+from shared.chat.address import ChatAddress
 from shared.reads.trace import trace_message
 from shared.runtime import Runtime
 from tests.channel_support import (
@@ -102,7 +103,9 @@ def _notice(wa: Harness) -> str:
 
 def test_reply_refused_with_131047_is_failed_and_the_user_told_when_they_write(wa: Harness) -> None:
     wa.fake.close_window(ALICE)
-    reply = wa.rt.queue.responses.enqueue_response("whatsapp", "Alice", "the late answer", conversation=ALICE)
+    reply = wa.rt.queue.responses.enqueue_response(
+        ChatAddress("whatsapp", "Alice", conversation=ALICE), "the late answer"
+    )
     wait_for(lambda: wa.status(reply.id) == "failed", 15, "the reply marked failed")
     last_error = wa.rt.db.read_scalar("SELECT last_error FROM responses WHERE id = :id", {"id": reply.id})
     assert "131047" in str(last_error) and "24 hours" in str(last_error)
@@ -121,7 +124,9 @@ def test_reply_refused_with_131047_is_failed_and_the_user_told_when_they_write(w
 
 
 def test_failed_status_callback_marks_a_sent_reply_failed(wa: Harness) -> None:
-    reply = wa.rt.queue.responses.enqueue_response("whatsapp", "Alice", "an answer", conversation=ALICE)
+    reply = wa.rt.queue.responses.enqueue_response(
+        ChatAddress("whatsapp", "Alice", conversation=ALICE), "an answer"
+    )
     wait_for(lambda: wa.status(reply.id) == "acked", 15, "the reply sent")
     [sent] = [s for s in wa.fake.sent if s.text == "an answer"]
     # A receipt of another kind changes nothing; a "failed" one for our message marks the reply failed.
@@ -214,7 +219,9 @@ def test_a_redelivery_after_pruning_is_not_queued_again(wa: Harness) -> None:
 
 def test_a_long_reply_goes_as_a_text_file_whatsapp_accepts(wa: Harness) -> None:
     long_text = "\n\n".join(f"part {i} " + "word " * 800 for i in range(6))
-    reply = wa.rt.queue.responses.enqueue_response("whatsapp", "Alice", long_text, conversation=ALICE)
+    reply = wa.rt.queue.responses.enqueue_response(
+        ChatAddress("whatsapp", "Alice", conversation=ALICE), long_text
+    )
     wait_for(lambda: wa.status(reply.id) in ("acked", "failed"), 20, "the long reply")
     assert wa.status(reply.id) == "acked"
     [document] = [s for s in wa.fake.sent if s.type == "document"]
@@ -264,10 +271,14 @@ def test_one_chats_throughput_backoff_does_not_delay_another_chat(tmp_path: Path
         fake.throttle_recipient(ALICE, times=3)  # Alice's chat backs off ~1 + 2 + 4 s
         try:
             with RunningChannel(WhatsAppChannel(rt, env=env), deliver_only=True):
-                rt.queue.responses.enqueue_response("whatsapp", "Alice", "to alice", conversation=ALICE)
+                rt.queue.responses.enqueue_response(
+                    ChatAddress("whatsapp", "Alice", conversation=ALICE), "to alice"
+                )
                 wait_for(lambda: any(c.status == 400 for c in fake.calls), 10, "Alice's chat throttled")
                 started = time.monotonic()
-                rt.queue.responses.enqueue_response("whatsapp", "Bob", "to bob", conversation=bob)
+                rt.queue.responses.enqueue_response(
+                    ChatAddress("whatsapp", "Bob", conversation=bob), "to bob"
+                )
                 sent = fake.wait_for(lambda s: s.to == bob, 10)
                 latency = sent.at - started
                 alice_early = [s for s in fake.sent if s.to == ALICE]

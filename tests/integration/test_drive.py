@@ -11,6 +11,7 @@ from pathlib import Path
 import anyio
 import pytest
 
+from shared.chat.address import ChatAddress
 from shared.runtime import Runtime
 from tests.processor_support import agent_script, command_agent, make_home, open_home, wait_for
 from workers.busy import WorkGroup
@@ -31,7 +32,7 @@ def test_renewed_leases_outlive_their_length_and_a_takeover_marks_the_drive_lost
 ) -> None:
     home = make_home(tmp_path, sqlite_url, {"solo": command_agent(agent_script(tmp_path))})
     with open_home(home) as rt:
-        mid = rt.queue.intake.enqueue_message("api", "u", "hello", conversation="c").message_id
+        mid = rt.queue.intake.enqueue_message(ChatAddress("api", "u", conversation="c"), "hello").message_id
         drive = Drive("solo")
         drive.running = WorkGroup(
             rt.queue.messages.claim_all_pending_messages("solo", WORKER, lease_ms=LEASE_MS), "collect"

@@ -8,6 +8,7 @@ import threading
 
 import pytest
 
+from shared.chat.address import ChatAddress
 from shared.queue.core import Directory, Queue
 from shared.storage.db import Database, open_database
 
@@ -24,12 +25,12 @@ def test_one_statement_writes_what_the_transaction_path_writes(pg_url: str) -> N
     woken: list[set[str]] = []
     db.on_commit(woken.append)
     plain = queue.intake.enqueue_message(
-        "api", "ann", "hello", agent="beta", conversation="c1", external_id="x1"
+        ChatAddress("api", "ann", conversation="c1"), "hello", agent="beta", external_id="x1"
     )
     assert not plain.duplicate and plain.id is not None
     assert woken and {"messages", "events"} <= woken[-1]
     debounced = queue.intake.enqueue_message(
-        "api", "ann", "hi again", conversation="c1", debounce_ms=10
+        ChatAddress("api", "ann", conversation="c1"), "hi again", debounce_ms=10
     )  # transaction
     rows = db.read("SELECT type, message_id, payload FROM events ORDER BY id")
     kinds = [(r["type"], r["message_id"]) for r in rows]
@@ -44,7 +45,7 @@ def test_one_statement_writes_what_the_transaction_path_writes(pg_url: str) -> N
         "named": True,
     }
     again = queue.intake.enqueue_message(
-        "api", "ann", "hello", agent="beta", conversation="c1", external_id="x1"
+        ChatAddress("api", "ann", conversation="c1"), "hello", agent="beta", external_id="x1"
     )
     assert again.duplicate and again.message_id == plain.message_id and again.id == plain.id
     assert db.read_scalar("SELECT COUNT(*) FROM events") == 2  # a duplicate writes nothing
@@ -57,7 +58,7 @@ def test_concurrent_enqueues_each_get_their_events(pg_url: str) -> None:
 
     def produce(k: int) -> None:
         for i in range(25):
-            queue.intake.enqueue_message("api", f"u{k}", f"m{k}-{i}", agent="alpha")
+            queue.intake.enqueue_message(ChatAddress("api", f"u{k}"), f"m{k}-{i}", agent="alpha")
 
     threads = [threading.Thread(target=produce, args=(k,)) for k in range(4)]
     for t in threads:

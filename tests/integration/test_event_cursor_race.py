@@ -14,6 +14,7 @@ from typing import Any
 import psycopg
 import pytest
 
+from shared.chat.address import ChatAddress
 from shared.events.log import EventEntry, PendingEvent, SqlEventLog, append_events
 from shared.queue.core import Directory, Queue
 from shared.settings.model import QueueSettings
@@ -89,10 +90,14 @@ def test_queue_writers_do_not_wait_for_each_other_and_readers_keep_commit_safe_o
         appended.set()
         assert release.wait(20)
 
-    writer_a = in_thread(lambda: queue_a.enqueue_message("web", "ann", "first", agent="alpha", also=hold))
+    writer_a = in_thread(
+        lambda: queue_a.intake.enqueue_message(ChatAddress("web", "ann"), "first", agent="alpha", also=hold)
+    )
     try:
         wait_until(appended.is_set, 10, "A's enqueue to append its event")
-        queue_b.enqueue_message("web", "bob", "second", agent="beta")  # returns: B does not wait for A
+        queue_b.intake.enqueue_message(
+            ChatAddress("web", "bob"), "second", agent="beta"
+        )  # returns: B does not wait for A
         seen = reader.read("queue")
         assert seen == [], f"a reader saw {[e.type for e in seen]} while an older writer was still open"
     finally:

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import redis
 
+from shared.chat.address import ChatAddress
 from shared.clock import now_ms
 from shared.events.drivers import RelayedEventLog, open_event_log, redis_prefix
 from shared.events.log import CursorExpired, EventEntry, EventLog, MemoryEventLog, SqlEventLog, read_with_acks
@@ -214,7 +215,10 @@ def test_relay_copies_queue_events_with_identical_cursors(tmp_path: Path, redis_
     rt = runtime_for(make_home(tmp_path))
     try:
         relayed = RelayedEventLog(rt.events, redis_log)
-        ids = [rt.queue.intake.enqueue_message("web", "ann", f"hello {i}").message_id for i in range(3)]
+        ids = [
+            rt.queue.intake.enqueue_message(ChatAddress("web", "ann"), f"hello {i}").message_id
+            for i in range(3)
+        ]
         from_redis = relayed.read(None, "0")
         from_sql = rt.events.read(None, "0")
         assert [(e.cursor, e.type, e.message_id) for e in from_redis] == [
@@ -225,7 +229,10 @@ def test_relay_copies_queue_events_with_identical_cursors(tmp_path: Path, redis_
         assert RelayedEventLog(rt.events, redis_log).catch_up() == 0
         assert redis_log.copy(from_sql) == 0
         # Events cleaned up in SQL before they were relayed become an explicit reset, not a gap.
-        more = [rt.queue.intake.enqueue_message("web", "ann", f"later {i}").message_id for i in range(2)]
+        more = [
+            rt.queue.intake.enqueue_message(ChatAddress("web", "ann"), f"later {i}").message_id
+            for i in range(2)
+        ]
         assert more
         with rt.db.transaction() as tx:
             tx.execute("UPDATE events SET created_at = 0")
@@ -248,7 +255,7 @@ def test_open_event_log_picks_the_configured_driver(tmp_path: Path) -> None:
     assert isinstance(log, RelayedEventLog)
     try:
         assert redis_prefix(rt.settings) == prefix and log.redis.prefix == prefix
-        rt.queue.intake.enqueue_message("web", "ann", "via redis")
+        rt.queue.intake.enqueue_message(ChatAddress("web", "ann"), "via redis")
         wait_until(lambda: log.redis.last_cursor() != "0", 5, "the background relay")
         assert [e.type for e in log.redis.read(None, "0")] == ["message_received"]
     finally:

@@ -92,11 +92,8 @@ def test_telegram_document_and_image_are_read_by_the_agent(
             # The same scripted model asked to read another chat's upload from chat 42: refused.
             api.clear()
             rt.queue.intake.enqueue_message(
-                "telegram",
-                "alice",
+                ChatAddress("telegram", "alice", sender_id="42", conversation="42"),
                 f"and this?\n[file: {other / 'private.txt'}]",
-                sender_id="42",
-                conversation="42",
             )
             run_idle(rt, env=cli_env(api, tmp_path))
             (refused,) = tool_results(api.main_requests()[-1].body)  # this run's read (not the resumed ones)
@@ -151,7 +148,8 @@ def test_a_home_with_a_space_still_lets_the_agent_read_uploads(tmp_path: Path, a
         folder.mkdir(parents=True)
         (folder / "notes.txt").write_bytes(DOC)
         rt.queue.intake.enqueue_message(
-            "telegram", "alice", f"read it\n[file: {folder / 'notes.txt'}]", sender_id="42", conversation="42"
+            ChatAddress("telegram", "alice", sender_id="42", conversation="42"),
+            f"read it\n[file: {folder / 'notes.txt'}]",
         )
         run_idle(rt, env=cli_env(api, tmp_path))
         (reply,) = [str(r["message"]) for r in rt.db.read("SELECT message FROM responses")]

@@ -12,6 +12,7 @@ import sqlite3
 
 import pytest
 
+from shared.chat.address import ChatAddress
 from shared.queue.core import Directory, Queue
 from shared.storage.db import Database, open_database
 
@@ -39,7 +40,7 @@ def test_the_hot_path_reads_growing_tables_only_through_indexes(tmp_path: object
 
     def one_message() -> None:
         queue.intake.enqueue_message(
-            "telegram", "ann", "hello", sender_id="7", conversation="42", external_id="42:1"
+            ChatAddress("telegram", "ann", sender_id="7", conversation="42"), "hello", external_id="42:1"
         )
         (m,) = queue.messages.claim_all_pending_messages("alpha", "w1")
         queue.messages.mark_run_started([m.message_id], "w1")

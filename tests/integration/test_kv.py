@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from shared.chat import dedupe
+from shared.chat.address import ChatAddress
 from shared.clock import now_ms
 from shared.queue.core import Queue
 from shared.storage import kv
@@ -236,7 +237,7 @@ def _retry_once(queue: Queue, response_id: int) -> None:
 
 
 def test_delivery_attempts_go_when_the_reply_is_acked(queue: Queue) -> None:
-    rid = queue.responses.enqueue_response("telegram", "ann", "hello", conversation="c1").id
+    rid = queue.responses.enqueue_response(ChatAddress("telegram", "ann", conversation="c1"), "hello").id
     _retry_once(queue, rid)
     [again] = queue.responses.claim_responses_for_channel("telegram", "d2", limit=10)
     assert again.id == rid
@@ -245,15 +246,15 @@ def test_delivery_attempts_go_when_the_reply_is_acked(queue: Queue) -> None:
 
 
 def test_delivery_attempts_go_when_the_reply_is_failed(queue: Queue) -> None:
-    rid = queue.responses.enqueue_response("telegram", "ann", "hello", conversation="c1").id
+    rid = queue.responses.enqueue_response(ChatAddress("telegram", "ann", conversation="c1"), "hello").id
     _retry_once(queue, rid)
     assert queue.responses.fail_response(rid, "blocked by the user")
     assert _attempts(queue, rid) is None
 
 
 def test_delivery_attempts_of_a_reply_acked_elsewhere_go_by_ack_or_prune(queue: Queue) -> None:
-    first = queue.responses.enqueue_response("telegram", "ann", "one", conversation="c1").id
-    second = queue.responses.enqueue_response("telegram", "ann", "two", conversation="c2").id
+    first = queue.responses.enqueue_response(ChatAddress("telegram", "ann", conversation="c1"), "one").id
+    second = queue.responses.enqueue_response(ChatAddress("telegram", "ann", conversation="c2"), "two").id
     claimed = queue.responses.claim_responses_for_channel("telegram", "d1", limit=10)
     assert sorted(r.id for r in claimed) == [first, second]  # the heads of two chats
     for rid in (first, second):

@@ -44,7 +44,7 @@ def _five_when_running(
         api.wait_for_main_requests(1, 30)
         for n in range(1, 6):
             sent = queue.intake.enqueue_message(
-                "telegram", "ann", f"extra {n}", sender_id="7", conversation=chat
+                ChatAddress("telegram", "ann", sender_id="7", conversation=chat), f"extra {n}"
             )
             ids.append(sent.message_id)
 
@@ -57,7 +57,7 @@ def test_collect_five_messages_during_a_run_become_one_followup_run(
     home = claude_home(tmp_path, db_url)
     with open_home(home) as rt:
         first = rt.queue.intake.enqueue_message(
-            "telegram", "ann", "first task", sender_id="7", conversation="c1"
+            ChatAddress("telegram", "ann", sender_id="7", conversation="c1"), "first task"
         )
         ids, act = _five_when_running(api, rt.queue)
         stats = run_with(rt, cli_env(api, tmp_path), act)
@@ -84,7 +84,9 @@ def test_followup_runs_each_waiting_message_alone_in_order(
     with open_home(home) as rt:
         # the per-chat override (/queue followup)
         set_busy_policy(rt.db, ChatAddress("telegram", conversation="c1"), "followup")
-        rt.queue.intake.enqueue_message("telegram", "ann", "first task", sender_id="7", conversation="c1")
+        rt.queue.intake.enqueue_message(
+            ChatAddress("telegram", "ann", sender_id="7", conversation="c1"), "first task"
+        )
         ids, act = _five_when_running(api, rt.queue)
         stats = run_with(rt, cli_env(api, tmp_path), act)
         assert stats.invocations == 6
@@ -104,10 +106,10 @@ def test_interrupt_kills_the_running_cli_and_the_new_run_carries_the_earlier_mes
     home = claude_home(tmp_path, sqlite_url, processor={"busy_policy": "interrupt"})
     with open_home(home) as rt:
         first = rt.queue.intake.enqueue_message(
-            "telegram", "ann", "first task", sender_id="7", conversation="c1"
+            ChatAddress("telegram", "ann", sender_id="7", conversation="c1"), "first task"
         )
         other = rt.queue.intake.enqueue_message(
-            "telegram", "bo", "other chat", sender_id="8", conversation="c2"
+            ChatAddress("telegram", "bo", sender_id="8", conversation="c2"), "other chat"
         )
         second: list[str] = []
 
@@ -116,7 +118,8 @@ def test_interrupt_kills_the_running_cli_and_the_new_run_carries_the_earlier_mes
             time.sleep(1.0)  # let it stream a little
             second.append(
                 rt.queue.intake.enqueue_message(
-                    "telegram", "ann", "actually do this instead", sender_id="7", conversation="c1"
+                    ChatAddress("telegram", "ann", sender_id="7", conversation="c1"),
+                    "actually do this instead",
                 ).message_id
             )
 
@@ -147,7 +150,9 @@ def test_a_burst_inside_the_debounce_window_is_one_run(
     with open_home(home) as rt:
         for n in range(3):
             sent = rt.queue.intake.enqueue_message(
-                "telegram", "ann", f"burst {n}", sender_id="7", conversation="c1", debounce_ms=800
+                ChatAddress("telegram", "ann", sender_id="7", conversation="c1"),
+                f"burst {n}",
+                debounce_ms=800,
             )
             if n == 0:  # a lone message of a quiet chat is claimable at once ...
                 lone = rt.queue.admin.get_message(sent.message_id)
@@ -170,7 +175,9 @@ def test_waiting_messages_past_the_cap_are_dropped_with_one_notice(
     api.add_rule(None, Text("answered"))
     home = claude_home(tmp_path, sqlite_url, processor={"max_waiting": 3})
     with open_home(home) as rt:
-        rt.queue.intake.enqueue_message("telegram", "ann", "first task", sender_id="7", conversation="c1")
+        rt.queue.intake.enqueue_message(
+            ChatAddress("telegram", "ann", sender_id="7", conversation="c1"), "first task"
+        )
         ids, act = _five_when_running(api, rt.queue)
         stats = run_with(rt, cli_env(api, tmp_path), act)
         assert stats.invocations == 2 and stats.dropped == 2
@@ -206,7 +213,7 @@ def test_messages_sent_during_a_run_get_one_busy_note_per_chat_saying_how_they_w
     burst = 1 if policy == "interrupt" else 5  # an interrupt starts a new run at the first one
     with open_home(home) as rt:
         first = rt.queue.intake.enqueue_message(
-            "telegram", "ann", "first task", sender_id="7", conversation="c1"
+            ChatAddress("telegram", "ann", sender_id="7", conversation="c1"), "first task"
         )
         mine: list[str] = []
         other: list[str] = []
@@ -215,12 +222,12 @@ def test_messages_sent_during_a_run_get_one_busy_note_per_chat_saying_how_they_w
             api.wait_for_main_requests(1, 30)
             other.append(
                 rt.queue.intake.enqueue_message(
-                    "telegram", "bo", "hello", sender_id="8", conversation="c2"
+                    ChatAddress("telegram", "bo", sender_id="8", conversation="c2"), "hello"
                 ).message_id
             )
             for n in range(1, burst + 1):
                 sent = rt.queue.intake.enqueue_message(
-                    "telegram", "ann", f"extra {n}", sender_id="7", conversation="c1"
+                    ChatAddress("telegram", "ann", sender_id="7", conversation="c1"), f"extra {n}"
                 )
                 mine.append(sent.message_id)
 

@@ -75,9 +75,13 @@ def test_status_of_a_chat_with_a_live_run_waiting_messages_and_a_pause(
 ) -> None:
     home = claude_home(tmp_path, sqlite_url)
     with open_home(home) as rt:
-        first = rt.queue.intake.enqueue_message("telegram", "ann", "one", sender_id="7", conversation="c1")
+        first = rt.queue.intake.enqueue_message(
+            ChatAddress("telegram", "ann", sender_id="7", conversation="c1"), "one"
+        )
         rt.queue.messages.claim_all_pending_messages("coder", "w1", lease_ms=60_000)
-        waiting = rt.queue.intake.enqueue_message("telegram", "ann", "two", sender_id="7", conversation="c1")
+        waiting = rt.queue.intake.enqueue_message(
+            ChatAddress("telegram", "ann", sender_id="7", conversation="c1"), "two"
+        )
         assert (
             conversation_status(rt.db, "coder", ChatAddress("telegram", conversation="c1"))["running"]
             is False

@@ -31,7 +31,7 @@ def test_streaming_run_outlives_idle_timeout_with_progress_notes_and_one_final_r
     )
     with open_home(home) as rt:
         sent = rt.queue.intake.enqueue_message(
-            "telegram", "ann", "long job", sender_id="7", conversation="c1"
+            ChatAddress("telegram", "ann", sender_id="7", conversation="c1"), "long job"
         )
         stats = run_idle(rt, env=cli_env(api, tmp_path))
         assert stats.invocations == 1 and stats.completed == 1
@@ -57,7 +57,7 @@ def test_silent_run_is_stopped_after_idle_timeout(
     )
     with open_home(home) as rt:
         sent = rt.queue.intake.enqueue_message(
-            "telegram", "ann", "hang please", sender_id="7", conversation="c1"
+            ChatAddress("telegram", "ann", sender_id="7", conversation="c1"), "hang please"
         )
         started = time.monotonic()
         run_idle(rt, env=cli_env(api, tmp_path))
@@ -78,7 +78,7 @@ def test_stop_ends_a_run_within_seconds_and_status_reports_it_while_running(
     home = claude_home(tmp_path, db_url)
     with open_home(home) as rt:
         sent = rt.queue.intake.enqueue_message(
-            "telegram", "ann", "endless task", sender_id="7", conversation="c1"
+            ChatAddress("telegram", "ann", sender_id="7", conversation="c1"), "endless task"
         )
         seen: dict[str, object] = {}
 
@@ -130,10 +130,10 @@ def test_rate_limit_pauses_the_agent_tells_each_chat_once_and_resumes_without_sp
     home = claude_home(tmp_path, sqlite_url, queue={"max_retries": 1})  # one counted failure = dead
     with open_home(home) as rt:
         a = rt.queue.intake.enqueue_message(
-            "telegram", "ann", "hello from chat one", sender_id="7", conversation="c1"
+            ChatAddress("telegram", "ann", sender_id="7", conversation="c1"), "hello from chat one"
         )
         b = rt.queue.intake.enqueue_message(
-            "telegram", "bo", "hello from chat two", sender_id="8", conversation="c2"
+            ChatAddress("telegram", "bo", sender_id="8", conversation="c2"), "hello from chat two"
         )
         started = time.monotonic()
         stats = run_idle(rt, env=cli_env(api, tmp_path), include_delayed=True, timeout=40)
@@ -168,7 +168,7 @@ def test_rate_limit_moves_to_the_fallback_model_instead_of_waiting(
     )
     with open_home(home) as rt:
         sent = rt.queue.intake.enqueue_message(
-            "telegram", "ann", "hi there", sender_id="7", conversation="c1"
+            ChatAddress("telegram", "ann", sender_id="7", conversation="c1"), "hi there"
         )
         started = time.monotonic()
         run_idle(rt, env=cli_env(api, tmp_path), timeout=30)
@@ -180,7 +180,9 @@ def test_rate_limit_moves_to_the_fallback_model_instead_of_waiting(
         assert switch["model"] == "spare-model" and switch["until"] > int(time.time() * 1000) + 20_000
         assert rt.queue.control.agent_state("coder")["paused_until"] == 0
         # Later runs stay on the fallback until the reset time.
-        rt.queue.intake.enqueue_message("telegram", "ann", "and again", sender_id="7", conversation="c1")
+        rt.queue.intake.enqueue_message(
+            ChatAddress("telegram", "ann", sender_id="7", conversation="c1"), "and again"
+        )
         run_idle(rt, env=cli_env(api, tmp_path), timeout=30)
         assert [r["message"] for r in responses(rt)][-1] == "from the fallback"
     models = [r.body["model"] for r in api.main_requests()]
@@ -193,7 +195,7 @@ def test_a_message_whose_run_was_interrupted_by_a_crash_is_rerun_with_a_note(
     home = claude_home(tmp_path, sqlite_url)
     with open_home(home) as rt:
         sent = rt.queue.intake.enqueue_message(
-            "telegram", "ann", "refactor the module", sender_id="7", conversation="c1"
+            ChatAddress("telegram", "ann", sender_id="7", conversation="c1"), "refactor the module"
         )
         # A worker claims it, starts its run and dies (no renewal): its lease lapses and the processor
         # recovers it, charging one interrupted run.
@@ -216,8 +218,12 @@ def test_heartbeat_answered_with_the_silent_token_is_recorded_but_sent_to_no_one
     api.add_rule("report", Text("Something needs attention."))
     home = claude_home(tmp_path, sqlite_url)
     with open_home(home) as rt:
-        quiet = rt.queue.intake.enqueue_message("heartbeat", "scheduler", "check in", conversation="hb")
-        loud = rt.queue.intake.enqueue_message("heartbeat", "scheduler", "report", conversation="hb2")
+        quiet = rt.queue.intake.enqueue_message(
+            ChatAddress("heartbeat", "scheduler", conversation="hb"), "check in"
+        )
+        loud = rt.queue.intake.enqueue_message(
+            ChatAddress("heartbeat", "scheduler", conversation="hb2"), "report"
+        )
         stats = run_idle(rt, env=cli_env(api, tmp_path))
         assert stats.silent == 1
         for mid in (quiet.message_id, loud.message_id):

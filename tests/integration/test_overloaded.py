@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from shared.chat.address import ChatAddress
 from tests.fakes.anthropic_api import FakeAnthropic, Overloaded
 from tests.fakes.claude_env import claude_env
 from tests.fixtures import anthropic_api, cli_installed  # noqa: F401  (fixtures)
@@ -32,7 +33,9 @@ def test_the_chat_hears_of_an_overload_while_the_cli_retries_and_then_gets_its_a
     overload = api.add_rule(None, Overloaded(), times=3)  # the 4th request is answered "OK"
     home = claude_home(tmp_path, sqlite_url)
     with open_home(home) as rt:
-        sent = rt.queue.intake.enqueue_message("telegram", "ann", "hello", sender_id="7", conversation="c1")
+        sent = rt.queue.intake.enqueue_message(
+            ChatAddress("telegram", "ann", sender_id="7", conversation="c1"), "hello"
+        )
         stats = run_idle(rt, env=retrying_env(api, tmp_path, retries=5))
         assert overload.hits == 3 and stats.completed == 1 and stats.rate_limited == 0
         notes, (final,) = of_kind(rt, "progress"), of_kind(rt, "final")
@@ -53,7 +56,9 @@ def test_an_overload_that_outlasts_the_run_pauses_the_agent_in_the_right_words(
     overload = api.add_rule(None, Overloaded(), times=2)  # the whole first run (1 + 1 retry), then "OK"
     home = claude_home(tmp_path, sqlite_url, queue={"max_retries": 1})  # one counted failure = dead
     with open_home(home) as rt:
-        sent = rt.queue.intake.enqueue_message("telegram", "ann", "hello", sender_id="7", conversation="c1")
+        sent = rt.queue.intake.enqueue_message(
+            ChatAddress("telegram", "ann", sender_id="7", conversation="c1"), "hello"
+        )
         stats = run_idle(rt, env=retrying_env(api, tmp_path, retries=1), include_delayed=True, timeout=60)
         assert overload.hits == 2 and stats.rate_limited == 1
         (paused,) = of_kind(rt, "paused")

@@ -53,7 +53,7 @@ def test_reply_reaches_responses_with_events_and_history(
     home = _home(tmp_path, db_url, coder={"model": "claude-test-model", "system_prompt": "Be terse."})
     with open_home(home) as rt:
         sent = rt.queue.intake.enqueue_message(
-            "telegram", "ann", "what is 2+2", sender_id="42", conversation="chat-7"
+            ChatAddress("telegram", "ann", sender_id="42", conversation="chat-7"), "what is 2+2"
         )
         stats = run_idle(rt, env=_env(api, tmp_path))
         assert stats.invocations == 1
@@ -97,14 +97,14 @@ def test_continue_then_reset_starts_a_new_conversation(
     home = _home(tmp_path, sqlite_url, coder={"session_scope": "agent"})  # one shared conversation
     env = _env(api, tmp_path)
     with open_home(home) as rt:
-        rt.queue.intake.enqueue_message("cli", "me", "first")
+        rt.queue.intake.enqueue_message(ChatAddress("cli", "me"), "first")
         run_idle(rt, env=env)
         assert get_session(rt.db, "coder") is not None
-        rt.queue.intake.enqueue_message("cli", "me", "second")
+        rt.queue.intake.enqueue_message(ChatAddress("cli", "me"), "second")
         run_idle(rt, env=env)
         clear_sessions(rt.db, "coder")
         assert get_session(rt.db, "coder") is None
-        rt.queue.intake.enqueue_message("cli", "me", "third")
+        rt.queue.intake.enqueue_message(ChatAddress("cli", "me"), "third")
         run_idle(rt, env=env)
         replies = [r["message"] for r in _responses(rt)]
     turns = [r.user_turns for r in api.main_requests()]
@@ -118,10 +118,10 @@ def test_conversation_scope_resumes_per_chat(tmp_path: Path, sqlite_url: str, ap
     home = _home(tmp_path, sqlite_url, coder={"session_scope": "conversation"})
     env = _env(api, tmp_path)
     with open_home(home) as rt:
-        rt.queue.intake.enqueue_message("discord", "a", "hello from A", conversation="A")
-        rt.queue.intake.enqueue_message("discord", "b", "hello from B", conversation="B")
+        rt.queue.intake.enqueue_message(ChatAddress("discord", "a", conversation="A"), "hello from A")
+        rt.queue.intake.enqueue_message(ChatAddress("discord", "b", conversation="B"), "hello from B")
         run_idle(rt, env=env)
-        rt.queue.intake.enqueue_message("discord", "a", "again from A", conversation="A")
+        rt.queue.intake.enqueue_message(ChatAddress("discord", "a", conversation="A"), "again from A")
         run_idle(rt, env=env)
         assert get_session(rt.db, "coder", "discord:A") != get_session(rt.db, "coder", "discord:B")
     by_text = {r.last_user_text: r.user_turns for r in api.main_requests()}
@@ -141,7 +141,7 @@ def test_handoff_reaches_teammate_and_answer_goes_to_the_user(
     )
     with open_home(home) as rt:
         sent = rt.queue.intake.enqueue_message(
-            "telegram", "ann", "@dev build the thing", sender_id="42", conversation="c1"
+            ChatAddress("telegram", "ann", sender_id="42", conversation="c1"), "@dev build the thing"
         )
         assert sent.agent == "lead"
         stats = run_idle(rt, env=_env(api, tmp_path))
@@ -179,7 +179,7 @@ def test_handoff_loop_stops_at_the_hop_limit(tmp_path: Path, sqlite_url: str, ap
         queue={"max_hops": 2},
     )
     with open_home(home) as rt:
-        rt.queue.intake.enqueue_message("cli", "me", "ping")
+        rt.queue.intake.enqueue_message(ChatAddress("cli", "me"), "ping")
         stats = run_idle(rt, env=_env(api, tmp_path))
         hops = sorted(int(r["hops"]) for r in rt.db.read("SELECT hops FROM messages"))
         assert hops == [0, 1, 2]  # the third handoff (hops 3) was refused
@@ -196,7 +196,7 @@ def test_a_transient_api_error_retries_with_one_edited_note_then_one_plain_notic
     )
     home = _home(tmp_path, sqlite_url)
     with open_home(home) as rt:
-        sent = rt.queue.intake.enqueue_message("whatsapp", "bo", "explode", sender_id="555")
+        sent = rt.queue.intake.enqueue_message(ChatAddress("whatsapp", "bo", sender_id="555"), "explode")
         started = time.monotonic()
         stats = run_idle(rt, env=_env(api, tmp_path), include_delayed=True)
         assert time.monotonic() - started < 30
@@ -226,7 +226,9 @@ def test_a_reply_after_a_retry_closes_the_trying_again_note(
     api.add_rule("flaky", Text("fine now"))
     home = _home(tmp_path, sqlite_url)
     with open_home(home) as rt:
-        rt.queue.intake.enqueue_message("telegram", "ann", "flaky", sender_id="42", conversation="c")
+        rt.queue.intake.enqueue_message(
+            ChatAddress("telegram", "ann", sender_id="42", conversation="c"), "flaky"
+        )
         stats = run_idle(rt, env=_env(api, tmp_path), include_delayed=True)
         assert stats.invocations == 2
         note, final = _responses(rt)
@@ -249,7 +251,7 @@ def test_a_refused_message_fails_at_once_and_leaves_no_trace_in_the_conversation
 
         def send(text: str) -> str:
             return rt.queue.intake.enqueue_message(
-                "telegram", "ann", text, sender_id="42", conversation="chat-7"
+                ChatAddress("telegram", "ann", sender_id="42", conversation="chat-7"), text
             ).message_id
 
         send("first question")
@@ -285,7 +287,7 @@ def test_timeout_kills_the_cli_and_its_process_group(
     api.add_rule("slow", Text("too late", delay=60))
     home = _home(tmp_path, sqlite_url, coder={"timeout_seconds": 2})
     with open_home(home) as rt:
-        sent = rt.queue.intake.enqueue_message("cli", "me", "slow please")
+        sent = rt.queue.intake.enqueue_message(ChatAddress("cli", "me"), "slow please")
         started = time.monotonic()
         run_idle(rt, env=_env(api, tmp_path))
         assert time.monotonic() - started < 15
@@ -324,7 +326,9 @@ def test_send_file_attaches_only_the_workspace_and_this_chats_uploads(
             "/proc/self/environ",
         ]
         api.add_rule("report", Text("Here it is.\n" + "\n".join(f"[send_file: {a}]" for a in attempts)))
-        rt.queue.intake.enqueue_message("telegram", "ann", "send the report", sender_id="7", conversation="7")
+        rt.queue.intake.enqueue_message(
+            ChatAddress("telegram", "ann", sender_id="7", conversation="7"), "send the report"
+        )
         run_idle(rt, env=_env(api, tmp_path))
         (resp,) = _responses(rt)
         # Each refused file is named in the reply, in plain words: the user is not left waiting for it.
@@ -353,7 +357,7 @@ def test_send_file_attaches_only_the_workspace_and_this_chats_uploads(
 def test_missing_cli_is_a_clear_failure(tmp_path: Path, sqlite_url: str, api: FakeAnthropic) -> None:
     home = _home(tmp_path, sqlite_url, coder={"command": [str(tmp_path / "no-such-claude")]})
     with open_home(home) as rt:
-        sent = rt.queue.intake.enqueue_message("cli", "me", "hi")
+        sent = rt.queue.intake.enqueue_message(ChatAddress("cli", "me"), "hi")
         run_idle(rt, env=_env(api, tmp_path))
         msg = rt.queue.admin.get_message(sent.message_id)
         assert msg is not None and msg.status == "dead"  # it cannot work on a retry: no retries burnt
@@ -373,7 +377,7 @@ def test_rate_limit_pauses_without_spending_an_attempt(
         tmp_path, sqlite_url, {"coder": {"provider": "claude"}}, processor={"rate_limit_pause_seconds": 30}
     )
     with open_home(home) as rt:
-        sent = rt.queue.intake.enqueue_message("cli", "me", "busy now?")
+        sent = rt.queue.intake.enqueue_message(ChatAddress("cli", "me"), "busy now?")
         before = int(time.time() * 1000)
         run_idle(rt, env=_env(api, tmp_path))
         msg = rt.queue.admin.get_message(sent.message_id)
@@ -395,12 +399,12 @@ def test_two_senders_get_private_conversations_by_default(
     env = _env(api, tmp_path)
     with open_home(home) as rt:
         rt.queue.intake.enqueue_message(
-            "whatsapp", "ann", "my secret plan", sender_id="111", conversation="111"
+            ChatAddress("whatsapp", "ann", sender_id="111", conversation="111"), "my secret plan"
         )
         run_idle(rt, env=env)
         api.clear()
         rt.queue.intake.enqueue_message(
-            "whatsapp", "bob", "what do you know", sender_id="222", conversation="222"
+            ChatAddress("whatsapp", "bob", sender_id="222", conversation="222"), "what do you know"
         )
         run_idle(rt, env=env)
         assert get_session(rt.db, "coder", "whatsapp:111") and get_session(rt.db, "coder", "whatsapp:222")
@@ -418,13 +422,15 @@ def test_a_conversation_this_host_does_not_have_starts_afresh_at_once(
     home = _home(tmp_path, sqlite_url)
     env = _env(api, tmp_path)
     with open_home(home) as rt:
-        rt.queue.intake.enqueue_message("telegram", "ann", "first question", sender_id="42", conversation="c")
+        rt.queue.intake.enqueue_message(
+            ChatAddress("telegram", "ann", sender_id="42", conversation="c"), "first question"
+        )
         run_idle(rt, env=env)
         before = get_session(rt.db, "coder", "telegram:c")
         assert before
         shutil.rmtree(tmp_path / "user-home" / ".claude" / "projects")  # the conversations are elsewhere
         sent = rt.queue.intake.enqueue_message(
-            "telegram", "ann", "second question", sender_id="42", conversation="c"
+            ChatAddress("telegram", "ann", sender_id="42", conversation="c"), "second question"
         )
         stats = run_idle(rt, env=env)
         message = rt.queue.admin.get_message(sent.message_id)

@@ -14,6 +14,7 @@ from pathlib import Path
 import anyio
 import pytest
 
+from shared.chat.address import ChatAddress
 from tests.processor_support import (
     agent_script,
     command_agent,
@@ -41,7 +42,7 @@ def test_two_agents_run_in_parallel_and_each_one_run_at_a_time(tmp_path: Path, s
         for agent in ("alpha", "beta"):
             for chat in range(5):  # five chats: five groups, so five runs of about one second each
                 rt.queue.intake.enqueue_message(
-                    "api", "u", f"job sleep=1 chat{chat}", agent=agent, conversation=f"c{chat}"
+                    ChatAddress("api", "u", conversation=f"c{chat}"), f"job sleep=1 chat{chat}", agent=agent
                 )
         started = time.monotonic()
         stats = run_idle(rt, env=_env(log))
@@ -62,7 +63,7 @@ def test_burst_to_a_busy_agent_becomes_at_most_two_runs(tmp_path: Path, sqlite_u
     home = make_home(tmp_path, sqlite_url, {"solo": command_agent(script)})
     with open_home(home) as rt:
         first = rt.queue.intake.enqueue_message(
-            "telegram", "ann", "one sleep=1.5", sender_id="7", conversation="c"
+            ChatAddress("telegram", "ann", sender_id="7", conversation="c"), "one sleep=1.5"
         )
         processor = Processor(rt, env=_env(log))
         ids = [first.message_id]
@@ -73,7 +74,7 @@ def test_burst_to_a_busy_agent_becomes_at_most_two_runs(tmp_path: Path, sqlite_u
             for n in range(2, 6):
                 ids.append(
                     rt.queue.intake.enqueue_message(
-                        "telegram", "ann", f"msg {n}", sender_id="7", conversation="c"
+                        ChatAddress("telegram", "ann", sender_id="7", conversation="c"), f"msg {n}"
                     ).message_id
                 )
 
@@ -97,7 +98,7 @@ def test_timeout_kills_children_of_the_cli(tmp_path: Path, sqlite_url: str) -> N
     script, log = agent_script(tmp_path), tmp_path / "runs.log"
     home = make_home(tmp_path, sqlite_url, {"solo": command_agent(script, timeout_seconds=1.5)})
     with open_home(home) as rt:
-        sent = rt.queue.intake.enqueue_message("cli", "me", "spawn sleep=30")
+        sent = rt.queue.intake.enqueue_message(ChatAddress("cli", "me"), "spawn sleep=30")
         run_idle(rt, env=_env(log))
         msg = rt.queue.admin.get_message(sent.message_id)
         assert msg is not None and msg.status == "pending" and "timed out" in (msg.last_error or "")
@@ -111,7 +112,9 @@ def test_failing_command_retries_then_dies_with_one_notice(tmp_path: Path, db_ur
     script, log = agent_script(tmp_path), tmp_path / "runs.log"
     home = make_home(tmp_path, db_url, {"solo": command_agent(script)})
     with open_home(home) as rt:
-        sent = rt.queue.intake.enqueue_message("discord", "ann", "fail", sender_id="9", conversation="room")
+        sent = rt.queue.intake.enqueue_message(
+            ChatAddress("discord", "ann", sender_id="9", conversation="room"), "fail"
+        )
         run_idle(rt, env=_env(log), include_delayed=True)
         msg = rt.queue.admin.get_message(sent.message_id)
         assert msg is not None and msg.status == "dead"
@@ -145,7 +148,7 @@ def test_a_run_whose_lease_was_taken_over_is_stopped_and_sends_nothing(
         processor={"renew_interval_seconds": 1.2, "recover_interval_seconds": 60},
     )
     with open_home(home) as rt:
-        sent = rt.queue.intake.enqueue_message("cli", "me", "long sleep=8")
+        sent = rt.queue.intake.enqueue_message(ChatAddress("cli", "me"), "long sleep=8")
         # A worker id of another host: only its lease speaks for it (a live one on this host is never
         # taken over before the stall ceiling).
         processor = Processor(rt, env=_env(log), worker_id="elsewhere:1:1")

@@ -8,6 +8,7 @@ import sys
 
 import pytest
 
+from shared.chat.address import ChatAddress
 from shared.events.log import SqlEventLog
 from shared.queue.core import Queue
 from shared.queue.reports import processor_running
@@ -46,10 +47,10 @@ def test_started_processors_count_until_they_stop_or_their_process_is_gone(queue
 
 def test_a_processor_holding_an_agent_counts_without_its_start_event(queue: Queue) -> None:
     # A processor up longer than the event log keeps its start is still seen while it works an agent.
-    queue.intake.enqueue_message("cli", "ann", "hi", agent="alpha")
+    queue.intake.enqueue_message(ChatAddress("cli", "ann"), "hi", agent="alpha")
     assert queue.messages.claim_all_pending_messages("alpha", _gone_worker())
     assert not processor_running(queue.db)  # the holder's process is gone
 
-    queue.intake.enqueue_message("cli", "ann", "hi", agent="beta")
+    queue.intake.enqueue_message(ChatAddress("cli", "ann"), "hi", agent="beta")
     assert queue.messages.claim_all_pending_messages("beta", new_worker_id())
     assert processor_running(queue.db)

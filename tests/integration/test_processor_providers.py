@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from shared.chat.address import ChatAddress
 from shared.chat.sessions import get_session
 from tests.processor_support import agent_script, command_agent, count, make_home, open_home, run_idle
 
@@ -61,12 +62,12 @@ def test_codex_provider_replies_and_resumes_its_thread(tmp_path: Path, sqlite_ur
     )
     env = {"PATH": f"{tmp_path}:{os.environ.get('PATH', '')}", "CODEX_ARGV_LOG": str(argv_log)}
     with open_home(home) as rt:
-        rt.queue.intake.enqueue_message("cli", "me", "-v first message")
+        rt.queue.intake.enqueue_message(ChatAddress("cli", "me"), "-v first message")
         run_idle(rt, env=env)
         thread = get_session(rt.db, "cx")
         assert thread
-        rt.queue.intake.enqueue_message("cli", "me", "second")
-        rt.queue.intake.enqueue_message("api", "me", "please crash", conversation="other")
+        rt.queue.intake.enqueue_message(ChatAddress("cli", "me"), "second")
+        rt.queue.intake.enqueue_message(ChatAddress("api", "me", conversation="other"), "please crash")
         run_idle(rt, env=env)
         replies = [
             r["message"]
@@ -114,7 +115,7 @@ def test_command_template_placeholders_and_environment(tmp_path: Path, sqlite_ur
     }
     home = make_home(tmp_path, sqlite_url, {"bot": agent})
     with open_home(home) as rt:
-        rt.queue.intake.enqueue_message("cli", "me", "--help; rm -rf /")
+        rt.queue.intake.enqueue_message(ChatAddress("cli", "me"), "--help; rm -rf /")
         run_idle(rt, env={"PATH": os.environ.get("PATH", "")})
         assert [r["message"] for r in rt.db.read("SELECT message FROM responses")] == ["ok"]
         workspace = str(rt.settings.workspace("bot"))
@@ -144,7 +145,9 @@ def test_chat_room_post_reaches_every_other_member_and_is_stored(tmp_path: Path,
     )
     env = {"PATH": os.environ.get("PATH", ""), "AGENT_LOG": str(tmp_path / "runs.log")}
     with open_home(home) as rt:
-        rt.queue.intake.enqueue_message("web", "ann", "@crew announce it", sender_id="u1", conversation="w1")
+        rt.queue.intake.enqueue_message(
+            ChatAddress("web", "ann", sender_id="u1", conversation="w1"), "@crew announce it"
+        )
         run_idle(rt, env=env)
         posts = rt.db.read("SELECT team_id, from_agent, message FROM chat_messages")
         assert [dict(p) for p in posts] == [

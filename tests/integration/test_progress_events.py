@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from shared.chat.address import ChatAddress
 from shared.runtime import Runtime
 from tests.channel_support import wait_for
 from tests.homes import open_home
@@ -39,7 +40,7 @@ def test_a_step_of_a_long_run_is_in_the_log_while_the_run_goes_on(tmp_path: Path
     )
     rt = open_home(home)
     try:
-        rt.queue.intake.enqueue_message("cli", "ann", "please look")
+        rt.queue.intake.enqueue_message(ChatAddress("cli", "ann"), "please look")
         worker = threading.Thread(target=run_idle, args=(rt,), daemon=True)
         worker.start()
         wait_for(lambda: "chain_step_start" in _types(rt), 15, "the run to start")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from shared.chat.address import ChatAddress
 from shared.clock import now_ms
 from shared.events.log import SqlEventLog
 from shared.queue.core import (
@@ -32,13 +33,13 @@ def _make_available(queue: Queue) -> None:
 
 
 def test_enqueue_routes_and_records_events(queue: Queue) -> None:
-    plain = queue.intake.enqueue_message("cli", "ann", "hello there")
-    mention = queue.intake.enqueue_message("cli", "ann", "@gamma please look")
-    team = queue.intake.enqueue_message("cli", "ann", "@dev build it")
+    plain = queue.intake.enqueue_message(ChatAddress("cli", "ann"), "hello there")
+    mention = queue.intake.enqueue_message(ChatAddress("cli", "ann"), "@gamma please look")
+    team = queue.intake.enqueue_message(ChatAddress("cli", "ann"), "@dev build it")
     # A mention of nobody is refused (the chat is told who there is), not sent to the default agent.
     with pytest.raises(UnknownMention):
-        queue.intake.enqueue_message("cli", "ann", "@nobody hi")
-    explicit = queue.intake.enqueue_message("api", "ann", "text", agent="gamma")
+        queue.intake.enqueue_message(ChatAddress("cli", "ann"), "@nobody hi")
+    explicit = queue.intake.enqueue_message(ChatAddress("api", "ann"), "text", agent="gamma")
     assert [plain.agent, mention.agent, team.agent, explicit.agent] == ["alpha", "gamma", "beta", "gamma"]
     assert queue.db.read_scalar("SELECT COUNT(*) FROM messages WHERE message LIKE '@nobody%'") == 0
     assert plain.message_id.startswith("cli_") and len(plain.message_id) == 12
@@ -71,31 +72,35 @@ def test_enqueue_rejects_bad_input_and_changes_nothing(queue: Queue) -> None:
     ):
         args = {"channel": "cli", "sender": "s", **kwargs}
         with pytest.raises(InvalidInput):
-            queue.intake.enqueue_message(args.pop("channel"), args.pop("sender"), args.pop("message"), **args)
+            chat = ChatAddress(args.pop("channel"), args.pop("sender"))
+            queue.intake.enqueue_message(chat, args.pop("message"), **args)
     assert queue.admin.queue_status()["pending"] == 0
     assert SqlEventLog(queue.db).read(None) == []
 
 
 def test_duplicate_message_id_and_external_id_are_reported_once(queue: Queue) -> None:
-    first = queue.intake.enqueue_message("cli", "s", "one", message_id="cli_abcdefgh")
-    again = queue.intake.enqueue_message("cli", "s", "@gamma two", message_id="cli_abcdefgh")
+    first = queue.intake.enqueue_message(ChatAddress("cli", "s"), "one", message_id="cli_abcdefgh")
+    again = queue.intake.enqueue_message(ChatAddress("cli", "s"), "@gamma two", message_id="cli_abcdefgh")
     assert not first.duplicate and again.duplicate
     assert again.agent == "alpha" and again.id == first.id
-    ext1 = queue.intake.enqueue_message("telegram", "s", "hi", external_id="update-7")
-    ext2 = queue.intake.enqueue_message("telegram", "s", "hi", external_id="update-7")
+    ext1 = queue.intake.enqueue_message(ChatAddress("telegram", "s"), "hi", external_id="update-7")
+    ext2 = queue.intake.enqueue_message(ChatAddress("telegram", "s"), "hi", external_id="update-7")
     assert ext2.duplicate and ext2.message_id == ext1.message_id
     assert queue.admin.queue_status()["pending"] == 2
 
 
 def test_claim_takes_all_of_one_agent_in_order_under_its_lease(queue: Queue) -> None:
-    ids = [queue.intake.enqueue_message("cli", "s", f"m{i}", conversation="c").message_id for i in range(3)]
-    other = queue.intake.enqueue_message("cli", "s", "@beta x").message_id
+    ids = [
+        queue.intake.enqueue_message(ChatAddress("cli", "s", conversation="c"), f"m{i}").message_id
+        for i in range(3)
+    ]
+    other = queue.intake.enqueue_message(ChatAddress("cli", "s"), "@beta x").message_id
     claimed = queue.messages.claim_all_pending_messages("alpha", "w1")
     assert [m.message_id for m in claimed] == ids
     assert all(m.status == "processing" and m.claimed_by == "w1" and m.lease_until for m in claimed)
     assert queue.leases.agent_holder("alpha") == "w1"
     # Another worker can neither claim the agent's new messages nor take its lease.
-    queue.intake.enqueue_message("cli", "s", "late")
+    queue.intake.enqueue_message(ChatAddress("cli", "s"), "late")
     assert queue.messages.claim_all_pending_messages("alpha", "w2") == []
     assert [m.message_id for m in queue.messages.claim_all_pending_messages("beta", "w2")] == [other]
     assert queue.messages.claim_all_pending_messages("gamma", "w1") == []
@@ -106,7 +111,9 @@ def test_a_claimed_message_is_the_row_the_database_holds(queue: Queue) -> None:
     # The claim reads back only the columns it did not set itself and fills in the rest: what it hands
     # out must still equal the stored row, field for field (metadata decoded, every column present).
     sent = queue.intake.enqueue_message(
-        "telegram", "Ann", "hello", sender_id="42", conversation="c9", metadata={"origin": {"x": 1}}
+        ChatAddress("telegram", "Ann", sender_id="42", conversation="c9"),
+        "hello",
+        metadata={"origin": {"x": 1}},
     )
     (claimed,) = queue.messages.claim_all_pending_messages("alpha", "w1")
     stored = queue.admin.get_message(sent.message_id)
@@ -115,12 +122,12 @@ def test_a_claimed_message_is_the_row_the_database_holds(queue: Queue) -> None:
     assert claimed.metadata == {"origin": {"x": 1}} and claimed.address == stored.address
     # Completing it reads the first message's chat for the reply.
     queue.messages.complete_messages([claimed.message_id], "w1", "hi Ann")
-    (reply,) = queue.admin.chat_responses("telegram", "c9")
+    (reply,) = queue.admin.chat_responses(ChatAddress("telegram", conversation="c9"))
     assert (reply.message, reply.sender_id, reply.original_message) == ("hi Ann", "42", "hello")
 
 
 def test_claim_respects_backoff_and_releases_when_empty(queue: Queue) -> None:
-    queue.intake.enqueue_message("cli", "s", "later", available_at=now_ms() + 60_000)
+    queue.intake.enqueue_message(ChatAddress("cli", "s"), "later", available_at=now_ms() + 60_000)
     assert queue.messages.agents_with_pending() == []
     assert queue.messages.claim_all_pending_messages("alpha", "w1") == []
     assert queue.messages.next_available_at() is not None
@@ -129,10 +136,10 @@ def test_claim_respects_backoff_and_releases_when_empty(queue: Queue) -> None:
 
 def test_complete_enqueues_response_followups_posts_and_history_atomically(queue: Queue) -> None:
     a = queue.intake.enqueue_message(
-        "telegram", "ann", "first", sender_id="u1", conversation="chat-1"
+        ChatAddress("telegram", "ann", sender_id="u1", conversation="chat-1"), "first"
     ).message_id
     b = queue.intake.enqueue_message(
-        "telegram", "ann", "second", sender_id="u1", conversation="chat-1"
+        ChatAddress("telegram", "ann", sender_id="u1", conversation="chat-1"), "second"
     ).message_id
     claimed = queue.messages.claim_all_pending_messages("alpha", "w1")
     out = queue.messages.complete_messages(
@@ -187,7 +194,7 @@ def test_complete_enqueues_response_followups_posts_and_history_atomically(queue
 
 
 def test_complete_is_fenced_by_the_claim(queue: Queue) -> None:
-    mid = queue.intake.enqueue_message("cli", "s", "x").message_id
+    mid = queue.intake.enqueue_message(ChatAddress("cli", "s"), "x").message_id
     queue.messages.claim_all_pending_messages("alpha", "w1")
     with pytest.raises(LeaseLost):
         queue.messages.complete_messages([mid], "w2", "stolen")
@@ -201,7 +208,10 @@ def test_complete_is_fenced_by_the_claim(queue: Queue) -> None:
 
 
 def test_fail_backs_off_then_dies_with_one_notice(queue: Queue) -> None:
-    ids = [queue.intake.enqueue_message("cli", "s", f"m{i}", conversation="c").message_id for i in range(2)]
+    ids = [
+        queue.intake.enqueue_message(ChatAddress("cli", "s", conversation="c"), f"m{i}").message_id
+        for i in range(2)
+    ]
     before = now_ms()
     for attempt in range(1, 5):
         claimed = queue.messages.claim_all_pending_messages("alpha", "w1")
@@ -232,7 +242,7 @@ def test_fail_backs_off_then_dies_with_one_notice(queue: Queue) -> None:
 
 
 def test_rate_limit_failure_does_not_count_an_attempt(queue: Queue) -> None:
-    mid = queue.intake.enqueue_message("cli", "s", "x").message_id
+    mid = queue.intake.enqueue_message(ChatAddress("cli", "s"), "x").message_id
     queue.messages.claim_all_pending_messages("alpha", "w1")
     out = queue.failures.fail_messages(
         [mid], "w1", "429 rate limited", count_attempt=False, retry_after_ms=5_000
@@ -243,7 +253,7 @@ def test_rate_limit_failure_does_not_count_an_attempt(queue: Queue) -> None:
 
 
 def test_renew_extends_leases_and_reports_lost_ones(queue: Queue) -> None:
-    mid = queue.intake.enqueue_message("cli", "s", "x").message_id
+    mid = queue.intake.enqueue_message(ChatAddress("cli", "s"), "x").message_id
     [m] = queue.messages.claim_all_pending_messages("alpha", "w1", lease_ms=1_000)
     assert queue.leases.renew_leases("w1", [mid], agent="alpha", lease_ms=120_000) == 1
     renewed = queue.admin.get_message(mid)
@@ -253,7 +263,7 @@ def test_renew_extends_leases_and_reports_lost_ones(queue: Queue) -> None:
 
 
 def test_recover_returns_merely_claimed_messages_uncharged(queue: Queue) -> None:
-    mid = queue.intake.enqueue_message("cli", "s", "x").message_id
+    mid = queue.intake.enqueue_message(ChatAddress("cli", "s"), "x").message_id
     for round_ in range(1, 4):
         assert queue.messages.claim_all_pending_messages("alpha", f"w{round_}", lease_ms=1)
         out = queue.failures.recover_stale_messages(now=now_ms() + 10)
@@ -266,7 +276,7 @@ def test_recover_returns_merely_claimed_messages_uncharged(queue: Queue) -> None
 
 
 def test_recover_charges_interrupted_runs_and_kills_at_their_limit(queue: Queue) -> None:
-    mid = queue.intake.enqueue_message("cli", "s", "x", conversation="c").message_id
+    mid = queue.intake.enqueue_message(ChatAddress("cli", "s", conversation="c"), "x").message_id
     limit = queue.config.max_interrupted_runs
     for attempt in range(1, limit + 1):
         assert queue.messages.claim_all_pending_messages("alpha", f"w{attempt}", lease_ms=1)
@@ -286,7 +296,7 @@ def test_recover_charges_interrupted_runs_and_kills_at_their_limit(queue: Queue)
 
 
 def test_mark_run_started_is_fenced_by_the_claim(queue: Queue) -> None:
-    mid = queue.intake.enqueue_message("cli", "s", "x").message_id
+    mid = queue.intake.enqueue_message(ChatAddress("cli", "s"), "x").message_id
     queue.messages.claim_all_pending_messages("alpha", "w1")
     with pytest.raises(LeaseLost):
         queue.messages.mark_run_started([mid], "w2")
@@ -295,7 +305,7 @@ def test_mark_run_started_is_fenced_by_the_claim(queue: Queue) -> None:
 
 
 def test_permanent_failure_dies_at_once_with_a_plain_notice(queue: Queue) -> None:
-    mid = queue.intake.enqueue_message("telegram", "ann", "x", conversation="42").message_id
+    mid = queue.intake.enqueue_message(ChatAddress("telegram", "ann", conversation="42"), "x").message_id
     queue.messages.claim_all_pending_messages("alpha", "w1")
     out = queue.failures.fail_messages(
         [mid],
@@ -313,7 +323,7 @@ def test_permanent_failure_dies_at_once_with_a_plain_notice(queue: Queue) -> Non
 
 
 def test_a_counted_retry_tells_the_chat_once_per_attempt_with_one_edit_key(queue: Queue) -> None:
-    mid = queue.intake.enqueue_message("telegram", "ann", "x", conversation="42").message_id
+    mid = queue.intake.enqueue_message(ChatAddress("telegram", "ann", conversation="42"), "x").message_id
     for _attempt in (1, 2):
         queue.messages.claim_all_pending_messages("alpha", "w1")
         queue.failures.fail_messages(
@@ -328,7 +338,7 @@ def test_a_counted_retry_tells_the_chat_once_per_attempt_with_one_edit_key(queue
 
 
 def test_response_delivery_claims_chunks_and_acks(queue: Queue) -> None:
-    mid = queue.intake.enqueue_message("discord", "s", "x", conversation="chan").message_id
+    mid = queue.intake.enqueue_message(ChatAddress("discord", "s", conversation="chan"), "x").message_id
     queue.messages.claim_all_pending_messages("alpha", "w1")
     rid = queue.messages.complete_messages([mid], "w1", "reply").response_id
     assert queue.responses.claim_responses_for_channel("telegram", "d1") == []
@@ -357,7 +367,7 @@ def test_response_delivery_claims_chunks_and_acks(queue: Queue) -> None:
 
 def test_two_deliverers_never_get_the_same_response(queue: Queue) -> None:
     for i in range(6):
-        queue.responses.enqueue_response("web", "s", f"r{i}")
+        queue.responses.enqueue_response(ChatAddress("web", "s"), f"r{i}")
     first = queue.responses.claim_responses_for_channel("web", "d1", limit=4)
     second = queue.responses.claim_responses_for_channel("web", "d2", limit=4)
     assert len(first) == 4 and len(second) == 2
@@ -365,7 +375,7 @@ def test_two_deliverers_never_get_the_same_response(queue: Queue) -> None:
 
 
 def test_dead_letters_list_retry_budget_and_delete(queue: Queue) -> None:
-    mid = queue.intake.enqueue_message("cli", "s", "x").message_id
+    mid = queue.intake.enqueue_message(ChatAddress("cli", "s"), "x").message_id
     for _ in range(queue.config.max_retries):
         _make_available(queue)
         queue.messages.claim_all_pending_messages("alpha", "w")
@@ -390,8 +400,8 @@ def test_dead_letters_list_retry_budget_and_delete(queue: Queue) -> None:
 
 
 def test_status_depths_processing_and_prune(queue: Queue) -> None:
-    done = queue.intake.enqueue_message("cli", "s", "x").message_id
-    queue.intake.enqueue_message("cli", "s", "@beta y")
+    done = queue.intake.enqueue_message(ChatAddress("cli", "s"), "x").message_id
+    queue.intake.enqueue_message(ChatAddress("cli", "s"), "@beta y")
     queue.messages.claim_all_pending_messages("alpha", "w")
     queue.messages.complete_messages([done], "w", "ok")
     queue.messages.claim_all_pending_messages("beta", "w")
@@ -417,21 +427,23 @@ def test_status_depths_processing_and_prune(queue: Queue) -> None:
 def test_debounce_makes_a_burst_from_one_chat_wait_together(queue: Queue) -> None:
     before = now_ms()
     first = queue.intake.enqueue_message(
-        "telegram", "s", "one", conversation="c", debounce_ms=60_000
+        ChatAddress("telegram", "s", conversation="c"), "one", debounce_ms=60_000
     ).message_id
     # A lone message in a quiet chat is available at once: no debounce wait for it.
     alone = queue.admin.get_message(first)
     assert alone is not None and before <= alone.available_at <= now_ms()
-    other_chat = queue.intake.enqueue_message("telegram", "s", "else", conversation="d").message_id
+    other_chat = queue.intake.enqueue_message(
+        ChatAddress("telegram", "s", conversation="d"), "else"
+    ).message_id
     second = queue.intake.enqueue_message(
-        "telegram", "s", "two", conversation="c", debounce_ms=60_000
+        ChatAddress("telegram", "s", conversation="c"), "two", debounce_ms=60_000
     ).message_id
     # A second message of the chat while the first still waits: the window opens, and both slide with it.
     m1, m2 = queue.admin.get_message(first), queue.admin.get_message(second)
     assert m1 is not None and m2 is not None and m1.available_at == m2.available_at > now_ms() + 50_000
     assert [m.message_id for m in queue.messages.claim_all_pending_messages("alpha", "w")] == [other_chat]
     third = queue.intake.enqueue_message(
-        "telegram", "s", "three", conversation="c", debounce_ms=90_000
+        ChatAddress("telegram", "s", conversation="c"), "three", debounce_ms=90_000
     ).message_id
     m1, m3 = queue.admin.get_message(first), queue.admin.get_message(third)
     assert m1 is not None and m3 is not None and m1.available_at == m3.available_at > now_ms() + 80_000
@@ -439,24 +451,24 @@ def test_debounce_makes_a_burst_from_one_chat_wait_together(queue: Queue) -> Non
 
 def test_debounce_does_not_wait_when_the_chats_earlier_message_was_already_taken(queue: Queue) -> None:
     first = queue.intake.enqueue_message(
-        "telegram", "s", "one", conversation="c", debounce_ms=60_000
+        ChatAddress("telegram", "s", conversation="c"), "one", debounce_ms=60_000
     ).message_id
     assert [m.message_id for m in queue.messages.claim_all_pending_messages("alpha", "w")] == [first]
     # The agent is busy with the first; the next message is the only one waiting, so it is not delayed
     # (the busy agent's lease holds it back until the run ends, and then it is claimed at once).
     second = queue.intake.enqueue_message(
-        "telegram", "s", "two", conversation="c", debounce_ms=60_000
+        ChatAddress("telegram", "s", conversation="c"), "two", debounce_ms=60_000
     ).message_id
     m2 = queue.admin.get_message(second)
     assert m2 is not None and m2.available_at <= now_ms()
     # Another agent's waiting message in the same chat does not open the window either.
     third = queue.intake.enqueue_message(
-        "telegram", "s", "@beta three", conversation="c", debounce_ms=60_000
+        ChatAddress("telegram", "s", conversation="c"), "@beta three", debounce_ms=60_000
     ).message_id
     m3 = queue.admin.get_message(third)
     assert m3 is not None and m3.available_at <= now_ms()
     with pytest.raises(InvalidInput):
-        queue.intake.enqueue_message("telegram", "s", "x", debounce_ms=-1)
+        queue.intake.enqueue_message(ChatAddress("telegram", "s"), "x", debounce_ms=-1)
 
 
 def test_recover_takes_a_gone_local_holder_at_once_and_leaves_a_live_one_stalled(queue: Queue) -> None:
@@ -472,8 +484,8 @@ def test_recover_takes_a_gone_local_holder_at_once_and_leaves_a_live_one_stalled
     assert holder_state(gone) is Holder.GONE
     live = new_worker_id()
     assert holder_state(live) is Holder.ALIVE
-    a = queue.intake.enqueue_message("cli", "s", "for alpha").message_id
-    b = queue.intake.enqueue_message("cli", "s", "@beta for beta").message_id
+    a = queue.intake.enqueue_message(ChatAddress("cli", "s"), "for alpha").message_id
+    b = queue.intake.enqueue_message(ChatAddress("cli", "s"), "@beta for beta").message_id
     assert queue.messages.claim_all_pending_messages("alpha", gone, lease_ms=600_000)  # lease far from expiry
     assert queue.messages.claim_all_pending_messages("beta", live, lease_ms=1)  # lease lapses: a "stall"
     out = queue.failures.recover_stale_messages(now=now_ms() + 10)
@@ -494,7 +506,7 @@ def test_a_random_id_that_meets_an_older_message_is_drawn_again(
     # from the OS make the id "cli_aaaaaaaa", which an older message holds.
     import os
 
-    older = queue.intake.enqueue_message("cli", "s", "older", message_id="cli_aaaaaaaa")
+    older = queue.intake.enqueue_message(ChatAddress("cli", "s"), "older", message_id="cli_aaaaaaaa")
     real = os.urandom
     draws: list[int] = []
 
@@ -503,11 +515,11 @@ def test_a_random_id_that_meets_an_older_message_is_drawn_again(
         return bytes(n) if len(draws) == 1 else real(n)
 
     monkeypatch.setattr(os, "urandom", unlucky_then_real)
-    newer = queue.intake.enqueue_message("cli", "s", "newer")
+    newer = queue.intake.enqueue_message(ChatAddress("cli", "s"), "newer")
     assert not newer.duplicate and newer.message_id != older.message_id and len(draws) == 2
     assert queue.admin.get_message(newer.message_id) is not None
     # A platform id seen before is still a duplicate, whatever id was drawn for it.
-    first = queue.intake.enqueue_message("telegram", "s", "hi", external_id="u1")
+    first = queue.intake.enqueue_message(ChatAddress("telegram", "s"), "hi", external_id="u1")
     draws.clear()
-    again = queue.intake.enqueue_message("telegram", "s", "hi", external_id="u1")
+    again = queue.intake.enqueue_message(ChatAddress("telegram", "s"), "hi", external_id="u1")
     assert again.duplicate and again.message_id == first.message_id

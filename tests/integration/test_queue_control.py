@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from shared.chat.address import ChatAddress
 from shared.clock import now_ms
 from shared.queue.core import Queue
 from shared.reads.trace import timeline_lines, trace_message
@@ -12,7 +13,7 @@ pytestmark = pytest.mark.integration
 
 
 def test_a_paused_agent_is_not_claimed_until_resumed(queue: Queue) -> None:
-    mid = queue.intake.enqueue_message("cli", "s", "x").message_id
+    mid = queue.intake.enqueue_message(ChatAddress("cli", "s"), "x").message_id
     queue.control.pause_agent("alpha", now_ms() + 60_000, "rate limited (429)")
     queue.control.pause_agent("alpha", now_ms() + 1_000, "shorter pause never shortens")
     state = queue.control.agent_state("alpha")
@@ -24,7 +25,7 @@ def test_a_paused_agent_is_not_claimed_until_resumed(queue: Queue) -> None:
 
 
 def test_stop_requests_reach_only_the_holder_once(queue: Queue) -> None:
-    queue.intake.enqueue_message("cli", "s", "x", conversation="chat-1")
+    queue.intake.enqueue_message(ChatAddress("cli", "s", conversation="chat-1"), "x")
     queue.messages.claim_all_pending_messages("alpha", "w1")
     queue.control.request_stop("alpha", "cli:chat-1")
     assert queue.control.take_stop_request("alpha", "w2") == ""
@@ -34,7 +35,9 @@ def test_stop_requests_reach_only_the_holder_once(queue: Queue) -> None:
 
 
 def test_trace_explains_delivered_dead_and_waiting_messages(queue: Queue) -> None:
-    delivered = queue.intake.enqueue_message("telegram", "ann", "hello", conversation="c1").message_id
+    delivered = queue.intake.enqueue_message(
+        ChatAddress("telegram", "ann", conversation="c1"), "hello"
+    ).message_id
     [m] = queue.messages.claim_all_pending_messages("alpha", "w")
     queue.messages.complete_messages([m.message_id], "w", "hi ann")
     queue.leases.release_agent("alpha", "w")
@@ -53,7 +56,9 @@ def test_trace_explains_delivered_dead_and_waiting_messages(queue: Queue) -> Non
     assert story.verdict.startswith("delivered on telegram")
     assert any("chunk_delivered" in line for line in timeline_lines(story))
 
-    dead = queue.intake.enqueue_message("telegram", "ann", "doomed", conversation="c2").message_id
+    dead = queue.intake.enqueue_message(
+        ChatAddress("telegram", "ann", conversation="c2"), "doomed"
+    ).message_id
     for _ in range(queue.config.max_retries):
         with queue.db.transaction() as tx:
             tx.execute("UPDATE messages SET available_at = 0 WHERE status = 'pending'")
@@ -64,7 +69,7 @@ def test_trace_explains_delivered_dead_and_waiting_messages(queue: Queue) -> Non
         "dead letter after 5 attempt(s)" in verdict and "the CLI crashed" in verdict and "was told" in verdict
     )
 
-    waiting = queue.intake.enqueue_message("cli", "s", "later").message_id
+    waiting = queue.intake.enqueue_message(ChatAddress("cli", "s"), "later").message_id
     queue.messages.claim_all_pending_messages("alpha", "w")
     queue.failures.fail_messages([waiting], "w", "boom")
     assert "waiting to retry" in trace_message(queue.db, waiting).verdict

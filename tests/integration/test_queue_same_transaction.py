@@ -7,6 +7,7 @@ from collections.abc import Callable
 
 import pytest
 
+from shared.chat.address import ChatAddress
 from shared.queue.core import LeaseLost, Queue
 from shared.storage import kv
 from shared.storage.db import Tx
@@ -23,21 +24,21 @@ def _put(key: str) -> Callable[[Tx], None]:
 
 
 def test_a_completion_releases_the_agent_only_when_nothing_else_waits(queue: Queue) -> None:
-    queue.intake.enqueue_message("api", "ann", "one", agent="alpha")
+    queue.intake.enqueue_message(ChatAddress("api", "ann"), "one", agent="alpha")
     (first,) = queue.messages.claim_all_pending_messages("alpha", "w1")
-    queue.intake.enqueue_message("api", "ann", "two", agent="alpha")  # arrives during the run
+    queue.intake.enqueue_message(ChatAddress("api", "ann"), "two", agent="alpha")  # arrives during the run
     busy = queue.messages.complete_messages([first.message_id], "w1", "done", release_when_idle=True)
     assert not busy.released and queue.leases.agent_holder("alpha") == "w1"
     (second,) = queue.messages.claim_all_pending_messages("alpha", "w1")
     idle = queue.messages.complete_messages([second.message_id], "w1", "done", release_when_idle=True)
     assert idle.released and queue.leases.agent_holder("alpha") is None
     # Another worker can take the agent at once.
-    queue.intake.enqueue_message("api", "ann", "three", agent="alpha")
+    queue.intake.enqueue_message(ChatAddress("api", "ann"), "three", agent="alpha")
     assert [m.message for m in queue.messages.claim_all_pending_messages("alpha", "w2")] == ["three"]
 
 
 def test_work_added_to_a_transaction_commits_with_it_or_not_at_all(queue: Queue) -> None:
-    queue.intake.enqueue_message("api", "ann", "one", agent="alpha", also=_put("enqueued"))
+    queue.intake.enqueue_message(ChatAddress("api", "ann"), "one", agent="alpha", also=_put("enqueued"))
     (m,) = queue.messages.claim_all_pending_messages("alpha", "w1")
     queue.messages.mark_run_started([m.message_id], "w1", also=_put("started"))
     with pytest.raises(LeaseLost):
@@ -47,7 +48,7 @@ def test_work_added_to_a_transaction_commits_with_it_or_not_at_all(queue: Queue)
 
 
 def test_the_last_chunk_and_the_ack_are_one_write(queue: Queue) -> None:
-    queue.intake.enqueue_message("telegram", "ann", "hi", agent="alpha", conversation="42")
+    queue.intake.enqueue_message(ChatAddress("telegram", "ann", conversation="42"), "hi", agent="alpha")
     (m,) = queue.messages.claim_all_pending_messages("alpha", "w1")
     queue.messages.complete_messages([m.message_id], "w1", "the answer")
     (reply,) = queue.responses.claim_responses_for_channel("telegram", "d1")

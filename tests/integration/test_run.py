@@ -11,6 +11,7 @@ from pathlib import Path
 import anyio
 import pytest
 
+from shared.chat.address import ChatAddress
 from shared.runtime import Runtime
 from tests.processor_support import (
     agent_script,
@@ -73,8 +74,12 @@ def test_a_run_completes_its_group_with_the_agents_reply(tmp_path: Path, sqlite_
     script, log = agent_script(tmp_path), tmp_path / "runs.log"
     home = make_home(tmp_path, sqlite_url, {"solo": command_agent(script)})
     with open_home(home) as rt:
-        first = rt.queue.intake.enqueue_message("telegram", "ann", "alpha", sender_id="7", conversation="a")
-        second = rt.queue.intake.enqueue_message("telegram", "ann", "beta", sender_id="7", conversation="a")
+        first = rt.queue.intake.enqueue_message(
+            ChatAddress("telegram", "ann", sender_id="7", conversation="a"), "alpha"
+        )
+        second = rt.queue.intake.enqueue_message(
+            ChatAddress("telegram", "ann", sender_id="7", conversation="a"), "beta"
+        )
         drive, stats = run_group(rt, "solo", log)
 
         (invocation,) = read_invocations(log)
@@ -94,7 +99,7 @@ def test_a_failing_cli_sends_the_group_back_with_an_attempt_counted(tmp_path: Pa
     home = make_home(tmp_path, sqlite_url, {"solo": command_agent(script)})
     with open_home(home) as rt:
         mid = rt.queue.intake.enqueue_message(
-            "telegram", "ann", "please fail", sender_id="7", conversation="a"
+            ChatAddress("telegram", "ann", sender_id="7", conversation="a"), "please fail"
         ).message_id
         drive, stats = run_group(rt, "solo", log)
 
@@ -109,7 +114,9 @@ def test_a_group_of_an_agent_no_longer_configured_never_starts(tmp_path: Path, s
     script, log = agent_script(tmp_path), tmp_path / "runs.log"
     home = make_home(tmp_path, sqlite_url, {"solo": command_agent(script), "gone": command_agent(script)})
     with open_home(home) as rt:
-        mid = rt.queue.intake.enqueue_message("api", "u", "hello", agent="gone", conversation="c").message_id
+        mid = rt.queue.intake.enqueue_message(
+            ChatAddress("api", "u", conversation="c"), "hello", agent="gone"
+        ).message_id
         make_home(tmp_path, sqlite_url, {"solo": command_agent(script)})  # "gone" is taken out of the file
         assert rt.refresh_settings(force=True) and "gone" not in rt.settings.agents
         _, stats = run_group(rt, "gone", log)

@@ -10,6 +10,7 @@ from pathlib import Path
 import anyio
 import pytest
 
+from shared.chat.address import ChatAddress
 from shared.runtime import Runtime
 from tests.processor_support import agent_script, command_agent, event_types, make_home, open_home
 from workers.busy import WorkGroup
@@ -52,8 +53,12 @@ def test_a_waiting_chat_that_is_stopped_completes_with_one_stopped_reply(
 ) -> None:
     home = make_home(tmp_path, sqlite_url, {"solo": command_agent(agent_script(tmp_path))})
     with open_home(home) as rt:
-        stopped = rt.queue.intake.enqueue_message("telegram", "ann", "first", sender_id="7", conversation="a")
-        kept = rt.queue.intake.enqueue_message("telegram", "bob", "second", sender_id="8", conversation="b")
+        stopped = rt.queue.intake.enqueue_message(
+            ChatAddress("telegram", "ann", sender_id="7", conversation="a"), "first"
+        )
+        kept = rt.queue.intake.enqueue_message(
+            ChatAddress("telegram", "bob", sender_id="8", conversation="b"), "second"
+        )
         drive = claimed_groups(rt, "solo", "here:1:1")
         stats = ProcessorStats()
         group = next(g for g in drive.groups if g.ids == [stopped.message_id])
@@ -78,7 +83,7 @@ def test_messages_dropped_by_the_cap_complete_with_one_notice_naming_them(
     with open_home(home) as rt:
         ids = [
             rt.queue.intake.enqueue_message(
-                "telegram", "ann", f"note {n}", sender_id="7", conversation="a"
+                ChatAddress("telegram", "ann", sender_id="7", conversation="a"), f"note {n}"
             ).message_id
             for n in range(3)
         ]
@@ -98,7 +103,7 @@ def test_an_outcome_for_messages_another_worker_holds_is_fenced_off(tmp_path: Pa
     home = make_home(tmp_path, sqlite_url, {"solo": command_agent(agent_script(tmp_path))})
     with open_home(home) as rt:
         mid = rt.queue.intake.enqueue_message(
-            "telegram", "ann", "hello", sender_id="7", conversation="a"
+            ChatAddress("telegram", "ann", sender_id="7", conversation="a"), "hello"
         ).message_id
         drive = claimed_groups(rt, "solo", "there:2:2")  # the messages are another worker's
         stats = ProcessorStats()

@@ -11,6 +11,7 @@ import pytest
 
 from adapters.platform import Inbound
 from adapters.runner import ChannelRunner
+from shared.chat.address import ChatAddress
 from shared.runtime import Runtime
 from tests.channel_support import RunningChannel, channel_home, count, open_home, wait_for
 from tests.fakes.platform import FakePlatform, PlatformRefused
@@ -52,7 +53,7 @@ def test_a_message_is_taken_in_once_and_its_reply_goes_out_in_chunks(
     platform.push(_from_ann("hello", "m1"))  # the platform redelivers it
     wait_for(lambda: len(platform.outcomes) == 2, 10, "both deliveries handled")
     reply = "one two three four five six seven eight nine ten eleven twelve thirteen fourteen"
-    rt.queue.responses.enqueue_response("fake", "ann", reply, sender_id="u1", conversation="c1")
+    rt.queue.responses.enqueue_response(ChatAddress("fake", "ann", sender_id="u1", conversation="c1"), reply)
     wait_for(lambda: count(rt, ACKED) == 1, 10, "the reply acked")
     assert platform.outcomes == ["queued", "duplicate"]
     assert count(rt, "SELECT COUNT(*) FROM messages WHERE channel = 'fake'") == 1
@@ -80,7 +81,7 @@ def test_a_refused_reply_fails_for_good_and_the_chat_is_told_when_it_writes_agai
 ) -> None:
     platform.refusals.append(PlatformRefused("bot blocked", permanent=True))
     rt.queue.responses.enqueue_response(
-        "fake", "ann", "a reply that is lost", sender_id="u1", conversation="c1"
+        ChatAddress("fake", "ann", sender_id="u1", conversation="c1"), "a reply that is lost"
     )
     wait_for(lambda: count(rt, "SELECT COUNT(*) FROM responses WHERE status = 'failed'") == 1, 10, "failed")
     assert platform.texts("c1") == []

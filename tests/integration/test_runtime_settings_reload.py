@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from shared.chat.address import ChatAddress
 from shared.runtime import SETTINGS_CHECK_INTERVAL_S
 from tests.processor_support import agent_script, command_agent, make_home, open_home, run_idle, wait_for
 from workers.processor import Processor
@@ -40,7 +41,7 @@ def test_an_edit_reaches_routing_queue_tuning_and_the_processor(tmp_path: Path) 
         assert rt.queue.config.max_retries == 7
         assert processor.agents == ["coder", "solo"]
         assert processor.settings is rt.settings
-        queued = rt.queue.intake.enqueue_message("api", "tester", "@coder hi there")
+        queued = rt.queue.intake.enqueue_message(ChatAddress("api", "tester"), "@coder hi there")
         assert queued.agent == "coder"
         run_idle(rt)
         msg = rt.queue.admin.get_message(queued.message_id)
@@ -75,7 +76,7 @@ def test_a_broken_file_keeps_the_settings_in_force_and_is_logged_once(
         assert len(warnings) == 1
         assert "\n" not in warnings[0].getMessage()  # one line in the log
         # Still routes with what is in force.
-        assert rt.queue.intake.enqueue_message("api", "tester", "hello").agent == "solo"
+        assert rt.queue.intake.enqueue_message(ChatAddress("api", "tester"), "hello").agent == "solo"
 
         time.sleep(0.01)
         _touch_later(settings_file, good.replace("max_retries = 3", "max_retries = 4"))

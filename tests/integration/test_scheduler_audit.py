@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from scheduler.audit import run_audit
+from shared.chat.address import ChatAddress
 from shared.queue.core import ResponseDraft
 from shared.runtime import Runtime
 
@@ -14,7 +15,7 @@ pytestmark = pytest.mark.integration
 def test_audit_measures_the_profile_and_judges_it(scheduler_rt: Runtime) -> None:
     q = scheduler_rt.queue
     for i in range(6):
-        q.intake.enqueue_message("cli", "ann", f"m{i}")
+        q.intake.enqueue_message(ChatAddress("cli", "ann"), f"m{i}")
     claimed = q.messages.claim_all_pending_messages("assistant", "w")
     for m in claimed[:4]:
         q.messages.complete_messages([m.message_id], "w", ResponseDraft(message="ok"))

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from scheduler.service import SchedulerService
+from shared.chat.address import ChatAddress
 from shared.clock import now_ms
 from shared.queue.core import ResponseDraft
 from shared.runtime import Runtime, open_runtime
@@ -26,7 +27,7 @@ pytestmark = pytest.mark.integration
 
 def test_recover_job_returns_messages_of_a_dead_worker(scheduler_rt: Runtime) -> None:
     q = scheduler_rt.queue
-    mid = q.intake.enqueue_message("cli", "ann", "hello").message_id
+    mid = q.intake.enqueue_message(ChatAddress("cli", "ann"), "hello").message_id
     claimed = q.messages.claim_all_pending_messages("assistant", "gone-worker", lease_ms=1)
     assert [m.message_id for m in claimed] == [mid]
     q.messages.mark_run_started([mid], "gone-worker")  # its run had started when the worker died
@@ -41,7 +42,9 @@ def test_recover_job_returns_messages_of_a_dead_worker(scheduler_rt: Runtime) ->
 
 def test_prune_job_deletes_only_old_finished_rows(scheduler_rt: Runtime) -> None:
     q = scheduler_rt.queue
-    old, fresh = (q.intake.enqueue_message("cli", "ann", t).message_id for t in ("old one", "fresh one"))
+    old, fresh = (
+        q.intake.enqueue_message(ChatAddress("cli", "ann"), t).message_id for t in ("old one", "fresh one")
+    )
     claimed = q.messages.claim_all_pending_messages("assistant", "w")
     for m in claimed:
         q.messages.complete_messages([m.message_id], "w", ResponseDraft(message="done"))
@@ -49,7 +52,7 @@ def test_prune_job_deletes_only_old_finished_rows(scheduler_rt: Runtime) -> None
     for r in q.admin.list_responses(10, pending_only=True):
         q.responses.ack_response(r.id)
     make_dead(q, 1)
-    pending = q.intake.enqueue_message("cli", "ann", "still waiting").message_id
+    pending = q.intake.enqueue_message(ChatAddress("cli", "ann"), "still waiting").message_id
     day = 86_400_000
     with scheduler_rt.db.transaction() as tx:  # age the first message and its reply past 24 h
         tx.execute(
@@ -73,8 +76,10 @@ def test_replies_on_unserved_channels_are_acked_and_recorded(scheduler_rt: Runti
     service = SchedulerService(scheduler_rt, start=T0)
     fired = service.fire_due(T0 + timedelta(seconds=1))
     assert fired == []  # no heartbeats configured
-    hb = q.intake.enqueue_message("heartbeat", "System", "check in", agent="assistant").message_id
-    tg = q.intake.enqueue_message("telegram", "ann", "hi", agent="assistant").message_id
+    hb = q.intake.enqueue_message(
+        ChatAddress("heartbeat", "System"), "check in", agent="assistant"
+    ).message_id
+    tg = q.intake.enqueue_message(ChatAddress("telegram", "ann"), "hi", agent="assistant").message_id
     claimed = q.messages.claim_all_pending_messages("assistant", "w")
     for m in claimed:
         q.messages.complete_messages([m.message_id], "w", ResponseDraft(message=f"reply to {m.message_id}"))
@@ -91,8 +96,8 @@ def test_replies_on_unserved_channels_are_acked_and_recorded(scheduler_rt: Runti
 
 
 def test_event_cleanup_job_applies_the_ttl(scheduler_rt: Runtime) -> None:
-    scheduler_rt.queue.intake.enqueue_message("cli", "ann", "one")
-    scheduler_rt.queue.intake.enqueue_message("cli", "ann", "two")
+    scheduler_rt.queue.intake.enqueue_message(ChatAddress("cli", "ann"), "one")
+    scheduler_rt.queue.intake.enqueue_message(ChatAddress("cli", "ann"), "two")
     before = len(scheduler_rt.events.read(None, None, 1000))
     with scheduler_rt.db.transaction() as tx:
         tx.execute(

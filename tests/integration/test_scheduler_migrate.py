@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from scheduler.migrate import MigrationError, migrate
+from shared.chat.address import ChatAddress
 from shared.clock import now_ms
 from shared.events.log import SqlEventLog
 from shared.queue.core import AgentTurn, ChatPost, ResponseDraft
@@ -31,7 +32,7 @@ def populate(home: Path) -> None:
         make_dead(q, 2)
         done = [
             q.intake.enqueue_message(
-                "telegram", "ann", f"done {i}", sender_id="42", conversation="c1"
+                ChatAddress("telegram", "ann", sender_id="42", conversation="c1"), f"done {i}"
             ).message_id
             for i in range(3)
         ]
@@ -51,13 +52,13 @@ def populate(home: Path) -> None:
         # responses: one acked, one being delivered (lease expired: its adapter died), one pending
         # (each in a chat of its own: a chat's later reply is not claimed while an earlier one is unfinished)
         for chat, text in (("c2", "second"), ("c3", "third")):
-            q.responses.enqueue_response("telegram", "ann", text, conversation=chat)
+            q.responses.enqueue_response(ChatAddress("telegram", "ann", conversation=chat), text)
         taken = q.responses.claim_responses_for_channel("telegram", "tg-1", limit=2, lease_ms=1)
         q.responses.ack_response(taken[0].id, "tg-1")
         # messages: processing (its worker died: the lease is in the past), pending
-        q.intake.enqueue_message("cli", "bob", "in flight", agent="coder")
+        q.intake.enqueue_message(ChatAddress("cli", "bob"), "in flight", agent="coder")
         q.messages.claim_all_pending_messages("coder", "w2", lease_ms=1)
-        q.intake.enqueue_message("cli", "bob", "waiting", agent="coder")
+        q.intake.enqueue_message(ChatAddress("cli", "bob"), "waiting", agent="coder")
         SqlEventLog(rt.db).ack("dashboard", "queue", SqlEventLog(rt.db).last_cursor())
         now = now_ms()
         with rt.db.transaction() as tx:
@@ -112,7 +113,7 @@ def test_migrate_sqlite_with_every_status_to_postgresql(tmp_path: Path) -> None:
             assert rt.db.dialect.name == "postgresql"
             assert table_counts(rt.db.read) == source_counts
             max_id = rt.db.read_scalar("SELECT MAX(id) FROM messages")
-            new = rt.queue.intake.enqueue_message("cli", "ann", "after the move")
+            new = rt.queue.intake.enqueue_message(ChatAddress("cli", "ann"), "after the move")
             assert new.id is not None and new.id > max_id
             recovered = rt.queue.failures.recover_stale_messages()
             assert len(recovered.retried) + len(recovered.dead) == 1
@@ -135,7 +136,7 @@ def test_migrate_sqlite_with_every_status_to_postgresql(tmp_path: Path) -> None:
 def test_migrate_refuses_while_a_worker_holds_a_live_lease(tmp_path: Path) -> None:
     home = write_home(tmp_path / "home", f"sqlite:///{tmp_path / 'a.db'}")
     with open_runtime(home, env={}) as rt:
-        rt.queue.intake.enqueue_message("cli", "ann", "busy")
+        rt.queue.intake.enqueue_message(ChatAddress("cli", "ann"), "busy")
         rt.queue.messages.claim_all_pending_messages("assistant", "live-worker", lease_ms=600_000)
     with fresh_pg_database() as pg:
         with pytest.raises(MigrationError, match="live-worker"):

@@ -38,6 +38,7 @@ import pytest
 from websockets.sync.client import connect
 
 from adapters.web.stream import StreamLimits
+from shared.chat.address import ChatAddress
 from shared.storage.errors import storage_problem
 from tests.probes import free_port
 from tests.web_support import (
@@ -223,7 +224,7 @@ def test_read_only_database_gives_one_line_from_cli_and_web_then_resumes(
 ) -> None:
     writable, view = read_only_view
     rt = runtime_for(make_home(writable))
-    before = rt.queue.intake.enqueue_message("cli", "me", "stored before").message_id
+    before = rt.queue.intake.enqueue_message(ChatAddress("cli", "me"), "stored before").message_id
     rt.close()
     home = view / "home"
     db_file = home / "agentpost.db"

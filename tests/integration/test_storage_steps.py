@@ -22,6 +22,7 @@ import anyio
 import psycopg
 import pytest
 
+from shared.chat.address import ChatAddress
 from shared.runtime import Runtime, open_runtime
 from tests.channel_support import Proc
 from tests.fault_support import fault_home, started_runs
@@ -50,7 +51,7 @@ def test_a_kept_completion_is_fenced_off_when_another_worker_took_the_messages_o
     direct = open_runtime(home, env={"PATH": os.environ.get("PATH", ""), "AGENTPOST_DATABASE_URL": pg_url})
     elsewhere = Processor(away, worker_id="elsewhere:4242:1")
     mid = direct.queue.intake.enqueue_message(
-        "api", "u", "token-once sleepfirst=2", conversation="c"
+        ChatAddress("api", "u", conversation="c"), "token-once sleepfirst=2"
     ).message_id
     failures: list[BaseException] = []
 
@@ -133,7 +134,9 @@ def test_a_claim_committed_while_the_connection_dropped_is_taken_back_within_sec
     processor = Proc("processor", home, {}, tmp_path / "processor.log")
     held = True
     try:
-        mid = direct.queue.intake.enqueue_message("api", "u", "token-stranded", conversation="c").message_id
+        mid = direct.queue.intake.enqueue_message(
+            ChatAddress("api", "u", conversation="c"), "token-stranded"
+        ).message_id
         wait_for(lambda: _waiting_on(admin, 7401), 20, "the processor's claim to wait in its commit")
         relay.close()  # the processor loses its connection in the middle of committing the claim
         admin.execute("SELECT pg_advisory_unlock(7401)")

@@ -12,6 +12,7 @@ import pytest
 from adapters.platform import Inbound
 from adapters.runner import ChannelRunner
 from adapters.telegram import TelegramChannel
+from shared.chat.address import ChatAddress
 from shared.runtime import Runtime
 from tests.channel_support import HoldingTelegram, RunningChannel, channel_home, count, open_home, wait_for
 from tests.fixtures import telegram_fake  # noqa: F401  (fixtures)
@@ -57,13 +58,15 @@ def test_markdown_fallback_long_reply_as_file_and_typing(rt: Runtime, fake: Hold
     fake.add_chat(42, username="alice")
     fake.reject_markdown = True
     with RunningChannel(_channel(rt, fake)):
-        rt.queue.intake.enqueue_message("telegram", "alice", "busy", sender_id="42", conversation="42")
+        rt.queue.intake.enqueue_message(
+            ChatAddress("telegram", "alice", sender_id="42", conversation="42"), "busy"
+        )
         fake.wait_for(lambda c: c.method == "sendChatAction" and c.chat_id == 42, 10)
         rt.queue.responses.enqueue_response(
-            "telegram", "alice", "a *broken markdown reply", conversation="42"
+            ChatAddress("telegram", "alice", conversation="42"), "a *broken markdown reply"
         )
         rt.queue.responses.enqueue_response(
-            "telegram", "alice", "\n\n".join(["paragraph " * 300] * 10), conversation="42"
+            ChatAddress("telegram", "alice", conversation="42"), "\n\n".join(["paragraph " * 300] * 10)
         )
         wait_for(lambda: count(rt, "SELECT COUNT(*) FROM responses WHERE status = 'acked'") == 2, 15, "acks")
     texts = [c for c in fake.sent if c.method == "sendMessage"]
@@ -96,7 +99,7 @@ def test_two_deliverers_never_send_the_same_response(
         try:
             for i in range(60):
                 runtimes[0].queue.responses.enqueue_response(
-                    "telegram", "alice", f"reply {i}", conversation="42"
+                    ChatAddress("telegram", "alice", conversation="42"), f"reply {i}"
                 )
             wait_for(
                 lambda: count(runtimes[0], "SELECT COUNT(*) FROM responses WHERE status = 'acked'") == 60,

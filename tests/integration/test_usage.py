@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from adapters.telegram import TelegramChannel
+from shared.chat.address import ChatAddress
 from shared.clock import now_ms
 from shared.reads.usage import UsageRecord, next_day_start, record_usage_in
 from shared.runtime import Runtime
@@ -61,11 +62,11 @@ def test_two_runs_of_one_sender_show_the_tokens_and_cost_the_clireported(
     env = cli_env(api, tmp_path)
     with open_home(home) as rt:
         rt.queue.intake.enqueue_message(
-            "telegram", "ann", "first question", sender_id="42", conversation="c1"
+            ChatAddress("telegram", "ann", sender_id="42", conversation="c1"), "first question"
         )
         run_idle(rt, env=env)
         rt.queue.intake.enqueue_message(
-            "telegram", "ann", "second question", sender_id="42", conversation="c1"
+            ChatAddress("telegram", "ann", sender_id="42", conversation="c1"), "second question"
         )
         stats = run_idle(rt, env=env)
         assert stats.completed == 1
@@ -158,15 +159,21 @@ def test_a_sender_over_the_daily_budget_is_told_and_not_run_while_another_sender
     env = cli_env(api, tmp_path)
     with open_home(home) as rt:
         for text in ("one", "two"):
-            rt.queue.intake.enqueue_message("telegram", "ann", text, sender_id="42", conversation="c1")
+            rt.queue.intake.enqueue_message(
+                ChatAddress("telegram", "ann", sender_id="42", conversation="c1"), text
+            )
             run_idle(rt, env=env)
         (spent,) = _usage_cli(home, "--by", "sender")
         limit = round(spent["cost_usd"] / 2, 4)
         # Live: the processor reads [budgets] again when the file changes, without a restart.
         with (home / "settings.toml").open("a") as f:
             f.write(f"\n[budgets]\nsender_daily_usd = {limit}\n")
-        held = rt.queue.intake.enqueue_message("telegram", "ann", "three", sender_id="42", conversation="c1")
-        other = rt.queue.intake.enqueue_message("telegram", "bob", "hello", sender_id="43", conversation="c2")
+        held = rt.queue.intake.enqueue_message(
+            ChatAddress("telegram", "ann", sender_id="42", conversation="c1"), "three"
+        )
+        other = rt.queue.intake.enqueue_message(
+            ChatAddress("telegram", "bob", sender_id="43", conversation="c2"), "hello"
+        )
         runs_before = len(reported(log))
         run_idle(rt, env=env)
         assert len(reported(log)) == runs_before + 1  # bob's message ran, ann's did not
@@ -200,8 +207,12 @@ def test_heartbeats_count_to_their_agent_overrides_and_exempt_senders(tmp_path: 
         with rt.db.transaction() as tx:
             record_usage_in(tx, UsageRecord(agent="alpha", cost_usd=0.6))  # a heartbeat's run
             record_usage_in(tx, UsageRecord(agent="alpha", sender="telegram:1", cost_usd=0.6))
-        beat = rt.queue.intake.enqueue_message("heartbeat", "heartbeat", "check in", agent="alpha")
-        chat = rt.queue.intake.enqueue_message("telegram", "ann", "hi", sender_id="1", agent="alpha")
+        beat = rt.queue.intake.enqueue_message(
+            ChatAddress("heartbeat", "heartbeat"), "check in", agent="alpha"
+        )
+        chat = rt.queue.intake.enqueue_message(
+            ChatAddress("telegram", "ann", sender_id="1"), "hi", agent="alpha"
+        )
         beat_msg, chat_msg = (
             rt.queue.admin.get_message(beat.message_id),
             rt.queue.admin.get_message(chat.message_id),
@@ -275,7 +286,7 @@ def test_a_teammates_run_in_a_handoff_counts_to_the_person_who_started_the_chain
     )
     with open_home(home) as rt:
         rt.queue.intake.enqueue_message(
-            "telegram", "ann", "@dev build the thing", sender_id="42", conversation="c1"
+            ChatAddress("telegram", "ann", sender_id="42", conversation="c1"), "@dev build the thing"
         )
         assert run_idle(rt, env=cli_env(api, tmp_path)).invocations == 2
         rows = rt.db.read(

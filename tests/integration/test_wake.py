@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from shared.chat.address import ChatAddress
 from shared.events.wake import Waker
 from shared.storage.db import open_database
 
@@ -18,7 +19,8 @@ pytestmark = pytest.mark.integration
 
 ENQUEUE = (
     "import sys, time; from shared.storage.db import open_database; from shared.queue.core import Queue;"
-    "db = open_database(sys.argv[1], create=False); Queue(db).intake.enqueue_message('cli', 's', 'wake up');"
+    "from shared.chat.address import ChatAddress; db = open_database(sys.argv[1], create=False);"
+    "Queue(db).intake.enqueue_message(ChatAddress('cli', 's'), 'wake up');"
     "print(time.monotonic()); db.close()"
 )
 # Measured once the waker has settled: on PostgreSQL its listener imports psycopg and connects in the
@@ -70,7 +72,7 @@ def test_local_commit_wakes_an_async_waiter_at_once(sqlite_url: str) -> None:
             gen = waker.generation
             loop = asyncio.get_running_loop()
             t0 = time.monotonic()
-            loop.call_later(0.05, lambda: Queue(db).intake.enqueue_message("cli", "s", "local"))
+            loop.call_later(0.05, lambda: Queue(db).intake.enqueue_message(ChatAddress("cli", "s"), "local"))
             assert await waker.wait_async(gen, 5.0) != gen
             return time.monotonic() - t0
 

@@ -38,7 +38,7 @@ def test_stop_asks_only_the_run_of_that_chat(client: httpx.Client, rt: Runtime) 
     assert (
         rt.queue.control.agent_state("alpha")["stop_requested"] == ""
     )  # nothing runs: no request left behind
-    rt.queue.intake.enqueue_message("telegram", "ann", "work", sender_id="42", conversation="42")
+    rt.queue.intake.enqueue_message(ChatAddress("telegram", "ann", sender_id="42", conversation="42"), "work")
     ids = [m.message_id for m in rt.queue.messages.claim_all_pending_messages("alpha", "proc-1")]
     record_run(
         rt.db,

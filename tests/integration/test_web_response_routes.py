@@ -5,6 +5,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
+from shared.chat.address import ChatAddress
 from shared.runtime import Runtime
 from tests.web_support import (
     assert_refused,
@@ -74,8 +75,12 @@ def test_pending_replies_of_one_chat_are_found_past_the_channels_first_thousand(
     # A busy chat has more replies waiting than one page of the channel: the one reply of the quiet chat,
     # queued after them, is still found (filtered in the query, not in the first 1,000 rows of the channel).
     for i in range(1001):
-        api_rt.queue.responses.enqueue_response("web", "bot", f"to the busy chat {i}", conversation="busy")
-    mine = api_rt.queue.responses.enqueue_response("web", "bot", "to tab-1", conversation="tab-1")
+        api_rt.queue.responses.enqueue_response(
+            ChatAddress("web", "bot", conversation="busy"), f"to the busy chat {i}"
+        )
+    mine = api_rt.queue.responses.enqueue_response(
+        ChatAddress("web", "bot", conversation="tab-1"), "to tab-1"
+    )
     got = api_client.get("/api/responses/pending", params={"channel": "web", "conversation": "tab-1"}).json()
     assert [r["id"] for r in got] == [mine.id]
     busy = api_client.get(

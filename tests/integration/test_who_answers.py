@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from adapters.telegram import TelegramChannel
+from shared.chat.address import ChatAddress
 from shared.queue.core import UnknownMention
 from shared.runtime import Runtime
 from shared.settings.routing import Team, unknown_mention
@@ -66,7 +67,7 @@ def test_unknown_mention_tells_apart_names_and_text() -> None:
 
 def test_queue_refuses_an_unknown_mention_and_keeps_other_paths(rt: Runtime) -> None:
     with pytest.raises(UnknownMention) as refused:
-        rt.queue.intake.enqueue_message("cli", "ann", "@nosuch hi")
+        rt.queue.intake.enqueue_message(ChatAddress("cli", "ann"), "@nosuch hi")
     assert (refused.value.name, refused.value.agents, refused.value.teams) == (
         "nosuch",
         ["alpha", "beta", "gamma"],
@@ -76,11 +77,14 @@ def test_queue_refuses_an_unknown_mention_and_keeps_other_paths(rt: Runtime) -> 
     assert count(rt, "SELECT COUNT(*) FROM messages") == 0
     assert count(rt, "SELECT COUNT(*) FROM events WHERE type = 'message_received'") == 0
     # An agent chosen explicitly (API field), or an agent's own message, is not second-guessed.
-    assert rt.queue.intake.enqueue_message("api", "ann", "@john please review", agent="beta").agent == "beta"
+    assert (
+        rt.queue.intake.enqueue_message(ChatAddress("api", "ann"), "@john please review", agent="beta").agent
+        == "beta"
+    )
     assert rt.queue.intake.enqueue_message(
-        "internal", "beta", "@zed hi", from_agent="beta", agent="gamma"
+        ChatAddress("internal", "beta"), "@zed hi", from_agent="beta", agent="gamma"
     ).agent
-    assert rt.queue.intake.enqueue_message("cli", "ann", "@Gamma hi").agent == "gamma"
+    assert rt.queue.intake.enqueue_message(ChatAddress("cli", "ann"), "@Gamma hi").agent == "gamma"
 
 
 def test_unknown_mention_on_telegram_gets_the_list_and_nothing_is_queued(

@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 
+from shared.chat.address import ChatAddress
 from shared.runtime import Runtime
 from shared.settings.model import load_settings
 from tests.homes import build_home, update_settings
@@ -48,7 +49,9 @@ def _serve(rt: Runtime, host: str, log: Path) -> None:
 
 
 def _send(rt: Runtime, text: str) -> str:
-    return rt.queue.intake.enqueue_message("api", "ann", text, agent="coder", conversation="c1").message_id
+    return rt.queue.intake.enqueue_message(
+        ChatAddress("api", "ann", conversation="c1"), text, agent="coder"
+    ).message_id
 
 
 def _row(rt: Runtime, message_id: str) -> dict[str, Any]:
@@ -148,7 +151,7 @@ def test_pinned_agents_run_only_on_their_hosts(tmp_path: Path, sqlite_url: str) 
     with open_home(home) as rt:
         ids = {
             agent: rt.queue.intake.enqueue_message(
-                "api", "ann", "hi", agent=agent, conversation=agent
+                ChatAddress("api", "ann", conversation=agent), "hi", agent=agent
             ).message_id
             for agent in agents
         }
