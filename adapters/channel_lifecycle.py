@@ -60,6 +60,8 @@ class Lifecycle:
             ]
             if self.config.typing:
                 tasks.append(asyncio.create_task(self.delivery.typing_loop(), name=f"{self.name}-typing"))
+            if self.delivery.previews.enabled:
+                tasks.append(asyncio.create_task(self.delivery.previews.loop(), name=f"{self.name}-previews"))
             if self.config.pairing:
                 tasks.append(asyncio.create_task(self.intake.pairing_loop(), name=f"{self.name}-pairing"))
             stopper = asyncio.create_task(self.stop_event.wait())

@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from adapters.chunking import split_message
 from adapters.platform import SendFailure
+from adapters.previews import Previews
 from shared.aio import call
 from shared.chat import dedupe, lookups
 from shared.clock import now_ms
@@ -83,6 +84,17 @@ def offline_preface(sent_at_ms: int) -> str:
     return f"(Your message from {at} arrived while I was offline — here is my answer.)"
 
 
+def _both(first: TxWork, second: TxWork | None) -> TxWork:
+    """One write doing ``first`` then ``second`` (when given), for one ``also=``."""
+
+    def write(tx: Tx) -> None:
+        first(tx)
+        if second is not None:
+            second(tx)
+
+    return write
+
+
 def note_key(conversation: str, edit_key: str) -> str:
     """The ``kv`` key of one progress note: the chat and the processor's edit key (its run id)."""
     return f"{conversation}|{edit_key}"
@@ -108,6 +120,8 @@ class Delivery:
         self.lease_ms = self.rt.queue.config.lease_ms
         self.poll_interval = poll_interval
         self.stop_event = stop_event
+        #: Live previews (a part of delivery: a final reply's first part becomes its run's preview).
+        self.previews = Previews(platform, stop_event=stop_event, poll_interval=poll_interval)
 
     # -- planning --------------------------------------------------------------------------------------------
     def plan(self, response: QueuedResponse) -> list[Part]:
@@ -179,14 +193,23 @@ class Delivery:
                 # Stopping: hand the rest back at once (no attempt charged) instead of waiting for the lease.
                 await call(self._give_back, response)
                 return False
+            preview: Any = None
             try:
-                platform_id = await self.send_part(response.conversation, parts[index])
+                if index == 0 and edit_key and parts[0].kind == "text":
+                    # The run's live preview becomes this part (one message holds the answer); the lock
+                    # keeps a preview edit from landing after it.
+                    async with self.previews.lock(response.conversation):
+                        platform_id, preview = await self._send_over_preview(response, edit_key, parts[0])
+                else:
+                    platform_id = await self.send_part(response.conversation, parts[index])
             except Exception as exc:
                 return await self._send_failed(response, index, exc)
             last = index == len(parts) - 1
             # The last part, the progress note marked done and the ack are one write: until it commits this
             # reply is its chat's head, so a later note of the same run cannot be sent before it.
             note = await self._note_closing(response.conversation, edit_key) if last and edit_key else None
+            if preview is not None:
+                note = _both(preview, note)
             held = await call(
                 queue.responses.mark_chunk_delivered,
                 response.id,
@@ -207,6 +230,20 @@ class Delivery:
             # cannot be claimed (and sent) before the note is marked done.
             await self._close_note(response.conversation, edit_key)
         return bool(await call(queue.responses.ack_response, response.id, self.worker))
+
+    async def _send_over_preview(
+        self, response: QueuedResponse, edit_key: str, part: Part
+    ) -> tuple[str | None, TxWork | None]:
+        """Send the first part of a run's reply: edited into the run's preview message when there is one
+        (returns the write marking the preview done, for the part's record), else sent as a new message."""
+        taken = await self.previews.take_for_final(response, edit_key)
+        if taken is not None:
+            message_id, done = taken
+            if await self.platform.edit_reply(response.conversation, message_id, part.text):
+                return message_id, done
+            self.log.info("preview %s cannot be edited; sending the reply as a new message", edit_key)
+            return await self.send_part(response.conversation, part), done
+        return await self.send_part(response.conversation, part), None
 
     def _with_offline_preface(self, response: QueuedResponse) -> QueuedResponse:
         """The reply to a message that reached us only after a restart starts by saying so. Derived from the

@@ -294,6 +294,17 @@ class Platform(abc.ABC):
         raise (the delivery is retried)."""
         return False
 
+    async def edit_reply(self, conversation: str, message_id: str, text: str) -> bool:
+        """Replace a message's text with (part of) a reply, formatted as :meth:`send_text` formats it (a
+        live preview, and the final answer it becomes). Returns and raises as :meth:`edit_text`, which it
+        is by default."""
+        return await self.edit_text(conversation, message_id, text)
+
+    def preview_edit_seconds(self, conversation: str) -> float:
+        """The least time between two edits of a live preview in ``conversation``, inside the platform's
+        limits (default: one a second)."""
+        return 1.0
+
     async def send_typing(self, conversation: str) -> None:
         """Show the typing indicator in ``conversation`` (default: the platform has none)."""
         return None

@@ -299,10 +299,29 @@ class TelegramChannel(Platform):
         sent = await self.bot.send_message(chat_id, text, message_thread_id=thread)
         return str(sent.message_id)
 
-    async def edit_text(self, conversation: str, message_id: str, text: str) -> bool:
+    async def edit_reply(self, conversation: str, message_id: str, text: str) -> bool:
+        mode = self.config.parse_mode or None
+        try:
+            return await self.edit_text(conversation, message_id, text, parse_mode=mode)
+        except BadRequest as exc:
+            if mode is None or "can't parse entities" not in str(exc).lower():
+                raise
+            # As send_text: the words matter more than the styling (a half-written reply often has an
+            # unclosed code block).
+            return await self.edit_text(conversation, message_id, text)
+
+    def preview_edit_seconds(self, conversation: str) -> float:
+        # Telegram allows about one message a second per chat, and 20 a minute in a group (negative ids).
+        return 3.0 if conversation.startswith("-") else 1.0
+
+    async def edit_text(
+        self, conversation: str, message_id: str, text: str, *, parse_mode: str | None = None
+    ) -> bool:
         chat_id, _ = split_conversation(conversation)
         try:
-            await self.bot.edit_message_text(text, chat_id=chat_id, message_id=int(message_id))
+            await self.bot.edit_message_text(
+                text, chat_id=chat_id, message_id=int(message_id), parse_mode=parse_mode
+            )
         except BadRequest as exc:
             reason = str(exc).lower()
             if "not modified" in reason:

@@ -77,6 +77,9 @@ class ClaudeProvider(CliProvider):
         if kind == "system" and event.get("subtype") == "api_retry":
             self._api_retry(event, state)
             return []
+        if kind == "stream_event":
+            _stream_event(event, state)
+            return []
         if kind == "assistant":
             message = event.get("message") or {}
             if event.get("is_api_error_message") or event.get("error"):
@@ -139,6 +142,30 @@ class ClaudeProvider(CliProvider):
         if state.error is None and exit_code == 0 and state.final_text is None:
             return RunResult(ok=False, error="claude exited without a result line", exit_code=exit_code)
         return super().finish(state, exit_code, stderr)
+
+
+def _stream_event(event: dict[str, Any], state: StreamState) -> None:
+    """A ``stream_event`` line (``--include-partial-messages``): the API's own stream events, one line
+    each, e.g. ``{"type": "stream_event", "event": {"type": "content_block_delta", "index": 0, "delta":
+    {"type": "text_delta", "text": "Hel"}}, "parent_tool_use_id": null, ...}``. Text deltas of the run's
+    own messages grow :attr:`StreamState.partial`; a new message starts it again. A subagent's stream
+    (``parent_tool_use_id`` set) is not the answer and is left out."""
+    if event.get("parent_tool_use_id"):
+        return
+    inner = event.get("event")
+    if not isinstance(inner, dict):
+        return
+    if inner.get("type") == "message_start":
+        if state.partial:
+            state.partial.clear()
+            state.partial_grew = True
+        return
+    delta = inner.get("delta")
+    if inner.get("type") == "content_block_delta" and isinstance(delta, dict):
+        text = delta.get("text")
+        if delta.get("type") == "text_delta" and isinstance(text, str) and text:
+            state.partial.append(text)
+            state.partial_grew = True
 
 
 #: Paths a Claude permission rule can carry as written (the rule syntax has its own meaning for brackets,

@@ -52,6 +52,8 @@ from workers.sandbox import Sandboxed
 ProgressFn = Callable[[str], Awaitable[None]]
 #: Called with a notice for the person waiting ("Anthropic's servers are overloaded; trying again…").
 NoticeFn = Callable[[str], None]
+#: Called with the whole text of the assistant message being streamed, each time it grew (a live preview).
+PartialFn = Callable[[str], None]
 
 _LAUNCHER = Path(__file__).with_name("launch.py")
 _REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -87,6 +89,9 @@ class RunRequest:
     # folder in ``$AGENTPOST_UPLOAD_DIR`` (set by the processor) and runs unsandboxed anyway.
     read_dirs: tuple[Path, ...] = ()
     on_notice: NoticeFn | None = None  # told each notice for the chat while the run goes on
+    # Told the text of the assistant message being written, as it streams (claude's text deltas): the
+    # whole text so far each time, starting again with each new message of the run. Must not block.
+    on_partial: PartialFn | None = None
     # Where the CLI runs confined (workers/sandbox.py); None runs it with the processor's own rights.
     sandbox: Sandboxed | None = None
 
@@ -192,6 +197,8 @@ class StreamState:
     status: int | None = None
     session_missing: bool = False  # see RunResult.session_missing
     notices: list[str] = field(default_factory=list)  # for RunRequest.on_notice, not yet handed over
+    partial: list[str] = field(default_factory=list)  # the text of the assistant message being streamed
+    partial_grew: bool = False  # ``partial`` changed since RunRequest.on_partial was last told
     usage: RunUsage | None = None
     last_output: float = 0.0  # time.monotonic() of the last byte the CLI wrote (stdout or stderr)
 
@@ -315,7 +322,7 @@ class CliProvider(abc.ABC):
                     tg.start_soon(_drain, process.stderr, stderr_tail, stderr_done, state)
 
                     async def read() -> None:
-                        await self._read_stdout(process, state, progress, request.on_notice)
+                        await self._read_stdout(process, state, progress, request)
                         stdout_done.set()
 
                     tg.start_soon(read)
@@ -355,7 +362,7 @@ class CliProvider(abc.ABC):
             await process.stdin.aclose()
 
     async def _read_stdout(
-        self, process: Process, state: StreamState, progress: ProgressFn, on_notice: NoticeFn | None
+        self, process: Process, state: StreamState, progress: ProgressFn, request: RunRequest
     ) -> None:
         assert process.stdout is not None
         buffer = bytearray()
@@ -372,23 +379,25 @@ class CliProvider(abc.ABC):
                     break
                 line = bytes(buffer[:cut]).decode(errors="replace")
                 del buffer[: cut + 1]
-                await self._handle(line, state, progress, on_notice)
+                await self._handle(line, state, progress, request)
             if len(buffer) > _MAX_LINE:
-                await self._handle(bytes(buffer).decode(errors="replace"), state, progress, on_notice)
+                await self._handle(bytes(buffer).decode(errors="replace"), state, progress, request)
                 buffer.clear()
         if buffer:
-            await self._handle(bytes(buffer).decode(errors="replace"), state, progress, on_notice)
+            await self._handle(bytes(buffer).decode(errors="replace"), state, progress, request)
 
-    async def _handle(
-        self, line: str, state: StreamState, progress: ProgressFn, on_notice: NoticeFn | None
-    ) -> None:
+    async def _handle(self, line: str, state: StreamState, progress: ProgressFn, request: RunRequest) -> None:
         for text in self.parse_line(line, state):
             if text.strip():
                 await progress(text)
         notices, state.notices = state.notices, []
-        if on_notice is not None:
+        if request.on_notice is not None:
             for notice in notices:
-                on_notice(notice)
+                request.on_notice(notice)
+        if state.partial_grew:
+            state.partial_grew = False
+            if request.on_partial is not None:
+                request.on_partial("".join(state.partial))
 
 
 async def _watchdog(

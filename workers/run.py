@@ -46,6 +46,7 @@ from workers.busy import WorkGroup, build_prompt, resolve_policy
 from workers.drive import Drive, step_done
 from workers.liveness import RunInfo, RunWatch, note_target
 from workers.observe import quietly, record_events
+from workers.previews import PreviewWriter
 from workers.processor_config import ProcessorSettings, ProcessorStats
 from workers.providers import AgentProvider, ProviderError, RunRequest, RunResult, provider_for
 from workers.ratelimit import fallback_until
@@ -93,6 +94,8 @@ class Run:
         self.stats = stats
         #: The settings this run was started with (the agent's, its team's, where files may go).
         self.settings: Settings = rt.settings
+        #: Writes the reply's text as it streams, for the chat's live preview (None: no preview).
+        self.preview: PreviewWriter | None = None
 
     async def go(self) -> None:
         """Run the group and write its outcome (see the module docstring). Returns once the group is no
@@ -127,6 +130,7 @@ class Run:
         run = RunInfo(agent, new_id("run"), group)
         if any(m.retry_count for m in group.messages):
             run.edit_key = retry_edit_key(primary.message_id)
+        self.preview = PreviewWriter.for_run(self.rt.db, self.settings, primary, run.edit_key, group.ids)
         request = self._request(run, config, run_config, workspace, session)
         fallback_model = run_config.model if on_fallback else None
         started = self._run_start(run, config.provider, session is not None, fallback_model)
@@ -148,6 +152,7 @@ class Run:
         except BaseException:
             with anyio.CancelScope(shield=True):
                 await quietly(clear_run, self.rt.db, agent, run.run_id)
+                await self._clear_preview()
             raise
         await self._conclude(run, result, workspace, session_key, on_fallback)
 
@@ -198,6 +203,8 @@ class Run:
         def ended(tx: Tx) -> None:
             append_events(tx, [*run.pending_events, done])  # taken once the write has succeeded
             clear_run_in(tx, agent, run.run_id)
+            if self.preview is not None:  # the partial text goes with the final: never both, never neither
+                self.preview.clear_in(tx)
             if spent is not None:
                 spent(tx)
 
@@ -207,11 +214,13 @@ class Run:
             except BaseException:
                 with anyio.CancelScope(shield=True):
                     await quietly(clear_run, self.rt.db, agent, run.run_id)
+                    await self._clear_preview()
                 raise
             if finished:
                 run.take_events()
                 return
         await quietly(clear_run, self.rt.db, agent, run.run_id)
+        await self._clear_preview()
         await record_events(self.rt.events, [*run.take_events(), done])
         if run.reason == "stop":
             await self.outcomes.stopped(group, run.edit_key)
@@ -251,6 +260,7 @@ class Run:
             orphan_guard=self.config.orphan_guard,
             on_spawn=run.spawned,
             on_notice=run.tell,
+            on_partial=self.preview.update if self.preview is not None else None,
             read_dirs=(uploads,) if uploads is not None else (),
             sandbox=self._sandboxed(workspace, uploads),
         )
@@ -313,9 +323,18 @@ class Run:
         with anyio.CancelScope() as scope:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(watch.run, scope)
+                if self.preview is not None:
+                    tg.start_soon(self.preview.run)
                 result = await provider.run(request, progress)
+                if self.preview is not None:
+                    self.preview.stop()  # a write in flight finishes before the cancel below returns
                 tg.cancel_scope.cancel()
         return result
+
+    async def _clear_preview(self) -> None:
+        """Forget the live preview's text of a run that ended without a final reply."""
+        if self.preview is not None:
+            await self.preview.clear()
 
     async def _model_for(self, config: AgentSettings) -> tuple[AgentSettings, bool]:
         """The agent's settings for this run: on its fallback model while a rate limit lasts."""

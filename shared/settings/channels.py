@@ -13,7 +13,7 @@ from __future__ import annotations
 import functools
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from shared.settings.busy_policy import BusyPolicy
 
@@ -55,6 +55,10 @@ class ChannelSettings(BaseModel):
     debounce: bool = Field(default=True, description="apply [queue] debounce_ms to this channel's messages")
     busy_notice: bool = Field(
         default=True, description="tell a chat once per run that its message waits behind the agent's run"
+    )
+    preview: bool = Field(
+        default=True,
+        description="show a reply while the agent writes it: one message edited in place, then the answer",
     )
     progress_min_interval_seconds: float = Field(
         default=180.0, ge=0, description="platforms that cannot edit: at most one progress note per interval"
@@ -115,6 +119,17 @@ class WhatsAppSettings(ChannelSettings):
     )
     # WhatsApp shows "typing…" for up to 25 s per call (or until the reply arrives): refresh well inside it.
     typing_interval_seconds: float = Field(default=20.0, gt=0, le=24)
+    # WhatsApp cannot edit a sent message: a preview would be a second message left behind the answer.
+    preview: bool = Field(default=False, description="WhatsApp cannot edit messages: always false")
+
+    @field_validator("preview")
+    @classmethod
+    def _no_preview(cls, value: bool) -> bool:
+        if value:
+            raise ValueError(
+                "WhatsApp cannot edit a sent message, so it has no live preview: remove the key or set false"
+            )
+        return value
 
 
 BUILTIN_CHANNELS: dict[str, type[ChannelSettings]] = {

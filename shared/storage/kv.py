@@ -63,6 +63,13 @@ class Scope(StrEnum):
     PAIRING_REMINDED = "pairing_reminded:"
     #: family by adapter (``progress.<channel>``, not ``:``-joined): key → a progress note's edit record.
     PROGRESS = "progress."
+    #: family by channel: key ``conversation|edit_key`` → JSON of the text a run has streamed so far
+    #: (chat.previews); written by the processor at a bounded rate, deleted with the run's final reply or
+    #: when the run ends otherwise.
+    PREVIEW = "preview:"
+    #: family by channel: key ``conversation|edit_key`` → JSON of the preview message an adapter shows for a
+    #: run (chat.previews); marked done by the final reply, pruned after 7 days.
+    PREVIEW_SENT = "preview_sent:"
     #: family by channel: key platform message id → seen (platform_dedupe); pruned after 8 days.
     SEEN = "seen:"
     #: family by channel: what :attr:`SEEN` was called before; still read, pruned like it (platform_dedupe).

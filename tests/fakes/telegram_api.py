@@ -559,6 +559,27 @@ class FakeTelegram(ThreadedHttpFake):
             found = self._messages.get((chat_id, message_id))
             return None if found is None else dict(found)
 
+    def bot_messages(self, chat_id: int) -> list[JSON]:
+        """The bot's messages in a chat as the chat shows them now (edits applied), oldest first."""
+        with self._cond:
+            found = [
+                dict(m)
+                for (chat, _), m in self._messages.items()
+                if chat == chat_id and m["from"]["id"] == self.bot_id
+            ]
+        return sorted(found, key=lambda m: int(m["message_id"]))
+
+    def transcript(self, chat_id: int, since: float = 0.0) -> str:
+        """Every send and edit the fake accepted in a chat, in order, one line each with its time after
+        ``since`` (a ``time.monotonic()``): what a failing test prints."""
+        lines = []
+        for c in self.sent:
+            if c.chat_id != chat_id or c.method not in ("sendMessage", "editMessageText"):
+                continue
+            target = c.params.get("message_id") or (c.result or {}).get("message_id")
+            lines.append(f"+{c.at - since:6.2f}s {c.method} #{target}: {(c.text or '')!r}")
+        return "\n".join(lines)
+
     def wait_for(self, predicate: Callable[[TelegramCall], bool], timeout: float = 5.0) -> TelegramCall:
         """Block until a record in :attr:`sent` matches ``predicate`` and return the first match."""
         return self._wait_record(self._sent, predicate, timeout, "sent")

@@ -1,0 +1,194 @@
+"""The live-preview part of the channel runner: a reply shown while the agent writes it, then made the answer.
+
+The processor keeps each streaming run's text in the database (:mod:`shared.chat.previews`, written at most
+every half second, see :mod:`workers.previews`). On a platform that edits messages
+(:attr:`adapters.platform.Platform.can_edit`) with ``[channels.<name>] preview`` on, :class:`Previews`:
+
+- wakes on database changes and shows each run's text as **one message edited in place**, at most one edit
+  per chat per :attr:`adapters.platform.Platform.preview_edit_seconds` (Telegram: one a second in a
+  private chat, one every three seconds in a group, inside its flood limits). The preview is the first
+  chunk of the text only (never split, never over the platform's limit), with a trailing "…"; it is sent
+  and edited with the formatting the final reply uses (Markdown, plain text when the platform refuses it).
+- hands the final reply the preview message (:meth:`Previews.take_for_final`): the delivery edits it into
+  the reply's first part instead of sending a new message, so exactly one message holds the answer; a long
+  reply continues with further parts as before. The record is marked done in the same write that records
+  that part, so nothing edits the answer afterwards.
+- closes a preview left behind by a run that died (a killed processor): when another run answers the same
+  messages, the old preview is edited to say it was interrupted and its text forgotten.
+
+A chat's preview edits and its final reply's first part are serialised by one lock per chat in this
+process, and a preview is shown only while the run's text is still in the database (the final reply
+removes it in the same transaction as it is queued), so a preview edit never lands after the answer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from adapters.chunking import split_message
+from shared.aio import call
+from shared.chat import previews
+from shared.queue.core import QueuedResponse
+from shared.storage.db import Tx
+
+if TYPE_CHECKING:
+    from adapters.platform import Platform
+
+#: What a preview left behind by an interrupted run is edited to.
+INTERRUPTED_TEXT = "(This answer was interrupted before it was finished — the full answer follows.)"
+#: The mark at the end of a preview: the text is still being written.
+MORE_MARK = " …"
+
+
+class Previews:
+    """One channel's live previews (see the module docstring)."""
+
+    def __init__(self, platform: Platform, *, stop_event: asyncio.Event, poll_interval: float) -> None:
+        self.platform = platform
+        self.rt = platform.rt
+        self.name = platform.name
+        self.log = platform.log
+        self.stop_event = stop_event
+        self.poll_interval = poll_interval
+        self.enabled = bool(platform.can_edit and getattr(platform.config, "preview", False))
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._edited_at: dict[str, float] = {}  # preview key → monotonic time of its last send or edit
+        self._busy: dict[str, asyncio.Task[None]] = {}
+
+    def lock(self, conversation: str) -> asyncio.Lock:
+        """The lock that serialises a chat's preview edits with its final reply's first part."""
+        found = self._locks.get(conversation)
+        if found is None:
+            found = self._locks[conversation] = asyncio.Lock()
+        return found
+
+    def render(self, text: str) -> str:
+        """The preview of ``text``: its first chunk within the platform's limit, marked as unfinished."""
+        room = self.platform.limit - self.platform.measure(MORE_MARK)
+        chunks = split_message(text.strip(), room, length=self.platform.measure)
+        return (chunks[0] if chunks else "…") + MORE_MARK
+
+    # -- the loop --------------------------------------------------------------------------------------------
+    async def loop(self) -> None:
+        """Show the previews of this channel's chats until stopped (does nothing when previews are off)."""
+        if not self.enabled:
+            return
+        waker = self.rt.waker
+        while not self.stop_event.is_set():
+            generation = waker.generation
+            try:
+                rows = await call(previews.partials, self.rt.db, self.name)
+            except Exception as exc:
+                self.log.info("cannot read previews: %s", exc)
+                rows = []
+            now = time.monotonic()
+            next_due = now + self.poll_interval
+            for row in rows:
+                key = previews.preview_key(row.conversation, row.edit_key)
+                if key in self._busy:
+                    continue
+                due = self._edited_at.get(key, 0.0) + self.platform.preview_edit_seconds(row.conversation)
+                if due > now:
+                    next_due = min(next_due, due)
+                    continue
+                task = asyncio.create_task(self._show(row), name=f"{self.name}-preview")
+                self._busy[key] = task
+                task.add_done_callback(functools.partial(self._done, key))
+            self._forget_old(rows)
+            timeout = max(0.05, next_due - time.monotonic())
+            await waker.wait_async(generation, timeout)
+            await asyncio.sleep(0.05)  # a burst of commits wakes us once
+        for task in list(self._busy.values()):
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await asyncio.wait_for(task, 4)
+
+    def _done(self, key: str, _task: asyncio.Task[None]) -> None:
+        self._busy.pop(key, None)
+
+    def _forget_old(self, rows: list[previews.Partial]) -> None:
+        live = {previews.preview_key(r.conversation, r.edit_key) for r in rows}
+        for key in [k for k in self._edited_at if k not in live]:
+            del self._edited_at[key]
+
+    async def _show(self, row: previews.Partial) -> None:
+        """Send or edit the preview of one run (never raises: a failed edit is tried again next time)."""
+        key = previews.preview_key(row.conversation, row.edit_key)
+        try:
+            async with self.lock(row.conversation):
+                await self._show_locked(row, key)
+        except Exception as exc:
+            self.log.info("preview %s in %s not shown: %s", row.edit_key, row.conversation, exc)
+            self._edited_at[key] = time.monotonic()
+
+    async def _show_locked(self, row: previews.Partial, key: str) -> None:
+        db, conversation = self.rt.db, row.conversation
+        # Read again under the lock: a final reply delivered since the loop read the row has removed it.
+        current = await call(previews.partial, db, self.name, conversation, row.edit_key)
+        if current is None:
+            return
+        row = current
+        record = await call(previews.shown, db, self.name, conversation, row.edit_key)
+        if record is not None and record.get("done"):
+            return
+        text = self.render(row.text)
+        if record is not None and record.get("text") == text:
+            return
+        self._edited_at[key] = time.monotonic()
+        edited = bool(record and record.get("id")) and await self.platform.edit_reply(
+            conversation, str((record or {})["id"]), text
+        )
+        if record is not None and edited:
+            await call(self._store, conversation, row.edit_key, {**record, "text": text})
+            return
+        await self._close_interrupted(conversation, set(row.message_ids), keep=row.edit_key)
+        message_id = await self.platform.send_text(conversation, text)
+        new = {"id": message_id or "", "text": text, "message_ids": list(row.message_ids), "done": False}
+        await call(self._store, conversation, row.edit_key, new)
+
+    def _store(self, conversation: str, edit_key: str, record: dict[str, Any]) -> None:
+        self.rt.db.run_transaction(previews.put_shown(self.name, conversation, edit_key, record))
+
+    async def _close_interrupted(self, conversation: str, message_ids: set[str], *, keep: str) -> None:
+        """Edit the previews of earlier runs for the same messages (a run that died half-way) to say so,
+        and forget their text. Best effort: a preview that cannot be edited is left as it is."""
+        records = await call(previews.shown_in_chat, self.rt.db, self.name, conversation)
+        for edit_key, record in records.items():
+            if edit_key == keep or record.get("done"):
+                continue
+            if not message_ids & {str(i) for i in record.get("message_ids") or []}:
+                continue
+            if record.get("id"):
+                try:
+                    await self.platform.edit_text(conversation, str(record["id"]), INTERRUPTED_TEXT)
+                except Exception as exc:
+                    self.log.info("could not mark preview %s interrupted: %s", edit_key, exc)
+            closed = {**record, "done": True, "text": INTERRUPTED_TEXT}
+
+            def write(tx: Tx, key: str = edit_key, rec: dict[str, Any] = closed) -> None:
+                previews.put_shown(self.name, conversation, key, rec)(tx)
+                previews.clear_partial_in(tx, self.name, conversation, key)
+
+            await call(self.rt.db.run_transaction, write)
+
+    # -- the final reply -------------------------------------------------------------------------------------
+    async def take_for_final(
+        self, response: QueuedResponse, edit_key: str
+    ) -> tuple[str, Callable[[Tx], None]] | None:
+        """The preview message the final reply of ``edit_key`` should become: ``(platform message id, the
+        write marking it done)``; None when there is none (send a new message). Call under
+        :meth:`lock`. Earlier previews of the same messages (interrupted runs) are closed first."""
+        if not self.enabled:
+            return None
+        conversation = response.conversation
+        await self._close_interrupted(conversation, {response.message_id}, keep=edit_key)
+        record = await call(previews.shown, self.rt.db, self.name, conversation, edit_key)
+        if record is None or record.get("done") or not record.get("id"):
+            return None
+        return str(record["id"]), previews.put_shown(
+            self.name, conversation, edit_key, {**record, "done": True}
+        )

@@ -1,0 +1,122 @@
+"""Live previews on Telegram with real processes: ``agentpost run telegram`` against the fake Bot API and
+``agentpost run processor`` running the real Claude CLI against the fake Anthropic API, which streams a reply
+over about five seconds. The chat sees the reply while it is written and ends with exactly one message
+holding it; the same after the processor is killed mid-stream (the old preview says it was interrupted)."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from adapters.previews import INTERRUPTED_TEXT, MORE_MARK
+from tests.channel_support import HoldingTelegram, Proc, open_home, telegram_env, wait_for
+from tests.fakes.anthropic_api import Chunked, FakeAnthropic
+from tests.fixtures import anthropic_api, cli_installed, telegram_fake  # noqa: F401  (fixtures)
+from tests.liveness_support import claude_home, cli_env
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
+
+CHAT = 42
+CHANNELS = {"telegram": {"allowlist": ["42"], "poll_timeout_seconds": 1, "typing_interval_seconds": 1}}
+LINES = [f"Line {i} of the answer, written slowly." for i in range(1, 11)]
+REPLY = "\n".join(LINES)
+
+
+def streamed(interval: float = 0.5) -> Chunked:
+    """The reply as ten text deltas ``interval`` apart (about five seconds in all)."""
+    return Chunked([line + "\n" for line in LINES], interval=interval)
+
+
+def _env(api: FakeAnthropic, tmp: Path) -> dict[str, str]:
+    env = cli_env(api, tmp)
+    env["PATH"] = os.environ.get("PATH", env["PATH"])
+    return env
+
+
+def first_seen(fake: HoldingTelegram, needle: str) -> float | None:
+    """When a send or edit in the chat first carried ``needle`` (monotonic), or None."""
+    for c in fake.sent:
+        if c.chat_id == CHAT and c.method in ("sendMessage", "editMessageText") and needle in (c.text or ""):
+            return c.at
+    return None
+
+
+def answered(fake: HoldingTelegram) -> bool:
+    return any(m.get("text") == REPLY for m in fake.bot_messages(CHAT))
+
+
+def test_reply_grows_in_one_message_that_becomes_the_answer(
+    tmp_path: Path, fake: HoldingTelegram, api: FakeAnthropic
+) -> None:
+    api.add_rule("tell me slowly", streamed())
+    home = claude_home(tmp_path, f"sqlite:///{tmp_path / 'a.db'}", channels=CHANNELS)
+    adapter = Proc("telegram", home, telegram_env(fake), tmp_path / "telegram.log")
+    processor = Proc("processor", home, _env(api, tmp_path), tmp_path / "processor.log")
+    began = time.monotonic()
+    try:
+        fake.push_text(CHAT, "tell me slowly")
+        wait_for(lambda: answered(fake), 60, "the whole reply in the chat")
+        time.sleep(1.5)  # nothing may touch the answer afterwards (a late preview edit would show here)
+    finally:
+        adapter.stop()
+        processor.stop()
+    record = fake.transcript(CHAT, began)
+    first, last = first_seen(fake, LINES[0]), first_seen(fake, LINES[-1])
+    assert first is not None and last is not None, record
+    assert last - first >= 2.0, (
+        f"the first line was visible only {last - first:.2f} s before the last\n{record}"
+    )
+    messages = fake.bot_messages(CHAT)
+    assert [m["text"] for m in messages] == [REPLY], record
+    edits = [c for c in fake.sent if c.chat_id == CHAT and c.method == "editMessageText"]
+    assert edits and all(MORE_MARK not in (c.text or "") for c in edits[-1:]), record
+    # At most about one edit a second (the platform's limit per chat), the final's own edit aside.
+    gaps = [b.at - a.at for a, b in itertools.pairwise(edits[:-1])]
+    assert all(g >= 0.9 for g in gaps), f"edits {gaps}\n{record}"
+
+
+def test_processor_killed_mid_stream_leaves_one_answer_and_says_the_preview_was_interrupted(
+    tmp_path: Path, fake: HoldingTelegram, api: FakeAnthropic
+) -> None:
+    slow = api.add_rule("tell me slowly", Chunked([line + "\n" for line in LINES] * 4, interval=0.5), times=1)
+    api.add_rule("tell me slowly", streamed(0.3))
+    home = claude_home(
+        tmp_path, f"sqlite:///{tmp_path / 'a.db'}", channels=CHANNELS, queue={"lease_seconds": 2}
+    )
+    env = _env(api, tmp_path)
+    adapter = Proc("telegram", home, telegram_env(fake), tmp_path / "telegram.log")
+    first = Proc("processor", home, env, tmp_path / "processor.log")
+    began = time.monotonic()
+    second: Proc | None = None
+    try:
+        fake.push_text(CHAT, "tell me slowly")
+        wait_for(
+            lambda: (
+                slow.hits == 1 and any(c.chat_id == CHAT and c.method == "editMessageText" for c in fake.sent)
+            ),
+            60,
+            "the CLI to stream and the preview to be edited",
+        )
+        first.kill()
+        second = Proc("processor", home, env, tmp_path / "processor2.log")
+        wait_for(lambda: answered(fake), 60, "the re-run's whole reply in the chat")
+        time.sleep(1.5)
+        rt = open_home(home)
+        try:
+            leftover = rt.db.read("SELECT key FROM kv WHERE scope = 'preview:telegram'")
+        finally:
+            rt.close()
+    finally:
+        adapter.stop()
+        if second is not None:
+            second.stop()
+    record = fake.transcript(CHAT, began)
+    texts = [m["text"] for m in fake.bot_messages(CHAT)]
+    assert texts.count(REPLY) == 1, record
+    stale = [t for t in texts if t != REPLY]
+    assert all(t == INTERRUPTED_TEXT for t in stale), f"{texts}\n{record}"
+    assert leftover == [], record

@@ -1,0 +1,98 @@
+"""The processor's half of live previews (workers/previews.py, the claude provider's text deltas): a real
+processor runs the real Claude CLI against the fake API streaming a reply; a thread watches the database.
+The partial text grows, is written at most every half second, and is gone once the final reply is queued."""
+
+from __future__ import annotations
+
+import itertools
+import time
+from pathlib import Path
+
+import pytest
+
+from shared.chat import previews
+from shared.runtime import Runtime
+from tests.fakes.anthropic_api import Chunked, FakeAnthropic, Text
+from tests.fixtures import anthropic_api, cli_installed  # noqa: F401  (fixtures)
+from tests.liveness_support import claude_home, cli_env, of_kind, run_with
+from tests.processor_support import open_home
+from workers.previews import WRITE_SECONDS
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
+
+LINES = [f"Part {i} of the streamed answer." for i in range(1, 9)]
+REPLY = " ".join(LINES)
+
+
+def _watch(rt: Runtime, channel: str, seen: list[previews.Partial]) -> None:
+    """Record every distinct partial text of ``channel`` until the final reply is queued."""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        for row in previews.partials(rt.db, channel):
+            if not seen or (row.text, row.updated_at) != (seen[-1].text, seen[-1].updated_at):
+                seen.append(row)
+        if of_kind(rt, "final"):
+            return
+        time.sleep(0.02)
+    raise AssertionError("no final reply within 60 s")
+
+
+def _home(tmp_path: Path, channels: dict[str, dict[str, object]] | None = None) -> Runtime:
+    return open_home(claude_home(tmp_path, f"sqlite:///{tmp_path / 'a.db'}", channels=channels))
+
+
+def test_streamed_text_is_written_coalesced_and_removed_with_the_final(
+    tmp_path: Path, api: FakeAnthropic
+) -> None:
+    api.add_rule("stream it", Chunked([line + " " for line in LINES], interval=0.4))
+    with _home(tmp_path) as rt:
+        sent = rt.queue.enqueue_message("telegram", "ann", "stream it", sender_id="7", conversation="c1")
+        seen: list[previews.Partial] = []
+        run_with(rt, cli_env(api, tmp_path), lambda: _watch(rt, "telegram", seen))
+        left = previews.partials(rt.db, "telegram")
+        (final,) = of_kind(rt, "final")
+    texts = [p.text for p in seen]
+    assert len(texts) >= 3, texts  # the reply was visible in the database while it was written
+    assert all(REPLY.startswith(t.strip()) for t in texts), texts
+    assert all(len(a) < len(b) for a, b in itertools.pairwise(texts)), texts  # it only grows
+    # Coalesced: one write per interval at most (a write per delta would be 8 writes 0.4 s apart).
+    times = [p.updated_at for p in seen]
+    gaps = [(b - a) / 1000 for a, b in itertools.pairwise(times)]
+    assert all(g >= WRITE_SECONDS * 0.9 for g in gaps), gaps
+    assert {p.conversation for p in seen} == {"c1"}
+    assert all(p.edit_key == final["metadata"]["edit_key"] for p in seen)
+    assert all(p.message_ids == (sent.message_id,) for p in seen)
+    assert final["message"] == REPLY.strip()
+    assert left == []  # removed with the final reply
+
+
+def test_no_preview_where_the_channel_has_it_off(tmp_path: Path, api: FakeAnthropic) -> None:
+    api.add_rule("stream it", Chunked([line + " " for line in LINES], interval=0.3))
+    with _home(tmp_path, {"telegram": {"preview": False}}) as rt:
+        rt.queue.enqueue_message("telegram", "ann", "stream it", sender_id="7", conversation="c1")
+        rt.queue.enqueue_message("whatsapp", "bo", "stream it", sender_id="8", conversation="c2")
+        seen: list[previews.Partial] = []
+
+        def watch() -> None:
+            while len(of_kind(rt, "final")) < 2:
+                seen.extend(previews.partials(rt.db, "telegram") + previews.partials(rt.db, "whatsapp"))
+                time.sleep(0.02)
+
+        run_with(rt, cli_env(api, tmp_path), watch)
+    assert seen == []
+
+
+def test_a_reply_streamed_in_one_go_writes_no_preview(tmp_path: Path, api: FakeAnthropic) -> None:
+    api.add_rule("quick", Text("A quick answer."))
+    with _home(tmp_path) as rt:
+        rt.queue.enqueue_message("telegram", "ann", "quick", sender_id="7", conversation="c1")
+        seen: list[previews.Partial] = []
+
+        def watch() -> None:
+            while not of_kind(rt, "final"):
+                seen.extend(previews.partials(rt.db, "telegram"))
+                time.sleep(0.01)
+
+        run_with(rt, cli_env(api, tmp_path), watch)
+        writes = rt.db.read_scalar("SELECT COUNT(*) FROM kv WHERE scope = 'preview:telegram'")
+    assert seen == [] and writes == 0
