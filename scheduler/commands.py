@@ -13,7 +13,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from scheduler import audit as audit_mod
-from scheduler import dlq, supervise
+from scheduler import dlq, process_plan, supervise
 from scheduler.config import load_scheduler_config
 from scheduler.migrate import MigrationError, migrate
 from shared.cli.main import JsonFlag, console, err_console, fail, print_json, queue_app, runtime
@@ -243,7 +243,7 @@ def up_command() -> None:
     except SettingsError as exc:
         raise fail(str(exc), 2) from None
     settings.home.mkdir(parents=True, exist_ok=True)
-    plan = supervise.plan_processes(settings, os.environ)
+    plan = process_plan.plan_processes(settings, os.environ)
     p = supervise.paths(settings.home)
     port = supervise.web_port(settings, os.environ)
     web_port = port if "web" in plan.names else None

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from scheduler import launch, supervise
+from scheduler import launch, process_plan, supervise
 from shared import port_owner
 from tests.probes import free_port
 
@@ -68,7 +68,7 @@ def test_the_launcher_replaces_the_managed_variables_and_keeps_the_rest(tmp_path
 
     # What `up` writes for a channel: its variables as the shell has them, and the home.
     p = supervise.paths(tmp_path)
-    prog = supervise.Program("telegram", [], ("AGENTPOST_", "TELEGRAM_"), ("TELEGRAM_BOT_TOKEN",))
+    prog = process_plan.Program("telegram", [], ("AGENTPOST_", "TELEGRAM_"), ("TELEGRAM_BOT_TOKEN",))
     written = supervise.env_spec(p, prog, {"TELEGRAM_BOT_TOKEN": "t2", "DISCORD_BOT_TOKEN": "d"})
     assert written["values"] == {"AGENTPOST_HOME": str(tmp_path), "TELEGRAM_BOT_TOKEN": "t2"}
     assert supervise.changed_variables(written, spec) == ["AGENTPOST_HOME", "TELEGRAM_BOT_TOKEN"]
