@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from shared.chat import previews
+from shared.chat.address import ChatAddress
 from shared.runtime import Runtime
 from tests.fakes.anthropic_api import Chunked, FakeAnthropic, Text
 from tests.fixtures import anthropic_api, cli_installed  # noqa: F401  (fixtures)
@@ -46,7 +47,9 @@ def test_streamed_text_is_written_coalesced_and_removed_with_the_final(
 ) -> None:
     api.add_rule("stream it", Chunked([line + " " for line in LINES], interval=0.4))
     with _home(tmp_path) as rt:
-        sent = rt.queue.enqueue_message("telegram", "ann", "stream it", sender_id="7", conversation="c1")
+        sent = rt.queue.intake.enqueue_message(
+            ChatAddress("telegram", "ann", sender_id="7", conversation="c1"), "stream it"
+        )
         seen: list[previews.Partial] = []
         run_with(rt, cli_env(api, tmp_path), lambda: _watch(rt, "telegram", seen))
         left = previews.partials(rt.db, "telegram")
@@ -69,8 +72,12 @@ def test_streamed_text_is_written_coalesced_and_removed_with_the_final(
 def test_no_preview_where_the_channel_has_it_off(tmp_path: Path, api: FakeAnthropic) -> None:
     api.add_rule("stream it", Chunked([line + " " for line in LINES], interval=0.3))
     with _home(tmp_path, {"telegram": {"preview": False}}) as rt:
-        rt.queue.enqueue_message("telegram", "ann", "stream it", sender_id="7", conversation="c1")
-        rt.queue.enqueue_message("whatsapp", "bo", "stream it", sender_id="8", conversation="c2")
+        rt.queue.intake.enqueue_message(
+            ChatAddress("telegram", "ann", sender_id="7", conversation="c1"), "stream it"
+        )
+        rt.queue.intake.enqueue_message(
+            ChatAddress("whatsapp", "bo", sender_id="8", conversation="c2"), "stream it"
+        )
         seen: list[previews.Partial] = []
 
         def watch() -> None:
@@ -85,7 +92,9 @@ def test_no_preview_where_the_channel_has_it_off(tmp_path: Path, api: FakeAnthro
 def test_a_reply_streamed_in_one_go_writes_no_preview(tmp_path: Path, api: FakeAnthropic) -> None:
     api.add_rule("quick", Text("A quick answer."))
     with _home(tmp_path) as rt:
-        rt.queue.enqueue_message("telegram", "ann", "quick", sender_id="7", conversation="c1")
+        rt.queue.intake.enqueue_message(
+            ChatAddress("telegram", "ann", sender_id="7", conversation="c1"), "quick"
+        )
         seen: list[previews.Partial] = []
 
         def watch() -> None:
