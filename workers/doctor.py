@@ -102,6 +102,25 @@ def _sandbox(settings: Settings) -> list[Check]:
     ]
 
 
+def _warm(settings: Settings) -> list[Check]:
+    """Whether chats keep their CLI running between messages (``[processor] session_idle_seconds``), and
+    which agents cannot: only Claude Code takes one message after another on one process."""
+    config = settings.processor
+    if config.session_idle_seconds <= 0 or not settings.agents:
+        return []
+    detail = (
+        f"Claude agents keep a chat's CLI running for {config.session_idle_seconds:g} s after a reply, so the "
+        f"next message skips the start-up (at most {config.warm_sessions_per_agent} per agent, "
+        f"{config.warm_sessions_total} in all)"
+    )
+    cold = sorted(
+        f"{name} ({agent.provider})" for name, agent in settings.agents.items() if agent.provider != "claude"
+    )
+    if cold:
+        detail += f"; {', '.join(cold)} start their CLI for every message: only Claude Code can stay running"
+    return [Check("agents", "warm sessions", "ok", detail)]
+
+
 def _workspaces(settings: Settings) -> list[Check]:
     """Whether this host has the workspace of each agent its processor serves (workers/workspace.py): a
     processor here refuses an agent whose workspace another host made and this host lacks."""
@@ -142,6 +161,7 @@ def checks(settings: Settings) -> list[Check]:
     """One finding per agent's CLI, plus the Claude login when any agent uses Claude, and the sandbox."""
     found: list[Check] = _sandbox(settings) if settings.agents else []
     found += _workspaces(settings)
+    found += _warm(settings)
     login_checked = False
     for name, agent in sorted(settings.agents.items()):
         env = child_env(dict(settings.env), agent)

@@ -84,6 +84,7 @@ from workers.run import Run
 from workers.run_outcome import OutcomeWriter
 from workers.sandbox import SandboxChoice, SandboxError, SandboxPlan
 from workers.storage_steps import StorageSteps
+from workers.warm_sessions import WarmPool
 
 __all__ = ["Processor", "ProcessorSettings", "ProcessorStats", "build_prompt", "main", "run_processor"]
 
@@ -135,6 +136,8 @@ class Processor:
         )
         #: The sandbox agent CLIs run in, chosen once per [processor] sandbox value (workers/sandbox.py).
         self._sandbox = SandboxChoice()
+        #: Claude processes kept between a chat's runs (session_idle_seconds > 0; workers/warm_sessions.py).
+        self.warm = WarmPool(lambda: self.config)
 
     # -- public -----------------------------------------------------------------------------------------
     @property
@@ -202,37 +205,42 @@ class Processor:
                 "until_idle": until_idle,
             },
         )
-        async with anyio.create_task_group() as tg:
-            while not self._stopping:
-                generation = self.rt.waker.generation
-                try:
-                    started = await self._dispatch(tg)
-                    if self._stopping:
-                        break
-                    if (
-                        until_idle
-                        and not self._active
-                        and not started
-                        and not await self._has_work(include_delayed)
-                    ):
-                        break
-                    timeout = await self._sleep_for()
-                except Exception as exc:  # the database is unreachable for a moment: keep running, retry
-                    log.warning("processor loop: %s; retrying in 1 s", exc)
-                    timeout = 1.0
-                await self._wait(generation, timeout)
-            if self._active:
-                with anyio.move_on_after(self.config.shutdown_grace_seconds):
-                    while self._active:
-                        await self._wait_slot()
-                # Past the grace period: cancelling kills the CLIs; the drives release their messages.
-                tg.cancel_scope.cancel()
+        try:
+            async with anyio.create_task_group() as tg:
+                while not self._stopping:
+                    generation = self.rt.waker.generation
+                    try:
+                        started = await self._dispatch(tg)
+                        if self._stopping:
+                            break
+                        if (
+                            until_idle
+                            and not self._active
+                            and not started
+                            and not await self._has_work(include_delayed)
+                        ):
+                            break
+                        timeout = await self._sleep_for()
+                    except Exception as exc:  # the database is unreachable for a moment: keep running, retry
+                        log.warning("processor loop: %s; retrying in 1 s", exc)
+                        timeout = 1.0
+                    await self._wait(generation, timeout)
+                if self._active:
+                    with anyio.move_on_after(self.config.shutdown_grace_seconds):
+                        while self._active:
+                            await self._wait_slot()
+                    # Past the grace period: cancelling kills the CLIs; the drives release their messages.
+                    tg.cancel_scope.cancel()
+        finally:
+            with anyio.CancelScope(shield=True):
+                await self.warm.close_all()  # the idle warm processes end with the loop
         stopped = {"worker": self.worker, **self.stats.__dict__}
         await record_event(self.rt.events, "processor", "processor_stop", stopped)
 
     # -- loop parts -------------------------------------------------------------------------------------
     async def _dispatch(self, tg: anyio.abc.TaskGroup) -> int:
         self._follow_config()
+        await self.warm.reap()
         if time.monotonic() - self._last_recover >= self.config.recover_interval_seconds:
             self._last_recover = time.monotonic()
             outcome = await call(self.rt.queue.failures.recover_stale_messages)
@@ -285,6 +293,9 @@ class Processor:
         # drive claims it next) or to another processor's agent, and must not make this loop spin.
         if at is not None and at > now:
             timeout = min(timeout, (at - now) / 1000 + 0.01)
+        expiry = self.warm.next_expiry()
+        if expiry is not None:
+            timeout = min(timeout, expiry + 0.01)  # an idle warm process exits on time
         return max(0.01, timeout)
 
     async def _wait(self, generation: int, timeout: float) -> None:
@@ -411,6 +422,7 @@ class Processor:
             env=self.env,
             sandbox=self.sandbox_plan,
             stats=self.stats,
+            warm=self.warm,
         )
 
     def _renew(self, agent: str, ids: list[str]) -> int:

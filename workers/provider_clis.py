@@ -14,6 +14,7 @@ from typing import Any
 from workers.errors import api_retry_notice
 from workers.providers import (
     CliProvider,
+    ProgressFn,
     ProviderError,
     RunRequest,
     RunResult,
@@ -21,6 +22,7 @@ from workers.providers import (
     StreamState,
     find_binary,
 )
+from workers.warm_sessions import split_session_ref
 
 #: A retry the CLI reports is told to the chat from this retry on, or earlier when its wait is this long:
 #: a single quick retry that works (a blip) is not worth a message, a run gone quiet for minutes is.
@@ -54,7 +56,10 @@ class ClaudeProvider(CliProvider):
         if request.session_id:
             # A fork: the run writes into a new session (its id is recorded only when the run succeeds),
             # so a refused, failed or killed run leaves nothing in the conversation the next run resumes.
-            argv += ["--resume", request.session_id, "--fork-session"]
+            # A session a warm turn recorded (workers/warm_sessions.py) also names the point to resume at:
+            # whatever a later turn of that process left in the session file is not continued.
+            session, at = split_session_ref(request.session_id)
+            argv += ["--resume", session, *(["--resume-session-at", at] if at else []), "--fork-session"]
         if s.model:
             argv += ["--model", s.model]
         if s.fallback_model:
@@ -66,6 +71,17 @@ class ClaudeProvider(CliProvider):
         for folder in request.read_dirs:
             argv += read_access(folder)
         return argv
+
+    async def run(self, request: RunRequest, progress: ProgressFn) -> RunResult:
+        if request.warm is None:
+            return await super().run(request, progress)
+        try:
+            argv = [*self.argv(request), "--input-format", "stream-json"]
+        except ProviderError as exc:
+            return RunResult(ok=False, error=str(exc), cannot_start=True, service=self.service)
+        # One turn of a CLI kept running for this chat (workers/warm_sessions.py): the prompt becomes a
+        # stream-json user message on its stdin.
+        return await request.warm.turn(self, request, argv, progress)
 
     def parse_line(self, line: str, state: StreamState) -> list[str]:
         event = _json_line(line)

@@ -94,6 +94,8 @@ class RunRequest:
     on_partial: PartialFn | None = None
     # Where the CLI runs confined (workers/sandbox.py); None runs it with the processor's own rights.
     sandbox: Sandboxed | None = None
+    # A warm session to run this turn in (workers/warm_sessions.py; claude only); None: a process per run.
+    warm: WarmTurns | None = None
 
 
 @dataclass
@@ -130,6 +132,16 @@ class RunResult:
     session_missing: bool = False
     service: str = ""  # whose AI service the CLI talks to ("Anthropic"), for messages; "" when unknown
     usage: RunUsage | None = None  # tokens and cost as the CLI reported them; None when it reports none
+
+
+class WarmTurns(Protocol):
+    """Where a provider that keeps its CLI running between runs sends a turn (:mod:`workers.warm_sessions`)."""
+
+    async def turn(
+        self, provider: CliProvider, request: RunRequest, argv: list[str], progress: ProgressFn
+    ) -> RunResult:
+        """Run ``request`` as one turn of a kept CLI process (started from ``argv`` when none fits)."""
+        ...
 
 
 class AgentProvider(Protocol):
@@ -239,6 +251,21 @@ async def _reap(process: Process, *, timed_out: bool) -> None:
         await process.aclose()
 
 
+def launch_plan(request: RunRequest, argv: list[str]) -> tuple[list[str], dict[str, str]]:
+    """How ``argv`` is started for ``request``: inside its sandbox, under the orphan guard
+    (:mod:`workers.launch`), with the environment it gets; the workspace is created if missing."""
+    launch = argv
+    env = dict(request.env)
+    if request.sandbox is not None:
+        request.sandbox.prepare()
+        env = request.sandbox.environment(env)
+        launch = request.sandbox.wrap(argv, env)
+    if request.orphan_guard and sys.platform.startswith("linux"):
+        launch = [sys.executable, "-I", "-S", str(_LAUNCHER), str(os.getpid()), *launch]
+    request.workspace.mkdir(parents=True, exist_ok=True)
+    return launch, env
+
+
 class CliProvider(abc.ABC):
     """Base of the subprocess providers: start, stream, time out, kill the group, judge the result."""
 
@@ -284,15 +311,7 @@ class CliProvider(abc.ABC):
             argv = self.argv(request)
         except ProviderError as exc:
             return RunResult(ok=False, error=str(exc), cannot_start=True, service=self.service)
-        launch = argv
-        env = dict(request.env)
-        if request.sandbox is not None:
-            request.sandbox.prepare()
-            env = request.sandbox.environment(env)
-            launch = request.sandbox.wrap(argv, env)
-        if request.orphan_guard and sys.platform.startswith("linux"):
-            launch = [sys.executable, "-I", "-S", str(_LAUNCHER), str(os.getpid()), *launch]
-        request.workspace.mkdir(parents=True, exist_ok=True)
+        launch, env = launch_plan(request, argv)
         try:
             # Shielded: a cancellation (a /stop, a shutdown) landing mid-spawn would otherwise leave a
             # started CLI nobody kills; it is delivered at the next checkpoint, inside the try below.

@@ -53,6 +53,7 @@ from workers.ratelimit import fallback_until
 from workers.run_outcome import OutcomeWriter
 from workers.sandbox import Sandboxed, SandboxPlan, SandboxView
 from workers.storage_steps import StorageSteps
+from workers.warm_sessions import WarmPool, WarmSlot
 from workers.workspace import WorkspaceElsewhere, host_of, prepare_workspace, team_instructions
 
 log = logging.getLogger("agentpost.processor")
@@ -80,6 +81,7 @@ class Run:
         env: Mapping[str, str],
         sandbox: Callable[[], SandboxPlan],
         stats: ProcessorStats,
+        warm: WarmPool | None = None,
     ) -> None:
         self.rt = rt
         self.drive = drive
@@ -92,6 +94,8 @@ class Run:
         self.env = env
         self.sandbox = sandbox
         self.stats = stats
+        #: Kept claude processes (workers/warm_sessions.py); used when session_idle_seconds > 0.
+        self.warm = warm
         #: The settings this run was started with (the agent's, its team's, where files may go).
         self.settings: Settings = rt.settings
         #: Writes the reply's text as it streams, for the chat's live preview (None: no preview).
@@ -131,7 +135,7 @@ class Run:
         if any(m.retry_count for m in group.messages):
             run.edit_key = retry_edit_key(primary.message_id)
         self.preview = PreviewWriter.for_run(self.rt.db, self.settings, primary, run.edit_key, group.ids)
-        request = self._request(run, config, run_config, workspace, session)
+        request = self._request(run, config, run_config, workspace, session, session_key)
         fallback_model = run_config.model if on_fallback else None
         started = self._run_start(run, config.provider, session is not None, fallback_model)
         try:
@@ -238,6 +242,7 @@ class Run:
         run_config: AgentSettings,
         workspace: Path,
         session: str | None,
+        session_key: str,
     ) -> RunRequest:
         """What the provider needs for ``run``: prompt, environment, limits (``run_config``: the model in
         force, the fallback one during a rate limit)."""
@@ -263,7 +268,14 @@ class Run:
             on_partial=self.preview.update if self.preview is not None else None,
             read_dirs=(uploads,) if uploads is not None else (),
             sandbox=self._sandboxed(workspace, uploads),
+            warm=self._warm_slot(config, session_key),
         )
+
+    def _warm_slot(self, config: AgentSettings, session_key: str) -> WarmSlot | None:
+        """Where this run's turn goes when the chat's claude process is kept between runs; None: cold."""
+        if self.warm is None or config.provider != "claude" or self.config.session_idle_seconds <= 0:
+            return None
+        return self.warm.slot(self.agent, session_key)
 
     def _sandboxed(self, workspace: Path, uploads: Path | None) -> Sandboxed | None:
         """The sandbox of this run (None when this processor runs agents unconfined): its workspace, its own

@@ -72,6 +72,23 @@ class ProcessorSettings(_Strict):
         default="auto",
         description="how agent CLIs are confined (workers/sandbox.py): auto = namespaces where they work",
     )
+    session_idle_seconds: float = Field(
+        default=0.0,
+        ge=0,
+        description="keep a chat's claude CLI running this long for its next message (0: one process per run)",
+    )
+    warm_sessions_per_agent: int = Field(
+        default=4,
+        ge=1,
+        le=256,
+        description="warm claude processes kept per agent (least recently used go first)",
+    )
+    warm_sessions_total: int = Field(
+        default=8,
+        ge=1,
+        le=4096,
+        description="warm claude processes kept by one processor in all (~210 MiB each)",
+    )
 
     @field_validator("agents")
     @classmethod

@@ -85,6 +85,15 @@ def _settled(rt: Runtime, processors: list[ProcessorProcess]) -> bool:
     return finished and not any(cli_pids(p.pid) for p in processors if p.alive())
 
 
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` is a live process (a zombie waiting for its parent's reaper counts as gone)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_bytes().rsplit(b")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != b"Z"
+
+
 def _wait(condition: Callable[[], bool], timeout: float) -> bool:
     deadline = time.monotonic() + timeout
     while not condition():
@@ -130,6 +139,9 @@ def _crash_scenario(
                 f"[{name}] kill {kill.number}: processor {kill.processor} pid {kill.pid}, chat {kill.chat}, "
                 f"run of {list(kill.labels)}, CLI pids {kill.cli}, t={time.monotonic() - begun:.1f}s"
             )
+            # Every claude CLI under the killed processor (its run's, and warm ones kept idle) dies with it.
+            if not _wait(lambda: not any(_alive(pid) for pid in kill.cli), 10.0):
+                raise AssertionError(f"kill {kill.number}: CLI processes outlived the processor: {kill.cli}")
             if kill.number == SECOND_WAVE_AFTER:
                 _enqueue(rt, SECOND_WAVE, agent_of)
                 second_wave_sent = True
@@ -200,4 +212,21 @@ def test_postgres_two_processors_killed_in_turn_during_runs_lose_and_kill_nothin
             takeover_timeout=60.0,
         )
     assert {k.processor for k in log.landed} == {0, 1}, "the kills should have hit both processors"
+    _check(result, log, tmp_path)
+
+
+def test_sqlite_warm_sessions_killed_during_runs_lose_nothing_and_leave_no_cli(
+    tmp_path: Path, api: LabelledApi
+) -> None:
+    """The same with warm claude sessions on (workers/warm_sessions.py): each kill also takes the idle warm
+    processes of other chats; a turn written to a warm process counts as a started run."""
+    result, log, _ = _crash_scenario(
+        tmp_path,
+        api,
+        f"sqlite:///{tmp_path / 'agentpost.db'}",
+        agents=("assistant",),
+        processors=1,
+        processor_settings={"session_idle_seconds": 3},
+        name="sqlite-warm",
+    )
     _check(result, log, tmp_path)

@@ -207,6 +207,8 @@ class RecordedRequest:
     kind: RequestKind
     status: int
     rule: Rule | None = field(default=None, compare=False)
+    #: ``time.monotonic()`` when the request arrived (body read, not yet answered): latency measurements.
+    at: float = field(default_factory=time.monotonic, compare=False)
 
     @property
     def is_main(self) -> bool:

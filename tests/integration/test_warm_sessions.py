@@ -1,0 +1,220 @@
+"""Warm claude sessions (``[processor] session_idle_seconds``): the real Claude Code CLI against the fake
+Messages API, with one processor serving while the test sends a chat's messages one after another."""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+import tomlkit
+
+from shared.aio import call
+from shared.chat.address import ChatAddress
+from shared.chat.sessions import get_session
+from shared.runtime import Runtime
+from tests.fakes.anthropic_api import ApiError, Computed, FakeAnthropic, RecordedRequest
+from tests.fakes.claude_env import claude_env
+from tests.fixtures import anthropic_api, cli_installed  # noqa: F401  (fixtures)
+from tests.processor_support import make_home, open_home
+from workers.processor import Processor
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
+
+
+def _env(api: FakeAnthropic, tmp_path: Path) -> dict[str, str]:
+    home = tmp_path / "user-home"
+    home.mkdir(exist_ok=True)
+    return claude_env(
+        api.base_url, home, max_retries=0, extra={"CLAUDE_CODE_DISABLE_EXPERIMENTAL_BETAS": "1"}
+    )
+
+
+def _home(tmp_path: Path, db_url: str, idle: float) -> Path:
+    return make_home(
+        tmp_path,
+        db_url,
+        {"coder": {"provider": "claude", "timeout_seconds": 30}},
+        processor={"session_idle_seconds": idle},
+    )
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+async def _until(condition: Callable[[], Any], timeout: float, what: str) -> Any:
+    """Poll ``condition`` (in a worker thread: it may read the database) until truthy, or fail."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = await call(condition)
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await anyio.sleep(0.05)
+
+
+def _done(rt: Runtime, message_id: str) -> dict[str, Any] | None:
+    """The ``chain_step_done`` payload of the last run of ``message_id`` once its message is done."""
+    state = rt.db.read("SELECT status FROM messages WHERE message_id = :m", {"m": message_id})
+    if not state or state[0]["status"] not in ("completed", "dead"):
+        return None
+    rows = rt.db.read("SELECT payload FROM events WHERE type = 'chain_step_done' ORDER BY id", {})
+    payloads = [json.loads(r["payload"]) for r in rows]
+    mine = [p for p in payloads if message_id in p.get("message_ids", [])]
+    return mine[-1] if mine else None
+
+
+def _serve(rt: Runtime, env: dict[str, str], steps: Callable[[Processor], Awaitable[None]]) -> Processor:
+    processor = Processor(rt, env=env)
+
+    async def go() -> None:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(processor.serve)
+            try:
+                await steps(processor)
+            finally:
+                processor.stop()
+
+    anyio.run(go)
+    return processor
+
+
+def _main_for(api: FakeAnthropic, text: str) -> RecordedRequest:
+    return next(r for r in api.main_requests() if r.last_user_text == text)
+
+
+def test_second_message_reuses_the_warm_process_and_reaches_the_api_sooner(
+    tmp_path: Path, db_url: str, api: FakeAnthropic
+) -> None:
+    api.add_rule(None, Computed(lambda body: "ok"))
+    with open_home(_home(tmp_path, db_url, idle=60)) as rt:
+        done: list[dict[str, Any]] = []
+        sent_at: list[float] = []
+
+        async def steps(processor: Processor) -> None:
+            for text in ("first", "second", "third"):
+                sent_at.append(time.monotonic())
+                mid = (
+                    await call(
+                        rt.queue.intake.enqueue_message,
+                        ChatAddress("telegram", "ann", conversation="c1"),
+                        text,
+                    )
+                ).message_id
+                done.append(await _until(lambda mid=mid: _done(rt, mid), 60, f"the run of {text!r}"))
+            assert processor.warm.pids() == [done[0]["pid"]]
+
+        processor = _serve(rt, _env(api, tmp_path), steps)
+        session = get_session(rt.db, "coder", "telegram:c1")
+    assert [d["ok"] for d in done] == [True, True, True]
+    assert done[0]["pid"] == done[1]["pid"] == done[2]["pid"]
+    assert (processor.warm.started, processor.warm.reused) == (1, 2)
+    assert not _alive(done[0]["pid"])  # the processor's end closed it
+    assert session is not None and "@" in session  # recorded with the point to resume at
+    latencies = [_main_for(api, t).at - s for t, s in zip(("first", "second", "third"), sent_at, strict=True)]
+    assert latencies[1] < latencies[0] and latencies[2] < latencies[0], latencies
+    assert _main_for(api, "third").user_turns == 3  # one conversation
+
+
+def test_idle_warm_process_exits_after_session_idle_seconds(
+    tmp_path: Path, db_url: str, api: FakeAnthropic
+) -> None:
+    api.add_rule(None, Computed(lambda body: "ok"))
+    with open_home(_home(tmp_path, db_url, idle=0.5)) as rt:
+
+        async def steps(processor: Processor) -> None:
+            mid = (
+                await call(
+                    rt.queue.intake.enqueue_message,
+                    ChatAddress("telegram", "ann", conversation="c1"),
+                    "hello",
+                )
+            ).message_id
+            run = await _until(lambda: _done(rt, mid), 60, "the run")
+            kept_at = time.monotonic()
+            await _until(lambda: not processor.warm.pids(), 10, "the idle process to be closed")
+            assert time.monotonic() - kept_at >= 0.4
+            await _until(lambda: not _alive(run["pid"]), 5, "the CLI to exit")
+
+        _serve(rt, _env(api, tmp_path), steps)
+
+
+def test_refused_turn_does_not_poison_the_next_message(
+    tmp_path: Path, db_url: str, api: FakeAnthropic
+) -> None:
+    api.add_rule("POISON", ApiError("this request is refused"), times=1)
+    api.add_rule(None, Computed(lambda body: "ok"))
+    with open_home(_home(tmp_path, db_url, idle=60)) as rt:
+        runs: dict[str, dict[str, Any]] = {}
+
+        async def steps(processor: Processor) -> None:
+            for text in ("one", "POISON two", "three"):
+                mid = (
+                    await call(
+                        rt.queue.intake.enqueue_message,
+                        ChatAddress("telegram", "ann", conversation="c1"),
+                        text,
+                    )
+                ).message_id
+                runs[text] = await _until(lambda mid=mid: _done(rt, mid), 60, f"the run of {text!r}")
+
+        _serve(rt, _env(api, tmp_path), steps)
+    # A 400 is the request's fault: the message ends with its notice, and the next one is answered.
+    assert [runs[t]["ok"] for t in ("one", "POISON two", "three")] == [True, False, True]
+    assert len([r for r in api.main_requests() if r.status == 400]) == 1
+    # The refused turn's process was dropped: "three" started a new one from the last good point, which
+    # does not hold the refused turn.
+    assert runs["POISON two"]["pid"] == runs["one"]["pid"] != runs["three"]["pid"]
+    three = _main_for(api, "three")
+    assert "POISON" not in json.dumps(three.body["messages"]), three.body["messages"]
+    assert three.user_turns == 2  # "one" and "three": the conversation went on
+
+
+def test_settings_change_restarts_the_warm_process(tmp_path: Path, db_url: str, api: FakeAnthropic) -> None:
+    api.add_rule(None, Computed(lambda body: "ok"))
+    home = _home(tmp_path, db_url, idle=60)
+    with open_home(home) as rt:
+        runs: list[dict[str, Any]] = []
+
+        async def steps(processor: Processor) -> None:
+            mid = (
+                await call(
+                    rt.queue.intake.enqueue_message,
+                    ChatAddress("telegram", "ann", conversation="c1"),
+                    "before",
+                )
+            ).message_id
+            runs.append(await _until(lambda: _done(rt, mid), 60, "the first run"))
+            # The operator edits settings.toml (the runtime would notice within a second; now, to be quick).
+            path = home / "settings.toml"
+            data = tomlkit.parse(path.read_text(encoding="utf-8"))
+            data["agents"]["coder"]["model"] = "claude-other-model"  # type: ignore[index]
+            path.write_text(tomlkit.dumps(data), encoding="utf-8")
+            assert await call(functools.partial(rt.refresh_settings, force=True))
+            mid = (
+                await call(
+                    rt.queue.intake.enqueue_message,
+                    ChatAddress("telegram", "ann", conversation="c1"),
+                    "after",
+                )
+            ).message_id
+            runs.append(await _until(lambda: _done(rt, mid), 60, "the second run"))
+
+        _serve(rt, _env(api, tmp_path), steps)
+    assert runs[0]["pid"] != runs[1]["pid"] and not _alive(runs[0]["pid"])
+    after = _main_for(api, "after")
+    assert _main_for(api, "before").body["model"] != "claude-other-model"
+    assert after.body["model"] == "claude-other-model"
+    assert after.user_turns == 2  # the conversation went on in the new process

@@ -1,0 +1,342 @@
+"""Warm claude sessions: a chat's CLI process kept running after its run, fed the chat's next message.
+
+A cold run starts ``claude -p`` for every message: 0.5-0.7 s of CLI start before the API request, more on a
+busy box. With ``[processor] session_idle_seconds`` above 0 the claude provider starts the CLI with
+``--input-format stream-json`` instead, writes the prompt as one stream-json user message, reads until that
+turn's ``result`` line, and hands the still-running process back to the :class:`WarmPool`; the chat's next
+message is written to the same process (one turn each) as long as it fits.
+
+What the cold path guarantees holds, and how:
+
+- **Launch**: the same argv plus ``--input-format stream-json``, started through
+  :func:`workers.providers.launch_plan` — the same sandbox, allowlisted environment and orphan guard
+  (:mod:`workers.launch`): a ``kill -9`` of the processor kills every warm process with it.
+- **One run at a time per agent**: a process is taken out of the pool for a turn and put back after it,
+  keyed by (agent, chat or the agent's session scope); the agent lease makes sure only one run of the agent
+  is going on, so a process is never used by two turns.
+- **The session advances only on success**: a turn that succeeded records ``<session>@<uuid>`` — the CLI's
+  session and the uuid of that turn's last assistant message. A cold start resumes it with
+  ``--resume <session> --resume-session-at <uuid> --fork-session``, so whatever a later turn left in the
+  same session file (a refused request, a turn cut off by a crash or a ``/stop``) is not part of the
+  conversation the next run continues. A failed, refused, stopped or timed-out turn kills the process; the
+  next message starts cold from the last good point.
+- **Reuse only when nothing changed**: a process is reused when the chat's recorded session is the one it
+  ended its last turn on, and its argv (model, system prompt, permissions, readable folders), environment,
+  workspace, sandbox and the agent's settings are the same as a fresh start would have. Anything else (a
+  settings edit, ``/new``, another host ran the chat) closes it and starts cold.
+- **Limits per turn**: the agent's ``timeout_seconds`` and ``idle_timeout_seconds`` count from the turn's
+  start; a ``/stop``, an interrupt, a lost lease or a shutdown cancels the turn and kills the process.
+- **Crash accounting**: unchanged — the run's start is written before its prompt reaches the process.
+
+Idle processes exit after ``session_idle_seconds`` (:meth:`WarmPool.reap`, called by the processor loop,
+which wakes for :meth:`WarmPool.next_expiry`); at most ``warm_sessions_per_agent`` per agent and
+``warm_sessions_total`` in all are kept, the least recently used closed first. Only the claude provider has
+a warm mode: codex and command agents start a process per run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import signal
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import anyio
+from anyio.abc import Process
+
+from shared.settings.sections import ProcessorSettings
+from workers.providers import (
+    CliProvider,
+    ProgressFn,
+    RunRequest,
+    RunResult,
+    StreamState,
+    _drain,
+    _stopped_error,
+    _watchdog,
+    kill_group,
+    launch_plan,
+)
+
+log = logging.getLogger("agentpost.processor")
+
+#: (agent, session key): the chat, or the agent's own scope (``session_scope = "agent"``).
+WarmKey = tuple[str, str]
+#: Set per run by the processor, so it differs every run and says nothing about reusability.
+_PER_RUN_ENV = ("AGENTPOST_MESSAGE_ID",)
+
+
+def session_ref(session_id: str, message_uuid: str | None) -> str:
+    """What a warm turn records as the chat's session: the CLI's session and the point to resume at."""
+    return f"{session_id}@{message_uuid}" if message_uuid else session_id
+
+
+def split_session_ref(ref: str) -> tuple[str, str | None]:
+    """``(session id, resume-at message uuid or None)`` of a recorded session (see :func:`session_ref`)."""
+    session, _, at = ref.partition("@")
+    return session, at or None
+
+
+def fingerprint(request: RunRequest, argv: list[str]) -> str:
+    """What must be equal for a kept process to take ``request``: argv without the resume arguments (the
+    conversation is checked on its own), the environment without per-run values, the workspace, the
+    sandbox and the agent's settings."""
+    kept: list[str] = []
+    skip = 0
+    for arg in argv:
+        if skip:
+            skip -= 1
+        elif arg in ("--resume", "--resume-session-at"):
+            skip = 1
+        elif arg != "--fork-session":
+            kept.append(arg)
+    env = sorted((k, v) for k, v in request.env.items() if k not in _PER_RUN_ENV)
+    parts = [kept, env, str(request.workspace), repr(request.sandbox), request.settings.model_dump_json()]
+    return hashlib.sha256(json.dumps(parts, default=str).encode()).hexdigest()
+
+
+@dataclass
+class WarmProcess:
+    """One kept CLI process and what it holds."""
+
+    key: WarmKey
+    process: Process
+    fingerprint: str
+    #: The recorded session (:func:`session_ref`) its last good turn ended on; None before its first.
+    session: str | None = None
+    last_used: float = field(default_factory=time.monotonic)
+    buffer: bytearray = field(default_factory=bytearray)  # stdout read past the last full line
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def alive(self) -> bool:
+        return self.process.returncode is None
+
+    async def close(self) -> None:
+        """Kill the process group and reap it; shielded, so a cancelled caller still cleans up."""
+        with anyio.CancelScope(shield=True):
+            kill_group(self.process.pid, signal.SIGKILL)
+            with anyio.move_on_after(2):
+                await self.process.wait()
+            with contextlib.suppress(Exception):
+                await self.process.aclose()
+
+
+class WarmPool:
+    """The warm processes of one processor (see the module docstring). ``config`` gives the ``[processor]``
+    section in force."""
+
+    def __init__(self, config: Callable[[], ProcessorSettings]) -> None:
+        self.config = config
+        self._idle: dict[WarmKey, WarmProcess] = {}
+        self.started = 0  # processes started (a cold turn)
+        self.reused = 0  # turns written to a kept process
+
+    @property
+    def enabled(self) -> bool:
+        return self.config().session_idle_seconds > 0
+
+    def slot(self, agent: str, session_key: str) -> WarmSlot:
+        """The turns of one chat (or the agent's scope) of ``agent``."""
+        return WarmSlot(self, (agent, session_key))
+
+    def pids(self) -> list[int]:
+        """The pids (process groups) of the idle processes kept now."""
+        return [p.pid for p in self._idle.values()]
+
+    def take(self, key: WarmKey) -> WarmProcess | None:
+        return self._idle.pop(key, None)
+
+    async def put(self, warm: WarmProcess) -> None:
+        """Keep ``warm`` for its chat's next message; close the least recently used past the caps."""
+        warm.last_used = time.monotonic()
+        self._idle[warm.key] = warm
+        config = self.config()
+        by_age = sorted(self._idle.values(), key=lambda p: p.last_used)
+        agent_count = sum(1 for p in by_age if p.key[0] == warm.key[0])
+        for old in by_age:
+            over_agent = old.key[0] == warm.key[0] and agent_count > config.warm_sessions_per_agent
+            if old is warm or not (over_agent or len(self._idle) > config.warm_sessions_total):
+                continue
+            self._idle.pop(old.key, None)
+            agent_count -= old.key[0] == warm.key[0]
+            await old.close()
+
+    def next_expiry(self) -> float | None:
+        """Seconds until the next idle process is due to exit (None: none kept)."""
+        if not self._idle:
+            return None
+        idle = self.config().session_idle_seconds
+        oldest = min(p.last_used for p in self._idle.values())
+        return max(0.0, oldest + idle - time.monotonic())
+
+    async def reap(self) -> None:
+        """Close the processes idle for ``session_idle_seconds`` (all of them when it is 0) and the dead."""
+        idle = self.config().session_idle_seconds
+        now = time.monotonic()
+        for key, warm in list(self._idle.items()):
+            if idle <= 0 or now - warm.last_used >= idle or not warm.alive():
+                self._idle.pop(key, None)
+                await warm.close()
+
+    async def close_agent(self, agent: str) -> None:
+        for key in [k for k in self._idle if k[0] == agent]:
+            await self._idle.pop(key).close()
+
+    async def close_all(self) -> None:
+        for key in list(self._idle):
+            await self._idle.pop(key).close()
+
+
+@dataclass
+class WarmSlot:
+    """:class:`workers.providers.WarmTurns` for one chat: takes its kept process (or starts one), runs the
+    turn, and gives it back only when the turn succeeded."""
+
+    pool: WarmPool
+    key: WarmKey
+
+    async def turn(
+        self, provider: CliProvider, request: RunRequest, argv: list[str], progress: ProgressFn
+    ) -> RunResult:
+        started = time.monotonic()
+        wanted = fingerprint(request, argv)
+        warm = self.pool.take(self.key)
+        if warm is not None and (
+            not warm.alive() or warm.fingerprint != wanted or warm.session != request.session_id
+        ):
+            await warm.close()
+            warm = None
+        if warm is None:
+            launch, env = launch_plan(request, argv)
+            try:
+                with anyio.CancelScope(shield=True):  # see CliProvider.run: never an unkilled start
+                    process = await anyio.open_process(
+                        launch,
+                        stdin=subprocess.PIPE,
+                        cwd=str(request.workspace),
+                        env=env,
+                        start_new_session=True,
+                    )
+            except OSError as exc:
+                error = f"cannot start {argv[0]}: {exc.strerror or exc}"
+                return RunResult(
+                    ok=False, error=error, argv=argv, cannot_start=True, service=provider.service
+                )
+            warm = WarmProcess(self.key, process, wanted)
+            self.pool.started += 1
+        else:
+            self.pool.reused += 1
+        if request.on_spawn is not None:
+            request.on_spawn(warm.pid)
+        try:
+            result, last_uuid = await _one_turn(provider, warm, request, progress, started)
+        except BaseException:
+            await warm.close()  # a /stop, an interrupt, a lost lease, a shutdown: the turn ends here
+            raise
+        result.pid = warm.pid
+        result.argv = argv
+        result.service = provider.service
+        result.duration_ms = int((time.monotonic() - started) * 1000)
+        if result.ok and result.session_id and warm.alive():
+            result.session_id = session_ref(result.session_id, last_uuid)
+            warm.session = result.session_id
+            await self.pool.put(warm)
+        else:
+            # Failed, refused or timed out: the process's conversation now holds the bad turn. Nothing of
+            # it is recorded, and the next message starts cold from the last good point.
+            await warm.close()
+            if result.session_id and not result.ok:
+                result.session_id = None
+        return result
+
+
+async def _one_turn(
+    provider: CliProvider, warm: WarmProcess, request: RunRequest, progress: ProgressFn, started: float
+) -> tuple[RunResult, str | None]:
+    """Write the prompt, read until the turn's ``result`` line (or the process's end, or a limit)."""
+    process = warm.process
+    assert process.stdin is not None and process.stdout is not None
+    state = StreamState(last_output=time.monotonic())
+    stderr_tail = bytearray()
+    stopped_by: list[str] = []
+    ended: list[str | None] = []  # [last assistant uuid] once the result line was read
+    message = {"type": "user", "message": {"role": "user", "content": request.prompt}}
+    with anyio.CancelScope() as scope:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(_watchdog, request, state, scope, started, stopped_by)
+            tg.start_soon(_drain, process.stderr, stderr_tail, anyio.Event(), state)
+            # A process that exited cannot take it: reading then finds the end of its output.
+            with contextlib.suppress(anyio.BrokenResourceError, anyio.ClosedResourceError):
+                await process.stdin.send((json.dumps(message) + "\n").encode())
+            await _read_until_result(provider, warm, state, progress, request, ended)
+            tg.cancel_scope.cancel()
+    if scope.cancelled_caught:
+        why = stopped_by[0] if stopped_by else "ceiling"
+        return RunResult(ok=False, timed_out=True, error=_stopped_error(request, why), stopped_by=why), None
+    stderr = stderr_tail.decode(errors="replace")
+    if not ended:
+        with anyio.move_on_after(2):
+            await process.wait()
+        code = process.returncode if process.returncode is not None else 1
+        result = provider.finish(state, code, stderr)
+        result.exit_code = code
+    else:
+        result = provider.finish(state, 0, stderr)
+    result.session_id = state.session_id
+    result.usage = state.usage
+    return result, ended[0] if ended else None
+
+
+async def _read_until_result(
+    provider: CliProvider,
+    warm: WarmProcess,
+    state: StreamState,
+    progress: ProgressFn,
+    request: RunRequest,
+    ended: list[str | None],
+) -> None:
+    """Hand each stdout line to the provider; stop after the ``result`` line (noting the uuid of the
+    turn's last assistant message in ``ended``) or at the end of output."""
+    assert warm.process.stdout is not None
+    last_uuid: str | None = None
+    while True:
+        cut = warm.buffer.find(b"\n")
+        if cut < 0:
+            try:
+                chunk = await warm.process.stdout.receive()
+            except (anyio.EndOfStream, anyio.ClosedResourceError, anyio.BrokenResourceError):
+                return
+            state.last_output = time.monotonic()
+            warm.buffer += chunk
+            continue
+        line = bytes(warm.buffer[:cut]).decode(errors="replace")
+        del warm.buffer[: cut + 1]
+        kind, uuid = _kind(line)
+        if kind == "assistant" and uuid:
+            last_uuid = uuid
+        await provider._handle(line, state, progress, request)
+        if kind == "result":
+            ended.append(last_uuid)
+            return
+
+
+def _kind(line: str) -> tuple[str, str | None]:
+    """The ``type`` and ``uuid`` of one stream-json line (``("", None)`` for anything else)."""
+    if not line.startswith("{"):
+        return "", None
+    try:
+        event = json.loads(line)
+    except ValueError:
+        return "", None
+    if not isinstance(event, dict):
+        return "", None
+    uuid = event.get("uuid")
+    return str(event.get("type") or ""), uuid if isinstance(uuid, str) else None
