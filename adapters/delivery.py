@@ -59,6 +59,8 @@ if TYPE_CHECKING:
 
 #: The text a progress note is edited to once the final reply has been delivered.
 DONE_TEXT = "Done — the reply is below."
+#: The same when the reply took the place of its live preview, which may be above or below the note.
+DONE_IN_PREVIEW_TEXT = "Done — the reply is in the message that showed it being written."
 #: Progress-note records older than this are removed (a run that never finished leaves one behind).
 NOTE_RECORD_TTL_MS = 7 * 24 * 3600 * 1000
 #: How often the delivery loop forgets old delivery records (platform ids, notices nobody collected).
@@ -188,18 +190,20 @@ class Delivery:
         if meta.get("kind") == "final":
             response = await call(self._with_offline_preface, response)
         parts = self.plan(response)
+        in_preview = False
         for index in range(response.delivered, len(parts)):
             if self.stop_event.is_set():
                 # Stopping: hand the rest back at once (no attempt charged) instead of waiting for the lease.
                 await call(self._give_back, response)
                 return False
-            preview: Any = None
+            preview: TxWork | None = None
             try:
                 if index == 0 and edit_key and parts[0].kind == "text":
                     # The run's live preview becomes this part (one message holds the answer); the lock
                     # keeps a preview edit from landing after it.
                     async with self.previews.lock(response.conversation):
                         platform_id, preview = await self._send_over_preview(response, edit_key, parts[0])
+                    in_preview = preview is not None
                 else:
                     platform_id = await self.send_part(response.conversation, parts[index])
             except Exception as exc:
@@ -207,7 +211,12 @@ class Delivery:
             last = index == len(parts) - 1
             # The last part, the progress note marked done and the ack are one write: until it commits this
             # reply is its chat's head, so a later note of the same run cannot be sent before it.
-            note = await self._note_closing(response.conversation, edit_key) if last and edit_key else None
+            done_text = DONE_IN_PREVIEW_TEXT if in_preview else DONE_TEXT
+            note = (
+                await self._note_closing(response.conversation, edit_key, done_text)
+                if last and edit_key
+                else None
+            )
             if preview is not None:
                 note = _both(preview, note)
             held = await call(
@@ -403,7 +412,9 @@ class Delivery:
             except Exception:
                 self.log.exception("closing progress note %s failed", edit_key)
 
-    async def _note_closing(self, conversation: str, edit_key: str) -> TxWork | None:
+    async def _note_closing(
+        self, conversation: str, edit_key: str, done_text: str = DONE_TEXT
+    ) -> TxWork | None:
         """The platform half of closing a note (edited to "done", best effort) and the write that records
         it done, for the caller's transaction; None when there is nothing to record."""
         try:
@@ -415,7 +426,7 @@ class Delivery:
                 return None
             if record.get("id") and self.platform.can_edit:
                 try:
-                    await self.platform.edit_text(conversation, str(record["id"]), DONE_TEXT)
+                    await self.platform.edit_text(conversation, str(record["id"]), done_text)
                 except Exception as exc:
                     self.log.info("could not mark progress note %s done: %s", edit_key, exc)
             return self._note_writer(conversation, edit_key, {**record, "done": True})

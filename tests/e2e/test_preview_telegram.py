@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from adapters.delivery import DONE_IN_PREVIEW_TEXT
 from adapters.previews import INTERRUPTED_TEXT, MORE_MARK
 from tests.channel_support import HoldingTelegram, Proc, open_home, telegram_env, wait_for
 from tests.fakes.anthropic_api import Chunked, FakeAnthropic
@@ -120,3 +121,33 @@ def test_processor_killed_mid_stream_leaves_one_answer_and_says_the_preview_was_
     stale = [t for t in texts if t != REPLY]
     assert all(t == INTERRUPTED_TEXT for t in stale), f"{texts}\n{record}"
     assert leftover == [], record
+
+
+def test_still_working_notes_beside_the_preview_leave_one_answer(
+    tmp_path: Path, fake: HoldingTelegram, api: FakeAnthropic
+) -> None:
+    api.add_rule("tell me slowly", streamed())
+    home = claude_home(
+        tmp_path,
+        f"sqlite:///{tmp_path / 'a.db'}",
+        channels=CHANNELS,
+        processor={"progress_note_seconds": 1.0},
+    )
+    adapter = Proc("telegram", home, telegram_env(fake), tmp_path / "telegram.log")
+    processor = Proc("processor", home, _env(api, tmp_path), tmp_path / "processor.log")
+    began = time.monotonic()
+    try:
+        fake.push_text(CHAT, "tell me slowly")
+        wait_for(lambda: answered(fake), 60, "the whole reply in the chat")
+        wait_for(
+            lambda: any(m.get("text") == DONE_IN_PREVIEW_TEXT for m in fake.bot_messages(CHAT)),
+            10,
+            "the note marked done",
+        )
+        time.sleep(1.5)
+    finally:
+        adapter.stop()
+        processor.stop()
+    record = fake.transcript(CHAT, began)
+    texts = [m["text"] for m in fake.bot_messages(CHAT)]
+    assert sorted(texts) == sorted([REPLY, DONE_IN_PREVIEW_TEXT]), f"{texts}\n{record}"

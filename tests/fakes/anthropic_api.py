@@ -451,6 +451,7 @@ class _Handler(QuietHandler):
                 return
             delta = {"type": "text_delta", "text": part}
             self._event("content_block_delta", {"type": "content_block_delta", "index": 0, "delta": delta})
+            fake.deltas.append((time.monotonic(), part))
         self._event("content_block_stop", {"type": "content_block_stop", "index": 0})
         end = {"stop_reason": "end_turn", "stop_sequence": None}
         usage = {"output_tokens": output_tokens}
@@ -565,6 +566,9 @@ class FakeAnthropic:
         """Exceptions raised by computed replies or inside the fake (a test may assert it stays empty)."""
         self._rules: list[Rule] = []
         self._requests: list[RecordedRequest] = []
+        #: Every text delta streamed, as ``(time.monotonic(), text)`` right after it was written (for
+        #: measuring how soon a streamed token is visible in a chat).
+        self.deltas: list[tuple[float, str]] = []
         self._changed = threading.Condition()
         self._ids = itertools.count(1)
         self._stopping = threading.Event()
