@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.fakes.claude_env import claude_binary
+
 BENCH = Path(__file__).resolve().parents[2] / "bench"
 
 pytestmark = pytest.mark.integration
@@ -129,3 +131,14 @@ def test_drain_statement_counts_drain_every_message_on_both_schemas(bench_path: 
         measured = count(workload, 160, 160)
         assert measured["messages"] == 160, measured
         assert 20_000 < measured["per_message"] < 2_000_000, measured
+
+
+def test_warm_sessions_bench_measures_a_cold_and_a_warm_message(tmp_path: Path, bench_path: None) -> None:
+    from warm_sessions import measure
+
+    claude_binary()  # the pinned CLI is installed (else: a clear error saying how)
+
+    first, later, rss = measure(tmp_path, 60.0, messages=2, chats=1)
+    assert len(first) == len(later) == 1
+    assert 0 < later[0] < first[0]  # the second message went to the kept process
+    assert rss > 10_000  # KiB: a real CLI process was kept
