@@ -19,7 +19,7 @@ from shared.aio import call
 from shared.chat.address import ChatAddress
 from shared.chat.sessions import get_session
 from shared.runtime import Runtime
-from tests.fakes.anthropic_api import ApiError, Computed, FakeAnthropic, RecordedRequest
+from tests.fakes.anthropic_api import ApiError, Chunked, Computed, FakeAnthropic, RecordedRequest
 from tests.fakes.claude_env import claude_env
 from tests.fixtures import anthropic_api, cli_installed  # noqa: F401  (fixtures)
 from tests.processor_support import make_home, open_home
@@ -36,11 +36,11 @@ def _env(api: FakeAnthropic, tmp_path: Path) -> dict[str, str]:
     )
 
 
-def _home(tmp_path: Path, db_url: str, idle: float) -> Path:
+def _home(tmp_path: Path, db_url: str, idle: float, timeout: float = 30) -> Path:
     return make_home(
         tmp_path,
         db_url,
-        {"coder": {"provider": "claude", "timeout_seconds": 30}},
+        {"coder": {"provider": "claude", "timeout_seconds": timeout}},
         processor={"session_idle_seconds": idle},
     )
 
@@ -218,3 +218,42 @@ def test_settings_change_restarts_the_warm_process(tmp_path: Path, db_url: str, 
     assert _main_for(api, "before").body["model"] != "claude-other-model"
     assert after.body["model"] == "claude-other-model"
     assert after.user_turns == 2  # the conversation went on in the new process
+
+
+def _send(rt: Runtime, text: str) -> str:
+    return rt.queue.intake.enqueue_message(ChatAddress("telegram", "ann", conversation="c1"), text).message_id
+
+
+@pytest.mark.parametrize("how", ["stop", "timeout"])
+def test_a_stopped_or_timed_out_turn_ends_the_warm_process_and_leaves_no_trace(
+    tmp_path: Path, sqlite_url: str, api: FakeAnthropic, how: str
+) -> None:
+    api.add_rule("endless", Chunked(["tick "] * 60, interval=0.5))  # 30 s unless cut short
+    api.add_rule(None, Computed(lambda body: "ok"))
+    with open_home(_home(tmp_path, sqlite_url, idle=60, timeout=4 if how == "timeout" else 30)) as rt:
+        runs: dict[str, dict[str, Any]] = {}
+
+        async def steps(processor: Processor) -> None:
+            mid = await call(_send, rt, "one")
+            runs["one"] = await _until(lambda: _done(rt, mid), 60, "the first run")
+            mid = await call(_send, rt, "endless task")
+            await _until(
+                lambda: any(r.last_user_text == "endless task" for r in api.main_requests()), 30, "it"
+            )
+            if how == "stop":
+                await call(rt.queue.control.request_stop, "coder", "telegram:c1")
+            # Stopped: completed with a "Stopped." reply; timed out: back to pending (then retried, again
+            # timing out): either way the first of its runs must end the kept process.
+            await _until(lambda: not _alive(runs["one"]["pid"]), 20, "the warm process to be killed")
+            assert not processor.warm.pids()
+            if how == "timeout":
+                await call(rt.queue.control.request_stop, "coder", "*")  # end its retries
+                await _until(lambda: _done(rt, mid), 60, "the endless message to end")
+            mid = await call(_send, rt, "three")
+            runs["three"] = await _until(lambda: _done(rt, mid), 60, "the run after it")
+
+        _serve(rt, _env(api, tmp_path), steps)
+    assert runs["three"]["ok"] and runs["three"]["pid"] != runs["one"]["pid"]
+    three = _main_for(api, "three")
+    assert "endless" not in json.dumps(three.body["messages"]), three.body["messages"]
+    assert three.user_turns == 2  # "one" and "three": resumed at the last good turn
