@@ -248,9 +248,12 @@ def _bash_then_answer(body: JSON) -> str | Reply:
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root (to be root, or to create the service user)")
 @pytest.mark.parametrize("service", ["root", "service-user"])
+@pytest.mark.parametrize("warm", [0, 60], ids=["cold", "warm"])
 def test_the_claude_cli_answers_resumes_reads_uploads_and_attaches_inside_the_sandbox(
-    service_tmp: Path, service: str
+    service_tmp: Path, service: str, warm: int
 ) -> None:
+    """``warm``: ``[processor] session_idle_seconds``; with 60 the chat's messages after the first are written
+    to one kept CLI process (workers/warm_sessions.py), which must be confined the same way."""
     _need_bwrap()
     try:
         claude_binary()
@@ -269,7 +272,10 @@ def test_the_claude_cli_answers_resumes_reads_uploads_and_attaches_inside_the_sa
             },
         }
         built = make_home(
-            tmp_path, f"sqlite:///{home / 'agentpost.db'}", agents, processor={"sandbox": "namespaces"}
+            tmp_path,
+            f"sqlite:///{home / 'agentpost.db'}",
+            agents,
+            processor={"sandbox": "namespaces", "session_idle_seconds": warm},
         )
         assert built == home
         uploads = home / "files" / "cli" / "me"
@@ -306,6 +312,8 @@ def test_the_claude_cli_answers_resumes_reads_uploads_and_attaches_inside_the_sa
                 probed, _ = ask("probe")
                 read, _ = ask(f"what does this say? [file: {uploads / 'notes.txt'}]")
                 attached, extra = ask("attach the report")
+                done = rt.db.read("SELECT payload FROM events WHERE type = 'chain_step_done' ORDER BY id")
+                pids = [json.loads(row["payload"])["pid"] for row in done]
             finally:
                 proc.kill()
                 proc.wait(timeout=10)
@@ -321,6 +329,8 @@ def test_the_claude_cli_answers_resumes_reads_uploads_and_attaches_inside_the_sa
     assert "READ OK notes.txt" in read and "PELICAN-7" in read, read
     files = [Path(f) for f in extra["files"]]  # type: ignore[union-attr]
     assert [f.name for f in files] == ["report.txt"] and files[0].read_text() == "report\n", attached
+    # Cold: a CLI per message; warm: every message of the chat went to the one kept (and confined) process.
+    assert len(pids) == 5 and len(set(pids)) == (1 if warm else 5), pids
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to create the service user it runs as")
