@@ -16,6 +16,10 @@ arrives as fast as today.
 Exactly one final: before the run's outcome is written the writer is stopped (:meth:`PreviewWriter.stop`
 waits for a write in flight), and the row is removed in the same transaction as the final reply
 (:meth:`PreviewWriter.clear_in`) — or on its own when the run ends another way.
+
+Each write also appends an ``agent_preview`` event (topic ``progress``; ``message:preview`` on the web's
+event stream) with the whole text so far, in the same transaction: a web client sees the reply grow with no
+extra commit, and a reader that missed one event loses nothing (each carries the whole text).
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ import anyio
 from shared.aio import call
 from shared.chat import previews
 from shared.chat.address import ChatAddress
+from shared.events.log import PendingEvent, append_events
 from shared.queue.core import QueuedMessage, TxWork
 from shared.settings.channels import channel_model
 from shared.settings.model import Settings
@@ -120,8 +125,13 @@ class PreviewWriter:
     def _write(self, text: str) -> TxWork:
         chat, key, ids = self.chat, self.edit_key, self.message_ids
 
+        payload = {"channel": chat.channel, "conversation": chat.conversation, "edit_key": key, "text": text}
+        event = PendingEvent("agent_preview", {**payload, "message_ids": ids}, ids[0], topic="progress")
+
         def write(tx: Tx) -> None:
             previews.put_partial(tx, chat.channel, chat.conversation, key, text, ids)
+            # The same text on the event log (web clients' event stream shows it growing); one commit.
+            append_events(tx, [event])
 
         return write
 

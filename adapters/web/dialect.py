@@ -233,6 +233,7 @@ EVENT_NAMES: dict[str, str] = {
     "message_received": "message:incoming",
     "chain_step_start": "agent:invoke",
     "agent_progress": "agent:progress",
+    "agent_preview": "message:preview",
     "chain_step_done": "agent:response",
     "chain_handoff": "agent:mention",
     "response_ready": "message:done",
