@@ -40,6 +40,9 @@ class FollowView(Protocol):
     def step(self, text: str) -> None:
         """A step of the agent's run, or a passing note ("trying again in 8 s")."""
 
+    def preview(self, text: str) -> None:
+        """The reply as written so far (a live preview: the whole text each time, growing)."""
+
     def reply(self, response: QueuedResponse) -> None:
         """A reply to the followed message."""
 
@@ -101,6 +104,10 @@ class _Follow:
         for entry in self.rt.events.read("progress", after=self.cursor, limit=500):
             self.cursor = entry.cursor
             text = entry.payload.get("text")
+            if entry.type == "agent_preview":  # the answer being written, not a step
+                if self.message_id in (entry.payload.get("message_ids") or []) and text:
+                    self.view.preview(str(text))
+                continue
             if self.message_id in (entry.payload.get("message_ids") or []) and text:
                 self.flush()
                 self.held = (str(text), time.monotonic())

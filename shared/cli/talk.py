@@ -73,6 +73,13 @@ class Printer:
     def note(self, text: str) -> None:
         self.console.print(text, highlight=False, markup=False)
 
+    def preview(self, text: str) -> None:
+        """On a terminal, the waiting line shows the reply's newest line as it is written; a pipe gets only
+        the final reply (a preview is not an answer)."""
+        lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+        if self._status is not None and lines:
+            self._status.update(f"[dim]writing: {escape(lines[-1][-100:])}[/]")
+
     def earlier(self, response: QueuedResponse) -> None:
         """A reply to an earlier message, read while waiting for another: labelled with what it answers."""
         asked = first_line(response.original_message)

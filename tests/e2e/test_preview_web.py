@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.channel_support import Proc
+from tests.channel_support import Proc, run_cli
 from tests.fakes.anthropic_api import Chunked, FakeAnthropic
 from tests.fixtures import anthropic_api, cli_installed  # noqa: F401  (fixtures)
 from tests.liveness_support import claude_home, cli_env
@@ -66,3 +66,19 @@ def test_event_stream_shows_the_reply_growing_then_one_final(tmp_path: Path, api
     assert all(REPLY.startswith(t.strip()) for t in texts), record
     assert all(len(a) < len(b) for a, b in itertools.pairwise(texts)), record
     assert done[0][0] - previews[0][0] >= 2.0, record  # visible while it was written, not all at the end
+
+
+def test_send_wait_prints_one_answer_not_the_preview_steps(tmp_path: Path, api: FakeAnthropic) -> None:
+    """`agentpost send --wait` into a pipe while the reply streams: the previews (on the same event topic
+    as the agent's steps) are not printed as steps; the answer is printed once."""
+    api.add_rule("tell me slowly", Chunked([line + "\n" for line in LINES], interval=0.4))
+    home = claude_home(tmp_path, f"sqlite:///{tmp_path / 'a.db'}")
+    env = cli_env(api, tmp_path)
+    env["PATH"] = os.environ.get("PATH", env["PATH"])
+    processor = Proc("processor", home, env, tmp_path / "processor.log")
+    try:
+        done = run_cli(home, "send", "--wait", "tell me slowly")
+    finally:
+        processor.stop()
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == REPLY, done.stdout
