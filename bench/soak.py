@@ -555,10 +555,13 @@ def main(argv: list[str] | None = None) -> int:
     # SIGTERM (kill, nohup's end) unwinds like Ctrl-C: the processes stopped, the tmpfs and database removed.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     workdir = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="agentpost-soak-"))
-    closed = [p for p in Path(workdir).resolve().parents if p.exists() and not os.stat(p).st_mode & 0o001]
-    if closed:
-        # As root the agents run as a sandbox user who must walk to their workspace and CLI home by path: a
-        # run folder inside /root (0700) lets first runs answer but no conversation can be continued.
+    # As root the agents run as a sandbox user who must walk to their workspace and CLI home by path. The
+    # sandbox rebuilds /tmp, /var/tmp and /run with open folders; elsewhere a closed one on the way (/root is
+    # 0700) lets first runs answer but no conversation be continued.
+    path = Path(workdir).resolve()
+    rebuilt = any(Path(top) in path.parents for top in ("/tmp", "/var/tmp", "/run"))
+    closed = [p for p in path.parents if p.exists() and not os.stat(p).st_mode & 0o001]
+    if closed and not rebuilt:
         raise SystemExit(f"soak: the run folder must be reachable by other users; {closed[0]} is not")
     workdir.mkdir(parents=True, exist_ok=True)
     try:

@@ -38,7 +38,7 @@ class Sent:
 
 @dataclass(frozen=True)
 class Seen:
-    """One text the bot put in a chat: ``key`` names the platform message (an edit keeps the key)."""
+    """One text the bot put in a chat, or an edit of one: ``key`` names the platform message."""
 
     chat: int
     key: str
@@ -85,16 +85,21 @@ def count(
     first_final: dict[tuple[int, str], float] = {}
     serials_of: dict[tuple[int, str], set[int]] = defaultdict(set)
     copies: dict[tuple[int, int], dict[str, float]] = defaultdict(dict)
-    for chat, items in by_chat.items():
-        for item in sorted(items, key=lambda s: s.at):
-            serial = _serial(item.text)
-            if serial is None:
-                continue
-            # An edit keeps its platform message's key: only a second message with this serial is a copy.
-            copies[(chat, serial)].setdefault(item.key, item.at)
-            for lbl in labels_in(item.text):
-                serials_of[(chat, lbl)].add(serial)
-                first_final.setdefault((chat, lbl), item.at)
+    # What a chat shows in the end is each platform message's last version: a live preview edited into the
+    # answer is one message, and a preview a killed run left behind (edited to say it was interrupted) is no
+    # reply at all. A message counts from the first time one of its versions showed the text it ends with.
+    versions: dict[tuple[int, str], list[Seen]] = defaultdict(list)
+    for item in sorted(seen, key=lambda s: s.at):
+        versions[(item.chat, item.key)].append(item)
+    for (chat, key), items in versions.items():
+        serial = _serial(items[-1].text)
+        if serial is None:
+            continue
+        shown = next(v.at for v in items if _serial(v.text) == serial)
+        copies[(chat, serial)][key] = shown
+        for lbl in labels_in(items[-1].text):
+            serials_of[(chat, lbl)].add(serial)
+            first_final[(chat, lbl)] = min(shown, first_final.get((chat, lbl), shown))
     tally.finals_received = len(copies)
     for (chat, serial), keys in copies.items():
         if len(keys) > 1:
