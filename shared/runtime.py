@@ -106,9 +106,7 @@ class Runtime:
     def _apply(self, fresh: Settings) -> None:
         # The queue's routing (agents, teams, default agent) and tuning follow the new settings; the
         # database connection and the event log stay.
-        rebuilt = Queue.from_settings(fresh, self.db)
-        self.queue.config = rebuilt.config
-        self.queue.directory = rebuilt.directory
+        self.queue.follow(fresh)
         self._settings = fresh
         self.settings_generation += 1
 

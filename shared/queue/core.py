@@ -93,6 +93,14 @@ class Queue:
         self.admin = Admin(db, self.config, self.directory)
         self.control = Control(db)
 
+    def follow(self, settings: Settings) -> None:
+        """Route and tune by edited settings from now on, in every part (the database stays)."""
+        fresh = Queue.from_settings(settings, self.db)
+        self.config, self.directory = fresh.config, fresh.directory
+        self.intake.directory = self.admin.directory = fresh.directory
+        for part in (self.leases, self.responses, self.messages, self.failures, self.admin):
+            part.config = fresh.config
+
     @classmethod
     def from_settings(cls, settings: Settings, db: Database) -> Queue:
         """The queue the settings describe: their ``[queue]`` tuning and their agents and teams."""
