@@ -191,6 +191,9 @@ class Delivery:
             response = await call(self._with_offline_preface, response)
         parts = self.plan(response)
         in_preview = False
+        if response.delivered == 0 and not (edit_key and parts and parts[0].kind == "text"):
+            # A reply that takes no preview's place (a failure notice): earlier runs' previews are stale.
+            await self.previews.close_stale(response, edit_key)
         for index in range(response.delivered, len(parts)):
             if self.stop_event.is_set():
                 # Stopping: hand the rest back at once (no attempt charged) instead of waiting for the lease.

@@ -13,8 +13,9 @@ every half second, see :mod:`workers.previews`). On a platform that edits messag
   the reply's first part instead of sending a new message, so exactly one message holds the answer; a long
   reply continues with further parts as before. The record is marked done in the same write that records
   that part, so nothing edits the answer afterwards.
-- closes a preview left behind by a run that died (a killed processor): when another run answers the same
-  messages, the old preview is edited to say it was interrupted and its text forgotten.
+- closes a preview left behind by a run that died (a killed processor) or gave up: when another run
+  answers the same messages, or any other reply about them arrives (a failure notice), the old preview is
+  edited to say it was interrupted and its text forgotten.
 
 A chat's preview edits and its final reply's first part are serialised by one lock per chat in this
 process, and a preview is shown only while the run's text is still in the database (the final reply
@@ -40,7 +41,7 @@ if TYPE_CHECKING:
     from adapters.platform import Platform
 
 #: What a preview left behind by an interrupted run is edited to.
-INTERRUPTED_TEXT = "(This answer was interrupted before it was finished — the full answer follows.)"
+INTERRUPTED_TEXT = "(This answer was interrupted before it was finished; see the messages below.)"
 #: The mark at the end of a preview: the text is still being written.
 MORE_MARK = " …"
 
@@ -176,6 +177,17 @@ class Previews:
             await call(self.rt.db.run_transaction, write)
 
     # -- the final reply -------------------------------------------------------------------------------------
+    async def close_stale(self, response: QueuedResponse, edit_key: str) -> None:
+        """Before a reply about ``response.message_id`` that has no preview of its own (a failure notice, a
+        reply of another run): close the previews earlier runs left for that message. Never raises."""
+        if not self.enabled or not response.message_id:
+            return
+        try:
+            async with self.lock(response.conversation):
+                await self._close_interrupted(response.conversation, {response.message_id}, keep=edit_key)
+        except Exception as exc:
+            self.log.info("could not close old previews in %s: %s", response.conversation, exc)
+
     async def take_for_final(
         self, response: QueuedResponse, edit_key: str
     ) -> tuple[str, Callable[[Tx], None]] | None:

@@ -1,0 +1,98 @@
+"""The channel runner's half of live previews (adapters/previews.py) on Telegram, in-process against the fake
+Bot API: the processor's half is played by writing partial texts the way workers/previews.py does. The
+preview is one message, never over the limit and never split; the final becomes it (a long one continues
+with its further parts); a preview left by a dead run is closed by any later reply about its message."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from adapters.chunking import split_message, utf16_len
+from adapters.previews import INTERRUPTED_TEXT, MORE_MARK
+from adapters.telegram import TelegramChannel
+from shared.chat import previews
+from shared.chat.address import ChatAddress
+from shared.runtime import Runtime
+from tests.channel_support import HoldingTelegram, RunningChannel, channel_home, open_home, wait_for
+from tests.fixtures import telegram_fake  # noqa: F401  (fixtures)
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
+
+CHAT = 42
+CHAT_ADDRESS = ChatAddress("telegram", "ann", sender_id="42", conversation="42")
+SETTINGS = {"telegram": {"allowlist": ["42"], "poll_timeout_seconds": 1, "typing": False}}
+
+
+def _stream(rt: Runtime, edit_key: str, text: str, message_id: str = "m1") -> None:
+    rt.db.run_transaction(lambda tx: previews.put_partial(tx, "telegram", "42", edit_key, text, [message_id]))
+
+
+def _final(rt: Runtime, edit_key: str, text: str, message_id: str = "m1") -> None:
+    def done(tx: object) -> None:
+        previews.clear_partial_in(tx, "telegram", "42", edit_key)  # type: ignore[arg-type]
+
+    rt.queue.responses.enqueue_response(
+        CHAT_ADDRESS, text, metadata={"kind": "final", "edit_key": edit_key}, message_id=message_id, also=done
+    )
+
+
+def _channel(rt: Runtime, fake: HoldingTelegram) -> TelegramChannel:
+    return TelegramChannel(rt, env={"TELEGRAM_BOT_TOKEN": fake.token, "TELEGRAM_API_BASE_URL": fake.url})
+
+
+def test_a_long_reply_previews_its_first_part_only_then_continues(
+    tmp_path: Path, fake: HoldingTelegram
+) -> None:
+    fake.add_chat(CHAT)
+    long_text = "\n\n".join(f"Section {i}: " + "word " * 300 for i in range(1, 7)).strip()  # three chunks
+    expected = split_message(long_text, 4096, length=utf16_len)
+    assert len(expected) == 3
+    with open_home(channel_home(tmp_path, f"sqlite:///{tmp_path / 'a.db'}", SETTINGS)) as rt:
+        with RunningChannel(_channel(rt, fake)):
+            began = time.monotonic()
+            _stream(rt, "run-1", long_text[:500])
+            wait_for(lambda: fake.bot_messages(CHAT), 10, "the preview")
+            _stream(rt, "run-1", long_text)
+            wait_for(lambda: any(c.method == "editMessageText" for c in fake.sent), 10, "the preview edited")
+            _final(rt, "run-1", long_text)
+            wait_for(lambda: len(fake.bot_messages(CHAT)) == 3, 10, "the whole reply")
+            time.sleep(1.5)
+        record = fake.transcript(CHAT, began)
+    shown = [
+        c.text or ""
+        for c in fake.sent
+        if c.chat_id == CHAT and c.method in ("sendMessage", "editMessageText")
+    ]
+    previews_shown = [t for t in shown if t.endswith(MORE_MARK)]
+    assert len(previews_shown) == 2, record
+    assert all(utf16_len(t) <= 4096 for t in shown), record  # never over the limit
+    assert "Section 3" not in previews_shown[1], record  # the first part only, never split
+    assert [m["text"] for m in fake.bot_messages(CHAT)] == expected, (
+        record
+    )  # one message per part, first = preview
+
+
+def test_a_reply_about_the_message_closes_a_dead_runs_preview(tmp_path: Path, fake: HoldingTelegram) -> None:
+    fake.add_chat(CHAT)
+    with open_home(channel_home(tmp_path, f"sqlite:///{tmp_path / 'a.db'}", SETTINGS)) as rt:
+        with RunningChannel(_channel(rt, fake)):
+            began = time.monotonic()
+            _stream(rt, "run-1", "The answer starts like this")
+            wait_for(lambda: fake.bot_messages(CHAT), 10, "the preview")
+            # The run died (its text stays behind); the message ends with a notice, not a final.
+            rt.queue.responses.enqueue_response(
+                CHAT_ADDRESS,
+                "I could not answer this message.",
+                metadata={"kind": "dead_notice"},
+                message_id="m1",
+            )
+            wait_for(lambda: len(fake.bot_messages(CHAT)) == 2, 10, "the notice")
+            time.sleep(1.5)
+            left = previews.partials(rt.db, "telegram")
+        record = fake.transcript(CHAT, began)
+    texts = [m["text"] for m in fake.bot_messages(CHAT)]
+    assert texts == [INTERRUPTED_TEXT, "I could not answer this message."], record
+    assert left == [], record
