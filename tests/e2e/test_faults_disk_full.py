@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from shared.chat.address import ChatAddress
 from shared.runtime import Runtime
 from tests.channel_support import Proc
 from tests.fault_support import FAULT_AGENT, started_runs
@@ -121,11 +122,11 @@ def test_disk_full_mid_run_then_freed_answers_every_message_in_order_and_tells_w
     try:
         send = rt.queue.intake.enqueue_message
         # The first chat's run is long enough to fill the disk under it; two more chats wait their turn.
-        first = send("api", "u1", "token-one sleep=1.5", conversation="c1").message_id
+        first = send(ChatAddress("api", "u1", conversation="c1"), "token-one sleep=1.5").message_id
         wait_for(lambda: started_runs(tmp_path, first), 20, "the first run to start")
         waiting = [
-            send("api", "u2", "token-two", conversation="c2").message_id,
-            send("api", "u3", "token-three", conversation="c3").message_id,
+            send(ChatAddress("api", "u2", conversation="c2"), "token-two").message_id,
+            send(ChatAddress("api", "u3", conversation="c3"), "token-three").message_id,
         ]
         # SQLite reuses space its log file already holds, so a full disk refuses only the writes that must
         # grow it. The log starts empty here, and a reader (as the dashboard or a status command would be)
@@ -149,7 +150,7 @@ def test_disk_full_mid_run_then_freed_answers_every_message_in_order_and_tells_w
         pin.execute("COMMIT")
         pin.close()
         freed = time.monotonic()
-        later = send("api", "u4", "token-four", conversation="c4").message_id
+        later = send(ChatAddress("api", "u4", conversation="c4"), "token-four").message_id
         every = [first, *waiting, later]
         wait_for(
             lambda: statuses(rt, every) == ["completed"] * 4,
