@@ -116,13 +116,14 @@ class PreviewWriter:
             with anyio.CancelScope(shield=True):
                 try:
                     self.written = True
-                    await call(self.db.run_transaction, self._write(text))
+                    await call(self.db.run_transaction, self.work(text))
                     self.written_text = text
                 except Exception as exc:  # a busy database: the next interval writes the newer text
                     log.info("preview of %s in %s not written: %s", self.edit_key, self.chat.label, exc)
             await anyio.sleep(self.interval)
 
-    def _write(self, text: str) -> TxWork:
+    def work(self, text: str) -> TxWork:
+        """The write of ``text`` (the partial text and its event), for a transaction."""
         chat, key, ids = self.chat, self.edit_key, self.message_ids
 
         payload = {"channel": chat.channel, "conversation": chat.conversation, "edit_key": key, "text": text}

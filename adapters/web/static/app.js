@@ -28,6 +28,7 @@ const state = {
   editing: null,
   unread: new Map(), // conversation → ids of its replies this browser received while they were not on screen
   expanded: new Set(), // long messages shown whole ("kind:id")
+  previews: new Map(), // edit key → { channel, conversation, text, at }: replies being written (live previews)
   noticeTimer: null,
 };
 if (!state.myChat) {
@@ -286,11 +287,37 @@ function renderHistory(keepScroll) {
         i.files && i.files.length ? el("div", { class: "files" }, "Files: " + i.files.join(", ")) : null));
     }
   }
+  nodes.push(...previewNodes());
   if (!nodes.length) nodes.push(el("p", { class: "empty" }, "No messages yet. Say hello below."));
   log.replaceChildren(...nodes);
   $("#chat-older").hidden = !state.history.more;
   if (!keepScroll && (atBottom || log.dataset.first !== "done")) { log.scrollTop = log.scrollHeight; log.dataset.first = "done"; }
   renderRunState();
+}
+
+// Replies being written in the open chat (message:preview events carry the whole text so far). A preview
+// goes once the history holds its final reply (same edit key); one not updated for two minutes belonged to a
+// run that ended without one.
+const PREVIEW_STALE_MS = 120000;
+function previewNodes() {
+  const finals = new Set(state.history.items.filter((i) => i.kind === "reply" && i.editKey && i.note !== "progress").map((i) => i.editKey));
+  const nodes = [];
+  for (const [key, p] of state.previews) {
+    if (finals.has(key) || Date.now() - p.at > PREVIEW_STALE_MS) { state.previews.delete(key); continue; }
+    if (p.channel !== state.chat.channel || p.conversation !== state.chat.conversation) continue;
+    nodes.push(el("article", { class: "chat-msg chat-reply chat-writing", "data-edit-key": key, "aria-label": "Reply being written" },
+      el("div", { class: "msg-head" }, el("span", { class: "who" }, "writing…")),
+      el("div", { class: "md" }, p.text)));
+  }
+  return nodes;
+}
+function onPreview(msg) {
+  let ev;
+  try { ev = JSON.parse(msg.data); } catch (_) { return; }
+  const p = ev.payload || {};
+  if (!p.edit_key || typeof p.text !== "string") return;
+  state.previews.set(p.edit_key, { channel: p.channel, conversation: p.conversation, text: p.text, at: Date.now() });
+  if (state.view === "chat" && p.channel === state.chat.channel && p.conversation === state.chat.conversation) renderHistory();
 }
 
 // A long message (a pasted log, a 120 KB reply) is shown by its beginning with a "Show all" button, so the
@@ -761,6 +788,8 @@ function connectEvents() {
   // Every event is named (TinyAGI's names where it has one, else ours): listen to each by name.
   source.onmessage = onEvent;
   for (const name of EVENT_NAMES) source.addEventListener(name, onEvent);
+  // Not in the feed and no refresh: a preview comes every half second while a reply is written.
+  source.addEventListener("message:preview", onPreview);
   source.addEventListener("reset", (msg) => {
     const data = JSON.parse(msg.data);
     $("#event-feed").prepend(el("li", { class: "error" }, `events before #${data.retainedAfter} were cleaned up`));
