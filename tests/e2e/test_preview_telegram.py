@@ -151,3 +151,34 @@ def test_still_working_notes_beside_the_preview_leave_one_answer(
     record = fake.transcript(CHAT, began)
     texts = [m["text"] for m in fake.bot_messages(CHAT)]
     assert sorted(texts) == sorted([REPLY, DONE_IN_PREVIEW_TEXT]), f"{texts}\n{record}"
+
+
+def test_adapter_killed_mid_stream_continues_the_same_preview_into_the_answer(
+    tmp_path: Path, fake: HoldingTelegram, api: FakeAnthropic
+) -> None:
+    api.add_rule("tell me slowly", Chunked([line + "\n" for line in LINES], interval=0.8))
+    home = claude_home(tmp_path, f"sqlite:///{tmp_path / 'a.db'}", channels=CHANNELS)
+    log = tmp_path / "telegram.log"
+    adapter = Proc("telegram", home, telegram_env(fake), log)
+    processor = Proc("processor", home, _env(api, tmp_path), tmp_path / "processor.log")
+    began = time.monotonic()
+    restarted: Proc | None = None
+    try:
+        fake.push_text(CHAT, "tell me slowly")
+        # Killed once the preview is recorded (an edit of it exists): a kill between Telegram accepting the
+        # first send and its record leaves that one message behind, like any part whose confirmation is lost.
+        wait_for(
+            lambda: any(c.chat_id == CHAT and c.method == "editMessageText" for c in fake.sent),
+            60,
+            "the preview edited",
+        )
+        adapter.kill()
+        restarted = Proc("telegram", home, telegram_env(fake), log)
+        wait_for(lambda: answered(fake), 60, "the whole reply in the chat")
+        time.sleep(1.5)
+    finally:
+        if restarted is not None:
+            restarted.stop()
+        processor.stop()
+    record = fake.transcript(CHAT, began)
+    assert [m["text"] for m in fake.bot_messages(CHAT)] == [REPLY], record  # the same message, finished
