@@ -96,3 +96,26 @@ def test_a_reply_about_the_message_closes_a_dead_runs_preview(tmp_path: Path, fa
     texts = [m["text"] for m in fake.bot_messages(CHAT)]
     assert texts == [INTERRUPTED_TEXT, "I could not answer this message."], record
     assert left == [], record
+
+
+def test_markdown_refused_preview_and_final_fall_back_to_plain_text(
+    tmp_path: Path, fake: HoldingTelegram
+) -> None:
+    fake.add_chat(CHAT)
+    fake.reject_markdown = True  # as Telegram refuses a half-written reply's unclosed ``` block
+    with open_home(channel_home(tmp_path, f"sqlite:///{tmp_path / 'a.db'}", SETTINGS)) as rt:
+        with RunningChannel(_channel(rt, fake)):
+            began = time.monotonic()
+            _stream(rt, "run-1", "Here is the code:\n```python\nprint(1)")
+            wait_for(lambda: fake.bot_messages(CHAT), 10, "the preview")
+            _stream(rt, "run-1", "Here is the code:\n```python\nprint(1)\nprint(2)")
+            wait_for(lambda: any(c.method == "editMessageText" for c in fake.sent), 10, "the preview edited")
+            _final(rt, "run-1", "Here is the code:\n```python\nprint(1)\nprint(2)\n```")
+            wait_for(lambda: any(m["text"].endswith("```") for m in fake.bot_messages(CHAT)), 10, "the reply")
+            time.sleep(1.5)
+        record = fake.transcript(CHAT, began)
+    refused = [c for c in fake.calls if c.chat_id == CHAT and not c.ok]
+    assert refused and all(c.parse_mode == "Markdown" for c in refused), record  # tried with styling first
+    assert [m["text"] for m in fake.bot_messages(CHAT)] == [
+        "Here is the code:\n```python\nprint(1)\nprint(2)\n```"
+    ], record
