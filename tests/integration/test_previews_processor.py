@@ -42,11 +42,13 @@ def _home(tmp_path: Path, channels: dict[str, dict[str, object]] | None = None) 
     return open_home(claude_home(tmp_path, f"sqlite:///{tmp_path / 'a.db'}", channels=channels))
 
 
+@pytest.mark.parametrize("warm", [False, True], ids=["cold", "warm-session"])
 def test_streamed_text_is_written_coalesced_and_removed_with_the_final(
-    tmp_path: Path, api: FakeAnthropic
+    tmp_path: Path, api: FakeAnthropic, warm: bool
 ) -> None:
     api.add_rule("stream it", Chunked([line + " " for line in LINES], interval=0.4))
-    with _home(tmp_path) as rt:
+    processor = {"session_idle_seconds": 60} if warm else None
+    with open_home(claude_home(tmp_path, f"sqlite:///{tmp_path / 'a.db'}", processor=processor)) as rt:
         sent = rt.queue.intake.enqueue_message(
             ChatAddress("telegram", "ann", sender_id="7", conversation="c1"), "stream it"
         )
