@@ -339,14 +339,7 @@ class Delivery:
 
     def note_record(self, conversation: str, edit_key: str) -> dict[str, Any] | None:
         """The stored progress note of ``edit_key`` in a chat: ``{"id", "at", "done"}``, or None."""
-        value = kv.get(self.rt.db, self._note_scope(), note_key(conversation, edit_key))
-        if value is None:
-            return None
-        try:
-            record = json.loads(value)
-        except ValueError:
-            return None
-        return record if isinstance(record, dict) else None
+        return kv.get_record(self.rt.db, self._note_scope(), note_key(conversation, edit_key))
 
     def _store_note(self, conversation: str, edit_key: str, record: dict[str, Any]) -> None:
         self.rt.db.run_transaction(self._note_writer(conversation, edit_key, record))

@@ -94,14 +94,7 @@ def partial(db: Database, channel: str, conversation: str, edit_key: str) -> Par
 
 def shown(src: Database | Tx, channel: str, conversation: str, edit_key: str) -> dict[str, Any] | None:
     """The preview message a channel shows for a run: ``{"id", "text", "message_ids", "done"}``, or None."""
-    value = kv.get(src, scoped(Scope.PREVIEW_SENT, channel), preview_key(conversation, edit_key))
-    if value is None:
-        return None
-    try:
-        record = json.loads(value)
-    except ValueError:
-        return None
-    return record if isinstance(record, dict) else None
+    return kv.get_record(src, scoped(Scope.PREVIEW_SENT, channel), preview_key(conversation, edit_key))
 
 
 def shown_in_chat(db: Database, channel: str, conversation: str) -> dict[str, dict[str, Any]]:

@@ -11,6 +11,7 @@ transaction); writes take a ``Tx``, so a caller can group them with its other wo
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
@@ -116,6 +117,19 @@ def get(src: Database | Tx, scope: str, key: str) -> str | None:
     """The value under ``(scope, key)``, or ``None``."""
     found = _rows(src, _GET, {"s": scope, "k": key})
     return None if not found else str(found[0]["value"])
+
+
+def get_record(src: Database | Tx, scope: str, key: str) -> dict[str, Any] | None:
+    """The JSON object stored under ``(scope, key)``; ``None`` when there is none or it is not an object
+    (a record written by a release that stored something else reads as missing)."""
+    value = get(src, scope, key)
+    if value is None:
+        return None
+    try:
+        record = json.loads(value)
+    except ValueError:
+        return None
+    return record if isinstance(record, dict) else None
 
 
 def get_many(src: Database | Tx, scope: str, keys: Sequence[str]) -> dict[str, str]:
