@@ -115,6 +115,11 @@ class Previews:
         live = {previews.preview_key(r.conversation, r.edit_key) for r in rows}
         for key in [k for k in self._edited_at if k not in live]:
             del self._edited_at[key]
+        # A lock nobody holds can go (taking a free lock never yields, so nobody is about to hold it): one
+        # per chat would otherwise pile up for as long as the adapter runs.
+        chats = {r.conversation for r in rows}
+        for conversation in [c for c, lock in self._locks.items() if c not in chats and not lock.locked()]:
+            del self._locks[conversation]
 
     async def _show(self, row: previews.Partial) -> None:
         """Send or edit the preview of one run (never raises: a failed edit is tried again next time)."""
