@@ -180,6 +180,23 @@ class Previews:
                 previews.clear_partial_in(tx, self.name, conversation, key)
 
             await call(self.rt.db.run_transaction, write)
+        # Text of a dead run never shown here (this adapter was down too): forgotten, or it would be shown
+        # after the answer.
+        unshown = [
+            p.edit_key
+            for p in await call(previews.partials, self.rt.db, self.name, prefix=f"{conversation}|")
+            if p.conversation == conversation
+            and p.edit_key != keep
+            and p.edit_key not in records
+            and message_ids & set(p.message_ids)
+        ]
+        if unshown:
+
+            def forget(tx: Tx) -> None:
+                for key in unshown:
+                    previews.clear_partial_in(tx, self.name, conversation, key)
+
+            await call(self.rt.db.run_transaction, forget)
 
     # -- the final reply -------------------------------------------------------------------------------------
     async def close_stale(self, response: QueuedResponse, edit_key: str) -> None:

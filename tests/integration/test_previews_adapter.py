@@ -119,3 +119,24 @@ def test_markdown_refused_preview_and_final_fall_back_to_plain_text(
     assert [m["text"] for m in fake.bot_messages(CHAT)] == [
         "Here is the code:\n```python\nprint(1)\nprint(2)\n```"
     ], record
+
+
+def test_a_dead_runs_text_never_shown_is_not_shown_after_the_answer(
+    tmp_path: Path, fake: HoldingTelegram
+) -> None:
+    fake.add_chat(CHAT)
+    with open_home(channel_home(tmp_path, f"sqlite:///{tmp_path / 'a.db'}", SETTINGS)) as rt:
+        _stream(
+            rt, "run-1", "A half answer of a run whose processor died"
+        )  # never shown: the adapter was down
+        _stream(rt, "run-2", "The answer")
+        _final(rt, "run-2", "The answer, whole.")
+        began = time.monotonic()
+        with RunningChannel(_channel(rt, fake), deliver_only=True):  # the reply first, no previews shown yet
+            wait_for(lambda: fake.bot_messages(CHAT), 10, "the reply")
+        with RunningChannel(_channel(rt, fake)):  # then the whole runner, previews and all
+            time.sleep(2.5)
+        left = previews.partials(rt.db, "telegram")
+        record = fake.transcript(CHAT, began)
+    assert [m["text"] for m in fake.bot_messages(CHAT)] == ["The answer, whole."], record
+    assert left == [], record
