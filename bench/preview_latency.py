@@ -14,6 +14,7 @@ Per message, on one clock (``time.monotonic()``; the fakes record on it):
   any one second saw (the platforms allow about one a second per chat).
 
     .venv/bin/python bench/preview_latency.py --n 20 [--channels telegram,discord] [--json out.json]
+        [--no-preview]   # the same with previews off (the text is first visible with the final)
 """
 
 from __future__ import annotations
@@ -102,6 +103,9 @@ def main() -> None:
     parser.add_argument("--parts", type=int, default=8)
     parser.add_argument("--interval", type=float, default=0.5)
     parser.add_argument("--json", type=Path)
+    parser.add_argument(
+        "--no-preview", action="store_true", help="previews off: the text is first visible with the final"
+    )
     args = parser.parse_args()
     chosen = [c.strip() for c in args.channels.split(",") if c.strip()]
     os.environ.setdefault("PTB_TIMEDELTA", "1")
@@ -112,6 +116,9 @@ def main() -> None:
             "telegram": {"allowlist": [str(TG_CHAT)], "poll_timeout_seconds": 1},
             "discord": {"allowlist": [str(DC_USER)], "guild_ready_timeout_seconds": 0.1},
         }
+        if args.no_preview:
+            for section in channels.values():
+                section["preview"] = False
         home = claude_home(
             tmp, f"sqlite:///{tmp / 'agentpost.db'}", channels={c: channels[c] for c in chosen}
         )
