@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import functools
 import re
 import time
@@ -232,7 +231,7 @@ class DiscordChannel(Platform):
                 "Allow direct messages from this server's members, then mention me again."
             )
             return [(here, hint, "pairing_hint")]
-        private = dataclasses.replace(here, conversation=dm)
+        private = here._replace(conversation=dm)
         hint = (
             f"<@{message.sender_id}> I don't know you yet; I sent you a direct message about getting access."
         )
