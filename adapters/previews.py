@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 from adapters.chunking import split_message
 from shared.aio import call
 from shared.chat import previews
+from shared.chat.address import ChatAddress
 from shared.queue.core import QueuedResponse
 from shared.storage.db import Tx
 
@@ -60,6 +61,10 @@ class Previews:
         self._locks: dict[str, asyncio.Lock] = {}
         self._edited_at: dict[str, float] = {}  # preview key → monotonic time of its last send or edit
         self._busy: dict[str, asyncio.Task[None]] = {}
+
+    def _chat(self, conversation: str) -> ChatAddress:
+        """The chat a preview row of this channel names (every platform chat has a conversation)."""
+        return ChatAddress(self.name, conversation=conversation)
 
     def lock(self, conversation: str) -> asyncio.Lock:
         """The lock that serialises a chat's preview edits with its final reply's first part."""
@@ -134,11 +139,11 @@ class Previews:
     async def _show_locked(self, row: previews.Partial, key: str) -> None:
         db, conversation = self.rt.db, row.conversation
         # Read again under the lock: a final reply delivered since the loop read the row has removed it.
-        current = await call(previews.partial, db, self.name, conversation, row.edit_key)
+        current = await call(previews.partial, db, self._chat(conversation), row.edit_key)
         if current is None:
             return
         row = current
-        record = await call(previews.shown, db, self.name, conversation, row.edit_key)
+        record = await call(previews.shown, db, self._chat(conversation), row.edit_key)
         if record is not None and record.get("done"):
             return
         text = self.render(row.text)
@@ -157,12 +162,12 @@ class Previews:
         await call(self._store, conversation, row.edit_key, new)
 
     def _store(self, conversation: str, edit_key: str, record: dict[str, Any]) -> None:
-        self.rt.db.run_transaction(previews.put_shown(self.name, conversation, edit_key, record))
+        self.rt.db.run_transaction(previews.put_shown(self._chat(conversation), edit_key, record))
 
     async def _close_interrupted(self, conversation: str, message_ids: set[str], *, keep: str) -> None:
         """Edit the previews of earlier runs for the same messages (a run that died half-way) to say so,
         and forget their text. Best effort: a preview that cannot be edited is left as it is."""
-        records = await call(previews.shown_in_chat, self.rt.db, self.name, conversation)
+        records = await call(previews.shown_in_chat, self.rt.db, self._chat(conversation))
         for edit_key, record in records.items():
             if edit_key == keep or record.get("done"):
                 continue
@@ -176,8 +181,8 @@ class Previews:
             closed = {**record, "done": True, "text": INTERRUPTED_TEXT}
 
             def write(tx: Tx, key: str = edit_key, rec: dict[str, Any] = closed) -> None:
-                previews.put_shown(self.name, conversation, key, rec)(tx)
-                previews.clear_partial_in(tx, self.name, conversation, key)
+                previews.put_shown(self._chat(conversation), key, rec)(tx)
+                previews.clear_partial_in(tx, self._chat(conversation), key)
 
             await call(self.rt.db.run_transaction, write)
         # Text of a dead run never shown here (this adapter was down too): forgotten, or it would be shown
@@ -194,7 +199,7 @@ class Previews:
 
             def forget(tx: Tx) -> None:
                 for key in unshown:
-                    previews.clear_partial_in(tx, self.name, conversation, key)
+                    previews.clear_partial_in(tx, self._chat(conversation), key)
 
             await call(self.rt.db.run_transaction, forget)
 
@@ -220,9 +225,9 @@ class Previews:
             return None
         conversation = response.conversation
         await self._close_interrupted(conversation, {response.message_id}, keep=edit_key)
-        record = await call(previews.shown, self.rt.db, self.name, conversation, edit_key)
+        record = await call(previews.shown, self.rt.db, self._chat(conversation), edit_key)
         if record is None or record.get("done") or not record.get("id"):
             return None
         return str(record["id"]), previews.put_shown(
-            self.name, conversation, edit_key, {**record, "done": True}
+            self._chat(conversation), edit_key, {**record, "done": True}
         )

@@ -130,7 +130,7 @@ class PreviewWriter:
         event = PendingEvent("agent_preview", {**payload, "message_ids": ids}, ids[0], topic="progress")
 
         def write(tx: Tx) -> None:
-            previews.put_partial(tx, chat.channel, chat.conversation, key, text, ids)
+            previews.put_partial(tx, chat, key, text, ids)
             # The same text on the event log (web clients' event stream shows it growing); one commit.
             append_events(tx, [event])
 
@@ -143,15 +143,13 @@ class PreviewWriter:
     def clear_in(self, tx: Tx) -> None:
         """Remove the row in the caller's transaction (the final reply's), when one was written."""
         if self.written:
-            previews.clear_partial_in(tx, self.chat.channel, self.chat.conversation, self.edit_key)
+            previews.clear_partial_in(tx, self.chat, self.edit_key)
 
     async def clear(self) -> None:
         """Remove the row on its own (a run that ended without a final reply); never raises."""
         if not self.written:
             return
         try:
-            await call(
-                previews.clear_partial, self.db, self.chat.channel, self.chat.conversation, self.edit_key
-            )
+            await call(previews.clear_partial, self.db, self.chat, self.edit_key)
         except Exception as exc:
             log.info("preview of %s in %s not removed: %s", self.edit_key, self.chat.label, exc)

@@ -1,7 +1,7 @@
 """Live previews of replies being written: the partial text of a run, and the preview message a channel shows.
 
 A preview is not a reply. The processor keeps the text a run has streamed so far in ``kv`` (scope
-``preview:<channel>``, key ``conversation|edit_key``; :func:`put_partial`), at a bounded rate, and removes
+``preview:<channel>``, key ``chat|edit_key``, the chat as :attr:`ChatAddress.chat` names it; :func:`put_partial`), at a bounded rate, and removes
 it in the same transaction as the run's final reply (:func:`clear_partial_in`) or when the run ends
 otherwise. A channel adapter reads the partial texts of its chats (:func:`partials`) and shows each as one
 message edited in place; it keeps which platform message that is in ``kv`` (scope
@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from shared.chat.address import ChatAddress
 from shared.clock import now_ms
 from shared.storage import kv
 from shared.storage.db import Database, Tx
@@ -42,22 +43,20 @@ class Partial:
     updated_at: int
 
 
-def put_partial(
-    tx: Tx, channel: str, conversation: str, edit_key: str, text: str, message_ids: list[str]
-) -> None:
+def put_partial(tx: Tx, chat: ChatAddress, edit_key: str, text: str, message_ids: list[str]) -> None:
     """Record the text streamed so far (replacing the earlier one)."""
     value = json.dumps({"text": text, "message_ids": message_ids}, separators=(",", ":"))
-    kv.put(tx, scoped(Scope.PREVIEW, channel), preview_key(conversation, edit_key), value)
+    kv.put(tx, scoped(Scope.PREVIEW, chat.channel), preview_key(chat.chat, edit_key), value)
 
 
-def clear_partial_in(tx: Tx, channel: str, conversation: str, edit_key: str) -> None:
+def clear_partial_in(tx: Tx, chat: ChatAddress, edit_key: str) -> None:
     """Forget a run's partial text (with its final reply, or when it ended without one)."""
-    kv.delete(tx, scoped(Scope.PREVIEW, channel), preview_key(conversation, edit_key))
+    kv.delete(tx, scoped(Scope.PREVIEW, chat.channel), preview_key(chat.chat, edit_key))
 
 
-def clear_partial(db: Database, channel: str, conversation: str, edit_key: str) -> None:
+def clear_partial(db: Database, chat: ChatAddress, edit_key: str) -> None:
     """:func:`clear_partial_in` in a transaction of its own."""
-    db.run_transaction(lambda tx: clear_partial_in(tx, channel, conversation, edit_key))
+    db.run_transaction(lambda tx: clear_partial_in(tx, chat, edit_key))
 
 
 def partials(db: Database, channel: str, *, prefix: str | None = None) -> list[Partial]:
@@ -85,23 +84,23 @@ def partials(db: Database, channel: str, *, prefix: str | None = None) -> list[P
     return found
 
 
-def partial(db: Database, channel: str, conversation: str, edit_key: str) -> Partial | None:
+def partial(db: Database, chat: ChatAddress, edit_key: str) -> Partial | None:
     """The partial text of one run in one chat, or None once it is gone (the final reply removed it)."""
-    key = preview_key(conversation, edit_key)
-    found = [p for p in partials(db, channel, prefix=key) if p.edit_key == edit_key]
+    key = preview_key(chat.chat, edit_key)
+    found = [p for p in partials(db, chat.channel, prefix=key) if p.edit_key == edit_key]
     return found[0] if found else None
 
 
-def shown(src: Database | Tx, channel: str, conversation: str, edit_key: str) -> dict[str, Any] | None:
+def shown(src: Database | Tx, chat: ChatAddress, edit_key: str) -> dict[str, Any] | None:
     """The preview message a channel shows for a run: ``{"id", "text", "message_ids", "done"}``, or None."""
-    return kv.get_record(src, scoped(Scope.PREVIEW_SENT, channel), preview_key(conversation, edit_key))
+    return kv.get_record(src, scoped(Scope.PREVIEW_SENT, chat.channel), preview_key(chat.chat, edit_key))
 
 
-def shown_in_chat(db: Database, channel: str, conversation: str) -> dict[str, dict[str, Any]]:
+def shown_in_chat(db: Database, chat: ChatAddress) -> dict[str, dict[str, Any]]:
     """Every preview-message record of one chat, by edit key."""
     records: dict[str, dict[str, Any]] = {}
-    prefix = f"{conversation}|"
-    for entry in kv.entries(db, scoped(Scope.PREVIEW_SENT, channel), prefix=prefix):
+    prefix = f"{chat.chat}|"
+    for entry in kv.entries(db, scoped(Scope.PREVIEW_SENT, chat.channel), prefix=prefix):
         try:
             record = json.loads(entry.value)
         except ValueError:
@@ -111,14 +110,14 @@ def shown_in_chat(db: Database, channel: str, conversation: str) -> dict[str, di
     return records
 
 
-def put_shown(channel: str, conversation: str, edit_key: str, record: dict[str, Any]) -> Callable[[Tx], None]:
+def put_shown(chat: ChatAddress, edit_key: str, record: dict[str, Any]) -> Callable[[Tx], None]:
     """The write of a preview-message record, for a transaction of the caller's (old records are forgotten
     in the same write)."""
     value = json.dumps(record, separators=(",", ":"))
 
     def write(tx: Tx) -> None:
-        scope, now = scoped(Scope.PREVIEW_SENT, channel), now_ms()
-        kv.put(tx, scope, preview_key(conversation, edit_key), value, now)
+        scope, now = scoped(Scope.PREVIEW_SENT, chat.channel), now_ms()
+        kv.put(tx, scope, preview_key(chat.chat, edit_key), value, now)
         kv.delete_older(tx, scope, now - SHOWN_TTL_MS)
 
     return write

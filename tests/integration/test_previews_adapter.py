@@ -27,12 +27,16 @@ SETTINGS = {"telegram": {"allowlist": ["42"], "poll_timeout_seconds": 1, "typing
 
 
 def _stream(rt: Runtime, edit_key: str, text: str, message_id: str = "m1") -> None:
-    rt.db.run_transaction(lambda tx: previews.put_partial(tx, "telegram", "42", edit_key, text, [message_id]))
+    rt.db.run_transaction(
+        lambda tx: previews.put_partial(
+            tx, ChatAddress("telegram", conversation="42"), edit_key, text, [message_id]
+        )
+    )
 
 
 def _final(rt: Runtime, edit_key: str, text: str, message_id: str = "m1") -> None:
     def done(tx: object) -> None:
-        previews.clear_partial_in(tx, "telegram", "42", edit_key)  # type: ignore[arg-type]
+        previews.clear_partial_in(tx, ChatAddress("telegram", conversation="42"), edit_key)  # type: ignore[arg-type]
 
     rt.queue.responses.enqueue_response(
         CHAT_ADDRESS, text, metadata={"kind": "final", "edit_key": edit_key}, message_id=message_id, also=done
