@@ -189,6 +189,18 @@ def bwrap_argv(plan: SandboxPlan, view: SandboxView, argv: Sequence[str]) -> lis
     def inside_emptied(path: Path) -> bool:
         return any(e == path or e in path.parents for e in emptied)
 
+    if plan.user is not None:
+        # A folder on the way to what is shown that the sandbox user may not pass through (root's own home is
+        # 0700: an agentpost home under it, with HOME pointing elsewhere) is emptied as well, so what is shown
+        # is bound back under folders it may walk; otherwise the CLI could not reach its own home and
+        # workspace by their full paths (every resumed conversation failed).
+        for shown in _existing([view.cli_home, view.workspace, *view.readable, *view.tools]):
+            for parent in reversed(shown.parents):
+                if not inside_emptied(parent) and parent.is_dir() and not parent.stat().st_mode & 0o001:
+                    out += ["--perms", "0755", "--tmpfs", str(parent)]
+                    emptied.append(parent)
+                    break
+
     def show(path: Path, how: str) -> None:
         # bubblewrap makes missing mount points 0700 (root's, as root): the sandbox user could not walk to
         # its own workspace by its full path. Each folder between an emptied one and the mount is made

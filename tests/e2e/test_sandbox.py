@@ -36,6 +36,7 @@ from tests.files_in_support import DOC, reader
 from tests.homes import open_home
 from tests.probes import free_port, service_unavailable, wait_for
 from tests.processor_support import make_home
+from workers.sandbox import SandboxView, bwrap_argv, choose, prepare
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
 
@@ -472,3 +473,42 @@ def test_a_sandboxed_run_is_killed_whole_by_its_timeout_and_with_a_killed_proces
                 proc.kill()
                 proc.wait(timeout=10)
             log.close()
+
+
+def test_a_home_inside_a_folder_only_root_may_enter_is_reachable_by_the_sandboxed_agent(
+    tmp_path: Path,
+) -> None:
+    """An agentpost home under root's own home (0700), with the service's HOME elsewhere: the agent, run as
+    the sandbox user, still reaches its CLI home and workspace by their full paths (the soak found every
+    resumed conversation failing there)."""
+    _need_bwrap()
+    if os.geteuid() != 0:
+        pytest.skip("needs root: the sandbox drops to its own user only when the service runs as root")
+    # Outside /tmp (the sandbox empties that and remakes the way to what it shows), like /root itself.
+    private = Path(tempfile.mkdtemp(prefix="agentpost-test-root-only-", dir=pwd.getpwuid(0).pw_dir))
+    private.chmod(0o700)
+    try:
+        _reach_inside(private)
+    finally:
+        shutil.rmtree(private)
+
+
+def _reach_inside(private: Path) -> None:
+    view = SandboxView(
+        workspace=private / "home" / "workspaces" / "a", cli_home=private / "home" / "cli" / "a"
+    )
+    plan = choose("namespaces")
+    assert plan.user is not None, plan
+    prepare(plan, view, None)
+    (view.cli_home / "session.jsonl").write_text("{}\n")
+    os.chown(view.cli_home / "session.jsonl", *plan.user)
+    script = f"cat {view.cli_home}/session.jsonl && touch {view.workspace}/written && id -u"
+    done = subprocess.run(
+        bwrap_argv(plan, view, ["sh", "-c", script]), capture_output=True, text=True, timeout=30
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["{}", str(plan.user[0])]
+    assert (view.workspace / "written").exists()
+    assert not any(
+        p.name == "root-only" for p in Path("/").iterdir()
+    )  # only its parts are shown, not the folder
