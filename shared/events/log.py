@@ -243,7 +243,7 @@ def append_events(tx: Tx, events: Sequence[PendingEvent], created_at: int | None
     if not events:
         return
     params = _event_params(tx, events, created_at)
-    insert = tx.dialect.sql(tx.dialect.event_insert)
+    insert = tx.dialect.event_insert_driver
     if len(params) == 1:
         tx.execute_raw(insert, params[0])
     else:

@@ -160,7 +160,12 @@ class Intake:
     ) -> int | None:
         """Insert a message row with its event in ``tx``; None when it is a duplicate (see
         :meth:`_redrawing` for ``drawn_id``)."""
-        new_row = self._redrawing(lambda: tx.insert(INSERT_MESSAGE, params), params, drawn_id, tx.scalar)
+        new_row = tx.insert(INSERT_MESSAGE, params)
+        if new_row is None and drawn_id is not None:
+            # Only a conflict needs the redraw (and its closure): the usual enqueue inserts at once.
+            new_row = self._redrawing(
+                new_row, lambda: tx.insert(INSERT_MESSAGE, params), params, drawn_id, tx.scalar
+            )
         if new_row is None:
             return None
         append_events(tx, self._enqueue_events(params, named), params["now"])
@@ -184,21 +189,21 @@ class Intake:
             rows = self.db.write_statement(sql, {**params, **encoded}, {"messages", "events"})
             return int(rows[0]["id"]) if rows else None
 
-        return self._redrawing(insert, params, drawn_id, self.db.read_scalar)
+        return self._redrawing(insert(), insert, params, drawn_id, self.db.read_scalar)
 
     @staticmethod
     def _redrawing(
+        new_row: int | None,
         insert: Callable[[], int | None],
         params: dict[str, Any],
         drawn_id: str | None,
         scalar: Callable[[str, dict[str, Any]], Any],
     ) -> int | None:
-        """Run ``insert`` (of the message in ``params``); the new row's id, or None when nothing was inserted.
-        ``drawn_id``: the id was drawn at random with this prefix, so a conflict on it alone (the platform
-        id, read with ``scalar``, is not queued) is a chance meeting with an older message, not a duplicate:
-        a fresh id is drawn and the insert runs again (the message would otherwise be dropped as "already
-        queued")."""
-        new_row = insert()
+        """After a first ``insert`` (of the message in ``params``) that returned ``new_row``: the new row's
+        id, or None when nothing was inserted. ``drawn_id``: the id was drawn at random with this prefix, so a
+        conflict on it alone (the platform id, read with ``scalar``, is not queued) is a chance meeting with an
+        older message, not a duplicate: a fresh id is drawn and the insert runs again (the message would
+        otherwise be dropped as "already queued")."""
         for _ in range(_REDRAWS if drawn_id is not None else 0):
             external = params["external_id"]
             if new_row is not None or (

@@ -118,6 +118,12 @@ class Dialect:
         event_id = self.next_event_id if self.tx_event_id is None else self.tx_event_id
         return f"INSERT INTO events (id, {columns}) VALUES ({event_id}, {values})"
 
+    @cached_property
+    def event_insert_driver(self) -> str:
+        """:attr:`event_insert` in the driver's parameter style (:meth:`sql`), built once: every enqueue and
+        completion appends events."""
+        return self.sql(self.event_insert)
+
     def visible_events(self, joiner: Literal["AND", "WHERE"] = "AND") -> str:
         """A term (`` AND …`` or, for a query without other conditions, `` WHERE …``) keeping a read of
         ``events`` to the ids no later commit can precede; empty where every committed id is final (SQLite,
