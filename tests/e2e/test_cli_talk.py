@@ -40,6 +40,11 @@ print("answer: " + " ".join(words[-3:]))
 """
 
 
+def _sigint_as_at_a_terminal() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
+
 class Session:
     """A running `agentpost` command whose output (stdout and stderr together) is collected as it comes."""
 
@@ -50,6 +55,7 @@ class Session:
             stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
+            preexec_fn=_sigint_as_at_a_terminal,
         )
         self._chunks: list[bytes] = []
         self._reader = threading.Thread(target=self._read, daemon=True)
