@@ -10,7 +10,7 @@ message whose run had started.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from shared.backoff import Backoff
 from shared.chat.address import ChatAddress
@@ -259,20 +259,7 @@ class Failures:
                     f"UPDATE agent_leases SET holder = NULL, lease_until = 0 WHERE agent = :a AND holder = :h{seen}",
                     {"a": holder["agent"], "h": holder["holder"], "seen": holder["lease_until"]},
                 )
-            for row in self._still_stale(tx, stale, takeable):
-                if self._take_back(tx, row, now, events):
-                    retried.append(row["message_id"])
-                else:
-                    dead.append(row)
-            self._notify_dead(
-                tx,
-                dead,
-                "the agent stopped in the middle of it every time it tried",
-                "Type /retry to try it once more; if it keeps happening, the operator can look it up.",
-                False,
-                now,
-                events,
-            )
+            self._take_back_all(tx, self._still_stale(tx, stale, takeable), now, events, retried, dead)
             append_events(tx, events, now)
             tx.signal("messages")
         return FailOutcome(retried, [r["message_id"] for r in dead], now if retried else None)
@@ -306,20 +293,7 @@ class Failures:
                 f"AND message_id IN {clause} ORDER BY id{tx.dialect.lock_rows}",
                 {"worker": worker, **params},
             )
-            for row in rows:
-                if self._take_back(tx, row, now, events, why="not running"):
-                    retried.append(row["message_id"])
-                else:
-                    dead.append(row)
-            self._notify_dead(
-                tx,
-                dead,
-                "the agent stopped in the middle of it every time it tried",
-                "Type /retry to try it once more; if it keeps happening, the operator can look it up.",
-                False,
-                now,
-                events,
-            )
+            self._take_back_all(tx, rows, now, events, retried, dead, why="not running")
             append_events(tx, events, now)
             if rows:
                 tx.signal("messages")
@@ -357,6 +331,34 @@ class Failures:
             params,
         )
         return [r for r in rows if takeable(r["claimed_by"], r["lease_until"])]
+
+    def _take_back_all(
+        self,
+        tx: Tx,
+        rows: Iterable[Row],
+        now: int,
+        events: list[PendingEvent],
+        retried: list[str],
+        dead: list[Row],
+        *,
+        why: str = "worker gone",
+    ) -> None:
+        """:meth:`_take_back` each of ``rows`` (ids put back to ``retried``, buried rows to ``dead``), and tell
+        the chats of the buried ones once."""
+        for row in rows:
+            if self._take_back(tx, row, now, events, why=why):
+                retried.append(row["message_id"])
+            else:
+                dead.append(row)
+        self._notify_dead(
+            tx,
+            dead,
+            "the agent stopped in the middle of it every time it tried",
+            "Type /retry to try it once more; if it keeps happening, the operator can look it up.",
+            False,
+            now,
+            events,
+        )
 
     def _take_back(
         self, tx: Tx, row: Row, now: int, events: list[PendingEvent], *, why: str = "worker gone"
