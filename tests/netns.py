@@ -16,7 +16,9 @@ name is the host's, so agentpost's worker ids (``host:pid:start``, shared/worker
   server's next restart: harmless, the addresses are gone with the namespaces).
 - :func:`restart_postgres` restarts the cluster (``pg_ctlcluster … restart``) and waits until it answers.
 
-Run as a script to build the hosts by hand and look around (``up``), or to remove leftovers (``down``)::
+Run as a script to build the hosts by hand and look around (``up``), or to remove what a killed run left
+(``down``: the namespaces and links, the pg_hba.conf line, the test's addresses in ``listen_addresses``;
+see :func:`down`)::
 
     python -m tests.netns up      # then: ip netns exec apnet-a ping 10.231.0.1
     python -m tests.netns down
@@ -24,8 +26,10 @@ Run as a script to build the hosts by hand and look around (``up``), or to remov
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import fcntl
+import ipaddress
 import os
 import shutil
 import socket
@@ -77,10 +81,11 @@ def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
 
 
 @contextlib.contextmanager
-def exclusive() -> Iterator[None]:
-    """One user of the namespaces and the server's listen settings at a time on this machine."""
+def exclusive(*, wait: bool = True) -> Iterator[None]:
+    """One user of the namespaces and the server's listen settings at a time on this machine. Without
+    ``wait``, :class:`BlockingIOError` when another process holds them (a two-host run in progress)."""
     with LOCK_FILE.open("a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
+        fcntl.flock(handle, fcntl.LOCK_EX if wait else fcntl.LOCK_EX | fcntl.LOCK_NB)
         try:
             yield
         finally:
@@ -254,8 +259,7 @@ class PgListen:
 
     def _restore(self) -> None:
         if self._hba is not None:
-            lines = self._hba.read_text().splitlines(keepends=True)
-            self._hba.write_text("".join(line for line in lines if HBA_MARK not in line))
+            remove_hba_lines(self._hba)
         with self._admin() as conn:
             if self._before is None:
                 conn.execute("ALTER SYSTEM RESET listen_addresses")
@@ -264,20 +268,135 @@ class PgListen:
             conn.execute("SELECT pg_reload_conf()")
 
 
+def remove_hba_lines(hba_file: Path) -> int:
+    """Remove the lines :class:`PgListen` added to ``hba_file`` (those carrying :data:`HBA_MARK`); how many
+    went. The file is rewritten in place (its owner and mode stay) and only when it held one."""
+    lines = hba_file.read_text().splitlines(keepends=True)
+    kept = [line for line in lines if HBA_MARK not in line]
+    if len(kept) != len(lines):
+        hba_file.write_text("".join(kept))
+    return len(lines) - len(kept)
+
+
+def _ours(address: str) -> bool:
+    """Whether ``address`` (an entry of ``listen_addresses``) is one of the links' addresses."""
+    try:
+        return ipaddress.ip_address(address) in ipaddress.ip_network(SUBNET)
+    except ValueError:
+        return False  # a host name, '*', 'localhost': never one of ours
+
+
+def _addresses(value: str) -> list[str]:
+    return [a.strip() for a in value.split(",") if a.strip()]
+
+
+def listen_restore(settings: Sequence[tuple[str, bool]]) -> str | None:
+    """The ``ALTER SYSTEM`` statement that takes the links' addresses out of ``listen_addresses``, given the
+    setting's lines in the configuration files in the order the server reads them (``(value, from
+    postgresql.auto.conf)``, as ``pg_file_settings`` lists them); None when the ``ALTER SYSTEM`` value holds
+    none of them. ``RESET`` when what stays is what the other files say (as before the run), ``SET`` to
+    what stays otherwise (a value someone had set with ``ALTER SYSTEM`` before the run)."""
+    auto = [value for value, is_auto in settings if is_auto]
+    if not auto or not any(_ours(a) for a in _addresses(auto[-1])):
+        return None
+    others = [value for value, is_auto in settings if not is_auto]
+    base = _addresses(others[-1]) if others else ["localhost"]  # PostgreSQL's default
+    staying = [a for a in _addresses(auto[-1]) if not _ours(a)]
+    if not staying or staying == base:
+        return "ALTER SYSTEM RESET listen_addresses"
+    return f"ALTER SYSTEM SET listen_addresses = '{','.join(staying)}'"
+
+
+def reset_listen_addresses(conn: psycopg.Connection[tuple[object, ...]]) -> str | None:
+    """Run :func:`listen_restore`'s statement on the server of ``conn`` (after a run killed before it put
+    ``listen_addresses`` back); returns it, or None when nothing needed doing (nothing is written then).
+    The caller reloads the configuration; the server goes on listening on the addresses until its next
+    restart (harmless: they went with the links)."""
+    rows = conn.execute(
+        "SELECT setting, sourcefile LIKE '%postgresql.auto.conf' FROM pg_file_settings "
+        "WHERE name = 'listen_addresses' AND error IS NULL ORDER BY seqno"
+    ).fetchall()
+    statement = listen_restore([(str(value), bool(is_auto)) for value, is_auto in rows])
+    if statement is not None:
+        conn.execute(statement)
+    return statement
+
+
+def restore_postgres(conn: psycopg.Connection[tuple[object, ...]], hba_file: Path | None = None) -> list[str]:
+    """Put back PostgreSQL's configuration after a killed run: the :data:`HBA_MARK` lines of ``hba_file``
+    (the server's own, ``SHOW hba_file``, when None) and the links' addresses in ``listen_addresses``; the
+    configuration is reloaded only when one of the two changed, and the server is never restarted. Returns
+    what was done, one line each."""
+    if hba_file is None:
+        hba_file = Path(str(conn.execute("SHOW hba_file").fetchone()[0]))  # type: ignore[index]
+    done = []
+    removed = remove_hba_lines(hba_file)
+    if removed:
+        done.append(f"removed {removed} line(s) marked {HBA_MARK!r} from {hba_file}")
+    listen = reset_listen_addresses(conn)
+    if listen:
+        done.append(listen)
+    if removed or listen:
+        conn.execute("SELECT pg_reload_conf()")
+        done.append("reloaded the server's configuration (no restart)")
+    else:
+        done.append("PostgreSQL's configuration holds nothing of a run: left as it is")
+    return done
+
+
+def down(hba_file: Path | None = None) -> list[str]:
+    """Remove what a killed two-host run left: the namespaces and links, then :func:`restore_postgres`.
+    Returns what was done, one line each."""
+    TwoHosts().down()
+    with psycopg.connect(ADMIN_PG_URL, autocommit=True, connect_timeout=5) as conn:
+        return ["removed the namespaces and links (if any)", *restore_postgres(conn, hba_file)]
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m tests.netns",
+        description="The two network-namespace hosts of tests/e2e/test_two_hosts.py.",
+    )
+    commands = parser.add_subparsers(dest="command", required=True)
+    commands.add_parser(
+        "up",
+        help="build the two hosts and make PostgreSQL listen for them (restarting it when it does not "
+        "listen there yet), until Ctrl-C; everything is put back on the way out",
+    )
+    down_cmd = commands.add_parser(
+        "down",
+        help="remove what a killed run left: the namespaces and links, the pg_hba.conf line it added and its "
+        "addresses in listen_addresses (ALTER SYSTEM); reloads PostgreSQL's configuration only when one of "
+        "those changed, never restarts it (the server listens on the gone addresses until its next restart, "
+        "which is harmless); refuses while a two-host run holds the lock",
+        description="Remove what a killed two-host run left; never restarts PostgreSQL.",
+    )
+    down_cmd.add_argument(
+        "--hba-file",
+        type=Path,
+        default=None,
+        help="the pg_hba.conf to clean (default: the server's, SHOW hba_file)",
+    )
+    return parser
+
+
 def main(argv: Sequence[str]) -> int:
     """``up``: build the two hosts and make PostgreSQL listen for them (until Ctrl-C); ``down``: remove
-    leftovers of a run that was killed."""
-    command = argv[0] if argv else ""
+    leftovers of a run that was killed (:func:`down`)."""
+    args = _parser().parse_args(list(argv))
     reason = unavailable()
     if reason:
         print(f"cannot build the hosts: {reason}", file=sys.stderr)
         return 2
-    if command == "down":
-        TwoHosts().down()
+    if args.command == "down":
+        try:
+            with exclusive(wait=False):
+                for line in down(args.hba_file):
+                    print(line)
+        except BlockingIOError:
+            print(f"a two-host run holds {LOCK_FILE}: nothing done", file=sys.stderr)
+            return 1
         return 0
-    if command != "up":
-        print("usage: python -m tests.netns up|down", file=sys.stderr)
-        return 2
     with exclusive(), TwoHosts() as net, PgListen([h.outside for h in net.hosts]):
         for host in net.hosts:
             print(
