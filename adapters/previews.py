@@ -15,7 +15,10 @@ every half second, see :mod:`workers.previews`). On a platform that edits messag
   that part, so nothing edits the answer afterwards.
 - closes a preview left behind by a run that died (a killed processor) or gave up: when another run
   answers the same messages, or any other reply about them arrives (a failure notice), the old preview is
-  edited to say it was interrupted and its text forgotten.
+  edited to say it was interrupted and its text forgotten. When neither comes (messages dead-lettered
+  without a notice, completed by an operator), the scheduler removes the run's text and marks the preview
+  (:func:`shared.chat.previews.prune_partials`); the loop looks for such marks when a run's text
+  disappears, at its start and every :data:`LEFT_LOOK_SECONDS`, and closes those previews the same way.
 
 A chat's preview edits and its final reply's first part are serialised by one lock per chat in this
 process, and a preview is shown only while the run's text is still in the database (the final reply
@@ -45,6 +48,9 @@ if TYPE_CHECKING:
 INTERRUPTED_TEXT = "(This answer was interrupted before it was finished; see the messages below.)"
 #: The mark at the end of a preview: the text is still being written.
 MORE_MARK = " …"
+#: The loop looks for previews the scheduler found left behind at least this often (besides at its start
+#: and whenever a run's text disappears, which is when the scheduler removed one).
+LEFT_LOOK_SECONDS = 60.0
 
 
 class Previews:
@@ -61,6 +67,8 @@ class Previews:
         self._locks: dict[str, asyncio.Lock] = {}
         self._edited_at: dict[str, float] = {}  # preview key → monotonic time of its last send or edit
         self._busy: dict[str, asyncio.Task[None]] = {}
+        self._known: set[str] = set()  # preview keys of the rows the loop read last time
+        self._left_looked_at: float | None = None
 
     def _chat(self, conversation: str) -> ChatAddress:
         """The chat a preview row of this channel names (every platform chat has a conversation)."""
@@ -106,6 +114,8 @@ class Previews:
                 self._busy[key] = task
                 task.add_done_callback(functools.partial(self._done, key))
             self._forget_old(rows)
+            if self._left_due(rows):
+                await self._close_left()
             timeout = max(0.05, next_due - time.monotonic())
             await waker.wait_async(generation, timeout)
             await asyncio.sleep(0.05)  # a burst of commits wakes us once
@@ -125,6 +135,12 @@ class Previews:
         chats = {r.conversation for r in rows}
         for conversation in [c for c, lock in self._locks.items() if c not in chats and not lock.locked()]:
             del self._locks[conversation]
+
+    def _left_due(self, rows: list[previews.Partial]) -> bool:
+        live = {previews.preview_key(r.conversation, r.edit_key) for r in rows}
+        vanished, self._known = self._known - live, live
+        looked = self._left_looked_at
+        return bool(vanished) or looked is None or time.monotonic() - looked >= LEFT_LOOK_SECONDS
 
     async def _show(self, row: previews.Partial) -> None:
         """Send or edit the preview of one run (never raises: a failed edit is tried again next time)."""
@@ -173,18 +189,7 @@ class Previews:
                 continue
             if not message_ids & {str(i) for i in record.get("message_ids") or []}:
                 continue
-            if record.get("id"):
-                try:
-                    await self.platform.edit_text(conversation, str(record["id"]), INTERRUPTED_TEXT)
-                except Exception as exc:
-                    self.log.info("could not mark preview %s interrupted: %s", edit_key, exc)
-            closed = {**record, "done": True, "text": INTERRUPTED_TEXT}
-
-            def write(tx: Tx, key: str = edit_key, rec: dict[str, Any] = closed) -> None:
-                previews.put_shown(self._chat(conversation), key, rec)(tx)
-                previews.clear_partial_in(tx, self._chat(conversation), key)
-
-            await call(self.rt.db.run_transaction, write)
+            await self._close(conversation, edit_key, record, forget_text=True)
         # Text of a dead run never shown here (this adapter was down too): forgotten, or it would be shown
         # after the answer.
         unshown = [
@@ -202,6 +207,60 @@ class Previews:
                     previews.clear_partial_in(tx, self._chat(conversation), key)
 
             await call(self.rt.db.run_transaction, forget)
+
+    async def _close(
+        self,
+        conversation: str,
+        edit_key: str,
+        record: dict[str, Any] | None,
+        *,
+        forget_text: bool = False,
+        forget_left: bool = False,
+    ) -> None:
+        """Edit one run's preview message to say the answer was interrupted and mark its record done (when
+        it is not done yet), forgetting the run's text and the scheduler's mark as asked, in one write.
+        A preview that cannot be edited is left as it is."""
+        chat = self._chat(conversation)
+        closed = None
+        if record is not None and not record.get("done"):
+            if record.get("id"):
+                try:
+                    await self.platform.edit_text(conversation, str(record["id"]), INTERRUPTED_TEXT)
+                except Exception as exc:
+                    self.log.info("could not mark preview %s interrupted: %s", edit_key, exc)
+            closed = {**record, "done": True, "text": INTERRUPTED_TEXT}
+
+        def write(tx: Tx) -> None:
+            if closed is not None:
+                previews.put_shown(chat, edit_key, closed)(tx)
+            if forget_text:
+                previews.clear_partial_in(tx, chat, edit_key)
+            if forget_left:
+                previews.forget_left_in(tx, chat, edit_key)
+
+        await call(self.rt.db.run_transaction, write)
+
+    async def _close_left(self) -> None:
+        """Close the previews whose run's text the scheduler removed (the run died and nothing answered its
+        messages since). Never raises: what fails is tried again at the next look."""
+        self._left_looked_at = time.monotonic()
+        try:
+            marks = await call(previews.left, self.rt.db, self.name)
+        except Exception as exc:
+            self.log.info("cannot read left previews: %s", exc)
+            return
+        for conversation, edit_key in marks:
+            chat = self._chat(conversation)
+            try:
+                async with self.lock(conversation):
+                    # A run writing under the same key again (a retry's key) has taken the preview over.
+                    if await call(previews.partial, self.rt.db, chat, edit_key) is None:
+                        record = await call(previews.shown, self.rt.db, chat, edit_key)
+                    else:
+                        record = None
+                    await self._close(conversation, edit_key, record, forget_left=True)
+            except Exception as exc:
+                self.log.info("could not close left preview %s in %s: %s", edit_key, conversation, exc)
 
     # -- the final reply -------------------------------------------------------------------------------------
     async def close_stale(self, response: QueuedResponse, edit_key: str) -> None:

@@ -8,6 +8,7 @@ import logging
 from dataclasses import dataclass
 
 from scheduler.config import SchedulerConfig
+from shared.chat import previews
 from shared.clock import now_ms
 from shared.events.log import SqlEventLog
 from shared.queue import unserved
@@ -49,6 +50,17 @@ def prune_finished(queue: Queue, config: SchedulerConfig) -> dict[str, int]:
             "pruned %d completed message(s) and %d acked response(s)", result["messages"], result["responses"]
         )
     return result
+
+
+def prune_previews(db: Database) -> int:
+    """Remove the live-preview texts no run will finish: those of runs whose messages are no longer
+    processing (a crashed run whose messages were dead-lettered, completed by an operator or taken back)
+    and those not written for a day; a chat showing such a preview gets it closed as interrupted by its
+    adapter. Returns how many texts were removed."""
+    removed = previews.prune_partials(db)
+    if removed:
+        log.info("removed %d live-preview text(s) of runs that are gone", removed)
+    return removed
 
 
 def ack_unserved_responses(

@@ -52,6 +52,7 @@ class RunReport:
     recovered: dict[str, int] = field(default_factory=dict)
     pruned: dict[str, int] = field(default_factory=dict)
     unserved: int = 0
+    previews_removed: int = 0
     events_removed: int = 0
     archived: int = 0
     retried_dead: list[str] = field(default_factory=list)
@@ -110,6 +111,9 @@ class SchedulerService:
         unserved = jobs.ack_unserved_responses(self.rt.db, self.config)
         return jobs.prune_finished(self.rt.queue, self.config), unserved.acked
 
+    def prune_previews(self) -> int:
+        return jobs.prune_previews(self.rt.db)
+
     def clean_events(self) -> int:
         return jobs.clean_events(self.rt.events, self.rt.settings.events)
 
@@ -154,6 +158,7 @@ class SchedulerService:
         report = RunReport()
         report.recovered = self.recover()
         report.pruned, report.unserved = self.prune()
+        report.previews_removed = self.prune_previews()
         report.events_removed = self.clean_events()
         report.archived = self.archive().archived
         report.retried_dead = self.retry_dead()
@@ -176,6 +181,7 @@ class SchedulerService:
         periodic: list[tuple[str, float, Any]] = [
             ("recover", self.config.recover_interval_seconds, self.recover),
             ("prune", self.config.prune_interval_seconds, self.prune),
+            ("previews", self.config.prune_interval_seconds, self.prune_previews),
             ("events", self.config.events_cleanup_interval_seconds, self.clean_events),
             ("dlq-archive", self.config.dlq_archive_interval_seconds, self.archive),
             ("dlq-retry", min(60.0, self.config.dlq.retry_delay_seconds), self.retry_dead),

@@ -2,13 +2,16 @@
 
 The channel adapters (:mod:`adapters.runner` and the platforms) hold no SQL; what they need to know about the
 queue's rows beyond the queue operations is asked here. Every function is one read-only statement on an
-autocommit snapshot, cheap enough for the typing loop's pace (a few seconds).
+autocommit snapshot (or in the caller's transaction, where it takes one), cheap enough for the typing loop's
+pace (a few seconds).
 """
 
 from __future__ import annotations
 
+from collections.abc import Collection
+
 from shared.chat.address import CHAT_KEY_SQL, ChatAddress
-from shared.storage.db import Database
+from shared.storage.db import Database, Tx
 from shared.storage.statuses import MessageStatus
 
 _BUSY_AGENTS = (
@@ -48,3 +51,16 @@ def newest_waiting_external_id(db: Database, chat: ChatAddress) -> str | None:
     with a platform id). WhatsApp shows its typing indicator on that message."""
     value = db.read_scalar(_NEWEST_WAITING_EXTERNAL_ID, {"c": chat.channel, "chat": chat.chat})
     return str(value) if value else None
+
+
+def processing_among(src: Database | Tx, message_ids: Collection[str]) -> set[str]:
+    """Which of ``message_ids`` are processing (a run holds them), in one read per 500 ids."""
+    unique, found = sorted(set(message_ids)), set[str]()
+    for start in range(0, len(unique), 500):
+        chunk = unique[start : start + 500]
+        params = {f"m{i}": m for i, m in enumerate(chunk)}
+        marks = ", ".join(f":m{i}" for i in range(len(chunk)))
+        sql = f"SELECT message_id FROM messages WHERE status = '{MessageStatus.PROCESSING}' AND message_id IN ({marks})"
+        rows = src.rows(sql, params) if isinstance(src, Tx) else src.read(sql, params)
+        found.update(str(r["message_id"]) for r in rows)
+    return found

@@ -66,11 +66,16 @@ class Scope(StrEnum):
     PROGRESS = "progress."
     #: family by channel: key ``conversation|edit_key`` → JSON of the text a run has streamed so far
     #: (chat.previews); written by the processor at a bounded rate, deleted with the run's final reply or
-    #: when the run ends otherwise.
+    #: when the run ends otherwise; the scheduler's previews job deletes those whose messages are no longer
+    #: processing (a crashed run never re-run) and those not written for a day.
     PREVIEW = "preview:"
     #: family by channel: key ``conversation|edit_key`` → JSON of the preview message an adapter shows for a
     #: run (chat.previews); marked done by the final reply, pruned after 7 days.
     PREVIEW_SENT = "preview_sent:"
+    #: family by channel: key ``conversation|edit_key`` → a run whose text the scheduler's previews job
+    #: deleted (chat.previews); deleted by the adapter once it closed the run's preview (edited it to say the
+    #: answer was interrupted), pruned after 7 days (a channel whose adapter shows no previews).
+    PREVIEW_LEFT = "preview_left:"
     #: family by channel: key platform message id → seen (platform_dedupe); pruned after 8 days.
     SEEN = "seen:"
     #: family by channel: what :attr:`SEEN` was called before; still read, pruned like it (platform_dedupe).
@@ -169,6 +174,16 @@ def entries(
     return [_entry(r) for r in _rows(src, sql, params)]
 
 
+def family_entries(src: Database | Tx, family: str) -> list[tuple[str, Entry]]:
+    """The rows of every member scope of ``family`` (a :class:`Scope` ending in ``:`` or ``.``), each with its
+    scope, by scope and key."""
+    sql = "SELECT scope, key, value, updated_at FROM kv WHERE scope >= :slo AND scope < :shi ORDER BY scope, key"
+    rows = _rows(src, sql, {"slo": family, "shi": _after_prefix(family)})
+    # The range is exact under the C collation; a database created with another one may order punctuation
+    # differently, so the prefix is checked again here.
+    return [(str(r["scope"]), _entry(r)) for r in rows if str(r["scope"]).startswith(family)]
+
+
 def any_in(src: Database | Tx, scope: str) -> bool:
     """True when the scope holds at least one row."""
     return bool(_rows(src, "SELECT 1 AS x FROM kv WHERE scope = :s LIMIT 1", {"s": scope}))
@@ -227,6 +242,13 @@ def add(tx: Tx, scope: str, key: str, value: str, now: int | None = None) -> boo
 def delete(tx: Tx, scope: str, key: str) -> int:
     """Remove one row; returns how many were removed (0 or 1)."""
     return int(tx.execute(_DELETE, {"s": scope, "k": key}).rowcount)
+
+
+def delete_unchanged(tx: Tx, scope: str, key: str, updated_at: int) -> bool:
+    """Remove one row only if it was last written at ``updated_at`` (as read earlier): a row rewritten since
+    is another writer's newer value and stays. True when removed."""
+    cur = tx.execute(f"{_DELETE} AND updated_at = :at", {"s": scope, "k": key, "at": updated_at})
+    return bool(cur.rowcount)
 
 
 def delete_keys(tx: Tx, scope: str, keys: Sequence[str]) -> int:

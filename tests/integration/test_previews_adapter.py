@@ -13,6 +13,7 @@ import pytest
 from adapters.chunking import split_message, utf16_len
 from adapters.previews import INTERRUPTED_TEXT, MORE_MARK
 from adapters.telegram import TelegramChannel
+from scheduler.jobs import prune_previews
 from shared.chat import previews
 from shared.chat.address import ChatAddress
 from shared.runtime import Runtime
@@ -100,6 +101,30 @@ def test_a_reply_about_the_message_closes_a_dead_runs_preview(tmp_path: Path, fa
     texts = [m["text"] for m in fake.bot_messages(CHAT)]
     assert texts == [INTERRUPTED_TEXT, "I could not answer this message."], record
     assert left == [], record
+
+
+def test_a_preview_whose_text_the_scheduler_removed_is_closed_as_interrupted(
+    tmp_path: Path, fake: HoldingTelegram
+) -> None:
+    fake.add_chat(CHAT)
+    with open_home(channel_home(tmp_path, f"sqlite:///{tmp_path / 'a.db'}", SETTINGS)) as rt:
+        with RunningChannel(_channel(rt, fake)):
+            began = time.monotonic()
+            _stream(rt, "run-1", "The answer starts like this")
+            wait_for(lambda: fake.bot_messages(CHAT), 10, "the preview")
+            # The run died and its message "m1" is not processing (no such message here: as if dead-lettered
+            # without a notice, or completed by an operator): nothing about it will ever reach the chat.
+            assert prune_previews(rt.db) == 1
+            wait_for(
+                lambda: [m["text"] for m in fake.bot_messages(CHAT)] == [INTERRUPTED_TEXT],
+                10,
+                "the preview closed as interrupted",
+            )
+            wait_for(lambda: previews.left(rt.db, "telegram") == [], 10, "the mark forgotten")
+            record = previews.shown(rt.db, ChatAddress("telegram", conversation="42"), "run-1")
+        transcript = fake.transcript(CHAT, began)
+    assert len(fake.bot_messages(CHAT)) == 1, transcript  # edited, not a new message
+    assert record is not None and record["done"] and record["text"] == INTERRUPTED_TEXT, transcript
 
 
 def test_markdown_refused_preview_and_final_fall_back_to_plain_text(

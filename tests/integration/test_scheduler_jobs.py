@@ -8,11 +8,13 @@ from pathlib import Path
 import pytest
 
 from scheduler.service import SchedulerService
+from shared.chat import previews
 from shared.chat.address import ChatAddress
 from shared.clock import now_ms
 from shared.queue.core import ResponseDraft
 from shared.runtime import Runtime, open_runtime
 from shared.settings.model import SettingsError
+from shared.storage.db import Tx
 from tests.scheduler_support import (
     T0,
     count,
@@ -69,6 +71,39 @@ def test_prune_job_deletes_only_old_finished_rows(scheduler_rt: Runtime) -> None
     assert q.admin.get_message(fresh).status == "completed"  # type: ignore[union-attr]
     assert q.admin.get_message(pending).status == "pending"  # type: ignore[union-attr]
     assert count(q, "dead") == 1
+
+
+def test_previews_job_removes_the_text_of_runs_that_are_gone_and_keeps_a_live_ones(
+    scheduler_rt: Runtime,
+) -> None:
+    q, db = scheduler_rt.queue, scheduler_rt.db
+    dead = make_dead(q, 1)[0]  # its run crashed half-way, then it was dead-lettered: no run will finish it
+    live = q.intake.enqueue_message(ChatAddress("cli", "ann"), "still running").message_id
+    assert [m.message_id for m in q.messages.claim_all_pending_messages("assistant", "w")] == [live]
+    chat = ChatAddress("telegram", conversation="42")
+
+    def stream(tx: Tx) -> None:
+        previews.put_partial(tx, chat, "run-dead", "The answer starts", [dead])
+        previews.put_partial(tx, chat, "run-live", "Another answer starts", [live])
+        previews.put_partial(tx, chat, "run-gone", "A pruned message's", ["m-pruned-long-ago"])
+        # The chat shows the dead run's preview (not finished) and the gone one's (closed already).
+        previews.put_shown(chat, "run-dead", {"id": "77", "text": "…", "message_ids": [dead], "done": False})(
+            tx
+        )
+        previews.put_shown(chat, "run-gone", {"id": "78", "text": "…", "message_ids": [], "done": True})(tx)
+
+    db.run_transaction(stream)
+    service = SchedulerService(scheduler_rt)
+    assert service.prune_previews() == 2
+    assert [p.edit_key for p in previews.partials(db, "telegram")] == ["run-live"]
+    # The chat's adapter is told to close the previews of both (if it shows them still).
+    assert previews.left(db, "telegram") == [("42", "run-dead"), ("42", "run-gone")]
+    assert service.prune_previews() == 0  # idempotent
+    assert service.run_once().previews_removed == 0
+    # A text not written for a day goes even while its messages are processing.
+    assert previews.prune_partials(db, now=now_ms() + previews.PARTIAL_MAX_AGE_MS + 1000) == 1
+    assert previews.partials(db, "telegram") == []
+    assert previews.left(db, "telegram") == [("42", "run-dead"), ("42", "run-gone"), ("42", "run-live")]
 
 
 def test_replies_on_unserved_channels_are_acked_and_recorded(scheduler_rt: Runtime) -> None:
