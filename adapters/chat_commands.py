@@ -53,7 +53,7 @@ HELP_TEXT = """Commands:
 /stop - stop the agent's current run for this chat
 /retry - try again the last message here that could not be answered
 /usage - what your messages have cost today and this month
-/queue [collect|followup|interrupt] - what happens to messages sent while the agent is busy
+/queue [collect|followup|interrupt|steer] - what happens to messages sent while the agent is busy
 /help - this help
 @agent alone switches this chat's default agent; @default goes back to normal routing.
 Start a message with @agent or @team to address one agent just once."""
@@ -62,6 +62,8 @@ _POLICY_HELP = {
     "collect": "messages sent while the agent is busy are answered together in one follow-up run",
     "followup": "messages sent while the agent is busy each get their own run, in order",
     "interrupt": "a new message stops the running reply and is answered together with the earlier ones",
+    "steer": "a new message is handed to the agent while it works, and its reply answers that message too "
+    "(Claude agents; others answer it together in one follow-up run)",
 }
 
 

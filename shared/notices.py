@@ -40,7 +40,8 @@ def gave_up_notice(
 def busy_note(agent: str, policy: str, *, same_chat: bool) -> str:
     """The one note a chat gets when its message waits behind a run of ``agent`` (once per run and chat).
 
-    ``policy`` is the chat's busy policy (``collect``, ``followup``, ``interrupt``); ``same_chat`` says
+    ``policy`` is how the chat's message will be handled (``collect``, ``followup``, ``interrupt``; a
+    ``steer`` message that cannot join the run going on waits as under ``collect``); ``same_chat`` says
     whether the run going on answers this chat's earlier message or another conversation.
     """
     who = _quoted(agent)
@@ -50,10 +51,18 @@ def busy_note(agent: str, policy: str, *, same_chat: bool) -> str:
         head = f"Queued: {who} is still working on your previous message."
     else:
         head = f"Queued: {who} is busy with another conversation."
-    if policy == "collect":
+    if policy in ("collect", "steer"):
         how = "together with anything else you send meanwhile, after the current run"
     elif policy == "followup":
         how = "after the current run, each of your messages in turn"
     else:
         how = "after the current run"
     return f"{head} This will be answered {how}."
+
+
+def steered_note(agent: str) -> str:
+    """The note a chat gets when its message was handed to the run going on in that chat (``steer``)."""
+    return (
+        f"Added to what {_quoted(agent)} is working on now: it will take this into account, and its reply "
+        "will answer this message too."
+    )

@@ -106,19 +106,45 @@ def _warm(settings: Settings) -> list[Check]:
     """Whether chats keep their CLI running between messages (``[processor] session_idle_seconds``), and
     which agents cannot: only Claude Code takes one message after another on one process."""
     config = settings.processor
-    if config.session_idle_seconds <= 0 or not settings.agents:
+    if not settings.agents:
         return []
-    detail = (
-        f"Claude agents keep a chat's CLI running for {config.session_idle_seconds:g} s after a reply, so the "
-        f"next message skips the start-up (at most {config.warm_sessions_per_agent} per agent, "
-        f"{config.warm_sessions_total} in all)"
-    )
     cold = sorted(
         f"{name} ({agent.provider})" for name, agent in settings.agents.items() if agent.provider != "claude"
     )
-    if cold:
-        detail += f"; {', '.join(cold)} start their CLI for every message: only Claude Code can stay running"
-    return [Check("agents", "warm sessions", "ok", detail)]
+    found: list[Check] = []
+    if config.session_idle_seconds > 0:
+        detail = (
+            f"Claude agents keep a chat's CLI running for {config.session_idle_seconds:g} s after a reply, so "
+            f"the next message skips the start-up (at most {config.warm_sessions_per_agent} per agent, "
+            f"{config.warm_sessions_total} in all)"
+        )
+        if cold:
+            detail += (
+                f"; {', '.join(cold)} start their CLI for every message: only Claude Code can stay running"
+            )
+        found.append(Check("agents", "warm sessions", "ok", detail))
+    if cold and _steer_anywhere(settings):
+        found.append(
+            Check(
+                "agents",
+                "busy policy steer",
+                "ok",
+                f"{', '.join(cold)} cannot take a message while they work: under steer, messages sent "
+                "meanwhile are answered together in one follow-up run (as under collect)",
+            )
+        )
+    return found
+
+
+def _steer_anywhere(settings: Settings) -> bool:
+    """Whether ``steer`` is the busy policy of the processor or of a channel (a chat's own ``/queue``
+    choice is not in the settings)."""
+    if settings.processor.busy_policy == "steer":
+        return True
+    return any(
+        isinstance(section, dict) and section.get("busy_policy") == "steer"
+        for section in settings.file.channels.values()
+    )
 
 
 def _workspaces(settings: Settings) -> list[Check]:

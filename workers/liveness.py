@@ -9,6 +9,9 @@ least every ``[processor] control_interval_seconds`` (at most five times a secon
   chat is handed to the processor, which completes that chat's waiting messages the same way.
 - under the ``interrupt`` policy, looks for a message of this chat that became available: it stops the run
   so the next one carries everything (:mod:`workers.busy`).
+- under the ``steer`` policy, in a run that can take more messages (:attr:`RunInfo.steer`), claims the
+  chat's messages that became available and hands them to the run (:mod:`workers.steer`) through
+  ``on_steer``.
 - every ``progress_note_seconds`` enqueues a "still working — 6 min, last step: …" note to the chat, with
   metadata ``{"kind": "progress", "edit_key": RUN_ID}`` so a channel can edit one message in place; the
   final reply carries ``{"kind": "final", "edit_key": RUN_ID}``.
@@ -27,7 +30,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 import anyio
@@ -42,6 +45,7 @@ from shared.reads.conversation_status import format_duration, update_run_step
 from shared.runtime import Runtime
 from shared.settings.busy_policy import BusyPolicy
 from workers.busy import WorkGroup, busy_notice_on, resolve_policy
+from workers.steer import SteerInbox
 from workers.teams import origin_of
 
 log = logging.getLogger("agentpost.processor")
@@ -76,6 +80,8 @@ class RunInfo:
     #: the run goes on, the rest with the run's end (a short run's steps cost no transaction of their own).
     pending_events: list[PendingEvent] = field(default_factory=list)
     events_written: float = field(default_factory=time.monotonic)
+    #: Where messages steered into this run go (the ``steer`` policy, a claude run); None: it takes none.
+    steer: SteerInbox | None = None
 
     def __post_init__(self) -> None:
         self.edit_key = self.edit_key or self.run_id
@@ -139,6 +145,7 @@ class RunWatch:
         note_seconds: float,
         on_foreign_stop: Callable[[str], None],
         default_policy: BusyPolicy = "collect",
+        on_steer: Callable[[list[QueuedMessage]], Awaitable[None]] | None = None,
     ) -> None:
         self.rt = rt
         self.worker = worker
@@ -150,16 +157,25 @@ class RunWatch:
         self.target = note_target(info.group.messages[0])
         #: The chats told during this run that their message waits behind it.
         self.told: set[tuple[str, str]] = set()
+        #: Receives the messages claimed into the run (see :meth:`check`).
+        self.on_steer = on_steer
+        self._steered: list[QueuedMessage] = []
 
     async def run(self, scope: anyio.CancelScope) -> None:
         """Watch until the run ends (the caller cancels this) or the watch stops it (cancels ``scope``)."""
         while True:
             generation = self.rt.waker.generation
-            try:
-                reason = await call(self.check)
-            except Exception as exc:  # a database hiccup: the run goes on; try again shortly
-                log.warning("agent %s: run watch: %s", self.info.agent, exc)
-                reason = ""
+            # Shielded: messages the check claimed into the run must reach it (or the agent's next run)
+            # even when the run ends meanwhile and cancels this watch.
+            with anyio.CancelScope(shield=True):
+                try:
+                    reason = await call(self.check)
+                except Exception as exc:  # a database hiccup: the run goes on; try again shortly
+                    log.warning("agent %s: run watch: %s", self.info.agent, exc)
+                    reason = ""
+                if self._steered and self.on_steer is not None:
+                    steered, self._steered = self._steered, []
+                    await self.on_steer(steered)
             if reason:
                 self.info.reason = reason
                 scope.cancel()
@@ -192,6 +208,12 @@ class RunWatch:
             return "stop"
         if taken:
             self.on_foreign_stop(taken)
+        steer = info.steer
+        if steer is not None and not steer.closed and info.group.policy == "steer":
+            chat_address = info.group.messages[0].address
+            self._steered += self.rt.queue.messages.claim_chat_into_run(
+                info.agent, self.worker, chat_address, info.run_id
+            )
         self._tell_waiting()
         arrival = self.rt.queue.control.chat_has_arrival
         if info.group.policy == "interrupt" and arrival(info.agent, info.group.messages[0].address):
@@ -249,6 +271,8 @@ class RunWatch:
                     if key == info.group.key
                     else resolve_policy(self.rt.db, settings, self.default_policy, address)
                 )
+                if policy == "steer" and (key != info.group.key or info.steer is None):
+                    policy = "collect"  # it cannot join this run: it waits for the chat's next one
                 same_chat = self.target is not None and key == self.target.key
                 self.rt.queue.responses.enqueue_response(
                     address,

@@ -76,7 +76,9 @@ class ClaudeProvider(CliProvider):
         if request.warm is None:
             return await super().run(request, progress)
         try:
-            argv = [*self.argv(request), "--input-format", "stream-json"]
+            # The echo of each user message taken in tells a run that was handed more messages (the steer
+            # busy policy) which result answers the last of them (workers/warm_sessions.py).
+            argv = [*self.argv(request), "--input-format", "stream-json", "--replay-user-messages"]
         except ProviderError as exc:
             return RunResult(ok=False, error=str(exc), cannot_start=True, service=self.service)
         # One turn of a CLI kept running for this chat (workers/warm_sessions.py): the prompt becomes a

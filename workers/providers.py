@@ -47,6 +47,7 @@ from anyio.abc import ByteReceiveStream, Process
 
 from shared.settings.model import AgentSettings
 from workers.sandbox import Sandboxed
+from workers.steer import SteerInbox
 
 #: Called with each piece of assistant text as it streams out.
 ProgressFn = Callable[[str], Awaitable[None]]
@@ -96,6 +97,9 @@ class RunRequest:
     sandbox: Sandboxed | None = None
     # A warm session to run this turn in (workers/warm_sessions.py; claude only); None: a process per run.
     warm: WarmTurns | None = None
+    # Messages of the same chat handed to this run while it goes on (the ``steer`` busy policy,
+    # workers/steer.py); only a run in a warm session's stream-json input can take them.
+    steer: SteerInbox | None = None
 
 
 @dataclass

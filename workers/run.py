@@ -34,7 +34,8 @@ from shared.clock import now_ms
 from shared.events.log import PendingEvent, append_events
 from shared.file_access import chat_upload_dir
 from shared.ids import new_id
-from shared.queue.core import LeaseLost, TxWork, retry_edit_key
+from shared.notices import steered_note
+from shared.queue.core import LeaseLost, QueuedMessage, TxWork, retry_edit_key
 from shared.reads.conversation_status import clear_run, clear_run_in, record_run_in
 from shared.runtime import Runtime
 from shared.settings.model import AgentSettings, Settings
@@ -42,7 +43,7 @@ from shared.storage.db import Tx
 from shared.storage.dialect import sqlite_path
 from workers.agent_env import child_env
 from workers.budgets import budget_gate, usage_work
-from workers.busy import WorkGroup, build_prompt, resolve_policy
+from workers.busy import WorkGroup, build_prompt, busy_notice_on, merge_arrivals, resolve_policy
 from workers.drive import Drive, step_done
 from workers.liveness import RunInfo, RunWatch, note_target
 from workers.observe import quietly, record_events
@@ -52,6 +53,7 @@ from workers.providers import AgentProvider, ProviderError, RunRequest, RunResul
 from workers.ratelimit import fallback_until
 from workers.run_outcome import OutcomeWriter
 from workers.sandbox import Sandboxed, SandboxPlan, SandboxView
+from workers.steer import SteerInbox
 from workers.storage_steps import StorageSteps
 from workers.warm_sessions import WarmPool, WarmSlot
 from workers.workspace import WorkspaceElsewhere, host_of, prepare_workspace, team_instructions
@@ -132,6 +134,8 @@ class Run:
         session = await call(get_session, self.rt.db, agent, session_key)
         run_config, on_fallback = await self._model_for(config)
         run = RunInfo(agent, new_id("run"), group)
+        if group.policy == "steer" and config.provider == "claude":
+            run.steer = SteerInbox()  # codex and command agents cannot take a message mid-run: collect
         if any(m.retry_count for m in group.messages):
             run.edit_key = retry_edit_key(primary.message_id)
         self.preview = PreviewWriter.for_run(self.rt.db, self.settings, primary, run.edit_key, group.ids)
@@ -268,14 +272,49 @@ class Run:
             on_partial=self.preview.update if self.preview is not None else None,
             read_dirs=(uploads,) if uploads is not None else (),
             sandbox=self._sandboxed(workspace, uploads),
-            warm=self._warm_slot(config, session_key),
+            warm=self._warm_slot(config, session_key, steer=run.steer is not None),
+            steer=run.steer,
         )
 
-    def _warm_slot(self, config: AgentSettings, session_key: str) -> WarmSlot | None:
-        """Where this run's turn goes when the chat's claude process is kept between runs; None: cold."""
-        if self.warm is None or config.provider != "claude" or self.config.session_idle_seconds <= 0:
+    def _warm_slot(self, config: AgentSettings, session_key: str, *, steer: bool) -> WarmSlot | None:
+        """Where this run's turn goes when the chat's claude process is kept between runs, or the run takes
+        steered messages (stream-json input, kept only with warm sessions on); None: cold."""
+        if self.warm is None or config.provider != "claude":
+            return None
+        if self.config.session_idle_seconds <= 0 and not steer:
             return None
         return self.warm.slot(self.agent, session_key)
+
+    async def _steer(self, run: RunInfo, messages: list[QueuedMessage]) -> None:
+        """Messages of this chat claimed while the run goes on (the ``steer`` policy): hand them to the run
+        and tell the chat; when the run no longer takes any, they wait for the agent's next run."""
+        if run.steer is not None and run.steer.offer(build_prompt(messages)):
+            # Answered by the run's final reply, renewed with its leases; their claim's event names the run.
+            run.group.messages.extend(messages)
+            await quietly(self._tell_steered, run, messages)
+        else:
+            merge_arrivals(self.drive.groups, messages, lambda _key: "collect")
+
+    def _tell_steered(self, run: RunInfo, messages: list[QueuedMessage]) -> None:
+        """The note each steered message's chat gets (unless ``busy_notice`` is off for its channel)."""
+        for message in messages:
+            target = note_target(message)
+            if target is None or not busy_notice_on(self.settings, message.channel):
+                continue
+            self.rt.queue.responses.enqueue_response(
+                target,
+                steered_note(run.agent),
+                agent=run.agent,
+                metadata={
+                    "kind": "progress",
+                    "note": "steer",
+                    "edit_key": f"busy_{message.message_id}",
+                    "agent": run.agent,
+                    "policy": "steer",
+                    "run_id": run.run_id,
+                },
+                message_id=message.message_id,
+            )
 
     def _sandboxed(self, workspace: Path, uploads: Path | None) -> Sandboxed | None:
         """The sandbox of this run (None when this processor runs agents unconfined): its workspace, its own
@@ -330,6 +369,7 @@ class Run:
             note_seconds=self.config.progress_note_seconds,
             on_foreign_stop=self.drive.stops.add,
             default_policy=self.config.busy_policy,
+            on_steer=functools.partial(self._steer, run),
         )
         result = RunResult(ok=False, error="stopped before the CLI finished")
         with anyio.CancelScope() as scope:

@@ -55,6 +55,7 @@ from workers.providers import (
     ProgressFn,
     RunRequest,
     RunResult,
+    RunUsage,
     StreamState,
     _drain,
     _stopped_error,
@@ -62,6 +63,7 @@ from workers.providers import (
     kill_group,
     launch_plan,
 )
+from workers.steer import SteerInbox
 
 log = logging.getLogger("agentpost.processor")
 
@@ -248,7 +250,10 @@ class WarmSlot:
         if result.ok and result.session_id and warm.alive():
             result.session_id = session_ref(result.session_id, last_uuid)
             warm.session = result.session_id
-            await self.pool.put(warm)
+            if self.pool.enabled:
+                await self.pool.put(warm)
+            else:  # a steer run with warm sessions off: the stream-json input was for this run only
+                await warm.close()
         else:
             # Failed, refused or timed out: the process's conversation now holds the bad turn. Nothing of
             # it is recorded, and the next message starts cold from the last good point.
@@ -268,16 +273,19 @@ async def _one_turn(
     stderr_tail = bytearray()
     stopped_by: list[str] = []
     ended: list[str | None] = []  # [last assistant uuid] once the result line was read
-    message = {"type": "user", "message": {"role": "user", "content": request.prompt}}
     with anyio.CancelScope() as scope:
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(_watchdog, request, state, scope, started, stopped_by)
-            tg.start_soon(_drain, process.stderr, stderr_tail, anyio.Event(), state)
-            # A process that exited cannot take it: reading then finds the end of its output.
-            with contextlib.suppress(anyio.BrokenResourceError, anyio.ClosedResourceError):
-                await process.stdin.send((json.dumps(message) + "\n").encode())
-            await _read_until_result(provider, warm, state, progress, request, ended)
-            tg.cancel_scope.cancel()
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(_watchdog, request, state, scope, started, stopped_by)
+                tg.start_soon(_drain, process.stderr, stderr_tail, anyio.Event(), state)
+                await _write_user_message(process, request.prompt)
+                if request.steer is not None:
+                    tg.start_soon(_feed, process, request.steer)
+                await _read_until_result(provider, warm, state, progress, request, ended)
+                tg.cancel_scope.cancel()
+        finally:
+            if request.steer is not None:
+                request.steer.close()
     if scope.cancelled_caught:
         why = stopped_by[0] if stopped_by else "ceiling"
         return RunResult(ok=False, timed_out=True, error=_stopped_error(request, why), stopped_by=why), None
@@ -295,6 +303,21 @@ async def _one_turn(
     return result, ended[0] if ended else None
 
 
+async def _write_user_message(process: Process, text: str) -> None:
+    """Write ``text`` to the CLI as one stream-json user message."""
+    assert process.stdin is not None
+    message = {"type": "user", "message": {"role": "user", "content": text}}
+    # A process that exited cannot take it: reading then finds the end of its output.
+    with contextlib.suppress(anyio.BrokenResourceError, anyio.ClosedResourceError):
+        await process.stdin.send((json.dumps(message) + "\n").encode())
+
+
+async def _feed(process: Process, inbox: SteerInbox) -> None:
+    """Write each message steered into the run to the CLI as it arrives (until the turn's reader ends)."""
+    while True:
+        await _write_user_message(process, await inbox.take())
+
+
 async def _read_until_result(
     provider: CliProvider,
     warm: WarmProcess,
@@ -303,10 +326,18 @@ async def _read_until_result(
     request: RunRequest,
     ended: list[str | None],
 ) -> None:
-    """Hand each stdout line to the provider; stop after the ``result`` line (noting the uuid of the
-    turn's last assistant message in ``ended``) or at the end of output."""
+    """Hand each stdout line to the provider; stop after the run's last ``result`` line (noting the uuid of
+    its last assistant message in ``ended``) or at the end of output.
+
+    Without steered messages that is the first ``result``. With them (``request.steer``), it is the first
+    ``result`` after the CLI echoed every message written to it: a message taken mid-turn is answered by
+    that turn's result, one taken after it by a turn of its own; the answers of all turns make the run's
+    text, in order, and their usage is added up (see :mod:`workers.steer`)."""
     assert warm.process.stdout is not None
     last_uuid: str | None = None
+    echoed = 0  # user messages the CLI took in (its --replay-user-messages echo): the prompt, then steered
+    answers: list[str] = []
+    usages: list[RunUsage] = []
     while True:
         cut = warm.buffer.find(b"\n")
         if cut < 0:
@@ -319,24 +350,57 @@ async def _read_until_result(
             continue
         line = bytes(warm.buffer[:cut]).decode(errors="replace")
         del warm.buffer[: cut + 1]
-        kind, uuid = _kind(line)
+        kind, uuid, replay = _kind(line)
         if kind == "assistant" and uuid:
             last_uuid = uuid
+        elif kind == "user" and replay:
+            echoed += 1
         await provider._handle(line, state, progress, request)
-        if kind == "result":
+        if kind != "result":
+            continue
+        if state.final_text:
+            answers.append(state.final_text.strip())
+        if state.usage is not None:
+            usages.append(state.usage)
+        steer = request.steer
+        if state.error is not None or steer is None or steer.settle(echoed - 1):
+            if len(answers) > 1 or len(usages) > 1:
+                state.final_text = "\n\n".join(a for a in answers if a)
+                state.usage = _added(usages)
             ended.append(last_uuid)
             return
+        state.final_text = None  # the next turn's result answers the messages steered in since
 
 
-def _kind(line: str) -> tuple[str, str | None]:
-    """The ``type`` and ``uuid`` of one stream-json line (``("", None)`` for anything else)."""
+def _added(usages: list[RunUsage]) -> RunUsage | None:
+    """The usage of a run of several turns: tokens and cost added up, the model of the costliest turn."""
+    if not usages:
+        return None
+    costliest = max(usages, key=lambda u: u.cost_usd)
+    return RunUsage(
+        input_tokens=sum(u.input_tokens for u in usages),
+        output_tokens=sum(u.output_tokens for u in usages),
+        cache_read_tokens=sum(u.cache_read_tokens for u in usages),
+        cache_write_tokens=sum(u.cache_write_tokens for u in usages),
+        cost_usd=sum(u.cost_usd for u in usages),
+        model=costliest.model,
+    )
+
+
+def _kind(line: str) -> tuple[str, str | None, bool]:
+    """The ``type`` and ``uuid`` of one stream-json line, and whether it is the CLI's echo of a user message
+    it took in (``("", None, False)`` for anything else)."""
     if not line.startswith("{"):
-        return "", None
+        return "", None, False
     try:
         event = json.loads(line)
     except ValueError:
-        return "", None
+        return "", None, False
     if not isinstance(event, dict):
-        return "", None
+        return "", None, False
     uuid = event.get("uuid")
-    return str(event.get("type") or ""), uuid if isinstance(uuid, str) else None
+    return (
+        str(event.get("type") or ""),
+        uuid if isinstance(uuid, str) else None,
+        event.get("isReplay") is True,
+    )

@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from shared.chain_budget import take_chain_run
-from shared.chat.address import ChatAddress
+from shared.chat.address import CHAT_KEY_SQL, ChatAddress
 from shared.clock import now_ms
 from shared.events.log import PendingEvent, append_events
 from shared.queue.delivery import Responses
@@ -307,6 +307,68 @@ class Messages:
             take_group(tx, message_ids, worker, "run_started_at = :now", {"now": now}, "id")
             if also is not None:
                 also(tx)
+
+    def claim_chat_into_run(
+        self, agent: str, worker: str, chat: ChatAddress, run_id: str, *, lease_ms: int | None = None
+    ) -> list[QueuedMessage]:
+        """Claim the messages of ``chat`` for ``agent`` that became available while ``worker`` runs that
+        chat's group (run ``run_id``), oldest first, already marked as started in that run: the ``steer``
+        busy policy hands them to the run going on (``workers/steer.py``), so from here a crash costs them an
+        interrupted run, like the run's own messages.
+
+        Returns ``[]`` (changing nothing) when nothing of that chat is available or the worker no longer
+        holds the agent's lease. A read comes first, so the run's watch can ask every check for nothing.
+        """
+        now = now_ms()
+        where = (
+            f"status = '{MessageStatus.PENDING}' AND agent = :agent AND channel = :channel "
+            f"AND {CHAT_KEY_SQL} = :conv AND available_at <= :now"
+        )
+        values: dict[str, Any] = {
+            "agent": agent,
+            "worker": worker,
+            "channel": chat.channel,
+            "conv": chat.chat,
+            "now": now,
+        }
+        if self.db.read_scalar(f"SELECT 1 FROM messages WHERE {where} LIMIT 1", values) is None:
+            return []
+        values["lease"] = lease = now + (lease_ms or self.config.lease_ms)
+        with self.db.transaction() as tx:
+            held = tx.execute(
+                "UPDATE agent_leases SET lease_until = :lease WHERE agent = :agent AND holder = :worker "
+                "AND lease_until >= :now",
+                values,
+            ).rowcount
+            if held != 1:
+                return []
+            names, rows = tx.tuples(
+                f"UPDATE messages SET status = '{MessageStatus.PROCESSING}', claimed_by = :worker, "
+                "lease_until = :lease, updated_at = :now, run_started_at = :now WHERE id IN (SELECT id FROM "
+                f"messages WHERE {where} ORDER BY id{self.db.dialect.skip_locked}) RETURNING {CLAIM_RETURNS}",
+                values,
+            )
+            if not rows:
+                return []
+            rows.sort(key=_first)
+            ids = [str(r[1]) for r in rows]
+            payload = {
+                "agent": agent,
+                "worker": worker,
+                "message_ids": ids,
+                "run_id": run_id,
+                "steered": True,
+            }
+            append_events(tx, [PendingEvent("message_claimed", payload, ids[0])], now)
+        claimed = {
+            "agent": agent,
+            "status": MessageStatus.PROCESSING,
+            "claimed_by": worker,
+            "lease_until": lease,
+            "updated_at": now,
+            "run_started_at": now,
+        }
+        return [QueuedMessage.from_claim(names, r, claimed) for r in rows]
 
 
 def _first(row: Sequence[Any]) -> Any:

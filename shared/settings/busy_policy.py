@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Literal, cast, get_args
 
-BusyPolicy = Literal["collect", "followup", "interrupt"]
+BusyPolicy = Literal["collect", "followup", "interrupt", "steer"]
 #: The policies, in the order the help text lists them.
 BUSY_POLICIES: tuple[str, ...] = get_args(BusyPolicy)
 

@@ -1,0 +1,72 @@
+"""The ``steer`` busy policy: a message sent while its chat's run goes on is handed to that run.
+
+Under ``steer`` a claude run goes through the stream-json input of :mod:`workers.warm_sessions` (whether or not
+the process is kept afterwards). While it runs, the run's watch (:mod:`workers.liveness`) claims any message
+of the same chat that arrives — marked as started in this run, so a crash costs it an interrupted run
+exactly as it costs the run's own messages, and the re-run answers them together as under ``collect`` — and
+offers it to the run's :class:`SteerInbox`. A feeder writes it to the CLI's stdin at once, as one more user
+message. The CLI takes it at its next step:
+
+- during a tool step, into the turn going on ("the user sent a new message while you were working"): that
+  turn's one ``result`` answers both;
+- during a reply without tools, as the next turn of the same process, right after the current one.
+
+The run knows which by the CLI's echo of each user message it takes (``--replay-user-messages``): it ends at
+the first ``result`` after every message it wrote was echoed. Either way the run has one final reply for the
+whole folded group — its own messages and every message steered into it — made of each turn's answer in
+order. A message offered after the run has read its last ``result`` is refused (:meth:`SteerInbox.offer`)
+and waits for the chat's next run, as under ``collect``. Codex and command agents, which cannot take a
+message mid-run, treat ``steer`` as ``collect``.
+"""
+
+from __future__ import annotations
+
+import anyio
+
+
+class SteerInbox:
+    """Messages handed to one run while it goes on, in the order they arrived.
+
+    Used from the event loop only: :meth:`offer` (the run's watch) and :meth:`take` (the feeder writing to
+    the CLI) never interleave with :meth:`settle` (the reader, at each ``result``), so a message is either
+    refused or answered by the run, never lost in between.
+    """
+
+    def __init__(self) -> None:
+        self._waiting: list[str] = []
+        self._wake: anyio.Event | None = None
+        #: Messages taken by the feeder (written, or being written, to the CLI).
+        self.taken = 0
+        #: True once the run has read its last answer (or ended): no more messages are accepted.
+        self.closed = False
+
+    def offer(self, prompt: str) -> bool:
+        """Hand ``prompt`` to the run; False when the run no longer takes messages."""
+        if self.closed:
+            return False
+        self._waiting.append(prompt)
+        if self._wake is not None:
+            self._wake.set()
+        return True
+
+    async def take(self) -> str:
+        """The next message to write to the CLI (waits for one)."""
+        while not self._waiting:
+            self._wake = anyio.Event()
+            await self._wake.wait()
+        self._wake = None
+        self.taken += 1
+        return self._waiting.pop(0)
+
+    def settle(self, answered: int) -> bool:
+        """At a ``result``: True (and closed) when every message handed over has been taken in by the CLI —
+        ``answered`` of them were echoed so far — so this result is the run's last; False when the CLI has
+        more to answer."""
+        if self._waiting or answered < self.taken:
+            return False
+        self.closed = True
+        return True
+
+    def close(self) -> None:
+        """The run ended some other way (a failure, a stop): refuse what comes later."""
+        self.closed = True
