@@ -101,11 +101,15 @@ def test_status_stop_and_queue_commands(rt: Runtime, fake: HoldingTelegram) -> N
         shown = _ask(fake, "/queue")
         bad = _ask(fake, "/queue sometimes")
         help_text = _ask(fake, "/help")
+        steer = _ask(fake, "/queue steer")
+        _ask(fake, "/queue followup")
     assert "Working on it since" in status and "(2 min) — @alpha" in status
     assert "Last step: Reading the test files" in status and "1 message waiting." in status
     assert stop == "Stopping…" and requested == "telegram:42"
     assert "followup" in shown and "(the default)" not in shown
-    assert "Unknown busy policy 'sometimes'" in bad
+    assert "Unknown busy policy 'sometimes'" in bad and "collect|followup|interrupt|steer" in bad
+    assert steer.startswith("Busy policy set to steer: a new message is handed to the agent while it works")
+    assert "/queue [collect|followup|interrupt|steer]" in help_text
     assert all(f"/{name}" in help_text for name in ("status", "stop", "queue"))
     assert get_busy_policy(rt.db, ChatAddress("telegram", conversation="42")) == "followup"
     stop_events = rt.db.read("SELECT payload FROM events WHERE type = 'stop_requested'")
