@@ -68,7 +68,9 @@ def _alive(pid: int) -> bool:
 
 
 def _send(rt: Runtime, chat: int, number: int) -> str:
-    address = ChatAddress("telegram", f"user{chat}", sender_id=str(7000 + chat), conversation=str(7000 + chat))
+    address = ChatAddress(
+        "telegram", f"user{chat}", sender_id=str(7000 + chat), conversation=str(7000 + chat)
+    )
     sent = rt.queue.intake.enqueue_message(address, f"{label(chat, number)} please answer this")
     return sent.message_id
 
@@ -102,22 +104,22 @@ def _scenario(tmp_path: Path, api: LabelledApi, db_url: str) -> None:
             chat = round_no  # a chat per round: no message is interrupted twice
             a_label, b_label = label(chat, 0), label(chat, 1)
             _send(rt, chat, 0)
-            _wait(lambda: _reached_api(api, a_label) and cli_pids(proc.pid), 30, f"{a_label}'s run")
+            _wait(lambda a=a_label, p=proc: _reached_api(api, a) and cli_pids(p.pid), 30, f"{a_label}'s run")
             b_id = _send(rt, chat, 1)
             if moment == "no kill":
-                _wait(lambda: _steered_into_a_run(rt, b_id), 30, f"{b_label} steered")
+                _wait(lambda b=b_id: _steered_into_a_run(rt, b), 30, f"{b_label} steered")
                 continue
             if moment == "kill when B is claimed":
-                _wait(lambda: _steered_into_a_run(rt, b_id), 30, f"{b_label} steered")
+                _wait(lambda b=b_id: _steered_into_a_run(rt, b), 30, f"{b_label} steered")
             else:
-                _wait(lambda: _reached_api(api, b_label), 30, f"{b_label}'s request")
+                _wait(lambda b=b_label: _reached_api(api, b), 30, f"{b_label}'s request")
             cli = cli_pids(proc.pid)
             rows = message_rows(rt.db)
             proc.kill9()
             assert rows[a_label]["status"] == rows[b_label]["status"] == "processing", rows
             assert cli, f"round {round_no}: no CLI under the processor at the kill"
             # The run's CLI dies with the processor.
-            _wait(lambda: not any(_alive(pid) for pid in cli), 10, f"the CLI {cli} to die")
+            _wait(lambda c=cli: not any(_alive(pid) for pid in c), 10, f"the CLI {cli} to die")
             kills.append(f"round {round_no}: {moment}, CLI {cli}")
             proc = start()
         expected = 2 * ROUNDS
@@ -148,11 +150,15 @@ def _scenario(tmp_path: Path, api: LabelledApi, db_url: str) -> None:
     assert result.mismatched_finals == 0, result.details["mismatched"]
 
 
-def test_sqlite_processor_killed_with_steered_messages_loses_nothing(tmp_path: Path, api: LabelledApi) -> None:
+def test_sqlite_processor_killed_with_steered_messages_loses_nothing(
+    tmp_path: Path, api: LabelledApi
+) -> None:
     _scenario(tmp_path, api, f"sqlite:///{tmp_path / 'agentpost.db'}")
 
 
 @pytest.mark.postgres
-def test_postgres_processor_killed_with_steered_messages_loses_nothing(tmp_path: Path, api: LabelledApi) -> None:
+def test_postgres_processor_killed_with_steered_messages_loses_nothing(
+    tmp_path: Path, api: LabelledApi
+) -> None:
     with fresh_pg_database() as url:
         _scenario(tmp_path, api, url)
