@@ -1,8 +1,9 @@
 """Warm claude sessions (issue 28): from a message's enqueue to the API request its run makes, for a chat's
 first message (a cold CLI start) and its 2nd..Nth (written to the kept process), and the memory of one
-kept process.
+kept process; and the ``steer`` hand-over: a message sent while its chat's reply streams, under ``collect``
+(a follow-up run) and ``steer`` (written to the running CLI).
 
-    .venv/bin/python bench/warm_sessions.py [--messages 10] [--chats 3]
+    .venv/bin/python bench/warm_sessions.py [--messages 10] [--chats 3] [--steer-rounds 10]
 
 One processor runs in this process (as ``agentpost run processor`` does, with the test timings of
 tests/homes.py), the real pinned Claude Code CLI (node_modules/.bin/claude) answers through the fake Messages
@@ -30,7 +31,7 @@ sys.path.insert(0, str(ROOT))
 
 from shared.aio import call  # noqa: E402
 from shared.chat.address import ChatAddress  # noqa: E402
-from tests.fakes.anthropic_api import Computed, FakeAnthropic  # noqa: E402
+from tests.fakes.anthropic_api import Chunked, Computed, FakeAnthropic, Reply, last_user_text  # noqa: E402
 from tests.fakes.claude_env import claude_env  # noqa: E402
 from tests.homes import build_home, open_home  # noqa: E402
 from workers.processor import Processor  # noqa: E402
@@ -102,12 +103,74 @@ def measure(tmp: Path, idle: float, messages: int, chats: int) -> tuple[list[flo
     return first, later, int(statistics.median(rss)) if rss else 0
 
 
+def measure_steer(tmp: Path, policy: str, rounds: int) -> tuple[list[float], list[float], int]:
+    """(B's request after A's reply ended, B's enqueue to its request, CLI starts) for ``rounds`` rounds of:
+    message A whose reply streams for 1.5 s, and message B to the same chat once A's request arrived."""
+    home = build_home(
+        tmp,
+        f"sqlite:///{tmp / 'agentpost.db'}",
+        {"coder": {"provider": "claude", "timeout_seconds": 60}},
+        processor={"busy_policy": policy},
+    )
+    user_home = tmp / "user-home"
+    user_home.mkdir()
+    after_turn: list[float] = []
+    enqueue_to_request: list[float] = []
+
+    def reply(body: dict[str, object]) -> Reply | str:
+        text = last_user_text(body)
+        if text.startswith("first "):
+            tag = text.split()[1]
+            return Chunked([f"{tag}-part " for _ in range(5)] + [f"{tag}-end"], interval=0.25)
+        return "ok"
+
+    with FakeAnthropic() as api, open_home(home) as rt:
+        api.add_rule(None, Computed(reply))
+        env = claude_env(api.base_url, user_home, max_retries=0)
+        processor = Processor(rt, env=env)
+
+        async def until(condition: object) -> None:
+            while not await call(condition):  # type: ignore[arg-type]
+                await anyio.sleep(0.005)
+
+        async def steps() -> None:
+            for number in range(rounds):
+                chat = ChatAddress("telegram", "bench", conversation=f"steer-{number}")
+                await call(rt.queue.intake.enqueue_message, chat, f"first r{number}")
+                await until(lambda n=number: any(r.last_user_text == f"first r{n}" for r in api.main_requests()))
+                sent = time.monotonic()
+                second = await call(rt.queue.intake.enqueue_message, chat, f"second r{number}")
+
+                def answered(mid: str = second.message_id) -> bool:
+                    message = rt.queue.admin.get_message(mid)
+                    return message is not None and message.status in ("completed", "dead")
+
+                await until(answered)
+                request = next(r for r in api.main_requests() if f"second r{number}" in r.last_user_text)
+                ended = max(at for at, text in api.deltas if text == f"r{number}-end")
+                after_turn.append(request.at - ended)
+                enqueue_to_request.append(request.at - sent)
+
+        async def go() -> None:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(processor.serve)
+                try:
+                    await steps()
+                finally:
+                    processor.stop()
+
+        anyio.run(go)
+        starts = processor.stats.invocations
+    return after_turn, enqueue_to_request, starts
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--messages", type=int, default=10, help="messages per chat (the first is cold)")
     parser.add_argument("--chats", type=int, default=3)
+    parser.add_argument("--steer-rounds", type=int, default=10, help="rounds of the steer hand-over (0: skip)")
     args = parser.parse_args()
     print(f"load average at start: {os.getloadavg()[0]:.2f}; {args.chats} chats x {args.messages} messages")
     print(
@@ -125,6 +188,18 @@ def main() -> None:
             f"| {setting} | {statistics.median(first) * 1000:.0f} ms | {statistics.median(later) * 1000:.0f} ms | "
             f"{p90 * 1000:.0f} ms | {ratio:.2f}x | {memory} |"
         )
+    if args.steer_rounds:
+        print()
+        print(f"A message sent while its chat's reply streams ({args.steer_rounds} rounds, one chat each):")
+        print("| busy policy | B's request after A's reply ended, median | max | B's enqueue to its request, median | CLI runs |")
+        print("|---|---:|---:|---:|---:|")
+        for policy in ("collect", "steer"):
+            with tempfile.TemporaryDirectory(prefix="steer-bench-") as folder:
+                after, total, starts = measure_steer(Path(folder), policy, args.steer_rounds)
+            print(
+                f"| {policy} | {statistics.median(after) * 1000:.0f} ms | {max(after) * 1000:.0f} ms | "
+                f"{statistics.median(total) * 1000:.0f} ms | {starts} |"
+            )
     print(f"load average at end: {os.getloadavg()[0]:.2f}")
 
 
