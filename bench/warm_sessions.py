@@ -137,7 +137,9 @@ def measure_steer(tmp: Path, policy: str, rounds: int) -> tuple[list[float], lis
             for number in range(rounds):
                 chat = ChatAddress("telegram", "bench", conversation=f"steer-{number}")
                 await call(rt.queue.intake.enqueue_message, chat, f"first r{number}")
-                await until(lambda n=number: any(r.last_user_text == f"first r{n}" for r in api.main_requests()))
+                await until(
+                    lambda n=number: any(r.last_user_text == f"first r{n}" for r in api.main_requests())
+                )
                 sent = time.monotonic()
                 second = await call(rt.queue.intake.enqueue_message, chat, f"second r{number}")
 
@@ -170,7 +172,9 @@ def main() -> None:
     )
     parser.add_argument("--messages", type=int, default=10, help="messages per chat (the first is cold)")
     parser.add_argument("--chats", type=int, default=3)
-    parser.add_argument("--steer-rounds", type=int, default=10, help="rounds of the steer hand-over (0: skip)")
+    parser.add_argument(
+        "--steer-rounds", type=int, default=10, help="rounds of the steer hand-over (0: skip)"
+    )
     args = parser.parse_args()
     print(f"load average at start: {os.getloadavg()[0]:.2f}; {args.chats} chats x {args.messages} messages")
     print(
@@ -191,7 +195,9 @@ def main() -> None:
     if args.steer_rounds:
         print()
         print(f"A message sent while its chat's reply streams ({args.steer_rounds} rounds, one chat each):")
-        print("| busy policy | B's request after A's reply ended, median | max | B's enqueue to its request, median | CLI runs |")
+        print(
+            "| busy policy | B's request after A's reply ended, median | max | B's enqueue to its request, median | CLI runs |"
+        )
         print("|---|---:|---:|---:|---:|")
         for policy in ("collect", "steer"):
             with tempfile.TemporaryDirectory(prefix="steer-bench-") as folder:

@@ -50,7 +50,8 @@ class ProcessorSettings(_Strict):
     orphan_guard: bool = Field(default=True, description="make agent CLIs die with the processor")
     worker_id: str = ""
     busy_policy: BusyPolicy = Field(
-        default="collect", description="what messages arriving during a chat's run become (see workers.busy, workers.steer)"
+        default="collect",
+        description="what messages arriving during a chat's run become (see workers.busy, workers.steer)",
     )
     max_waiting: int = Field(
         default=20, ge=1, description="waiting messages per chat; the oldest beyond are dropped"
