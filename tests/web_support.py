@@ -18,7 +18,7 @@ import httpx
 import uvicorn
 
 from adapters.web.app import create_app
-from shared.events.log import EventLog
+from shared.events.entries import EventLog
 from shared.queue.core import Queue, QueuedMessage
 from shared.runtime import Runtime, open_runtime
 from tests.probes import free_port, service_unavailable, wait_for  # noqa: F401  (free_port re-exported: tests import it from here)

@@ -31,7 +31,7 @@ from fastapi import APIRouter, Depends, FastAPI
 from fastapi.staticfiles import StaticFiles
 
 from shared.aio import call
-from shared.events.log import EventLog
+from shared.events.entries import EventLog
 from shared.runtime import Runtime
 
 from . import (

@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from shared.events.log import EventEntry
+from shared.events.entries import EventEntry
 from shared.queue.records import QueuedMessage, QueuedResponse
 from shared.settings.model import AgentSettings, Settings, TeamSettings
 

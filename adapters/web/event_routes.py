@@ -9,7 +9,7 @@ from fastapi import APIRouter, Query, Request, WebSocket
 from fastapi.responses import Response
 from pydantic import Field
 
-from shared.events.log import ALL_TOPICS, CursorExpired
+from shared.events.entries import ALL_TOPICS, CursorExpired
 
 from .auth import admit_websocket
 from .dialect import event_data

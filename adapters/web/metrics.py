@@ -13,7 +13,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Iterable
 
-from shared.events.log import CursorExpired, EventEntry
+from shared.events.entries import CursorExpired, EventEntry
 from shared.queue.core import Queue
 from shared.reads.usage import usage_rows
 from shared.storage.statuses import MessageStatus, ResponseStatus

@@ -13,7 +13,7 @@ from pathlib import Path
 import uvicorn
 
 from shared.events.drivers import open_event_log
-from shared.events.log import EventLog
+from shared.events.entries import EventLog
 from shared.port_owner import describe_holder
 from shared.runtime import open_runtime
 from shared.settings.model import SettingsError

@@ -15,7 +15,7 @@ from fastapi import Depends
 from starlette.requests import HTTPConnection
 
 from shared.aio import call
-from shared.events.log import EventLog
+from shared.events.entries import EventLog
 from shared.queue.core import Queue
 from shared.runtime import Runtime
 from shared.settings.model import Settings

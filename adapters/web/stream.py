@@ -24,7 +24,7 @@ from starlette.responses import Response
 
 from shared.aio import call
 from shared.clock import now_ms
-from shared.events.log import CursorExpired, EventEntry, parse_cursor
+from shared.events.entries import CursorExpired, EventEntry, parse_cursor
 from shared.storage.errors import storage_problem
 
 from .dialect import event_json, event_name

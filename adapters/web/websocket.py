@@ -32,7 +32,7 @@ from anyio.abc import TaskGroup
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from shared.aio import call
-from shared.events.log import ALL_TOPICS, EventEntry, EventLog
+from shared.events.entries import ALL_TOPICS, EventEntry, EventLog
 from shared.storage.db import lock_wait_limit
 from shared.storage.errors import storage_problem
 

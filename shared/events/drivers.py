@@ -17,15 +17,9 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from shared.events.log import (
-    CursorExpired,
-    EventEntry,
-    EventLog,
-    Handler,
-    MemoryEventLog,
-    SqlEventLog,
-    Unsubscribe,
-)
+from shared.events.entries import CursorExpired, EventEntry, EventLog, Handler, Unsubscribe
+from shared.events.log import SqlEventLog
+from shared.events.memory import MemoryEventLog
 from shared.events.redis_driver import RedisEventLog
 from shared.settings.model import Settings
 from shared.storage.db import Database

@@ -1,4 +1,6 @@
-"""The durable event log (seed 001): append, read from a cursor, ack, subscribe, cleanup.
+"""The durable event log in the shared database (seed 001): append, read from a cursor, ack, subscribe,
+cleanup. Its interface, what a reader sees and cursors are in :mod:`shared.events.entries`; the in-process
+subscribers it shares with the Redis driver in :mod:`shared.events.subscriptions`.
 
 Cursors are strings to clients and integers inside: the SQL driver's cursor is the event row id. A reader
 never skips an event: an event that commits after a reader has passed cursor N always gets an id above N.
@@ -11,217 +13,19 @@ an id becomes readable once nothing can commit below it. Queue operations append
 
 from __future__ import annotations
 
-import abc
 import json
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 from shared.clock import now_ms
+from shared.events.entries import ALL_TOPICS, CursorExpired, EventEntry, Handler, Unsubscribe, cursor_int
+from shared.events.subscriptions import LocalSubscriptions
 from shared.storage import kv
 from shared.storage.db import Database, Tx
 from shared.storage.kv import Scope
-
-ALL_TOPICS = "*"
-
-
-@dataclass(frozen=True)
-class EventEntry:
-    """One event as a reader sees it."""
-
-    cursor: str
-    topic: str
-    type: str
-    payload: dict[str, Any]
-    created_at: int
-    message_id: str | None = None
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "cursor": self.cursor,
-            "topic": self.topic,
-            "type": self.type,
-            "payload": self.payload,
-            "created_at": self.created_at,
-            "message_id": self.message_id,
-        }
-
-
-class CursorExpired(Exception):
-    """The reader's cursor is older than the retained log: events after it were cleaned up."""
-
-    def __init__(self, cursor: str, retained_after: str) -> None:
-        super().__init__(
-            f"cursor {cursor} is older than the retained log (events up to {retained_after} removed)"
-        )
-        self.cursor = cursor
-        self.retained_after = retained_after
-
-
-Handler = Callable[[EventEntry], None]
-Unsubscribe = Callable[[], None]
-
-
-class EventLog(Protocol):
-    """A durable event queue with cursors (seed 001's ``EventQueue``)."""
-
-    def append(self, topic: str, type: str, payload: dict[str, Any], *, message_id: str | None = None) -> str:
-        """Append one event; returns its cursor."""
-        ...
-
-    def read(self, topic: str | None, after: str | None = None, limit: int = 100) -> list[EventEntry]:
-        """Events of ``topic`` (``None``: every topic) after ``after``, oldest first.
-
-        Raises :class:`CursorExpired` when events after ``after`` have been cleaned up.
-        """
-        ...
-
-    def ack(self, consumer: str, topic: str, cursor: str) -> None:
-        """Record that ``consumer`` has processed ``topic`` up to ``cursor`` (never moves backwards)."""
-        ...
-
-    def subscribe(self, topic: str | None, handler: Handler, *, after: str | None = None) -> Unsubscribe:
-        """Call ``handler`` for each event after ``after`` (default: from now on), in order."""
-        ...
-
-    def cleanup(self, *, ttl_ms: int, max_per_topic: int) -> int:
-        """Drop events past their TTL, or past the per-topic cap once every durable consumer has acked
-        them. Returns how many were removed."""
-        ...
-
-    def last_cursor(self) -> str:
-        """The newest cursor (``"0"`` for an empty log)."""
-        ...
-
-    def latest_cursor(self, topic: str | None) -> str | None:
-        """The newest cursor of ``topic`` (``None``: of any topic), ``None`` when it has no events."""
-        ...
-
-    def consumer_ack(self, consumer: str, topic: str) -> tuple[str, int] | None:
-        """``consumer``'s acknowledged cursor on ``topic`` and when it last acked (epoch ms), if ever."""
-        ...
-
-    def close(self) -> None: ...
-
-
-@dataclass(frozen=True)
-class AckedEntry:
-    """An event with its acknowledgement state for one consumer (seed 001's ``acknowledged`` flags): an
-    ack of cursor N acknowledges every event of the topic up to N."""
-
-    entry: EventEntry
-    acknowledged: bool
-    acknowledged_at: int | None
-
-
-def read_with_acks(
-    log: EventLog, topic: str, consumer: str, after: str | None = None, limit: int = 100
-) -> list[AckedEntry]:
-    """:meth:`EventLog.read` of one topic, each event flagged acknowledged or not by ``consumer``."""
-    state = log.consumer_ack(consumer, topic)
-    upto, at = (int(state[0]), state[1]) if state is not None else (0, None)
-    return [
-        AckedEntry(e, int(e.cursor) <= upto, at if int(e.cursor) <= upto else None)
-        for e in log.read(topic, after, limit)
-    ]
-
-
-class _Subscription:
-    """One in-process subscriber: its filter, handler and position, guarded so that the background follower
-    and an ``append`` in this process never deliver an event twice."""
-
-    def __init__(self, topic: str | None, handler: Handler, position: int) -> None:
-        self.topic = topic
-        self.handler = handler
-        self.position = position
-        self.lock = threading.RLock()
-        self.stopped = threading.Event()
-
-
-class LocalSubscriptions(abc.ABC):
-    """Subscriptions of this process to a log that other processes write too. ``append`` delivers to them
-    before it returns (seed 001: a subscriber has an event once its append returned); a background follower
-    per subscription delivers what other processes append."""
-
-    PAGE = 500
-
-    def _local_subs(self) -> list[_Subscription]:
-        subs: list[_Subscription] | None = getattr(self, "_subs_list", None)
-        if subs is None:
-            subs = []
-            self._subs_list = subs
-        return subs
-
-    @abc.abstractmethod
-    def read(self, topic: str | None, after: str | None = None, limit: int = 100) -> list[EventEntry]:
-        """The log's own read (the follower pages through it)."""
-
-    def _add_subscription(self, topic: str | None, handler: Handler, position: int) -> _Subscription:
-        sub = _Subscription(topic, handler, position)
-        self._local_subs().append(sub)
-        return sub
-
-    def _drop_subscription(self, sub: _Subscription) -> None:
-        sub.stopped.set()
-        subs = self._local_subs()
-        if sub in subs:
-            subs.remove(sub)
-
-    def _pump(self, sub: _Subscription) -> int:
-        """Deliver what ``sub`` has not seen yet (one page); returns how many events were read."""
-        with sub.lock:
-            if sub.stopped.is_set():
-                return 0
-            try:
-                batch = self.read(sub.topic, str(sub.position), self.PAGE)
-            except CursorExpired as exc:
-                sub.position = int(exc.retained_after)
-                batch = self.read(sub.topic, str(sub.position), self.PAGE)
-            for entry in batch:
-                if sub.stopped.is_set():
-                    break
-                cursor = int(entry.cursor)
-                if cursor <= sub.position:
-                    continue  # delivered by a nested append of the handler itself
-                sub.position = cursor
-                sub.handler(entry)
-            return len(batch)
-
-    def _deliver_local(self) -> None:
-        """Bring every subscription of this process up to date (called after an append committed)."""
-        for sub in list(self._local_subs()):
-            while self._pump(sub) >= self.PAGE:
-                pass
-
-
-#: The largest cursor: event ids are signed 64-bit integers in SQLite, PostgreSQL and Redis stream ids.
-MAX_CURSOR = 2**63 - 1
-
-
-def parse_cursor(cursor: str) -> int:
-    """The integer behind a client's cursor string, or :class:`ValueError` saying what is wrong with it.
-
-    Only plain decimal digits within the id range are accepted: anything else could never have been handed
-    out by this log, and a number past 64 bits would fail deep inside the database driver instead."""
-    if not cursor.isascii() or not cursor.isdigit():
-        raise ValueError(
-            f"invalid cursor {cursor[:40]!r}: a cursor is a whole number from 0 to {MAX_CURSOR}, "
-            "as this server hands out"
-        )
-    if len(cursor) > 19 or int(cursor) > MAX_CURSOR:
-        raise ValueError(f"invalid cursor {cursor[:40]!r}: cursors go up to {MAX_CURSOR}")
-    return int(cursor)
-
-
-def _cursor_int(cursor: str | None) -> int:
-    if cursor is None or cursor == "":
-        return 0
-    return parse_cursor(str(cursor))
-
-
-# -- SQL ------------------------------------------------------------------------------------------------
 
 
 @dataclass
@@ -333,7 +137,7 @@ class SqlEventLog(LocalSubscriptions):
         return int(value) if value else 0
 
     def read(self, topic: str | None, after: str | None = None, limit: int = 100) -> list[EventEntry]:
-        after_id = _cursor_int(after)
+        after_id = cursor_int(after)
         limit = max(1, min(int(limit), 10_000))
         if after is not None and after_id < self.pruned_through(topic):
             raise CursorExpired(str(after_id), str(self.pruned_through(topic)))
@@ -352,7 +156,7 @@ class SqlEventLog(LocalSubscriptions):
         return [entry_from_row(r) for r in rows]
 
     def ack(self, consumer: str, topic: str, cursor: str) -> None:
-        value = _cursor_int(cursor)
+        value = cursor_int(cursor)
         now = now_ms()
         with self.db.transaction() as tx:
             tx.execute(
@@ -399,7 +203,7 @@ class SqlEventLog(LocalSubscriptions):
         return None if value is None else str(value)
 
     def subscribe(self, topic: str | None, handler: Handler, *, after: str | None = None) -> Unsubscribe:
-        start = _cursor_int(after) if after is not None else int(self.last_cursor())
+        start = cursor_int(after) if after is not None else int(self.last_cursor())
         sub = self._add_subscription(topic, handler, start)
         if after is not None:
             while self._pump(sub) >= self.PAGE:  # the backlog, before subscribe returns
@@ -522,119 +326,3 @@ def _last_id_before(tx: Tx, cutoff: int) -> int | None:
 def _record_pruned(tx: Tx, topic: str, cursor: int, now: int) -> None:
     # Compared as numbers: two cleanups committing out of order must not move the mark back.
     kv.put_max(tx, Scope.EVENTS_PRUNED, topic, str(cursor), now, numeric=True)
-
-
-# -- memory -----------------------------------------------------------------------------------------------
-class MemoryEventLog:
-    """An in-process event log with the same semantics, for tests and single-process tools."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._events: list[EventEntry] = []
-        self._next = 1
-        self._acks: dict[tuple[str, str], int] = {}
-        self._ack_times: dict[tuple[str, str], int] = {}
-        self._pruned: dict[str, int] = {}
-        self._subs: list[tuple[str | None, Handler]] = []
-
-    def append(self, topic: str, type: str, payload: dict[str, Any], *, message_id: str | None = None) -> str:
-        with self._lock:
-            entry = EventEntry(str(self._next), topic, type, dict(payload), now_ms(), message_id)
-            self._next += 1
-            self._events.append(entry)
-            subs = [h for t, h in self._subs if t is None or t == topic]
-        for handler in subs:
-            handler(entry)
-        return entry.cursor
-
-    def read(self, topic: str | None, after: str | None = None, limit: int = 100) -> list[EventEntry]:
-        after_id = _cursor_int(after)
-        limit = max(1, min(int(limit), 10_000))
-        with self._lock:
-            pruned = self._pruned.get(topic or ALL_TOPICS, 0)
-            if after is not None and after_id < pruned:
-                raise CursorExpired(str(after_id), str(pruned))
-            found = [
-                e for e in self._events if int(e.cursor) > after_id and (topic is None or e.topic == topic)
-            ]
-        return found[:limit]
-
-    def ack(self, consumer: str, topic: str, cursor: str) -> None:
-        value = _cursor_int(cursor)
-        with self._lock:
-            key = (consumer, topic)
-            self._acks[key] = max(self._acks.get(key, 0), value)
-            self._ack_times[key] = now_ms()
-
-    def consumer_ack(self, consumer: str, topic: str) -> tuple[str, int] | None:
-        with self._lock:
-            key = (consumer, topic)
-            if key not in self._acks:
-                return None
-            return str(self._acks[key]), self._ack_times[key]
-
-    def latest_cursor(self, topic: str | None) -> str | None:
-        with self._lock:
-            found = [e.cursor for e in self._events if topic is None or e.topic == topic]
-        return found[-1] if found else None
-
-    def consumer_cursor(self, consumer: str, topic: str) -> str | None:
-        with self._lock:
-            value = self._acks.get((consumer, topic))
-        return None if value is None else str(value)
-
-    def last_cursor(self) -> str:
-        with self._lock:
-            return str(self._next - 1)
-
-    def subscribe(self, topic: str | None, handler: Handler, *, after: str | None = None) -> Unsubscribe:
-        backlog = self.read(topic, after, 10_000) if after is not None else []
-        for entry in backlog:
-            handler(entry)
-        item = (topic, handler)
-        with self._lock:
-            self._subs.append(item)
-
-        def unsubscribe() -> None:
-            with self._lock:
-                if item in self._subs:
-                    self._subs.remove(item)
-
-        return unsubscribe
-
-    def cleanup(self, *, ttl_ms: int, max_per_topic: int) -> int:
-        cutoff = now_ms() - ttl_ms
-        with self._lock:
-            before = len(self._events)
-            dropped = [e for e in self._events if e.created_at < cutoff]
-            keep = [e for e in self._events if e.created_at >= cutoff]
-            by_topic: dict[str, list[EventEntry]] = {}
-            for e in keep:
-                by_topic.setdefault(e.topic, []).append(e)
-            for topic, entries in by_topic.items():
-                excess = len(entries) - max_per_topic
-                if excess <= 0:
-                    continue
-                boundary = int(entries[excess - 1].cursor)
-                floors = [v for (_, t), v in self._acks.items() if t == topic]
-                if floors:
-                    boundary = min(boundary, min(floors))
-                dropped.extend(e for e in entries if int(e.cursor) <= boundary)
-            gone = {e.cursor for e in dropped}
-            self._events = [e for e in self._events if e.cursor not in gone]
-            for e in dropped:
-                self._pruned[e.topic] = max(self._pruned.get(e.topic, 0), int(e.cursor))
-                self._pruned[ALL_TOPICS] = max(self._pruned.get(ALL_TOPICS, 0), int(e.cursor))
-            return before - len(self._events)
-
-    def close(self) -> None:
-        with self._lock:
-            self._subs.clear()
-
-
-def entries_by_type(entries: Iterable[EventEntry]) -> dict[str, list[EventEntry]]:
-    """Group events by type (handy for trace views and tests)."""
-    out: dict[str, list[EventEntry]] = {}
-    for e in entries:
-        out.setdefault(e.type, []).append(e)
-    return out

@@ -10,7 +10,7 @@ Layout, all under one hash tag so a Redis Cluster keeps them in one slot (script
 
 Appends and cleanups run as Lua scripts, so the two streams, the sequence and the watermark change together.
 A read takes its entries first and checks the watermark after: a cleanup that removed entries the reader
-needed has recorded its watermark by then, so the reader gets :class:`~shared.events.log.CursorExpired`, never a
+needed has recorded its watermark by then, so the reader gets :class:`~shared.events.entries.CursorExpired`, never a
 silent gap.
 
 Two ways to fill it:
@@ -33,15 +33,8 @@ from typing import Any, cast
 import redis
 
 from shared.clock import now_ms
-from shared.events.log import (
-    ALL_TOPICS,
-    CursorExpired,
-    EventEntry,
-    Handler,
-    LocalSubscriptions,
-    Unsubscribe,
-    _cursor_int,
-)
+from shared.events.entries import ALL_TOPICS, CursorExpired, EventEntry, Handler, Unsubscribe, cursor_int
+from shared.events.subscriptions import LocalSubscriptions
 
 # KEYS: seq, all, topic stream, topics set. ARGV: topic, type, message id, payload, created_at.
 _APPEND = """
@@ -113,7 +106,7 @@ def _entry(entry_id: str, fields: dict[str, str]) -> EventEntry:
 
 
 class RedisEventLog(LocalSubscriptions):
-    """An :class:`~shared.events.log.EventLog` on Redis Streams."""
+    """An :class:`~shared.events.entries.EventLog` on Redis Streams."""
 
     def __init__(self, client: redis.Redis, prefix: str = "agentpost") -> None:
         """``client`` must decode responses (``decode_responses=True``); ``prefix`` separates installations."""
@@ -182,7 +175,7 @@ class RedisEventLog(LocalSubscriptions):
 
     def mark_pruned_through(self, cursor: str) -> None:
         """Record that every event up to ``cursor`` is gone (the relay found them cleaned up in SQL)."""
-        self._mark(keys=[self._pruned, self._seq], args=[str(_cursor_int(cursor))])
+        self._mark(keys=[self._pruned, self._seq], args=[str(cursor_int(cursor))])
 
     # -- reading ------------------------------------------------------------------------------------------
     def pruned_through(self, topic: str | None) -> int:
@@ -190,7 +183,7 @@ class RedisEventLog(LocalSubscriptions):
         return int(cast(str, value)) if value else 0
 
     def read(self, topic: str | None, after: str | None = None, limit: int = 100) -> list[EventEntry]:
-        after_id = _cursor_int(after)
+        after_id = cursor_int(after)
         limit = max(1, min(int(limit), 10_000))
         key = self._all if topic is None else self._topic_key(topic)
         raw = cast(
@@ -213,7 +206,7 @@ class RedisEventLog(LocalSubscriptions):
         return str(found[0][0]).split("-", 1)[0] if found else None
 
     def ack(self, consumer: str, topic: str, cursor: str) -> None:
-        self._ack(keys=[self._acks_prefix + topic], args=[consumer, str(_cursor_int(cursor))])
+        self._ack(keys=[self._acks_prefix + topic], args=[consumer, str(cursor_int(cursor))])
         self.client.hset(self._acks_prefix + topic + ":at", consumer, str(now_ms()))
 
     def consumer_cursor(self, consumer: str, topic: str) -> str | None:
@@ -228,7 +221,7 @@ class RedisEventLog(LocalSubscriptions):
         return cursor, int(cast(str, at)) if at else 0
 
     def subscribe(self, topic: str | None, handler: Handler, *, after: str | None = None) -> Unsubscribe:
-        start = _cursor_int(after) if after is not None else int(self.last_cursor())
+        start = cursor_int(after) if after is not None else int(self.last_cursor())
         sub = self._add_subscription(topic, handler, start)
         if after is not None:
             while self._pump(sub) >= self.PAGE:  # the backlog, before subscribe returns

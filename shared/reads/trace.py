@@ -13,7 +13,8 @@ from datetime import UTC, datetime
 from typing import Any
 
 from shared.clock import now_ms
-from shared.events.log import EventEntry, entry_from_row
+from shared.events.entries import EventEntry
+from shared.events.log import entry_from_row
 from shared.reads.budget_status import OVER_BUDGET_PREFIX
 from shared.storage.db import Database
 from shared.storage.statuses import MessageStatus, ResponseStatus

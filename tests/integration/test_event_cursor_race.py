@@ -15,7 +15,8 @@ import psycopg
 import pytest
 
 from shared.chat.address import ChatAddress
-from shared.events.log import EventEntry, PendingEvent, SqlEventLog, append_events
+from shared.events.entries import EventEntry
+from shared.events.log import PendingEvent, SqlEventLog, append_events
 from shared.queue.core import Directory, Queue
 from shared.settings.model import QueueSettings
 from shared.storage.db import Database, Tx, open_database

@@ -18,7 +18,9 @@ import redis
 from shared.chat.address import ChatAddress
 from shared.clock import now_ms
 from shared.events.drivers import RelayedEventLog, open_event_log, redis_prefix
-from shared.events.log import CursorExpired, EventEntry, EventLog, MemoryEventLog, SqlEventLog, read_with_acks
+from shared.events.entries import CursorExpired, EventEntry, EventLog, read_with_acks
+from shared.events.log import SqlEventLog
+from shared.events.memory import MemoryEventLog
 from shared.events.redis_driver import RedisEventLog
 from shared.storage.db import open_database
 from tests.probes import service_unavailable

@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 from websockets.sync.client import ClientConnection, connect
 
-from shared.events.log import MAX_CURSOR, PendingEvent, append_events
+from shared.events.entries import MAX_CURSOR
+from shared.events.log import PendingEvent, append_events
 from shared.runtime import Runtime
 from tests.web_support import LiveServer, SseReader, home_runtime
 
