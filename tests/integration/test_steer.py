@@ -79,10 +79,11 @@ def test_message_during_a_reply_becomes_the_next_turn_of_the_same_process(
         assert note["message_id"] == ids[1] and note["metadata"]["note"] == "steer"
         assert "Added to what “coder” is working on now" in note["message"]
     first, second = _request_with(api, "first"), _request_with(api, "second")
-    # Handed over while the first turn streamed; taken as the next turn of the same conversation within
-    # 0.5 s of the first turn's last delta.
+    # Handed over while the first turn streamed (one CLI run in all, above) and taken as its next turn right
+    # after the first turn's last delta. bench/warm_sessions.py measures how soon (a few hundred ms at most);
+    # the bound here leaves room for a machine loaded by the rest of the suite.
     last_delta = max(at for at, text in api.deltas if text == "six")
-    assert 0 <= second.at - last_delta < 0.5, second.at - last_delta
+    assert 0 <= second.at - last_delta < 1.5, second.at - last_delta
     assert second.user_turns == 2 and "write the parser" in str(second.body["messages"])
     assert first.at < second.at
 
