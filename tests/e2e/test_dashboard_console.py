@@ -240,7 +240,7 @@ def test_dashboard_as_a_user(tmp_path: Path, db_url: str, fake: HoldingTelegram)
                 page.select_option("#pf-busy", "steer")
                 page.locator("#processor-form button[type='submit']").click()
                 expect(page.locator("#processor-saved")).to_have_text("Saved.")
-                assert "busy_policy = \"steer\"" in (home / "settings.toml").read_text()
+                assert 'busy_policy = "steer"' in (home / "settings.toml").read_text()
                 page.locator("#agents-table tr[data-agent='beta'] button.reset").click()
                 wait_for(
                     lambda: count(rt, "SELECT COUNT(*) FROM events WHERE type = 'agent_reset'") >= 1,

@@ -182,3 +182,41 @@ def test_adapter_killed_mid_stream_continues_the_same_preview_into_the_answer(
         processor.stop()
     record = fake.transcript(CHAT, began)
     assert [m["text"] for m in fake.bot_messages(CHAT)] == [REPLY], record  # the same message, finished
+
+
+def test_steer_a_message_sent_mid_reply_is_taken_in_and_answered_in_the_same_reply(
+    tmp_path: Path, fake: HoldingTelegram, api: FakeAnthropic
+) -> None:
+    """``busy_policy = "steer"`` on the channel: the second message, sent while the first reply streams, is
+    noted as added, and the chat ends with one answer holding both turns (workers/steer.py)."""
+    api.add_rule("tell me slowly", streamed())
+    api.add_rule("add a summary", Chunked(["Summary: ", "all ten lines."], interval=0.3))
+    channels = {"telegram": {**CHANNELS["telegram"], "busy_policy": "steer"}}
+    home = claude_home(tmp_path, f"sqlite:///{tmp_path / 'a.db'}", channels=channels)
+    adapter = Proc("telegram", home, telegram_env(fake), tmp_path / "telegram.log")
+    processor = Proc("processor", home, _env(api, tmp_path), tmp_path / "processor.log")
+    began = time.monotonic()
+    whole = f"(Answering your 2 messages together.)\n{REPLY}\n\nSummary: all ten lines."
+    try:
+        fake.push_text(CHAT, "tell me slowly")
+        wait_for(lambda: first_seen(fake, LINES[1]) is not None, 60, "the reply to stream into the chat")
+        fake.push_text(CHAT, "and add a summary")
+        wait_for(
+            lambda: any(m.get("text") == whole for m in fake.bot_messages(CHAT)), 60, "the one answer to both"
+        )
+        time.sleep(1.5)  # nothing may touch the answer afterwards
+        rt = open_home(home)
+        try:
+            runs = rt.db.read_scalar("SELECT COUNT(*) FROM events WHERE type = 'chain_step_start'")
+        finally:
+            rt.close()
+    finally:
+        adapter.stop()
+        processor.stop()
+    record = fake.transcript(CHAT, began)
+    print(record)
+    texts = [m["text"] for m in fake.bot_messages(CHAT)]
+    assert texts.count(whole) == 1 and runs == 1, record
+    notes = [t for t in texts if t != whole]
+    assert len(notes) == 1 and notes[0].startswith("Added to what “coder” is working on now"), record
+    assert first_seen(fake, "Added to what") < first_seen(fake, LINES[-1]), record  # told while it works
