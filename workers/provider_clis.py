@@ -128,6 +128,9 @@ class ClaudeProvider(CliProvider):
                 errors = [str(e) for e in event.get("errors") or [] if e]
                 # A --resume of a conversation this host's CLI home does not have (another host ran it).
                 state.session_missing = any("No conversation found" in e for e in errors)
+                # --resume-session-at naming a message the session file does not hold (2.1.332: "No message
+                # found with message.uuid of: U"); every later resume there would fail the same way.
+                state.resume_point_missing = any("No message found with message.uuid" in e for e in errors)
                 detail = result if isinstance(result, str) and result else "; ".join(errors)
                 detail = detail or str(event.get("subtype"))
                 state.error = (

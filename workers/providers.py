@@ -134,6 +134,9 @@ class RunResult:
     cannot_start: bool = False  # the CLI is missing or its command template is broken
     # The conversation to continue is not on this host (its CLI home: another host ran it, or it was removed).
     session_missing: bool = False
+    # The conversation is here, but not the point a warm turn recorded to resume at (workers/warm_sessions.py):
+    # its session file lost the line, e.g. a write a full disk refused.
+    resume_point_missing: bool = False
     service: str = ""  # whose AI service the CLI talks to ("Anthropic"), for messages; "" when unknown
     usage: RunUsage | None = None  # tokens and cost as the CLI reported them; None when it reports none
 
@@ -212,6 +215,7 @@ class StreamState:
     overloaded: bool = False
     status: int | None = None
     session_missing: bool = False  # see RunResult.session_missing
+    resume_point_missing: bool = False  # see RunResult.resume_point_missing
     notices: list[str] = field(default_factory=list)  # for RunRequest.on_notice, not yet handed over
     partial: list[str] = field(default_factory=list)  # the text of the assistant message being streamed
     partial_grew: bool = False  # ``partial`` changed since RunRequest.on_partial was last told
@@ -296,6 +300,7 @@ class CliProvider(abc.ABC):
                 overloaded=state.overloaded,
                 status=state.status,
                 session_missing=state.session_missing,
+                resume_point_missing=state.resume_point_missing,
             )
         if exit_code != 0:
             detail = stderr.strip().splitlines()[-1] if stderr.strip() else "no error output"

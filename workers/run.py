@@ -162,7 +162,7 @@ class Run:
                 await quietly(clear_run, self.rt.db, agent, run.run_id)
                 await self._clear_preview()
             raise
-        await self._conclude(run, result, workspace, session_key, on_fallback)
+        await self._conclude(run, result, workspace, session_key, on_fallback, session)
 
     def _run_start(self, run: RunInfo, provider: str, resumed: bool, fallback_model: str | None) -> TxWork:
         """What commits with the run's start: its ``chain_step_start`` event and its status record."""
@@ -196,7 +196,13 @@ class Run:
         return started
 
     async def _conclude(
-        self, run: RunInfo, result: RunResult, workspace: Path, session_key: str, on_fallback: bool
+        self,
+        run: RunInfo,
+        result: RunResult,
+        workspace: Path,
+        session_key: str,
+        on_fallback: bool,
+        session: str | None,
     ) -> None:
         """Write what the run came to. A success's end event, last progress events and the status record's
         removal commit with its completion; any other end writes them first, then its own outcome."""
@@ -236,6 +242,8 @@ class Run:
             await self.outcomes.interrupted(group)
         elif result.session_missing:
             await self.outcomes.start_afresh(group, session_key, also=spent)
+        elif result.resume_point_missing and session is not None:
+            await self.outcomes.resume_whole_session(group, session_key, session, also=spent)
         elif not result.ok:
             await self.outcomes.failed(group, result, on_fallback, also=spent)
 

@@ -25,7 +25,7 @@ from typing import Any, ParamSpec
 from shared.aio import call
 from shared.chat.address import ChatAddress
 from shared.chat.agents import record_answer
-from shared.chat.sessions import clear_sessions, set_session_in
+from shared.chat.sessions import clear_sessions, set_session, set_session_in
 from shared.clock import now_ms
 from shared.file_access import send_roots
 from shared.queue.core import CompleteOutcome, LeaseLost, QueuedMessage, ResponseDraft, TxWork
@@ -43,6 +43,7 @@ from workers.providers import RunResult
 from workers.ratelimit import backoff_ms, notify_waiting_chats, parse_reset, paused_text, use_fallback_until
 from workers.storage_steps import StorageSteps
 from workers.teams import plan_reply
+from workers.warm_sessions import split_session_ref
 
 log = logging.getLogger("agentpost.processor")
 
@@ -193,6 +194,23 @@ class OutcomeWriter:
         why = "the conversation to continue is not on this host; starting a new one"
         log.warning("agent %s, chat %s: %s", self.drive.agent, group.chat, why)
         await quietly(clear_sessions, self.rt.db, self.drive.agent, session_key, reason=why)
+        fail = self.rt.queue.failures.fail_messages
+        if await self.settle(
+            group, fail, group.ids, self.worker, why, count_attempt=False, retry_after_ms=0, also=also
+        ):
+            self.stats.released += len(group.ids)
+
+    async def resume_whole_session(
+        self, group: WorkGroup, session_key: str, session: str, *, also: TxWork | None
+    ) -> None:
+        """The conversation's recorded resume point is not in its session file (a write there was lost):
+        continue the session from its end instead, and run the messages again at once, charging them
+        nothing — resuming at the lost point would fail the same way on every try, and starting afresh
+        would drop the conversation."""
+        whole, _ = split_session_ref(session)
+        why = "the point to continue the conversation from was lost; continuing from its end"
+        log.warning("agent %s, chat %s: %s (%s)", self.drive.agent, group.chat, why, session)
+        await quietly(set_session, self.rt.db, self.drive.agent, session_key, whole)
         fail = self.rt.queue.failures.fail_messages
         if await self.settle(
             group, fail, group.ids, self.worker, why, count_attempt=False, retry_after_ms=0, also=also

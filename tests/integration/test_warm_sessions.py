@@ -17,7 +17,7 @@ import tomlkit
 
 from shared.aio import call
 from shared.chat.address import ChatAddress
-from shared.chat.sessions import get_session
+from shared.chat.sessions import get_session, set_session
 from shared.runtime import Runtime
 from tests.fakes.anthropic_api import ApiError, Chunked, Computed, FakeAnthropic, RecordedRequest
 from tests.fakes.claude_env import claude_env
@@ -257,3 +257,34 @@ def test_a_stopped_or_timed_out_turn_ends_the_warm_process_and_leaves_no_trace(
     three = _main_for(api, "three")
     assert "endless" not in json.dumps(three.body["messages"]), three.body["messages"]
     assert three.user_turns == 2  # "one" and "three": resumed at the last good turn
+
+
+def test_a_lost_resume_point_continues_the_conversation_from_its_end(
+    tmp_path: Path, db_url: str, api: FakeAnthropic
+) -> None:
+    """The recorded point to resume at is not in the session file (a write a full disk refused): the CLI
+    refuses every resume there ("No message found with message.uuid"), so the message is run again at once
+    from the session's end — the conversation kept, no attempt counted — instead of failing for good."""
+    api.add_rule(None, Computed(lambda body: "ok"))
+    with open_home(_home(tmp_path, db_url, idle=0)) as rt:
+        chat = ChatAddress("telegram", "ann", conversation="c1")
+        runs: dict[str, dict[str, Any]] = {}
+
+        async def steps(processor: Processor) -> None:
+            first = (await call(rt.queue.intake.enqueue_message, chat, "remember 42")).message_id
+            runs["first"] = await _until(lambda: _done(rt, first), 60, "the first run")
+            recorded = await call(get_session, rt.db, "coder", "telegram:c1")
+            assert recorded is not None
+            lost = f"{recorded.partition('@')[0]}@00000000-0000-4000-8000-000000000000"
+            await call(set_session, rt.db, "coder", "telegram:c1", lost)
+            second = (await call(rt.queue.intake.enqueue_message, chat, "what number?")).message_id
+            runs["second"] = await _until(lambda: _done(rt, second), 60, "the second message's answer")
+            message = await call(rt.queue.admin.get_message, second)
+            assert message is not None and message.status == "completed" and message.retry_count == 0
+
+        _serve(rt, _env(api, tmp_path), steps)
+        session = get_session(rt.db, "coder", "telegram:c1")
+    assert runs["second"]["ok"] is True
+    assert session is not None and "00000000-0000-4000" not in session
+    # The conversation went on: the answered request carried the first exchange.
+    assert _main_for(api, "what number?").user_turns == 2
