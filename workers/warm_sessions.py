@@ -37,6 +37,7 @@ a warm mode: codex and command agents start a process per run.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import json
 import logging
@@ -338,6 +339,7 @@ async def _read_until_result(
     echoed = 0  # user messages the CLI took in (its --replay-user-messages echo): the prompt, then steered
     answers: list[str] = []
     usages: list[RunUsage] = []
+    shown = request  # what the provider tells of the text being written (see _after_answers)
     while True:
         cut = warm.buffer.find(b"\n")
         if cut < 0:
@@ -355,7 +357,7 @@ async def _read_until_result(
             last_uuid = uuid
         elif kind == "user" and replay:
             echoed += 1
-        await provider._handle(line, state, progress, request)
+        await provider._handle(line, state, progress, shown)
         if kind != "result":
             continue
         if state.final_text:
@@ -370,6 +372,21 @@ async def _read_until_result(
             ended.append(last_uuid)
             return
         state.final_text = None  # the next turn's result answers the messages steered in since
+        shown = _after_answers(request, answers)
+
+
+def _after_answers(request: RunRequest, answers: list[str]) -> RunRequest:
+    """``request`` whose live preview of a later turn starts with the earlier turns' answers: the final
+    reply holds them all, so the preview never shows less of it than it already did."""
+    tell = request.on_partial
+    if tell is None:
+        return request
+    done = "\n\n".join(a for a in answers if a)
+
+    def partial(text: str) -> None:
+        tell(f"{done}\n\n{text}" if done else text)
+
+    return dataclasses.replace(request, on_partial=partial)
 
 
 def _added(usages: list[RunUsage]) -> RunUsage | None:

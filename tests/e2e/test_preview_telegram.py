@@ -190,7 +190,7 @@ def test_steer_a_message_sent_mid_reply_is_taken_in_and_answered_in_the_same_rep
     """``busy_policy = "steer"`` on the channel: the second message, sent while the first reply streams, is
     noted as added, and the chat ends with one answer holding both turns (workers/steer.py)."""
     api.add_rule("tell me slowly", streamed())
-    api.add_rule("add a summary", Chunked(["Summary: ", "all ten lines."], interval=0.3))
+    api.add_rule("add a summary", Chunked(["Summary: ", "all ", "ten ", "lines."], interval=0.8))
     channels = {"telegram": {**CHANNELS["telegram"], "busy_policy": "steer"}}
     home = claude_home(tmp_path, f"sqlite:///{tmp_path / 'a.db'}", channels=channels)
     adapter = Proc("telegram", home, telegram_env(fake), tmp_path / "telegram.log")
@@ -220,3 +220,6 @@ def test_steer_a_message_sent_mid_reply_is_taken_in_and_answered_in_the_same_rep
     notes = [t for t in texts if t != whole]
     assert len(notes) == 1 and notes[0].startswith("Added to what “coder” is working on now"), record
     assert first_seen(fake, "Added to what") < first_seen(fake, LINES[-1]), record  # told while it works
+    # While the second turn is written the preview keeps the first turn's answer above it.
+    summaries = [c.text or "" for c in fake.sent if c.chat_id == CHAT and "Summary:" in (c.text or "")]
+    assert len(summaries) >= 2 and all(LINES[-1] in t for t in summaries), record
