@@ -11,7 +11,7 @@ least every ``[processor] control_interval_seconds`` (at most five times a secon
   so the next one carries everything (:mod:`workers.busy`).
 - under the ``steer`` policy, in a run that can take more messages (:attr:`RunInfo.steer`), claims the
   chat's messages that became available and hands them to the run (:mod:`workers.steer`) through
-  ``on_steer``.
+  ``on_steer`` (:meth:`RunWatch.steer`).
 - every ``progress_note_seconds`` enqueues a "still working — 6 min, last step: …" note to the chat, with
   metadata ``{"kind": "progress", "edit_key": RUN_ID}`` so a channel can edit one message in place; the
   final reply carries ``{"kind": "final", "edit_key": RUN_ID}``.
@@ -28,9 +28,11 @@ Idle and ceiling timeouts are the provider's (:mod:`workers.providers`): they ne
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 
 import anyio
@@ -146,6 +148,7 @@ class RunWatch:
         on_foreign_stop: Callable[[str], None],
         default_policy: BusyPolicy = "collect",
         on_steer: Callable[[list[QueuedMessage]], Awaitable[None]] | None = None,
+        claiming: Callable[[], AbstractContextManager[None]] = contextlib.nullcontext,
     ) -> None:
         self.rt = rt
         self.worker = worker
@@ -157,25 +160,23 @@ class RunWatch:
         self.target = note_target(info.group.messages[0])
         #: The chats told during this run that their message waits behind it.
         self.told: set[tuple[str, str]] = set()
-        #: Receives the messages claimed into the run (see :meth:`check`).
+        #: Receives the messages claimed into the run (see :meth:`steer`).
         self.on_steer = on_steer
-        self._steered: list[QueuedMessage] = []
+        #: Around a claim into the run, until the run holds what it took (the processor's sweep of claims no
+        #: run holds must not take them back in between).
+        self.claiming = claiming
 
     async def run(self, scope: anyio.CancelScope) -> None:
         """Watch until the run ends (the caller cancels this) or the watch stops it (cancels ``scope``)."""
         while True:
             generation = self.rt.waker.generation
-            # Shielded: messages the check claimed into the run must reach it (or the agent's next run)
-            # even when the run ends meanwhile and cancels this watch.
-            with anyio.CancelScope(shield=True):
-                try:
-                    reason = await call(self.check)
-                except Exception as exc:  # a database hiccup: the run goes on; try again shortly
-                    log.warning("agent %s: run watch: %s", self.info.agent, exc)
-                    reason = ""
-                if self._steered and self.on_steer is not None:
-                    steered, self._steered = self._steered, []
-                    await self.on_steer(steered)
+            try:
+                reason = await call(self.check)
+            except Exception as exc:  # a database hiccup: the run goes on; try again shortly
+                log.warning("agent %s: run watch: %s", self.info.agent, exc)
+                reason = ""
+            if not reason:
+                await self.steer()
             if reason:
                 self.info.reason = reason
                 scope.cancel()
@@ -187,6 +188,25 @@ class RunWatch:
                 timeout = min(timeout, max(0.0, due - time.monotonic()))
             await self.rt.waker.wait_async(generation, max(MIN_CHECK_SECONDS, timeout))
             await anyio.sleep(MIN_CHECK_SECONDS)
+
+    async def steer(self) -> None:
+        """Under ``steer``, while the run takes messages: claim the chat's new ones into the run and hand
+        them to ``on_steer``. Shielded, so what was claimed reaches the run (or the agent's next run) even
+        when the run ends meanwhile and cancels this watch."""
+        info, on_steer = self.info, self.on_steer
+        if info.steer is None or info.steer.closed or info.group.policy != "steer" or on_steer is None:
+            return
+        claim = self.rt.queue.messages.claim_chat_into_run
+        with anyio.CancelScope(shield=True), self.claiming():
+            try:
+                steered = await call(
+                    claim, info.agent, self.worker, info.group.messages[0].address, info.run_id
+                )
+            except Exception as exc:  # a database hiccup: they wait for the next check or run
+                log.warning("agent %s: could not take new messages into the run: %s", info.agent, exc)
+                return
+            if steered:
+                await on_steer(steered)
 
     async def _write_due_events(self) -> None:
         # A step reported and then a long silence: its event must not wait for the run's end. Taken here, in
@@ -208,12 +228,6 @@ class RunWatch:
             return "stop"
         if taken:
             self.on_foreign_stop(taken)
-        steer = info.steer
-        if steer is not None and not steer.closed and info.group.policy == "steer":
-            chat_address = info.group.messages[0].address
-            self._steered += self.rt.queue.messages.claim_chat_into_run(
-                info.agent, self.worker, chat_address, info.run_id
-            )
         self._tell_waiting()
         arrival = self.rt.queue.control.chat_has_arrival
         if info.group.policy == "interrupt" and arrival(info.agent, info.group.messages[0].address):
@@ -260,6 +274,8 @@ class RunWatch:
             key = address.key
             if key in self.told or address.channel in INTERNAL_CHANNELS:
                 continue
+            if key == info.group.key and info.steer is not None and not info.steer.closed:
+                continue  # taken into this run at once (steer), with a note of its own
             # Counted first: a note that cannot be queued is not retried on every check.
             self.told.add(key)
             settings = self.rt.settings

@@ -378,6 +378,7 @@ class Run:
             on_foreign_stop=self.drive.stops.add,
             default_policy=self.config.busy_policy,
             on_steer=functools.partial(self._steer, run),
+            claiming=self.storage.claiming,
         )
         result = RunResult(ok=False, error="stopped before the CLI finished")
         with anyio.CancelScope() as scope:

@@ -51,9 +51,14 @@ def _one_final_for_both(rt: Runtime, ids: list[str]) -> dict[str, object]:
     for mid in ids:
         msg = rt.queue.admin.get_message(mid)
         assert msg is not None and msg.status == "completed" and msg.retry_count == 0, msg
-    (final,) = of_kind(rt, "final")
+    finals = of_kind(rt, "final")
+    events = rt.db.read("SELECT type, payload FROM events WHERE topic = 'queue' ORDER BY id")
+    assert len(finals) == 1, (finals, [(e["type"], e["payload"][:300]) for e in events])
+    (final,) = finals
     assert final["message_id"] == ids[0]
-    (start,) = payloads(rt, "chain_step_start")  # one CLI run for both messages
+    starts = payloads(rt, "chain_step_start")
+    assert len(starts) == 1, (starts, payloads(rt, "chain_step_done"))
+    (start,) = starts  # one CLI run for both messages
     assert start["message_ids"] == ids[:1] and start["policy"] == "steer"
     (done,) = payloads(rt, "chain_step_done")
     assert done["ok"] is True and done["message_ids"] == ids
