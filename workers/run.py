@@ -53,7 +53,7 @@ from workers.providers import AgentProvider, ProviderError, RunRequest, RunResul
 from workers.ratelimit import fallback_until
 from workers.run_outcome import OutcomeWriter
 from workers.sandbox import Sandboxed, SandboxPlan, SandboxView
-from workers.steer import SteerInbox
+from workers.steer import SteerInbox, steered_prompt
 from workers.storage_steps import StorageSteps
 from workers.warm_sessions import WarmPool, WarmSlot
 from workers.workspace import WorkspaceElsewhere, host_of, prepare_workspace, team_instructions
@@ -296,7 +296,7 @@ class Run:
     async def _steer(self, run: RunInfo, messages: list[QueuedMessage]) -> None:
         """Messages of this chat claimed while the run goes on (the ``steer`` policy): hand them to the run
         and tell the chat; when the run no longer takes any, they wait for the agent's next run."""
-        if run.steer is not None and run.steer.offer(build_prompt(messages)):
+        if run.steer is not None and run.steer.offer(steered_prompt(messages, run.group.messages)):
             # Answered by the run's final reply, renewed with its leases; their claim's event names the run.
             run.group.messages.extend(messages)
             await quietly(self._tell_steered, run, messages)

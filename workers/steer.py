@@ -21,7 +21,12 @@ message mid-run, treat ``steer`` as ``collect``.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import anyio
+
+from shared.queue.core import QueuedMessage
+from workers.busy import build_prompt
 
 
 class SteerInbox:
@@ -70,3 +75,16 @@ class SteerInbox:
     def close(self) -> None:
         """The run ended some other way (a failure, a stop): refuse what comes later."""
         self.closed = True
+
+
+def steered_prompt(messages: Sequence[QueuedMessage], running: Sequence[QueuedMessage]) -> str:
+    """What the CLI is given for ``messages`` steered into the run of ``running``: their text as a collected
+    group would have it, and, when someone else in a group chat sent them, who (the run's own sender needs
+    no label, as in a one-to-one chat)."""
+    text = build_prompt(messages)
+    senders = {m.sender_id or m.sender for m in running}
+    if len(messages) == 1 and (messages[0].sender_id or messages[0].sender) not in senders:
+        who = messages[0].sender or messages[0].sender_id
+        if who:
+            return f"[from {who}]:\n{text}"
+    return text

@@ -9,10 +9,11 @@ import anyio
 import pytest
 
 from shared.notices import busy_note, steered_note
+from shared.queue.core import QueuedMessage
 from shared.settings.busy_policy import parse_busy_policy
 from shared.settings.model import load_settings
 from workers.doctor import checks
-from workers.steer import SteerInbox
+from workers.steer import SteerInbox, steered_prompt
 
 pytestmark = pytest.mark.unit
 
@@ -76,3 +77,20 @@ def test_doctor_says_which_agents_cannot_take_a_message_mid_run(tmp_path: Path) 
     assert steer.level == "ok" and steer.detail.startswith("writer (codex) cannot take a message while")
     (tmp_path / "settings.toml").write_text(text.replace('busy_policy = "steer"', 'busy_policy = "collect"'))
     assert "busy policy steer" not in {c.name for c in checks(load_settings(tmp_path, env))}
+
+
+def _msg(n: int, sender: str, sender_id: str, text: str) -> QueuedMessage:
+    return QueuedMessage(
+        id=n, message_id=f"m_{n:08d}", channel="telegram", sender=sender, sender_id=sender_id, message=text,
+        agent="coder", from_agent=None, status="processing", retry_count=0, manual_retries=0,
+        last_error=None, created_at=0, updated_at=0, conversation="group", metadata={},
+        available_at=0, claimed_by="w", lease_until=0, hops=0, external_id=None,
+    )  # fmt: skip
+
+
+def test_a_steered_message_names_its_sender_only_when_someone_else_sent_it() -> None:
+    running = [_msg(1, "ann", "7", "write the parser")]
+    assert steered_prompt([_msg(2, "ann", "7", "and tests")], running) == "and tests"
+    assert steered_prompt([_msg(3, "bob", "8", "use pytest")], running) == "[from bob]:\nuse pytest"
+    both = steered_prompt([_msg(4, "ann", "7", "one"), _msg(5, "bob", "8", "two")], running)
+    assert "from ann" in both and "from bob" in both  # a collected group's numbered form
