@@ -96,9 +96,13 @@ class RetryOutcome:
     failed: bool
 
 
+#: The columns a new response is written with (here and in the one-statement completion).
+RESPONSE_COLUMNS = (
+    "message_id, channel, sender, sender_id, message, original_message, agent, files, metadata, status, "
+    "created_at, updated_at, conversation, delivered"
+)
 _INSERT_RESPONSE = (
-    "INSERT INTO responses (message_id, channel, sender, sender_id, message, original_message, agent, files, "
-    "metadata, status, created_at, updated_at, conversation, delivered) VALUES (:message_id, :channel, "
+    f"INSERT INTO responses ({RESPONSE_COLUMNS}) VALUES (:message_id, :channel, "
     f":sender, :sender_id, :message, :original_message, :agent, :files, :metadata, '{ResponseStatus.PENDING}', :now, :now, "
     ":conversation, 0)"
 )

@@ -361,6 +361,29 @@ class Database:
             observer()
         return rows
 
+    def write_statement_values(self, sql: str, params: Params) -> list[Sequence[Any]]:
+        """:meth:`write_statement` for a statement whose columns the caller knows and that reports itself
+        whether it changed anything: its rows as the driver's tuples (reading no column descriptions, which
+        psycopg builds anew for every column on every access); the caller announces the change signals with
+        :meth:`announce` when it did."""
+        if not self.dialect.single_statement_writes:
+            raise RuntimeError("write_statement is for PostgreSQL; SQLite writes go through transaction()")
+        try:
+            cur = self.connection().cursor()
+            cur.execute(self.dialect.sql(sql), params)
+            rows = list(cur.fetchall())
+        except BaseException as exc:
+            self._after_failed_write(exc)
+            raise
+        for observer in tuple(self._write_observers):
+            observer()
+        return rows
+
+    def announce(self, signals: set[str]) -> None:
+        """Wake this process's waiters for ``signals``, as a committed transaction that raised them does."""
+        for listener in self._commit_listeners:
+            listener(signals)
+
     def read(self, sql: str, params: Params | Sequence[Any] = ()) -> list[Row]:
         """A single read statement outside any explicit transaction (autocommit snapshot)."""
         cur = self.connection().cursor()

@@ -8,6 +8,7 @@ which of them a reader may see yet).
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import cached_property, lru_cache
 from typing import Literal
@@ -151,6 +152,27 @@ class Dialect:
             f"woken AS (SELECT pg_notify('{NOTIFY_CHANNEL}', 'events'), pg_notify('{NOTIFY_CHANNEL}', 'messages') "
             "FROM m) "
             "SELECT m.id, (SELECT COUNT(*) FROM e) AS events, (SELECT COUNT(*) FROM woken) AS woken FROM m"
+        )
+
+    def write_with_events(self, ctes: str, events: str, signals: Sequence[str], result: str) -> str:
+        """A write that is a whole transaction as one statement (PostgreSQL: one round trip instead of one per
+        statement plus BEGIN and COMMIT): the data-modifying CTEs ``ctes``, the events that the SELECT
+        ``events`` yields (columns: ordinal within the statement, topic, type, message id, payload text), with
+        their transaction-ordered ids, and, when it yields any, the NOTIFYs of ``signals``. The statement's
+        rows are those of the SELECT ``result`` (which may read the CTEs), after a first column ``_woken``.
+        ``:name`` parameters like every statement before :meth:`sql`; ``:now`` is the events' time. Only
+        where :attr:`single_statement_writes`."""
+        if not self.single_statement_writes:
+            raise ValueError(f"{self.name} has no one-statement writes")
+        notes = ", ".join(f"pg_notify('{NOTIFY_CHANNEL}', '{kind}')" for kind in sorted(signals))
+        return (
+            f"WITH {ctes}, "
+            "_ev AS (INSERT INTO events (id, topic, type, message_id, payload, created_at) "
+            f"SELECT {_PG_TX_EVENT_BASE} + v.n, v.topic, v.type, v.message_id, v.payload, CAST(:now AS BIGINT) "
+            f"FROM ({events}) AS v(n, topic, type, message_id, payload) ORDER BY v.n RETURNING id), "
+            # Referenced below, or it would not run; once per statement, and only when it appended events.
+            f"_woken AS (SELECT {notes} FROM (SELECT 1 FROM _ev LIMIT 1) AS w) "
+            f"SELECT (SELECT COUNT(*) FROM _woken) AS _woken, r.* FROM ({result}) AS r"
         )
 
     def commit_sql(self, signals: set[str]) -> str:
