@@ -433,15 +433,7 @@ class Messages:
                 "steered": True,
             }
             append_events(tx, [PendingEvent("message_claimed", payload, ids[0])], now)
-        claimed = {
-            "agent": agent,
-            "status": MessageStatus.PROCESSING,
-            "claimed_by": worker,
-            "lease_until": lease,
-            "updated_at": now,
-            "run_started_at": now,
-        }
-        return [QueuedMessage.from_claim(names, r, claimed) for r in rows]
+        return _claimed_messages(names, rows, agent, worker, now, lease, started=now)
 
 
 def _first(row: Sequence[Any]) -> Any:
@@ -499,16 +491,24 @@ _COMPLETE_RESULT = (
 
 
 def _claimed_messages(
-    names: Sequence[str], rows: Sequence[Sequence[Any]], agent: str, worker: str, now: int, lease: int
+    names: Sequence[str],
+    rows: Sequence[Sequence[Any]],
+    agent: str,
+    worker: str,
+    now: int,
+    lease: int,
+    *,
+    started: int | None = None,
 ) -> list[QueuedMessage]:
-    """The claimed messages from the claim's ``RETURNING`` tuples (in id order) and what the claim set."""
+    """The claimed messages from the claim's ``RETURNING`` tuples (in id order) and what the claim set
+    (``started``: the run they were claimed into started then, see :meth:`Messages.claim_chat_into_run`)."""
     claimed = {
         "agent": agent,
         "status": MessageStatus.PROCESSING,
         "claimed_by": worker,
         "lease_until": lease,
         "updated_at": now,
-        "run_started_at": None,
+        "run_started_at": started,
     }
     return [QueuedMessage.from_claim(names, r, claimed) for r in rows]
 

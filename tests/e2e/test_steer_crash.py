@@ -16,8 +16,7 @@ not name every message they answer. Wanted: all completed, 0 dead, 0 duplicate f
 from __future__ import annotations
 
 import json
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -36,6 +35,8 @@ from tests.crash_support import (
 )
 from tests.fault_support import fresh_pg_database
 from tests.fixtures import cli_installed  # noqa: F401  (fixtures)
+from tests.liveness_support import process_gone
+from tests.probes import wait_for
 from tests.processor_support import open_home
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
@@ -49,22 +50,6 @@ ROUNDS = 6
 def api() -> Iterator[LabelledApi]:
     with LabelledApi() as fake:
         yield fake
-
-
-def _wait(condition: Callable[[], object], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.02)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_bytes().rsplit(b")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state != b"Z"
 
 
 def _send(rt: Runtime, chat: int, number: int) -> str:
@@ -104,26 +89,28 @@ def _scenario(tmp_path: Path, api: LabelledApi, db_url: str) -> None:
             chat = round_no  # a chat per round: no message is interrupted twice
             a_label, b_label = label(chat, 0), label(chat, 1)
             _send(rt, chat, 0)
-            _wait(lambda a=a_label, p=proc: _reached_api(api, a) and cli_pids(p.pid), 30, f"{a_label}'s run")
+            wait_for(
+                lambda a=a_label, p=proc: _reached_api(api, a) and cli_pids(p.pid), 30, f"{a_label}'s run"
+            )
             b_id = _send(rt, chat, 1)
             if moment == "no kill":
-                _wait(lambda b=b_id: _steered_into_a_run(rt, b), 30, f"{b_label} steered")
+                wait_for(lambda b=b_id: _steered_into_a_run(rt, b), 30, f"{b_label} steered")
                 continue
             if moment == "kill when B is claimed":
-                _wait(lambda b=b_id: _steered_into_a_run(rt, b), 30, f"{b_label} steered")
+                wait_for(lambda b=b_id: _steered_into_a_run(rt, b), 30, f"{b_label} steered")
             else:
-                _wait(lambda b=b_label: _reached_api(api, b), 30, f"{b_label}'s request")
+                wait_for(lambda b=b_label: _reached_api(api, b), 30, f"{b_label}'s request")
             cli = cli_pids(proc.pid)
             rows = message_rows(rt.db)
             proc.kill9()
             assert rows[a_label]["status"] == rows[b_label]["status"] == "processing", rows
             assert cli, f"round {round_no}: no CLI under the processor at the kill"
             # The run's CLI dies with the processor.
-            _wait(lambda c=cli: not any(_alive(pid) for pid in c), 10, f"the CLI {cli} to die")
+            wait_for(lambda c=cli: all(process_gone(pid) for pid in c), 10, f"the CLI {cli} to die")
             kills.append(f"round {round_no}: {moment}, CLI {cli}")
             proc = start()
         expected = 2 * ROUNDS
-        _wait(
+        wait_for(
             lambda: [r["status"] for r in message_rows(rt.db).values()].count("completed") == expected,
             120,
             "every message answered",
