@@ -77,6 +77,8 @@ from shared.settings.model import Settings, SettingsError
 from shared.storage.errors import transient_problem
 from workers.busy import WorkGroup, apply_cap, build_prompt, merge_arrivals, resolve_policy
 from workers.drive import Drive
+from workers.egress import EgressProxy
+from workers.egress_policy import EgressPolicy, policy_for
 from workers.observe import record_event
 from workers.pauses import RateLimitPauses
 from workers.processor_config import ProcessorSettings, ProcessorStats, default_worker_id
@@ -138,6 +140,8 @@ class Processor:
         self._sandbox = SandboxChoice()
         #: Claude processes kept between a chat's runs (session_idle_seconds > 0; workers/warm_sessions.py).
         self.warm = WarmPool(lambda: self.config)
+        #: Sandboxed runs' only way out (workers/egress.py); serving while :meth:`serve` runs.
+        self.egress = EgressProxy(self._egress_policy, self._egress_refused)
 
     # -- public -----------------------------------------------------------------------------------------
     @property
@@ -205,6 +209,12 @@ class Processor:
                 "until_idle": until_idle,
             },
         )
+        async with self.egress:
+            await self._loop(until_idle, include_delayed)
+        stopped = {"worker": self.worker, **self.stats.__dict__}
+        await record_event(self.rt.events, "processor", "processor_stop", stopped)
+
+    async def _loop(self, until_idle: bool, include_delayed: bool) -> None:
         try:
             async with anyio.create_task_group() as tg:
                 while not self._stopping:
@@ -234,8 +244,20 @@ class Processor:
         finally:
             with anyio.CancelScope(shield=True):
                 await self.warm.close_all()  # the idle warm processes end with the loop
-        stopped = {"worker": self.worker, **self.stats.__dict__}
-        await record_event(self.rt.events, "processor", "processor_stop", stopped)
+
+    def _egress_policy(self, agent: str) -> EgressPolicy:
+        """What ``agent``'s runs may reach, from the settings in force now (an agent removed: nothing)."""
+        config = self.settings.agents.get(agent)
+        if config is None:
+            return EgressPolicy(agent)
+        return policy_for(agent, config, self.env)
+
+    async def _egress_refused(self, agent: str, run_id: str, target: str, why: str) -> None:
+        """A connection the egress proxy refused: an event naming the agent's messages, for trace."""
+        drive = self._drives.get(agent)
+        ids = drive.running.ids if drive is not None and drive.running is not None else []
+        payload = {"agent": agent, "run_id": run_id, "host": target, "reason": why, "message_ids": ids}
+        await record_event(self.rt.events, "queue", "network_refused", payload, ids[0] if ids else None)
 
     # -- loop parts -------------------------------------------------------------------------------------
     async def _dispatch(self, tg: anyio.abc.TaskGroup) -> int:
@@ -421,6 +443,7 @@ class Processor:
             config=self.config,
             env=self.env,
             sandbox=self.sandbox_plan,
+            egress=self.egress,
             stats=self.stats,
             warm=self.warm,
         )

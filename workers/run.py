@@ -45,6 +45,7 @@ from workers.agent_env import child_env
 from workers.budgets import budget_gate, usage_work
 from workers.busy import WorkGroup, build_prompt, busy_notice_on, merge_arrivals, resolve_policy
 from workers.drive import Drive, step_done
+from workers.egress import EgressProxy
 from workers.liveness import RunInfo, RunWatch, note_target
 from workers.observe import quietly, record_events
 from workers.previews import PreviewWriter
@@ -83,6 +84,7 @@ class Run:
         env: Mapping[str, str],
         sandbox: Callable[[], SandboxPlan],
         stats: ProcessorStats,
+        egress: EgressProxy | None = None,
         warm: WarmPool | None = None,
     ) -> None:
         self.rt = rt
@@ -95,6 +97,8 @@ class Run:
         self.config = config
         self.env = env
         self.sandbox = sandbox
+        #: The processor's egress proxy: a sandboxed run's only way out (workers/egress.py).
+        self.egress = egress
         self.stats = stats
         #: Kept claude processes (workers/warm_sessions.py); used when session_idle_seconds > 0.
         self.warm = warm
@@ -139,7 +143,8 @@ class Run:
         if any(m.retry_count for m in group.messages):
             run.edit_key = retry_edit_key(primary.message_id)
         self.preview = PreviewWriter.for_run(self.rt.db, self.settings, primary, run.edit_key, group.ids)
-        request = self._request(run, config, run_config, workspace, session, session_key)
+        egress = await self._egress_socket(run)
+        request = self._request(run, config, run_config, workspace, session, session_key, egress)
         fallback_model = run_config.model if on_fallback else None
         started = self._run_start(run, config.provider, session is not None, fallback_model)
         try:
@@ -255,6 +260,7 @@ class Run:
         workspace: Path,
         session: str | None,
         session_key: str,
+        egress: Path | None,
     ) -> RunRequest:
         """What the provider needs for ``run``: prompt, environment, limits (``run_config``: the model in
         force, the fallback one during a rate limit)."""
@@ -279,7 +285,7 @@ class Run:
             on_notice=run.tell,
             on_partial=self.preview.update if self.preview is not None else None,
             read_dirs=(uploads,) if uploads is not None else (),
-            sandbox=self._sandboxed(workspace, uploads),
+            sandbox=self._sandboxed(workspace, uploads, egress),
             warm=self._warm_slot(config, session_key, steer=run.steer is not None),
             steer=run.steer,
         )
@@ -324,7 +330,16 @@ class Run:
                 message_id=message.message_id,
             )
 
-    def _sandboxed(self, workspace: Path, uploads: Path | None) -> Sandboxed | None:
+    async def _egress_socket(self, run: RunInfo) -> Path | None:
+        """The egress proxy's socket for this agent's runs, when they run in a network of their own."""
+        plan = self.sandbox()
+        if self.egress is None or plan.kind == "none" or not plan.network:
+            return None
+        path = await self.egress.socket_for(run.agent, plan.user)
+        self.egress.new_run(run.agent, run.run_id)
+        return path
+
+    def _sandboxed(self, workspace: Path, uploads: Path | None, egress: Path | None) -> Sandboxed | None:
         """The sandbox of this run (None when this processor runs agents unconfined): its workspace, its own
         CLI home under ``sandbox/<agent>``, the chat's uploads; agentpost's home, the SQLite database's
         folder and the service user's home hidden."""
@@ -342,6 +357,7 @@ class Run:
             cli_home=home / "sandbox" / self.agent,
             readable=(uploads,) if uploads is not None else (),
             hidden=tuple(p for p in hidden if p.is_absolute() and len(p.parts) > 1),
+            egress=egress,
         )
         return Sandboxed(plan, view, login_home=service_home)
 

@@ -26,6 +26,7 @@ without them) or ``none``.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import pwd
@@ -37,7 +38,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from workers.egress import SANDBOX_PROXY_PORT, SANDBOX_SOCKET
+
 log = logging.getLogger("agentpost.processor")
+
+_FORWARDER = Path(__file__).with_name("netforward.py")
+#: Every variable a CLI may take a proxy (or an exception to it) from.
+_PROXY_VARIABLES = ("HTTPS_PROXY", "HTTP_PROXY", "ALL_PROXY", "NO_PROXY",
+                    "https_proxy", "http_proxy", "all_proxy", "no_proxy")  # fmt: skip
 
 #: The account agent CLIs run as when the processor runs as root (created on demand; see deploy/sysusers.d).
 SANDBOX_USER = "agentpost-agent"
@@ -59,13 +67,20 @@ class SandboxPlan:
     user: tuple[int, int] | None = None
     #: Why this kind, in words an operator reads (``agentpost doctor``, the processor's start-up log).
     reason: str = ""
+    #: Each run gets a network namespace of its own, its only way out the egress proxy (workers/egress.py).
+    network: bool = False
 
     @property
     def describe(self) -> str:
         if self.kind == "none":
             return f"none — agents run with agentpost's own rights ({self.reason})"
         who = f" as the user {SANDBOX_USER}" if self.user else ""
-        return f"namespaces (bubblewrap){who}"
+        net = (
+            "; network: its own, out only through the egress proxy"
+            if self.network
+            else f"; network: the host's ({self.reason})"
+        )
+        return f"namespaces (bubblewrap){who}{net}"
 
 
 @dataclass(frozen=True)
@@ -80,6 +95,8 @@ class SandboxView:
         Path, ...
     ] = ()  # shown back read-only inside a hidden folder: the CLI's install, the interpreter
     env: Mapping[str, str] = field(default_factory=dict)
+    #: The egress proxy's Unix socket for this agent (bound in at SANDBOX_SOCKET); None: no way out.
+    egress: Path | None = None
 
 
 def runs_as_root() -> bool:
@@ -106,10 +123,10 @@ def _sandbox_user(create: bool) -> tuple[int, int] | None:
     return entry.pw_uid, entry.pw_gid
 
 
-def _probe(bwrap: str, user: tuple[int, int] | None) -> str:
+def _probe(bwrap: str, user: tuple[int, int] | None, *, network: bool) -> str:
     """Run ``true`` in the sandbox as an agent would be run; '' when it works, else bwrap's complaint."""
     view = SandboxView(workspace=Path("/"), cli_home=Path("/"))
-    argv = bwrap_argv(SandboxPlan("namespaces", bwrap=bwrap, user=user), view, ["true"])
+    argv = bwrap_argv(SandboxPlan("namespaces", bwrap=bwrap, user=user, network=network), view, ["true"])
     try:
         done = subprocess.run(argv, capture_output=True, text=True, timeout=20, check=False)
     except (OSError, subprocess.TimeoutExpired) as exc:
@@ -135,11 +152,16 @@ def choose(mode: SandboxMode, *, create_user: bool = True) -> SandboxPlan:
         if runs_as_root() and user is None and not problem:
             problem = f"the user {SANDBOX_USER} does not exist (agentpost init creates it)"
         if not problem:
-            complaint = _probe(bwrap, user)
-            if complaint:
-                problem = f"bubblewrap cannot make a sandbox here: {complaint.splitlines()[-1]}"
-    if not problem:
-        return SandboxPlan("namespaces", bwrap=bwrap, user=user)
+            complaint = _probe(bwrap, user, network=True)
+            if not complaint:
+                return SandboxPlan("namespaces", bwrap=bwrap, user=user, network=True)
+            # Some containers refuse a network namespace while allowing the rest: confine the files and
+            # processes anyway, and say that the network is not (doctor fails agents that run commands).
+            without = _probe(bwrap, user, network=False)
+            if not without:
+                why = f"no network namespace here: {complaint.splitlines()[-1]}"
+                return SandboxPlan("namespaces", bwrap=bwrap, user=user, network=False, reason=why)
+            problem = f"bubblewrap cannot make a sandbox here: {without.splitlines()[-1]}"
     if mode == "namespaces":
         raise SandboxError(f'[processor] sandbox = "namespaces", but {problem}')
     return SandboxPlan("none", reason=problem)
@@ -165,6 +187,8 @@ def bwrap_argv(plan: SandboxPlan, view: SandboxView, argv: Sequence[str]) -> lis
     out = [plan.bwrap, "--die-with-parent"]
     if plan.user is None:
         out.append("--unshare-user")
+    if plan.network:
+        out.append("--unshare-net")
     out += [
         "--unshare-pid",
         "--unshare-ipc",
@@ -223,6 +247,9 @@ def bwrap_argv(plan: SandboxPlan, view: SandboxView, argv: Sequence[str]) -> lis
         show(path, "--ro-bind")
     for path in (view.cli_home, view.workspace):
         show(path, "--bind")
+    if view.egress is not None:
+        out += ["--perms", "0755", "--dir", str(SANDBOX_SOCKET.parent),
+                "--ro-bind", str(view.egress), str(SANDBOX_SOCKET)]  # fmt: skip
     for name, value in view.env.items():
         out += ["--setenv", name, value]
     out += ["--chdir", str(view.workspace), "--"]
@@ -231,7 +258,16 @@ def bwrap_argv(plan: SandboxPlan, view: SandboxView, argv: Sequence[str]) -> lis
         setpriv = shutil.which("setpriv") or "/usr/bin/setpriv"
         out += [setpriv, f"--reuid={uid}", f"--regid={gid}", "--clear-groups", "--no-new-privs",
                 "--inh-caps=-all", "--bounding-set=-all", "--"]  # fmt: skip
-    return [*out, *argv]
+    return [*out, *forwarded(view, argv)]
+
+
+def forwarded(view: SandboxView, argv: Sequence[str]) -> list[str]:
+    """``argv`` started behind the forwarder that turns the egress socket into the proxy port inside
+    (workers/netforward.py); ``argv`` itself without an egress socket."""
+    if view.egress is None:
+        return list(argv)
+    return [sys.executable, "-I", "-S", str(_FORWARDER), str(SANDBOX_SOCKET), str(SANDBOX_PROXY_PORT), "--",
+            *argv]  # fmt: skip
 
 
 def tool_paths(argv: Sequence[str], env: Mapping[str, str]) -> tuple[Path, ...]:
@@ -335,19 +371,30 @@ class Sandboxed:
         prepare(self.plan, self.view, self.login_home)
 
     def wrap(self, argv: Sequence[str], env: Mapping[str, str]) -> list[str]:
-        view = SandboxView(
-            workspace=self.view.workspace,
-            cli_home=self.view.cli_home,
-            readable=self.view.readable,
-            hidden=self.view.hidden,
-            tools=(*self.view.tools, *tool_paths(argv, env)),
-            env=self.view.env,
+        view = dataclasses.replace(
+            self.view, tools=(*self.view.tools, *tool_paths(forwarded(self.view, argv), env))
         )
         return bwrap_argv(self.plan, view, argv)
 
     def environment(self, env: Mapping[str, str]) -> dict[str, str]:
-        """The CLI's environment inside: its own HOME, and a TMPDIR that exists there (``/tmp`` is empty)."""
-        return {**env, "HOME": str(self.view.cli_home), "TMPDIR": "/tmp"}
+        """The CLI's environment inside: its own HOME, a TMPDIR that exists there (``/tmp`` is empty), and
+        the egress proxy as every proxy variable (the host's own proxy settings mean nothing inside)."""
+        out = {**env, "HOME": str(self.view.cli_home), "TMPDIR": "/tmp"}
+        if self.plan.network:
+            for name in _PROXY_VARIABLES:
+                out.pop(name, None)
+            if self.view.egress is not None:
+                proxy = f"http://127.0.0.1:{SANDBOX_PROXY_PORT}"
+                for name in (
+                    "HTTPS_PROXY",
+                    "HTTP_PROXY",
+                    "ALL_PROXY",
+                    "https_proxy",
+                    "http_proxy",
+                    "all_proxy",
+                ):
+                    out[name] = proxy
+        return out
 
 
 class SandboxChoice:

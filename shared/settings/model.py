@@ -20,6 +20,7 @@ from typing import Any, Literal, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from shared.private_files import private_dir, tighten
+from shared.settings.hosts import parse_rule
 from shared.settings.routing import AGENT_NAME_RE, Team
 from shared.settings.sections import (
     BudgetSettings,
@@ -159,6 +160,16 @@ class AgentSettings(_Strict):
     # workers/workspace.py and docs/restarts.md, "Standby processors").
     workspace_shared: bool = False
     env: dict[str, str] = Field(default_factory=dict)
+    # Where the agent's runs may connect besides its AI service (workers/egress_policy.py): host names
+    # ("github.com", "*.pypi.org", "127.0.0.1:8080"), or "open" for every public address.
+    network: list[str] | Literal["open"] = Field(default_factory=list)
+
+    @field_validator("network")
+    @classmethod
+    def _network_names_hosts(cls, value: list[str] | str) -> list[str] | str:
+        if isinstance(value, str):
+            return value
+        return [str(parse_rule(entry)) for entry in value]
 
     @model_validator(mode="after")
     def _command_needs_argv(self) -> AgentSettings:
