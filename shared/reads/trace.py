@@ -177,7 +177,7 @@ def trace_message(db: Database, message_id: str) -> Trace:
 
 _DETAIL_KEYS = (
     "agent", "worker", "channel", "attempts", "error", "exit_code", "duration_ms", "to", "hops",
-    "response_id", "chunk", "retry_at", "reason", "model", "text",
+    "response_id", "chunk", "retry_at", "host", "reason", "model", "text",
 )  # fmt: skip
 
 
