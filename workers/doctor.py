@@ -5,12 +5,13 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from shared.cli.doctor import Check
+from shared.cli.doctor import Check, Level
 from shared.settings.model import AgentSettings, Settings
 from shared.worker_identity import this_host
 from workers.agent_env import child_env
+from workers.egress_policy import policy_for
 from workers.providers import ProviderError, RunRequest, find_binary
-from workers.sandbox import SANDBOX_USER, SandboxError, runs_as_root
+from workers.sandbox import SANDBOX_USER, SandboxError, SandboxPlan, runs_as_root
 from workers.sandbox import choose as choose_sandbox
 from workers.workspace import WorkspaceElsewhere, check_workspace, host_of, workspace_record
 
@@ -69,7 +70,10 @@ def _sandbox(settings: Settings) -> list[Check]:
             Check("agents", "sandbox", "fail", str(exc), "install bubblewrap, or set [processor] sandbox")
         ]
     if plan.kind == "namespaces":
-        return [Check("agents", "sandbox", "ok", f"agents run confined: {plan.describe}")]
+        return [
+            Check("agents", "sandbox", "ok", f"agents run confined: {plan.describe}"),
+            *_network(settings, plan),
+        ]
     if runs_as_root() and "does not exist" in plan.reason:
         return [
             Check(
@@ -100,6 +104,47 @@ def _sandbox(settings: Settings) -> list[Check]:
             fix,
         )
     ]
+
+
+def _network(settings: Settings, plan: SandboxPlan) -> list[Check]:
+    """What each agent's runs may reach through the egress proxy (workers/egress_policy.py), as
+    tests/e2e/test_sandbox_network.py shows it; a warning for ``network = "open"``, and a failure where no
+    network namespace can be had for an agent that runs commands without asking."""
+    if not plan.network:
+        exposed = sorted(
+            name
+            for name, agent in settings.agents.items()
+            if agent.permission_mode == "bypassPermissions" or agent.provider == "command"
+        )
+        what = (
+            f"agents share the host's network ({plan.reason}): a run reaches agentpost's API, the databases "
+            "and every service on this machine"
+        )
+        fix = "run the processor where network namespaces are allowed (bwrap --unshare-net)"
+        status: Level = "fail" if exposed else "warn"
+        extra = f"; {', '.join(exposed)} run commands without asking" if exposed else ""
+        return [Check("agents", "network", status, what + extra, fix)]
+    found: list[Check] = []
+    for name, agent in sorted(settings.agents.items()):
+        policy = policy_for(name, agent, settings.env)
+        if policy.open:
+            found.append(
+                Check(
+                    "agents",
+                    f"network of {name}",
+                    "warn",
+                    f'reaches {policy.describe()} (network = "open"): a prompt-injected run can send what it '
+                    "reads anywhere",
+                    f"list the hosts {name} needs in [agents.{name}] network instead",
+                )
+            )
+        elif policy.rules:
+            found.append(Check("agents", f"network of {name}", "ok", f"reaches only {policy.describe()}"))
+        else:
+            found.append(
+                Check("agents", f"network of {name}", "ok", "reaches nothing: no AI service and no hosts named")
+            )
+    return found
 
 
 def _warm(settings: Settings) -> list[Check]:
