@@ -142,7 +142,9 @@ def _network(settings: Settings, plan: SandboxPlan) -> list[Check]:
             found.append(Check("agents", f"network of {name}", "ok", f"reaches only {policy.describe()}"))
         else:
             found.append(
-                Check("agents", f"network of {name}", "ok", "reaches nothing: no AI service and no hosts named")
+                Check(
+                    "agents", f"network of {name}", "ok", "reaches nothing: no AI service and no hosts named"
+                )
             )
     return found
 

@@ -46,7 +46,7 @@ import anyio
 from anyio.abc import ByteReceiveStream, Process
 
 from shared.settings.model import AgentSettings
-from workers.sandbox import Sandboxed
+from workers.sandbox import Sandboxed, SandboxError
 from workers.steer import SteerInbox
 
 #: Called with each piece of assistant text as it streams out.
@@ -261,11 +261,15 @@ async def _reap(process: Process, *, timed_out: bool) -> None:
 
 def launch_plan(request: RunRequest, argv: list[str]) -> tuple[list[str], dict[str, str]]:
     """How ``argv`` is started for ``request``: inside its sandbox, under the orphan guard
-    (:mod:`workers.launch`), with the environment it gets; the workspace is created if missing."""
+    (:mod:`workers.launch`), with the environment it gets; the workspace is created if missing. Raises
+    :class:`ProviderError` when the sandbox cannot be prepared (a workspace agentpost may not hand over)."""
     launch = argv
     env = dict(request.env)
     if request.sandbox is not None:
-        request.sandbox.prepare()
+        try:
+            request.sandbox.prepare()
+        except SandboxError as exc:
+            raise ProviderError(str(exc)) from None
         env = request.sandbox.environment(env)
         launch = request.sandbox.wrap(argv, env)
     if request.orphan_guard and sys.platform.startswith("linux"):
@@ -318,9 +322,9 @@ class CliProvider(abc.ABC):
         started = time.monotonic()
         try:
             argv = self.argv(request)
+            launch, env = launch_plan(request, argv)
         except ProviderError as exc:
             return RunResult(ok=False, error=str(exc), cannot_start=True, service=self.service)
-        launch, env = launch_plan(request, argv)
         try:
             # Shielded: a cancellation (a /stop, a shutdown) landing mid-spawn would otherwise leave a
             # started CLI nobody kills; it is delivered at the next checkpoint, inside the try below.

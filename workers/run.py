@@ -358,6 +358,7 @@ class Run:
             readable=(uploads,) if uploads is not None else (),
             hidden=tuple(p for p in hidden if p.is_absolute() and len(p.parts) > 1),
             egress=egress,
+            home=home,
         )
         return Sandboxed(plan, view, login_home=service_home)
 

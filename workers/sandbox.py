@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Literal
 
 from workers.egress import SANDBOX_PROXY_PORT, SANDBOX_SOCKET
+from workers.workspace import MARKER as WORKSPACE_MARKER
 
 log = logging.getLogger("agentpost.processor")
 
@@ -97,6 +98,9 @@ class SandboxView:
     env: Mapping[str, str] = field(default_factory=dict)
     #: The egress proxy's Unix socket for this agent (bound in at SANDBOX_SOCKET); None: no way out.
     egress: Path | None = None
+    #: agentpost's home: folders under it may be handed to the sandbox user (workspaces elsewhere only when
+    #: agentpost made them).
+    home: Path | None = None
 
 
 def runs_as_root() -> bool:
@@ -308,6 +312,7 @@ def prepare(plan: SandboxPlan, view: SandboxView, login_home: Path | None) -> No
     uid, gid = plan.user
     for root in (view.workspace, view.cli_home):
         if root.stat().st_uid != uid:
+            _check_hand_over(root, view.home)
             _chown_tree(root, uid, gid)
     for folder in view.readable:
         if folder.is_dir():
@@ -327,6 +332,29 @@ def _copy_login(source_home: Path, cli_home: Path) -> None:
         os.chmod(target, 0o600)
     except OSError:
         pass  # no login to copy is what the CLI itself reports, in words the run's error explains
+
+
+def _check_hand_over(root: Path, home: Path | None) -> None:
+    """Refuse to give the sandbox user a folder agentpost did not make: one outside its home that holds
+    anything but the workspace marker (an agent set up with ``workspace = "/etc"`` would otherwise be handed
+    ``/etc``). Raises :class:`SandboxError` saying what the operator can do."""
+    if home is not None and (root == home or home in root.parents):
+        return
+    try:
+        entries = set(os.listdir(root))
+    except OSError as exc:
+        raise SandboxError(f"cannot look into the workspace {root}: {exc.strerror or exc}") from None
+    if entries <= {WORKSPACE_MARKER}:
+        return  # made for this agent just now
+    try:
+        owner = pwd.getpwuid(root.stat().st_uid).pw_name
+    except KeyError:
+        owner = str(root.stat().st_uid)
+    raise SandboxError(
+        f"the folder {root} belongs to {owner} and already holds files; agentpost hands the agent's user "
+        f"({SANDBOX_USER}) only folders it made. Give it to that user yourself (chown -R {SANDBOX_USER} "
+        f"{root}) if the agent should work there, or choose a new folder"
+    )
 
 
 def _chown_tree(root: Path, uid: int, gid: int) -> None:

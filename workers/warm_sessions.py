@@ -54,6 +54,7 @@ from shared.settings.sections import ProcessorSettings
 from workers.providers import (
     CliProvider,
     ProgressFn,
+    ProviderError,
     RunRequest,
     RunResult,
     RunUsage,
@@ -218,7 +219,12 @@ class WarmSlot:
             await warm.close()
             warm = None
         if warm is None:
-            launch, env = launch_plan(request, argv)
+            try:
+                launch, env = launch_plan(request, argv)
+            except ProviderError as exc:
+                return RunResult(
+                    ok=False, error=str(exc), argv=argv, cannot_start=True, service=provider.service
+                )
             try:
                 with anyio.CancelScope(shield=True):  # see CliProvider.run: never an unkilled start
                     process = await anyio.open_process(
