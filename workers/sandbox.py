@@ -10,7 +10,9 @@ database (every conversation), ``settings.toml``, every other agent's workspace,
   shows back only the agent's workspace (writable), its own CLI home (writable: the CLI's sessions and login
   live there), the chat's upload folder (read-only) and the tools the run needs (read-only); a private PID
   namespace with its own ``/proc``, so no other process — and no other process's environment — is visible;
-  its own IPC and host-name namespaces. The network is shared: the CLI must reach its API.
+  its own IPC and host-name namespaces; and its own network namespace, loopback only, whose one way out is
+  the egress proxy (:mod:`workers.egress`: the agent's AI service and the hosts named for it) through a Unix
+  socket bound in and the forwarder of :mod:`workers.netforward`.
 - **as a dedicated user**, when the service runs as root: the CLI runs as ``agentpost-agent`` (one user for
   every agent: the mount namespace already keeps agents out of each other's workspaces and PID namespaces
   keep their processes apart, so a user per agent would add passwd entries, not isolation). Anything the
