@@ -169,6 +169,21 @@ async def _resolve(host: str, port: int) -> list[IPAddress]:
     return addresses
 
 
+def _remove_left_behind() -> None:
+    """Remove the socket folders of processors that died without removing theirs (a ``kill -9``): the
+    folder's name carries its processor's pid, and only this user's folders are touched."""
+    for folder in Path(tempfile.gettempdir()).glob("agentpost-egress-*-*"):
+        try:
+            pid = int(folder.name.split("-")[2])
+            if folder.stat().st_uid != os.geteuid():
+                continue
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            shutil.rmtree(folder, ignore_errors=True)
+        except (ValueError, OSError):
+            continue
+
+
 @dataclass
 class _AgentSocket:
     path: Path
@@ -225,7 +240,8 @@ class EgressProxy:
                 raise RuntimeError("the egress proxy is not running")
             if self._dir is None:
                 # A short path (a Unix socket's path has ~107 bytes); 0700: no other local user reaches it.
-                self._dir = Path(tempfile.mkdtemp(prefix="agentpost-egress-"))
+                _remove_left_behind()
+                self._dir = Path(tempfile.mkdtemp(prefix=f"agentpost-egress-{os.getpid()}-"))
             path = self._dir / f"{agent}.sock"
             raw = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             with contextlib.suppress(FileNotFoundError):

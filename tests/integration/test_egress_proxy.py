@@ -4,7 +4,11 @@ refusal is reported once per run, and a broken request gets a 400 without the pr
 
 from __future__ import annotations
 
+import os
+import shutil
 import socket
+import subprocess
+import tempfile
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -123,3 +127,23 @@ def test_a_name_that_resolves_to_this_machine_is_refused_by_its_address() -> Non
 
     answer = anyio.run(main)
     assert answer.startswith(b"HTTP/1.1 403") and b"local or private address" in answer
+
+
+def test_the_socket_folder_of_a_killed_processor_is_removed_by_the_next() -> None:
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    left = Path(tempfile.gettempdir()) / f"agentpost-egress-{dead.pid}-left"
+    left.mkdir()
+    (left / "coder.sock").write_text("")  # what a kill -9 leaves
+    alive = Path(tempfile.mkdtemp(prefix=f"agentpost-egress-{os.getpid()}-"))  # a running processor's
+
+    async def main() -> None:
+        async with EgressProxy(lambda agent: EgressPolicy("coder")) as proxy:
+            await proxy.socket_for("coder")
+
+    try:
+        anyio.run(main)
+        assert not left.exists() and alive.exists()
+    finally:
+        shutil.rmtree(left, ignore_errors=True)
+        shutil.rmtree(alive, ignore_errors=True)
