@@ -1,8 +1,9 @@
 """What kind of failure a run ended in, and how to say it to the person who is waiting.
 
 - *permanent*: it cannot succeed on a retry (the API refused the request, the login is missing or invalid,
-  the CLI is missing or refuses to start, the model does not exist): the message fails at once, with one
-  explanation — no retries burnt while the user watches "typing".
+  the CLI is missing or refuses to start, the model does not exist, one of the agent's limits stopped it —
+  the same request runs into the same wall): the message fails at once, with one explanation — no retries
+  burnt while the user watches "typing".
 - *transient*: it may well succeed next time (5xx, a timeout, the network, a crash): backoff retries.
 - *rate limit*: this account's usage or rate limit (HTTP 429, "usage limit reached"); and *overloaded*: the AI
   service's servers are overloaded (HTTP 529), which is nobody's limit. Both are handled apart — a pause or
@@ -105,6 +106,8 @@ def diagnose(result: RunResult) -> Diagnosis:
     error = result.error or ""
     lowered = error.lower()
     status = result.status
+    if result.limit is not None:
+        return Diagnosis("permanent", result.limit.explanation, result.limit.advice)
     if result.overloaded:
         return Diagnosis(
             "overloaded", f"{servers(result.service)} are overloaded (this is not a usage limit)"

@@ -75,6 +75,7 @@ from shared.runtime import Runtime, open_runtime
 from shared.settings.busy_policy import BusyPolicy
 from shared.settings.model import Settings, SettingsError
 from shared.storage.errors import transient_problem
+from workers import limits as run_limits
 from workers.busy import WorkGroup, apply_cap, build_prompt, merge_arrivals, resolve_policy
 from workers.drive import Drive
 from workers.egress import EgressProxy
@@ -197,6 +198,8 @@ class Processor:
         self._wakeup = anyio.Event()
         if self._stopping:
             self._stop_event.set()
+        # Run cgroups a killed processor on this host left behind (workers/limits.py) go before any run starts.
+        await anyio.to_thread.run_sync(run_limits.sweep)
         await record_event(
             self.rt.events,
             "processor",
@@ -244,6 +247,7 @@ class Processor:
         finally:
             with anyio.CancelScope(shield=True):
                 await self.warm.close_all()  # the idle warm processes end with the loop
+                await anyio.to_thread.run_sync(run_limits.leave)
 
     def _egress_policy(self, agent: str) -> EgressPolicy:
         """What ``agent``'s runs may reach, from the settings in force now (an agent removed: nothing)."""

@@ -46,6 +46,7 @@ import anyio
 from anyio.abc import ByteReceiveStream, Process
 
 from shared.settings.model import AgentSettings
+from workers.limits import Hold, LimitHit, hold_limits
 from workers.sandbox import Sandboxed, SandboxError
 from workers.steer import SteerInbox
 
@@ -139,6 +140,7 @@ class RunResult:
     resume_point_missing: bool = False
     service: str = ""  # whose AI service the CLI talks to ("Anthropic"), for messages; "" when unknown
     usage: RunUsage | None = None  # tokens and cost as the CLI reported them; None when it reports none
+    limit: LimitHit | None = None  # the agent's limit (memory, processes, disk) that stopped the run
 
 
 class WarmTurns(Protocol):
@@ -259,10 +261,13 @@ async def _reap(process: Process, *, timed_out: bool) -> None:
         await process.aclose()
 
 
-def launch_plan(request: RunRequest, argv: list[str]) -> tuple[list[str], dict[str, str]]:
+def launch_plan(
+    request: RunRequest, argv: list[str], hold: Hold | None = None
+) -> tuple[list[str], dict[str, str]]:
     """How ``argv`` is started for ``request``: inside its sandbox, under the orphan guard
-    (:mod:`workers.launch`), with the environment it gets; the workspace is created if missing. Raises
-    :class:`ProviderError` when the sandbox cannot be prepared (a workspace agentpost may not hand over)."""
+    (:mod:`workers.launch`) and ``hold``'s limits, with the environment it gets; the workspace is created if
+    missing. Raises :class:`ProviderError` when the sandbox cannot be prepared (a workspace agentpost may not
+    hand over)."""
     launch = argv
     env = dict(request.env)
     if request.sandbox is not None:
@@ -272,8 +277,10 @@ def launch_plan(request: RunRequest, argv: list[str]) -> tuple[list[str], dict[s
             raise ProviderError(str(exc)) from None
         env = request.sandbox.environment(env)
         launch = request.sandbox.wrap(argv, env)
-    if request.orphan_guard and sys.platform.startswith("linux"):
-        launch = [sys.executable, "-I", "-S", str(_LAUNCHER), str(os.getpid()), *launch]
+    limits = hold.launcher_options() if hold is not None else []
+    if (request.orphan_guard or limits) and sys.platform.startswith("linux"):
+        guard = [] if request.orphan_guard else ["--no-guard"]  # limits without the guard: exec in place
+        launch = [sys.executable, "-I", "-S", str(_LAUNCHER), *limits, *guard, str(os.getpid()), *launch]
     request.workspace.mkdir(parents=True, exist_ok=True)
     return launch, env
 
@@ -320,10 +327,14 @@ class CliProvider(abc.ABC):
 
     async def run(self, request: RunRequest, progress: ProgressFn) -> RunResult:
         started = time.monotonic()
+        hold = hold_limits(request.agent, request.settings.limits)
         try:
             argv = self.argv(request)
-            launch, env = launch_plan(request, argv)
-        except ProviderError as exc:
+            launch, env = launch_plan(request, argv, hold)
+        except BaseException as exc:
+            await hold.release_async()
+            if not isinstance(exc, ProviderError):
+                raise
             return RunResult(ok=False, error=str(exc), cannot_start=True, service=self.service)
         try:
             # Shielded: a cancellation (a /stop, a shutdown) landing mid-spawn would otherwise leave a
@@ -337,6 +348,7 @@ class CliProvider(abc.ABC):
                     start_new_session=True,
                 )
         except OSError as exc:
+            await hold.release_async()
             error = f"cannot start {argv[0]}: {exc.strerror or exc}"
             return RunResult(ok=False, error=error, argv=argv, cannot_start=True, service=self.service)
         if request.on_spawn is not None:
@@ -376,6 +388,9 @@ class CliProvider(abc.ABC):
                 )
         finally:
             await _reap(process, timed_out=result is not None and result.timed_out)
+            if result is not None and not result.ok:
+                hold.judge(result, process.returncode, stderr_tail.decode(errors="replace"))
+            await hold.release_async()
         result.session_id = result.session_id or state.session_id
         result.usage = result.usage or state.usage
         result.exit_code = process.returncode if result.exit_code is None else result.exit_code

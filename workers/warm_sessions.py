@@ -51,6 +51,7 @@ import anyio
 from anyio.abc import Process
 
 from shared.settings.sections import ProcessorSettings
+from workers.limits import Hold, hold_limits
 from workers.providers import (
     CliProvider,
     ProgressFn,
@@ -115,6 +116,7 @@ class WarmProcess:
     session: str | None = None
     last_used: float = field(default_factory=time.monotonic)
     buffer: bytearray = field(default_factory=bytearray)  # stdout read past the last full line
+    hold: Hold | None = None  # its limits (workers/limits.py): one cgroup for the process's whole life
 
     @property
     def pid(self) -> int:
@@ -131,6 +133,8 @@ class WarmProcess:
                 await self.process.wait()
             with contextlib.suppress(Exception):
                 await self.process.aclose()
+            if self.hold is not None:
+                await self.hold.release_async()
 
 
 class WarmPool:
@@ -219,9 +223,13 @@ class WarmSlot:
             await warm.close()
             warm = None
         if warm is None:
+            hold = hold_limits(request.agent, request.settings.limits)
             try:
-                launch, env = launch_plan(request, argv)
-            except ProviderError as exc:
+                launch, env = launch_plan(request, argv, hold)
+            except BaseException as exc:
+                await hold.release_async()
+                if not isinstance(exc, ProviderError):
+                    raise
                 return RunResult(
                     ok=False, error=str(exc), argv=argv, cannot_start=True, service=provider.service
                 )
@@ -235,16 +243,19 @@ class WarmSlot:
                         start_new_session=True,
                     )
             except OSError as exc:
+                await hold.release_async()
                 error = f"cannot start {argv[0]}: {exc.strerror or exc}"
                 return RunResult(
                     ok=False, error=error, argv=argv, cannot_start=True, service=provider.service
                 )
-            warm = WarmProcess(self.key, process, wanted)
+            warm = WarmProcess(self.key, process, wanted, hold=hold)
             self.pool.started += 1
         else:
             self.pool.reused += 1
         if request.on_spawn is not None:
             request.on_spawn(warm.pid)
+        if warm.hold is not None:
+            warm.hold.mark()  # a limit hit in an earlier (successful) turn is not this turn's
         try:
             result, last_uuid = await _one_turn(provider, warm, request, progress, started)
         except BaseException:
@@ -303,6 +314,8 @@ async def _one_turn(
         code = process.returncode if process.returncode is not None else 1
         result = provider.finish(state, code, stderr)
         result.exit_code = code
+        if warm.hold is not None and not result.ok:
+            warm.hold.judge(result, code, stderr)
     else:
         result = provider.finish(state, 0, stderr)
     result.session_id = state.session_id

@@ -15,9 +15,19 @@ import re
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ByteSize,
+    ConfigDict,
+    Field,
+    TypeAdapter,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from shared.private_files import private_dir, tighten
 from shared.settings.hosts import parse_rule
@@ -141,6 +151,49 @@ class EventSettings(_Strict):
     redis_url: str = "redis://127.0.0.1:6379/0"
 
 
+_BYTE_SIZE = TypeAdapter(ByteSize)
+_MIB = 1 << 20
+
+
+def _size(value: object) -> int:
+    """A size in settings: ``"512MiB"``, ``"2GiB"``, ``"1.5GB"`` (KB/MB/GB count in thousands, KiB/MiB/GiB in
+    1024s) or a number of bytes; pydantic's ``ByteSize`` reads it, the refusal is in an operator's words."""
+    if isinstance(value, bool) or not isinstance(value, int | float | str):
+        raise ValueError(f"{value!r} is not a size like '512MiB', '2GiB', '1.5GB' or a number of bytes")
+    try:
+        return int(_BYTE_SIZE.validate_python(value))
+    except ValidationError:
+        raise ValueError(
+            f"{value!r} is not a size like '512MiB', '2GiB', '1.5GB' or a number of bytes"
+        ) from None
+
+
+class AgentLimits(_Strict):
+    """What one run of the agent may use; held by a cgroup or rlimits (workers/limits.py) that the run cannot
+    lift. The defaults suit a claude run (about 250 MiB for the CLI, more for what its tools start)."""
+
+    memory: Annotated[int, BeforeValidator(_size)] = 2 << 30
+    processes: int = Field(default=256, ge=8, le=4_194_304)
+    # The largest file one process of the run may write (RLIMIT_FSIZE): not the total of every file.
+    disk: Annotated[int, BeforeValidator(_size)] = 5 << 30
+
+    @field_validator("memory")
+    @classmethod
+    def _memory_floor(cls, value: int) -> int:
+        if value < 64 * _MIB:
+            raise ValueError(f"{value} bytes is less than 64 MiB, too little for an agent's CLI to start")
+        return value
+
+    @field_validator("disk")
+    @classmethod
+    def _disk_floor(cls, value: int) -> int:
+        if value < _MIB:
+            raise ValueError(
+                f"{value} bytes is less than 1 MiB, too little for an agent's CLI to keep its session"
+            )
+        return value
+
+
 class AgentSettings(_Strict):
     """One agent: which CLI runs it and how."""
 
@@ -170,6 +223,7 @@ class AgentSettings(_Strict):
         if isinstance(value, str):
             return value
         return [str(parse_rule(entry)) for entry in value]
+    limits: AgentLimits = Field(default_factory=AgentLimits)
 
     @model_validator(mode="after")
     def _command_needs_argv(self) -> AgentSettings:
