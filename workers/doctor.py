@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 from shared.cli.doctor import Check, Level
@@ -10,6 +11,7 @@ from shared.settings.model import AgentSettings, Settings
 from shared.worker_identity import this_host
 from workers.agent_env import child_env
 from workers.egress_policy import policy_for
+from workers.limits import find_place, size_words
 from workers.providers import ProviderError, RunRequest, find_binary
 from workers.sandbox import SANDBOX_USER, SandboxError, SandboxPlan, runs_as_root
 from workers.sandbox import choose as choose_sandbox
@@ -230,9 +232,59 @@ def _workspaces(settings: Settings) -> list[Check]:
     return found
 
 
+def _limits(settings: Settings) -> list[Check]:
+    """Each agent's limits and how this host holds a run to them (workers/limits.py), found the way the
+    processor finds it: from this process's own cgroups (the processor, started the same way, has the same)."""
+    if not settings.agents:
+        return []
+    if not sys.platform.startswith("linux"):
+        return [Check("agents", "limits", "warn", "agents' limits are not enforced: they need Linux")]
+    held = find_place()
+    sandboxed = (settings.env.get("AGENTPOST_SANDBOX") or settings.processor.sandbox).strip() != "none"
+    found: list[Check] = []
+    if held.place is not None:
+        how = f"memory and processes by {held.place.describe}"
+    else:
+        shared_by = f"the user {SANDBOX_USER}" if runs_as_root() and sandboxed else "agentpost's own user"
+        how = (
+            f"no cgroup can be made here ({held.why_not}), so rlimits: memory as each process's address space "
+            "(RLIMIT_AS: a run of many processes can use more in all), processes counted over every process of "
+            f"{shared_by} (RLIMIT_NPROC is per user: every agent's runs share one count"
+            + (", and a root service's unsandboxed runs are not held to it" if runs_as_root() else "")
+            + ")"
+        )
+        found.append(
+            Check(
+                "agents",
+                "limits",
+                "warn",
+                how,
+                "run the processor as root, or under systemd with Delegate=memory pids and "
+                "DelegateSubgroup=processor (deploy/agentpost-processor.service)",
+            )
+        )
+    disk = "the size of each file a run writes by RLIMIT_FSIZE (not the total it writes: that needs a quota)"
+    if held.place is not None:
+        found.append(Check("agents", "limits", "ok", f"runs are held to their limits: {how}; {disk}"))
+    for name, agent in sorted(settings.agents.items()):
+        limits = agent.limits
+        found.append(
+            Check(
+                "agents",
+                f"agent {name} limits",
+                "ok",
+                f"memory {size_words(limits.memory)}, {limits.processes} processes, files up to "
+                f"{size_words(limits.disk)} ({held.way})",
+            )
+        )
+    return found
+
+
 def checks(settings: Settings) -> list[Check]:
-    """One finding per agent's CLI, plus the Claude login when any agent uses Claude, and the sandbox."""
+    """One finding per agent's CLI, plus the Claude login when any agent uses Claude, the sandbox and the
+    limits."""
     found: list[Check] = _sandbox(settings) if settings.agents else []
+    found += _limits(settings)
     found += _workspaces(settings)
     found += _warm(settings)
     login_checked = False

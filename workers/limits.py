@@ -210,19 +210,17 @@ def find_place() -> Enforcement:
     reasons: list[str] = []
     if "" in mounts and "" in own:
         mine = mounts[""] / own[""].lstrip("/")
-        if _lists(mine / "cgroup.controllers", "memory", "pids"):
-            for base in (mine, mine.parent):
-                if _lists(base / "cgroup.subtree_control", "memory", "pids"):
-                    problem = _can_make_under(base)
-                    if not problem:
-                        return Enforcement(CgroupPlace(2, base, base))
-                    reasons.append(problem)
-                    break
-            else:
-                reasons.append(
-                    f"cgroup v2, but memory and pids are not delegated to {mine} (systemd: Delegate=memory pids "
-                    "and DelegateSubgroup=processor in the unit)"
-                )
+        found = _v2_base(mine) if _lists(mine / "cgroup.controllers", "memory", "pids") else None
+        if found is not None:
+            problem = _can_make_under(found)
+            if not problem:
+                return Enforcement(CgroupPlace(2, found, found))
+            reasons.append(problem)
+        else:
+            reasons.append(
+                f"cgroup v2, but memory and pids are not delegated to {mine} (systemd: Delegate=memory pids "
+                "and DelegateSubgroup=processor in the unit)"
+            )
     if "memory" in mounts and "pids" in mounts:
         memory = mounts["memory"] / own.get("memory", "/").lstrip("/")
         pids = mounts["pids"] / own.get("pids", "/").lstrip("/")
@@ -233,6 +231,25 @@ def find_place() -> Enforcement:
     elif not reasons:
         reasons.append("no cgroup hierarchy with the memory and pids controllers is mounted")
     return Enforcement(None, "; ".join(reasons))
+
+
+def _v2_base(mine: Path) -> Path | None:
+    """Where run cgroups go on v2: this process's own cgroup when memory and pids are handed down from it;
+    else its parent when that is the delegated service cgroup and this process sits in a leaf below it
+    (systemd's DelegateSubgroup=) — handing them down there ourselves if needed, which a cgroup without
+    processes of its own allows and delegation lets the service do."""
+    if _lists(mine / "cgroup.subtree_control", "memory", "pids"):
+        return mine
+    parent = mine.parent
+    if _lists(parent / "cgroup.subtree_control", "memory", "pids"):
+        return parent if os.access(parent / "cgroup.procs", os.W_OK) else None
+    if not os.access(parent / "cgroup.subtree_control", os.W_OK) or _read(parent / "cgroup.procs").split():
+        return None
+    try:
+        (parent / "cgroup.subtree_control").write_text("+memory +pids")
+    except OSError:
+        return None
+    return parent
 
 
 @cache
@@ -352,10 +369,10 @@ class Hold:
             return LimitHit("disk", limits.disk, self.agent, "a write past the file size limit was refused")
         if not self.folders:
             if _NO_MEMORY.search(stderr):
-                return LimitHit("memory", limits.memory, self.agent, "an allocation was refused (RLIMIT_AS)")
+                return LimitHit("memory", limits.memory, self.agent, "an allocation was refused by RLIMIT_AS")
             if _NO_PROCESS.search(stderr):
                 return LimitHit(
-                    "processes", limits.processes, self.agent, "a fork was refused (RLIMIT_NPROC)"
+                    "processes", limits.processes, self.agent, "a fork was refused by RLIMIT_NPROC"
                 )
         return None
 

@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -23,6 +25,7 @@ import pytest
 
 from shared.chat.address import ChatAddress
 from shared.runtime import Runtime
+from tests.e2e.test_sandbox import _as_service_user, _give, _service_user
 from tests.fakes.anthropic_api import (
     JSON,
     Computed,
@@ -81,6 +84,17 @@ print(f"done: {task} {reached}")
 """
 
 
+@pytest.fixture
+def service_tmp() -> Iterator[Path]:
+    """A folder the service user can reach (pytest's own temporary folders are 0700, root's)."""
+    folder = Path(tempfile.mkdtemp(prefix="agentpost-limits-"))
+    folder.chmod(0o755)
+    try:
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 def _place() -> CgroupPlace:
     place = find_place().place
     if place is None:
@@ -106,10 +120,12 @@ def _home(tmp: Path, sandbox: str, agents: dict[str, Any]) -> Path:
 
 
 @contextmanager
-def _processor(home: Path, env: dict[str, str], log: Path) -> Iterator[subprocess.Popen[bytes]]:
+def _processor(
+    home: Path, env: dict[str, str], log: Path, prefix: list[str] | None = None
+) -> Iterator[subprocess.Popen[bytes]]:
     with log.open("ab") as out:
         proc = subprocess.Popen(
-            [AGENTPOST, "run", "processor"], env=env, stdout=out, stderr=subprocess.STDOUT
+            [*(prefix or []), AGENTPOST, "run", "processor"], env=env, stdout=out, stderr=subprocess.STDOUT
         )
     try:
         yield proc
@@ -189,6 +205,42 @@ def test_a_run_cannot_pass_its_limits_and_the_chat_is_told_which_stopped_it(
     print(f"\n{task} {sandbox}: reached {reached or size}\n  told: {told}\n  error: {error}")
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to create the service user it runs as")
+@pytest.mark.parametrize("task", ["memory", "processes", "disk"])
+def test_a_service_that_may_not_make_cgroups_holds_runs_by_rlimits(service_tmp: Path, task: str) -> None:
+    """A processor running as a normal user (no delegated cgroup): RLIMIT_AS, RLIMIT_NPROC and RLIMIT_FSIZE,
+    with the CLI in bubblewrap's user namespace. RLIMIT_NPROC counts every process of the service user
+    (the processor's own threads too), so the agent gets fewer than 64."""
+    tmp_path = service_tmp
+    uid, gid = _service_user()
+    script = tmp_path / "greedy.py"
+    script.write_text(GREEDY)
+    agents = {"greedy": {"provider": "command", "command": [PYTHON, str(script)], "limits": LIMITS}}
+    home = _home(tmp_path, "namespaces", agents)
+    log = tmp_path / "processor.out"
+    with open_home(home) as rt:
+        sent = rt.queue.intake.enqueue_message(ChatAddress("cli", "me"), task, agent="greedy")
+        _give(home, (uid, gid))
+        with _processor(home, _env(home, tmp_path), log, _as_service_user(uid, gid)) as proc:
+            told = _answer(rt, sent.message_id, proc, log)
+            status, error = rt.db.read(
+                "SELECT status, last_error FROM messages WHERE message_id = :m", {"m": sent.message_id}
+            )[0].values()
+    workspace = home / "workspace" / "greedy"
+    reached = json.loads((workspace / "reached.json").read_text()) if task != "disk" else {}
+    assert status == "dead", (status, error)
+    assert f"[agents.greedy] limits.{task}" in told, (told, error)
+    if task == "memory":
+        assert "ran out of memory (limit 512 MiB)" in told and "RLIMIT_AS" in str(error), error
+        assert reached["allocated"] < 512 * MIB and reached["maxrss"] <= 512 * MIB, reached
+    elif task == "processes":
+        assert "(limit 64)" in told, told
+        assert 0 < reached["started"] < 64, reached
+    else:
+        assert (workspace / "big.bin").stat().st_size == 200 * MIB
+    print(f"\n{task} rlimits: reached {reached}\n  error: {error}")
+
+
 @pytest.mark.skipif(os.geteuid() != 0, reason="the root service, which may make cgroups")
 def test_a_killed_processors_cgroups_are_removed_by_the_next_one(tmp_path: Path) -> None:
     place = _place()
@@ -224,29 +276,72 @@ def _inspect(body: JSON) -> str | Reply:
     """Ask the Bash tool where the CLI's processes run and under which file size limit; answer with that."""
     results = tool_results(body)
     if "inspect" in last_user_text(body) and not results:
-        return ToolUse("Bash", {"command": "cat /proc/self/cgroup; ulimit -f", "description": "Look"})
+        return ToolUse(
+            "Bash", {"command": "cat /proc/self/cgroup; ulimit -f; ulimit -v", "description": "Look"}
+        )
     return "\n".join(str(r.get("content", "")) for r in results) if results else "hello"
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="the root service, which may make cgroups")
-@pytest.mark.parametrize("sandbox", ["namespaces", "none"])
-def test_the_claude_cli_answers_under_the_default_limits(tmp_path: Path, sandbox: str) -> None:
-    _place()
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root (to make cgroups, or to create the service user)")
+@pytest.mark.parametrize(
+    ("service", "sandbox", "warm"),
+    [
+        ("root", "namespaces", 0),
+        ("root", "namespaces", 60),
+        ("root", "none", 0),
+        ("service-user", "namespaces", 0),
+    ],
+    ids=["root-sandbox-cold", "root-sandbox-warm", "root-none", "service-user-rlimits"],
+)
+def test_the_claude_cli_answers_under_the_default_limits(
+    service_tmp: Path, service: str, sandbox: str, warm: int
+) -> None:
+    """As root, the CLI and its Bash tool run in the run's cgroups (a warm process too); as a service user
+    that may not make cgroups, under RLIMIT_AS of the default 2 GiB, which the CLI (a Bun binary that
+    reserves address space up front) starts and answers under. Both with RLIMIT_FSIZE of 5 GiB."""
+    tmp_path = service_tmp
+    owner = _service_user() if service == "service-user" else None
+    if owner is None:
+        _place()
     try:
         claude_binary()
     except FileNotFoundError as exc:
         service_unavailable("the claude CLI", exc)
-    tmp_path.chmod(0o755)
     with FakeAnthropic(default=Computed(_inspect)) as api:
         agents = {"coder": {"provider": "claude", "permission_mode": "bypassPermissions"}}
-        home = _home(tmp_path, sandbox, agents)
+        home = make_home(
+            tmp_path,
+            f"sqlite:///{tmp_path / 'home' / 'agentpost.db'}",
+            agents,
+            processor={"sandbox": sandbox, "session_idle_seconds": warm},
+        )
         env = {**claude_env(api.base_url, tmp_path), "AGENTPOST_HOME": str(home), "IS_SANDBOX": "1"}
         log = tmp_path / "processor.out"
-        with open_home(home) as rt, _processor(home, env, log) as proc:
-            sent = rt.queue.intake.enqueue_message(ChatAddress("cli", "me"), "inspect", agent="coder")
-            told = _answer(rt, sent.message_id, proc, log)
-    lines = told.splitlines()
-    memory = next(line for line in lines if ":memory:" in line)
-    assert "/agentpost-" in memory and "/coder-" in memory, told  # the Bash tool ran in the run's cgroup
-    assert "pids:/agentpost-" in told, told
-    assert str(5 * (1 << 30) // 1024) in lines, told  # ulimit -f counts 1024-byte blocks: 5 GiB
+        with open_home(home) as rt:
+            if owner is not None:
+                _give(home, owner)
+            prefix = _as_service_user(*owner) if owner else None
+            with _processor(home, env, log, prefix) as proc:
+                told = [
+                    _answer(
+                        rt,
+                        rt.queue.intake.enqueue_message(chat, "inspect", agent="coder").message_id,
+                        proc,
+                        log,
+                    )
+                    for chat in (ChatAddress("cli", "me", conversation="me"),) * (2 if warm else 1)
+                ]
+                runs = rt.db.read("SELECT payload FROM events WHERE type = 'chain_step_done' ORDER BY id")
+                pids = {json.loads(r["payload"])["pid"] for r in runs}
+    for answer in told:
+        lines = answer.splitlines()
+        assert str(5 * (1 << 30) // 1024) in lines, answer  # ulimit -f counts 1024-byte blocks: 5 GiB
+        memory = next(line for line in lines if ":memory:" in line)
+        if owner is None:
+            assert "/agentpost-" in memory and "/coder-" in memory, answer  # Bash ran in the run's cgroup
+            assert "pids:/agentpost-" in answer, answer
+            assert "unlimited" in lines, answer  # no RLIMIT_AS on top of the cgroup
+        else:
+            assert "/agentpost-" not in answer, answer
+            assert str(2 * (1 << 30) // 1024) in lines, answer  # ulimit -v: 2 GiB of address space
+    assert len(pids) == 1, pids  # warm: both turns went to the one kept (and still confined) process
