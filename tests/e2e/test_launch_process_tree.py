@@ -138,3 +138,56 @@ def test_the_launcher_reports_the_cli_status_and_ends_what_the_cli_left_behind(t
     assert _launch("sh", "-c", "kill -TERM $$").returncode == -signal.SIGTERM
     missing = _launch(str(tmp_path / "no-such-cli"))
     assert missing.returncode == 127 and "cannot run" in missing.stderr
+
+
+def _launch_with(options: list[str], *argv: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-I", "-S", str(LAUNCHER), *options, str(os.getpid()), *argv],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        start_new_session=True,
+    )
+
+
+@pytest.mark.parametrize("guard", [True, False], ids=["guarded", "no-guard"])
+def test_the_launcher_puts_the_cli_under_hard_rlimits_it_cannot_raise(guard: bool) -> None:
+    """Soft and hard limit both: ``ulimit -H -f unlimited`` (raising the hard limit) fails for a process without
+    CAP_SYS_RESOURCE; the CLI here drops to nobody first, as the sandbox drops to agentpost-agent."""
+    options = ["--rlimit", "fsize=1048576", "--rlimit", "as=1073741824", *([] if guard else ["--no-guard"])]
+    script = "ulimit -S -f; ulimit -H -f; ulimit -v; ulimit -H -f unlimited 2>/dev/null && echo raised || echo held"
+    drop = (
+        ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "--inh-caps=-all"]
+        if os.geteuid() == 0
+        else []
+    )
+    done = _launch_with(options, *drop, "bash", "-c", script)  # bash counts in KiB
+    assert done.stdout.split() == ["1024", "1024", "1048576", "held"], done
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to make cgroups")
+@pytest.mark.parametrize("guard", [True, False], ids=["guarded", "no-guard"])
+def test_the_launcher_puts_the_cli_in_its_cgroup_before_it_runs_and_stays_out_itself(guard: bool) -> None:
+    from workers.limits import find_place
+
+    place = find_place().place
+    if place is None or place.version != 1:
+        pytest.skip("the cgroup v1 pids controller (this machine's)")
+    folder = place.pids / f"agentpost-launch-test-{os.getpid()}"
+    folder.mkdir()
+    try:
+        options = ["--cgroup", str(folder), *([] if guard else ["--no-guard"])]
+        script = "grep :pids: /proc/$$/cgroup; grep :pids: /proc/$PPID/cgroup"
+        done = _launch_with(options, "sh", "-c", script)
+        mine, parents = done.stdout.splitlines()
+        assert mine.endswith(f":pids:/{folder.name}"), done
+        if guard:  # the guard itself stays outside, so the kernel's OOM killer never picks it
+            assert not parents.endswith(f"/{folder.name}"), done
+        # A cgroup that cannot be joined: the CLI does not run unconfined.
+        refused = _launch_with(
+            ["--cgroup", str(folder / "no-such-run"), *options[2:]], "sh", "-c", "echo ran"
+        )
+        assert refused.returncode == 126 and refused.stdout == "", refused
+        assert "cannot put the run's limits in place" in refused.stderr, refused
+    finally:
+        folder.rmdir()

@@ -345,3 +345,44 @@ def test_the_claude_cli_answers_under_the_default_limits(
             assert "/agentpost-" not in answer, answer
             assert str(2 * (1 << 30) // 1024) in lines, answer  # ulimit -v: 2 GiB of address space
     assert len(pids) == 1, pids  # warm: both turns went to the one kept (and still confined) process
+
+
+def _doctor(home: Path, prefix: list[str] | None = None) -> dict[str, dict[str, str]]:
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(home), "AGENTPOST_HOME": str(home), "NO_COLOR": "1"}
+    out = subprocess.run(
+        [*(prefix or []), AGENTPOST, "doctor", "--json"], env=env, capture_output=True, text=True, timeout=120
+    )
+    return {c["name"]: c for c in json.loads(out.stdout) if c["area"] == "agents"}
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root (to make cgroups, and to create the service user)")
+def test_doctor_says_each_agents_limits_and_how_they_are_held(service_tmp: Path) -> None:
+    _place()
+    agents = {
+        "greedy": {"provider": "command", "command": ["/bin/true"], "limits": LIMITS},
+        "plain": {"provider": "command", "command": ["/bin/true"]},
+    }
+    home = _home(service_tmp, "namespaces", agents)
+    as_root = _doctor(home)
+    assert as_root["limits"]["level"] == "ok", as_root["limits"]
+    assert (
+        "cgroup v1 per run" in as_root["limits"]["detail"] and "RLIMIT_FSIZE" in as_root["limits"]["detail"]
+    )
+    assert (
+        as_root["agent greedy limits"]["detail"]
+        == "memory 512 MiB, 64 processes, files up to 200 MiB (cgroup v1)"
+    )
+    assert (
+        as_root["agent plain limits"]["detail"]
+        == "memory 2 GiB, 256 processes, files up to 5 GiB (cgroup v1)"
+    )
+    owner = _service_user()
+    _give(home, owner)
+    as_user = _doctor(home, _as_service_user(*owner))
+    assert as_user["limits"]["level"] == "warn", as_user["limits"]
+    assert (
+        "RLIMIT_AS" in as_user["limits"]["detail"]
+        and "RLIMIT_NPROC is per user" in as_user["limits"]["detail"]
+    )
+    assert "Delegate=memory pids" in as_user["limits"]["fix"]
+    assert as_user["agent greedy limits"]["detail"].endswith("(rlimits)")
