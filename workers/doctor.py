@@ -240,8 +240,29 @@ def _limits(settings: Settings) -> list[Check]:
     if not sys.platform.startswith("linux"):
         return [Check("agents", "limits", "warn", "agents' limits are not enforced: they need Linux")]
     held = find_place()
-    sandboxed = (settings.env.get("AGENTPOST_SANDBOX") or settings.processor.sandbox).strip() != "none"
+    mode = (settings.env.get("AGENTPOST_SANDBOX") or settings.processor.sandbox).strip()
+    try:
+        plan = choose_sandbox(mode, create_user=False)  # type: ignore[arg-type]
+        # A root processor creates the sandbox user at its start (see _sandbox).
+        sandboxed = plan.kind != "none" or (runs_as_root() and "does not exist" in plan.reason)
+    except SandboxError:
+        sandboxed = True  # the processor refuses to start without it (the sandbox check says so)
     found: list[Check] = []
+    lift = ""
+    if not sandboxed and runs_as_root():
+        lift = "as root: a run can leave or rewrite its cgroup and raise its rlimits"
+    elif not sandboxed and held.place is not None:
+        lift = "as agentpost's own user, who owns the runs' cgroups: a run can rewrite or leave its cgroup"
+    if lift:
+        found.append(
+            Check(
+                "agents",
+                "limits without a sandbox",
+                "warn",
+                f"agents run unconfined {lift}",
+                'install bubblewrap and leave [processor] sandbox = "auto"',
+            )
+        )
     if held.place is not None:
         how = f"memory and processes by {held.place.describe}"
     else:

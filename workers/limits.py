@@ -383,7 +383,7 @@ class Hold:
         if hit is None:
             return
         result.limit = hit
-        result.error = f"stopped by a limit: {hit.explanation} ({hit.measured}); {result.error}"
+        result.error = f"stopped by a limit: {hit.explanation} — {hit.measured}; {result.error}"
 
     async def release_async(self) -> None:
         """:meth:`release` in a worker thread, finished even when the caller is being cancelled."""

@@ -16,6 +16,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import tomllib
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -38,7 +39,7 @@ from tests.fakes.anthropic_api import (
 from tests.fakes.claude_env import claude_binary, claude_env
 from tests.homes import open_home
 from tests.probes import service_unavailable, wait_for
-from tests.processor_support import make_home
+from tests.processor_support import make_home, write_settings
 from workers.limits import CgroupPlace, find_place
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
@@ -191,7 +192,15 @@ def test_a_run_cannot_pass_its_limits_and_the_chat_is_told_which_stopped_it(
     assert f"[agents.greedy] limits.{task}" in told, told
     # One run, one explanation, dead at once: not retried into the same wall.
     assert (status, retries, len(runs), len(answers)) == ("dead", 1, 1, 1), (status, retries, runs, answers)
-    assert f"stopped by a limit: {expected}" in str(error), error  # what `agentpost trace` shows
+    assert f"stopped by a limit: {expected}" in str(error), error
+    trace = subprocess.run(
+        [AGENTPOST, "trace", sent.message_id],
+        env=_env(home, tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert f"stopped by a limit: {expected}" in trace.stdout, trace.stdout
     assert leftovers == [], leftovers  # the run's cgroup went with the run
     if task == "memory":
         # It got near the limit and never past it; the cgroup's own peak says the same.
@@ -376,6 +385,14 @@ def test_doctor_says_each_agents_limits_and_how_they_are_held(service_tmp: Path)
         as_root["agent plain limits"]["detail"]
         == "memory 2 GiB, 256 processes, files up to 5 GiB (cgroup v1)"
     )
+    assert "limits without a sandbox" not in as_root
+    # Unconfined, a root service's agent runs as root: it could undo its own limits, and doctor says so.
+    settings = tomllib.loads((home / "settings.toml").read_text())
+    write_settings(home, {**settings, "processor": {"sandbox": "none"}})
+    unconfined = _doctor(home)["limits without a sandbox"]
+    assert unconfined["level"] == "warn", unconfined
+    assert "as root: a run can leave or rewrite its cgroup" in unconfined["detail"], unconfined
+    write_settings(home, settings)
     owner = _service_user()
     _give(home, owner)
     as_user = _doctor(home, _as_service_user(*owner))
