@@ -57,7 +57,6 @@ from workers.launch import RLIMITS
 log = logging.getLogger("agentpost.processor")
 
 LimitName = Literal["memory", "processes", "disk"]
-_ROOT = Path("/sys/fs/cgroup")
 _FOLDER = re.compile(r"^agentpost-(\d+)-(\d+)$")
 _SIGXFSZ_EXIT = 128 + signal.SIGXFSZ  # a shell's or bubblewrap's report of a process killed by SIGXFSZ
 #: The words a CLI or its tools print when an rlimit refused them memory or a new process.
