@@ -216,6 +216,7 @@ class AgentSettings(_Strict):
     # Where the agent's runs may connect besides its AI service (workers/egress_policy.py): host names
     # ("github.com", "*.pypi.org", "127.0.0.1:8080"), or "open" for every public address.
     network: list[str] | Literal["open"] = Field(default_factory=list)
+    limits: AgentLimits = Field(default_factory=AgentLimits)
 
     @field_validator("network")
     @classmethod
@@ -223,7 +224,6 @@ class AgentSettings(_Strict):
         if isinstance(value, str):
             return value
         return [str(parse_rule(entry)) for entry in value]
-    limits: AgentLimits = Field(default_factory=AgentLimits)
 
     @model_validator(mode="after")
     def _command_needs_argv(self) -> AgentSettings:
