@@ -2,7 +2,7 @@
 
 Every run in the sandbox has a network of its own with nothing but loopback in it (``bwrap --unshare-net``).
 The processor serves one Unix socket per agent, outside the sandbox; the socket is bound into the agent's runs,
-where :mod:`workers.netforward` makes it a TCP port for ``HTTPS_PROXY``/``HTTP_PROXY``. Each connection asks
+where :mod:`workers.sandbox_entry` makes it a TCP port for ``HTTPS_PROXY``/``HTTP_PROXY``. Each connection asks
 for one destination — ``CONNECT host:port`` (HTTPS and any other TLS) or a plain-HTTP request with an absolute
 URI — which :class:`~workers.egress_policy.EgressPolicy` judges: the agent's AI service and the hosts the
 operator named for it pass; agentpost's API, the databases, every loopback or private address and every other

@@ -53,7 +53,7 @@ from workers.processor_config import ProcessorSettings, ProcessorStats
 from workers.providers import AgentProvider, ProviderError, RunRequest, RunResult, provider_for
 from workers.ratelimit import fallback_until
 from workers.run_outcome import OutcomeWriter
-from workers.sandbox import Sandboxed, SandboxPlan, SandboxView
+from workers.sandbox import Sandboxed, SandboxError, SandboxPlan, SandboxView, cli_home_for, for_agent
 from workers.steer import SteerInbox, steered_prompt
 from workers.storage_steps import StorageSteps
 from workers.warm_sessions import WarmPool, WarmSlot
@@ -143,8 +143,12 @@ class Run:
         if any(m.retry_count for m in group.messages):
             run.edit_key = retry_edit_key(primary.message_id)
         self.preview = PreviewWriter.for_run(self.rt.db, self.settings, primary, run.edit_key, group.ids)
-        egress = await self._egress_socket(run)
-        request = self._request(run, config, run_config, workspace, session, session_key, egress)
+        try:
+            egress = await self._egress_socket(run)
+            request = self._request(run, config, run_config, workspace, session, session_key, egress)
+        except SandboxError as exc:  # the agent's own user cannot be created: nothing can run confined
+            await self.outcomes.failed(group, RunResult(ok=False, error=str(exc), cannot_start=True))
+            return
         fallback_model = run_config.model if on_fallback else None
         started = self._run_start(run, config.provider, session is not None, fallback_model)
         try:
@@ -285,7 +289,7 @@ class Run:
             on_notice=run.tell,
             on_partial=self.preview.update if self.preview is not None else None,
             read_dirs=(uploads,) if uploads is not None else (),
-            sandbox=self._sandboxed(workspace, uploads, egress),
+            sandbox=self._sandboxed(workspace, uploads, egress, session_key),
             warm=self._warm_slot(config, session_key, steer=run.steer is not None),
             steer=run.steer,
         )
@@ -330,20 +334,26 @@ class Run:
                 message_id=message.message_id,
             )
 
+    def _plan(self) -> SandboxPlan:
+        """The sandbox plan for this agent's runs (its own user, when the service runs as root)."""
+        return for_agent(self.sandbox(), self.agent)
+
     async def _egress_socket(self, run: RunInfo) -> Path | None:
         """The egress proxy's socket for this agent's runs, when they run in a network of their own."""
-        plan = self.sandbox()
+        plan = await call(self._plan)
         if self.egress is None or plan.kind == "none" or not plan.network:
             return None
         path = await self.egress.socket_for(run.agent, plan.user)
         self.egress.new_run(run.agent, run.run_id)
         return path
 
-    def _sandboxed(self, workspace: Path, uploads: Path | None, egress: Path | None) -> Sandboxed | None:
-        """The sandbox of this run (None when this processor runs agents unconfined): its workspace, its own
-        CLI home under ``sandbox/<agent>``, the chat's uploads; agentpost's home, the SQLite database's
-        folder and the service user's home hidden."""
-        plan = self.sandbox()
+    def _sandboxed(
+        self, workspace: Path, uploads: Path | None, egress: Path | None, session_key: str
+    ) -> Sandboxed | None:
+        """The sandbox of this run (None when this processor runs agents unconfined): its workspace, the
+        CLI home of its chat (:func:`cli_home_for`), the chat's uploads; agentpost's home, the SQLite
+        database's folder and the service user's home hidden."""
+        plan = self._plan()
         if plan.kind == "none":
             return None
         home = self.settings.home
@@ -354,7 +364,7 @@ class Run:
             hidden.append(Path(sqlite_path(url)).parent)
         view = SandboxView(
             workspace=workspace,
-            cli_home=home / "sandbox" / self.agent,
+            cli_home=cli_home_for(home, self.agent, session_key),
             readable=(uploads,) if uploads is not None else (),
             hidden=tuple(p for p in hidden if p.is_absolute() and len(p.parts) > 1),
             egress=egress,

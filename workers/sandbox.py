@@ -12,7 +12,7 @@ database (every conversation), ``settings.toml``, every other agent's workspace,
   namespace with its own ``/proc``, so no other process — and no other process's environment — is visible;
   its own IPC and host-name namespaces; and its own network namespace, loopback only, whose one way out is
   the egress proxy (:mod:`workers.egress`: the agent's AI service and the hosts named for it) through a Unix
-  socket bound in and the forwarder of :mod:`workers.netforward`.
+  socket bound in and the forwarder of :mod:`workers.sandbox_entry`.
 - **as a dedicated user**, when the service runs as root: the CLI runs as ``agentpost-agent`` (one user for
   every agent: the mount namespace already keeps agents out of each other's workspaces and PID namespaces
   keep their processes apart, so a user per agent would add passwd entries, not isolation). Anything the
@@ -29,6 +29,8 @@ without them) or ``none``.
 from __future__ import annotations
 
 import dataclasses
+import functools
+import hashlib
 import logging
 import os
 import pwd
@@ -40,12 +42,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from shared.chat.sessions import AGENT_SCOPE_KEY
 from workers.egress import SANDBOX_PROXY_PORT, SANDBOX_SOCKET
 from workers.workspace import MARKER as WORKSPACE_MARKER
 
 log = logging.getLogger("agentpost.processor")
 
-_FORWARDER = Path(__file__).with_name("netforward.py")
+_ENTRY = Path(__file__).with_name("sandbox_entry.py")
 #: Every variable a CLI may take a proxy (or an exception to it) from.
 _PROXY_VARIABLES = ("HTTPS_PROXY", "HTTP_PROXY", "ALL_PROXY", "NO_PROXY",
                     "https_proxy", "http_proxy", "all_proxy", "no_proxy")  # fmt: skip
@@ -77,7 +80,7 @@ class SandboxPlan:
     def describe(self) -> str:
         if self.kind == "none":
             return f"none — agents run with agentpost's own rights ({self.reason})"
-        who = f" as the user {SANDBOX_USER}" if self.user else ""
+        who = f" as a user of its own per agent (ap-<agent>, group {SANDBOX_USER})" if self.user else ""
         net = (
             "; network: its own, out only through the egress proxy"
             if self.network
@@ -105,6 +108,17 @@ class SandboxView:
     home: Path | None = None
 
 
+def cli_home_for(home: Path, agent: str, session_key: str) -> Path:
+    """The CLI's own HOME for one run: one per chat when each chat has its own conversation (the claude CLI
+    keeps every conversation's transcript, its settings and hooks there, so one chat's run must never see
+    or plant what another's loads), one per agent for ``session_scope = "agent"``. ``_chats`` cannot be an
+    agent's name (names start with a letter or digit)."""
+    if session_key == AGENT_SCOPE_KEY:
+        return home / "sandbox" / agent
+    digest = hashlib.sha256(session_key.encode("utf-8")).hexdigest()[:24]
+    return home / "sandbox" / "_chats" / agent / digest
+
+
 def runs_as_root() -> bool:
     return hasattr(os, "geteuid") and os.geteuid() == 0
 
@@ -127,6 +141,48 @@ def _sandbox_user(create: bool) -> tuple[int, int] | None:
             ) from None
         entry = pwd.getpwnam(SANDBOX_USER)
     return entry.pw_uid, entry.pw_gid
+
+
+def agent_user_name(agent: str) -> str:
+    """The account one agent's runs have (a root service): ``ap-<agent>``, shortened with a digest where
+    that would pass the 32 characters an account name may have."""
+    name = f"ap-{agent}"
+    if len(name) > 32:
+        name = f"ap-{agent[:20]}-{hashlib.sha256(agent.encode()).hexdigest()[:8]}"
+    return name
+
+
+@functools.cache
+def agent_user(agent: str) -> tuple[int, int]:
+    """(uid, gid) of ``agent``'s own account, created on first use: its own uid, so what the kernel keeps
+    per user (the user keyring, process limits, ``/proc`` ownership) is never shared with another agent;
+    the group of :data:`SANDBOX_USER`, which the chat's upload folders are shared with. Raises
+    :class:`SandboxError` when it cannot be created."""
+    shared = _sandbox_user(create=True)
+    assert shared is not None
+    name = agent_user_name(agent)
+    try:
+        entry = pwd.getpwnam(name)
+    except KeyError:
+        useradd = shutil.which("useradd") or "/usr/sbin/useradd"
+        made = subprocess.run(
+            [useradd, "--system", "--no-create-home", "--home-dir", "/nonexistent", "--shell",
+             "/usr/sbin/nologin", "--gid", str(shared[1]), name],
+            capture_output=True, text=True, check=False,
+        )  # fmt: skip
+        if made.returncode != 0 and "already exists" not in made.stderr:
+            raise SandboxError(
+                f"cannot create the user {name} that agent {agent} runs as: {made.stderr.strip()}"
+            ) from None
+        entry = pwd.getpwnam(name)
+    return entry.pw_uid, shared[1]
+
+
+def for_agent(plan: SandboxPlan, agent: str) -> SandboxPlan:
+    """``plan`` for one agent's runs: a root service runs each agent as its own user (:func:`agent_user`)."""
+    if plan.kind == "none" or plan.user is None:
+        return plan
+    return dataclasses.replace(plan, user=agent_user(agent))
 
 
 def _probe(bwrap: str, user: tuple[int, int] | None, *, network: bool) -> str:
@@ -190,6 +246,8 @@ def bwrap_argv(plan: SandboxPlan, view: SandboxView, argv: Sequence[str]) -> lis
     way to gain privileges, before the CLI starts. Otherwise bubblewrap runs in a user namespace of the
     service user's own."""
     assert plan.bwrap is not None
+    # The sandbox's entry (workers/sandbox_entry.py) runs first, on this interpreter: both are shown.
+    view = dataclasses.replace(view, tools=(*view.tools, *tool_paths([sys.executable, str(_ENTRY)], {})))
     out = [plan.bwrap, "--die-with-parent"]
     if plan.user is None:
         out.append("--unshare-user")
@@ -268,12 +326,10 @@ def bwrap_argv(plan: SandboxPlan, view: SandboxView, argv: Sequence[str]) -> lis
 
 
 def forwarded(view: SandboxView, argv: Sequence[str]) -> list[str]:
-    """``argv`` started behind the forwarder that turns the egress socket into the proxy port inside
-    (workers/netforward.py); ``argv`` itself without an egress socket."""
-    if view.egress is None:
-        return list(argv)
-    return [sys.executable, "-I", "-S", str(_FORWARDER), str(SANDBOX_SOCKET), str(SANDBOX_PROXY_PORT), "--",
-            *argv]  # fmt: skip
+    """``argv`` started through the sandbox's entry (workers/sandbox_entry.py): a session keyring of its own,
+    and the forwarder that turns the egress socket into the proxy port inside, when there is one."""
+    egress = ["--egress", str(SANDBOX_SOCKET), str(SANDBOX_PROXY_PORT)] if view.egress is not None else []
+    return [sys.executable, "-I", "-S", str(_ENTRY), *egress, "--", *argv]
 
 
 def tool_paths(argv: Sequence[str], env: Mapping[str, str]) -> tuple[Path, ...]:
@@ -314,7 +370,8 @@ def prepare(plan: SandboxPlan, view: SandboxView, login_home: Path | None) -> No
     uid, gid = plan.user
     for root in (view.workspace, view.cli_home):
         if root.stat().st_uid != uid:
-            _check_hand_over(root, view.home)
+            if root.stat().st_gid != gid:  # one handed to an agent's user before carries the agents' group
+                _check_hand_over(root, view.home)
             _chown_tree(root, uid, gid)
     for folder in view.readable:
         if folder.is_dir():
@@ -353,9 +410,9 @@ def _check_hand_over(root: Path, home: Path | None) -> None:
     except KeyError:
         owner = str(root.stat().st_uid)
     raise SandboxError(
-        f"the folder {root} belongs to {owner} and already holds files; agentpost hands the agent's user "
-        f"({SANDBOX_USER}) only folders it made. Give it to that user yourself (chown -R {SANDBOX_USER} "
-        f"{root}) if the agent should work there, or choose a new folder"
+        f"the folder {root} belongs to {owner} and already holds files; agentpost hands an agent's user only "
+        f"folders it made, or that carry the agents' group. If the agent should work there, give it to "
+        f"that group yourself (chgrp -R {SANDBOX_USER} {root}), or choose a new folder"
     )
 
 
@@ -401,9 +458,7 @@ class Sandboxed:
         prepare(self.plan, self.view, self.login_home)
 
     def wrap(self, argv: Sequence[str], env: Mapping[str, str]) -> list[str]:
-        view = dataclasses.replace(
-            self.view, tools=(*self.view.tools, *tool_paths(forwarded(self.view, argv), env))
-        )
+        view = dataclasses.replace(self.view, tools=(*self.view.tools, *tool_paths(argv, env)))
         return bwrap_argv(self.plan, view, argv)
 
     def environment(self, env: Mapping[str, str]) -> dict[str, str]:

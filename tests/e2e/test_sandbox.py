@@ -162,8 +162,9 @@ def test_an_agent_of_a_root_service_reaches_only_its_workspace(tmp_path: Path, s
         "token-environ": "DENIED",
         "workspace": "WROTE",
     }
-    # The CLI ran as the sandbox user, which owns what it wrote.
-    assert pwd.getpwuid(own.stat().st_uid).pw_name == "agentpost-agent"
+    # The CLI ran as the agent's own user (in the agents' group), which owns what it wrote.
+    assert pwd.getpwuid(own.stat().st_uid).pw_name == "ap-prober"
+    assert own.stat().st_gid == pwd.getpwnam("agentpost-agent").pw_gid
 
 
 @pytest.fixture
@@ -452,7 +453,7 @@ def test_a_sandboxed_run_is_killed_whole_by_its_timeout_and_with_a_killed_proces
             sleepers = wait_for(lambda: len(_sandboxed_sleepers(marker)) == 2, 60, "the run's two sleepers")
             assert sleepers
             owner = Path(f"/proc/{_sandboxed_sleepers(marker)[0]}").stat().st_uid
-            assert pwd.getpwuid(owner).pw_name == "agentpost-agent"
+            assert pwd.getpwuid(owner).pw_name == "ap-slow"
             wait_for(lambda: not _sandboxed_sleepers(marker), 30, "the timed-out run's processes to end")
             wait_for(
                 lambda: rt.db.read_scalar(

@@ -378,6 +378,6 @@ def test_a_folder_agentpost_did_not_make_is_never_handed_to_the_agent(service_tm
     reply, message_id = _run(home, env, [], None)
     assert "could not answer your message" in reply and message_id in reply, reply
     trace = _trace(home, env, message_id)  # the operator's reason
-    assert "belongs to root" in trace and "chown -R agentpost-agent" in trace, trace
+    assert "belongs to root" in trace and "chgrp -R agentpost-agent" in trace, trace
     assert foreign.stat().st_uid == 0 and (foreign / "shadow").stat().st_uid == 0
     assert not (foreign / "ran.txt").exists()

@@ -1,7 +1,12 @@
-"""The way out of a sandboxed run's network: a TCP port on the sandbox's own loopback that leads to the
-egress proxy's Unix socket.
+"""What a sandboxed run does first, inside the sandbox as the agent's user, before it becomes the CLI.
 
-Usage (inside the sandbox, as the agent's user): ``python -I -S netforward.py SOCKET PORT -- ARGV...``.
+Usage: ``python -I -S sandbox_entry.py [--egress SOCKET PORT] -- ARGV...``.
+
+1. **A session keyring of its own.** The kernel keeps keys per session and per user, and a child inherits
+   its parent's session keyring: without this the run would share the processor's (and every other run's).
+   It joins a new, empty anonymous one (``keyctl(KEYCTL_JOIN_SESSION_KEYRING, NULL)``).
+2. **The way out of its network** (``--egress``): a TCP port on the sandbox's own loopback that leads to the
+   egress proxy's Unix socket.
 
 A run has a network namespace of its own with nothing in it but loopback, so ``HTTPS_PROXY`` must name a TCP
 address there; the proxy itself runs outside (:mod:`workers.egress`), reachable only through ``SOCKET``, a
@@ -24,6 +29,9 @@ import sys
 import threading
 
 PR_SET_PDEATHSIG = 1
+KEYCTL_JOIN_SESSION_KEYRING = 1
+#: The keyctl system call's number (the C library has no wrapper; libkeyutils is not always installed).
+_SYS_KEYCTL = {"x86_64": 250, "aarch64": 219, "i686": 288, "armv7l": 311, "ppc64le": 280, "s390x": 280}
 _CHUNK = 65536
 
 
@@ -77,11 +85,20 @@ def _detach_from_cli_streams() -> None:
     os.close(null)
 
 
-def main(argv: list[str]) -> int:
-    if len(argv) < 5 or argv[3] != "--":
-        sys.stderr.write("usage: netforward.py SOCKET PORT -- ARGV...\n")
-        return 2
-    path, port, command = argv[1], int(argv[2]), argv[4:]
+def join_new_session_keyring() -> bool:
+    """Leave the inherited session keyring for a new, empty one; False where the kernel says no."""
+    number = _SYS_KEYCTL.get(os.uname().machine)
+    if number is None:
+        return False
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return int(libc.syscall(number, KEYCTL_JOIN_SESSION_KEYRING, None)) >= 0
+    except (OSError, AttributeError):
+        return False
+
+
+def _start_forwarder(path: str, port: int) -> None:
+    """Listen on the sandbox's loopback, then fork the child that carries connections to ``path``."""
     listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     listener.bind(("127.0.0.1", port))
@@ -101,6 +118,21 @@ def main(argv: list[str]) -> int:
         _serve(listener, path)
         os._exit(0)
     listener.close()
+
+
+def main(argv: list[str]) -> int:
+    args = argv[1:]
+    egress: tuple[str, int] | None = None
+    if args[:1] == ["--egress"] and len(args) >= 3:
+        egress = (args[1], int(args[2]))
+        args = args[3:]
+    if len(args) < 2 or args[0] != "--":
+        sys.stderr.write("usage: sandbox_entry.py [--egress SOCKET PORT] -- ARGV...\n")
+        return 2
+    command = args[1:]
+    join_new_session_keyring()
+    if egress is not None:
+        _start_forwarder(*egress)
     try:
         os.execvp(command[0], command)
     except OSError as exc:
