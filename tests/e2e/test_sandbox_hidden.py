@@ -7,15 +7,18 @@ that stopped hiding any one of them fails here."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from shared.chat.address import ChatAddress
-from tests.e2e.test_sandbox import _need_bwrap, service_tmp
+from tests.e2e.test_sandbox import _need_bwrap
 from tests.homes import open_home
 from tests.probes import wait_for
 from tests.processor_support import make_home
@@ -25,7 +28,6 @@ pytestmark = [
     pytest.mark.timeout(180),
     pytest.mark.skipif(os.geteuid() != 0, reason="writes to /run and /dev/shm"),
 ]
-__all__ = ["service_tmp"]
 
 AGENTPOST = str(Path(sys.executable).with_name("agentpost"))
 
@@ -36,10 +38,21 @@ done < "$AP_PLACES"
 """
 
 
+@pytest.fixture
+def outside_tmp() -> Iterator[Path]:
+    """A folder outside /tmp (which the sandbox empties as a whole, and would hide everything under it)."""
+    folder = Path(tempfile.mkdtemp(prefix="agentpost-hidden-test-", dir="/var/lib"))
+    folder.chmod(0o755)
+    try:
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 @pytest.mark.parametrize("sandbox", ["auto", "none"])
-def test_every_hidden_place_is_hidden(service_tmp: Path, sandbox: str) -> None:
+def test_every_hidden_place_is_hidden(outside_tmp: Path, sandbox: str) -> None:
     _need_bwrap()
-    tmp = service_tmp
+    tmp = outside_tmp
     tag = uuid.uuid4().hex[:8]
     service_home = tmp / "service-home"
     db_dir = tmp / "db"
