@@ -12,7 +12,9 @@ message. The CLI takes it at its next step:
 - during a reply without tools, as the next turn of the same process, right after the current one.
 
 The run knows which by the CLI's echo of each user message it takes (``--replay-user-messages``): it ends at
-the first ``result`` after every message it wrote was echoed. Either way the run has one final reply for the
+the first ``result`` after every message it wrote was echoed. Messages waiting on the CLI's input when a turn
+ends are taken together, as one user message (their texts joined by newlines): one echo then answers several
+(:func:`echoed_count`). Either way the run has one final reply for the
 whole folded group — its own messages and every message steered into it — made of each turn's answer in
 order. A message offered after the run has read its last ``result`` is refused (:meth:`SteerInbox.offer`)
 and waits for the chat's next run, as under ``collect``. Codex and command agents, which cannot take a
@@ -40,8 +42,8 @@ class SteerInbox:
     def __init__(self) -> None:
         self._waiting: list[str] = []
         self._wake: anyio.Event | None = None
-        #: Messages taken by the feeder (written, or being written, to the CLI).
-        self.taken = 0
+        #: The messages taken by the feeder (written, or being written, to the CLI), in order.
+        self.written: list[str] = []
         #: True once the run has read its last answer (or ended): no more messages are accepted.
         self.closed = False
 
@@ -60,8 +62,14 @@ class SteerInbox:
             self._wake = anyio.Event()
             await self._wake.wait()
         self._wake = None
-        self.taken += 1
-        return self._waiting.pop(0)
+        prompt = self._waiting.pop(0)
+        self.written.append(prompt)
+        return prompt
+
+    @property
+    def taken(self) -> int:
+        """How many messages the feeder has taken."""
+        return len(self.written)
 
     def settle(self, answered: int) -> bool:
         """At a ``result``: True (and closed) when every message handed over has been taken in by the CLI —
@@ -75,6 +83,24 @@ class SteerInbox:
     def close(self) -> None:
         """The run ended some other way (a failure, a stop): refuse what comes later."""
         self.closed = True
+
+
+def echoed_count(echo: str, pending: Sequence[str]) -> int:
+    """How many of ``pending`` (messages written to the CLI and not yet echoed, in order) one echo of a user
+    message stands for. The CLI takes the messages waiting on its input together when a turn ends — two
+    messages written while a reply streams come back as one user message, their texts joined by a newline —
+    so one echo can answer several. At least one: an echo answers the oldest message written."""
+    rest = echo.strip()
+    count = 0
+    for text in pending:
+        text = text.strip()
+        if rest == text:
+            return count + 1
+        if not rest.startswith(text + "\n"):
+            break
+        rest = rest[len(text) + 1 :].lstrip("\n")
+        count += 1
+    return max(count, 1)
 
 
 def steered_prompt(messages: Sequence[QueuedMessage], running: Sequence[QueuedMessage]) -> str:

@@ -66,7 +66,7 @@ from workers.providers import (
     kill_group,
     launch_plan,
 )
-from workers.steer import SteerInbox
+from workers.steer import SteerInbox, echoed_count
 
 log = logging.getLogger("agentpost.processor")
 
@@ -371,11 +371,12 @@ async def _read_until_result(
             continue
         line = bytes(warm.buffer[:cut]).decode(errors="replace")
         del warm.buffer[: cut + 1]
-        kind, uuid, replay = _kind(line)
+        kind, uuid, replay, echo = _kind(line)
         if kind == "assistant" and uuid:
             last_uuid = uuid
         elif kind == "user" and replay:
-            echoed += 1
+            written = [request.prompt, *(request.steer.written if request.steer is not None else [])]
+            echoed += echoed_count(echo, written[echoed:])
         await provider._handle(line, state, progress, shown)
         if kind != "result":
             continue
@@ -423,20 +424,37 @@ def _added(usages: list[RunUsage]) -> RunUsage | None:
     )
 
 
-def _kind(line: str) -> tuple[str, str | None, bool]:
-    """The ``type`` and ``uuid`` of one stream-json line, and whether it is the CLI's echo of a user message
-    it took in (``("", None, False)`` for anything else)."""
+def _kind(line: str) -> tuple[str, str | None, bool, str]:
+    """The ``type`` and ``uuid`` of one stream-json line, whether it is the CLI's echo of a user message it
+    took in, and that message's text (``("", None, False, "")`` for anything else)."""
     if not line.startswith("{"):
-        return "", None, False
+        return "", None, False, ""
     try:
         event = json.loads(line)
     except ValueError:
-        return "", None, False
+        return "", None, False, ""
     if not isinstance(event, dict):
-        return "", None, False
+        return "", None, False, ""
     uuid = event.get("uuid")
+    replay = event.get("isReplay") is True
     return (
         str(event.get("type") or ""),
         uuid if isinstance(uuid, str) else None,
-        event.get("isReplay") is True,
+        replay,
+        _message_text(event) if replay else "",
     )
+
+
+def _message_text(event: dict[str, object]) -> str:
+    """The text of a user message event (a string, or text blocks joined by newlines)."""
+    message = event.get("message")
+    content = message.get("content") if isinstance(message, dict) else None
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "\n".join(
+            str(block.get("text", ""))
+            for block in content
+            if isinstance(block, dict) and block.get("type") == "text"
+        )
+    return ""
