@@ -13,7 +13,7 @@ from shared.queue.core import QueuedMessage
 from shared.settings.busy_policy import parse_busy_policy
 from shared.settings.model import load_settings
 from workers.doctor import checks
-from workers.steer import SteerInbox, steered_prompt
+from workers.steer import SteerInbox, echoed_count, steered_prompt
 
 pytestmark = pytest.mark.unit
 
@@ -94,3 +94,14 @@ def test_a_steered_message_names_its_sender_only_when_someone_else_sent_it() -> 
     assert steered_prompt([_msg(3, "bob", "8", "use pytest")], running) == "[from bob]:\nuse pytest"
     both = steered_prompt([_msg(4, "ann", "7", "one"), _msg(5, "bob", "8", "two")], running)
     assert "from ann" in both and "from bob" in both  # a collected group's numbered form
+
+
+def test_one_echo_stands_for_every_message_the_cli_took_together() -> None:
+    written = ["first: write the parser", "second: and add tests", "third: and docs"]
+    assert echoed_count("first: write the parser", written) == 1
+    # Messages waiting on the CLI's input at a turn's end come back as one user message.
+    assert echoed_count("second: and add tests\nthird: and docs", written[1:]) == 2
+    assert echoed_count("first: write the parser\nsecond: and add tests\nthird: and docs", written) == 3
+    # A message's own newlines are not a boundary; text the CLI changed still answers the oldest one.
+    assert echoed_count("a\nb", ["a\nb", "c"]) == 1
+    assert echoed_count("something else", written) == 1
