@@ -18,9 +18,11 @@ import httpx
 import uvicorn
 
 from adapters.web.app import create_app
+from shared.api_token import read_token_file, resolve, token_path
 from shared.events.entries import EventLog
 from shared.queue.core import Queue, QueuedMessage
 from shared.runtime import Runtime, open_runtime
+from shared.settings.model import load_settings
 from tests.probes import free_port, service_unavailable, wait_for  # noqa: F401  (free_port re-exported: tests import it from here)
 
 REPO = Path(__file__).resolve().parents[1]
@@ -86,6 +88,45 @@ def need_chromium() -> None:
         service_unavailable("chromium", "not installed (.ci/install-system-packages installs it)")
 
 
+#: The API token of each server a test started, by port: the test's clients show it as a real client would
+#: (the CLI and `agentpost up` read the home's api-token file; a browser signs in with the link).
+_TOKENS: dict[int, str] = {}
+
+
+def home_token(home: Path) -> str:
+    """The token in ``home``'s api-token file, as the CLI reads it (the web process wrote it at its start)."""
+    token = read_token_file(token_path(home))
+    assert token, f"no API token in {token_path(home)}"
+    return token
+
+
+def token_of(port: int) -> str:
+    """The API token of the server a test started on ``port`` ("" for a server without one)."""
+    return _TOKENS.get(port, "")
+
+
+def auth_headers(server: int | str) -> dict[str, str]:
+    """``Authorization: Bearer`` for the server on a port or at a ``http://host:port`` URL (none when it
+    asks for no token)."""
+    token = token_of(server if isinstance(server, int) else _port_of(server))
+    return {"Authorization": f"Bearer {token}"} if token else {}
+
+
+def _port_of(url: str) -> int:
+    return int(url.rsplit(":", 1)[1].split("/", 1)[0])
+
+
+def sign_in(page: Any, base_url: str, fragment: str = "", *, token: str | None = None) -> None:
+    """Open the dashboard in a Playwright ``page`` through the sign-in link `agentpost up` prints, then go
+    to ``fragment`` (``"#ops"``). ``token``: the server's, when it was not started by this module."""
+    page.goto(f"{base_url}/signin#{token_of(_port_of(base_url)) if token is None else token}")
+    page.wait_for_url(f"{base_url}/", timeout=10_000)
+    if fragment:
+        # A new load, not a jump within the page: the dashboard picks its view from the fragment at start.
+        page.goto("about:blank")
+        page.goto(f"{base_url}/{fragment}")
+
+
 def runtime_for(home: Path, **env: str) -> Runtime:
     base = {k: v for k, v in os.environ.items() if not k.startswith("AGENTPOST_")}
     return open_runtime(home, {**base, **env})
@@ -132,21 +173,28 @@ class LiveServer:
         port = server.servers[0].sockets[0].getsockname()[1]
         self.url = f"http://127.0.0.1:{port}"
         self.port = int(port)
+        #: The token the app asks for (made in the home's api-token file when none was set).
+        self.token: str = app.state.web.token
+        _TOKENS[self.port] = self.token
         return self
 
     def __exit__(self, *_: object) -> None:
         assert self._server is not None and self._thread is not None
         self._server.should_exit = True
         self._thread.join(timeout=10)
+        _TOKENS.pop(self.port, None)
 
     def client(self, token: str | None = None) -> httpx.Client:
-        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        """An HTTP client carrying the server's token (``token`` instead when given; ``""``: none)."""
+        chosen = self.token if token is None else token
+        headers = {"Authorization": f"Bearer {chosen}"} if chosen else {}
         return httpx.Client(base_url=self.url, headers=headers, timeout=10)
 
 
 @contextlib.contextmanager
 def web_process(home: Path, port: int, **env: str) -> Iterator[subprocess.Popen[bytes]]:
-    """``agentpost run web`` as its own OS process, as an operator starts it; waits for /healthz."""
+    """``agentpost run web`` as its own OS process, as an operator starts it; waits for /healthz. Its token
+    (``AGENTPOST_API_TOKEN`` when given, else the one it wrote to the home) is :func:`token_of` the port."""
     full = {k: v for k, v in os.environ.items() if not k.startswith("AGENTPOST_")}
     full.update({"AGENTPOST_HOME": str(home), "AGENTPOST_API_PORT": str(port), **env})
     proc = subprocess.Popen(
@@ -164,8 +212,11 @@ def web_process(home: Path, port: int, **env: str) -> Iterator[subprocess.Popen[
                 return False
 
         wait_until(healthy, 20, "the web process to answer /healthz")
+        # Found as the web process found it: the environment, the settings, else the file it wrote.
+        _TOKENS[port] = resolve(load_settings(home, full)).value
         yield proc
     finally:
+        _TOKENS.pop(port, None)
         proc.terminate()
         try:
             proc.wait(timeout=10)
@@ -187,13 +238,17 @@ class SseReader:
         rcvbuf: int | None = None,
         *,
         skip_connected: bool = True,
+        token: str | None = None,
     ):
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         if rcvbuf is not None:
             self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
         self.sock.connect(("127.0.0.1", port))
         lines = [f"GET {path} HTTP/1.1", f"Host: 127.0.0.1:{port}", "Accept: text/event-stream"]
-        lines += [f"{k}: {v}" for k, v in (headers or {}).items()]
+        # The server's token, as a client that has it sends it (``token=""``: none).
+        chosen = token_of(port) if token is None else token
+        sent = {**({"Authorization": f"Bearer {chosen}"} if chosen else {}), **(headers or {})}
+        lines += [f"{k}: {v}" for k, v in sent.items()]
         self.sock.sendall(("\r\n".join(lines) + "\r\n\r\n").encode())
         self.buffer = b""
         self.headers_done = False

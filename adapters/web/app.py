@@ -30,6 +30,7 @@ from contextlib import asynccontextmanager
 from fastapi import APIRouter, Depends, FastAPI
 from fastapi.staticfiles import StaticFiles
 
+from shared import api_token
 from shared.aio import call
 from shared.events.entries import EventLog
 from shared.runtime import Runtime
@@ -43,6 +44,7 @@ from . import (
     queue_routes,
     response_routes,
     schedule_routes,
+    signin,
     usage_routes,
 )
 from .auth import require_access
@@ -64,12 +66,16 @@ def create_app(
     limits: StreamLimits | None = None,
     max_body_bytes: int | None = None,
     storage_wait_seconds: float = DEFAULT_STORAGE_WAIT_SECONDS,
+    token: str | None = None,
 ) -> FastAPI:
     """Build the web adapter over ``runtime``. ``events`` overrides the event log read by streams (the Redis
     driver, say); by default the runtime's SQL log is used. ``storage_wait_seconds`` bounds how long one
     request waits for a lock another process holds before it is answered 503. ``max_body_bytes`` overrides
-    ``api.max_body_bytes``."""
+    ``api.max_body_bytes``. ``token`` is the API token in force; by default :func:`shared.api_token.ensure`
+    finds it (writing the home's token file when there is none and open loopback was not asked for)."""
     settings = runtime.settings
+    if token is None:
+        token = api_token.ensure(settings).value
     event_log: EventLog = events if events is not None else runtime.events
     stats = StreamStats()
     web = WebState(
@@ -78,7 +84,7 @@ def create_app(
         limits=limits or StreamLimits(),
         stats=stats,
         metrics=Metrics(runtime.queue, event_log, stats),
-        token=settings.api.token,
+        token=token,
         port=settings.api.port,
         lock_wait_ms=max(0, int(storage_wait_seconds * 1000)),
     )
@@ -119,11 +125,14 @@ def create_app(
     app.include_router(api)
     app.include_router(event_routes.websocket_router)
     app.include_router(health_routes.router)
+    app.include_router(signin.router)
     app.mount("/static", StaticFiles(directory=health_routes.STATIC_DIR), name="static")
     install_error_handlers(app)
 
     # Added last, so they run first: a body is refused for size before any token, JSON or database work, and
     # a foreign page is refused before anything else (its refusal and every CORS answer wrap all the rest).
+    # The /t/<token> prefix is taken off just before routing, once those have looked at the request.
+    app.add_middleware(signin.TokenPrefix, token=token)
     app.add_middleware(
         BodyLimit,
         limit=max_body_bytes if max_body_bytes is not None else settings.api.max_body_bytes,
@@ -131,7 +140,7 @@ def create_app(
     )
     served = {
         method
-        for router in (*(area.router for area in areas), health_routes.router)
+        for router in (*(area.router for area in areas), health_routes.router, signin.router)
         for route in router.routes
         for method in (getattr(route, "methods", None) or ())
     }

@@ -1,9 +1,13 @@
-"""Who may talk to the API: a bearer token on every ``/api`` route when one is set, and loopback only without.
+"""Who may talk to the API: the API token on every ``/api`` route, and loopback only without one.
 
-Without a token the server listens on loopback only, and answers ``/api`` only for a loopback ``Host`` header,
-so a web page on another site cannot reach it through DNS rebinding. Request bodies must be JSON (a browser
-cannot send that cross-origin without a CORS preflight). Which web pages may call the API at all — the
-server's own and ``api.allowed_origins`` — is decided before this, by :mod:`adapters.web.origins`.
+The token (:mod:`shared.api_token` decides which) may come as ``Authorization: Bearer``, ``?token=`` (what
+``EventSource`` and browsers' WebSockets can send), the dashboard's sign-in cookie (:mod:`adapters.web.signin`)
+or a ``/t/<token>`` path prefix for clients that cannot send any of those (:class:`adapters.web.signin.TokenPrefix`
+checks it and marks the request). Only with ``api.allow_open_loopback`` and no token does the server answer
+without one; it then listens on loopback only, and answers ``/api`` only for a loopback ``Host`` header, so a
+web page on another site cannot reach it through DNS rebinding. Request bodies must be JSON (a browser cannot
+send that cross-origin without a CORS preflight). Which web pages may call the API at all — the server's own
+and ``api.allowed_origins`` — is decided before this, by :mod:`adapters.web.origins`.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from collections.abc import Mapping
 from starlette.requests import HTTPConnection
 from starlette.websockets import WebSocket
 
+from shared.api_token import cookie_name, cookie_value
 from shared.settings.model import SettingsError
 
 from .errors import ApiError
@@ -40,7 +45,8 @@ def check_bind(host: str, token: str) -> None:
     if not token and not is_loopback(host):
         raise SettingsError(
             f"refusing to listen on {host!r} without an API token: anyone who can reach that address could "
-            'run agents. Set AGENTPOST_API_TOKEN (or api.token in settings.toml), or use api.host = "127.0.0.1".'
+            "run agents. Set AGENTPOST_API_TOKEN or api.token, or remove api.allow_open_loopback (a token is "
+            'then made in the api-token file), or use api.host = "127.0.0.1".'
         )
 
 
@@ -79,20 +85,51 @@ class Denial(enum.Enum):
     LOOPBACK = "loopback"
 
 
+#: Set in a request's scope by :class:`adapters.web.signin.TokenPrefix` when its ``/t/<token>`` prefix matched.
+PREFIX_AUTHENTICATED = "agentpost.token_prefix"
+
+
+def server_port(conn: HTTPConnection) -> int:
+    """The port this request reached (the sign-in cookie is named after it)."""
+    server = conn.scope.get("server")
+    return int(server[1]) if server and server[1] is not None else 0
+
+
+def signed_in(conn: HTTPConnection, token: str) -> bool:
+    """Whether ``conn`` carries the dashboard's sign-in cookie for ``token``."""
+    given = conn.cookies.get(cookie_name(server_port(conn)))
+    return bool(token) and token_matches(given, cookie_value(token))
+
+
+def presents_token(
+    conn: HTTPConnection, token: str, *, token_in_query: bool = True, cookie: bool = True
+) -> bool:
+    """Whether ``conn`` shows ``token`` in one of the ways a client may (see the module docstring)."""
+    if conn.scope.get(PREFIX_AUTHENTICATED) is True:
+        return True
+    given = bearer_token(conn.headers)
+    if given is None and token_in_query:
+        given = conn.query_params.get("token")
+    if token_matches(given, token):
+        return True
+    return cookie and signed_in(conn, token)
+
+
 def access_denial(conn: HTTPConnection, token: str, *, token_in_query: bool = True) -> Denial | None:
     """The one access rule, for HTTP requests and WebSocket handshakes alike: with a token, the token
-    (``Authorization: Bearer`` or, where ``token_in_query``, ``?token=``, which ``EventSource`` and browsers'
-    WebSockets can send); without one, a loopback ``Host``. ``None``: let it in."""
+    (:func:`presents_token`); without one (only with ``api.allow_open_loopback``), a loopback ``Host``.
+    ``None``: let it in."""
     if token:
-        given = bearer_token(conn.headers)
-        if given is None and token_in_query:
-            given = conn.query_params.get("token")
-        return None if token_matches(given, token) else Denial.TOKEN
+        return None if presents_token(conn, token, token_in_query=token_in_query) else Denial.TOKEN
     return None if host_header_is_loopback(conn.headers) else Denial.LOOPBACK
 
 
 _HTTP_REFUSALS = {
-    Denial.TOKEN: (401, "missing or wrong API token (send Authorization: Bearer <token>)"),
+    Denial.TOKEN: (
+        401,
+        "missing or wrong API token: send Authorization: Bearer <token> (on the server, `agentpost token` "
+        "shows it, the dashboard's sign-in link and the base URL for clients that send no token)",
+    ),
     Denial.LOOPBACK: (403, "without an API token the API answers only requests addressed to loopback"),
 }
 _WEBSOCKET_CLOSES = {
@@ -109,10 +146,11 @@ async def require_access(conn: HTTPConnection) -> None:
 
 
 async def require_metrics_token(conn: HTTPConnection) -> None:
-    """``/metrics`` asks only for the token, in the header, where scrapers send it. Without a token it is
-    open to whoever reaches the server, which then listens on loopback only (:func:`check_bind`)."""
+    """``/metrics`` asks only for the token, in the header (or the path prefix), where scrapers send it: not
+    in the query, which ends up in logs, nor the browser's cookie. Without a token it is open to whoever
+    reaches the server, which then listens on loopback only (:func:`check_bind`)."""
     token = web_state(conn).token
-    if token and access_denial(conn, token, token_in_query=False) is not None:
+    if token and not presents_token(conn, token, token_in_query=False, cookie=False):
         raise ApiError(*_HTTP_REFUSALS[Denial.TOKEN])
 
 

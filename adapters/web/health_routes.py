@@ -1,17 +1,17 @@
 """What is served outside ``/api``: liveness (``/healthz``), whether a token is required (``/access``),
-Prometheus metrics and the dashboard page."""
+Prometheus metrics and the dashboard page (its sign-in page: :mod:`adapters.web.signin`)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from fastapi import APIRouter, Depends
+from fastapi import APIRouter, Depends, Request
 from fastapi.responses import FileResponse, JSONResponse, PlainTextResponse
 
 from shared.reads import api_views
 from shared.storage.errors import storage_problem
 
-from .auth import require_metrics_token
+from .auth import require_metrics_token, signed_in
 from .errors import error_response
 from .state import Web
 
@@ -19,7 +19,7 @@ STATIC_DIR = Path(__file__).parent / "static"
 
 router = APIRouter()
 
-_PAGE_HEADERS = {
+PAGE_HEADERS = {
     "content-security-policy": (
         "default-src 'self'; script-src 'self'; style-src 'self'; connect-src 'self'; img-src 'self' data:; "
         "frame-ancestors 'none'; base-uri 'none'; form-action 'self'"
@@ -45,8 +45,9 @@ async def healthz(web: Web) -> JSONResponse:
 
 
 @router.get("/access", summary="Whether this server asks for an API token (answered without one)")
-async def access(web: Web) -> dict[str, bool]:
-    return {"tokenRequired": bool(web.token)}
+async def access(web: Web, request: Request) -> dict[str, bool]:
+    # ``signedIn``: this browser holds the sign-in cookie, so the dashboard need not ask for the token.
+    return {"tokenRequired": bool(web.token), "signedIn": signed_in(request, web.token)}
 
 
 @router.get("/favicon.ico", include_in_schema=False)
@@ -67,4 +68,4 @@ async def metrics_endpoint(web: Web) -> PlainTextResponse:
 
 @router.get("/", include_in_schema=False)
 async def dashboard() -> FileResponse:
-    return FileResponse(STATIC_DIR / "index.html", headers=_PAGE_HEADERS)
+    return FileResponse(STATIC_DIR / "index.html", headers=PAGE_HEADERS)

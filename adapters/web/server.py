@@ -12,6 +12,7 @@ from pathlib import Path
 
 import uvicorn
 
+from shared import api_token
 from shared.events.drivers import open_event_log
 from shared.events.entries import EventLog
 from shared.port_owner import describe_holder
@@ -79,17 +80,24 @@ def main(home: Path | None = None) -> None:
     runtime = open_runtime(home, port_env(os.environ))
     try:
         api = runtime.settings.api
-        check_bind(api.host, api.token)
+        # The web process finds its token itself (environment, settings, or the home's token file, made
+        # now when missing): `agentpost up` need not hand it over, and no other process holds it.
+        token = api_token.ensure(runtime.settings)
+        check_bind(api.host, token.value)
         sockets = listen(api.host, api.port)
         events: EventLog
         if runtime.settings.events.driver == "sql":
             events = runtime.events
         else:
             events = open_event_log(runtime.settings, runtime.db, wait=runtime.waker.wait_for_change)
-        app = create_app(runtime, events=events)
+        app = create_app(runtime, events=events, token=token.value)
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
         log.info(
-            "agentpost web on http://%s:%d (events: %s)", api.host, api.port, runtime.settings.events.driver
+            "agentpost web on http://%s:%d (events: %s; API token: %s)",
+            api.host,
+            api.port,
+            runtime.settings.events.driver,
+            token.source.value,
         )
         # Every connection limit (body size and time, request-head deadline, idle keep-alive, connection
         # cap) comes from api.* settings through adapters.web.limits, the one place they are applied.

@@ -37,7 +37,8 @@ class WebState:
     limits: StreamLimits
     stats: StreamStats
     metrics: Metrics
-    #: ``api.token`` when the application was built ("": none, loopback only).
+    #: The API token in force when the application was built (:mod:`shared.api_token`; "": none, which
+    #: only ``api.allow_open_loopback`` allows, loopback only).
     token: str
     #: ``api.port`` when the application was built (reported by ``GET /api/status``).
     port: int

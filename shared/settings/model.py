@@ -79,6 +79,9 @@ class ApiSettings(_Strict):
     host: str = "127.0.0.1"
     port: int = Field(default=DEFAULT_API_PORT, ge=1, le=65535)
     token: str = ""
+    # With no token set (environment, this file or $AGENTPOST_HOME/api-token), answer loopback without one:
+    # any program on this machine, an agent's commands included, may then drive the API. Off by default.
+    allow_open_loopback: bool = False
     # Web pages on these origins (besides the server's own) may call the API: a separately hosted dashboard.
     allowed_origins: list[str] = Field(default_factory=list)
     # Bounded input: a body over this size is refused with 413 while it is read (a message holds at most
@@ -309,7 +312,8 @@ class Settings:
         api_fields = data.api.model_dump() | {
             "host": env.get("AGENTPOST_API_HOST") or data.api.host,
             "port": port,
-            "token": env.get("AGENTPOST_API_TOKEN", data.api.token),
+            # An empty variable is as good as unset: no token is chosen with allow_open_loopback, not by this.
+            "token": env.get("AGENTPOST_API_TOKEN") or data.api.token,
         }
         origins_text = env.get("AGENTPOST_API_ALLOWED_ORIGINS")
         if origins_text is not None:  # comma-separated; set but empty allows none beyond the server's own
@@ -563,7 +567,10 @@ url = ""
 [api]
 host = "127.0.0.1"     # the web API refuses a non-loopback address unless a token is set
 port = 3777
-token = ""             # better set AGENTPOST_API_TOKEN in the environment
+# The API asks for a token on loopback too. Empty: the one in api-token beside this file (written by
+# `agentpost init`, or by the web process when missing), or AGENTPOST_API_TOKEN from the environment.
+token = ""
+# allow_open_loopback = false  # true (with no token) lets any local program, agents included, use the API
 # Web pages on other origins that may call the API (the server's own pages always may); or set
 # AGENTPOST_API_ALLOWED_ORIGINS="https://a.example,https://b.example".
 # allowed_origins = ["https://office.example.com"]

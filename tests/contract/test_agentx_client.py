@@ -19,10 +19,17 @@ from typing import Any
 import pytest
 from websockets.sync.client import ClientConnection, connect
 
+from shared.api_token import tinyagi_base_url
 from shared.runtime import Runtime
-from tests.web_support import free_port, make_home, runtime_for, wait_until, web_process
+from tests.web_support import free_port, make_home, runtime_for, token_of, wait_until, web_process
 
 pytestmark = pytest.mark.e2e
+
+
+def agentx_url(port: int) -> str:
+    """The queue WebSocket at the base URL given to a client that sends no token: it carries it."""
+    base = tinyagi_base_url("127.0.0.1", port, token_of(port))
+    return base.replace("http://", "ws://", 1) + "/api/events/ws"
 
 
 class AgentXClient:
@@ -87,7 +94,7 @@ def test_agentx_client_subscribes_receives_acks_and_resumes(live: tuple[int, Run
     port, rt = live
     storage: dict[str, str] = {}
     rt.events.append("session-1", "text_delta", {"text": "before"})
-    url = f"ws://127.0.0.1:{port}/api/events/ws"
+    url = agentx_url(port)
     with connect(url) as ws:
         client = AgentXClient(ws, "client-a", storage)
         client.subscribe("session-1")
@@ -117,7 +124,7 @@ def test_agentx_client_subscribes_receives_acks_and_resumes(live: tuple[int, Run
 def test_agentx_latest_cursor_is_per_topic_and_null_when_empty(live: tuple[int, Runtime]) -> None:
     port, rt = live
     rt.events.append("topic-a", "x", {})
-    with connect(f"ws://127.0.0.1:{port}/api/events/ws") as ws:
+    with connect(agentx_url(port)) as ws:
         client = AgentXClient(ws, "client-b", {})
         client.subscribe("empty-topic")
         client.until(lambda: client.subscribed)

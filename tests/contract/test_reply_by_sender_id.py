@@ -9,10 +9,11 @@ from pathlib import Path
 import httpx
 import pytest
 
+from shared.api_token import tinyagi_base_url
 from tests.channel_support import HoldingTelegram, Proc, channel_home, telegram_env, wait_for
 from tests.fixtures import telegram_fake  # noqa: F401  (fixtures)
 from tests.homes import open_home
-from tests.web_support import free_port, web_process
+from tests.web_support import free_port, token_of, web_process
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(90)]
 
@@ -26,8 +27,10 @@ def test_send_message_skill_reply_reaches_the_telegram_user(tmp_path: Path, fake
     rt = open_home(home)
     try:
         with web_process(home, port):
+            # TinyAGI's send-message skill sends no token: its base URL carries it.
+            base = tinyagi_base_url("127.0.0.1", port, token_of(port))
             r = httpx.post(
-                f"http://127.0.0.1:{port}/api/responses",
+                f"{base}/api/responses",
                 json={
                     "channel": "telegram",
                     "sender": "Ann",

@@ -23,12 +23,14 @@ import httpx
 import pytest
 
 from adapters.pairing import check_sender
+from shared.api_token import tinyagi_base_url
 from shared.chat.address import ChatAddress
 from shared.runtime import Runtime
 from tests.web_support import (
     AGENTPOST,
     REPO,
     free_port,
+    home_token,
     make_home,
     play_processor,
     runtime_for,
@@ -55,6 +57,7 @@ JSON = {"Content-Type": "application/json"}  # TinyOffice sends it on every call
 class Live:
     home: Path
     port: int
+    #: The base URL TinyAGI's clients are given: it carries the token (``/t/<token>``), as they send none.
     url: str
     rt: Runtime
 
@@ -69,7 +72,8 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
     rt = runtime_for(home)
     try:
         with web_process(home, port):
-            yield Live(home, port, f"http://127.0.0.1:{port}", rt)
+            # As docs/compatibility.md says: `agentpost token` prints this base URL for token-less clients.
+            yield Live(home, port, tinyagi_base_url("127.0.0.1", port, home_token(home)), rt)
     finally:
         rt.close()
 
@@ -477,9 +481,12 @@ class TinySse:
     """The parsing rule of TinyAGI's SSE clients: an event is dispatched when a blank line ends a frame that
     had both an ``event:`` line and a ``data:`` line (unnamed frames are dropped)."""
 
-    def __init__(self, port: int) -> None:
+    def __init__(self, base_url: str) -> None:
+        port = int(base_url.rsplit(":", 1)[1].split("/", 1)[0])
+        prefix = "/" + base_url.split("/", 3)[3] if base_url.count("/") > 2 else ""
         self.sock = socket.create_connection(("127.0.0.1", port), timeout=10)
-        self.sock.sendall(f"GET /api/events/stream HTTP/1.1\r\nHost: localhost:{port}\r\n\r\n".encode())
+        request = f"GET {prefix}/api/events/stream HTTP/1.1\r\nHost: localhost:{port}\r\n\r\n"
+        self.sock.sendall(request.encode())
         self.buf = b""
         self.status = 0
         self.events: list[tuple[str, dict[str, Any]]] = []
@@ -530,7 +537,7 @@ class TinySse:
 
 
 def test_sse_names_tinyoffice_and_channels_listen_to(live: Live) -> None:
-    sse = TinySse(live.port)
+    sse = TinySse(live.url)
     try:
         connected = sse.wait_for("connected")  # the channels poll once on connect
         assert sse.status == 200 and isinstance(connected["timestamp"], int)
@@ -675,3 +682,22 @@ def test_tinyagi_api_port_is_honoured(tmp_path: Path) -> None:
         proc.wait(timeout=10)
         if proc.stderr:
             proc.stderr.close()
+
+
+def test_without_the_token_in_their_base_url_the_clients_are_refused(live: Live) -> None:
+    # The same calls at the bare address (as before issue 37) or with a wrong token in the base URL: 401,
+    # for the REST calls and the event stream alike, and nothing is queued.
+    bare = f"http://127.0.0.1:{live.port}"
+    wrong = tinyagi_base_url("127.0.0.1", live.port, "not-the-token")
+    before = live.rt.db.read_scalar("SELECT COUNT(*) FROM messages")
+    for base in (bare, wrong):
+        with httpx.Client(base_url=base, headers=JSON, timeout=10) as c:
+            assert c.get("/api/settings").status_code == 401
+            assert c.post("/api/message", json={"message": "sneak", "channel": "cli"}).status_code == 401
+        sse = TinySse(base)
+        try:
+            sse.pump(5)
+            assert sse.status == 401
+        finally:
+            sse.close()
+    assert live.rt.db.read_scalar("SELECT COUNT(*) FROM messages") == before

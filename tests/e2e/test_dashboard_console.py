@@ -19,7 +19,7 @@ import tomlkit
 
 from tests.channel_support import HoldingTelegram, Proc, count, free_port, open_home, telegram_env, wait_for
 from tests.fixtures import telegram_fake  # noqa: F401  (fixtures)
-from tests.web_support import CHROMIUM, CHROMIUM_ARGS, need_chromium
+from tests.web_support import CHROMIUM, CHROMIUM_ARGS, home_token, need_chromium, sign_in
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
 
@@ -126,9 +126,9 @@ def test_dashboard_as_a_user(tmp_path: Path, db_url: str, fake: HoldingTelegram)
                 page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
                 outside: list[str] = []
                 page.on("request", lambda r: None if r.url.startswith(url) else outside.append(r.url))
-                page.goto(url + "/")
+                sign_in(page, url, token=home_token(home))  # the link `agentpost up` prints
                 expect(page).to_have_title("agentpost")
-                # First paint from REST: never an "offline" flash, no token banner on a server without one.
+                # First paint from REST: never an "offline" flash, no token banner once signed in.
                 expect(page.locator("#conn")).not_to_have_text("offline")
                 expect(page.locator("#conn")).to_have_text("live")
                 expect(page.locator("#token-form")).to_be_hidden()
@@ -226,7 +226,9 @@ def test_dashboard_as_a_user(tmp_path: Path, db_url: str, fake: HoldingTelegram)
                 page.fill("#af-timeout", "900")
                 page.click("#af-save")
                 expect(page.locator("#agent-form")).to_be_hidden()
-                saved = httpx.get(url + "/api/settings").json()["agents"]["delta"]
+                saved = httpx.get(
+                    url + "/api/settings", headers={"Authorization": f"Bearer {home_token(home)}"}
+                ).json()["agents"]["delta"]
                 assert saved["permission_mode"] == "plan" and saved["timeout_seconds"] == 900
                 page.click("#team-add")
                 page.fill("#tf-id", "crew")
@@ -298,7 +300,7 @@ def test_dashboard_as_a_user(tmp_path: Path, db_url: str, fake: HoldingTelegram)
                 mobile = phone.new_page()
                 mobile.on("pageerror", lambda exc: errors.append(str(exc)))
                 mobile.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
-                mobile.goto(url + "/#ops")
+                sign_in(mobile, url, "#ops", token=home_token(home))
                 expect(mobile.locator("#conn")).to_have_text("live")
                 expect(mobile.locator("#dead-list li").first).to_be_visible()
                 _no_sideways_scroll(mobile)
@@ -339,7 +341,7 @@ def test_token_banner_only_when_the_server_asks_for_one(tmp_path: Path) -> None:
     )
     try:
         wait_for(lambda: _answers(url), 90, "the web process")
-        assert httpx.get(url + "/access").json() == {"tokenRequired": True}
+        assert httpx.get(url + "/access").json() == {"tokenRequired": True, "signedIn": False}
         with sync_playwright() as pw:
             browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
             try:

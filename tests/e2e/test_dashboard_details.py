@@ -32,6 +32,7 @@ from tests.web_support import (
     kill_until_dead,
     need_chromium,
     play_processor,
+    sign_in,
     wait_until,
 )
 
@@ -77,7 +78,7 @@ def dashboard(rt: Runtime, width: int = 1280) -> Iterator[tuple[LiveServer, Any,
         try:
             page = browser.new_page(viewport={"width": width, "height": 900})
             console = Console(page)
-            page.goto(live.url + "/")
+            sign_in(page, live.url)
             expect(page.locator("#conn")).to_have_text("live")
             yield live, page, console
             assert console.unexpected() == []

@@ -12,7 +12,7 @@ import pytest
 from shared.chat.address import ChatAddress
 from shared.runtime import Runtime
 from tests.e2e.test_dashboard_console import _need_chromium
-from tests.web_support import CHROMIUM, CHROMIUM_ARGS, LiveServer, home_runtime, play_processor
+from tests.web_support import CHROMIUM, CHROMIUM_ARGS, LiveServer, home_runtime, play_processor, sign_in
 
 pytestmark = pytest.mark.e2e
 
@@ -48,7 +48,7 @@ def test_long_history_is_paged_and_markdown_is_inert(rt: Runtime) -> None:
             errors: list[str] = []
             page.on("pageerror", lambda exc: errors.append(str(exc)))
             page.on("console", lambda msg: errors.append(msg.text) if msg.type == "error" else None)
-            page.goto(live.url + "/")
+            sign_in(page, live.url)
             page.locator("#conv-list .conv[data-conversation='web-long']").click()
             expect(page.locator("#chat-title")).to_have_text("Web chat")
 

@@ -24,7 +24,7 @@ from tests.fixtures import anthropic_api, cli_installed  # noqa: F401  (fixtures
 from tests.homes import open_home
 from tests.processor_support import make_home, run_idle
 from tests.usage_support import claude_tee, cli_env, own_cost, reported
-from tests.web_support import CHROMIUM, CHROMIUM_ARGS, free_port, web_process
+from tests.web_support import CHROMIUM, CHROMIUM_ARGS, free_port, sign_in, web_process
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
 
@@ -90,7 +90,7 @@ def test_costs_view_shows_each_agents_cost_today_and_who_is_over_budget(
             errors: list[str] = []
             page = browser.new_page(viewport={"width": 1280, "height": 900})
             _browser_errors(page, errors)
-            page.goto(url + "/#usage")
+            sign_in(page, url, "#usage")
             expect(page.locator("#view-usage")).to_be_visible()
 
             # Cost today per agent: exactly what the CLI reported for its runs, written as agentpost writes it.
@@ -126,7 +126,7 @@ def test_costs_view_shows_each_agents_cost_today_and_who_is_over_budget(
 
             phone = browser.new_page(viewport={"width": 390, "height": 844}, device_scale_factor=2)
             _browser_errors(phone, errors)
-            phone.goto(url + "/#usage")
+            sign_in(phone, url, "#usage")
             expect(phone.locator("#agent-cost tr[data-agent='coder'] td.today")).to_have_text(
                 usd(coder_today)
             )
@@ -139,7 +139,7 @@ def test_costs_view_shows_each_agents_cost_today_and_who_is_over_budget(
 
             # Accessibility, with the policy lifted only so the checker's script can be added.
             checked = browser.new_context(viewport={"width": 390, "height": 844}, bypass_csp=True).new_page()
-            checked.goto(url + "/#usage")
+            sign_in(checked, url, "#usage")
             expect(checked.locator("#over-list li")).to_have_count(1)
             assert _axe(checked) == []
         finally:
@@ -159,7 +159,7 @@ def test_costs_view_says_when_no_run_is_recorded_yet(tmp_path: Path, sqlite_url:
             errors: list[str] = []
             page = browser.new_page(viewport={"width": 1280, "height": 900})
             _browser_errors(page, errors)
-            page.goto(f"http://127.0.0.1:{port}/")
+            sign_in(page, f"http://127.0.0.1:{port}")
             expect(page.locator("#over-badge")).to_be_hidden()
             page.click(".tab[data-view='usage']")
             expect(page.locator("#usage-empty")).to_be_visible()

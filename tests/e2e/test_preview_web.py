@@ -18,7 +18,7 @@ from tests.channel_support import Proc, run_cli
 from tests.fakes.anthropic_api import Chunked, FakeAnthropic
 from tests.fixtures import anthropic_api, cli_installed  # noqa: F401  (fixtures)
 from tests.liveness_support import claude_home, cli_env
-from tests.web_support import SseReader, free_port, web_process
+from tests.web_support import SseReader, auth_headers, free_port, web_process
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
 
@@ -40,6 +40,7 @@ def test_event_stream_shows_the_reply_growing_then_one_final(tmp_path: Path, api
             posted = httpx.post(
                 f"http://127.0.0.1:{port}/api/message",
                 json={"channel": "web", "sender": "ann", "message": "tell me slowly"},
+                headers=auth_headers(port),
                 timeout=10,
             )
             assert posted.status_code == 201, posted.text

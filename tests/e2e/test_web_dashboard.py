@@ -19,6 +19,7 @@ from tests.web_support import (
     kill_until_dead,
     need_chromium,
     play_processor,
+    sign_in,
     wait_until,
 )
 
@@ -46,7 +47,7 @@ def test_dashboard_chat_reply_and_dead_letter_retry(rt: Runtime) -> None:
             errors: list[str] = []
             page.on("pageerror", lambda exc: errors.append(str(exc)))
             page.on("console", lambda msg: errors.append(msg.text) if msg.type == "error" else None)
-            page.goto(live.url + "/")
+            sign_in(page, live.url)
 
             # The dashboard loads: the live stream connected, the agents, the dead letter listed.
             expect(page).to_have_title("agentpost")

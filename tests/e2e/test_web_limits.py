@@ -26,7 +26,7 @@ from websockets.sync.client import connect
 
 from tests.channel_support import Proc, channel_home, whatsapp_env
 from tests.fakes.whatsapp_api import FakeWhatsApp
-from tests.web_support import free_port, make_home, wait_until, web_process
+from tests.web_support import auth_headers, free_port, make_home, wait_until, web_process
 
 pytestmark = pytest.mark.e2e
 
@@ -247,7 +247,8 @@ def open_streams(port: int, count: int) -> Iterator[list[socket.socket]]:
     try:
         for _ in range(count):
             sock = open_socket(port)
-            sock.sendall(f"GET /api/events/stream HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\r\n".encode())
+            auth = "".join(f"{k}: {v}\r\n" for k, v in auth_headers(port).items())
+            sock.sendall(f"GET /api/events/stream HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n{auth}\r\n".encode())
             head = b""
             while b"\r\n\r\n" not in head:
                 head += sock.recv(4096)
@@ -265,19 +266,28 @@ def test_past_the_connection_cap_requests_get_503(home: Path) -> None:
     with web_process(home, port):
         # Up to the cap (the request's own connection included) everything is served.
         with open_streams(port, MAX_CONNECTIONS - 1):
-            assert httpx.get(f"{url}/api/queue/status", timeout=5).status_code == 200
+            assert (
+                httpx.get(f"{url}/api/queue/status", headers=auth_headers(port), timeout=5).status_code == 200
+            )
         with open_streams(port, MAX_CONNECTIONS) as streams:
-            r = httpx.get(f"{url}/api/queue/status", timeout=5)
+            r = httpx.get(f"{url}/api/queue/status", headers=auth_headers(port), timeout=5)
             assert r.status_code == 503, r.text
             assert r.headers["retry-after"] == "5"
             assert "too many open connections" in r.json()["error"]
             with pytest.raises(InvalidStatus) as refused:
-                connect(f"ws://127.0.0.1:{port}/api/events/ws", open_timeout=5)
+                connect(
+                    f"ws://127.0.0.1:{port}/api/events/ws",
+                    open_timeout=5,
+                    additional_headers=auth_headers(port),
+                )
             assert refused.value.response.status_code == 503
             streams.pop().close()
 
             def served() -> bool:
-                return httpx.get(f"{url}/api/queue/status", timeout=5).status_code == 200
+                return (
+                    httpx.get(f"{url}/api/queue/status", headers=auth_headers(port), timeout=5).status_code
+                    == 200
+                )
 
             wait_until(served, 5, "a request to be served once a connection closed")
 

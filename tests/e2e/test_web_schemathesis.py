@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.web_support import free_port, make_home, web_process
+from tests.web_support import free_port, make_home, token_of, web_process
 
 pytestmark = pytest.mark.e2e
 
@@ -41,6 +41,9 @@ def test_schemathesis_finds_no_server_errors(tmp_path: Path) -> None:
                 "--exclude-path-regex",
                 "^/api/(tasks|projects|custom-providers)$",
                 "--no-color",
+                # The token, as the CLI and `agentpost up` read it from the home.
+                "--header",
+                f"Authorization: Bearer {token_of(port)}",
             ],
             cwd=tmp_path,
             capture_output=True,

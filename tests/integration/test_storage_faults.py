@@ -46,6 +46,7 @@ from tests.web_support import (
     REPO,
     LiveServer,
     SseReader,
+    auth_headers,
     make_home,
     runtime_for,
     wait_until,
@@ -103,7 +104,10 @@ def test_web_answers_503_within_seconds_under_a_held_lock_and_loses_nothing(tmp_
     home = make_home(tmp_path)
     port = free_port()
     db_file = home / "agentpost.db"
-    with web_process(home, port) as proc, httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60) as c:
+    with (
+        web_process(home, port) as proc,
+        httpx.Client(base_url=f"http://127.0.0.1:{port}", headers=auth_headers(port), timeout=60) as c,
+    ):
         accepted = [
             c.post("/api/message", json={"message": f"before {i}"}).json()["messageId"] for i in range(3)
         ]
@@ -390,7 +394,12 @@ def test_websocket_ack_under_a_held_lock_is_an_error_frame_and_the_socket_stays(
     rt = runtime_for(home)
     rt.events.append("t", "tick", {"n": 1})
     try:
-        with LiveServer(rt) as live, connect(f"ws://127.0.0.1:{live.port}/api/events/ws") as ws:
+        with (
+            LiveServer(rt) as live,
+            connect(
+                f"ws://127.0.0.1:{live.port}/api/events/ws", additional_headers=auth_headers(live.port)
+            ) as ws,
+        ):
             ack = json.dumps({"type": "queue_ack", "topic": "t", "cursor": "1", "consumer": "dash"})
             with write_lock(home / "agentpost.db"):
                 started = time.monotonic()

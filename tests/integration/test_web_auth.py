@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import stat
 from pathlib import Path
 
 import httpx
 import pytest
 
-from shared.runtime import Runtime
+from shared.api_token import read_token_file, token_path
 from tests.web_support import (
     LiveServer,
     assert_refused,
@@ -29,13 +30,47 @@ def test_no_wildcard_cors(api_client: httpx.Client) -> None:
     assert "access-control-allow-origin" not in r.headers
 
 
-def test_foreign_host_header_refused_without_token(api_client: httpx.Client, api_rt: Runtime) -> None:
-    # DNS rebinding: a page on evil.example resolving to 127.0.0.1 sends Host: evil.example.
-    before = snapshot(api_rt)
-    r = api_client.post("/api/message", json={"message": "rebind"}, headers={"Host": "evil.example:3777"})
-    assert_refused(r, 403, "loopback")
-    assert api_client.get("/api/queue/status", headers={"Host": "localhost:3777"}).status_code == 200
-    assert snapshot(api_rt) == before
+def test_loopback_asks_for_a_token_by_default(tmp_path: Path) -> None:
+    # Issue 37: an agent's command on this machine could PUT /api/settings with no token and turn its own
+    # sandbox off. Now a home with no token set gets one, and the API asks for it on 127.0.0.1 too.
+    home = make_home(tmp_path)
+    runtime = runtime_for(home)
+    try:
+        with LiveServer(runtime) as live:
+            path = token_path(home)
+            assert stat.S_IMODE(path.stat().st_mode) == 0o600
+            assert read_token_file(path) == live.token and len(live.token) >= 40
+            before = snapshot(runtime)
+            with live.client("") as anon:
+                assert_refused(anon.get("/api/queue/status"), 401, "token")
+                patch = {"processor": {"sandbox": "none"}}
+                assert_refused(anon.put("/api/settings", json=patch), 401, "token")
+                assert anon.get("/access").json() == {"tokenRequired": True, "signedIn": False}
+            assert snapshot(runtime) == before
+            with live.client() as c:  # the token from the file, as the CLI reads it
+                assert c.get("/api/queue/status").status_code == 200
+    finally:
+        runtime.close()
+
+
+def test_open_loopback_only_when_asked_for_and_only_for_loopback_hosts(tmp_path: Path) -> None:
+    # The one way back to a token-less API: no token, and allow_open_loopback = true.
+    home = make_home(tmp_path, extra="\n[api]\nallow_open_loopback = true\n")
+    runtime = runtime_for(home)
+    try:
+        with LiveServer(runtime) as live, live.client() as anon:
+            assert live.token == "" and not token_path(home).exists()
+            assert anon.get("/api/queue/status").status_code == 200
+            # DNS rebinding: a page on evil.example resolving to 127.0.0.1 sends Host: evil.example.
+            before = snapshot(runtime)
+            r = anon.post("/api/message", json={"message": "rebind"}, headers={"Host": "evil.example:3777"})
+            assert_refused(r, 403, "loopback")
+            assert anon.get("/api/queue/status", headers={"Host": "localhost:3777"}).status_code == 200
+            assert snapshot(runtime) == before
+            # A token prefix names a token this server does not have.
+            assert_refused(anon.get("/t/anything/api/queue/status"), 401, "token")
+    finally:
+        runtime.close()
 
 
 def test_bearer_token_required_on_every_api_route(tmp_path: Path) -> None:
@@ -54,6 +89,7 @@ def test_bearer_token_required_on_every_api_route(tmp_path: Path) -> None:
             ]
             assert len(routes) >= 18
             before = snapshot(runtime)
+            assert not token_path(runtime.settings.home).exists()  # the environment's token is the one
             with httpx.Client(base_url=live.url, timeout=5) as anon:
                 for method, path in routes:
                     for headers in (

@@ -18,7 +18,7 @@ from websockets.sync.client import ClientConnection, connect
 from shared.events.entries import MAX_CURSOR
 from shared.events.log import PendingEvent, append_events
 from shared.runtime import Runtime
-from tests.web_support import LiveServer, SseReader, home_runtime
+from tests.web_support import LiveServer, SseReader, auth_headers, home_runtime
 
 pytestmark = pytest.mark.integration
 
@@ -92,7 +92,9 @@ def _recv(ws: ClientConnection) -> dict[str, object]:
 
 def test_websocket_answers_an_error_frame_and_stays_open(rt: Runtime, live: LiveServer) -> None:
     append(rt, 1)
-    with connect(f"ws://127.0.0.1:{live.port}/api/events/ws") as ws:
+    with connect(
+        f"ws://127.0.0.1:{live.port}/api/events/ws", additional_headers=auth_headers(live.port)
+    ) as ws:
         for bad in [*BAD_CURSORS, 2**63, -1]:  # as strings and as JSON numbers
             ws.send(json.dumps({"type": "queue_subscribe", "topic": "t", "afterCursor": bad}))
             answer = _recv(ws)

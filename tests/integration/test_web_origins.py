@@ -18,7 +18,7 @@ from websockets.exceptions import InvalidStatus
 from websockets.sync.client import ClientConnection, connect
 
 from shared.settings.model import SettingsError, load_settings
-from tests.web_support import free_port, make_home, web_process
+from tests.web_support import free_port, make_home, token_of, web_process
 
 pytestmark = pytest.mark.integration
 
@@ -26,7 +26,7 @@ ALLOWED = "https://office.example.com"
 FOREIGN = ["https://evil.example", "http://127.0.0.1:1", "null", "https://office.example.com.evil.example"]
 
 
-@pytest.fixture(params=["", "tok-origins"], ids=["no-token", "token"])
+@pytest.fixture(params=["", "tok-origins"], ids=["file-token", "env-token"])
 def server(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[str, int, str]]:
     token: str = request.param
     port = free_port()
@@ -34,7 +34,8 @@ def server(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[str
     if token:
         env["AGENTPOST_API_TOKEN"] = token
     with web_process(make_home(tmp_path), port, **env):
-        yield f"http://127.0.0.1:{port}", port, token
+        # Without AGENTPOST_API_TOKEN the web process made one in the home, as `agentpost up` would.
+        yield f"http://127.0.0.1:{port}", port, token_of(port)
 
 
 def auth(token: str) -> dict[str, str]:
@@ -138,7 +139,7 @@ def test_own_and_allowed_origins_and_no_origin_are_served(server: tuple[str, int
 
 
 def test_preflight_from_an_allowed_origin(server: tuple[str, int, str]) -> None:
-    url, _, token = server
+    url, _, _ = server
     r = httpx.options(
         f"{url}/api/message",
         headers={
@@ -157,7 +158,7 @@ def test_preflight_from_an_allowed_origin(server: tuple[str, int, str]) -> None:
     assert "access-control-allow-credentials" not in r.headers
     # The preflight carries no token and reveals nothing; the request itself still needs one.
     r = httpx.post(f"{url}/api/message", json={"message": "no token"}, headers={"Origin": ALLOWED}, timeout=5)
-    assert r.status_code == (401 if token else 201)
+    assert r.status_code == 401
     assert r.headers["access-control-allow-origin"] == ALLOWED  # so the page can read why
 
 

@@ -14,7 +14,7 @@ import pytest
 from shared.chat.address import ChatAddress
 from shared.file_access import chat_upload_dir
 from shared.runtime import Runtime
-from tests.web_support import free_port, make_home, runtime_for, web_process
+from tests.web_support import auth_headers, free_port, make_home, runtime_for, web_process
 
 pytestmark = pytest.mark.integration
 
@@ -35,7 +35,7 @@ def setup(tmp_path: Path) -> Iterator[tuple[str, Runtime]]:
 
 def post(url: str, files: list[str], *, agent: str = "alpha", conversation: str = CHAT) -> httpx.Response:
     body = {"channel": "web", "message": "here", "agent": agent, "conversation": conversation, "files": files}
-    return httpx.post(f"{url}/api/responses", json=body, timeout=10)
+    return httpx.post(f"{url}/api/responses", json=body, headers=auth_headers(url), timeout=10)
 
 
 def responses(rt: Runtime) -> list[dict[str, object]]:

@@ -18,7 +18,15 @@ from websockets.sync.client import connect
 from adapters.web.stream import StreamLimits
 from shared.events.log import PendingEvent, append_events
 from shared.runtime import Runtime
-from tests.web_support import LiveServer, SseReader, home_runtime, make_home, runtime_for, wait_until
+from tests.web_support import (
+    LiveServer,
+    SseReader,
+    auth_headers,
+    home_runtime,
+    make_home,
+    runtime_for,
+    wait_until,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -163,7 +171,12 @@ def test_slow_client_is_bounded_cut_off_and_resumes(rt: Runtime) -> None:
 
 def test_websocket_protocol(rt: Runtime) -> None:
     bulk_append(rt, "t", 1, 3)
-    with LiveServer(rt) as live, connect(f"ws://127.0.0.1:{live.port}/api/events/ws") as ws:
+    with (
+        LiveServer(rt) as live,
+        connect(
+            f"ws://127.0.0.1:{live.port}/api/events/ws", additional_headers=auth_headers(live.port)
+        ) as ws,
+    ):
 
         def recv() -> dict[str, object]:
             data = json.loads(ws.recv(timeout=5))
@@ -223,10 +236,11 @@ def test_websocket_requires_token_when_set(tmp_path: Path) -> None:
         runtime.close()
 
 
-def test_websocket_without_token_answers_only_loopback_hosts(rt: Runtime) -> None:
-    # The same rule as every /api route: a page of another site reaching us through DNS rebinding names
-    # its own host in the handshake, and is refused.
-    with LiveServer(rt) as live:
+def test_websocket_without_token_answers_only_loopback_hosts(tmp_path: Path) -> None:
+    # With open loopback (no token, allow_open_loopback), the same rule as every /api route: a page of
+    # another site reaching us through DNS rebinding names its own host in the handshake, and is refused.
+    rt = runtime_for(make_home(tmp_path, extra="\n[api]\nallow_open_loopback = true\n"))
+    with rt, LiveServer(rt) as live:
         with socket.create_connection(("127.0.0.1", live.port)) as sock, pytest.raises(InvalidStatus) as info:
             connect(f"ws://rebound.example:{live.port}/api/events/ws", sock=sock)
         assert info.value.response.status_code == 403

@@ -842,7 +842,8 @@ function wire() {
 async function begin() {
   try {
     const access = await fetch("/access").then((r) => r.json());
-    if (access.tokenRequired && !state.token) { showTokenForm(""); return; }
+    // Signed in through the link `agentpost up` prints: the cookie goes with every request by itself.
+    if (access.tokenRequired && !state.token && !access.signedIn) { showTokenForm(""); return; }
     state.info = await api("GET", "/api/console");
     await loadAgents();
   } catch (e) {
