@@ -16,7 +16,9 @@ from scheduler import audit as audit_mod
 from scheduler import dlq, process_plan, supervise
 from scheduler.config import load_scheduler_config
 from scheduler.migrate import MigrationError, migrate
+from shared import api_token
 from shared.cli.main import JsonFlag, console, err_console, fail, print_json, queue_app, runtime
+from shared.cli.token import token_command
 from shared.settings.model import SettingsError, default_home, load_settings
 
 dlq_app = typer.Typer(
@@ -243,6 +245,11 @@ def up_command() -> None:
     except SettingsError as exc:
         raise fail(str(exc), 2) from None
     settings.home.mkdir(parents=True, exist_ok=True)
+    try:
+        # Made here when missing (the web process would make it too) so the sign-in link can be printed.
+        token = api_token.ensure(settings)
+    except SettingsError as exc:
+        raise fail(str(exc), 2) from None
     plan = process_plan.plan_processes(settings, os.environ)
     p = supervise.paths(settings.home)
     port = supervise.web_port(settings, os.environ)
@@ -270,11 +277,29 @@ def up_command() -> None:
         console.print("dashboard: not available (the web adapter is not installed)")
     elif outcome.ready("web"):
         console.print(f"dashboard: [bold]http://{settings.api.host}:{port}/[/]")
+        _print_sign_in(settings.api.host, port, token)
     if plan.missing or plan.providers:
         console.print("not running, and what to do about it:")
         for note in [*plan.missing, *plan.providers]:
             console.print(f"  - {escape(note)}")
     _report_failed(outcome, p)
+
+
+def _print_sign_in(host: str, port: int, token: api_token.ApiToken) -> None:
+    """The dashboard's sign-in link (it holds the token: a browser that opens it is signed in), or why the
+    API asks for none."""
+    if not token.required:
+        console.print(
+            "API: open to every program on this machine, agents included (api.allow_open_loopback); "
+            "`agentpost doctor` says how to close it",
+            highlight=False,
+        )
+        return
+    link = api_token.sign_in_link(host, port, token.value)
+    console.print(f"sign in: [bold]{escape(link)}[/] (opens the dashboard signed in; keep it to yourself)")
+    console.print(
+        "  `agentpost token` shows it again, and the base URL for TinyAGI's clients", highlight=False
+    )
 
 
 def _report_failed(outcome: supervise.Outcome, p: supervise.Paths) -> None:
@@ -383,3 +408,5 @@ def register(app: typer.Typer) -> None:
     app.command("status")(status_command)
     app.command("down")(down_command)
     app.command("restart")(restart_command)
+    # With `up`, which prints the same link: the operator's way back to it.
+    app.command("token")(token_command)

@@ -78,6 +78,11 @@ def env_file(p: Paths, name: str) -> Path:
 #: only its own: the rest are removed from what supervisord hands it, since supervisord's environment is
 #: the whole shell of the first `up`, every secret included.
 WITHHELD_PREFIXES = (*COMMON_PREFIXES, *PROVIDER_PREFIXES, *(f"{c.upper()}_" for c in CHANNEL_ENV))
+#: Variables of a common prefix that only one process may hold. The API token lets whoever holds it drive
+#: the management API (turn an agent's sandbox off, add agents), so it goes to the web process alone: the
+#: processor's agents and the channels never see it. (The web process finds the home's token file itself
+#: when the variable is not set.)
+OWN_VARIABLES = {"AGENTPOST_API_TOKEN": "web"}
 
 
 def withheld_from(programs: list[Program]) -> tuple[list[str], list[str]]:
@@ -99,7 +104,11 @@ def env_spec(
     other processes' variables, see :func:`withheld_from`)."""
     managed = tuple(prog.env_prefixes)
     names = sorted(set(prog.env_names))
-    values = {k: v for k, v in sorted(env.items()) if k.startswith(managed) or k in names}
+    values = {
+        k: v
+        for k, v in sorted(env.items())
+        if (k.startswith(managed) or k in names) and OWN_VARIABLES.get(k, prog.name) == prog.name
+    }
     values["AGENTPOST_HOME"] = str(p.home)
     return {
         "prefixes": sorted({*managed, *withheld[0]}),

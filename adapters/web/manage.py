@@ -28,6 +28,7 @@ from shared.reads import api_views
 from shared.settings import edit as settings_edit
 from shared.settings.model import Settings, SettingsError
 from shared.settings.routing import is_valid_name
+from shared.settings.workspace_owner import refuse_foreign_workspaces
 from shared.storage.db import Database
 from shared.storage.statuses import PairingStatus
 
@@ -145,6 +146,13 @@ async def remove(web: WebState, fn: Callable[[Settings, str], Any], what: str, n
     return Ok(ok=True)
 
 
+def _own_workspaces(web: WebState) -> settings_edit.Vet:
+    """The check of an edit that may add agents or move workspaces: none may get a folder that belongs to
+    another user (the processor would hand it to the agent; see :mod:`shared.settings.workspace_owner`)."""
+    before = web.settings
+    return lambda after: refuse_foreign_workspaces(before, after)
+
+
 def _reloaded(web: WebState) -> Settings:
     web.runtime.refresh_settings(force=True)
     return web.settings
@@ -168,7 +176,9 @@ async def get_settings(web: Web) -> dict[str, Any]:
 async def put_settings(patch: dict[str, Any], web: Web) -> SettingsSaved:
     check_ids("agent", patch.get("agents"))
     check_ids("team", patch.get("teams"))
-    settings = await edit(web, settings_edit.merge_settings, stored_settings_patch(patch))
+    settings = await edit(
+        web, settings_edit.merge_settings, stored_settings_patch(patch), vet=_own_workspaces(web)
+    )
     public = await web.run(settings_edit.public_settings, settings)
     return SettingsSaved(ok=True, settings=tinyagi_settings(public, settings))
 
@@ -211,7 +221,7 @@ async def save_agent(agent: NewId, body: AgentIn, web: Web) -> AgentSaved:
             "workspace": body.working_directory,
         }
     )
-    settings = await edit(web, settings_edit.put_agent, agent, values)
+    settings = await edit(web, settings_edit.put_agent, agent, values, vet=_own_workspaces(web))
     if body.heartbeat is not None:
         settings = await save_heartbeat_settings(web, agent, body.heartbeat)
     return AgentSaved(ok=True, agent=agent_out(settings, agent, settings.agents[agent]))

@@ -15,6 +15,7 @@ from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Literal
 
+from shared import api_token
 from shared.private_files import loose_modes, sqlite_files
 from shared.settings.model import AgentSettings, Settings, SettingsError, load_settings
 from shared.storage.dialect import sqlite_path
@@ -213,14 +214,18 @@ def check_channel_health(settings: Settings) -> list[Check]:
 def check_security(settings: Settings) -> list[Check]:
     found: list[Check] = []
     host = settings.api.host
-    if not is_loopback(host) and not settings.api.token:
+    try:
+        open_api = api_token.resolve(settings).source is api_token.Source.OPEN
+    except SettingsError:
+        open_api = False  # an unreadable token file: the API token check says so
+    if not is_loopback(host) and open_api:
         found.append(
             Check(
                 "security",
                 "web API address",
                 "fail",
                 f"listening on {host} without a token: anyone who can reach it can run your agents",
-                'set AGENTPOST_API_TOKEN, or api.host = "127.0.0.1"',
+                'remove api.allow_open_loopback (a token is then made), or set api.host = "127.0.0.1"',
             )
         )
     elif not is_loopback(host):
@@ -237,6 +242,7 @@ def check_security(settings: Settings) -> list[Check]:
         found.append(
             Check("security", "web API address", "ok", f"loopback only ({host}:{settings.api.port})")
         )
+    found.append(check_api_token(settings))
     found += check_file_modes(settings)
     root = hasattr(os, "geteuid") and os.geteuid() == 0
     for name, agent in sorted(settings.agents.items()):
@@ -281,10 +287,37 @@ def _root_bypass(settings: Settings, name: str, agent: AgentSettings) -> Check:
     )
 
 
+def check_api_token(settings: Settings) -> Check:
+    """Whether the management API asks for a token: an agent's commands run on this machine, and without
+    one they could turn their own sandbox off through it."""
+    try:
+        token = api_token.resolve(settings)
+    except SettingsError as exc:
+        return Check("security", "API token", "fail", str(exc), exc.fix)
+    if token.source is api_token.Source.OPEN:
+        return Check(
+            "security",
+            "API token",
+            "warn",
+            "the API asks for no token (api.allow_open_loopback = true): every program on this machine, "
+            "agents' commands included, can change settings (an agent's sandbox too), add agents and read "
+            "every conversation",
+            "remove api.allow_open_loopback from settings.toml and run `agentpost restart web`: a token is "
+            "made, and `agentpost token` prints the dashboard's sign-in link",
+        )
+    if token.source is api_token.Source.MISSING:
+        detail = "the API asks for a token (made in api-token at the web process's first start)"
+    elif token.source is api_token.Source.FILE:
+        detail = f"the API asks for a token (in {token.path})"
+    else:
+        detail = f"the API asks for a token (from {token.source.value})"
+    return Check("security", "API token", "ok", detail)
+
+
 def check_file_modes(settings: Settings) -> list[Check]:
     """The home folder, settings, database and archives must be private to the service user."""
     home = settings.home
-    paths = [home, settings.path, home / "dlq", home / "logs", home / "files"]
+    paths = [home, settings.path, api_token.token_path(home), home / "dlq", home / "logs", home / "files"]
     if settings.database_url.startswith("sqlite"):
         paths += sqlite_files(Path(sqlite_path(settings.database_url)))
     paths += sorted((home / "dlq").glob("*.jsonl")) if (home / "dlq").is_dir() else []

@@ -26,6 +26,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
+from shared import api_token
 from shared.chat.address import ChatAddress
 from shared.cli.chat import CLI_CHANNEL
 from shared.private_files import not_dumpable, private_umask
@@ -132,6 +133,15 @@ def init(force: Annotated[bool, typer.Option(help="Overwrite an existing setting
     with runtime() as rt:
         console.print(f"wrote [bold]{path}[/]")
         console.print(f"database: {rt.settings.database_url}")
+        try:
+            token = api_token.ensure(rt.settings)
+        except SettingsError as exc:
+            raise fail(str(exc)) from None
+        if token.source is api_token.Source.FILE:
+            # The web API asks for it on loopback too; `agentpost up` prints the dashboard's sign-in link.
+            console.print(
+                f"API token: {token.path} (only you can read it; `agentpost token` shows how to use it)"
+            )
 
 
 @app.command()

@@ -34,19 +34,27 @@ _SECRET_KEY = re.compile(r"(token|secret|password|passwd|api_?key|private|creden
 _URL_PASSWORD = re.compile(r"(://[^:/@]+:)[^@]+@")
 
 
-def edit_settings(home: Path, change: Callable[[TOMLDocument], None]) -> Path:
-    """Apply ``change`` to ``home``'s settings.toml (comments kept), validate the result, then replace the
-    file atomically. Raises :class:`SettingsError` (file untouched) when the result would be invalid."""
+#: A further check of an edit's result (its settings as every process would read them), run before the file
+#: is written: raises :class:`SettingsError` to refuse the edit.
+Vet = Callable[[Settings], None]
+
+
+def edit_settings(home: Path, change: Callable[[TOMLDocument], None], vet: Vet | None = None) -> Path:
+    """Apply ``change`` to ``home``'s settings.toml (comments kept), validate the result (and ``vet`` it),
+    then replace the file atomically. Raises :class:`SettingsError` (file untouched) when the result would
+    be invalid or ``vet`` refuses it."""
     path = home / SETTINGS_FILE
     text = path.read_text(encoding="utf-8") if path.exists() else ""
     doc = tomlkit.parse(text)
     change(doc)
     new_text = tomlkit.dumps(doc)
     try:
-        parse_settings(home, path, new_text, dict(os.environ))
+        result = parse_settings(home, path, new_text, dict(os.environ))
     except SettingsError as exc:
         problems = "; ".join(exc.problems) or str(exc)
         raise SettingsError(f"the change would make {path} invalid: {problems}", fix=exc.fix) from None
+    if vet is not None:
+        vet(result)
     home.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{SETTINGS_FILE}.{os.getpid()}.tmp")
     tmp.write_text(new_text, encoding="utf-8")
@@ -74,9 +82,9 @@ def _entry(values: Mapping[str, Any]) -> TomlTable:
     return entry
 
 
-def put_agent(settings: Settings, agent: str, values: Mapping[str, Any]) -> Path:
+def put_agent(settings: Settings, agent: str, values: Mapping[str, Any], *, vet: Vet | None = None) -> Path:
     """Create or replace ``[agents.<agent>]`` with ``values`` (empty values left out). Raises
-    :class:`SettingsError` when a team has that name or the result would be invalid."""
+    :class:`SettingsError` when a team has that name or the result would be invalid (or ``vet`` refuses it)."""
     if agent in settings.teams:
         raise SettingsError(f"{agent!r} is a team; an agent cannot have the same id")
     implicit_default = settings.queue.default_agent
@@ -91,7 +99,7 @@ def put_agent(settings: Settings, agent: str, values: Mapping[str, Any]) -> Path
             agents[implicit_default] = default
         agents[agent] = _entry(values)
 
-    return edit_settings(settings.home, change)
+    return edit_settings(settings.home, change, vet)
 
 
 def remove_agent(settings: Settings, agent: str) -> Path:
@@ -146,10 +154,10 @@ def remove_team(settings: Settings, team: str) -> Path:
     return edit_settings(settings.home, change)
 
 
-def merge_settings(settings: Settings, patch: Mapping[str, Any]) -> Path:
+def merge_settings(settings: Settings, patch: Mapping[str, Any], *, vet: Vet | None = None) -> Path:
     """Merge ``patch`` (nested tables, as read from JSON) into settings.toml: tables are merged key by key,
     other values replaced, ``null`` removes a key. A value equal to ``"***"`` (a redacted secret sent back
-    as it was shown) leaves the stored secret as it is."""
+    as it was shown) leaves the stored secret as it is. ``vet``: see :func:`edit_settings`."""
 
     def merge(table: Any, changes: Mapping[str, Any]) -> None:
         for key, value in changes.items():
@@ -175,7 +183,7 @@ def merge_settings(settings: Settings, patch: Mapping[str, Any]) -> Path:
         json.dumps(patch, ensure_ascii=False).encode("utf-8")
     except (UnicodeError, ValueError) as exc:
         raise SettingsError(f"the change holds text that cannot be stored: {exc}") from None
-    return edit_settings(settings.home, change)
+    return edit_settings(settings.home, change, vet)
 
 
 def public_settings(settings: Settings) -> dict[str, Any]:

@@ -25,7 +25,7 @@ def test_doctor_reports_missing_token_cli_and_unsafe_address(tmp_path: Path) -> 
     home = tmp_path / "home"
     home.mkdir()
     (home / "settings.toml").write_text(
-        '[api]\nhost = "0.0.0.0"\n[agents.assistant]\nprovider = "codex"\n'
+        '[api]\nhost = "0.0.0.0"\nallow_open_loopback = true\n[agents.assistant]\nprovider = "codex"\n'
         '[agents.helper]\nprovider = "command"\ncommand = ["/nonexistent/agent-cli"]\n'
     )
     proc = run(home, "doctor", "--json", PATH="/usr/bin:/bin", AGENTPOST_CODEX_BIN="")
@@ -33,7 +33,10 @@ def test_doctor_reports_missing_token_cli_and_unsafe_address(tmp_path: Path) -> 
     found = {(c["area"], c["name"]): c for c in json.loads(proc.stdout)}
     assert found[("settings", "settings.toml")]["level"] == "ok"
     assert found[("security", "web API address")]["level"] == "fail"
-    assert "AGENTPOST_API_TOKEN" in found[("security", "web API address")]["fix"]
+    assert "allow_open_loopback" in found[("security", "web API address")]["fix"]
+    # The open API is the one way back to no token, and doctor warns about it.
+    assert found[("security", "API token")]["level"] == "warn"
+    assert "allow_open_loopback" in found[("security", "API token")]["detail"]
     assert found[("agents", "agent assistant (codex)")]["level"] == "fail"
     assert "codex" in found[("agents", "agent assistant (codex)")]["detail"]
     assert found[("agents", "agent helper (command)")]["level"] == "fail"
@@ -58,6 +61,13 @@ def test_doctor_is_clean_for_a_safe_setup_and_flags_a_dead_channel(tmp_path: Pat
     )
     clean = run(home, "doctor", "--json")
     assert clean.returncode == 0, clean.stdout
+    # `init` made the API token, in a file only this user may read.
+    checks = {(c["area"], c["name"]): c for c in json.loads(clean.stdout)}
+    assert checks[("security", "API token")]["level"] == "ok"
+    assert "asks for a token" in checks[("security", "API token")]["detail"]
+    assert (home / "api-token").stat().st_mode & 0o777 == 0o600
+    text = run(home, "doctor").stdout
+    assert "the API asks for a token" in text
     broken = run(home, "doctor", "--json", TELEGRAM_BOT_TOKEN="t", TELEGRAM_API_BASE_URL="http://127.0.0.1:9")
     found = {(c["area"], c["name"]): c for c in json.loads(broken.stdout)}
     assert broken.returncode == 1 and "unreachable" in found[("channels", "telegram")]["detail"]

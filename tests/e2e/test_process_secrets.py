@@ -45,6 +45,7 @@ def test_each_process_under_up_holds_only_its_own_secrets(home: Path) -> None:
                 "ANTHROPIC_API_KEY": PROVIDER_KEY,
                 "AWS_SECRET_ACCESS_KEY": AWS_SECRET,
                 "WHATSAPP_APP_SECRET": "secret-of-a-channel-not-started",
+                "AGENTPOST_API_TOKEN": API_TOKEN,
             },
         )
         out = run_cli(home, "up", env=env, check=False, timeout=UP_TIMEOUT)
@@ -64,6 +65,12 @@ def test_each_process_under_up_holds_only_its_own_secrets(home: Path) -> None:
     assert seen["processor"]["AWS_SECRET_ACCESS_KEY"] == AWS_SECRET
     for name in ("telegram", "web", "scheduler"):
         assert "ANTHROPIC_API_KEY" not in seen[name] and "AWS_SECRET_ACCESS_KEY" not in seen[name], name
+    # The API token is the web process's alone: an agent run by the processor could otherwise use it to
+    # drive the management API (issue 37). `up` prints the dashboard's sign-in link with it.
+    assert seen["web"]["AGENTPOST_API_TOKEN"] == API_TOKEN
+    for name in ("processor", "scheduler", "telegram"):
+        assert "AGENTPOST_API_TOKEN" not in seen[name], name
+    assert f"/signin#{API_TOKEN}" in out.stdout
     # A token of a channel that is not running reaches nobody.
     assert "whatsapp" not in seen and all("WHATSAPP_APP_SECRET" not in e for e in seen.values())
     # Every process still has what every process reads.
