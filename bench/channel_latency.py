@@ -56,6 +56,7 @@ import httpx  # noqa: E402
 import tomlkit  # noqa: E402
 from measure import spread  # noqa: E402
 
+from shared.api_token import read_token_file, token_path  # noqa: E402
 from shared.runtime import Runtime, open_runtime  # noqa: E402
 from tests.fakes.telegram_api import FakeTelegram, _Handler  # noqa: E402
 from tests.fakes.whatsapp_api import FakeWhatsApp, signed_webhook, text_message_payload  # noqa: E402
@@ -185,11 +186,12 @@ def run_telegram(root: Path, home: Path, rt: Runtime, n: int, warmup: int) -> li
 class _Stream:
     """An SSE client in a thread: the arrival time (epoch ms) of each ``message:done`` per message id."""
 
-    def __init__(self, port: int) -> None:
+    def __init__(self, port: int, token: str) -> None:
         self.done: dict[str, float] = {}
         self._sock = socket.create_connection(("127.0.0.1", port))
         request = (
-            f"GET /api/events/stream HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nAccept: text/event-stream\r\n\r\n"
+            f"GET /api/events/stream HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nAccept: text/event-stream\r\n"
+            f"Authorization: Bearer {token}\r\n\r\n"
         )
         self._sock.sendall(request.encode())
         self._thread = threading.Thread(target=self._read, daemon=True)
@@ -228,9 +230,12 @@ def run_web(root: Path, home: Path, rt: Runtime, n: int, warmup: int) -> list[di
     samples = []
     try:
         _wait(lambda: _healthy(port), 30, "the web process")
-        stream = _Stream(port)
+        # The API asks for a token: the one the web process made in the home, as the CLI reads it.
+        token = read_token_file(token_path(home)) or ""
+        stream = _Stream(port, token)
         time.sleep(0.3)  # the stream is open and live before the first message
-        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=10) as client:
+        auth = {"Authorization": f"Bearer {token}"}
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", headers=auth, timeout=10) as client:
             for i in range(warmup + n):
                 text = f"ping web {i}"
                 started = _now()

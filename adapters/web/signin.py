@@ -58,9 +58,9 @@ class TokenPrefix:
         raw = scope.get("raw_path")
         scope = {**scope, "path": inner, PREFIX_AUTHENTICATED: True}
         if isinstance(raw, bytes):
-            # The raw path keeps its own percent-encoding: drop the prefix's bytes from it.
-            head = len(PREFIX) + len(given.encode("utf-8"))
-            scope["raw_path"] = raw[head:] or b"/"
+            # The raw path keeps its own percent-encoding: drop its first two segments (``/t/<token>``).
+            parts = raw.split(b"/", 3)
+            scope["raw_path"] = b"/" + parts[3] if len(parts) == 4 else b"/"
         await self.app(scope, receive, send)
 
 

@@ -9,14 +9,17 @@ import json
 import os
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 
 from scheduler import supervise
+from shared.api_token import read_token_file, token_path
 from shared.chat.address import ChatAddress
 from shared.runtime import open_runtime
 from tests.scheduler_support import cli_env, free_port, run_cli, wait_until, write_home
@@ -99,6 +102,15 @@ def test_up_starts_what_it_can_restarts_a_killed_process_and_down_stops_all(
     assert set(states) == expected, "only installed processes are started; channels without tokens are not"
     listed = json.loads(run_cli(home, "status", "--json", env=env).stdout)
     assert {p["name"]: p["statename"] for p in listed["processes"]} == dict.fromkeys(expected, "RUNNING")
+    if "web" in expected:
+        # No token was set anywhere: `up` made one in the home and printed the dashboard's sign-in link with
+        # it; the web process found it there itself (no process was handed it), and asks for it.
+        token = read_token_file(token_path(home))
+        assert token and f"http://127.0.0.1:{port}/signin#{token}" in text
+        assert stat.S_IMODE(token_path(home).stat().st_mode) == 0o600
+        api = f"http://127.0.0.1:{port}/api/queue/status"
+        assert httpx.get(api, timeout=10).status_code == 401
+        assert httpx.get(api, headers={"Authorization": f"Bearer {token}"}, timeout=10).status_code == 200
 
     # Queue messages, SIGKILL the scheduler (and the processor mid-run), and watch supervisord restart them.
     with open_runtime(home, env={}) as rt:

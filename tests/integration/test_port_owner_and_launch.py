@@ -74,6 +74,14 @@ def test_the_launcher_replaces_the_managed_variables_and_keeps_the_rest(tmp_path
     assert supervise.changed_variables(written, spec) == ["AGENTPOST_HOME", "TELEGRAM_BOT_TOKEN"]
     assert supervise.changed_variables(None, spec) == []
 
+    # The API token is the web process's alone: every other process loses it, even one whose prefixes match.
+    shell = {"AGENTPOST_API_TOKEN": "api", "AGENTPOST_API_PORT": "4000", "PATH": "/bin"}
+    for name in ("processor", "scheduler", "telegram", "web"):
+        each = process_plan.Program(name, [], ("AGENTPOST_",))
+        got = launch.environment(shell, supervise.env_spec(p, each, shell))
+        assert got["AGENTPOST_API_PORT"] == "4000" and got["PATH"] == "/bin"
+        assert got.get("AGENTPOST_API_TOKEN") == ("api" if name == "web" else None), name
+
     # Its file cannot be read: one plain line saying what to do, no traceback.
     missing = subprocess.run(
         [sys.executable, "-m", "scheduler.launch", str(tmp_path / "gone.json"), "web"],
