@@ -56,8 +56,8 @@ import httpx  # noqa: E402
 import tomlkit  # noqa: E402
 from measure import spread  # noqa: E402
 
-from shared.api_token import read_token_file, token_path  # noqa: E402
 from shared.runtime import Runtime, open_runtime  # noqa: E402
+from shared.settings.api_token import read_token_file, token_path  # noqa: E402
 from tests.fakes.telegram_api import FakeTelegram, _Handler  # noqa: E402
 from tests.fakes.whatsapp_api import FakeWhatsApp, signed_webhook, text_message_payload  # noqa: E402
 from tests.probes import free_port, wait_for  # noqa: E402

@@ -16,9 +16,9 @@ from scheduler import audit as audit_mod
 from scheduler import dlq, process_plan, supervise
 from scheduler.config import load_scheduler_config
 from scheduler.migrate import MigrationError, migrate
-from shared import api_token
 from shared.cli.main import JsonFlag, console, err_console, fail, print_json, queue_app, runtime
 from shared.cli.token import token_command
+from shared.settings import api_token
 from shared.settings.model import SettingsError, default_home, load_settings
 
 dlq_app = typer.Typer(

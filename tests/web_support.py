@@ -18,10 +18,10 @@ import httpx
 import uvicorn
 
 from adapters.web.app import create_app
-from shared.api_token import read_token_file, resolve, token_path
 from shared.events.entries import EventLog
 from shared.queue.core import Queue, QueuedMessage
 from shared.runtime import Runtime, open_runtime
+from shared.settings.api_token import read_token_file, resolve, token_path
 from shared.settings.model import load_settings
 from tests.probes import free_port, service_unavailable, wait_for  # noqa: F401  (free_port re-exported: tests import it from here)
 

@@ -30,10 +30,10 @@ from contextlib import asynccontextmanager
 from fastapi import APIRouter, Depends, FastAPI
 from fastapi.staticfiles import StaticFiles
 
-from shared import api_token
 from shared.aio import call
 from shared.events.entries import EventLog
 from shared.runtime import Runtime
+from shared.settings import api_token
 
 from . import (
     chatroom_routes,
@@ -71,7 +71,7 @@ def create_app(
     """Build the web adapter over ``runtime``. ``events`` overrides the event log read by streams (the Redis
     driver, say); by default the runtime's SQL log is used. ``storage_wait_seconds`` bounds how long one
     request waits for a lock another process holds before it is answered 503. ``max_body_bytes`` overrides
-    ``api.max_body_bytes``. ``token`` is the API token in force; by default :func:`shared.api_token.ensure`
+    ``api.max_body_bytes``. ``token`` is the API token in force; by default :func:`shared.settings.api_token.ensure`
     finds it (writing the home's token file when there is none and open loopback was not asked for)."""
     settings = runtime.settings
     if token is None:

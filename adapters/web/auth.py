@@ -1,6 +1,6 @@
 """Who may talk to the API: the API token on every ``/api`` route, and loopback only without one.
 
-The token (:mod:`shared.api_token` decides which) may come as ``Authorization: Bearer``, ``?token=`` (what
+The token (:mod:`shared.settings.api_token` decides which) may come as ``Authorization: Bearer``, ``?token=`` (what
 ``EventSource`` and browsers' WebSockets can send), the dashboard's sign-in cookie (:mod:`adapters.web.signin`)
 or a ``/t/<token>`` path prefix for clients that cannot send any of those (:class:`adapters.web.signin.TokenPrefix`
 checks it and marks the request). Only with ``api.allow_open_loopback`` and no token does the server answer
@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from starlette.requests import HTTPConnection
 from starlette.websockets import WebSocket
 
-from shared.api_token import cookie_name, cookie_value
+from shared.settings.api_token import cookie_name, cookie_value
 from shared.settings.model import SettingsError
 
 from .errors import ApiError

@@ -12,11 +12,11 @@ from pathlib import Path
 
 import uvicorn
 
-from shared import api_token
 from shared.events.drivers import open_event_log
 from shared.events.entries import EventLog
 from shared.port_owner import describe_holder
 from shared.runtime import open_runtime
+from shared.settings import api_token
 from shared.settings.model import SettingsError
 
 from .app import create_app

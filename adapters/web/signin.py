@@ -3,7 +3,7 @@
 **Sign-in link** (``agentpost up`` prints it): ``/signin#<token>``. Browsers never send the fragment, so the
 token reaches neither the server's logs nor a proxy's; the sign-in page's script posts it once to
 ``POST /signin``, which answers with an ``HttpOnly``, ``SameSite=Strict`` cookie (holding a value derived from
-the token, :func:`shared.api_token.cookie_value`) and the page goes on to ``/``. The API then takes the cookie as
+the token, :func:`shared.settings.api_token.cookie_value`) and the page goes on to ``/``. The API then takes the cookie as
 it takes ``Authorization: Bearer``. A page on another site cannot use it: its requests are refused by
 :mod:`adapters.web.origins` before anything else, and a browser does not even attach a ``SameSite=Strict``
 cookie to a request another site starts.
@@ -23,7 +23,7 @@ from fastapi.responses import FileResponse
 from pydantic import Field
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from shared.api_token import cookie_name, cookie_value
+from shared.settings.api_token import cookie_name, cookie_value
 
 from .auth import PREFIX_AUTHENTICATED, server_port, token_matches
 from .errors import ApiError

@@ -37,7 +37,7 @@ class WebState:
     limits: StreamLimits
     stats: StreamStats
     metrics: Metrics
-    #: The API token in force when the application was built (:mod:`shared.api_token`; "": none, which
+    #: The API token in force when the application was built (:mod:`shared.settings.api_token`; "": none, which
     #: only ``api.allow_open_loopback`` allows, loopback only).
     token: str
     #: ``api.port`` when the application was built (reported by ``GET /api/status``).

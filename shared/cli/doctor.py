@@ -15,8 +15,8 @@ from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Literal
 
-from shared import api_token
 from shared.private_files import loose_modes, sqlite_files
+from shared.settings import api_token
 from shared.settings.model import AgentSettings, Settings, SettingsError, load_settings
 from shared.storage.dialect import sqlite_path
 from shared.storage.statuses import PairingStatus

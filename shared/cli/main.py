@@ -26,12 +26,12 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from shared import api_token
 from shared.chat.address import ChatAddress
 from shared.cli.chat import CLI_CHANNEL
 from shared.private_files import not_dumpable, private_umask
 from shared.queue.core import QueueError
 from shared.runtime import Runtime, open_runtime
+from shared.settings import api_token
 from shared.settings.model import SettingsError, default_home, load_settings, write_starter_settings
 from shared.storage.db import lock_wait_limit
 from shared.storage.errors import StorageProblem, storage_problem

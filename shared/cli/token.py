@@ -8,8 +8,8 @@ from typing import Annotated
 import typer
 from rich.markup import escape
 
-from shared import api_token
 from shared.cli.main import JsonFlag, console, fail, print_json
+from shared.settings import api_token
 from shared.settings.model import SettingsError, load_settings
 
 

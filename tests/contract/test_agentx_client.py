@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 from websockets.sync.client import ClientConnection, connect
 
-from shared.api_token import tinyagi_base_url
 from shared.runtime import Runtime
+from shared.settings.api_token import tinyagi_base_url
 from tests.web_support import free_port, make_home, runtime_for, token_of, wait_until, web_process
 
 pytestmark = pytest.mark.e2e

@@ -9,7 +9,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from shared.api_token import tinyagi_base_url
+from shared.settings.api_token import tinyagi_base_url
 from tests.channel_support import HoldingTelegram, Proc, channel_home, telegram_env, wait_for
 from tests.fixtures import telegram_fake  # noqa: F401  (fixtures)
 from tests.homes import open_home

@@ -23,9 +23,9 @@ import httpx
 import pytest
 
 from adapters.pairing import check_sender
-from shared.api_token import tinyagi_base_url
 from shared.chat.address import ChatAddress
 from shared.runtime import Runtime
+from shared.settings.api_token import tinyagi_base_url
 from tests.web_support import (
     AGENTPOST,
     REPO,

@@ -17,7 +17,7 @@ import pytest
 from websockets.exceptions import InvalidStatus
 from websockets.sync.client import connect
 
-from shared.api_token import cookie_name, tinyagi_base_url, token_path
+from shared.settings.api_token import cookie_name, tinyagi_base_url, token_path
 from tests.web_support import (
     AGENTPOST,
     SseReader,

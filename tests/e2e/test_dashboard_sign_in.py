@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from shared.api_token import cookie_name
+from shared.settings.api_token import cookie_name
 from tests.e2e.test_tinyoffice_browser import office_origin
 from tests.web_support import (
     CHROMIUM,

@@ -19,9 +19,9 @@ import httpx
 import pytest
 
 from scheduler import supervise
-from shared.api_token import read_token_file, token_path
 from shared.chat.address import ChatAddress
 from shared.runtime import open_runtime
+from shared.settings.api_token import read_token_file, token_path
 from tests.scheduler_support import cli_env, free_port, run_cli, wait_until, write_home
 
 # `up` and `restart` wait until each process is really up: seconds each on a loaded two-core machine.

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from shared.api_token import tinyagi_base_url
+from shared.settings.api_token import tinyagi_base_url
 from tests.web_support import (
     CHROMIUM,
     CHROMIUM_ARGS,

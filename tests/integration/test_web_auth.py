@@ -8,7 +8,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from shared.api_token import read_token_file, token_path
+from shared.settings.api_token import read_token_file, token_path
 from tests.web_support import (
     LiveServer,
     assert_refused,

@@ -130,7 +130,13 @@ def ensure(settings: Settings) -> ApiToken:
     found = resolve(settings)
     if found.source is not Source.MISSING:
         return found
-    return ApiToken(write_token_file(settings.home), Source.FILE, found.path)
+    try:
+        return ApiToken(write_token_file(settings.home), Source.FILE, found.path)
+    except OSError as exc:
+        raise SettingsError(
+            f"cannot write the API token file {found.path} ({exc.strerror or exc})",
+            fix=f"let agentpost's user write {settings.home}, or set AGENTPOST_API_TOKEN",
+        ) from None
 
 
 # -- what a browser holds -------------------------------------------------------------------------------------
