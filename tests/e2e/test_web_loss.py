@@ -106,7 +106,8 @@ def test_sse_loss_free_across_cuts_postgresql(tmp_path: Path, pg_url: str) -> No
 
 
 def test_web_refuses_non_loopback_without_token(tmp_path: Path) -> None:
-    home = make_home(tmp_path)
+    # No token is only had by asking for open loopback (otherwise one is made in the home).
+    home = make_home(tmp_path, extra="\n[api]\nallow_open_loopback = true\n")
     env = _env(home) | {"AGENTPOST_API_HOST": "0.0.0.0", "AGENTPOST_API_PORT": str(free_port())}
     result = subprocess.run(
         [str(Path(sys.executable).parent / "agentpost"), "run", "web"],
@@ -118,7 +119,7 @@ def test_web_refuses_non_loopback_without_token(tmp_path: Path) -> None:
     )
     assert result.returncode == 2
     assert "refusing to listen on '0.0.0.0' without an API token" in " ".join(result.stderr.split())
-    assert "AGENTPOST_API_TOKEN" in result.stderr
+    assert "AGENTPOST_API_TOKEN" in result.stderr and "allow_open_loopback" in result.stderr
 
 
 @pytest.mark.redis
