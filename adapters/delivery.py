@@ -35,6 +35,8 @@ import contextlib
 import dataclasses
 import json
 import os
+import secrets
+import shutil
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -47,7 +49,7 @@ from adapters.previews import Previews
 from shared.aio import call
 from shared.chat import dedupe, lookups
 from shared.clock import now_ms
-from shared.file_access import check_send_path, safe_name, send_roots
+from shared.file_access import MISSING, check_send_path, copy_for_sending, safe_name, send_roots
 from shared.queue.core import QueuedResponse, TxWork
 from shared.reads import late_messages
 from shared.storage import kv
@@ -78,6 +80,9 @@ class Part:
     kind: Literal["text", "file"]
     text: str = ""
     path: str = ""
+    #: For a file the agent attached: the folders it may come from; it is sent as a checked copy
+    #: (:func:`shared.file_access.copy_for_sending`). Empty for a file of the channel's own.
+    roots: tuple[str, ...] = ()
 
 
 def offline_preface(sent_at_ms: int) -> str:
@@ -151,7 +156,7 @@ class Delivery:
                     Part("text", f"(a file the agent attached, {Path(str(f)).name}, was not sent: {why})")
                 )
             else:
-                parts.append(Part("file", "", allowed))
+                parts.append(Part("file", "", allowed, tuple(str(root) for root in roots)))
         return parts
 
     def _long_reply_file(self, response: QueuedResponse, text: str) -> str:
@@ -171,12 +176,37 @@ class Delivery:
         Returns the platform's message id, if any."""
         if part.kind == "text":
             return await self.platform.send_text(conversation, part.text)
+        if part.roots:
+            return await self._send_agent_file(conversation, part)
         path = Path(part.path)
         if not path.is_file():
             return await self.platform.send_text(
                 conversation, f"(the file {path.name} is no longer available)"
             )
         return await self.platform.send_file(conversation, path, part.text)
+
+    async def _send_agent_file(self, conversation: str, part: Part) -> str | None:
+        """Send a copy of a file the agent attached, made right now with the checks of
+        :mod:`shared.file_access` (the agent could have swapped the file for a link, a FIFO or a hard link
+        since the reply was planned); a file that fails them is replaced by a note saying why."""
+        name = Path(part.path).name
+        staging = self.rt.settings.home / "files" / "outbound" / self.name / f"send-{secrets.token_hex(8)}"
+        try:
+            await call(staging.mkdir, parents=True, mode=0o700)
+            roots = [Path(root) for root in part.roots]
+            copy, why = await call(copy_for_sending, part.path, roots, staging)
+            if copy is None:
+                self.log.warning("refused to send %s: %s", part.path, why)
+                if why == MISSING:
+                    return await self.platform.send_text(
+                        conversation, f"(the file {name} is no longer available)"
+                    )
+                return await self.platform.send_text(
+                    conversation, f"(a file the agent attached, {name}, was not sent: {why})"
+                )
+            return await self.platform.send_file(conversation, copy, part.text)
+        finally:
+            await call(shutil.rmtree, staging, ignore_errors=True)
 
     # -- delivering ------------------------------------------------------------------------------------------
     async def deliver(self, response: QueuedResponse) -> bool:

@@ -6,11 +6,13 @@ slot, so a slot fires once even with several schedulers running.
 
 from __future__ import annotations
 
+import logging
 from datetime import datetime, timedelta
 from pathlib import Path
 
 from scheduler.config import HeartbeatConfig, SchedulerConfig, heartbeat_trigger, within_active_hours, zone
 from scheduler.timed import Fired, TimedJob
+from shared import safe_files
 from shared.chat.address import ChatAddress
 from shared.events.log import SqlEventLog
 from shared.ids import derived_id
@@ -21,14 +23,30 @@ from shared.settings.model import Settings
 CHANNEL = "heartbeat"
 SENDER = "System"
 PROMPT_FILE = "heartbeat.md"
+#: A heartbeat prompt larger than this is not read (the default one is sent).
+PROMPT_LIMIT = 64 * 1024
+
+log = logging.getLogger("agentpost.scheduler")
 
 
 def heartbeat_prompt(settings: Settings, agent: str, default: str) -> str:
-    """The agent's ``heartbeat.md`` (read at each slot, so edits apply without a restart), else ``default``."""
-    path: Path = settings.workspace(agent) / PROMPT_FILE
+    """The agent's ``heartbeat.md`` (read at each slot, so edits apply without a restart), else ``default``.
+
+    The workspace is the agent's: the file is read without following a link, from a regular file with one
+    name, at most :data:`PROMPT_LIMIT` bytes (shared/safe_files.py). Anything else — a link to a host file,
+    a FIFO, a hard link, a file too large — is not read, the default prompt is sent and a warning says why."""
+    workspace: Path = settings.workspace(agent)
     try:
-        text = path.read_text(encoding="utf-8").strip()
+        text = safe_files.read_text_under(workspace, PROMPT_FILE, PROMPT_LIMIT).strip()
     except (FileNotFoundError, NotADirectoryError):
+        return default
+    except safe_files.Refused as exc:
+        log.warning(
+            "heartbeat of %s: %s not read (%s); the default heartbeat prompt is sent instead",
+            agent,
+            workspace / PROMPT_FILE,
+            exc.reason,
+        )
         return default
     except (OSError, UnicodeDecodeError):
         return default

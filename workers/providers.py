@@ -276,7 +276,7 @@ def launch_plan(
         except SandboxError as exc:
             raise ProviderError(str(exc)) from None
         env = request.sandbox.environment(env)
-        launch = request.sandbox.wrap(argv, env)
+        launch = request.sandbox.wrap(argv, env, request.settings.command)
     limits = hold.launcher_options() if hold is not None else []
     if (request.orphan_guard or limits) and sys.platform.startswith("linux"):
         guard = [] if request.orphan_guard else ["--no-guard"]  # limits without the guard: exec in place

@@ -35,13 +35,16 @@ import logging
 import os
 import pwd
 import shutil
+import stat
+import string
 import subprocess
 import sys
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePath
 from typing import Literal
 
+from shared import safe_files
 from shared.chat.sessions import AGENT_SCOPE_KEY
 from workers.egress import SANDBOX_PROXY_PORT, SANDBOX_SOCKET
 from workers.workspace import MARKER as WORKSPACE_MARKER
@@ -332,10 +335,34 @@ def forwarded(view: SandboxView, argv: Sequence[str]) -> list[str]:
     return [sys.executable, "-I", "-S", str(_ENTRY), *egress, "--", *argv]
 
 
+def configured_parts(argv: Sequence[str], template: Sequence[str] | None) -> list[str]:
+    """The parts of ``argv`` that come from the settings, not from a message: the program (``argv[0]``, found
+    by the provider from the agent's ``command``, its variable or ``PATH``) unless the template's first part
+    is filled in from a placeholder, and every part of ``template`` (the agent's ``command``) that has no
+    placeholder. A part filled in from ``{prompt}`` is chat text: a path named there must not be shown in the
+    sandbox (a chat user would read another agent's workspace through it)."""
+    template = list(template or ())
+    parts: list[str] = []
+    if argv and not (template and _has_placeholder(template[0])):
+        parts.append(argv[0])
+    for part in template[1:]:
+        if not _has_placeholder(part):
+            parts.append(part.format_map({}))  # "{{" and "}}" become single braces, as in the argv
+    return parts
+
+
+def _has_placeholder(part: str) -> bool:
+    try:
+        return any(name is not None for _, name, _, _ in string.Formatter().parse(part))
+    except ValueError:
+        return True  # a broken template: the provider refuses it anyway
+
+
 def tool_paths(argv: Sequence[str], env: Mapping[str, str]) -> tuple[Path, ...]:
-    """What a run needs to see of folders the sandbox hides: the files its argv names (a command agent's
+    """What a run needs to see of folders the sandbox hides: the files ``argv`` names (a command agent's
     script), the real location of the program (a CLI installed in a project folder or a home), and the
-    interpreter prefixes of this Python (a ``python`` command agent)."""
+    interpreter prefixes of this Python (a ``python`` command agent). ``argv`` holds only parts from the
+    settings (:func:`configured_parts`), never chat text."""
     found: list[Path] = []
     for arg in argv:
         if os.sep not in arg:
@@ -378,17 +405,33 @@ def prepare(plan: SandboxPlan, view: SandboxView, login_home: Path | None) -> No
             _share_read(folder, gid)
 
 
+#: Where the Claude CLI keeps its login, under a home folder.
+_LOGIN = PurePath(".claude", ".credentials.json")
+#: A login file is a few hundred bytes; one past this is not copied.
+_LOGIN_LIMIT = 1 << 20
+
+
 def _copy_login(source_home: Path, cli_home: Path) -> None:
-    source = source_home / ".claude" / ".credentials.json"
-    target = cli_home / ".claude" / ".credentials.json"
+    """Copy the operator's login into the CLI home when it has none or an older one. The CLI home is the
+    agent's: the login is written by replacing whatever is at that name (shared/safe_files.py), so a link
+    the agent put there to a host file is replaced, not written through."""
+    source = source_home / _LOGIN
     try:
-        if not source.is_file() or source.resolve() == target.resolve():
+        if source_home.resolve() == cli_home.resolve():
             return
-        if target.exists() and target.stat().st_mtime >= source.stat().st_mtime:
+        with open(source, "rb") as handle:  # the operator's own home: not the agent's to change
+            if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
+                return
+            mtime = os.fstat(handle.fileno()).st_mtime
+            data = handle.read(_LOGIN_LIMIT + 1)
+        if len(data) > _LOGIN_LIMIT:
             return
-        target.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        shutil.copy2(source, target)
-        os.chmod(target, 0o600)
+        existing = safe_files.stat_under(cli_home, _LOGIN)
+        if existing is not None and stat.S_ISREG(existing.st_mode) and existing.st_mtime >= mtime:
+            return
+        safe_files.replace_under(cli_home, _LOGIN, data, 0o600)
+    except safe_files.Refused as exc:
+        log.warning("the Claude login was not copied into %s: %s", cli_home / _LOGIN, exc.reason)
     except OSError:
         pass  # no login to copy is what the CLI itself reports, in words the run's error explains
 
@@ -417,31 +460,17 @@ def _check_hand_over(root: Path, home: Path | None) -> None:
 
 
 def _chown_tree(root: Path, uid: int, gid: int) -> None:
-    for base, dirs, files in os.walk(root):
-        for name in (*dirs, *files):
-            try:
-                os.lchown(os.path.join(base, name), uid, gid)
-            except OSError:
-                continue
-    os.chown(root, uid, gid)
+    """Hand ``root`` to the sandbox user, never what a link in it points at (shared/safe_files.py)."""
+    for kept in safe_files.chown_tree(root, uid, gid):
+        log.warning("handing %s to %s: left %s with its owner", root, SANDBOX_USER, kept)
 
 
 def _share_read(folder: Path, gid: int) -> None:
     """Let the sandbox user's group read an upload folder (the folder stays closed to everyone else)."""
-    for base, dirs, files in os.walk(folder):
-        for name in dirs:
-            _group_read(os.path.join(base, name), gid, 0o750)
-        for name in files:
-            _group_read(os.path.join(base, name), gid, 0o640)
-    _group_read(str(folder), gid, 0o750)
-
-
-def _group_read(path: str, gid: int, mode: int) -> None:
     try:
-        os.chown(path, -1, gid)
-        os.chmod(path, mode)
-    except OSError:
-        pass
+        safe_files.share_read_tree(folder, gid)
+    except OSError as exc:
+        log.warning("could not share %s with %s: %s", folder, SANDBOX_USER, exc)
 
 
 @dataclass(frozen=True)
@@ -457,8 +486,14 @@ class Sandboxed:
     def prepare(self) -> None:
         prepare(self.plan, self.view, self.login_home)
 
-    def wrap(self, argv: Sequence[str], env: Mapping[str, str]) -> list[str]:
-        view = dataclasses.replace(self.view, tools=(*self.view.tools, *tool_paths(argv, env)))
+    def wrap(
+        self, argv: Sequence[str], env: Mapping[str, str], template: Sequence[str] | None = None
+    ) -> list[str]:
+        """The command running ``argv`` inside. ``template`` is the agent's configured ``command`` (before
+        its placeholders were filled in): only what comes from it, the program and the sandbox's entry are shown
+        in the sandbox (:func:`configured_parts`), never a path the message's text put in ``argv``."""
+        own = [sys.executable, str(_ENTRY), *configured_parts(argv, template)]
+        view = dataclasses.replace(self.view, tools=(*self.view.tools, *tool_paths(own, env)))
         return bwrap_argv(self.plan, view, argv)
 
     def environment(self, env: Mapping[str, str]) -> dict[str, str]:

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from shared import safe_files
 from shared.clock import now_ms
 from shared.ids import new_id
 from shared.settings.model import Settings
@@ -160,9 +161,15 @@ def host_of(worker: str) -> str:
     return worker.split(":", 1)[0]
 
 
-def _read_json(path: Path) -> dict[str, Any] | None:
+#: A marker is a line of JSON; one larger than this is not read.
+MARKER_LIMIT = 64 * 1024
+
+
+def _read_json(folder: Path, name: str) -> dict[str, Any] | None:
+    # The agent owns its workspace: the marker is read without following a link, from a regular file only
+    # (a FIFO in its place would block this thread, and with it the agent, for good).
     with contextlib.suppress(OSError, ValueError):
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(safe_files.read_text_under(folder, name, MARKER_LIMIT))
         if isinstance(data, dict) and isinstance(data.get("id"), str):
             return data
     return None
@@ -180,7 +187,7 @@ def workspace_record(db: Database, agent: str) -> dict[str, Any] | None:
 
 def workspace_marker(settings: Settings, agent: str) -> dict[str, Any] | None:
     """The marker of ``agent``'s workspace folder on this host, or None."""
-    return _read_json(settings.workspace(agent) / MARKER)
+    return _read_json(settings.workspace(agent), MARKER)
 
 
 def check_workspace(settings: Settings, agent: str, host: str, record: dict[str, Any] | None) -> None:

@@ -20,6 +20,7 @@ from fastapi import APIRouter, Query
 from fastapi import Path as PathParam
 from pydantic import Field
 
+from shared import safe_files
 from shared.chat import health, pairings
 from shared.chat.sessions import clear_sessions
 from shared.clock import now_ms
@@ -70,6 +71,8 @@ PROVIDERS = {
     "command": "command",
 }
 HEARTBEAT_FILE = "heartbeat.md"
+#: The largest heartbeat prompt the scheduler reads (scheduler/heartbeats.py PROMPT_LIMIT).
+HEARTBEAT_LIMIT = 64 * 1024
 STARTED = time.monotonic()
 
 
@@ -306,6 +309,8 @@ async def save_heartbeat_settings(web: WebState, agent: str, body: HeartbeatIn) 
         path = settings.workspace(agent) / HEARTBEAT_FILE
         if not path.is_absolute():
             raise ApiError(400, f"agent {agent!r} has a relative workspace; set an absolute one first")
+        if len(body.content.encode("utf-8")) > HEARTBEAT_LIMIT:
+            raise ApiError(400, "content: a heartbeat prompt may be at most 64 KB; shorten it")
         await web.run(_write_text, path, body.content or "")
     beat: dict[str, Any] = {}
     if body.enabled is not None:
@@ -322,13 +327,15 @@ async def save_heartbeat_settings(web: WebState, agent: str, body: HeartbeatIn) 
 
 
 def _write_text(path: Path, text: str) -> None:
+    # The workspace is the agent's: the file is replaced, never written through a link the agent put in its
+    # place (this process may be root), and keeps the agent as its owner (shared/safe_files.py).
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text, encoding="utf-8")
+    safe_files.replace_under(path.parent, path.name, text.encode("utf-8"), 0o644)
 
 
 def _read_text(path: Path) -> str:
     try:
-        return path.read_text(encoding="utf-8")
+        return safe_files.read_text_under(path.parent, path.name, HEARTBEAT_LIMIT)
     except (OSError, UnicodeDecodeError):
         return ""
 

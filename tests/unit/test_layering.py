@@ -29,7 +29,17 @@ PROCESS_PACKAGES = ("workers", "adapters", "scheduler")
 
 #: Plain values and helpers every layer may use; they import nothing of ``shared``.
 VALUES = frozenset(
-    {"aio", "backoff", "clock", "ids", "notices", "private_files", "port_owner", "worker_identity"}
+    {
+        "aio",
+        "backoff",
+        "clock",
+        "ids",
+        "notices",
+        "private_files",
+        "port_owner",
+        "safe_files",
+        "worker_identity",
+    }
 )
 
 _STORAGE = VALUES | {"storage"}
