@@ -205,7 +205,12 @@ def test_the_scheduler_sends_the_default_heartbeat_not_what_heartbeat_md_points_
             beats = wait_for(two_beats_each, 60, "two heartbeats of every agent")
     finally:
         scheduler.terminate()
-        scheduler.wait(timeout=20)
+        try:
+            scheduler.wait(timeout=20)
+        except subprocess.TimeoutExpired:  # blocked (a FIFO read): stopped for good, then failed below
+            scheduler.kill()
+            scheduler.wait(timeout=10)
+            raise
     assert {str(b["message"]) for b in beats} == {DEFAULT_HEARTBEAT_PROMPT}
     assert "HOST-SECRET" not in log.read_text()
     for kind in KINDS:
@@ -299,3 +304,75 @@ def test_handing_over_a_workspace_gives_away_nothing_it_links_to(tmp_path: Path)
         }
     host.assert_untouched()
     assert workspace.stat().st_uid == pwd.getpwnam("agentpost-agent").pw_uid
+
+
+# -- [send_file: …] of a sandboxed run -----------------------------------------------------------------------
+
+
+def test_a_reply_attaches_no_link_fifo_device_or_hard_link(tmp_path: Path) -> None:
+    _need_bwrap()
+    host = Host(tmp_path)
+    script = tmp_path / "plant.sh"
+    script.write_text(
+        PLANT
+        + "for k in symlink fifo devzero; do AP_KIND=$k plant $k.txt; done\n"
+        + 'echo "here"; for k in symlink fifo devzero hardlink; do echo "[send_file: $k.txt]"; done\n'
+    )
+    agents = {"sender": _agent(script, "", host.target("sent"), host)}
+    home = _home(tmp_path, agents)
+    # The hard link is there before the first run (the agent's user may not link a root file itself).
+    workspace = home / "workspace" / "sender"
+    workspace.mkdir(parents=True)
+    os.link(host.files["sent"], workspace / "hardlink.txt")
+    with _processor(home, _env(home, tmp_path)) as proc:
+        sent = _send(home, {"sender": "send them"})
+        reply = _replies(home, proc, sent, "the reply")["sender"]
+        with open_home(home) as rt:
+            files = rt.db.read_scalar(
+                "SELECT files FROM responses WHERE message_id = :m", {"m": sent["sender"]}
+            )
+    assert files in (None, "[]", []), files
+    assert "HOST-SECRET" not in reply
+    for line in (
+        "(I couldn't attach symlink.txt: it is a link to a place outside my workspace.)",
+        "(I couldn't attach fifo.txt: it is not a file.)",
+        "(I couldn't attach devzero.txt: it is a link to a place outside my workspace.)",
+        "(I couldn't attach hardlink.txt: it is a hard link to a file that may be outside my workspace.)",
+    ):
+        assert line in reply, reply
+    host.assert_untouched()
+
+
+# -- paths named in the message are not shown in the sandbox -------------------------------------------------
+
+
+@pytest.mark.parametrize("sandbox", ["auto", "none"])
+def test_a_path_in_the_message_does_not_open_another_agents_files(tmp_path: Path, sandbox: str) -> None:
+    """A command agent that takes the prompt as an argument: chat text naming another agent's workspace file
+    and the Claude login in its CLI home reads neither in the sandbox (both with ``sandbox = "none"``,
+    which shows the probe finds what it looks for)."""
+    _need_bwrap()
+    agents: dict[str, dict[str, Any]] = {
+        "reader": {
+            "provider": "command",
+            "command": ["/bin/sh", "-c", 'cat "$1" 2>/dev/null || echo DENIED', "sh", "{prompt}"],
+        },
+        "other": {"provider": "command", "command": ["/bin/true"]},
+    }
+    home = build_home(
+        tmp_path, f"sqlite:///{tmp_path / 'home' / 'agentpost.db'}", agents, processor={"sandbox": sandbox}
+    )
+    secret = home / "workspace" / "other" / "secret.txt"
+    secret.parent.mkdir(parents=True)
+    secret.write_text("the other agent's secret\n")
+    login = home / "sandbox" / "other" / ".claude" / ".credentials.json"
+    login.parent.mkdir(parents=True)
+    login.write_text("the other agent's login\n")
+    env = _env(home, tmp_path)
+    with _processor(home, env) as proc:
+        first = _replies(home, proc, _send(home, {"reader": str(secret)}), "the reply about the secret")
+        second = _replies(home, proc, _send(home, {"reader": str(login)}), "the reply about the login")
+    if sandbox == "none":
+        assert (first["reader"], second["reader"]) == ("the other agent's secret", "the other agent's login")
+    else:
+        assert (first["reader"], second["reader"]) == ("DENIED", "DENIED")

@@ -101,3 +101,47 @@ def test_a_refused_send_file_is_named_in_the_reply_the_chat_receives(
         "(I couldn't attach environ: it is outside my workspace.)"
     ]
     assert documents == [("report.txt", b"the numbers")]
+
+
+def test_a_file_swapped_after_queueing_for_a_fifo_a_device_or_a_hard_link_is_not_sent(
+    tmp_path: Path, fake: HoldingTelegram
+) -> None:
+    """Queued as plain files of the workspace, then swapped, as the agent may, before the channel sends them:
+    a FIFO (a read would block the channel for good), a link to /dev/zero (a read never ends), a link out,
+    and a hard link to a file outside. None is read; the chat is told about each."""
+    home = channel_home(
+        tmp_path, f"sqlite:///{tmp_path / 'a.db'}", {"telegram": {"allowlist": ["42"], "typing": False}}
+    )
+    secret = tmp_path / "secret.txt"
+    secret.write_text("not the agent's")
+    rt = open_home(home)
+    workspace = rt.settings.workspace("alpha")
+    workspace.mkdir(parents=True)
+    names = ["fifo", "zero", "link", "hard"]
+    for name in names:
+        (workspace / name).write_text("harmless")
+    queued = [str(workspace / name) for name in names]
+    for name in names:
+        os.remove(workspace / name)
+    os.mkfifo(workspace / "fifo")
+    os.symlink("/dev/zero", workspace / "zero")
+    os.symlink(secret, workspace / "link")
+    os.link(secret, workspace / "hard")
+    fake.add_chat(42)
+    try:
+        with RunningChannel(
+            TelegramChannel(rt, env={"TELEGRAM_BOT_TOKEN": fake.token, "TELEGRAM_API_BASE_URL": fake.url}),
+            deliver_only=True,
+        ):
+            rt.queue.responses.enqueue_response(
+                ChatAddress("telegram", "ann", conversation="42"), "here", agent="alpha", files=queued
+            )
+            wait_for(lambda: len(fake.texts(42)) >= 5, 15, "the reply and the four notes")
+            texts, documents = fake.texts(42), fake.documents(42)
+    finally:
+        rt.close()
+    assert documents == []
+    notes = sorted(t for t in texts if "was not sent" in t)
+    assert len(notes) == 4, texts
+    assert "hard, was not sent: a file with other names (a hard link)" in " ".join(notes)
+    assert not list((home / "files" / "outbound").glob("telegram/send-*"))  # no copy left behind
