@@ -358,11 +358,15 @@ def _has_placeholder(part: str) -> bool:
         return True  # a broken template: the provider refuses it anyway
 
 
-def tool_paths(argv: Sequence[str], env: Mapping[str, str]) -> tuple[Path, ...]:
+def tool_paths(
+    argv: Sequence[str], env: Mapping[str, str], agents_own: Sequence[Path] = ()
+) -> tuple[Path, ...]:
     """What a run needs to see of folders the sandbox hides: the files ``argv`` names (a command agent's
     script), the real location of the program (a CLI installed in a project folder or a home), and the
     interpreter prefixes of this Python (a ``python`` command agent). ``argv`` holds only parts from the
-    settings (:func:`configured_parts`), never chat text."""
+    settings (:func:`configured_parts`), never chat text. A path inside ``agents_own`` (the run's workspace
+    and CLI home) is skipped: the run sees those folders anyway, and the agent may have made the path a
+    link to another agent's folder, which resolving it would show."""
     found: list[Path] = []
     for arg in argv:
         if os.sep not in arg:
@@ -371,6 +375,9 @@ def tool_paths(argv: Sequence[str], env: Mapping[str, str]) -> tuple[Path, ...]:
                 continue
             arg = located
         path = Path(arg)
+        written = Path(os.path.normpath(path))
+        if any(written == own or own in written.parents for own in agents_own):
+            continue
         if path.is_absolute() and path.exists():
             found.append(path)
             real = path.resolve()
@@ -493,7 +500,8 @@ class Sandboxed:
         its placeholders were filled in): only what comes from it, the program and the sandbox's entry are shown
         in the sandbox (:func:`configured_parts`), never a path the message's text put in ``argv``."""
         own = [sys.executable, str(_ENTRY), *configured_parts(argv, template)]
-        view = dataclasses.replace(self.view, tools=(*self.view.tools, *tool_paths(own, env)))
+        shown = tool_paths(own, env, (self.view.workspace, self.view.cli_home))
+        view = dataclasses.replace(self.view, tools=(*self.view.tools, *shown))
         return bwrap_argv(self.plan, view, argv)
 
     def environment(self, env: Mapping[str, str]) -> dict[str, str]:

@@ -376,3 +376,40 @@ def test_a_path_in_the_message_does_not_open_another_agents_files(tmp_path: Path
         assert (first["reader"], second["reader"]) == ("the other agent's secret", "the other agent's login")
     else:
         assert (first["reader"], second["reader"]) == ("DENIED", "DENIED")
+
+
+@pytest.mark.parametrize("sandbox", ["auto", "none"])
+def test_a_configured_path_the_agent_turned_into_a_link_shows_nothing_more(
+    tmp_path: Path, sandbox: str
+) -> None:
+    """An agent whose command names a path in its own workspace makes that path a link to another agent's
+    workspace: the next run must not get the link's target shown in the sandbox (with ``sandbox = "none"``
+    the link is simply followed: the control)."""
+    _need_bwrap()
+    home_path = tmp_path / "home"
+    other = home_path / "workspace" / "other"
+    agents: dict[str, dict[str, Any]] = {
+        "linker": {
+            "provider": "command",
+            "command": [
+                "/bin/sh",
+                "-c",
+                'cat "$1/secret.txt" 2>/dev/null || echo DENIED; rm -rf "$1"; ln -s "$AP_OTHER" "$1"',
+                "sh",
+                str(home_path / "workspace" / "linker" / "tools"),
+            ],
+            "env": {"AP_OTHER": str(other)},
+        },
+        "other": {"provider": "command", "command": ["/bin/true"]},
+    }
+    home = build_home(
+        tmp_path, f"sqlite:///{home_path / 'agentpost.db'}", agents, processor={"sandbox": sandbox}
+    )
+    other.mkdir(parents=True)
+    (other / "secret.txt").write_text("the other agent's secret\n")
+    with _processor(home, _env(home, tmp_path)) as proc:
+        first = _replies(home, proc, _send(home, {"linker": "make the link"}), "the first run")
+        second = _replies(home, proc, _send(home, {"linker": "follow it"}), "the run after the link")
+    assert first["linker"] == "DENIED"
+    expected = "the other agent's secret" if sandbox == "none" else "DENIED"
+    assert second["linker"] == expected
