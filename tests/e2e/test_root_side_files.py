@@ -1,5 +1,5 @@
 """The root side never follows an agent's files (shared/safe_files.py), tried as an agent would: a real
-processor process as root runs command agents in the real bubblewrap sandbox (as ``agentpost-agent``); each
+processor process as root runs command agents in the real bubblewrap sandbox (as their own users); each
 run plants, in a file agentpost's side opens later, a symbolic link to a host file, a FIFO, a link to a zero
 device, or (planted by the test, since ``fs.protected_hardlinks`` keeps the agent's user from linking a root
 file) a hard link to a root-only file. Then the real scheduler (``heartbeat.md``) or the processor's next run
@@ -12,7 +12,6 @@ not the machine's ``/dev/zero``."""
 from __future__ import annotations
 
 import os
-import pwd
 import shutil
 import stat
 import subprocess
@@ -152,6 +151,14 @@ def _replies(home: Path, proc: subprocess.Popen[bytes], sent: Mapping[str, str],
     return {agent: text.split(":** ", 1)[-1] for agent, text in replies.items()}
 
 
+def _cli_home(home: Path, agent: str) -> Path:
+    """The one CLI home ``agent``'s runs have had (one chat here): the chat's own, or the agent's."""
+    found = [p for p in (home / "sandbox").glob(f"**/{agent}/**/.claude") if p.is_dir()]
+    homes = {p.parent for p in found}
+    assert len(homes) == 1, homes
+    return homes.pop()
+
+
 def _send(home: Path, texts: Mapping[str, str]) -> dict[str, str]:
     with open_home(home) as rt:
         return {
@@ -243,13 +250,13 @@ def test_the_processor_neither_writes_through_the_login_nor_blocks_on_the_marker
     with _processor(home, env) as proc:
         first = _replies(home, proc, _send(home, dict.fromkeys(KINDS, "plant")), "the planting runs")
         assert first == {kind: f"run plant {kind}" for kind in KINDS}
-        cli_homes = home / "sandbox"
+        cli_homes = {kind: _cli_home(home, kind) for kind in KINDS}
         for kind in KINDS:
-            assert (cli_homes / kind / ".claude" / ".credentials.json").is_symlink() == (
+            assert (cli_homes[kind] / ".claude" / ".credentials.json").is_symlink() == (
                 kind in ("symlink", "devzero")
             )
         for name in (".agentpost-workspace", ".claude/.credentials.json"):
-            folder = home / "workspace" / "hardlink" if name.startswith(".a") else cli_homes / "hardlink"
+            folder = home / "workspace" / "hardlink" if name.startswith(".a") else cli_homes["hardlink"]
             os.remove(folder / name)
             suffix = "-marker" if name.startswith(".a") else ""
             os.link(host.files[f"login-hardlink{suffix}"], folder / name)
@@ -259,13 +266,13 @@ def test_the_processor_neither_writes_through_the_login_nor_blocks_on_the_marker
         second = _replies(home, proc, _send(home, dict.fromkeys(KINDS, "again")), "the runs after planting")
     assert second == {kind: f"run again {kind}" for kind in KINDS}  # none blocked on a FIFO
     host.assert_untouched()
-    agent_user = pwd.getpwnam("agentpost-agent")
     for kind in KINDS:
-        copied = cli_homes / kind / ".claude" / ".credentials.json"
+        copied = cli_homes[kind] / ".claude" / ".credentials.json"
         st = copied.lstat()
         assert stat.S_ISREG(st.st_mode) and st.st_nlink == 1, f"{kind}: the login was not put in place"
         assert copied.read_text() == login.read_text()
-        assert (st.st_uid, stat.S_IMODE(st.st_mode)) == (agent_user.pw_uid, 0o600)
+        agent_uid = (home / "workspace" / kind).stat().st_uid  # the agent's own user
+        assert agent_uid != 0 and (st.st_uid, stat.S_IMODE(st.st_mode)) == (agent_uid, 0o600)
 
 
 # -- handing a workspace to the agent's user -----------------------------------------------------------------
@@ -303,7 +310,7 @@ def test_handing_over_a_workspace_gives_away_nothing_it_links_to(tmp_path: Path)
             "taker": "run again"
         }
     host.assert_untouched()
-    assert workspace.stat().st_uid == pwd.getpwnam("agentpost-agent").pw_uid
+    assert workspace.stat().st_uid == (home / "workspace" / "taker" / "deep").stat().st_uid != 0
 
 
 # -- [send_file: …] of a sandboxed run -----------------------------------------------------------------------
