@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,6 +38,8 @@ from shared.settings.routing import validate_name
 from shared.storage import kv
 from shared.storage.db import Database
 from shared.storage.kv import Scope
+
+log = logging.getLogger("agentpost.processor")
 
 #: The file naming a workspace (see the module docstring).
 MARKER = ".agentpost-workspace"
@@ -168,8 +171,15 @@ MARKER_LIMIT = 64 * 1024
 def _read_json(folder: Path, name: str) -> dict[str, Any] | None:
     # The agent owns its workspace: the marker is read without following a link, from a regular file only
     # (a FIFO in its place would block this thread, and with it the agent, for good).
-    with contextlib.suppress(OSError, ValueError):
-        data = json.loads(safe_files.read_text_under(folder, name, MARKER_LIMIT))
+    try:
+        text = safe_files.read_text_under(folder, name, MARKER_LIMIT)
+    except safe_files.Refused as exc:
+        log.warning("the workspace marker %s is not read: %s", folder / name, exc.reason)
+        return None
+    except (OSError, ValueError):
+        return None
+    with contextlib.suppress(ValueError):
+        data = json.loads(text)
         if isinstance(data, dict) and isinstance(data.get("id"), str):
             return data
     return None

@@ -266,6 +266,9 @@ def test_the_processor_neither_writes_through_the_login_nor_blocks_on_the_marker
         second = _replies(home, proc, _send(home, dict.fromkeys(KINDS, "again")), "the runs after planting")
     assert second == {kind: f"run again {kind}" for kind in KINDS}  # none blocked on a FIFO
     host.assert_untouched()
+    said = (home.parent / "processor.out").read_text(errors="replace")
+    for kind in KINDS:
+        assert f"workspace/{kind}/.agentpost-workspace is not read" in said, f"no warning for {kind}"
     for kind in KINDS:
         copied = cli_homes[kind] / ".claude" / ".credentials.json"
         st = copied.lstat()
