@@ -4,6 +4,7 @@ and what a line of its output means; :func:`workers.providers.provider_for` pick
 
 from __future__ import annotations
 
+import codecs
 import json
 import os
 import re
@@ -12,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from workers.errors import api_retry_notice
+from workers.output_bounds import STRING_KEEP, LongPart
 from workers.providers import (
     CliProvider,
     ProgressFn,
@@ -47,6 +49,7 @@ class ClaudeProvider(CliProvider):
 
     name = "claude"
     service = "Anthropic"
+    spool_keys = frozenset({"result"})  # the reply, kept whole however long its line is
 
     def argv(self, request: RunRequest) -> list[str]:
         s = request.settings
@@ -103,8 +106,8 @@ class ClaudeProvider(CliProvider):
             if event.get("is_api_error_message") or event.get("error"):
                 return []  # the CLI's synthetic error text: never progress, never the answer
             blocks = [b for b in message.get("content") or [] if isinstance(b, dict)]
+            # Progress only: the reply is the result line's (kept whole even from a line too long to hold).
             texts = [b.get("text", "") for b in blocks if b.get("type") == "text"]
-            state.text_parts.extend(texts)
             # Tool calls are steps too (for "last step" notes), but never part of the answer.
             steps = [_tool_step(b) for b in blocks if b.get("type") == "tool_use"]
             return texts + steps
@@ -137,7 +140,15 @@ class ClaudeProvider(CliProvider):
                     f"claude reported an error ({event.get('terminal_reason') or 'error'}): {detail}"
                 )
             else:
-                state.final_text = result if isinstance(result, str) else ""
+                cut = state.cuts.pop(result, None) if isinstance(result, str) else None
+                if state.final_whole is not None:
+                    state.final_whole.close()  # an earlier turn's (workers/warm_sessions.py)
+                    state.final_whole = None
+                if cut is not None and cut.spool is not None:  # from a line too long to hold
+                    state.final_whole = cut.spool
+                    state.final_text = cut.spool.text()
+                else:
+                    state.final_text = result if isinstance(result, str) else ""
         return []
 
     def _api_retry(self, event: dict[str, Any], state: StreamState) -> None:
@@ -185,8 +196,8 @@ def _stream_event(event: dict[str, Any], state: StreamState) -> None:
     if inner.get("type") == "content_block_delta" and isinstance(delta, dict):
         text = delta.get("text")
         if delta.get("type") == "text_delta" and isinstance(text, str) and text:
-            state.partial.append(text)
-            state.partial_grew = True
+            # Past the preview's length nothing shown changes: no more work per delta (PartialText).
+            state.partial_grew = state.partial.append(text) or state.partial_grew
 
 
 #: Paths a Claude permission rule can carry as written (the rule syntax has its own meaning for brackets,
@@ -294,6 +305,7 @@ class CodexProvider(CliProvider):
 
     name = "codex"
     service = "OpenAI"
+    spool_keys = frozenset({"text"})  # an agent_message's text: the reply
 
     def argv(self, request: RunRequest) -> list[str]:
         s = request.settings
@@ -327,7 +339,11 @@ class CodexProvider(CliProvider):
         elif kind == "item.completed":
             item = event.get("item") or {}
             if item.get("type") == "agent_message" and isinstance(item.get("text"), str):
-                state.final_text = item["text"]
+                cut = state.cuts.pop(item["text"], None)
+                if state.final_whole is not None:
+                    state.final_whole.close()  # an earlier message's: the last one is the reply
+                state.final_whole = cut.spool if cut is not None else None
+                state.final_text = cut.spool.text() if cut is not None and cut.spool else item["text"]
                 return [item["text"]]
         elif kind == "turn.failed":
             error = event.get("error") or {}
@@ -346,6 +362,7 @@ class CommandProvider(CliProvider):
     """Any CLI from ``agents.NAME.command``: stdout is the reply; a non-zero exit is a failure."""
 
     name = "command"
+    _utf8: codecs.IncrementalDecoder | None = None  # of the long line being read
 
     def argv(self, request: RunRequest) -> list[str]:
         template = request.settings.command
@@ -377,5 +394,24 @@ class CommandProvider(CliProvider):
         return argv
 
     def parse_line(self, line: str, state: StreamState) -> list[str]:
-        state.text_parts.append(line + "\n")
+        state.text.append(line + "\n")
         return [line]
+
+    async def _long_part(
+        self, part: LongPart, state: StreamState, progress: ProgressFn, request: RunRequest
+    ) -> str | None:
+        """A line too long to hold: all of it goes to the reply as it comes, its start is the progress."""
+        if self._utf8 is None:
+            self._utf8 = codecs.getincrementaldecoder("utf-8")("replace")
+        text = self._utf8.decode(part.data, final=part.end)
+        state.text.append(text)
+        if len(state.long_start) < STRING_KEEP:
+            state.long_start += text[: STRING_KEEP - len(state.long_start)]
+        if not part.end:
+            return None
+        self._utf8 = None
+        state.text.append("\n")
+        start, state.long_start = state.long_start, ""
+        if start.strip():
+            await progress(start)
+        return None

@@ -21,6 +21,12 @@ failed API call inside one run for minutes (an overloaded or rate-limited API, a
 so in ``system``/``api_retry`` lines. A provider turns such a line into a plain-words notice for the chat and
 hands it to ``RunRequest.on_notice`` as soon as it is read.
 
+What a run prints costs bounded memory however much it is (:mod:`workers.output_bounds`): a line is held
+whole only up to ``LINE_KEEP`` bytes, a longer one is read in parts (a JSON line made short, its reply
+string kept whole in a file); the reply is held in memory up to ``TEXT_KEEP`` characters and in an unnamed
+file beyond (``RunResult.whole``); the live preview gets the first ``PREVIEW_KEEP`` characters; stderr keeps
+its last 8,000 bytes.
+
 Liveness is judged by output: any bytes on stdout or stderr count (Claude runs with
 ``--include-partial-messages``, so a streaming reply prints a line per delta). A run silent for
 ``RunRequest.idle_timeout`` seconds is killed (``stopped_by = "idle"``); ``RunRequest.timeout`` is the
@@ -47,6 +53,7 @@ from anyio.abc import ByteReceiveStream, Process
 
 from shared.settings.model import AgentSettings
 from workers.limits import Hold, LimitHit, hold_limits
+from workers.output_bounds import CutString, Line, Lines, LongJsonLine, LongPart, PartialText, TextSpool
 from workers.sandbox import Sandboxed, SandboxError
 from workers.steer import SteerInbox
 
@@ -60,7 +67,6 @@ PartialFn = Callable[[str], None]
 _LAUNCHER = Path(__file__).with_name("launch.py")
 _REPO_ROOT = Path(__file__).resolve().parents[1]
 _STDERR_KEEP = 8_000
-_MAX_LINE = 64 * 1024 * 1024
 _CANNOT_EXEC = 127  # the exit code of workers/launch.py when the CLI cannot be executed
 
 
@@ -101,6 +107,9 @@ class RunRequest:
     # Messages of the same chat handed to this run while it goes on (the ``steer`` busy policy,
     # workers/steer.py); only a run in a warm session's stream-json input can take them.
     steer: SteerInbox | None = None
+    # Where a reply too long to hold in memory is kept while the run goes on (an unnamed file: nothing is
+    # left behind); None: the system's temporary folder.
+    spool_dir: Path | None = None
 
 
 @dataclass
@@ -141,6 +150,14 @@ class RunResult:
     service: str = ""  # whose AI service the CLI talks to ("Anthropic"), for messages; "" when unknown
     usage: RunUsage | None = None  # tokens and cost as the CLI reported them; None when it reports none
     limit: LimitHit | None = None  # the agent's limit (memory, processes, disk) that stopped the run
+    # The whole reply when it was too long to hold in memory (``text`` is then its start): the processor
+    # attaches it to the reply and closes it (workers/run_outcome.py).
+    whole: TextSpool | None = None
+
+    def close(self) -> None:
+        """Let go of the reply's file, if it has one."""
+        if self.whole is not None:
+            self.whole.close()
 
 
 class WarmTurns(Protocol):
@@ -209,8 +226,9 @@ def find_binary(name: str, request: RunRequest, env_var: str) -> str:
 class StreamState:
     """What a provider has learned from the output so far."""
 
-    text_parts: list[str] = field(default_factory=list)
+    text: TextSpool = field(default_factory=TextSpool)  # the reply of a CLI whose output is the reply
     final_text: str | None = None
+    final_whole: TextSpool | None = None  # the whole final text when it was cut from a long line
     error: str | None = None
     session_id: str | None = None
     rate_limited: bool = False
@@ -219,10 +237,25 @@ class StreamState:
     session_missing: bool = False  # see RunResult.session_missing
     resume_point_missing: bool = False  # see RunResult.resume_point_missing
     notices: list[str] = field(default_factory=list)  # for RunRequest.on_notice, not yet handed over
-    partial: list[str] = field(default_factory=list)  # the text of the assistant message being streamed
+    partial: PartialText = field(default_factory=PartialText)  # the assistant message being streamed
     partial_grew: bool = False  # ``partial`` changed since RunRequest.on_partial was last told
     usage: RunUsage | None = None
     last_output: float = 0.0  # time.monotonic() of the last byte the CLI wrote (stdout or stderr)
+    spool_dir: Path | None = None  # see RunRequest.spool_dir
+    long: LongJsonLine | None = None  # the long line being read, if any
+    long_start: str = ""  # the start of that line (the command provider's progress)
+    cuts: dict[str, CutString] = field(default_factory=dict)  # strings cut from the line being parsed
+
+    def __post_init__(self) -> None:
+        self.text.folder = self.spool_dir
+
+    def release(self, keep: TextSpool | None = None) -> None:
+        """Let go of every file the run's output went to but ``keep`` (handed to the result)."""
+        for spool in (self.text, self.final_whole, *(c.spool for c in self.cuts.values())):
+            if spool is not None and spool is not keep:
+                spool.close()
+        if self.long is not None:
+            self.long.close()
 
 
 def kill_group(pgid: int, sig: int = signal.SIGKILL) -> None:
@@ -322,7 +355,13 @@ class CliProvider(abc.ABC):
                 # The orphan guard (workers/launch.py) could not exec the CLI: as missing as a failed spawn.
                 cannot_start=exit_code == _CANNOT_EXEC and detail.startswith("cannot run "),
             )
-        text = state.final_text if state.final_text is not None else "".join(state.text_parts)
+        if state.final_text is not None:
+            text, whole = state.final_text, state.final_whole
+        else:
+            text, whole = state.text.text(), state.text
+        if whole is not None and whole.spilled:
+            # Too long to hold: ``text`` is its start, the whole of it stays in its file for the attachment.
+            return RunResult(ok=True, text=text.lstrip(), exit_code=exit_code, whole=whole)
         return RunResult(ok=True, text=text.strip(), exit_code=exit_code)
 
     async def run(self, request: RunRequest, progress: ProgressFn) -> RunResult:
@@ -353,7 +392,7 @@ class CliProvider(abc.ABC):
             return RunResult(ok=False, error=error, argv=argv, cannot_start=True, service=self.service)
         if request.on_spawn is not None:
             request.on_spawn(process.pid)
-        state = StreamState(last_output=time.monotonic())
+        state = StreamState(last_output=time.monotonic(), spool_dir=request.spool_dir)
         stderr_tail = bytearray()
         result: RunResult | None = None
         stopped_by: list[str] = []
@@ -387,6 +426,7 @@ class CliProvider(abc.ABC):
                     state, int(process.returncode or 0), stderr_tail.decode(errors="replace")
                 )
         finally:
+            state.release(keep=result.whole if result is not None else None)
             await _reap(process, timed_out=result is not None and result.timed_out)
             if result is not None and not result.ok:
                 hold.judge(result, process.returncode, stderr_tail.decode(errors="replace"))
@@ -412,29 +452,58 @@ class CliProvider(abc.ABC):
         self, process: Process, state: StreamState, progress: ProgressFn, request: RunRequest
     ) -> None:
         assert process.stdout is not None
-        buffer = bytearray()
+        lines = Lines()
         while True:
             try:
                 chunk = await process.stdout.receive()
             except (anyio.EndOfStream, anyio.ClosedResourceError, anyio.BrokenResourceError):
                 break
             state.last_output = time.monotonic()
-            buffer += chunk
-            while True:
-                cut = buffer.find(b"\n")
-                if cut < 0:
-                    break
-                line = bytes(buffer[:cut]).decode(errors="replace")
-                del buffer[: cut + 1]
-                await self._handle(line, state, progress, request)
-            if len(buffer) > _MAX_LINE:
-                await self._handle(bytes(buffer).decode(errors="replace"), state, progress, request)
-                buffer.clear()
-        if buffer:
-            await self._handle(bytes(buffer).decode(errors="replace"), state, progress, request)
+            for item in lines.feed(chunk):
+                await self.take(item, state, progress, request)
+        for item in lines.close():
+            await self.take(item, state, progress, request)
+
+    async def take(
+        self, item: Line | LongPart, state: StreamState, progress: ProgressFn, request: RunRequest
+    ) -> str | None:
+        """Handle one line, or one part of a long line (see :mod:`workers.output_bounds`); returns the line
+        handled (a long JSON line in its short form) or None (a part, or nothing a caller looks at)."""
+        if isinstance(item, Line):
+            line = item.data.decode(errors="replace")
+            await self._handle(line, state, progress, request)
+            return line
+        return await self._long_part(item, state, progress, request)
+
+    #: The keys of a long JSON line whose long strings are kept whole (the reply): see LongJsonLine.
+    spool_keys: frozenset[str] = frozenset()
+
+    async def _long_part(
+        self, part: LongPart, state: StreamState, progress: ProgressFn, request: RunRequest
+    ) -> str | None:
+        """A part of a line too long to hold: read as a JSON line made short (JSON-lines CLIs)."""
+        if state.long is None:
+            state.long = LongJsonLine(self.spool_keys, state.spool_dir)
+        state.long.feed(part.data)
+        if not part.end:
+            return None
+        long, state.long = state.long, None
+        short = long.finish()
+        if not short:
+            return None
+        state.cuts = long.cuts
+        await self._handle(short, state, progress, request)
+        return short
 
     async def _handle(self, line: str, state: StreamState, progress: ProgressFn, request: RunRequest) -> None:
-        for text in self.parse_line(line, state):
+        try:
+            texts = self.parse_line(line, state)
+        finally:
+            for cut in state.cuts.values():  # what parse_line did not take of a long line's strings
+                if cut.spool is not None:
+                    cut.spool.close()
+            state.cuts = {}
+        for text in texts:
             if text.strip():
                 await progress(text)
         notices, state.notices = state.notices, []
@@ -444,7 +513,7 @@ class CliProvider(abc.ABC):
         if state.partial_grew:
             state.partial_grew = False
             if request.on_partial is not None:
-                request.on_partial("".join(state.partial))
+                request.on_partial(state.partial.shown())
 
 
 async def _watchdog(

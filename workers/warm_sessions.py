@@ -36,6 +36,7 @@ a warm mode: codex and command agents start a process per run.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import hashlib
@@ -52,6 +53,7 @@ from anyio.abc import Process
 
 from shared.settings.sections import ProcessorSettings
 from workers.limits import Hold, hold_limits
+from workers.output_bounds import Line, Lines, LongPart
 from workers.providers import (
     CliProvider,
     ProgressFn,
@@ -115,7 +117,8 @@ class WarmProcess:
     #: The recorded session (:func:`session_ref`) its last good turn ended on; None before its first.
     session: str | None = None
     last_used: float = field(default_factory=time.monotonic)
-    buffer: bytearray = field(default_factory=bytearray)  # stdout read past the last full line
+    lines: Lines = field(default_factory=Lines)  # splits stdout, holding no line longer than it bounds
+    ready: collections.deque[Line | LongPart] = field(default_factory=collections.deque)  # read, not handled
     hold: Hold | None = None  # its limits (workers/limits.py): one cgroup for the process's whole life
 
     @property
@@ -284,10 +287,28 @@ class WarmSlot:
 async def _one_turn(
     provider: CliProvider, warm: WarmProcess, request: RunRequest, progress: ProgressFn, started: float
 ) -> tuple[RunResult, str | None]:
-    """Write the prompt, read until the turn's ``result`` line (or the process's end, or a limit)."""
+    """Write the prompt, read until the turn's ``result`` line (or the process's end, or a limit); the files
+    the turn's output went to are let go, but the reply's (``RunResult.whole``)."""
+    state = StreamState(last_output=time.monotonic(), spool_dir=request.spool_dir)
+    try:
+        result, uuid = await _turn_in(provider, warm, request, progress, started, state)
+    except BaseException:
+        state.release()
+        raise
+    state.release(keep=result.whole)
+    return result, uuid
+
+
+async def _turn_in(
+    provider: CliProvider,
+    warm: WarmProcess,
+    request: RunRequest,
+    progress: ProgressFn,
+    started: float,
+    state: StreamState,
+) -> tuple[RunResult, str | None]:
     process = warm.process
     assert process.stdin is not None and process.stdout is not None
-    state = StreamState(last_output=time.monotonic())
     stderr_tail = bytearray()
     stopped_by: list[str] = []
     ended: list[str | None] = []  # [last assistant uuid] once the result line was read
@@ -360,24 +381,23 @@ async def _read_until_result(
     usages: list[RunUsage] = []
     shown = request  # what the provider tells of the text being written (see _after_answers)
     while True:
-        cut = warm.buffer.find(b"\n")
-        if cut < 0:
+        if not warm.ready:
             try:
                 chunk = await warm.process.stdout.receive()
             except (anyio.EndOfStream, anyio.ClosedResourceError, anyio.BrokenResourceError):
                 return
             state.last_output = time.monotonic()
-            warm.buffer += chunk
+            warm.ready.extend(warm.lines.feed(chunk))
             continue
-        line = bytes(warm.buffer[:cut]).decode(errors="replace")
-        del warm.buffer[: cut + 1]
+        line = await provider.take(warm.ready.popleft(), state, progress, shown)
+        if line is None:  # a part of a long line
+            continue
         kind, uuid, replay, echo = _kind(line)
         if kind == "assistant" and uuid:
             last_uuid = uuid
         elif kind == "user" and replay:
             written = [request.prompt, *(request.steer.written if request.steer is not None else [])]
             echoed += echoed_count(echo, written[echoed:])
-        await provider._handle(line, state, progress, shown)
         if kind != "result":
             continue
         if state.final_text:
@@ -388,6 +408,9 @@ async def _read_until_result(
         if state.error is not None or steer is None or steer.settle(echoed - 1):
             if len(answers) > 1 or len(usages) > 1:
                 state.final_text = "\n\n".join(a for a in answers if a)
+                if state.final_whole is not None:  # several answers: their starts make the reply
+                    state.final_whole.close()
+                    state.final_whole = None
                 state.usage = _added(usages)
             ended.append(last_uuid)
             return
