@@ -56,6 +56,13 @@ log = logging.getLogger("agentpost.processor")
 MIN_CHECK_SECONDS = 0.2
 #: A running agent's progress events reach the event log at least this often (batched in between).
 PROGRESS_EVENTS_SECONDS = 1.0
+#: A run records at most this many ``agent_progress`` events, holding at most this many characters of text in
+#: all, each at most ``PROGRESS_TEXT_CHARS``: a run printing 20 MB (200,000 lines) must not write 200,000 rows.
+#: Steps reported close together share one event (their lines joined) while it has room; past the bounds the
+#: lines are counted, and one last event of the run says how many were not recorded.
+PROGRESS_MAX_EVENTS = 200
+PROGRESS_MAX_CHARS = 100_000
+PROGRESS_TEXT_CHARS = 4000
 
 
 @dataclass
@@ -84,14 +91,58 @@ class RunInfo:
     events_written: float = field(default_factory=time.monotonic)
     #: Where messages steered into this run go (the ``steer`` policy, a claude run); None: it takes none.
     steer: SteerInbox | None = None
+    #: The run's progress events so far, their text, and the lines left out past the bounds (see above).
+    progress_events: int = 0
+    progress_chars: int = 0
+    progress_omitted: int = 0
 
     def __post_init__(self) -> None:
         self.edit_key = self.edit_key or self.run_id
 
     def add_progress_event(self, event: PendingEvent) -> bool:
-        """Keep ``event`` for writing; True when the pending events are due now."""
-        self.pending_events.append(event)
-        return time.monotonic() - self.events_written >= PROGRESS_EVENTS_SECONDS
+        """Keep ``event`` (an ``agent_progress`` one, its text in ``payload["text"]``) for writing, within the
+        run's bounds: joined to the last pending one while their text fits one event, a new one while the
+        run has events left, else only counted (:meth:`close_progress`). True when the pending events are
+        due now."""
+        text = str(event.payload.get("text", ""))[:PROGRESS_TEXT_CHARS]
+        lines = text.count("\n") + 1
+        last = self.pending_events[-1] if self.pending_events else None
+        if self.progress_omitted or self.progress_chars + len(text) > PROGRESS_MAX_CHARS:
+            self.progress_omitted += lines
+        elif (
+            last is not None
+            and last.type == event.type
+            and len(last.payload.get("text", "")) + 1 + len(text) <= PROGRESS_TEXT_CHARS
+        ):
+            last.payload["text"] = f"{last.payload['text']}\n{text}"
+            self.progress_chars += len(text)
+        elif self.progress_events >= PROGRESS_MAX_EVENTS:
+            self.progress_omitted += lines
+        else:
+            self.pending_events.append(
+                PendingEvent(event.type, {**event.payload, "text": text}, event.message_id, event.topic)
+            )
+            self.progress_events += 1
+            self.progress_chars += len(text)
+        return bool(self.pending_events) and time.monotonic() - self.events_written >= PROGRESS_EVENTS_SECONDS
+
+    def close_progress(self) -> None:
+        """At the run's end: the one event saying how many lines of progress were not recorded, if any."""
+        if not self.progress_omitted:
+            return
+        omitted, self.progress_omitted = self.progress_omitted, 0
+        ids = self.group.ids
+        text = f"… {omitted:,} more line{'s' if omitted != 1 else ''} not recorded"
+        payload = {
+            "agent": self.agent,
+            "text": text,
+            "message_ids": ids,
+            "run_id": self.run_id,
+            "omitted": omitted,
+        }
+        self.pending_events.append(
+            PendingEvent("agent_progress", payload, ids[0] if ids else None, "progress")
+        )
 
     def take_events(self) -> list[PendingEvent]:
         """The pending events, oldest first, now counted as written."""

@@ -11,6 +11,8 @@ The processor reads it with bounded memory:
   a :class:`TextSpool` instead (the reply), so the reply of a huge answer is not lost.
 - :class:`TextSpool` holds a text (the reply) in memory up to :data:`TEXT_KEEP` characters and, beyond, all of
   it in an unnamed file (``O_TMPFILE``: nothing is left behind by a crash), up to :data:`FILE_MAX` bytes.
+- :func:`save_long_reply`: a reply longer than ``[processor] reply_max_chars`` is cut, with a plain note, and
+  its whole text saved as ``reply.txt`` for the reply to attach.
 - :class:`PartialText` is the text of the message being streamed (the live preview): its first
   :data:`PREVIEW_KEEP` characters and its length, so telling the preview costs no more as the text grows.
 """
@@ -20,11 +22,14 @@ from __future__ import annotations
 import codecs
 import contextlib
 import json
+import os
 import re
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
+
+from shared.chat.previews import PREVIEW_MAX_CHARS
 
 #: A stdout line longer than this (bytes) is never held whole in memory (:class:`Lines`).
 LINE_KEEP = 1024 * 1024
@@ -41,14 +46,15 @@ TEXT_KEEP = 1_000_000
 FILE_MAX = 64 * 1024 * 1024
 #: The live preview shows at most this many characters of the text being written (platforms show the first
 #: 2,000-4,096 of it anyway; the final reply carries the rest).
-PREVIEW_KEEP = 8000
+PREVIEW_KEEP = PREVIEW_MAX_CHARS
 
 _DECODER = json.JSONDecoder(strict=False)  # raw control characters inside strings are the CLI's business
 # Complete tokens of a JSON string's inside: plain characters, simple escapes, \uXXXX escapes (a high
-# surrogate only together with its low half, so a pair is never decoded in two pieces).
+# surrogate only together with its low half, so a pair is never decoded in two pieces). Possessive (``*+``,
+# ``++``): a backtracking repeat keeps a mark per character, 120 bytes each (a 1 MB string cost 150 MB).
 _TOKENS = re.compile(
-    r'(?:[^"\\]|\\["\\/bfnrt]|\\u(?![dD][89abAB])[0-9a-fA-F]{4}'
-    r"|\\u[dD][89abAB][0-9a-fA-F]{2}\\u[dD][c-fC-F][0-9a-fA-F]{2})*",
+    r'(?:[^"\\]++|\\["\\/bfnrt]|\\u(?![dD][89abAB])[0-9a-fA-F]{4}'
+    r"|\\u[dD][89abAB][0-9a-fA-F]{2}\\u[dD][c-fC-F][0-9a-fA-F]{2})*+",
     re.DOTALL,
 )
 
@@ -375,3 +381,41 @@ class LongJsonLine:
         self.cuts[short] = CutString(self._chars, self._spool)
         self._spool = None
         self._emit(json.dumps(short))
+
+
+# -- replies over the limit ------------------------------------------------------------------------------
+#: The name of the file holding the whole of a reply too long to send as text.
+REPLY_FILE = "reply.txt"
+
+
+def save_long_reply(text: str, whole: TextSpool | None, limit: int, folder: Path) -> tuple[str, Path | None]:
+    """A reply within ``limit`` characters: ``(text, None)``. A longer one (``whole``: all of it when the run
+    could not hold it, ``text`` its start): its first ``limit`` characters with a plain note, and the path of
+    ``folder/reply.txt`` holding the whole text. ``folder`` must not exist yet (a new one per run: nothing
+    can be waiting there, a link or a FIFO in its place makes the save fail). A save that fails gives the
+    cut text with a note saying the whole could not be kept, and None."""
+    chars = whole.chars if whole is not None else len(text)
+    if chars <= limit:
+        return text, None
+    shown = text[:limit].rstrip()
+    path = folder / REPLY_FILE
+    try:
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        folder.mkdir(mode=0o700)  # refuses an existing name (a link among them)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        with os.fdopen(fd, "wb") as out:
+            if whole is not None:
+                whole.copy_to(out)
+            else:
+                out.write(text.encode("utf-8", errors="replace"))
+    except OSError as exc:
+        note = (
+            f"(The reply was {chars:,} characters; the first {limit:,} are shown. "
+            f"The whole text could not be saved: {exc.strerror or exc}.)"
+        )
+        return f"{shown}\n\n{note}", None
+    note = (
+        f"(The reply was {chars:,} characters; the first {limit:,} are shown "
+        f"and the whole text is attached as {REPLY_FILE}.)"
+    )
+    return f"{shown}\n\n{note}", path

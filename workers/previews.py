@@ -17,6 +17,12 @@ Exactly one final: before the run's outcome is written the writer is stopped (:m
 waits for a write in flight), and the row is removed in the same transaction as the final reply
 (:meth:`PreviewWriter.clear_in`) — or on its own when the run ends another way.
 
+**The bounds.** A preview holds at most the first :data:`shared.chat.previews.PREVIEW_MAX_CHARS` (8,000)
+characters of the text, so a text past them stops changing and costs no more writes; and a run writes at
+most :data:`RUN_MAX_CHARS` of preview text in all (each write is the whole text, and is kept on the event
+log): past them its preview stays as it is until the final reply replaces it. A reply of 20 MB streamed for
+minutes costs a few preview writes, not a stream of ever larger ones.
+
 Each write also appends an ``agent_preview`` event (topic ``progress``; ``message:preview`` on the web's
 event stream) with the whole text so far, in the same transaction: a web client sees the reply grow with no
 extra commit, and a reader that missed one event loses nothing (each carries the whole text).
@@ -44,6 +50,8 @@ log = logging.getLogger("agentpost.processor")
 
 #: At most one write of a run's partial text per this many seconds (see the module docstring).
 WRITE_SECONDS = 0.5
+#: A run writes at most this many characters of preview text in all (see the module docstring).
+RUN_MAX_CHARS = 1_000_000
 
 
 def previews_on(settings: Settings, channel: str) -> bool:
@@ -77,6 +85,7 @@ class PreviewWriter:
         self.latest = ""
         self.written_text = ""
         self.written = False  # a row may exist: the end of the run removes it
+        self.spent = 0  # characters of preview text this run has written (RUN_MAX_CHARS)
         self.first_at: float | None = None
         self._grew = anyio.Event()
         self._stopped = False
@@ -97,7 +106,7 @@ class PreviewWriter:
         last preview until the new one has words)."""
         if self._stopped or not text.strip():
             return
-        self.latest = text
+        self.latest = previews.bounded_preview(text)
         if self.first_at is None:
             self.first_at = time.monotonic()
         self._grew.set()
@@ -111,8 +120,9 @@ class PreviewWriter:
             assert self.first_at is not None
             await anyio.sleep(max(0.0, self.first_at + self.interval - time.monotonic()))
             text = self.latest
-            if text == self.written_text or self._stopped:
+            if text == self.written_text or self._stopped or self.spent + len(text) > RUN_MAX_CHARS:
                 continue
+            self.spent += len(text)
             with anyio.CancelScope(shield=True):
                 try:
                     self.written = True

@@ -35,6 +35,7 @@ from shared.events.log import PendingEvent, append_events
 from shared.file_access import chat_upload_dir
 from shared.ids import new_id
 from shared.notices import steered_note
+from shared.private_files import private_dir
 from shared.queue.core import LeaseLost, QueuedMessage, TxWork, retry_edit_key
 from shared.reads.conversation_status import clear_run, clear_run_in, record_run_in
 from shared.runtime import Runtime
@@ -171,7 +172,10 @@ class Run:
                 await quietly(clear_run, self.rt.db, agent, run.run_id)
                 await self._clear_preview()
             raise
-        await self._conclude(run, result, workspace, session_key, on_fallback, session)
+        try:
+            await self._conclude(run, result, workspace, session_key, on_fallback, session)
+        finally:
+            result.close()  # the file of a reply too long to hold: attached by now, or not wanted
 
     def _run_start(self, run: RunInfo, provider: str, resumed: bool, fallback_model: str | None) -> TxWork:
         """What commits with the run's start: its ``chain_step_start`` event and its status record."""
@@ -219,6 +223,7 @@ class Run:
         done = PendingEvent(
             "chain_step_done", step_done(run, result), group.messages[0].message_id, topic="queue"
         )
+        run.close_progress()
 
         # What the run cost commits with its outcome, whichever it is: never counted twice, never lost.
         spent = usage_work(agent, run.run_id, group.messages[0], result)
@@ -290,6 +295,8 @@ class Run:
             on_partial=self.preview.update if self.preview is not None else None,
             read_dirs=(uploads,) if uploads is not None else (),
             sandbox=self._sandboxed(workspace, uploads, egress, session_key),
+            # agentpost's own folder, hidden from every run (the files there have no name anyway).
+            spool_dir=private_dir(self.settings.home / "tmp"),
             warm=self._warm_slot(config, session_key, steer=run.steer is not None),
             steer=run.steer,
         )

@@ -27,7 +27,7 @@ from shared.chat.address import ChatAddress
 from shared.chat.agents import record_answer
 from shared.chat.sessions import clear_sessions, set_session, set_session_in
 from shared.clock import now_ms
-from shared.file_access import send_roots
+from shared.file_access import chat_upload_dir, send_roots
 from shared.queue.core import CompleteOutcome, LeaseLost, QueuedMessage, ResponseDraft, TxWork
 from shared.runtime import Runtime
 from shared.storage.db import Tx
@@ -37,6 +37,7 @@ from workers.errors import diagnose
 from workers.files import OutboundFiles, outbound_files
 from workers.liveness import RunInfo, note_target
 from workers.observe import quietly, record_event
+from workers.output_bounds import save_long_reply
 from workers.pauses import RateLimitPauses, WaitedNote
 from workers.processor_config import ProcessorSettings, ProcessorStats
 from workers.providers import RunResult
@@ -228,7 +229,10 @@ class OutcomeWriter:
         self.pauses.clear_strikes(agent)
         user_chat = note_target(primary)  # None for agentpost's own channels
         target = user_chat or primary.address
-        out = await self._outbound(primary, target, result.text, workspace)
+        text, whole_reply = await self._bounded(run, result, target)
+        out = await self._outbound(primary, target, text, workspace)
+        if whole_reply is not None:
+            out.files.append(str(whole_reply))
         chat_agents = await self._chat_agents(user_chat)
         plan = plan_reply(
             self.rt.settings,
@@ -287,6 +291,31 @@ class OutcomeWriter:
                 "queue", "heartbeat_silent", {"agent": agent, "message_ids": group.ids}, primary.message_id
             )
         return True
+
+    async def _bounded(self, run: RunInfo, result: RunResult, target: ChatAddress) -> tuple[str, Path | None]:
+        """The reply's text within ``[processor] reply_max_chars``, and the file holding the whole of a longer
+        one (:func:`workers.output_bounds.save_long_reply`). The file goes to the upload folder of the chat the
+        reply goes to: agentpost's own folder, which the attachment rule allows (shared/file_access.py) and
+        no agent run may write (a run reads its chat's uploads, never writes them), in a folder of its own
+        per run; not the workspace, where the agent could swap the file for another before it is sent."""
+        limit = self.config.reply_max_chars
+        if result.whole is None and len(result.text) <= limit:
+            return result.text, None
+        folder = chat_upload_dir(self.rt.settings, target) / f"reply-{run.run_id}"
+        text, path = await call(save_long_reply, result.text, result.whole, limit, folder)
+        await self._event(
+            "queue",
+            "reply_cut",
+            {
+                "agent": self.drive.agent,
+                "run_id": run.run_id,
+                "chars": result.whole.chars if result.whole is not None else len(result.text),
+                "shown": limit,
+                "file": str(path) if path is not None else None,
+            },
+            run.group.messages[0].message_id,
+        )
+        return text, path
 
     async def _outbound(
         self, primary: QueuedMessage, target: ChatAddress, text: str, workspace: Path

@@ -34,6 +34,9 @@ from shared.storage.kv import Scope, scoped
 
 #: Preview-message records older than this are forgotten (an adapter that stopped half-way leaves some).
 SHOWN_TTL_MS = 7 * 24 * 3600 * 1000
+#: A preview holds at most this many characters of the text being written: the platforms show its first
+#: 2,000-4,096 anyway, and the final reply carries the rest. A longer text is cut, with " …" after it.
+PREVIEW_MAX_CHARS = 8000
 #: A run's text not written for this long is removed whatever its messages' state: a run streams its text
 #: as it grows, and a day without a word is far past any run's ``timeout_seconds`` (30 minutes by default).
 PARTIAL_MAX_AGE_MS = 24 * 3600 * 1000
@@ -56,9 +59,15 @@ class Partial:
 
 
 def put_partial(tx: Tx, chat: ChatAddress, edit_key: str, text: str, message_ids: list[str]) -> None:
-    """Record the text streamed so far (replacing the earlier one)."""
+    """Record the text streamed so far (replacing the earlier one), at most :data:`PREVIEW_MAX_CHARS` of it."""
+    text = bounded_preview(text)
     value = json.dumps({"text": text, "message_ids": message_ids}, separators=(",", ":"))
     kv.put(tx, scoped(Scope.PREVIEW, chat.channel), preview_key(chat.chat, edit_key), value)
+
+
+def bounded_preview(text: str) -> str:
+    """``text``, or its first :data:`PREVIEW_MAX_CHARS` characters and " …" when it is longer."""
+    return text if len(text) <= PREVIEW_MAX_CHARS else text[:PREVIEW_MAX_CHARS] + " …"
 
 
 def clear_partial_in(tx: Tx, chat: ChatAddress, edit_key: str) -> None:

@@ -78,6 +78,12 @@ class ProcessorSettings(_Strict):
         ge=0,
         description="keep a chat's claude CLI running this long for its next message (0: one process per run)",
     )
+    reply_max_chars: int = Field(
+        default=100_000,
+        ge=1000,
+        le=1_000_000,  # workers/output_bounds.TEXT_KEEP: the start of a reply the processor holds in memory
+        description="a longer reply is cut to this many characters, with a note, and sent whole as reply.txt",
+    )
     warm_sessions_per_agent: int = Field(
         default=4,
         ge=1,
