@@ -74,6 +74,8 @@ class Growth:
     response_chars: int  # the reply's text as queued
     files: list[str]  # what the reply attaches
     seconds: float  # from the big message's enqueue to its reply
+    reply: str = ""  # the reply's text
+    progress: tuple[str, ...] = ()  # the texts of the run's agent_progress events
 
     def row(self) -> str:
         return (
@@ -180,6 +182,10 @@ def measure(case: str, tmp: Path, size: int = 20 * MB, *, api_url: str | None = 
             "SELECT message, files FROM responses WHERE message_id = :m ORDER BY id DESC",
             {"m": sent.message_id},
         )[0]
+        progress = rt.db.read(
+            "SELECT payload FROM events WHERE type = 'agent_progress' AND message_id = :m ORDER BY id",
+            {"m": sent.message_id},
+        )
     db_after, rows_after, payload_after = _db_state(db_path)
     return Growth(
         case=case,
@@ -191,4 +197,16 @@ def measure(case: str, tmp: Path, size: int = 20 * MB, *, api_url: str | None = 
         response_chars=len(str(response["message"])),
         files=list(json.loads(response["files"] or "[]")),
         seconds=seconds,
+        reply=str(response["message"]),
+        progress=tuple(str(json.loads(p["payload"])["text"]) for p in progress),
     )
+
+
+def printed(size: int, shape: str) -> bytes:
+    """What :data:`PRINTER` prints for ``size`` and ``shape`` (``one`` or ``many``)."""
+    words = "the quick brown fox jumps over the lazy dog; "
+    if shape == "one":
+        block = words * (65536 // len(words))
+        whole = (block * (size // len(block) + 1))[: size - 1]
+        return (whole + "\n").encode()
+    return ((words * 3)[:99] + "\n").encode() * (size // 100)

@@ -107,7 +107,7 @@ class RunInfo:
         text = str(event.payload.get("text", ""))[:PROGRESS_TEXT_CHARS]
         lines = text.count("\n") + 1
         last = self.pending_events[-1] if self.pending_events else None
-        if self.progress_omitted or self.progress_chars + len(text) > PROGRESS_MAX_CHARS:
+        if self.progress_omitted or self.progress_chars + len(text) + 1 > PROGRESS_MAX_CHARS:
             self.progress_omitted += lines
         elif (
             last is not None
@@ -115,7 +115,7 @@ class RunInfo:
             and len(last.payload.get("text", "")) + 1 + len(text) <= PROGRESS_TEXT_CHARS
         ):
             last.payload["text"] = f"{last.payload['text']}\n{text}"
-            self.progress_chars += len(text)
+            self.progress_chars += len(text) + 1  # with the newline joining it
         elif self.progress_events >= PROGRESS_MAX_EVENTS:
             self.progress_omitted += lines
         else:
@@ -123,7 +123,7 @@ class RunInfo:
                 PendingEvent(event.type, {**event.payload, "text": text}, event.message_id, event.topic)
             )
             self.progress_events += 1
-            self.progress_chars += len(text)
+            self.progress_chars += len(text) + 1  # with the newline joining it
         return bool(self.pending_events) and time.monotonic() - self.events_written >= PROGRESS_EVENTS_SECONDS
 
     def close_progress(self) -> None:

@@ -177,17 +177,21 @@ class PartialText:
 # -- lines -----------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Line:
-    """A whole line (without its newline), at most about :data:`LINE_KEEP` bytes."""
+    """A whole line (without its newline), at most about :data:`LINE_KEEP` bytes; ``newline``: False for
+    the output's last line when it did not end with one."""
 
     data: bytes
+    newline: bool = True
 
 
 @dataclass(frozen=True)
 class LongPart:
-    """The next part of a line too long to hold; ``end`` on the last one (its data may be empty)."""
+    """The next part of a line too long to hold; ``end`` on the last one (its data may be empty), with
+    ``newline`` as for :class:`Line`."""
 
     data: bytes
     end: bool = False
+    newline: bool = True
 
 
 class Lines:
@@ -229,9 +233,9 @@ class Lines:
         """What is left at the end of the stream (a last line without a newline)."""
         if self.long:
             self.long = False
-            return [LongPart(b"", end=True)]
+            return [LongPart(b"", end=True, newline=False)]
         if self.buffer:
-            line = Line(bytes(self.buffer))
+            line = Line(bytes(self.buffer), newline=False)
             self.buffer.clear()
             return [line]
         return []

@@ -394,7 +394,7 @@ class CommandProvider(CliProvider):
         return argv
 
     def parse_line(self, line: str, state: StreamState) -> list[str]:
-        state.text.append(line + "\n")
+        state.text.append(line + "\n" if state.newline else line)  # the reply is the output as printed
         return [line]
 
     async def _long_part(
@@ -410,7 +410,8 @@ class CommandProvider(CliProvider):
         if not part.end:
             return None
         self._utf8 = None
-        state.text.append("\n")
+        if part.newline:
+            state.text.append("\n")
         start, state.long_start = state.long_start, ""
         if start.strip():
             await progress(start)

@@ -242,6 +242,7 @@ class StreamState:
     usage: RunUsage | None = None
     last_output: float = 0.0  # time.monotonic() of the last byte the CLI wrote (stdout or stderr)
     spool_dir: Path | None = None  # see RunRequest.spool_dir
+    newline: bool = True  # the line being handled ended with a newline (not so the output's last, maybe)
     long: LongJsonLine | None = None  # the long line being read, if any
     long_start: str = ""  # the start of that line (the command provider's progress)
     cuts: dict[str, CutString] = field(default_factory=dict)  # strings cut from the line being parsed
@@ -469,6 +470,7 @@ class CliProvider(abc.ABC):
     ) -> str | None:
         """Handle one line, or one part of a long line (see :mod:`workers.output_bounds`); returns the line
         handled (a long JSON line in its short form) or None (a part, or nothing a caller looks at)."""
+        state.newline = item.newline
         if isinstance(item, Line):
             line = item.data.decode(errors="replace")
             await self._handle(line, state, progress, request)
