@@ -153,10 +153,12 @@ class PartialText:
         return self.chars > 0
 
     def append(self, text: str) -> bool:
-        """Add ``text``; True when what the preview shows changed (nothing changes past ``keep``)."""
+        """Add ``text``; True when what the preview shows changed (past ``keep`` only the mark that the text
+        goes on appears, once)."""
+        went_on = self.chars > self._kept
         self.chars += len(text)
         if self._kept >= self.keep:
-            return False
+            return not went_on
         piece = text[: self.keep - self._kept]
         self._parts.append(piece)
         self._kept += len(piece)

@@ -5,6 +5,7 @@ The partial text grows, is written at most every half second, and is gone once t
 from __future__ import annotations
 
 import itertools
+import json
 import time
 from pathlib import Path
 
@@ -107,3 +108,28 @@ def test_a_reply_streamed_in_one_go_writes_no_preview(tmp_path: Path, api: FakeA
         run_with(rt, cli_env(api, tmp_path), watch)
         writes = rt.db.read_scalar("SELECT COUNT(*) FROM kv WHERE scope = 'preview:telegram'")
     assert seen == [] and writes == 0
+
+
+def test_the_preview_of_a_long_streamed_reply_stops_at_its_bound(tmp_path: Path, api: FakeAnthropic) -> None:
+    # 60 parts of 1,000 characters over about 3 s: past 8,000 characters the preview shows the same start
+    # and is written no more, however much the reply grows (each write is the whole text, on the event log).
+    parts = [f"{n:04d}" + "z" * 996 for n in range(60)]
+    api.add_rule("stream a lot", Chunked(parts, interval=0.05))
+    with _home(tmp_path) as rt:
+        sent = rt.queue.intake.enqueue_message(
+            ChatAddress("telegram", "ann", sender_id="7", conversation="c1"), "stream a lot"
+        )
+        seen: list[previews.Partial] = []
+        run_with(rt, cli_env(api, tmp_path), lambda: _watch(rt, "telegram", seen))
+        events = rt.db.read(
+            "SELECT payload FROM events WHERE type = 'agent_preview' AND message_id = :m",
+            {"m": sent.message_id},
+        )
+        (final,) = of_kind(rt, "final")
+    whole = "".join(parts)
+    assert final["message"] == whole
+    texts = [p.text for p in seen] + [json.loads(e["payload"])["text"] for e in events]
+    assert texts and all(len(t) <= 8000 + 2 for t in texts), [len(t) for t in texts]
+    assert all(whole.startswith(t.removesuffix(" …")) for t in texts)
+    capped = whole[:8000] + " …"
+    assert sum(1 for e in events if json.loads(e["payload"])["text"] == capped) == 1  # then no more writes

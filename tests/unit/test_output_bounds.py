@@ -142,9 +142,12 @@ def test_a_text_file_stops_growing_at_its_bound(tmp_path: Path) -> None:
 
 def test_the_preview_text_is_bounded() -> None:
     partial = PartialText(keep=5)
-    assert partial.append("abc") and partial.append("defg")
-    assert not partial.append("more")  # past the bound nothing shown changes
-    assert partial.shown() == "abcde …" and partial.chars == 11
+    assert partial.append("abc") and partial.append("de")
+    assert partial.shown() == "abcde"
+    assert partial.append("f")  # the mark that it goes on
+    assert partial.shown() == "abcde …"
+    assert not partial.append("more")  # and then nothing shown changes
+    assert partial.shown() == "abcde …" and partial.chars == 10
     partial.clear()
     assert not partial and partial.shown() == ""
     assert bounded_preview("x" * (PREVIEW_MAX_CHARS + 1)) == "x" * PREVIEW_MAX_CHARS + " …"
