@@ -118,3 +118,31 @@ def test_a_warm_claude_turn_with_a_reply_past_the_line_bound_then_a_normal_one(
     assert first["text"] == big[:100_000] + _note(len(big), 100_000)
     assert Path(first["files"][0]).read_text() == big
     assert second == {"text": "small and whole", "files": []}
+
+
+FAKE_CODEX = """#!{python}
+import json, sys
+sys.stdin.read()
+print(json.dumps({{"type": "thread.started", "thread_id": "thread-1"}}))
+print(json.dumps({{"type": "item.completed", "item": {{"type": "agent_message", "text": "a first, short message"}}}}))
+text = ("Grüße 😀 " * {n})[:{n}]
+print(json.dumps({{"type": "item.completed", "item": {{"type": "agent_message", "text": text}}}}))
+print(json.dumps({{"type": "turn.completed", "usage": {{"input_tokens": 1, "output_tokens": 1}}}}))
+"""
+
+
+def test_a_codex_reply_past_the_line_bound_is_cut_and_attached_whole(tmp_path: Path, sqlite_url: str) -> None:
+    chars = LINE_KEEP  # escaped by json.dumps (\\u00fc, \\ud83d\\ude00): a line of several MiB
+    codex = tmp_path / "codex"
+    codex.write_text(FAKE_CODEX.format(python=sys.executable, n=chars))
+    codex.chmod(0o755)
+    home = make_home(tmp_path, sqlite_url, {"cx": {"provider": "codex"}})
+    with open_home(home) as rt:
+        sent = rt.queue.intake.enqueue_message(CHAT, "write a lot")
+        run_idle(rt, env={"PATH": f"{tmp_path}:/usr/bin:/bin"})
+        reply = _reply(rt, sent.message_id)
+        thread = rt.db.read("SELECT session_id FROM sessions", {})
+    whole = ("Grüße 😀 " * chars)[:chars]
+    assert reply["text"] == whole[:100_000].rstrip() + _note(chars, 100_000)
+    assert Path(reply["files"][0]).read_text() == whole
+    assert [t["session_id"] for t in thread] == ["thread-1"]
