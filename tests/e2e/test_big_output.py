@@ -4,7 +4,7 @@ Each test runs a processor as its own process (``agentpost run processor``, SQLi
 prints 20 MB, and measures from outside (:mod:`tests.output_support`): the processor's peak memory growth
 from ``/proc``, the database's growth, the run's events. The reply is its first 100,000 characters with a
 note, and the whole text is attached as ``reply.txt``, byte for byte what the agent printed. Before the
-bounds the same runs cost 102-486 MB of memory and 40-646 MB of database (docs/benchmarks.md).
+bounds the same runs cost 102-502 MB of memory and 40-525 MB of database (docs/benchmarks.md).
 """
 
 from __future__ import annotations
