@@ -5,6 +5,7 @@ cannot turn one message into dozens of runs and replies.
 The count lives in the ``kv`` table (scope ``chain_runs``, key = the user message's id) and is taken in the
 transaction that queues the handoffs, so two teammates finishing at once cannot both spend the last run.
 The user message's own run is the first of the budget.
+The same record says whether the user was told that a handoff of the chain went past ``max_hops``.
 """
 
 from __future__ import annotations
@@ -29,6 +30,18 @@ def take_chain_run(tx: Tx, root: str, budget: int, now: int) -> tuple[bool, bool
         state["told"] = True
     kv.put(tx, Scope.CHAIN_RUNS, root, json.dumps(state), now)
     return granted, first_refusal
+
+
+def first_hops_refusal(tx: Tx, root: str, now: int) -> bool:
+    """Record that a handoff of ``root``'s chain went past ``max_hops``; True the first time (the moment to
+    tell the user, once: every branch of a chain that fans out may reach the limit)."""
+    raw = kv.get(tx, Scope.CHAIN_RUNS, root)
+    state = json.loads(raw) if raw else {"runs": 1, "told": False}
+    if state.get("hops_told"):
+        return False
+    state["hops_told"] = True
+    kv.put(tx, Scope.CHAIN_RUNS, root, json.dumps(state), now)
+    return True
 
 
 def prune_chain_budgets(tx: Tx, older_than: int) -> int:

@@ -37,6 +37,58 @@ def gave_up_notice(
     return f"{head} {todo} (ref {ref})"
 
 
+def teammate_gave_up_notice(
+    agent: str,
+    handed_by: str,
+    what: str,
+    ref: str,
+    *,
+    attempts: int,
+    permanent: bool,
+    advice: str = "",
+    can_retry: bool = True,
+) -> str:
+    """The one notice the chat a chain started from gets when a teammate's part of it will not be done:
+    the work ``handed_by`` gave ``agent`` failed for good (it is kept for the operator). ``can_retry``: the
+    chat's ``/retry`` reaches it (a handoff does, a chat-room post does not)."""
+    by = f" that {_quoted(handed_by)} handed to it" if handed_by else ""
+    tries = f" after {attempts} tries" if attempts > 1 and not permanent else ""
+    head = f"Sorry — {_quoted(agent)} could not do its part of your request{by}{tries}: {what}."
+    if advice and (can_retry or "/retry" not in advice):
+        todo = advice
+    elif permanent:
+        todo = (
+            "Trying it again would fail the same way; ask in other words, or ask the operator to look it up."
+        )
+    elif can_retry:
+        todo = f"Type /retry to have {_quoted(agent)} try its part again, or send your request again later."
+    else:
+        todo = "Send your request again later to have another go."
+    return f"{head} The other agents' answers do not include it. {todo} (ref {ref})"
+
+
+def handoff_refused_notice(agent: str, targets: list[str], max_hops: int, ref: str) -> str:
+    """The one notice a chat gets when its request went from agent to agent ``max_hops`` times and
+    ``agent`` may not hand it on again (to ``targets``)."""
+    to = ", ".join(_quoted(t) for t in targets) or "a teammate"
+    return (
+        f"{_quoted(agent)} wanted to hand your request on to {to}, but it has already gone from agent to "
+        f"agent {max_hops} times, which is as far as one request may go, so that part was not passed on. "
+        f"The answers so far are above; send a new message to carry on. (ref {ref})"
+    )
+
+
+def chain_budget_notice(agent: str, targets: list[str], max_runs: int, ref: str) -> str:
+    """The one notice a chat gets when the agents have spent the runs its message may set off, and the
+    work ``agent`` handed to ``targets`` was not passed on."""
+    to = ", ".join(_quoted(t) for t in targets) or "a teammate"
+    return (
+        f"The agents have used up the {max_runs} runs one message may set off, so the work {_quoted(agent)} "
+        f"handed to {to} was not passed on, and they stopped handing your request on to each other. Their "
+        f"answers so far are above; send a new message to carry on. (ref {ref})"
+    )
+
+
 def busy_note(agent: str, policy: str, *, same_chat: bool) -> str:
     """The one note a chat gets when its message waits behind a run of ``agent`` (once per run and chat).
 

@@ -140,12 +140,15 @@ class Admin:
 
     def retry_last_failed(self, chat: ChatAddress) -> QueuedMessage:
         """``/retry`` in a chat: put the most recent dead letter of ``chat`` (its channel and conversation)
-        back, within the manual-retry budget (:meth:`retry_dead`). Raises :class:`NotFound` when the chat
-        has none."""
+        back, within the manual-retry budget (:meth:`retry_dead`); a teammate's handoff in a chain this
+        chat started counts as the chat's (the chat was told of it, and its answer comes back here).
+        Raises :class:`NotFound` when the chat has none."""
+        # A chain's handoffs share the internal conversation named after the chat it started from (see
+        # workers/teams.py), which a chat without a conversation id names by its sender.
         ref = self.db.read_scalar(
-            f"SELECT message_id FROM messages WHERE status = '{MessageStatus.DEAD}' AND channel = :c AND conversation = :conv "
-            "ORDER BY updated_at DESC, id DESC LIMIT 1",
-            {"c": chat.channel, "conv": chat.conversation},
+            f"SELECT message_id FROM messages WHERE status = '{MessageStatus.DEAD}' AND ((channel = :c AND conversation = :conv) "
+            "OR (channel = 'internal' AND conversation = :chain)) ORDER BY updated_at DESC, id DESC LIMIT 1",
+            {"c": chat.channel, "conv": chat.conversation, "chain": chat.row_key},
         )
         if ref is None:
             raise NotFound(f"no failed message in {chat.channel}:{chat.conversation}")

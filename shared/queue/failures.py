@@ -13,17 +13,18 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 
 from shared.backoff import Backoff
-from shared.chat.address import ChatAddress
 from shared.clock import now_ms
 from shared.events.log import PendingEvent, append_events
-from shared.notices import gave_up_notice, retry_note
+from shared.notices import gave_up_notice, retry_note, teammate_gave_up_notice
 from shared.queue.delivery import Responses
 from shared.queue.messages import take_group
 from shared.queue.records import (
     INTERNAL_CHANNELS,
+    TEAMMATE_CHANNELS,
     FailOutcome,
     ResponseDraft,
     TxWork,
+    told_at,
 )
 from shared.queue.records import sql_in as _in
 from shared.settings.model import QueueSettings
@@ -196,31 +197,60 @@ class Failures:
         now: int,
         events: list[PendingEvent],
     ) -> None:
+        """Tell each chat whose messages in ``dead`` were just buried, once, in the transaction that buried
+        them (so a crash can neither lose the notice nor, on a re-run, write it twice). Every path that
+        buries a message ends here: a failed run, a permanent error, a refusal, too many interrupted runs.
+
+        A teammate's message (a handoff, a chat-room post) is told to the user chat its chain started from,
+        naming the teammate: otherwise the user, who saw the leader say it would ask, would wait for ever."""
         # One notice per chat, in plain words, never the raw error dressed up as an answer. It carries the
         # retry note's edit key, so a "trying again" note is closed by it.
         told: set[tuple[str, str]] = set()
         for row in dead:
-            key = ChatAddress.of(row).key
-            if row["channel"] in INTERNAL_CHANNELS or key in told:
+            target = told_at(row)
+            if target is None or target.key in told:
                 continue
-            told.add(key)
-            notice = ResponseDraft(
-                message=gave_up_notice(
-                    row["agent"],
-                    what,
-                    row["message_id"],
-                    attempts=int(row["retry_count"]) + 1,
-                    permanent=permanent,
-                    advice=advice,
-                ),
-                metadata={
-                    "kind": "dead_notice",
-                    "agent": row["agent"],
-                    "edit_key": retry_edit_key(row["message_id"]),
-                },
-            )
+            told.add(target.key)
+            attempts = int(row["retry_count"]) + 1
+            meta = {
+                "kind": "dead_notice",
+                "agent": row["agent"],
+                "edit_key": retry_edit_key(row["message_id"]),
+            }
+            if row["channel"] in TEAMMATE_CHANNELS:
+                notice = ResponseDraft.to(
+                    target,
+                    teammate_gave_up_notice(
+                        row["agent"],
+                        str(row["from_agent"] or ""),
+                        what,
+                        row["message_id"],
+                        attempts=attempts,
+                        permanent=permanent,
+                        advice=advice,
+                        # /retry in the user's chat finds a handoff's dead letter, not a chat-room post's.
+                        can_retry=row["channel"] == "internal",
+                    ),
+                    metadata={**meta, "teammate": True},
+                )
+            else:
+                notice = ResponseDraft(
+                    message=gave_up_notice(
+                        row["agent"],
+                        what,
+                        row["message_id"],
+                        attempts=attempts,
+                        permanent=permanent,
+                        advice=advice,
+                    ),
+                    metadata=meta,
+                )
             rid = self.responses.insert_response(tx, row, notice, now)
-            events.append(PendingEvent("dead_notice_queued", {"response_id": rid}, row["message_id"]))
+            events.append(
+                PendingEvent(
+                    "dead_notice_queued", {"response_id": rid, "chat": target.label}, row["message_id"]
+                )
+            )
         if told:
             tx.signal("responses")
 

@@ -10,10 +10,11 @@ from collections.abc import Mapping, Sequence
 from functools import lru_cache
 from typing import Any
 
-from shared.chain_budget import take_chain_run
+from shared.chain_budget import first_hops_refusal, take_chain_run
 from shared.chat.address import CHAT_KEY_SQL, ChatAddress
 from shared.clock import now_ms
 from shared.events.log import PendingEvent, append_events
+from shared.notices import chain_budget_notice, handoff_refused_notice
 from shared.queue.delivery import RESPONSE_COLUMNS, Responses
 from shared.queue.enqueue import Intake
 from shared.queue.leases import AgentLeases, take_lease_sql, take_new_lease_sql
@@ -285,9 +286,11 @@ class Messages:
         message ids and how many were refused (each refusal is an event)."""
         queued: list[str] = []
         refused = 0
+        too_far: list[MessageDraft] = []
         for draft_msg in followups:
             if draft_msg.hops > self.config.max_hops:
                 refused += 1
+                too_far.append(draft_msg)
                 events.append(
                     PendingEvent(
                         "chain_handoff_refused",
@@ -326,6 +329,8 @@ class Messages:
                         primary["message_id"],
                     )
                 )
+        if too_far:
+            self._tell_too_far(tx, primary, too_far, now)
         return queued, refused
 
     @staticmethod
@@ -354,15 +359,30 @@ class Messages:
             )
 
     def _tell_budget_spent(self, tx: Tx, primary: Row, draft: MessageDraft, root: str, now: int) -> None:
-        origin = draft.metadata.get("origin") or {}
-        if origin.get("channel") in INTERNAL_CHANNELS or not origin.get("channel"):
+        origin = _user_origin(draft)
+        if origin is None:
             return
+        agent = draft.from_agent or str(primary["agent"])
         notice = ResponseDraft.to(
-            ChatAddress.of(origin),
-            f"The agents have used up the {self.config.max_chain_runs} runs one message may set off, so they "
-            "stopped handing your request on to each other. Their answers so far are above; send a new "
-            f"message to carry on. (ref {root})",
-            metadata={"kind": "budget_notice", "agent": draft.from_agent or primary["agent"]},
+            origin,
+            chain_budget_notice(agent, [draft.agent], self.config.max_chain_runs, root),
+            metadata={"kind": "budget_notice", "agent": agent},
+        )
+        self.responses.insert_response(tx, primary, notice, now)
+
+    def _tell_too_far(self, tx: Tx, primary: Row, refused: Sequence[MessageDraft], now: int) -> None:
+        """Tell the chat a chain started from, once per chain, that a handoff went past ``max_hops`` and
+        was not passed on (in the completion's transaction: a re-run cannot tell it twice). The ref is the
+        message whose reply asked for the handoff (its ``chain_handoff_refused`` event names it)."""
+        origin, root = _user_origin(refused[0]), _chain_root(refused[0])
+        if origin is None or (root is not None and not first_hops_refusal(tx, root, now)):
+            return
+        agent = refused[0].from_agent or str(primary["agent"])
+        targets = list(dict.fromkeys(d.agent for d in refused))
+        notice = ResponseDraft.to(
+            origin,
+            handoff_refused_notice(agent, targets, self.config.max_hops, str(primary["message_id"])),
+            metadata={"kind": "refused_notice", "agent": agent},
         )
         self.responses.insert_response(tx, primary, notice, now)
 
@@ -546,6 +566,14 @@ _CLAIM_RESULT = (
     "SELECT (SELECT COUNT(*) FROM taken) + (SELECT COUNT(*) FROM taken_new) AS leased, claimed.* "
     "FROM (SELECT 1) AS one LEFT JOIN claimed ON TRUE"
 )
+
+
+def _user_origin(draft: MessageDraft) -> ChatAddress | None:
+    """The user chat a handoff's chain started from; None for chains agentpost started itself."""
+    origin = draft.metadata.get("origin")
+    if not isinstance(origin, Mapping) or not origin.get("channel") or origin["channel"] in INTERNAL_CHANNELS:
+        return None
+    return ChatAddress.of(origin)
 
 
 def _chain_root(draft: MessageDraft) -> str | None:

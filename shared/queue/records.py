@@ -15,6 +15,9 @@ from shared.storage.db import Row, Tx
 #: Channels whose messages come from agentpost itself: nobody to tell about a dead letter there.
 INTERNAL_CHANNELS = frozenset({"internal", "chat", "chatroom", "heartbeat", "schedule"})
 MAX_MESSAGE_CHARS = 200_000
+#: Channels whose messages another agent sent (a handoff, a chat-room post): they carry the user chat
+#: their chain started from (``metadata.origin``).
+TEAMMATE_CHANNELS = frozenset({"internal", "chat", "chatroom"})
 CHANNEL_RE = AGENT_NAME_RE
 
 
@@ -55,6 +58,22 @@ class Directory:
     def routes(self) -> RouteTable:
         """The routing table, built on first use (a directory is rebuilt when the settings change)."""
         return RouteTable(self.agents, self.teams, self.default_agent)
+
+
+def told_at(row: Mapping[str, Any]) -> ChatAddress | None:
+    """The chat a person reads about ``row`` (a message row) in: its own chat, or for a teammate's message
+    the user chat its chain started from; ``None`` when no person waits on it (a heartbeat, a schedule, a
+    chain that started from one of those or carries no origin)."""
+    channel = row["channel"]
+    if channel not in INTERNAL_CHANNELS:
+        return ChatAddress.of(row)
+    if channel not in TEAMMATE_CHANNELS:
+        return None
+    meta = row["metadata"]
+    origin = meta.get("origin") if isinstance(meta, Mapping) else _json_object(meta).get("origin")
+    if not isinstance(origin, Mapping) or not origin.get("channel") or origin["channel"] in INTERNAL_CHANNELS:
+        return None
+    return ChatAddress.of(origin)
 
 
 def _json_object(text: str | None) -> dict[str, Any]:

@@ -107,8 +107,13 @@ def _verdict(
             f"running on {message['claimed_by']} since {_ago(int(message['updated_at']), now)} ago; {state}"
         )
     if status == MessageStatus.DEAD:
-        told = any(r["metadata"].get("kind") == "dead_notice" for r in responses)
-        notice = "the sender was told" if told else "no notice was sent (internal channel)"
+        told = [r for r in responses if r["metadata"].get("kind") == "dead_notice"]
+        if not told:
+            notice = "no notice was sent (no person waits on it)"
+        elif told[0]["metadata"].get("teammate"):
+            notice = f"the chat its chain started from ({told[0]['channel']}:{told[0]['conversation']}) was told"
+        else:
+            notice = "the sender was told"
         error = str(message["last_error"] or "")
         if error.startswith(OVER_BUDGET_PREFIX):
             # Never run: the figures are in the reason; a retry helps only once the limit allows it.
