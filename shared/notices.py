@@ -67,24 +67,29 @@ def teammate_gave_up_notice(
     return f"{head} The other agents' answers do not include it. {todo} (ref {ref})"
 
 
+def _names(agents: list[str]) -> str:
+    """``“a”``, ``“a” and “b”``, ``“a”, “b” and “c”``."""
+    quoted = [_quoted(a) for a in agents] or ["a teammate"]
+    return quoted[0] if len(quoted) == 1 else f"{', '.join(quoted[:-1])} and {quoted[-1]}"
+
+
 def handoff_refused_notice(agent: str, targets: list[str], max_hops: int, ref: str) -> str:
     """The one notice a chat gets when its request went from agent to agent ``max_hops`` times and
     ``agent`` may not hand it on again (to ``targets``)."""
-    to = ", ".join(_quoted(t) for t in targets) or "a teammate"
+    times = "once" if max_hops == 1 else f"{max_hops} times"
     return (
-        f"{_quoted(agent)} wanted to hand your request on to {to}, but it has already gone from agent to "
-        f"agent {max_hops} times, which is as far as one request may go, so that part was not passed on. "
-        f"The answers so far are above; send a new message to carry on. (ref {ref})"
+        f"{_quoted(agent)} wanted to hand your request on to {_names(targets)}, but it has already been "
+        f"handed from agent to agent {times}, which is as far as one request may go, so that part was not "
+        f"passed on. The answers so far are above; send a new message to carry on. (ref {ref})"
     )
 
 
 def chain_budget_notice(agent: str, targets: list[str], max_runs: int, ref: str) -> str:
     """The one notice a chat gets when the agents have spent the runs its message may set off, and the
     work ``agent`` handed to ``targets`` was not passed on."""
-    to = ", ".join(_quoted(t) for t in targets) or "a teammate"
     return (
         f"The agents have used up the {max_runs} runs one message may set off, so the work {_quoted(agent)} "
-        f"handed to {to} was not passed on, and they stopped handing your request on to each other. Their "
+        f"handed to {_names(targets)} was not passed on, and they stopped handing your request on to each other. Their "
         f"answers so far are above; send a new message to carry on. (ref {ref})"
     )
 

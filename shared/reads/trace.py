@@ -111,7 +111,9 @@ def _verdict(
         if not told:
             notice = "no notice was sent (no person waits on it)"
         elif told[0]["metadata"].get("teammate"):
-            notice = f"the chat its chain started from ({told[0]['channel']}:{told[0]['conversation']}) was told"
+            notice = (
+                f"the chat its chain started from ({told[0]['channel']}:{told[0]['conversation']}) was told"
+            )
         else:
             notice = "the sender was told"
         error = str(message["last_error"] or "")

@@ -3,6 +3,7 @@ and the user is told once."""
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 
@@ -56,6 +57,9 @@ def test_a_team_handing_work_around_stops_at_the_run_budget_with_one_notice(
         len(notices) == 1
         and f"{budget} runs" in notices[0]["message"]
         and sent.message_id in notices[0]["message"]
+        and re.search(
+            "the work “(ann|bob|cat)” handed to “(ann|bob|cat)” was not passed on", notices[0]["message"]
+        )
     )
     assert notices[0]["conversation"] == "c9" and notices[0]["sender_id"] == "9"
     assert to_user == runs + 1  # one reply per run, plus the one notice
