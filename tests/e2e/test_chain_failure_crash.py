@@ -79,14 +79,17 @@ def test_a_kill_around_a_failing_teammate_never_tells_the_chat_twice(tmp_path: P
     home = _home(tmp_path, db_url, "permanent")
     chats = [ChatAddress("cli", "me", conversation=f"c{n}") for n in range(3)]
     with open_home(home) as rt, _processors(home, tmp_path) as procs:
-        for chat in chats:
+        # Killed 0, 30 and 100 ms after mate's CLI starts (it fails within a few ms): before the failure
+        # is written, and after.
+        for chat, delay in zip(chats, (0.0, 0.03, 0.1), strict=True):
             runs = len(_mate_runs(tmp_path))
             processor = _start(procs, home, tmp_path)
             rt.queue.intake.enqueue_message(chat, "@crew ask mate")
             deadline = time.monotonic() + 30
             while len(_mate_runs(tmp_path)) == runs and time.monotonic() < deadline:
                 time.sleep(0.002)
-            processor.kill()  # mate's CLI has just started, and fails at once: the kill lands around it
+            time.sleep(delay)
+            processor.kill()
         _start(procs, home, tmp_path)
         wait_for(lambda: _settled(rt), 60, "every chain settled")
         dead = rt.db.read("SELECT message_id, conversation FROM messages WHERE status = 'dead' ORDER BY id")
