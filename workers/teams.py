@@ -7,7 +7,8 @@ as the completion (see :meth:`shared.queue.messages.Messages.complete_messages`)
 - **Handoffs** become ``internal_`` messages to each named teammate with ``hops + 1``. The text outside the
   tags is the *shared context* and goes to every target, followed by the part directed at that target.
   Only agents that share a team with the sender are reachable; other names are ignored with a reason.
-  The queue refuses drafts past ``max_hops`` and logs ``chain_handoff_refused``.
+  The queue refuses drafts past ``max_hops`` and logs ``chain_handoff_refused``, telling the origin chat once
+  per chain; a teammate's message that fails for good is told there too (:mod:`shared.queue.failures`).
 - **Chat-room posts** are stored in ``chat_messages`` and delivered as one ``chat_`` message to every
   other member of the team (the sender must be a member).
 - **Where a teammate's answer goes** (the decision): users must see the final answers, so every internal

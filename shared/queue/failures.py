@@ -3,8 +3,9 @@ workers that died taken back. The part ``Queue.failures``.
 
 What a failure costs and what the chat is told follows one rule: a counted attempt (an error) backs off and
 retries up to ``max_retries``; an uncounted one (a rate limit, a release) waits as long as it is told; a
-permanent error dies at once. A dead message's chat gets one plain notice; a retried one one "trying again"
-note, edited in place. Recovery charges nothing for a message merely claimed and one *interrupted run* for a
+permanent error dies at once. A dead message's chat gets one plain notice — a teammate's message (a handoff)
+the user chat its chain started from — in the transaction that buries it; a retried one one "trying again"
+note, edited in place (a teammate's retries are silent: the user did not write to it). Recovery charges nothing for a message merely claimed and one *interrupted run* for a
 message whose run had started.
 """
 

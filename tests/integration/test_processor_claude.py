@@ -163,6 +163,39 @@ def test_handoff_reaches_teammate_and_answer_goes_to_the_user(
     assert "@lead" in reviewer_request.last_user_text and "On it." in reviewer_request.last_user_text
 
 
+def test_a_teammates_failure_is_told_in_the_chat_the_chain_started_from(
+    tmp_path: Path, db_url: str, api: FakeAnthropic
+) -> None:
+    # The reviewer's request is refused for good: the user, who saw the leader hand it on, is told so, once.
+    api.add_rule("build the thing", Text("On it. [@reviewer: please review the plan]"))
+    api.add_rule("please review the plan", ApiError("this request is not acceptable"))
+    home = make_home(
+        tmp_path,
+        db_url,
+        {"lead": {"provider": "claude"}, "reviewer": {"provider": "claude"}},
+        teams={"dev": {"agents": ["lead", "reviewer"], "leader": "lead"}},
+    )
+    with open_home(home) as rt:
+        rt.queue.intake.enqueue_message(
+            ChatAddress("telegram", "ann", sender_id="42", conversation="c1"), "@dev build the thing"
+        )
+        stats = run_idle(rt, env=_env(api, tmp_path), include_delayed=True)
+        (internal,) = rt.db.read("SELECT * FROM messages WHERE channel = 'internal'")
+        responses = _responses(rt)
+    assert stats.invocations == 2 and internal["status"] == "dead"
+    assert [r["message"] for r in responses] == [
+        "*lead:* On it. → @reviewer: please review the plan",
+        "Sorry — “reviewer” could not do its part of your request that “lead” handed to it: the AI service "
+        "refused this request (it said: “this request is not acceptable”). The other agents' answers do not "
+        "include it. Trying it again would fail the same way; ask in other words, or ask the operator to look "
+        f"it up. (ref {internal['message_id']})",
+    ]
+    assert all(
+        (r["channel"], r["sender_id"], r["conversation"]) == ("telegram", "42", "c1") for r in responses
+    )
+    assert json.loads(str(responses[1]["metadata"]))["kind"] == "dead_notice"
+
+
 def test_handoff_loop_stops_at_the_hop_limit(tmp_path: Path, sqlite_url: str, api: FakeAnthropic) -> None:
     # Each agent hands straight back to the other: ping -> pong -> ping -> (refused).
     api.add_rule(
