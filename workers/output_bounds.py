@@ -10,7 +10,8 @@ The processor reads it with bounded memory:
   :data:`CUT_MARK`; the strings under the keys a provider names (claude's ``result``) are decoded whole into
   a :class:`TextSpool` instead (the reply), so the reply of a huge answer is not lost.
 - :class:`TextSpool` holds a text (the reply) in memory up to :data:`TEXT_KEEP` characters and, beyond, all of
-  it in an unnamed file (``O_TMPFILE``: nothing is left behind by a crash), up to :data:`FILE_MAX` bytes.
+  it in an unnamed file (``O_TMPFILE``: nothing is left behind by a crash), up to :data:`FILE_MAX` bytes (just
+  under the 50 MB a reply may attach).
 - :func:`save_long_reply`: a reply longer than ``[processor] reply_max_chars`` is cut, with a plain note, and
   its whole text saved as ``reply.txt`` for the reply to attach.
 - :class:`PartialText` is the text of the message being streamed (the live preview): its first
@@ -30,6 +31,7 @@ from pathlib import Path
 from typing import IO
 
 from shared.chat.previews import PREVIEW_MAX_CHARS
+from shared.file_access import MAX_SEND_BYTES
 
 #: A stdout line longer than this (bytes) is never held whole in memory (:class:`Lines`).
 LINE_KEEP = 1024 * 1024
@@ -42,8 +44,9 @@ CUT_MARK = " […]"
 SHAPE_MAX = 256 * 1024
 #: A reply up to this many characters stays in memory; a longer one goes to a file (:class:`TextSpool`).
 TEXT_KEEP = 1_000_000
-#: A reply's file stops growing at this many bytes (what followed is counted, not kept).
-FILE_MAX = 64 * 1024 * 1024
+#: A reply's file stops growing at this many bytes (what followed is counted, and said in a last line): the
+#: largest file a reply may attach, less room for that line.
+FILE_MAX = MAX_SEND_BYTES - 1024
 #: The live preview shows at most this many characters of the text being written (platforms show the first
 #: 2,000-4,096 of it anyway; the final reply carries the rest).
 PREVIEW_KEEP = PREVIEW_MAX_CHARS

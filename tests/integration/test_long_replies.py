@@ -14,7 +14,7 @@ import pytest
 
 from shared.aio import call
 from shared.chat.address import ChatAddress
-from shared.file_access import chat_upload_dir
+from shared.file_access import MAX_SEND_BYTES, chat_upload_dir, check_send_path, send_roots
 from shared.runtime import Runtime
 from tests.fakes.anthropic_api import Computed, FakeAnthropic, Text
 from tests.fakes.claude_env import claude_env
@@ -146,3 +146,28 @@ def test_a_codex_reply_past_the_line_bound_is_cut_and_attached_whole(tmp_path: P
     assert reply["text"] == whole[:100_000].rstrip() + _note(chars, 100_000)
     assert Path(reply["files"][0]).read_text() == whole
     assert [t["session_id"] for t in thread] == ["thread-1"]
+
+
+def test_a_reply_past_what_a_reply_may_attach_keeps_what_fits_and_says_so(
+    tmp_path: Path, sqlite_url: str
+) -> None:
+    printed = MAX_SEND_BYTES + 3_000_000
+    home = make_home(
+        tmp_path, sqlite_url, {"printer": {"provider": "command", "command": [sys.executable, "-c", PRINT]}}
+    )
+    with open_home(home) as rt:
+        sent = rt.queue.intake.enqueue_message(CHAT, f"print {printed}")
+        run_idle(rt)
+        reply = _reply(rt, sent.message_id)
+        path = Path(reply["files"][0])
+        roots = send_roots(rt.settings, "printer", CHAT)
+        assert check_send_path(str(path), roots) == (str(path), "")  # a channel sends it
+    assert reply["text"].endswith(_note(printed, 100_000))
+    size = path.stat().st_size
+    assert MAX_SEND_BYTES - 2048 < size <= MAX_SEND_BYTES
+    with path.open("rb") as f:
+        f.seek(size - 200)
+        tail = f.read().decode()
+    note = tail[tail.index("\n\n[agentpost") :]
+    kept = size - len(note)  # ASCII: as many characters as bytes
+    assert note == f"\n\n[agentpost: the output went on for {printed - kept:,} more characters, not kept]\n"
