@@ -6,6 +6,7 @@ in the reply with the reason (the real claude CLI against the fake API, the real
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,7 @@ from shared.file_access import chat_upload_dir
 from tests.channel_support import HoldingTelegram, RunningChannel, channel_home, open_home, wait_for
 from tests.fakes.anthropic_api import FakeAnthropic, Text
 from tests.fixtures import anthropic_api, cli_installed, telegram_fake  # noqa: F401  (fixtures)
+from tests.homes import build_home
 from tests.liveness_support import claude_home, cli_env
 from tests.processor_support import run_idle
 
@@ -145,3 +147,44 @@ def test_a_file_swapped_after_queueing_for_a_fifo_a_device_or_a_hard_link_is_not
     assert len(notes) == 4, texts
     assert "hard, was not sent: a file with other names (a hard link)" in " ".join(notes)
     assert not list((home / "files" / "outbound").glob("telegram/send-*"))  # no copy left behind
+
+
+def test_a_reply_over_the_limit_reaches_the_chat_cut_with_its_whole_text_as_a_file(
+    tmp_path: Path, fake: HoldingTelegram
+) -> None:
+    """A command agent prints 300,000 characters (past ``reply_max_chars``, set to 2,000 here); the real
+    processor cuts the reply and attaches ``reply.txt``, and the real Telegram adapter sends both: the chat
+    reads the start with the note, and receives the whole text as a document."""
+    printer = (
+        "import sys; sys.stdin.read(); sys.stdout.write(''.join('line %06d\\n' % n for n in range(25000)))"
+    )
+    home = build_home(
+        tmp_path,
+        f"sqlite:///{tmp_path / 'a.db'}",
+        {"alpha": {"provider": "command", "command": [sys.executable, "-c", printer]}},
+        channels={"telegram": {"allowlist": ["42"], "typing": False, "preview": False}},
+        processor={"reply_max_chars": 2000},
+    )
+    whole = "".join(f"line {n:06d}\n" for n in range(25000))
+    fake.add_chat(42)
+    rt = open_home(home)
+    try:
+        rt.queue.intake.enqueue_message(
+            ChatAddress("telegram", "ann", sender_id="42", conversation="42"), "go"
+        )
+        run_idle(rt)
+        with RunningChannel(
+            TelegramChannel(rt, env={"TELEGRAM_BOT_TOKEN": fake.token, "TELEGRAM_API_BASE_URL": fake.url}),
+            deliver_only=True,
+        ):
+            wait_for(lambda: fake.documents(42), 15, "the whole reply as a document")
+            texts, documents = fake.texts(42), fake.documents(42)
+    finally:
+        rt.close()
+    assert documents == [("reply.txt", whole.rstrip().encode())]  # the reply, as a reply is: stripped
+    shown = "\n".join(texts)
+    assert shown.startswith(whole[:2000].rstrip()[:100])
+    assert (
+        "(The reply was 299,999 characters; the first 2,000 are shown and the whole text is attached as reply.txt.)"
+        in shown
+    )
