@@ -13,12 +13,17 @@ every half second, see :mod:`workers.previews`). On a platform that edits messag
   the reply's first part instead of sending a new message, so exactly one message holds the answer; a long
   reply continues with further parts as before. The record is marked done in the same write that records
   that part, so nothing edits the answer afterwards.
-- closes a preview left behind by a run that died (a killed processor) or gave up: when another run
-  answers the same messages, or any other reply about them arrives (a failure notice), the old preview is
-  edited to say it was interrupted and its text forgotten. When neither comes (messages dead-lettered
-  without a notice, completed by an operator), the scheduler removes the run's text and marks the preview
+- continues a preview left open by a run that died (a killed processor): when a later run of the same
+  messages shows its first preview, or delivers its final without one, it takes that message over
+  (:meth:`Previews._take_over`), so the new text grows in it and it becomes the whole answer; the dead
+  run's text is forgotten. Only one preview can be taken over; any other earlier one is closed.
+- closes a preview left behind by a run that died or gave up and that nothing took over: when any other
+  reply about its messages arrives (a failure notice), the old preview is edited to say it was
+  interrupted and its text forgotten. When nothing comes (messages dead-lettered without a notice,
+  completed by an operator), the scheduler removes the run's text and marks the preview
   (:func:`shared.chat.previews.prune_partials`); the loop looks for such marks when a run's text
   disappears, at its start and every :data:`LEFT_LOOK_SECONDS`, and closes those previews the same way.
+  A preview closed this way stays closed: a later run's text goes in a new message below it.
 
 A chat's preview edits and its final reply's first part are serialised by one lock per chat in this
 process, and a preview is shown only while the run's text is still in the database (the final reply
@@ -38,6 +43,7 @@ from adapters.chunking import split_message
 from shared.aio import call
 from shared.chat import previews
 from shared.chat.address import ChatAddress
+from shared.clock import now_ms
 from shared.queue.core import QueuedResponse
 from shared.storage.db import Tx
 
@@ -48,6 +54,12 @@ if TYPE_CHECKING:
 INTERRUPTED_TEXT = "(This answer was interrupted before it was finished; see the messages below.)"
 #: The mark at the end of a preview: the text is still being written.
 MORE_MARK = " …"
+#: A preview an earlier run left open is taken over by a later run of its messages only when it was last
+#: written this recently: a message far up the chat, which the user has scrolled past, would not be seen
+#: growing into the answer (and an edit notifies no one); an older one is closed as interrupted and the
+#: answer starts a new message at the bottom. A killed processor's messages are run again within seconds
+#: of its restart, a failed run's after its retry backoff (five minutes at most, by default).
+TAKE_OVER_SECONDS = 600.0
 #: The loop looks for previews the scheduler found left behind at least this often (besides at its start
 #: and whenever a run's text disappears, which is when the scheduler removed one).
 LEFT_LOOK_SECONDS = 60.0
@@ -160,6 +172,9 @@ class Previews:
             return
         row = current
         record = await call(previews.shown, db, self._chat(conversation), row.edit_key)
+        if record is None:  # this run's first preview: it continues an interrupted run's, if one is open
+            record = await self._take_over(conversation, list(row.message_ids), row.edit_key)
+            await self._close_interrupted(conversation, set(row.message_ids), keep=row.edit_key)
         if record is not None and record.get("done"):
             return
         text = self.render(row.text)
@@ -179,6 +194,46 @@ class Previews:
 
     def _store(self, conversation: str, edit_key: str, record: dict[str, Any]) -> None:
         self.rt.db.run_transaction(previews.put_shown(self._chat(conversation), edit_key, record))
+
+    async def _take_over(
+        self, conversation: str, message_ids: list[str], edit_key: str
+    ) -> dict[str, Any] | None:
+        """Make the preview an earlier run of the same messages left open (its processor was killed, the
+        messages are being run again) the preview of ``edit_key``: the new run's text then grows in that
+        same message, which becomes the whole reply, instead of a half reply staying above a new one. The
+        earlier run's record is marked done (nothing closes it as interrupted afterwards) and its text
+        forgotten, in the same write as the new record. Returns the new record; None when no earlier
+        preview is open."""
+        chat = self._chat(conversation)
+        wanted = set(message_ids)
+        since = now_ms() - int(TAKE_OVER_SECONDS * 1000)
+        open_ = [
+            (key, record)
+            for key, record, written_at in await call(previews.shown_entries, self.rt.db, chat)
+            if key != edit_key
+            and not record.get("done")
+            and record.get("id")
+            and written_at >= since
+            and wanted & {str(i) for i in record.get("message_ids") or []}
+        ]
+        if not open_:
+            return None
+        # The one written last (entries come oldest first): the run that died last. Any other is closed as
+        # interrupted by the caller.
+        old_key, old = open_[-1]
+        mine = {"id": old["id"], "text": old.get("text", ""), "message_ids": message_ids, "done": False}
+        taken = {**old, "done": True, "taken_by": edit_key}
+
+        def write(tx: Tx) -> None:
+            previews.put_shown(chat, edit_key, mine)(tx)
+            previews.put_shown(chat, old_key, taken)(tx)
+            previews.clear_partial_in(tx, chat, old_key)
+
+        await call(self.rt.db.run_transaction, write)
+        self.log.info(
+            "preview %s in %s continues the interrupted preview %s", edit_key, conversation, old_key
+        )
+        return mine
 
     async def _close_interrupted(self, conversation: str, message_ids: set[str], *, keep: str) -> None:
         """Edit the previews of earlier runs for the same messages (a run that died half-way) to say so,
@@ -283,8 +338,10 @@ class Previews:
         if not self.enabled:
             return None
         conversation = response.conversation
-        await self._close_interrupted(conversation, {response.message_id}, keep=edit_key)
         record = await call(previews.shown, self.rt.db, self._chat(conversation), edit_key)
+        if record is None:  # a run that showed no preview of its own: it may finish an interrupted run's
+            record = await self._take_over(conversation, [response.message_id], edit_key)
+        await self._close_interrupted(conversation, {response.message_id}, keep=edit_key)
         if record is None or record.get("done") or not record.get("id"):
             return None
         return str(record["id"]), previews.put_shown(

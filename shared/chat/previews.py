@@ -9,8 +9,9 @@ message edited in place; it keeps which platform message that is in ``kv`` (scop
 message into the answer, even after an adapter restart. The edit key is the one the run's "still working"
 notes and its final reply carry (``metadata.edit_key``).
 
-A run that dies leaves its text behind; a later run of the same messages, or any reply about them, closes
-it (the adapter). When neither ever comes (the messages were dead-lettered with no notice to the chat, or
+A run that dies leaves its text behind; a later run of the same messages takes its preview message over
+and finishes it (the adapter; the dead run's record is marked done with ``taken_by``), and any other reply
+about them closes it. When neither ever comes (the messages were dead-lettered with no notice to the chat, or
 completed by an operator), the scheduler's previews job (:func:`prune_partials`) removes the text of every
 run whose messages are no longer processing, and that of any run not written for
 :data:`PARTIAL_MAX_AGE_MS`, and leaves a mark for each (scope ``preview_left:<channel>``; :func:`left`) in
@@ -118,17 +119,23 @@ def shown(src: Database | Tx, chat: ChatAddress, edit_key: str) -> dict[str, Any
 
 
 def shown_in_chat(db: Database, chat: ChatAddress) -> dict[str, dict[str, Any]]:
-    """Every preview-message record of one chat, by edit key."""
-    records: dict[str, dict[str, Any]] = {}
+    """Every preview-message record of one chat, by edit key, oldest written first."""
+    return {edit_key: record for edit_key, record, _ in shown_entries(db, chat)}
+
+
+def shown_entries(db: Database, chat: ChatAddress) -> list[tuple[str, dict[str, Any], int]]:
+    """Every preview-message record of one chat as ``(edit key, record, when it was last written)``, oldest
+    written first."""
+    found: list[tuple[str, dict[str, Any], int]] = []
     prefix = f"{chat.chat}|"
-    for entry in kv.entries(db, scoped(Scope.PREVIEW_SENT, chat.channel), prefix=prefix):
+    for entry in kv.entries(db, scoped(Scope.PREVIEW_SENT, chat.channel), prefix=prefix, by_time=True):
         try:
             record = json.loads(entry.value)
         except ValueError:
             continue
         if isinstance(record, dict):
-            records[entry.key[len(prefix) :]] = record
-    return records
+            found.append((entry.key[len(prefix) :], record, entry.updated_at))
+    return found
 
 
 def put_shown(chat: ChatAddress, edit_key: str, record: dict[str, Any]) -> Callable[[Tx], None]:

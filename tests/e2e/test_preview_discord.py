@@ -1,7 +1,8 @@
 """Live previews on Discord with real processes: ``agentpost run discord`` (discord.py against the fake
 gateway and REST API) and ``agentpost run processor`` running the real Claude CLI against the fake Anthropic
 API, which streams a reply over about five seconds. The chat sees the reply while it is written and ends
-with exactly one message holding it; the same after the processor is killed mid-stream."""
+with exactly one message holding it; the same after the processor is killed mid-stream (the re-run finishes
+the killed run's preview message)."""
 
 from __future__ import annotations
 
@@ -97,9 +98,11 @@ def test_reply_grows_in_one_message_that_becomes_the_answer(
     assert list(chat(fake).values()) == [REPLY], record
 
 
-def test_processor_killed_mid_stream_leaves_one_answer(
+def test_processor_killed_mid_stream_the_rerun_finishes_the_killed_runs_preview(
     tmp_path: Path, fake: FakeDiscord, api: FakeAnthropic
 ) -> None:
+    """kill -9 of the processor while the reply streams: the re-run's text grows in the killed run's preview
+    message, which becomes the whole answer (the same code as Telegram's: adapters/previews.py)."""
     slow = api.add_rule("tell me slowly", Chunked([line + "\n" for line in LINES] * 4, interval=0.5), times=1)
     api.add_rule("tell me slowly", Chunked([line + "\n" for line in LINES], interval=0.3))
     home = claude_home(
@@ -118,15 +121,19 @@ def test_processor_killed_mid_stream_leaves_one_answer(
             60,
             "the CLI to stream and the preview to be edited",
         )
+        half = list(chat(fake).values())
         first.kill()
         second = Proc("processor", home, env, tmp_path / "processor2.log")
         wait_for(lambda: answered(fake), 60, "the re-run's whole reply in the chat")
-        time.sleep(1.5)
+        wait_for(lambda: list(chat(fake).values()) == [REPLY], 10, "the answer alone in the chat")
+        time.sleep(1.5)  # nothing may touch the answer afterwards
     finally:
         adapter.stop()
         if second is not None:
             second.stop()
     record = transcript(fake, began)
-    texts = list(chat(fake).values())
-    assert texts.count(REPLY) == 1, record
-    assert all(t == INTERRUPTED_TEXT for t in texts if t != REPLY), f"{texts}\n{record}"
+    print(record)
+    assert len(half) == 1 and REPLY not in half, record  # killed mid-reply, one preview shown
+    assert list(chat(fake).values()) == [REPLY], record
+    assert [s.kind for s in fake.sent if s.channel_id == DM and s.kind == "message"] == ["message"], record
+    assert all(s.content != INTERRUPTED_TEXT for s in fake.sent if s.channel_id == DM), record

@@ -1,7 +1,8 @@
 """Live previews on Telegram with real processes: ``agentpost run telegram`` against the fake Bot API and
 ``agentpost run processor`` running the real Claude CLI against the fake Anthropic API, which streams a reply
 over about five seconds. The chat sees the reply while it is written and ends with exactly one message
-holding it; the same after the processor is killed mid-stream (the old preview says it was interrupted)."""
+holding it; the same after the processor is killed mid-stream (the re-run finishes the killed run's
+preview message)."""
 
 from __future__ import annotations
 
@@ -80,9 +81,11 @@ def test_reply_grows_in_one_message_that_becomes_the_answer(
     assert all(g >= 0.9 for g in gaps), f"edits {gaps}\n{record}"
 
 
-def test_processor_killed_mid_stream_leaves_one_answer_and_says_the_preview_was_interrupted(
+def test_processor_killed_mid_stream_the_rerun_finishes_the_killed_runs_preview(
     tmp_path: Path, fake: HoldingTelegram, api: FakeAnthropic
 ) -> None:
+    """kill -9 of the processor while the reply streams: the re-run's text grows in the killed run's preview
+    message, which becomes the whole answer; no half reply and no second message are left in the chat."""
     slow = api.add_rule("tell me slowly", Chunked([line + "\n" for line in LINES] * 4, interval=0.5), times=1)
     api.add_rule("tell me slowly", streamed(0.3))
     home = claude_home(
@@ -102,10 +105,17 @@ def test_processor_killed_mid_stream_leaves_one_answer_and_says_the_preview_was_
             60,
             "the CLI to stream and the preview to be edited",
         )
+        half = [m["text"] for m in fake.bot_messages(CHAT)]
         first.kill()
         second = Proc("processor", home, env, tmp_path / "processor2.log")
         wait_for(lambda: answered(fake), 60, "the re-run's whole reply in the chat")
-        time.sleep(1.5)
+        # Within 10 s of the answer the chat holds it alone (at once, here: the answer is the old preview).
+        wait_for(
+            lambda: [m["text"] for m in fake.bot_messages(CHAT)] == [REPLY],
+            10,
+            "the answer alone in the chat",
+        )
+        time.sleep(1.5)  # nothing may touch the answer afterwards
         rt = open_home(home)
         try:
             leftover = rt.db.read("SELECT key FROM kv WHERE scope = 'preview:telegram'")
@@ -116,10 +126,12 @@ def test_processor_killed_mid_stream_leaves_one_answer_and_says_the_preview_was_
         if second is not None:
             second.stop()
     record = fake.transcript(CHAT, began)
-    texts = [m["text"] for m in fake.bot_messages(CHAT)]
-    assert texts.count(REPLY) == 1, record
-    stale = [t for t in texts if t != REPLY]
-    assert all(t == INTERRUPTED_TEXT for t in stale), f"{texts}\n{record}"
+    print(record)
+    assert len(half) == 1 and half[0].endswith(MORE_MARK) and REPLY not in half, record  # killed mid-reply
+    assert [m["text"] for m in fake.bot_messages(CHAT)] == [REPLY], record
+    sends = [c for c in fake.sent if c.chat_id == CHAT and c.method == "sendMessage"]
+    assert len(sends) == 1, record  # one message, from the killed run's first preview to the answer
+    assert all(c.text != INTERRUPTED_TEXT for c in fake.sent if c.chat_id == CHAT), record
     assert leftover == [], record
 
 

@@ -5,18 +5,22 @@ with its further parts); a preview left by a dead run is closed by any later rep
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 
 import pytest
 
 from adapters.chunking import split_message, utf16_len
-from adapters.previews import INTERRUPTED_TEXT, MORE_MARK
+from adapters.previews import INTERRUPTED_TEXT, MORE_MARK, TAKE_OVER_SECONDS
 from adapters.telegram import TelegramChannel
 from scheduler.jobs import prune_previews
 from shared.chat import previews
 from shared.chat.address import ChatAddress
+from shared.clock import now_ms
 from shared.runtime import Runtime
+from shared.storage import kv
+from shared.storage.kv import Scope, scoped
 from tests.channel_support import HoldingTelegram, RunningChannel, channel_home, open_home, wait_for
 from tests.fixtures import telegram_fake  # noqa: F401  (fixtures)
 
@@ -169,3 +173,98 @@ def test_a_dead_runs_text_never_shown_is_not_shown_after_the_answer(
         record = fake.transcript(CHAT, began)
     assert [m["text"] for m in fake.bot_messages(CHAT)] == ["The answer, whole."], record
     assert left == [], record
+
+
+def test_a_rerun_continues_the_preview_of_the_run_that_died(tmp_path: Path, fake: HoldingTelegram) -> None:
+    """A run died half-way (its processor was killed) and its message runs again under another edit key: the
+    new run's text grows in the dead run's preview message, which becomes the answer."""
+    fake.add_chat(CHAT)
+    with open_home(channel_home(tmp_path, f"sqlite:///{tmp_path / 'a.db'}", SETTINGS)) as rt:
+        with RunningChannel(_channel(rt, fake)):
+            began = time.monotonic()
+            _stream(rt, "run-1", "The answer starts like this")
+            wait_for(lambda: fake.bot_messages(CHAT), 10, "the dead run's preview")
+            _stream(rt, "run-2", "The answer starts")
+            wait_for(
+                lambda: [m["text"] for m in fake.bot_messages(CHAT)] == ["The answer starts" + MORE_MARK],
+                10,
+                "the re-run's text in the same message",
+            )
+            _stream(rt, "run-2", "The answer starts like that, and goes on")
+            wait_for(lambda: len([c for c in fake.sent if c.method == "editMessageText"]) >= 2, 10, "an edit")
+            _final(rt, "run-2", "The answer starts like that, and goes on to the end.")
+            wait_for(
+                lambda: (
+                    [m["text"] for m in fake.bot_messages(CHAT)]
+                    == ["The answer starts like that, and goes on to the end."]
+                ),
+                10,
+                "the answer in the same message",
+            )
+            time.sleep(1.5)  # nothing may touch the answer afterwards
+            left = previews.partials(rt.db, "telegram")
+            dead = previews.shown(rt.db, ChatAddress("telegram", conversation="42"), "run-1")
+        record = fake.transcript(CHAT, began)
+    assert [c.method for c in fake.sent if c.chat_id == CHAT].count("sendMessage") == 1, record
+    assert all(c.text != INTERRUPTED_TEXT for c in fake.sent), record
+    assert left == [], record  # the dead run's text went with the take-over
+    assert dead is not None and dead["done"] and dead["taken_by"] == "run-2", record
+
+
+def test_a_rerun_with_no_preview_of_its_own_finishes_the_dead_runs_preview(
+    tmp_path: Path, fake: HoldingTelegram
+) -> None:
+    """The re-run answered before any preview of its own was shown: its final edits the dead run's preview."""
+    fake.add_chat(CHAT)
+    with open_home(channel_home(tmp_path, f"sqlite:///{tmp_path / 'a.db'}", SETTINGS)) as rt:
+        with RunningChannel(_channel(rt, fake)):
+            began = time.monotonic()
+            _stream(rt, "run-1", "The answer starts like this")
+            wait_for(lambda: fake.bot_messages(CHAT), 10, "the dead run's preview")
+            _final(rt, "run-2", "The whole answer.")
+            wait_for(
+                lambda: [m["text"] for m in fake.bot_messages(CHAT)] == ["The whole answer."],
+                10,
+                "the answer in the dead run's preview message",
+            )
+            time.sleep(1.5)
+            left = previews.partials(rt.db, "telegram")
+        record = fake.transcript(CHAT, began)
+    assert [c.method for c in fake.sent if c.chat_id == CHAT].count("sendMessage") == 1, record
+    assert left == [], record
+
+
+def test_a_dead_runs_preview_long_untouched_is_closed_and_the_rerun_starts_a_new_message(
+    tmp_path: Path, fake: HoldingTelegram
+) -> None:
+    """A dead run's preview last written longer ago than TAKE_OVER_SECONDS is far up the chat: the re-run
+    closes it as interrupted and writes below, where the user looks."""
+    fake.add_chat(CHAT)
+    chat = ChatAddress("telegram", conversation="42")
+    with open_home(channel_home(tmp_path, f"sqlite:///{tmp_path / 'a.db'}", SETTINGS)) as rt:
+        with RunningChannel(_channel(rt, fake)):
+            began = time.monotonic()
+            _stream(rt, "run-1", "The answer starts like this")
+            wait_for(lambda: previews.shown(rt.db, chat, "run-1"), 10, "the dead run's preview recorded")
+            shown = previews.shown(rt.db, chat, "run-1")
+            long_ago = now_ms() - int((TAKE_OVER_SECONDS + 60) * 1000)
+            rt.db.run_transaction(
+                lambda tx: kv.put(
+                    tx,
+                    scoped(Scope.PREVIEW_SENT, "telegram"),
+                    previews.preview_key("42", "run-1"),
+                    json.dumps(shown),
+                    long_ago,
+                )
+            )
+            _stream(rt, "run-2", "The answer")
+            wait_for(lambda: len(fake.bot_messages(CHAT)) == 2, 10, "the re-run's own preview")
+            _final(rt, "run-2", "The answer, whole.")
+            wait_for(
+                lambda: [m["text"] for m in fake.bot_messages(CHAT)][-1:] == ["The answer, whole."],
+                10,
+                "answer",
+            )
+            time.sleep(1.5)
+        record = fake.transcript(CHAT, began)
+    assert [m["text"] for m in fake.bot_messages(CHAT)] == [INTERRUPTED_TEXT, "The answer, whole."], record
