@@ -23,6 +23,10 @@ most :data:`RUN_MAX_CHARS` of preview text in all (each write is the whole text,
 log): past them its preview stays as it is until the final reply replaces it. A reply of 20 MB streamed for
 minutes costs a few preview writes, not a stream of ever larger ones.
 
+The text written is the text so far as the final reply will show it
+(:func:`shared.settings.routing.render_partial_reply`): handoff tags rendered, send_file tags removed, and a
+tag still being written at its end left out, so no preview shows raw tag syntax the final hides.
+
 Each write also appends an ``agent_preview`` event (topic ``progress``; ``message:preview`` on the web's
 event stream) with the whole text so far, in the same transaction: a web client sees the reply grow with no
 extra commit, and a reader that missed one event loses nothing (each carries the whole text).
@@ -43,6 +47,7 @@ from shared.events.log import PendingEvent, append_events
 from shared.queue.core import QueuedMessage, TxWork
 from shared.settings.channels import channel_model
 from shared.settings.model import Settings
+from shared.settings.routing import render_partial_reply
 from shared.storage.db import Database, Tx
 from workers.liveness import note_target
 
@@ -119,8 +124,15 @@ class PreviewWriter:
             self._grew = anyio.Event()
             assert self.first_at is not None
             await anyio.sleep(max(0.0, self.first_at + self.interval - time.monotonic()))
-            text = self.latest
-            if text == self.written_text or self._stopped or self.spent + len(text) > RUN_MAX_CHARS:
+            # Shown as the final will be (no raw tags, no half-written one): rendered here, at most once per
+            # write, not on every delta.
+            text = render_partial_reply(self.latest)
+            if (
+                text == self.written_text
+                or not text.strip()
+                or self._stopped
+                or self.spent + len(text) > RUN_MAX_CHARS
+            ):
                 continue
             self.spent += len(text)
             with anyio.CancelScope(shield=True):

@@ -32,6 +32,7 @@ __all__ = [
     "parse_handoff_tags",
     "parse_send_files",
     "render_for_user",
+    "render_partial_reply",
     "resolve_route",
     "strip_send_file_tags",
     "unknown_mention",
@@ -384,3 +385,56 @@ def strip_send_file_tags(reply: str) -> str:
         kept.append(line)
         dropped_since_kept = False
     return "\n".join(kept).strip()
+
+
+# -- a reply still being written ----------------------------------------------------------------------------
+# What an unclosed "[" at the end of a streamed reply may still turn into: a handoff head being typed
+# ("[@", "[@ma", "[@a, b"), a whole head whose body is still coming ("[@mate: half a sentence", which may
+# run over lines and hold balanced brackets), or a send_file tag whose path is still coming (no newline or
+# bracket in a path).
+_HEAD_BEING_TYPED_RE = re.compile(rf"\[[@#](?:{_NAME_TOKEN}(?:[ \t]*,[ \t]*{_NAME_TOKEN})*[ \t]*,?[ \t]*)?")
+_SEND_FILE_OPEN_RE = re.compile(r"\[send_file:[^\[\]\n]*", re.IGNORECASE)
+_SEND_FILE_HEAD = "[send_file:"
+_BRACKET_RE = re.compile(r"[\[\]]")
+
+
+def _may_become_tag(tail: str) -> bool:
+    """Whether ``tail`` (starting at an unclosed "[" and running to the end of the text so far) may still
+    become a handoff or send_file tag as more text arrives."""
+    if _SEND_FILE_HEAD.startswith(tail.lower()) or _SEND_FILE_OPEN_RE.fullmatch(tail):
+        return True
+    if _HEAD_BEING_TYPED_RE.fullmatch(tail):
+        return True
+    head = _TAG_HEAD_RE.match(tail)
+    if head is None:
+        return False
+    raw_targets = _TARGET_SPLIT_RE.split(head.group("targets"))
+    # As _scan_tags decides: a head with a name that breaks the rule, or a room post to several rooms,
+    # never becomes a tag.
+    return all(is_valid_name(t.lower()) for t in raw_targets) and (
+        head.group("sigil") == "@" or len(raw_targets) == 1
+    )
+
+
+def _unfinished_tag_start(text: str) -> int:
+    """Where an unfinished tag at the end of ``text`` starts (``len(text)`` when there is none): the first
+    "[" with no matching "]" yet whose rest may still become a tag."""
+    open_at: list[int] = []
+    for bracket in _BRACKET_RE.finditer(text):  # a preview is rendered twice a second: skip plain text fast
+        if bracket.group() == "[":
+            open_at.append(bracket.start())
+        elif open_at:
+            open_at.pop()
+    for start in open_at:  # outermost first: an unfinished tag holds any that open after it
+        if _may_become_tag(text[start:]):
+            return start
+    return len(text)
+
+
+def render_partial_reply(text: str) -> str:
+    """Return the part of a reply written so far as its final will show it: send_file tags removed and
+    handoff tags rendered as :func:`strip_send_file_tags` and :func:`render_for_user` do for the final, and
+    a tag still being written at the end (``[@mate: half a sent``, ``[send_fi``) left out until it is
+    closed, since it may yet become a tag the final renders or removes. A live preview never shows raw tag
+    syntax that the final would not."""
+    return render_for_user(strip_send_file_tags(text[: _unfinished_tag_start(text)]))

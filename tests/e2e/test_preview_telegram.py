@@ -235,3 +235,54 @@ def test_steer_a_message_sent_mid_reply_is_taken_in_and_answered_in_the_same_rep
     # While the second turn is written the preview keeps the first turn's answer above it.
     summaries = [c.text or "" for c in fake.sent if c.chat_id == CHAT and "Summary:" in (c.text or "")]
     assert len(summaries) >= 2 and all(LINES[-1] in t for t in summaries), record
+
+
+def test_previews_show_tags_as_the_final_does_never_raw_or_half_written(
+    tmp_path: Path, fake: HoldingTelegram, api: FakeAnthropic
+) -> None:
+    """The reply streams a send_file tag and a handoff tag, each written over several deltas: every preview
+    the chat receives shows the text as the final will (the handoff as "→ @mate: …", the send_file tag
+    gone), and a tag still being written is left out until it is closed."""
+    parts = [
+        "Here are the notes you asked for.\n",
+        "[send_",
+        "file: notes",
+        ".txt]\n",
+        "I will ask a teammate too:\n",
+        "[@ma",
+        "te: please check",
+        " line 3 of the notes",
+        "]\n",
+        "That is all for now.\n",
+        "Thank you.",
+    ]
+    api.add_rule("send the notes", Chunked(parts, interval=0.6))
+    home = claude_home(tmp_path, f"sqlite:///{tmp_path / 'a.db'}", channels=CHANNELS)
+    adapter = Proc("telegram", home, telegram_env(fake), tmp_path / "telegram.log")
+    processor = Proc("processor", home, _env(api, tmp_path), tmp_path / "processor.log")
+    began = time.monotonic()
+    try:
+        fake.push_text(CHAT, "send the notes")
+        wait_for(
+            lambda: any("Thank you." in m.get("text", "") for m in fake.bot_messages(CHAT)), 60, "the reply"
+        )
+        time.sleep(1.5)  # nothing may touch the answer afterwards
+    finally:
+        adapter.stop()
+        processor.stop()
+    record = fake.transcript(CHAT, began)
+    print(record)
+    shown = [
+        c.text or ""
+        for c in fake.sent
+        if c.chat_id == CHAT and c.method in ("sendMessage", "editMessageText")
+    ]
+    live = [t for t in shown if t.endswith(MORE_MARK)]
+    assert len(live) >= 3, record  # previews while the tags were being written
+    assert all("[" not in t and "]" not in t for t in live), record  # no raw tag, no half-written one
+    assert any("→ @mate: please check line 3 of the notes" in t for t in live), record
+    (final,) = [m["text"] for m in fake.bot_messages(CHAT)]
+    assert final.startswith(
+        "Here are the notes you asked for.\nI will ask a teammate too:\n→ @mate: please check line 3 of the "
+        "notes\nThat is all for now.\nThank you."
+    ), record

@@ -20,6 +20,7 @@ from shared.settings.routing import (
     parse_handoff_tags,
     parse_send_files,
     render_for_user,
+    render_partial_reply,
     resolve_route,
     strip_send_file_tags,
     validate_name,
@@ -544,3 +545,60 @@ def test_send_file_tags_round_trip(paths: list[str], glue: str) -> None:
     stripped = strip_send_file_tags(reply)
     assert parse_send_files(stripped) == []
     assert "[send_file:" not in stripped
+
+
+# --------------------------------------------------------------------------------------------- a reply being written
+
+
+@pytest.mark.parametrize(
+    ("so_far", "shown"),
+    [
+        ("Plain text, no tags", "Plain text, no tags"),
+        ("Asking: [@mate: check this]", "Asking: → @mate: check this"),
+        ("Posting: [#dev: hello]", "Posting: → #dev: hello"),
+        ("Notes:\n[send_file: notes.txt]\nDone", "Notes:\nDone"),
+        # A tag still being written is left out until it is closed.
+        ("Asking: [", "Asking: "),
+        ("Asking: [@", "Asking: "),
+        ("Asking: [@ma", "Asking: "),
+        ("Asking: [@mate, wr", "Asking: "),
+        ("Asking: [@mate: check th", "Asking: "),
+        ("Asking: [@mate: check line 3\nand [4", "Asking: "),
+        ("Asking: [@mate: look [here] and", "Asking: "),
+        ("Posting: [#dev: hel", "Posting: "),
+        ("Notes: [send_fi", "Notes: "),
+        ("Notes: [SEND_FILE: notes.t", "Notes: "),
+        ("Done: [@a: x] and [@b: y", "Done: → @a: x and "),
+        # What can never become a tag shows as the final shows it: as written.
+        ("See [1] and [2", "See [1] and [2"),
+        ("A list [see below", "A list [see below"),
+        ("[#dev,ops: not a room post", "[#dev,ops: not a room post"),
+        ("[@-x: not a name", "[@-x: not a name"),
+        ("[send_file: a path\nbroken by a line", "[send_file: a path\nbroken by a line"),
+    ],
+)
+def test_render_partial_reply(so_far: str, shown: str) -> None:
+    assert render_partial_reply(so_far) == shown
+
+
+@st.composite
+def replies_with_files(draw: st.DrawFn) -> str:
+    """A generated reply (:func:`replies`) with send_file tags between its pieces."""
+    reply = draw(replies()).raw
+    path = st.from_regex(r"[a-zA-Z0-9._/-][a-zA-Z0-9._/ -]{0,15}", fullmatch=True)
+    for _ in range(draw(st.integers(0, 2))):
+        cut = draw(st.integers(0, len(reply)))
+        if render_partial_reply(reply[:cut]) != render_for_user(reply[:cut]):
+            continue  # inside a tag: a send_file tag goes between tags only
+        keyword = draw(st.sampled_from(["send_file", "SEND_FILE", "Send_File"]))
+        reply = f"{reply[:cut]}\n[{keyword}: {draw(path)}]\n{reply[cut:]}"
+    return reply
+
+
+@settings(max_examples=200)
+@given(reply=replies_with_files())
+def test_a_reply_written_so_far_never_shows_tag_syntax_and_ends_as_the_final(reply: str) -> None:
+    for end in range(len(reply) + 1):
+        shown = render_partial_reply(reply[:end])
+        assert "[@" not in shown and "[#" not in shown and "[send_file" not in shown.lower(), (end, shown)
+    assert render_partial_reply(reply) == render_for_user(strip_send_file_tags(reply))
