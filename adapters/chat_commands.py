@@ -41,9 +41,14 @@ if TYPE_CHECKING:
     from adapters.platform import Inbound
     from shared.settings.channels import ChannelSettings
     from shared.settings.model import Settings
+    from shared.storage.db import Tx
 
 #: The commands :meth:`ChatCommands.run_command` answers (``/start`` is Telegram's greeting: the help).
 COMMANDS = frozenset({"agent", "team", "reset", "help", "start", "status", "stop", "queue", "retry", "usage"})
+#: Commands whose effect is written in the transaction that queues their answer (and marks the update seen),
+#: through :meth:`ChatCommands.run_command_in`: run a second time after a crash they would do something else
+#: (a second ``/retry`` finds the message no longer failed, or an older one). The others can run again.
+IN_TRANSACTION = frozenset({"retry"})
 
 HELP_TEXT = """Commands:
 /agent NAME - send this chat's messages to agent NAME by default
@@ -159,8 +164,9 @@ class ChatCommands:
             return self._cmd_stop(message)
         if name == "queue":
             return self._cmd_queue(message, args)
-        if name == "retry":
-            return self._cmd_retry(message)
+        if name in IN_TRANSACTION:
+            with self.rt.db.transaction() as tx:
+                return self.run_command_in(tx, message, name, args)
         if name == "usage":
             return self._cmd_usage(message)
         return self._cmd_reset(message, args)
@@ -185,9 +191,16 @@ class ChatCommands:
             text += "\n\n" + agents_usage_text(self.rt.db, budgets, self.settings.agents, now)
         return text
 
-    def _cmd_retry(self, message: Inbound) -> str:
+    def run_command_in(self, tx: Tx, message: Inbound, name: str, args: str) -> str:
+        """Run one command of :data:`IN_TRANSACTION`, its effect written in ``tx``; the caller queues the
+        answer returned in the same transaction."""
+        if name == "retry":
+            return self._cmd_retry(tx, message)
+        raise ValueError(f"/{name} {args} is not run inside a transaction")
+
+    def _cmd_retry(self, tx: Tx, message: Inbound) -> str:
         try:
-            retried = self.rt.queue.admin.retry_last_failed(message.address_on(self.name))
+            retried = self.rt.queue.admin.retry_last_failed_in(tx, message.address_on(self.name))
         except NotFound:
             return "There is no failed message in this chat to try again."
         except RetryBudgetExhausted:

@@ -32,7 +32,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, TypeVar
 
 from adapters import pairing as pairings
-from adapters.chat_commands import COMMANDS, ChatCommands
+from adapters.chat_commands import COMMANDS, IN_TRANSACTION, ChatCommands
 from adapters.platform import HandleOutcome, Inbound
 from shared.aio import call
 from shared.chat import dedupe, held
@@ -162,10 +162,17 @@ class Intake:
         taken_in = self._commits_with_message(message.external_id, also)
         command = _COMMAND_RE.match(text)
         if command and command.group("name").lower() in COMMANDS:
-            answer = self.commands.run_command(
-                message, command.group("name").lower(), (command.group("args") or "").strip()
-            )
-            self.reply(message, answer, kind="command", also=taken_in)
+            name, args = command.group("name").lower(), (command.group("args") or "").strip()
+            if name in IN_TRANSACTION:
+                # Its effect, its answer and the seen mark commit together: a crash leaves all or none.
+                def effect_and_answer(tx: Tx) -> None:
+                    answer = self.commands.run_command_in(tx, message, name, args)
+                    self.reply_in(tx, message.address_on(self.name), answer, kind="command")
+                    taken_in(tx)
+
+                self.rt.db.run_transaction(effect_and_answer)
+                return "command"
+            self.reply(message, self.commands.run_command(message, name, args), kind="command", also=taken_in)
             return "command"
         switch = _MENTION_ONLY_RE.match(text)
         if switch and not refs:
@@ -294,7 +301,14 @@ class Intake:
     def reply_to(self, address: ChatAddress, text: str, *, kind: str, also: TxWork | None = None) -> None:
         """Queue a message of the channel itself to ``address`` (durable like any reply); ``kind`` goes in
         its metadata, ``also(tx)`` commits with it."""
-        self.rt.queue.responses.enqueue_response(
+        self.rt.db.run_transaction(lambda tx: self.reply_in(tx, address, text, kind=kind, also=also))
+
+    def reply_in(
+        self, tx: Tx, address: ChatAddress, text: str, *, kind: str, also: TxWork | None = None
+    ) -> None:
+        """:meth:`reply_to` inside the caller's transaction (the reply commits with what it tells of)."""
+        self.rt.queue.responses.enqueue_response_in(
+            tx,
             ChatAddress(
                 address.channel,
                 address.sender,
@@ -303,24 +317,31 @@ class Intake:
             ),
             text,
             metadata={"kind": kind},
-            also=also,
         )
+        if also is not None:
+            also(tx)
 
     def _seen(self, external_id: str) -> bool:
         return dedupe.is_seen(self.rt.db, self.name, external_id)
 
     def _tell_undelivered(self, message: Inbound) -> None:
         """Queue a note about replies of this chat that could not be delivered, before anything else the
-        user gets now (they wrote, so this chat works again)."""
+        user gets now (they wrote, so this chat works again). The notices are removed in the transaction
+        that queues the notes: a crash between would lose them, or tell them twice."""
         queue = self.rt.queue
         chat = message.address_on(self.name)
         if not queue.responses.has_undelivered_notices(chat):
             return
-        for notice in queue.responses.take_undelivered_notices(chat):
-            at = datetime.fromtimestamp(notice.created_at / 1000, UTC).strftime("%H:%M UTC")
-            self.reply(
-                message,
-                f"My reply to your message at {at} could not be delivered ({notice.explanation}). "
-                f"Send it again if you still need it. Ref: {notice.message_id}",
-                kind="undelivered_notice",
-            )
+
+        def take_and_tell(tx: Tx) -> None:
+            for notice in queue.responses.take_undelivered_notices_in(tx, chat):
+                at = datetime.fromtimestamp(notice.created_at / 1000, UTC).strftime("%H:%M UTC")
+                self.reply_in(
+                    tx,
+                    chat,
+                    f"My reply to your message at {at} could not be delivered ({notice.explanation}). "
+                    f"Send it again if you still need it. Ref: {notice.message_id}",
+                    kind="undelivered_notice",
+                )
+
+        self.rt.db.run_transaction(take_and_tell)

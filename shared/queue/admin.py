@@ -57,40 +57,45 @@ class Admin:
 
         Raises :class:`NotFound` for an unknown id and :class:`RetryBudgetExhausted` past the budget.
         """
+        with self.db.transaction() as tx:
+            return self.retry_dead_in(tx, ref)
+
+    def retry_dead_in(self, tx: Tx, ref: int | str) -> QueuedMessage:
+        """:meth:`retry_dead` inside the caller's transaction (a chat's ``/retry`` commits its answer with
+        it). Raises before writing anything, so a caller may catch the refusal and go on in ``tx``."""
         where, params = self._dead_where(ref)
         now = now_ms()
-        with self.db.transaction() as tx:
-            # Locked (PostgreSQL) so that a retry racing this one waits, then finds the row no longer dead;
-            # SQLite's write transaction already excludes it.
-            row = tx.one(
-                f"SELECT * FROM messages WHERE status = '{MessageStatus.DEAD}' AND {where}{tx.dialect.lock_rows}",
-                params,
+        # Locked (PostgreSQL) so that a retry racing this one waits, then finds the row no longer dead;
+        # SQLite's write transaction already excludes it.
+        row = tx.one(
+            f"SELECT * FROM messages WHERE status = '{MessageStatus.DEAD}' AND {where}{tx.dialect.lock_rows}",
+            params,
+        )
+        if row is None:
+            raise NotFound(f"no dead letter {ref}")
+        if int(row["manual_retries"]) >= self.config.manual_retry_budget:
+            raise RetryBudgetExhausted(
+                f"dead letter {row['message_id']} was already retried {row['manual_retries']} times "
+                f"(budget {self.config.manual_retry_budget}); delete it or archive it"
             )
-            if row is None:
-                raise NotFound(f"no dead letter {ref}")
-            if int(row["manual_retries"]) >= self.config.manual_retry_budget:
-                raise RetryBudgetExhausted(
-                    f"dead letter {row['message_id']} was already retried {row['manual_retries']} times "
-                    f"(budget {self.config.manual_retry_budget}); delete it or archive it"
+        updated = tx.one(
+            f"UPDATE messages SET status = '{MessageStatus.PENDING}', retry_count = 0, manual_retries = manual_retries + 1, "
+            "available_at = :now, updated_at = :now, claimed_by = NULL, lease_until = NULL WHERE id = :id "
+            f"AND status = '{MessageStatus.DEAD}' RETURNING *",
+            {"now": now, "id": row["id"]},
+        )
+        append_events(
+            tx,
+            [
+                PendingEvent(
+                    "message_retried",
+                    {"manual_retries": int(row["manual_retries"]) + 1},
+                    row["message_id"],
                 )
-            updated = tx.one(
-                f"UPDATE messages SET status = '{MessageStatus.PENDING}', retry_count = 0, manual_retries = manual_retries + 1, "
-                "available_at = :now, updated_at = :now, claimed_by = NULL, lease_until = NULL WHERE id = :id "
-                f"AND status = '{MessageStatus.DEAD}' RETURNING *",
-                {"now": now, "id": row["id"]},
-            )
-            append_events(
-                tx,
-                [
-                    PendingEvent(
-                        "message_retried",
-                        {"manual_retries": int(row["manual_retries"]) + 1},
-                        row["message_id"],
-                    )
-                ],
-                now,
-            )
-            tx.signal("messages")
+            ],
+            now,
+        )
+        tx.signal("messages")
         assert updated is not None
         return QueuedMessage.from_row(updated)
 
@@ -143,16 +148,24 @@ class Admin:
         back, within the manual-retry budget (:meth:`retry_dead`); a teammate's handoff in a chain this
         chat started counts as the chat's (the chat was told of it, and its answer comes back here).
         Raises :class:`NotFound` when the chat has none."""
+        with self.db.transaction() as tx:
+            return self.retry_last_failed_in(tx, chat)
+
+    def retry_last_failed_in(self, tx: Tx, chat: ChatAddress) -> QueuedMessage:
+        """:meth:`retry_last_failed` inside the caller's transaction: a chat adapter queues the answer to
+        ``/retry`` in it, so a crash leaves both or neither (a retried message the chat was never told
+        about, or a second ``/retry`` reaching an older dead letter, cannot happen). Raises before writing
+        anything."""
         # A chain's handoffs share the internal conversation named after the chat it started from (see
         # workers/teams.py), which a chat without a conversation id names by its sender.
-        ref = self.db.read_scalar(
+        ref = tx.scalar(
             f"SELECT message_id FROM messages WHERE status = '{MessageStatus.DEAD}' AND ((channel = :c AND conversation = :conv) "
             "OR (channel = 'internal' AND conversation = :chain)) ORDER BY updated_at DESC, id DESC LIMIT 1",
             {"c": chat.channel, "conv": chat.conversation, "chain": chat.row_key},
         )
         if ref is None:
             raise NotFound(f"no failed message in {chat.channel}:{chat.conversation}")
-        return self.retry_dead(str(ref))
+        return self.retry_dead_in(tx, str(ref))
 
     def delete_dead(self, ref: int | str) -> QueuedMessage:
         """Delete one dead letter for good. Raises :class:`NotFound` for an unknown id."""

@@ -409,14 +409,20 @@ class Responses:
         return kv.any_in(self.db, _notice_scope(chat))
 
     def take_undelivered_notices(self, chat: ChatAddress) -> list[UndeliveredNotice]:
-        """The failed replies ``chat`` has not been told about, oldest first, removed in the same
-        transaction (the caller queues the notice; at most once)."""
-        scope = _notice_scope(chat)
+        """The failed replies ``chat`` has not been told about, oldest first, removed in a transaction of
+        their own (:meth:`take_undelivered_notices_in` when the caller queues the notice)."""
         with self.db.transaction() as tx:
-            rows = kv.entries(tx, scope)
-            if not rows:
-                return []
-            kv.delete_scope(tx, scope)
+            return self.take_undelivered_notices_in(tx, chat)
+
+    def take_undelivered_notices_in(self, tx: Tx, chat: ChatAddress) -> list[UndeliveredNotice]:
+        """The failed replies ``chat`` has not been told about, oldest first, removed inside ``tx``: the
+        caller queues the note in the same transaction, so a crash neither loses it (removed, not yet
+        queued) nor tells it twice (queued, not yet removed)."""
+        scope = _notice_scope(chat)
+        rows = kv.entries(tx, scope)
+        if not rows:
+            return []
+        kv.delete_scope(tx, scope)
         found = []
         for r in rows:
             try:
@@ -476,6 +482,27 @@ class Responses:
         """Queue an outgoing message to ``chat`` that nobody asked for (a proactive message, a progress
         note). ``also(tx)``
         commits with it (an adapter's answer to a command, with the command's update marked seen)."""
+        with self.db.transaction() as tx:
+            response = self.enqueue_response_in(
+                tx, chat, message, agent=agent, files=files, metadata=metadata, message_id=message_id
+            )
+            if also is not None:
+                also(tx)
+        return response
+
+    def enqueue_response_in(
+        self,
+        tx: Tx,
+        chat: ChatAddress,
+        message: str,
+        *,
+        agent: str = "",
+        files: Sequence[str] = (),
+        metadata: Mapping[str, Any] | None = None,
+        message_id: str | None = None,
+    ) -> QueuedResponse:
+        """:meth:`enqueue_response` inside the caller's transaction, so the reply commits with the change it
+        tells of (a ``/retry``'s effect, the removal of the notices it carries)."""
         if not isinstance(message, str) or not message.strip():
             raise InvalidInput("message is empty")
         channel = chat.channel
@@ -493,26 +520,23 @@ class Responses:
             "agent": agent,
             "conversation": chat.conversation,
         }
-        with self.db.transaction() as tx:
-            rid = self.insert_response(
-                tx, primary, ResponseDraft(message=message, files=files, metadata=metadata or {}), now
-            )
-            append_events(
-                tx,
-                [
-                    PendingEvent(
-                        "response_ready",
-                        # The channel names who should deliver it (TinyAGI's channels wake on it).
-                        {"response_id": rid, "proactive": True, "channel": channel, "agent": agent},
-                        primary["message_id"],
-                    )
-                ],
-                now,
-            )
-            tx.signal("responses")
-            row = tx.one("SELECT * FROM responses WHERE id = :id", {"id": rid})
-            if also is not None:
-                also(tx)
+        rid = self.insert_response(
+            tx, primary, ResponseDraft(message=message, files=files, metadata=metadata or {}), now
+        )
+        append_events(
+            tx,
+            [
+                PendingEvent(
+                    "response_ready",
+                    # The channel names who should deliver it (TinyAGI's channels wake on it).
+                    {"response_id": rid, "proactive": True, "channel": channel, "agent": agent},
+                    primary["message_id"],
+                )
+            ],
+            now,
+        )
+        tx.signal("responses")
+        row = tx.one("SELECT * FROM responses WHERE id = :id", {"id": rid})
         assert row is not None
         return QueuedResponse.from_row(row)
 
