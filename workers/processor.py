@@ -70,6 +70,7 @@ import anyio
 from shared.aio import call
 from shared.chat.address import ChatAddress
 from shared.clock import now_ms
+from shared.queue import presence
 from shared.queue.core import LeaseLost, QueuedMessage
 from shared.runtime import Runtime, open_runtime
 from shared.settings.busy_policy import BusyPolicy
@@ -124,6 +125,7 @@ class Processor:
         self._stop_event: anyio.Event | None = None
         self._wakeup: anyio.Event | None = None
         self._last_recover = 0.0
+        self._announced = 0.0  # when the presence row was last written (time.monotonic())
         self._cooldown: dict[str, float] = {}
         self.pauses = RateLimitPauses()
         #: The agents driven now and what each holds: every claim of this worker that is not held here is
@@ -212,8 +214,12 @@ class Processor:
                 "until_idle": until_idle,
             },
         )
+        # The row `send --wait` finds this processor by, for as long as it runs (the start event expires).
+        await self._announce()
         async with self.egress:
             await self._loop(until_idle, include_delayed)
+        with contextlib.suppress(Exception):  # left behind, it is known gone by this pid
+            await call(presence.withdraw, self.rt.db, self.worker)
         stopped = {"worker": self.worker, **self.stats.__dict__}
         await record_event(self.rt.events, "processor", "processor_stop", stopped)
 
@@ -263,10 +269,21 @@ class Processor:
         payload = {"agent": agent, "run_id": run_id, "host": target, "reason": why, "message_ids": ids}
         await record_event(self.rt.events, "queue", "network_refused", payload, ids[0] if ids else None)
 
+    async def _announce(self) -> None:
+        """Write (or refresh) this processor's presence row; a database that refuses it now is tried again
+        at the next refresh, and never holds up the loop."""
+        self._announced = time.monotonic()
+        try:
+            await call(presence.announce, self.rt.db, self.worker, os.getpid(), self.agents)
+        except Exception as exc:
+            log.info("could not record that this processor runs: %s", exc)
+
     # -- loop parts -------------------------------------------------------------------------------------
     async def _dispatch(self, tg: anyio.abc.TaskGroup) -> int:
         self._follow_config()
         await self.warm.reap()
+        if time.monotonic() - self._announced >= presence.REFRESH_MS / 1000:
+            await self._announce()
         if time.monotonic() - self._last_recover >= self.config.recover_interval_seconds:
             self._last_recover = time.monotonic()
             outcome = await call(self.rt.queue.failures.recover_stale_messages)

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from shared.clock import now_ms
 from shared.events.log import topic_filter
+from shared.queue import presence
 from shared.storage.db import Database
 from shared.storage.statuses import MessageStatus
 from shared.worker_identity import Holder, holder_state
@@ -116,12 +117,14 @@ def message_metadata(db: Database, message_id: str) -> str | None:
 
 
 def processor_running(db: Database, now: int | None = None) -> bool:
-    """Whether some processor may be running: one whose ``processor_start`` event has no ``processor_stop``
-    after it, or one holding an agent's unexpired lease, unless its process is known to be gone. Only the
-    processor's own host can tell that (:mod:`shared.worker_identity`), so one on another host counts as
-    running. A start event is kept ``events.ttl_hours``: a processor running longer is seen through the
-    leases it holds while it works.
+    """Whether some processor may be running: one whose presence row is there
+    (:mod:`shared.queue.presence`: it lasts as long as the processor does), one whose ``processor_start``
+    event has no ``processor_stop`` after it (a processor of an earlier release writes no row), or one
+    holding an agent's unexpired lease, unless its process is known to be gone. Only the processor's own
+    host can tell that (:mod:`shared.worker_identity`), so one on another host counts as running.
     """
+    if presence.present(db, now):
+        return True
     rows = db.read(
         f"SELECT type, payload FROM events WHERE {topic_filter('processor')} "
         "AND type IN ('processor_start', 'processor_stop') ORDER BY id DESC LIMIT :n",

@@ -50,6 +50,9 @@ class Scope(StrEnum):
     WORKSPACE = "workspace"
     #: key agent → JSON of the fallback model in use after rate limits (workers.ratelimit).
     MODEL_FALLBACK = "model_fallback"
+    #: key worker id → JSON of a running processor (queue.presence); refreshed every minute, deleted when it
+    #: stops, a killed one's row forgotten a day later by the next processor to start.
+    PROCESSORS = "processors"
     #: key Telegram's offset key → the next update offset (adapters.telegram); overwritten in place.
     TELEGRAM = "telegram"
     #: family by channel: key conversation → the agent the chat talks to (adapters.chat_state).

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from shared.clock import now_ms
 from shared.runtime import Runtime
 from tests.homes import build_home, open_home
 from tests.probes import wait_for
@@ -186,6 +187,30 @@ def test_send_wait_says_when_no_processor_runs_and_goes_on_when_one_starts(
     assert waiting.text.count("no processor is running") == 1
     documented = " ".join(_cli(home, "send", "--help").stdout.split())
     assert "no processor is running" in documented and "keeps waiting" in documented
+
+
+def test_send_wait_sees_a_processor_up_longer_than_the_event_log_keeps_its_start(
+    home: Path, processors: list[subprocess.Popen[bytes]]
+) -> None:
+    # A processor that runs, but whose start event the event log has dropped, as it does once the start is
+    # older than events.ttl_hours (72 h): the scheduler's prune, run here with that much time gone by.
+    proc = start_processor(home, processors)
+    with open_home(home) as rt:
+        rt.events.cleanup(ttl_ms=0, max_per_topic=100_000)
+        assert not _started(rt, proc.pid)
+        # The agent is paused by a rate limit (as the processor records one), so the message waits with the
+        # processor up, past the moment send --wait asks whether one runs.
+        rt.queue.control.pause_agent("assistant", now_ms() + 9_000, "rate limited (test)")
+
+    waiting = Session(home, "send", "--wait", "--timeout", "60", "hello there")
+    try:
+        code = waiting.finish(60)
+    finally:
+        waiting.stop()
+    # Before: "queued; no processor is running — start it with `agentpost up`" after 5 s.
+    assert code == 0, waiting.text
+    assert "answer: hello there" in waiting.text
+    assert "no processor is running" not in waiting.text, waiting.text
 
 
 def test_send_wait_labels_earlier_replies_and_answers_with_its_own(
