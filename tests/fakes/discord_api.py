@@ -195,6 +195,14 @@ class FakeDiscord(ContextFake):
         self._sent: list[DiscordSent] = []
         self._requests: list[DiscordRequest] = []
         self._rate_limits: list[float] = []
+        #: (text a message's content contains, seconds its creation is held) — see :meth:`slow_message`.
+        self._slow: list[tuple[str, float]] = []
+        self._creating: dict[int, int] = {}
+        #: The most message creations one channel had in flight at once.
+        self.most_at_once: dict[int, int] = {}
+        #: Message creations per channel in its current rate-limit window (see :meth:`report_rate_limits`).
+        self._buckets: dict[int, tuple[float, int]] = {}
+        self._bucket_size: tuple[int, float] | None = None
         self.identifies = 0
         self.resumes = 0
         self.heartbeats = 0
@@ -342,6 +350,19 @@ class FakeDiscord(ContextFake):
         """Answer the next ``times`` message creations with a 429 (with ``Via`` so discord.py retries)."""
         with self._cond:
             self._rate_limits.extend([retry_after] * times)
+
+    def report_rate_limits(self, limit: int = 5, window: float = 5.0) -> None:
+        """Answer message creations with Discord's rate-limit headers (``limit`` per channel every
+        ``window`` seconds), as Discord does. Without them discord.py assumes a limit of 1 and so sends one
+        request per channel at a time by itself; with them it sends up to ``limit`` at once."""
+        with self._cond:
+            self._bucket_size = (limit, window)
+
+    def slow_message(self, containing: str, seconds: float) -> None:
+        """Hold the creation of the next message whose content contains ``containing`` for ``seconds``
+        before it is created and answered (a slow Discord: the request is in flight all that time)."""
+        with self._cond:
+            self._slow.append((containing, seconds))
 
     @property
     def sent(self) -> list[DiscordSent]:
@@ -933,6 +954,51 @@ class FakeDiscord(ContextFake):
     async def _create_message(self, request: web.Request) -> web.Response:
         channel = self._known_channel(request)
         payload, files = await self._read_message_body(request)
+        channel_id = int(channel["id"])
+        content = str(payload.get("content") or "")
+        with self._cond:
+            self._creating[channel_id] = self._creating.get(channel_id, 0) + 1
+            self.most_at_once[channel_id] = max(
+                self.most_at_once.get(channel_id, 0), self._creating[channel_id]
+            )
+            slow = next((item for item in self._slow if item[0] in content), None)
+            if slow is not None:
+                self._slow.remove(slow)
+        try:
+            if slow is not None:
+                await asyncio.sleep(slow[1])
+            response = await self._create_message_now(channel, payload, files)
+            self._add_rate_limit_headers(channel_id, response)
+            return response
+        finally:
+            with self._cond:
+                self._creating[channel_id] -= 1
+
+    def _add_rate_limit_headers(self, channel_id: int, response: web.Response) -> None:
+        with self._cond:
+            if self._bucket_size is None:
+                return
+            limit, window = self._bucket_size
+            now = time.time()
+            start, used = self._buckets.get(channel_id, (now, 0))
+            if now - start >= window:
+                start, used = now, 0
+            used += 1
+            self._buckets[channel_id] = (start, used)
+        response.headers.update(
+            {
+                "X-RateLimit-Limit": str(limit),
+                "X-RateLimit-Remaining": str(max(0, limit - used)),
+                "X-RateLimit-Reset": f"{start + window:.3f}",
+                "X-RateLimit-Reset-After": f"{max(0.001, start + window - now):.3f}",
+                # One bucket hash for the route, limits per channel (Discord's "major parameter").
+                "X-RateLimit-Bucket": "fake-create-message",
+            }
+        )
+
+    async def _create_message_now(
+        self, channel: JSON, payload: JSON, files: list[DiscordFile]
+    ) -> web.Response:
         with self._cond:
             retry_after = self._rate_limits.pop(0) if self._rate_limits else None
         if retry_after is not None:
