@@ -81,10 +81,10 @@ from workers.run_outcome import OutcomeWriter
 from workers.storage_steps import StorageSteps
 from workers.teams import origin_of
 
-#: How many examples (random runs) and steps per example: bounded for ``make test`` (about half a minute per
-#: database on a 2-core machine), longer by environment variable.
-EXAMPLES = int(os.environ.get("AGENTPOST_STATEFUL_EXAMPLES", "30"))
-STEPS = int(os.environ.get("AGENTPOST_STATEFUL_STEPS", "30"))
+#: How many examples (random runs) and steps per example: bounded for ``make test`` (about 10 s on SQLite and
+#: 30 s on PostgreSQL on a 2-core machine), longer by environment variable.
+EXAMPLES = int(os.environ.get("AGENTPOST_STATEFUL_EXAMPLES", "100"))
+STEPS = int(os.environ.get("AGENTPOST_STATEFUL_STEPS", "40"))
 # The timeout grows with a longer run asked for by environment variable.
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(max(300, EXAMPLES * STEPS // 5))]
 
