@@ -6,18 +6,21 @@ A Hypothesis rule-based state machine drives the real queue (``shared.queue``) a
 outcome writer (:class:`workers.run_outcome.OutcomeWriter`, which writes what a run came to through the queue,
 as the processor does) with no agent CLI: a rule says what the "CLI" answered. The rules:
 
-- ``enqueue``: a user sends a message, to the team's leader or to the teammate, from one of three chats;
+- ``first_messages`` (each example's start) and ``enqueue``: a user sends a message, to the team's leader or
+  to the teammate, from one of three chats;
 - ``claim``: a worker claims every available message of an agent (its groups merged as the processor merges
-  them); ``start``: it marks its next group's run started; ``steer``: it claims the running chat's new
-  messages into the run (``claim_chat_into_run``, the ``steer`` busy policy);
+  them), and may start the first at once; ``start``: it marks its next group's run started; ``steer``: it
+  claims the running chat's new messages into the run (``claim_chat_into_run``, the ``steer`` busy policy);
 - ``succeed`` (the reply may hand work to the teammate: an internal message one hop further, whose answer
   goes to the chain's origin chat), ``fail`` (transient: retried, dead at ``max_retries``; permanent: dead at
-  once), ``stop`` (``/stop`` through ``queue.control``, for the running or a waiting group);
-- ``renew``: a worker renews its leases; one that lost some gives back what it holds, as the processor does;
-  ``sweep``: it puts back claims no group of its holds (the processor's stranded-claim sweep);
-- ``expire_leases``: time passes the lease of the worker on "another host" (whose holder state the queue
-  cannot see), and the recovery sweep takes its claims back; that worker still thinks it holds them;
-- ``crash``: a worker on this host dies (its process is killed, its in-memory holdings are gone; a new one
+  once), ``stop`` (``/stop`` through ``queue.control``, for the running or a waiting group); ``work`` does
+  claim, start and one of these outcomes in one step, so long chains happen in short examples;
+- ``tick``: a worker renews its leases (one that lost some gives back what it holds, as the processor does)
+  and puts back claims none of its groups holds (the processor's stranded-claim sweep);
+- ``expire_leases``: the clock moves past every lease and the recovery sweep runs: the worker on "another
+  host" (whose holder state the queue cannot see) loses its claims and still thinks it holds them; a live
+  worker on this host keeps its claims until the stall ceiling;
+- ``crash``: a worker dies (on this host its process is killed; its in-memory holdings are gone; a new one
   starts in its place), and ``recover`` — the recovery sweep — takes its claims back;
 - ``retry_dead``: an operator retries a dead letter (``dead retry``), within the manual-retry budget.
 
