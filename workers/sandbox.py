@@ -47,7 +47,6 @@ from typing import Literal
 from shared import safe_files
 from shared.chat.sessions import AGENT_SCOPE_KEY
 from workers.egress import SANDBOX_PROXY_PORT, SANDBOX_SOCKET
-from workers.workspace import MARKER as WORKSPACE_MARKER
 
 log = logging.getLogger("agentpost.processor")
 
@@ -404,8 +403,7 @@ def prepare(plan: SandboxPlan, view: SandboxView, login_home: Path | None) -> No
     uid, gid = plan.user
     for root in (view.workspace, view.cli_home):
         if root.stat().st_uid != uid:
-            if root.stat().st_gid != gid:  # one handed to an agent's user before carries the agents' group
-                _check_hand_over(root, view.home)
+            _check_hand_over(root, view.home)
             _chown_tree(root, uid, gid)
     for folder in view.readable:
         if folder.is_dir():
@@ -443,27 +441,43 @@ def _copy_login(source_home: Path, cli_home: Path) -> None:
         pass  # no login to copy is what the CLI itself reports, in words the run's error explains
 
 
+#: Folders of the system itself: never handed to an agent's user, nor anything under them.
+SYSTEM_FOLDERS = tuple(
+    Path(p) for p in ("/etc", "/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/boot", "/dev",
+                      "/proc", "/sys", "/run", "/var/lib", "/var/log", "/var/spool", "/var/cache")
+)  # fmt: skip
+
+
+def hand_over_refusal(root: Path, home: Path | None) -> str | None:
+    """Why ``root`` may not be given to an agent's user (None: it may). The settings file is the operator's
+    and may name any folder as a workspace, a shared one with files in it included; but no setting makes
+    agentpost give away the system (``workspace = "/etc"``: every file under it would become the agent's),
+    the root folder, a home folder's top, or agentpost's own home or a folder above it."""
+    real = Path(os.path.realpath(root))
+    if home is not None:
+        home_real = Path(os.path.realpath(home))
+        if real == home_real or real in home_real.parents:
+            return f"{root} holds agentpost's own home"
+        if home_real in real.parents:
+            return None
+    if real == Path("/") or real.parent == Path("/"):
+        return f"{root} is a top-level folder of the system"
+    if any(real == folder or folder in real.parents for folder in SYSTEM_FOLDERS):
+        return f"{root} is part of the system"
+    if real.parent == Path("/home"):
+        return f"{root} is a user's home folder"
+    return None
+
+
 def _check_hand_over(root: Path, home: Path | None) -> None:
-    """Refuse to give the sandbox user a folder agentpost did not make: one outside its home that holds
-    anything but the workspace marker (an agent set up with ``workspace = "/etc"`` would otherwise be handed
-    ``/etc``). Raises :class:`SandboxError` saying what the operator can do."""
-    if home is not None and (root == home or home in root.parents):
-        return
-    try:
-        entries = set(os.listdir(root))
-    except OSError as exc:
-        raise SandboxError(f"cannot look into the workspace {root}: {exc.strerror or exc}") from None
-    if entries <= {WORKSPACE_MARKER}:
-        return  # made for this agent just now
-    try:
-        owner = pwd.getpwuid(root.stat().st_uid).pw_name
-    except KeyError:
-        owner = str(root.stat().st_uid)
-    raise SandboxError(
-        f"the folder {root} belongs to {owner} and already holds files; agentpost hands an agent's user only "
-        f"folders it made, or that carry the agents' group. If the agent should work there, give it to "
-        f"that group yourself (chgrp -R {SANDBOX_USER} {root}), or choose a new folder"
-    )
+    """Raise :class:`SandboxError`, saying what the operator can do, for a folder that may not be handed to
+    an agent's user (:func:`hand_over_refusal`)."""
+    why = hand_over_refusal(root, home)
+    if why is not None:
+        raise SandboxError(
+            f"agentpost will not hand the folder {root} to an agent's user: {why}. Set [agents.…] workspace to "
+            "a folder of its own (or leave it out: agentpost makes one under its home)"
+        )
 
 
 def _chown_tree(root: Path, uid: int, gid: int) -> None:

@@ -356,18 +356,16 @@ def test_the_claude_cli_answers_through_the_proxy_while_its_bash_reaches_nothing
     assert requests >= 2  # the tool call and the answer both went through the proxy to the fake API
 
 
-def test_a_folder_agentpost_did_not_make_is_never_handed_to_the_agent(service_tmp: Path) -> None:
-    """An agent whose workspace is a root-owned folder full of files (``/etc``, as an agent added through
-    the API once had): the run is refused with the reason, the folder stays root's, nothing ran in it."""
+def test_a_folder_holding_agentposts_home_is_never_handed_to_the_agent(service_tmp: Path) -> None:
+    """An agent whose workspace is the folder that holds agentpost's home (as an agent added through the API
+    once had a root-owned folder): the run is refused with the reason, and nothing of the folder — the
+    database included — is given to the agent's user; nothing ran in it."""
     _need_bwrap()
     tmp_path = service_tmp
-    foreign = tmp_path / "etc-like"
-    foreign.mkdir()
-    (foreign / "shadow").write_text("root's secret\n")
     home = tmp_path / "home"
     agents = {
         "prober": {"provider": "command", "command": ["/bin/sh", "-c", "echo ran > ran.txt"],
-                   "workspace": str(foreign)},
+                   "workspace": str(tmp_path)},
     }  # fmt: skip
     make_home(tmp_path, f"sqlite:///{home / 'agentpost.db'}", agents, processor={"sandbox": "namespaces"})
     env = {
@@ -378,6 +376,7 @@ def test_a_folder_agentpost_did_not_make_is_never_handed_to_the_agent(service_tm
     reply, message_id = _run(home, env, [], None)
     assert "could not answer your message" in reply and message_id in reply, reply
     trace = _trace(home, env, message_id)  # the operator's reason
-    assert "belongs to root" in trace and "chgrp -R agentpost-agent" in trace, trace
-    assert foreign.stat().st_uid == 0 and (foreign / "shadow").stat().st_uid == 0
-    assert not (foreign / "ran.txt").exists()
+    assert "will not hand the folder" in trace and "holds agentpost's own home" in trace, trace
+    assert tmp_path.stat().st_uid == 0 and (home / "agentpost.db").stat().st_uid == 0
+    assert (home / "settings.toml").stat().st_uid == 0
+    assert not (tmp_path / "ran.txt").exists()

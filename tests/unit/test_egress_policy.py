@@ -13,6 +13,7 @@ from shared.settings.hosts import HostRule, parse_rule, rule_from_url
 from shared.settings.model import AgentSettings, SettingsError, load_settings
 from workers.doctor import checks
 from workers.egress_policy import EgressPolicy, is_public, policy_for
+from workers.sandbox import hand_over_refusal
 
 pytestmark = pytest.mark.unit
 
@@ -140,3 +141,18 @@ def test_doctor_names_what_each_agent_reaches_and_warns_about_open(tmp_path: Pat
         found["network of wide"].level == "warn" and "every public address" in found["network of wide"].detail
     )
     assert found["network of cmd"].detail.startswith("reaches nothing")
+
+
+def test_no_setting_makes_agentpost_hand_the_system_or_its_home_to_an_agent(tmp_path: Path) -> None:
+    home = tmp_path / "ap" / "home"
+    home.mkdir(parents=True)
+    for folder in ["/", "/etc", "/etc/ssh", "/usr/lib", "/var/lib/postgresql", "/root", "/home/alice", "/srv",
+                   str(tmp_path / "ap"), str(home)]:  # fmt: skip
+        assert hand_over_refusal(Path(folder), home) is not None, folder
+    for folder in [
+        str(home / "workspace" / "a"),
+        "/srv/shared/ws",
+        "/home/alice/projects/x",
+        str(tmp_path / "ws"),
+    ]:
+        assert hand_over_refusal(Path(folder), home) is None, folder
