@@ -27,7 +27,13 @@ FAST_QUEUE: Mapping[str, Any] = {
 #: ``[processor]`` timings that keep recovery quick in tests.
 #: The suite's scripted agents report through files beside their script, which the agent sandbox hides on
 #: purpose: test homes run agents unconfined (tests/e2e/test_sandbox.py asks for the sandbox explicitly).
-FAST_PROCESSOR: Mapping[str, Any] = {"recover_interval_seconds": 0.5, "sandbox": "none"}
+#: Runs start their CLI for each message unless a test keeps it (warm sessions are on by default; the tests
+#: of warm sessions ask for them).
+FAST_PROCESSOR: Mapping[str, Any] = {
+    "recover_interval_seconds": 0.5,
+    "sandbox": "none",
+    "session_idle_seconds": 0,
+}
 
 
 def scripted_agents(script: Path, names: tuple[str, ...], **extra: Any) -> dict[str, dict[str, Any]]:

@@ -15,6 +15,7 @@ from workers.limits import find_place, size_words
 from workers.providers import ProviderError, RunRequest, find_binary
 from workers.sandbox import SANDBOX_USER, SandboxError, SandboxPlan, runs_as_root
 from workers.sandbox import choose as choose_sandbox
+from workers.warm_sessions import KEPT_PROCESS_BYTES, available_memory, memory_cap
 from workers.workspace import WorkspaceElsewhere, check_workspace, host_of, workspace_record
 
 _BINARIES = {"claude": ("claude", "AGENTPOST_CLAUDE_BIN"), "codex": ("codex", "AGENTPOST_CODEX_BIN")}
@@ -162,10 +163,20 @@ def _warm(settings: Settings) -> list[Check]:
     )
     found: list[Check] = []
     if config.session_idle_seconds > 0:
+        if config.warm_sessions_total is not None:
+            total = f"{config.warm_sessions_total} in all"
+        else:
+            available = available_memory()
+            total = (
+                f"{memory_cap(0, available)} in all: a quarter of the {available // 2**20} MiB available now, "
+                f"about {KEPT_PROCESS_BYTES // 2**20} MiB each"
+                if available is not None
+                else f"{memory_cap(0, None)} in all"
+            )
         detail = (
             f"Claude agents keep a chat's CLI running for {config.session_idle_seconds:g} s after a reply, so "
             f"the next message skips the start-up (at most {config.warm_sessions_per_agent} per agent, "
-            f"{config.warm_sessions_total} in all)"
+            f"{total})"
         )
         if cold:
             detail += (

@@ -140,6 +140,35 @@ class WarmProcess:
                 await self.hold.release_async()
 
 
+#: What one kept claude process holds in memory (measured by bench/warm_sessions.py: about 210 MiB).
+KEPT_PROCESS_BYTES = 210 * 1024 * 1024
+#: Kept processes may use at most this share of the memory available when one is kept.
+MEMORY_SHARE = 0.25
+#: Never more than this many by the memory rule alone (an operator may set more).
+MEMORY_CAP_MAX = 32
+
+
+def available_memory() -> int | None:
+    """The kernel's estimate of memory available without swapping (``MemAvailable``), in bytes."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as info:
+            for line in info:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def memory_cap(kept: int, available: int | None) -> int:
+    """How many processes may be kept in all, by memory: those kept now (their memory is already not
+    available) plus as many more as ``MEMORY_SHARE`` of ``available`` holds. Without a reading: 4."""
+    if available is None:
+        return 4
+    more = int(available * MEMORY_SHARE) // KEPT_PROCESS_BYTES
+    return min(MEMORY_CAP_MAX, kept + more)
+
+
 class WarmPool:
     """The warm processes of one processor (see the module docstring). ``config`` gives the ``[processor]``
     section in force."""
@@ -149,6 +178,8 @@ class WarmPool:
         self._idle: dict[WarmKey, WarmProcess] = {}
         self.started = 0  # processes started (a cold turn)
         self.reused = 0  # turns written to a kept process
+        #: Why the last process was not kept, when memory was too short ("" otherwise).
+        self.not_kept = ""
 
     @property
     def enabled(self) -> bool:
@@ -168,13 +199,27 @@ class WarmPool:
     async def put(self, warm: WarmProcess) -> None:
         """Keep ``warm`` for its chat's next message; close the least recently used past the caps."""
         warm.last_used = time.monotonic()
-        self._idle[warm.key] = warm
         config = self.config()
+        total = config.warm_sessions_total
+        if total is None:
+            available = available_memory()
+            total = memory_cap(len(self._idle), available)
+            if total <= len(self._idle) and not self._idle:
+                # Not even one fits in a quarter of what is left: this host needs its memory elsewhere.
+                self.not_kept = (
+                    f"not kept: {available // 2**20 if available else '?'} MiB available, a kept process needs "
+                    f"about {KEPT_PROCESS_BYTES // 2**20} MiB"
+                )
+                log.info("chat %s of agent %s: %s", warm.key[1], warm.key[0], self.not_kept)
+                await warm.close()
+                return
+            total = max(total, 1)
+        self._idle[warm.key] = warm
         by_age = sorted(self._idle.values(), key=lambda p: p.last_used)
         agent_count = sum(1 for p in by_age if p.key[0] == warm.key[0])
         for old in by_age:
             over_agent = old.key[0] == warm.key[0] and agent_count > config.warm_sessions_per_agent
-            if old is warm or not (over_agent or len(self._idle) > config.warm_sessions_total):
+            if old is warm or not (over_agent or len(self._idle) > total):
                 continue
             self._idle.pop(old.key, None)
             agent_count -= old.key[0] == warm.key[0]

@@ -74,7 +74,7 @@ class ProcessorSettings(_Strict):
         description="how agent CLIs are confined (workers/sandbox.py): auto = namespaces where they work",
     )
     session_idle_seconds: float = Field(
-        default=0.0,
+        default=300.0,
         ge=0,
         description="keep a chat's claude CLI running this long for its next message (0: one process per run)",
     )
@@ -90,11 +90,14 @@ class ProcessorSettings(_Strict):
         le=256,
         description="warm claude processes kept per agent (least recently used go first)",
     )
-    warm_sessions_total: int = Field(
-        default=8,
+    warm_sessions_total: int | None = Field(
+        default=None,
         ge=1,
         le=4096,
-        description="warm claude processes kept by one processor in all (~210 MiB each)",
+        description=(
+            "warm claude processes kept by one processor in all (~210 MiB each); unset: as many as a quarter "
+            "of the machine's available memory holds, so a small host is never pushed into swap"
+        ),
     )
 
     @field_validator("agents")

@@ -11,7 +11,7 @@ from shared.settings.model import AgentSettings, load_settings
 from workers.doctor import checks
 from workers.provider_clis import ClaudeProvider
 from workers.providers import RunRequest
-from workers.warm_sessions import fingerprint, session_ref, split_session_ref
+from workers.warm_sessions import available_memory, fingerprint, memory_cap, session_ref, split_session_ref
 
 pytestmark = pytest.mark.unit
 
@@ -79,3 +79,24 @@ def test_doctor_says_which_agents_keep_the_cold_path(tmp_path: Path) -> None:
         text.replace("session_idle_seconds = 120", "session_idle_seconds = 0")
     )
     assert "warm sessions" not in {c.name for c in checks(load_settings(tmp_path, env))}
+
+
+def test_warm_sessions_are_on_by_default_with_a_cap_from_memory(tmp_path: Path) -> None:
+    (tmp_path / "settings.toml").write_text('[queue]\ndefault_agent = "coder"\n\n[agents.coder]\n')
+    env = {"PATH": "/usr/bin", "ANTHROPIC_API_KEY": "k", "HOME": str(tmp_path)}
+    settings = load_settings(tmp_path, env)
+    assert settings.processor.session_idle_seconds == 300 and settings.processor.warm_sessions_total is None
+    warm = {c.name: c for c in checks(settings)}["warm sessions"]
+    available = available_memory()
+    assert available is not None  # Linux: /proc/meminfo
+    assert f"{memory_cap(0, available)} in all: a quarter of the" in warm.detail, warm.detail
+
+
+def test_the_memory_cap_keeps_a_small_host_out_of_swap() -> None:
+    mib = 2**20
+    assert memory_cap(0, 500 * mib) == 0  # a quarter of 500 MiB holds no 210 MiB process: none is kept
+    assert memory_cap(0, 1024 * mib) == 1
+    assert memory_cap(0, 8 * 1024 * mib) == 9
+    assert memory_cap(3, 500 * mib) == 3  # those kept already hold their memory: they stay
+    assert memory_cap(0, 1024 * 1024 * mib) == 32  # the rule's own ceiling
+    assert memory_cap(0, None) == 4  # no reading: a small fixed number
