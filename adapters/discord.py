@@ -16,6 +16,10 @@ a message is never taken twice; a reply to one sent more than ``late_message_sec
 while the bot was offline. A DM from someone the bot never talked with before cannot be found this way
 (Discord offers bots no list of DM channels).
 
+Order: discord.py runs each incoming message's handler as a task of its own; the messages of one chat are
+taken in one at a time, in the order they came (another chat does not wait). Replies of one chat go out in
+order, one at a time, through the runner's delivery like every channel's.
+
 Hygiene: a pairing code for someone who mentions the bot in a guild goes to them by DM (the guild channel gets
 a short hint without the code); channels are addressed without a ``GET /channels/{id}`` per send (cached
 channels, else a partial channel by id); an unreachable API at start is retried with backoff
@@ -30,6 +34,7 @@ import functools
 import re
 import time
 import warnings
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -178,8 +183,38 @@ class DiscordChannel(Platform):
             if not any(user.id == client.user.id for user in message.mentions):
                 return
             text = re.sub(_MENTION_RE.format(client.user.id), "", text).strip()
-        await self.test_pause_after_fetch("a Discord message")
         conversation = str(message.channel.id)
+        # discord.py runs each event's handler as a task of its own, so two messages of one chat would be
+        # taken in side by side and could be queued in either order (one with an attachment to download,
+        # say, is overtaken by the next). Taking the chat's turn before the first await keeps the order
+        # they came in, as Telegram's one-update-at-a-time loop does; other chats do not wait.
+        async with self._chat_turn(conversation):
+            await self._take_in(message, text, guild, conversation)
+
+    @functools.cached_property
+    def _turns(self) -> dict[str, tuple[asyncio.Lock, int]]:
+        """Per chat being taken in: its lock and how many handlers hold or wait for it."""
+        return {}
+
+    @contextlib.asynccontextmanager
+    async def _chat_turn(self, conversation: str) -> AsyncIterator[None]:
+        """Handle one chat's messages one at a time, in the order their handlers started (asyncio's lock
+        wakes its waiters first come, first served); the lock goes when nobody holds or waits for it."""
+        turns = self._turns
+        lock, users = turns.get(conversation, (asyncio.Lock(), 0))
+        turns[conversation] = (lock, users + 1)
+        try:
+            async with lock:
+                yield
+        finally:
+            lock, users = turns[conversation]
+            if users == 1:
+                del turns[conversation]
+            else:
+                turns[conversation] = (lock, users - 1)
+
+    async def _take_in(self, message: discord.Message, text: str, guild: str, conversation: str) -> None:
+        await self.test_pause_after_fetch("a Discord message")
         sender_id = str(message.author.id)
         files: list[Path] = []
         metadata = {"guild_id": guild, "discord_message_id": str(message.id)}

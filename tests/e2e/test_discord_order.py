@@ -1,12 +1,16 @@
-"""Replies of one Discord chat go out in order, one at a time, even when Discord is slow to take the first:
-the real ``agentpost run discord`` process against the fake REST API, whose creation of the first reply is
-held for a while (the request in flight all that time).
+"""One Discord chat's messages and replies keep their order: the real ``agentpost run discord`` process against
+the fake REST API and gateway.
 
-discord.py sends each request as it is made, and Discord orders messages by when it creates them, so two
-sends in flight at once to one channel could land in either order. The runner's delivery claims only the
-oldest unfinished reply of each chat (:meth:`shared.queue.delivery.Responses.claim_responses_for_channel`)
-and sends its parts one after another, so the second reply is not sent before the first is confirmed. Other
-chats are not held up meanwhile.
+- Replies: Discord is slow to create the first of two replies to one chat (the request in flight all that
+  time). discord.py sends each request as it is made, and Discord orders messages by when it creates them,
+  so two sends in flight at once to one channel could land in either order. The runner's delivery claims
+  only the oldest unfinished reply of each chat (:meth:`shared.queue.delivery.Responses.claim_responses_for_channel`)
+  and sends its parts one after another, so the second reply is not sent before the first is confirmed.
+  Other chats are not held up meanwhile. (This held before the test was written; it fails when the claim's
+  head-of-chat condition is removed.)
+- Messages: discord.py runs each MESSAGE_CREATE handler as a task of its own; a message whose attachment is
+  slow to download was overtaken by the next one of the same chat, which was queued first. The adapter now
+  takes one chat's messages in one at a time, in the order they came.
 """
 
 from __future__ import annotations
@@ -81,3 +85,31 @@ def test_two_replies_to_one_discord_chat_go_out_in_order_when_the_first_is_slow(
     first, second = (next(s for s in sent if s.content == text) for text in ("first reply", "second reply"))
     assert second.message_id is not None and first.message_id is not None
     assert second.message_id > first.message_id
+
+
+def test_messages_of_one_discord_chat_are_taken_in_in_the_order_sent(
+    tmp_path: Path, fake: FakeDiscord
+) -> None:
+    # discord.py hands each message to its own task: the first, whose attachment is slow to download, must
+    # still be queued before the second (Telegram takes updates one at a time, so there it always was).
+    channels = {"discord": {"allowlist": [str(ALICE), str(BOB)], "guild_ready_timeout_seconds": 0.1}}
+    home = channel_home(tmp_path, f"sqlite:///{tmp_path / 'a.db'}", channels)
+    rt = open_home(home)
+    adapter = Proc("discord", home, discord_env(fake), tmp_path / "discord.log")
+    try:
+        wait_for(lambda: fake.identifies > 0, 20, "the adapter to identify")
+        fake.slow_downloads(SLOW_SECONDS)
+        fake.push_message(
+            ALICE_DM, "first, with notes", ALICE, "alice", attachments=[("notes.txt", b"n", "text/plain")]
+        )
+        fake.push_message(ALICE_DM, "second", ALICE, "alice")
+        fake.push_message(BOB_DM, "bob meanwhile", BOB, "bob")
+        wait_for(lambda: count(rt, "SELECT COUNT(*) FROM messages") == 3, 30, "the three messages queued")
+        queued = [
+            str(r["message"]).split("\n")[0] for r in rt.db.read("SELECT message FROM messages ORDER BY id")
+        ]
+    finally:
+        rt.close()
+        adapter.stop()
+    # Bob's chat did not wait for Alice's download; Alice's second message waited for her first.
+    assert queued == ["bob meanwhile", "first, with notes", "second"], queued

@@ -203,6 +203,8 @@ class FakeDiscord(ContextFake):
         #: Message creations per channel in its current rate-limit window (see :meth:`report_rate_limits`).
         self._buckets: dict[int, tuple[float, int]] = {}
         self._bucket_size: tuple[int, float] | None = None
+        #: Seconds every attachment download is held (see :meth:`slow_downloads`).
+        self.download_delay = 0.0
         self.identifies = 0
         self.resumes = 0
         self.heartbeats = 0
@@ -357,6 +359,10 @@ class FakeDiscord(ContextFake):
         request per channel at a time by itself; with them it sends up to ``limit`` at once."""
         with self._cond:
             self._bucket_size = (limit, window)
+
+    def slow_downloads(self, seconds: float) -> None:
+        """Hold every attachment download for ``seconds`` (a slow CDN)."""
+        self.download_delay = seconds
 
     def slow_message(self, containing: str, seconds: float) -> None:
         """Hold the creation of the next message whose content contains ``containing`` for ``seconds``
@@ -1088,6 +1094,8 @@ class FakeDiscord(ContextFake):
         if found is None:
             raise DiscordApiError(404, "404: Not Found")
         data, content_type = found
+        if self.download_delay:
+            await asyncio.sleep(self.download_delay)
         return web.Response(body=data, headers={"Content-Type": content_type})
 
 
