@@ -27,8 +27,8 @@ FAST_QUEUE: Mapping[str, Any] = {
 #: ``[processor]`` timings that keep recovery quick in tests.
 #: The suite's scripted agents report through files beside their script, which the agent sandbox hides on
 #: purpose: test homes run agents unconfined (tests/e2e/test_sandbox.py asks for the sandbox explicitly).
-#: Runs start their CLI for each message unless a test keeps it (warm sessions are on by default; the tests
-#: of warm sessions ask for them).
+#: Runs start their CLI for each message unless a test keeps it (the tests of warm sessions ask for them),
+#: whatever the default of session_idle_seconds is.
 FAST_PROCESSOR: Mapping[str, Any] = {
     "recover_interval_seconds": 0.5,
     "sandbox": "none",
