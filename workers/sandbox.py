@@ -324,10 +324,10 @@ def bwrap_argv(plan: SandboxPlan, view: SandboxView, argv: Sequence[str]) -> lis
         setpriv = shutil.which("setpriv") or "/usr/bin/setpriv"
         out += [setpriv, f"--reuid={uid}", f"--regid={gid}", "--clear-groups", "--no-new-privs",
                 "--inh-caps=-all", "--bounding-set=-all", "--"]  # fmt: skip
-    return [*out, *forwarded(view, argv)]
+    return [*out, *entered(view, argv)]
 
 
-def forwarded(view: SandboxView, argv: Sequence[str]) -> list[str]:
+def entered(view: SandboxView, argv: Sequence[str]) -> list[str]:
     """``argv`` started through the sandbox's entry (workers/sandbox_entry.py): a session keyring of its own,
     and the forwarder that turns the egress socket into the proxy port inside, when there is one."""
     egress = ["--egress", str(SANDBOX_SOCKET), str(SANDBOX_PROXY_PORT)] if view.egress is not None else []

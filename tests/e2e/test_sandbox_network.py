@@ -107,6 +107,18 @@ via_proxy("allowed-proxy", env["AP_ALLOWED_URL"])
 via_proxy("other-proxy", env["AP_OTHER_URL"])
 """
 
+#: What the probe finds from inside a confined run: nothing but the allowed server, through the proxy.
+CONFINED = {
+    "postgres-direct": "CLOSED",
+    "redis-direct": "CLOSED",
+    "api-direct": "CLOSED",
+    "abstract-socket": "CLOSED",
+    "postgres-proxy": "403",
+    "redis-proxy": "403",
+    "api-settings-proxy": "403",
+    "allowed-proxy": "200 hello_from_the_allowed_server",
+    "other-proxy": "403",
+}
 VERDICT_NAMES = {
     "postgres-direct", "redis-direct", "api-direct", "abstract-socket", "postgres-proxy", "redis-proxy",
     "api-settings-proxy", "allowed-proxy", "other-proxy",
@@ -273,17 +285,7 @@ def test_from_inside_a_run_only_the_allowed_server_answers(
                 verdicts[k] for k in ("postgres-direct", "redis-direct", "api-direct", "abstract-socket")
             } == {"OPEN"}, verdicts
             return
-        assert verdicts == {
-            "postgres-direct": "CLOSED",
-            "redis-direct": "CLOSED",
-            "api-direct": "CLOSED",
-            "abstract-socket": "CLOSED",
-            "postgres-proxy": "403",
-            "redis-proxy": "403",
-            "api-settings-proxy": "403",
-            "allowed-proxy": "200 hello_from_the_allowed_server",
-            "other-proxy": "403",
-        }, verdicts
+        assert verdicts == CONFINED, verdicts
         assert (home / "settings.toml").read_text() == settings_before  # the sandbox stays on
         trace = _trace(home, env, message_id)
     assert "network_refused" in trace and "host=127.0.0.1:5432" in trace and "host=localhost:6379" in trace, (
@@ -342,17 +344,7 @@ def test_the_claude_cli_answers_through_the_proxy_while_its_bash_reaches_nothing
             reply, _ = _run(home, env, [], None)
         requests = len(api.main_requests())
     verdicts = _verdicts(reply)
-    assert verdicts == {
-        "postgres-direct": "CLOSED",
-        "redis-direct": "CLOSED",
-        "api-direct": "CLOSED",
-        "abstract-socket": "CLOSED",
-        "postgres-proxy": "403",
-        "redis-proxy": "403",
-        "api-settings-proxy": "403",
-        "allowed-proxy": "200 hello_from_the_allowed_server",
-        "other-proxy": "403",
-    }, verdicts
+    assert verdicts == CONFINED, verdicts
     assert requests >= 2  # the tool call and the answer both went through the proxy to the fake API
 
 
