@@ -30,6 +30,7 @@ from shared.chat.prefs import get_busy_policy, set_busy_policy
 from shared.chat.sessions import AGENT_SCOPE_KEY, clear_sessions
 from shared.clock import now_ms
 from shared.queue.core import InvalidInput, NotFound, RetryBudgetExhausted, UnknownMention
+from shared.queue.presence import warm_state
 from shared.reads.budget_status import agents_usage_text
 from shared.reads.conversation_status import conversation_status, format_status
 from shared.reads.usage import sender_usage_text
@@ -247,7 +248,26 @@ class ChatCommands:
         if not status["running"] and not status["waiting"]:
             # Nothing queued: still say whether the chat's agent is paused (a rate limit, say).
             status = conversation_status(db, self.chat_agent(chat), chat)
-        return format_status(status)
+        warm = self._warm_line(chat)
+        return format_status(status) + (f"\n{warm}" if warm else "")
+
+    def _warm_line(self, chat: ChatAddress) -> str | None:
+        """Whether the chat's agent is kept running for its next message (warm sessions), and if not, why;
+        None where warm sessions are off or the agent's CLI cannot stay running."""
+        if self.settings.processor.session_idle_seconds <= 0:
+            return None
+        agent = self.chat_agent(chat)
+        config = self.settings.agents.get(agent)
+        if config is None or config.provider != "claude":
+            return None
+        key = AGENT_SCOPE_KEY if config.session_scope == "agent" else chat.row_key
+        kept, state = warm_state(self.rt.db, agent, key)
+        in_all = f"{kept} kept ready in all"
+        if state == "kept":
+            return f"@{agent} is kept ready for this chat's next message ({in_all})."
+        if state:
+            return f"@{agent} starts afresh for this chat's next message: {state} ({in_all})."
+        return None
 
     def _cmd_stop(self, message: Inbound) -> str:
         chat = message.address_on(self.name)

@@ -126,6 +126,7 @@ class Processor:
         self._wakeup: anyio.Event | None = None
         self._last_recover = 0.0
         self._announced = 0.0  # when the presence row was last written (time.monotonic())
+        self._announced_warm: dict[str, object] | None = None  # the warm pool as that row says it
         self._cooldown: dict[str, float] = {}
         self.pauses = RateLimitPauses()
         #: The agents driven now and what each holds: every claim of this worker that is not held here is
@@ -273,8 +274,10 @@ class Processor:
         """Write (or refresh) this processor's presence row; a database that refuses it now is tried again
         at the next refresh, and never holds up the loop."""
         self._announced = time.monotonic()
+        warm = self.warm.snapshot()
+        self._announced_warm = warm
         try:
-            await call(presence.announce, self.rt.db, self.worker, os.getpid(), self.agents)
+            await call(presence.announce, self.rt.db, self.worker, os.getpid(), self.agents, warm)
         except Exception as exc:
             log.info("could not record that this processor runs: %s", exc)
 
@@ -282,7 +285,11 @@ class Processor:
     async def _dispatch(self, tg: anyio.abc.TaskGroup) -> int:
         self._follow_config()
         await self.warm.reap()
-        if time.monotonic() - self._announced >= presence.REFRESH_MS / 1000:
+        # The row is written again when the warm pool changed too: /status reads what is kept from it.
+        if (
+            time.monotonic() - self._announced >= presence.REFRESH_MS / 1000
+            or self.warm.snapshot() != self._announced_warm
+        ):
             await self._announce()
         if time.monotonic() - self._last_recover >= self.config.recover_interval_seconds:
             self._last_recover = time.monotonic()

@@ -146,6 +146,8 @@ KEPT_PROCESS_BYTES = 210 * 1024 * 1024
 MEMORY_SHARE = 0.25
 #: Never more than this many by the memory rule alone (an operator may set more).
 MEMORY_CAP_MAX = 32
+#: How many chats' reasons for a closed process the pool remembers (and the presence row carries).
+CLOSED_KEPT = 64
 
 
 def available_memory() -> int | None:
@@ -180,6 +182,9 @@ class WarmPool:
         self.reused = 0  # turns written to a kept process
         #: Why the last process was not kept, when memory was too short ("" otherwise).
         self.not_kept = ""
+        #: Why a chat's process was closed last (idle, a cap, short memory, a failed turn), for ``/status``
+        #: through the processor's presence row; a chat's entry goes when it is kept again.
+        self.closed_why: dict[WarmKey, str] = {}
 
     @property
     def enabled(self) -> bool:
@@ -211,10 +216,12 @@ class WarmPool:
                     f"about {KEPT_PROCESS_BYTES // 2**20} MiB"
                 )
                 log.info("chat %s of agent %s: %s", warm.key[1], warm.key[0], self.not_kept)
+                self.note_closed(warm.key, self.not_kept)
                 await warm.close()
                 return
             total = max(total, 1)
         self._idle[warm.key] = warm
+        self.closed_why.pop(warm.key, None)
         by_age = sorted(self._idle.values(), key=lambda p: p.last_used)
         agent_count = sum(1 for p in by_age if p.key[0] == warm.key[0])
         for old in by_age:
@@ -223,6 +230,12 @@ class WarmPool:
                 continue
             self._idle.pop(old.key, None)
             agent_count -= old.key[0] == warm.key[0]
+            self.note_closed(
+                old.key,
+                f"closed for a more recent chat (at most {config.warm_sessions_per_agent} kept per agent)"
+                if over_agent
+                else f"closed for a more recent chat (at most {total} kept in all)",
+            )
             await old.close()
 
     def next_expiry(self) -> float | None:
@@ -240,7 +253,27 @@ class WarmPool:
         for key, warm in list(self._idle.items()):
             if idle <= 0 or now - warm.last_used >= idle or not warm.alive():
                 self._idle.pop(key, None)
+                if idle > 0:
+                    self.note_closed(
+                        key, "exited on its own" if not warm.alive() else f"idle for {idle:g} s, closed"
+                    )
                 await warm.close()
+
+    def note_closed(self, key: WarmKey, why: str) -> None:
+        """Remember why ``key``'s process is gone (the most recent :data:`CLOSED_KEPT` chats)."""
+        self.closed_why.pop(key, None)
+        self.closed_why[key] = why
+        while len(self.closed_why) > CLOSED_KEPT:  # the oldest reasons go first (dicts keep their order)
+            del self.closed_why[next(iter(self.closed_why))]
+
+    def snapshot(self) -> dict[str, object]:
+        """What is kept now and why recent chats' processes were not, for the processor's presence row
+        (:mod:`shared.queue.presence`): ``kept`` as ``[agent, chat key]`` pairs, ``closed`` as
+        ``[agent, chat key, why]``."""
+        return {
+            "kept": sorted([agent, key] for agent, key in self._idle),
+            "closed": [[agent, key, why] for (agent, key), why in self.closed_why.items()],
+        }
 
     async def close_agent(self, agent: str) -> None:
         for key in [k for k in self._idle if k[0] == agent]:
@@ -323,6 +356,8 @@ class WarmSlot:
         else:
             # Failed, refused or timed out: the process's conversation now holds the bad turn. Nothing of
             # it is recorded, and the next message starts cold from the last good point.
+            if self.pool.enabled:
+                self.pool.note_closed(self.key, "closed after a reply that did not succeed")
             await warm.close()
             if result.session_id and not result.ok:
                 result.session_id = None

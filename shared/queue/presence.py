@@ -1,7 +1,8 @@
 """Which processors are up, for ``agentpost send --wait`` (:func:`shared.queue.reports.processor_running`).
 
 A processor keeps one row in ``kv`` (scope ``processors``, key = its worker id ``host:pid:start``, value =
-JSON of its pid and agents) for as long as it runs: written when it starts, its time refreshed every
+JSON of its pid, agents and warm pool: which chats' CLIs it keeps and why recent ones were closed) for as long
+as it runs: written when it starts, its time refreshed every
 :data:`REFRESH_MS`, removed when it stops. A row does not expire with the event log, as the
 ``processor_start`` event does (``events.ttl_hours``, 72 h by default), and it is in the database whichever
 event driver is in use. A processor killed with ``kill -9`` leaves its row behind: on its own host the worker
@@ -11,7 +12,7 @@ id tells that its process is gone; from another host a row not refreshed for :da
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from shared.clock import now_ms
 from shared.storage import kv
@@ -28,10 +29,16 @@ STALE_MS = 3 * REFRESH_MS
 FORGET_AFTER_MS = 24 * 3_600_000
 
 
-def announce(db: Database, worker: str, pid: int, agents: Sequence[str]) -> None:
-    """Record (or refresh) that ``worker`` runs; forget rows of processors long gone."""
+def announce(
+    db: Database, worker: str, pid: int, agents: Sequence[str], warm: Mapping[str, object] | None = None
+) -> None:
+    """Record (or refresh) that ``worker`` runs, with what its warm pool keeps (``warm``:
+    :meth:`workers.warm_sessions.WarmPool.snapshot`); forget rows of processors long gone."""
     now = now_ms()
-    value = json.dumps({"pid": pid, "agents": list(agents)}, separators=(",", ":"))
+    data: dict[str, object] = {"pid": pid, "agents": list(agents)}
+    if warm is not None:
+        data["warm"] = dict(warm)
+    value = json.dumps(data, separators=(",", ":"))
     with db.transaction() as tx:
         kv.put(tx, Scope.PROCESSORS, worker, value, now)
         kv.delete_older(tx, Scope.PROCESSORS, now - FORGET_AFTER_MS)
@@ -46,9 +53,33 @@ def withdraw(db: Database, worker: str) -> None:
 def present(db: Database, now: int | None = None) -> list[str]:
     """The worker ids of the processors that run, as far as this host can tell (see the module docstring)."""
     now = now_ms() if now is None else now
-    found = []
+    return [entry.key for entry in kv.entries(db, Scope.PROCESSORS) if _alive(entry, now)]
+
+
+def _alive(entry: kv.Entry, now: int) -> bool:
+    state = holder_state(entry.key)
+    return state is Holder.ALIVE or (state is Holder.UNKNOWN and now - entry.updated_at < STALE_MS)
+
+
+def warm_state(db: Database, agent: str, session_key: str, now: int | None = None) -> tuple[int, str | None]:
+    """For ``/status``: how many CLIs the running processors keep in all, and for ``agent``'s chat
+    (``session_key``: the chat's row key, or the agent's scope) ``"kept"``, why its process was closed, or
+    None (nothing known: it never ran warm, or warm sessions are off)."""
+    now = now_ms() if now is None else now
+    kept_in_all, state = 0, None
     for entry in kv.entries(db, Scope.PROCESSORS):
-        state = holder_state(entry.key)
-        if state is Holder.ALIVE or (state is Holder.UNKNOWN and now - entry.updated_at < STALE_MS):
-            found.append(entry.key)
-    return found
+        if not _alive(entry, now):
+            continue
+        try:
+            warm = json.loads(str(entry.value)).get("warm") or {}
+        except (ValueError, AttributeError):
+            continue
+        kept = [tuple(pair) for pair in warm.get("kept", [])]
+        kept_in_all += len(kept)
+        if (agent, session_key) in kept:
+            state = "kept"
+        elif state is None:
+            for closed in warm.get("closed", []):
+                if closed[:2] == [agent, session_key]:
+                    state = str(closed[2])
+    return kept_in_all, state

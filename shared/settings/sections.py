@@ -74,7 +74,7 @@ class ProcessorSettings(_Strict):
         description="how agent CLIs are confined (workers/sandbox.py): auto = namespaces where they work",
     )
     session_idle_seconds: float = Field(
-        default=0.0,
+        default=300.0,
         ge=0,
         description="keep a chat's claude CLI running this long for its next message (0: one process per run)",
     )

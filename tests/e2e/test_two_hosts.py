@@ -61,6 +61,9 @@ RECOVER = 0.5
 #: How long the fake API streams one reply: long enough to cut or kill a host in the middle of it.
 STREAM = 2.5
 SETTLE = 120.0
+#: A chat's claude CLI is kept between messages (warm sessions, on by default) this long: the scenarios run
+#: kept processes on both hosts, and settled() (no CLI left) follows the last reply within seconds.
+KEPT_SECONDS = 3.0
 CHANNELS = {
     "telegram": {
         "allowlist": [str(7000 + c) for c in range(CHATS)],
@@ -291,7 +294,12 @@ def world(net: TwoHosts, tmp: Path, pins: dict[str, list[str]] | None = None) ->
                 f"postgresql://postgres@{host.outside}:5432/{name}",
                 {a: {"provider": "claude", "workspace_shared": True} for a in AGENTS},
                 queue={"lease_seconds": LEASE, "poll_interval_seconds": 1.0},
-                processor={"recover_interval_seconds": RECOVER, "agents": (pins or {}).get(host.name, [])},
+                processor={
+                    "recover_interval_seconds": RECOVER,
+                    "agents": (pins or {}).get(host.name, []),
+                    # Warm sessions as by default, kept briefly: settled() waits for every CLI to exit.
+                    "session_idle_seconds": KEPT_SECONDS,
+                },
                 channels=CHANNELS,
                 extra={"workspace_dir": str(workspaces)},
                 fast=False,

@@ -15,6 +15,9 @@ import anyio
 import pytest
 import tomlkit
 
+from adapters.platform import Inbound
+from adapters.runner import ChannelRunner
+from adapters.telegram import TelegramChannel
 from shared.aio import call
 from shared.chat.address import ChatAddress
 from shared.chat.sessions import get_session, set_session
@@ -288,3 +291,54 @@ def test_a_lost_resume_point_continues_the_conversation_from_its_end(
     assert session is not None and "00000000-0000-4000" not in session
     # The conversation went on: the answered request carried the first exchange.
     assert _main_for(api, "what number?").user_turns == 2
+
+
+def test_status_says_whether_the_chats_agent_is_kept_ready_and_why_not(
+    tmp_path: Path, db_url: str, api: FakeAnthropic
+) -> None:
+    """/status (read by the channel process from the processor's presence row) says the chat's CLI is kept
+    for its next message, then, once it was closed for being idle, that the next message starts afresh and
+    why; another chat of the same agent is not told this chat's state."""
+    api.add_rule(None, Computed(lambda body: "ok"))
+    home = make_home(
+        tmp_path,
+        db_url,
+        {"coder": {"provider": "claude", "timeout_seconds": 30, "session_scope": "conversation"}},
+        processor={"session_idle_seconds": 1.5},
+        channels={"telegram": {"allowlist": ["42", "43"]}},
+    )
+    with open_home(home) as rt:
+        commands = ChannelRunner(
+            TelegramChannel(
+                rt, env={"TELEGRAM_BOT_TOKEN": "1:x", "TELEGRAM_API_BASE_URL": "http://127.0.0.1:9"}
+            )
+        ).commands
+
+        def status(chat: str) -> str:
+            inbound = Inbound(conversation=chat, sender_id=chat, sender="ann", text="/status", external_id="")
+            return commands.run_command(inbound, "status", "")
+
+        def saying(chat: str, words: str) -> str | None:
+            text = status(chat)
+            return text if words in text else None
+
+        seen: dict[str, str] = {}
+
+        async def steps(processor: Processor) -> None:
+            seen["before"] = await call(status, "42")
+            mid = (
+                await call(rt.queue.intake.enqueue_message, ChatAddress("telegram", "42"), "hello")
+            ).message_id
+            await _until(lambda: _done(rt, mid), 60, "the run")
+            seen["kept"] = await _until(lambda: saying("42", "kept ready for"), 10, "/status to say kept")
+            seen["other"] = await call(status, "43")
+            seen["closed"] = await _until(lambda: saying("42", "afresh"), 10, "/status to say closed")
+
+        _serve(rt, _env(api, tmp_path), steps)
+    assert "kept" not in seen["before"] and "afresh" not in seen["before"]
+    assert "@coder is kept ready for this chat's next message (1 kept ready in all)." in seen["kept"]
+    assert "kept ready for" not in seen["other"] and "afresh" not in seen["other"]
+    assert (
+        "starts afresh for this chat's next message: idle for 1.5 s, closed (0 kept ready in all)"
+        in seen["closed"]
+    )

@@ -81,10 +81,8 @@ def test_doctor_says_which_agents_keep_the_cold_path(tmp_path: Path) -> None:
     assert "warm sessions" not in {c.name for c in checks(load_settings(tmp_path, env))}
 
 
-def test_warm_sessions_have_a_cap_from_memory(tmp_path: Path) -> None:
-    (tmp_path / "settings.toml").write_text(
-        '[queue]\ndefault_agent = "coder"\n\n[processor]\nsession_idle_seconds = 300\n\n[agents.coder]\n'
-    )
+def test_warm_sessions_are_on_by_default_with_a_cap_from_memory(tmp_path: Path) -> None:
+    (tmp_path / "settings.toml").write_text('[queue]\ndefault_agent = "coder"\n\n[agents.coder]\n')
     env = {"PATH": "/usr/bin", "ANTHROPIC_API_KEY": "k", "HOME": str(tmp_path)}
     settings = load_settings(tmp_path, env)
     assert settings.processor.session_idle_seconds == 300 and settings.processor.warm_sessions_total is None
