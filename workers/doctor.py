@@ -178,6 +178,9 @@ def _warm(settings: Settings) -> list[Check]:
             f"the next message skips the start-up (at most {config.warm_sessions_per_agent} per agent, "
             f"{total})"
         )
+        now = _kept_now(settings)
+        if now:
+            detail += f"; {now}"
         if cold:
             detail += (
                 f"; {', '.join(cold)} start their CLI for every message: only Claude Code can stay running"
@@ -194,6 +197,25 @@ def _warm(settings: Settings) -> list[Check]:
             )
         )
     return found
+
+
+def _kept_now(settings: Settings) -> str:
+    """How many CLIs the running processors keep now and the last reason one was closed, from their
+    presence rows ("" when the database cannot tell: not made yet, or down; its own check says so)."""
+    from shared.queue.presence import warm_summary
+    from shared.storage.db import open_database
+
+    try:
+        db = open_database(settings.database_url, create=False)
+    except Exception:
+        return ""
+    try:
+        kept, latest = warm_summary(db)
+    except Exception:
+        return ""
+    finally:
+        db.close()
+    return f"{kept} kept now" + (f" (the last one closed: {latest})" if latest else "")
 
 
 def _steer_anywhere(settings: Settings) -> bool:

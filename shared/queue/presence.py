@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 from shared.clock import now_ms
 from shared.storage import kv
@@ -65,21 +66,39 @@ def warm_state(db: Database, agent: str, session_key: str, now: int | None = Non
     """For ``/status``: how many CLIs the running processors keep in all, and for ``agent``'s chat
     (``session_key``: the chat's row key, or the agent's scope) ``"kept"``, why its process was closed, or
     None (nothing known: it never ran warm, or warm sessions are off)."""
-    now = now_ms() if now is None else now
     kept_in_all, state = 0, None
-    for entry in kv.entries(db, Scope.PROCESSORS):
-        if not _alive(entry, now):
-            continue
-        try:
-            warm = json.loads(str(entry.value)).get("warm") or {}
-        except (ValueError, AttributeError):
-            continue
+    for warm in _warm_pools(db, now):
         kept = [tuple(pair) for pair in warm.get("kept", [])]
         kept_in_all += len(kept)
         if (agent, session_key) in kept:
             state = "kept"
         elif state is None:
-            for closed in warm.get("closed", []):
-                if closed[:2] == [agent, session_key]:
-                    state = str(closed[2])
+            state = next((str(c[2]) for c in warm.get("closed", []) if c[:2] == [agent, session_key]), None)
     return kept_in_all, state
+
+
+def warm_summary(db: Database, now: int | None = None) -> tuple[int, str | None]:
+    """For doctor: how many CLIs the running processors keep now, and the most recent reason one was
+    closed or not kept (None: none known)."""
+    kept_in_all, latest = 0, None
+    for warm in _warm_pools(db, now):
+        kept_in_all += len(warm.get("kept", []))
+        if warm.get("closed"):
+            latest = str(warm["closed"][-1][2])
+    return kept_in_all, latest
+
+
+def _warm_pools(db: Database, now: int | None) -> list[dict[str, Any]]:
+    """The warm pool of each running processor, as its presence row says."""
+    now = now_ms() if now is None else now
+    pools = []
+    for entry in kv.entries(db, Scope.PROCESSORS):
+        if not _alive(entry, now):
+            continue
+        try:
+            warm = json.loads(str(entry.value)).get("warm")
+        except (ValueError, AttributeError):
+            continue
+        if isinstance(warm, dict):
+            pools.append(warm)
+    return pools

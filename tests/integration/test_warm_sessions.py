@@ -26,6 +26,7 @@ from tests.fakes.anthropic_api import ApiError, Chunked, Computed, FakeAnthropic
 from tests.fakes.claude_env import claude_env
 from tests.fixtures import anthropic_api, cli_installed  # noqa: F401  (fixtures)
 from tests.processor_support import make_home, open_home
+from workers.doctor import checks
 from workers.processor import Processor
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
@@ -322,6 +323,9 @@ def test_status_says_whether_the_chats_agent_is_kept_ready_and_why_not(
             text = status(chat)
             return text if words in text else None
 
+        def doctor_says() -> str:
+            return next(c.detail for c in checks(rt.settings) if c.name == "warm sessions")
+
         seen: dict[str, str] = {}
 
         async def steps(processor: Processor) -> None:
@@ -331,13 +335,17 @@ def test_status_says_whether_the_chats_agent_is_kept_ready_and_why_not(
             ).message_id
             await _until(lambda: _done(rt, mid), 60, "the run")
             seen["kept"] = await _until(lambda: saying("42", "kept ready for"), 10, "/status to say kept")
+            seen["doctor kept"] = await call(doctor_says)
             seen["other"] = await call(status, "43")
             seen["closed"] = await _until(lambda: saying("42", "afresh"), 10, "/status to say closed")
+            seen["doctor closed"] = await call(doctor_says)
 
         _serve(rt, _env(api, tmp_path), steps)
     assert "kept" not in seen["before"] and "afresh" not in seen["before"]
     assert "@coder is kept ready for this chat's next message (1 kept ready in all)." in seen["kept"]
     assert "kept ready for" not in seen["other"] and "afresh" not in seen["other"]
+    assert seen["doctor kept"].endswith("; 1 kept now"), seen["doctor kept"]
+    assert seen["doctor closed"].endswith("; 0 kept now (the last one closed: idle for 1.5 s, closed)")
     assert (
         "starts afresh for this chat's next message: idle for 1.5 s, closed (0 kept ready in all)"
         in seen["closed"]
