@@ -109,9 +109,15 @@ def write_home(
     processor: Mapping[str, Any] | None = None,
     queue: Mapping[str, Any] | None = None,
 ) -> Path:
-    """A home whose settings name only the database and the claude agents (everything else default)."""
+    """A home whose settings name only the database and the claude agents (everything else default, but for
+    warm sessions: on, as by default, and kept :data:`KEPT_SECONDS`, since a scenario ends when no CLI is left)."""
     claude = {name: {"provider": "claude"} for name in agents}
+    processor = {"session_idle_seconds": KEPT_SECONDS, **(processor or {})}
     return build_home(tmp, db_url, claude, processor=processor, queue=queue, fast=False)
+
+
+#: How long the crash scenarios keep a chat's claude CLI after a reply (the default keeps it five minutes).
+KEPT_SECONDS = 3.0
 
 
 def processor_env(api: LabelledApi, tmp: Path, home: Path) -> dict[str, str]:
