@@ -22,7 +22,7 @@ from shared.reads.usage import UsageRecord, record_usage_in
 from shared.settings.model import Settings, SettingsError, load_settings
 from shared.settings.sections import BudgetSettings
 from shared.storage.db import Database, Tx
-from workers.providers import RunResult
+from workers.providers.base import RunResult
 from workers.teams import origin_of
 
 log = logging.getLogger("agentpost.processor")

@@ -12,10 +12,10 @@ from shared.worker_identity import this_host
 from workers.agent_env import child_env
 from workers.egress_policy import policy_for
 from workers.limits import find_place, size_words
-from workers.providers import ProviderError, RunRequest, find_binary
+from workers.providers.base import ProviderError, RunRequest, find_binary
+from workers.providers.claude_warm import KEPT_PROCESS_BYTES, available_memory, memory_cap
 from workers.sandbox import SANDBOX_USER, SandboxError, SandboxPlan, runs_as_root
 from workers.sandbox import choose as choose_sandbox
-from workers.warm_sessions import KEPT_PROCESS_BYTES, available_memory, memory_cap
 from workers.workspace import WorkspaceElsewhere, check_workspace, host_of, workspace_record
 
 _BINARIES = {"claude": ("claude", "AGENTPOST_CLAUDE_BIN"), "codex": ("codex", "AGENTPOST_CODEX_BIN")}

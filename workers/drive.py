@@ -14,7 +14,7 @@ import anyio
 from shared.aio import call
 from workers.busy import WorkGroup
 from workers.liveness import RunInfo
-from workers.providers import RunResult
+from workers.providers.base import RunResult
 
 log = logging.getLogger("agentpost.processor")
 

@@ -20,7 +20,7 @@ import re
 from dataclasses import dataclass
 from typing import Literal
 
-from workers.providers import RunResult
+from workers.providers.base import RunResult
 
 ErrorKind = Literal["permanent", "transient", "rate_limit", "overloaded"]
 

@@ -111,7 +111,8 @@ class LimitHit:
 
 
 class RunFailure(Protocol):
-    """What :meth:`Hold.judge` marks: :class:`workers.providers.RunResult` (which imports this module)."""
+    """What :meth:`Hold.judge` marks: :class:`workers.providers.base.RunResult` (which imports this
+    module)."""
 
     error: str
     limit: LimitHit | None

@@ -84,11 +84,11 @@ from workers.egress_policy import EgressPolicy, policy_for
 from workers.observe import record_event
 from workers.pauses import RateLimitPauses
 from workers.processor_config import ProcessorSettings, ProcessorStats, default_worker_id
+from workers.providers.claude_warm import WarmPool
 from workers.run import Run
 from workers.run_outcome import OutcomeWriter
 from workers.sandbox import SandboxChoice, SandboxError, SandboxPlan
 from workers.storage_steps import StorageSteps
-from workers.warm_sessions import WarmPool
 
 __all__ = ["Processor", "ProcessorSettings", "ProcessorStats", "build_prompt", "main", "run_processor"]
 
@@ -142,7 +142,8 @@ class Processor:
         )
         #: The sandbox agent CLIs run in, chosen once per [processor] sandbox value (workers/sandbox.py).
         self._sandbox = SandboxChoice()
-        #: Claude processes kept between a chat's runs (session_idle_seconds > 0; workers/warm_sessions.py).
+        #: Claude processes kept between a chat's runs (session_idle_seconds > 0;
+        #: workers/providers/claude_warm.py).
         self.warm = WarmPool(lambda: self.config)
         #: Sandboxed runs' only way out (workers/egress.py); serving while :meth:`serve` runs.
         self.egress = EgressProxy(self._egress_policy, self._egress_refused)

@@ -51,13 +51,13 @@ from workers.liveness import RunInfo, RunWatch, note_target
 from workers.observe import quietly, record_events
 from workers.previews import PreviewWriter
 from workers.processor_config import ProcessorSettings, ProcessorStats
-from workers.providers import AgentProvider, ProviderError, RunRequest, RunResult, provider_for
+from workers.providers.base import AgentProvider, ProviderError, RunRequest, RunResult, provider_for
+from workers.providers.claude_warm import WarmPool, WarmSlot
 from workers.ratelimit import fallback_until
 from workers.run_outcome import OutcomeWriter
 from workers.sandbox import Sandboxed, SandboxError, SandboxPlan, SandboxView, cli_home_for, for_agent
 from workers.steer import SteerInbox, steered_prompt
 from workers.storage_steps import StorageSteps
-from workers.warm_sessions import WarmPool, WarmSlot
 from workers.workspace import WorkspaceElsewhere, host_of, prepare_workspace, team_instructions
 
 log = logging.getLogger("agentpost.processor")
@@ -101,7 +101,7 @@ class Run:
         #: The processor's egress proxy: a sandboxed run's only way out (workers/egress.py).
         self.egress = egress
         self.stats = stats
-        #: Kept claude processes (workers/warm_sessions.py); used when session_idle_seconds > 0.
+        #: Kept claude processes (workers/providers/claude_warm.py); used when session_idle_seconds > 0.
         self.warm = warm
         #: The settings this run was started with (the agent's, its team's, where files may go).
         self.settings: Settings = rt.settings

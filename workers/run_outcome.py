@@ -40,11 +40,11 @@ from workers.observe import quietly, record_event
 from workers.output_bounds import save_long_reply
 from workers.pauses import RateLimitPauses, WaitedNote
 from workers.processor_config import ProcessorSettings, ProcessorStats
-from workers.providers import RunResult
+from workers.providers.base import RunResult
+from workers.providers.claude_warm import split_session_ref
 from workers.ratelimit import backoff_ms, notify_waiting_chats, parse_reset, paused_text, use_fallback_until
 from workers.storage_steps import StorageSteps
 from workers.teams import plan_reply
-from workers.warm_sessions import split_session_ref
 
 log = logging.getLogger("agentpost.processor")
 

@@ -1,11 +1,11 @@
 """The ``steer`` busy policy: a message sent while its chat's run goes on is handed to that run.
 
-Under ``steer`` a claude run goes through the stream-json input of :mod:`workers.warm_sessions` (whether or not
-the process is kept afterwards). While it runs, the run's watch (:mod:`workers.liveness`) claims any message
-of the same chat that arrives — marked as started in this run, so a crash costs it an interrupted run
-exactly as it costs the run's own messages, and the re-run answers them together as under ``collect`` — and
-offers it to the run's :class:`SteerInbox`. A feeder writes it to the CLI's stdin at once, as one more user
-message. The CLI takes it at its next step:
+Under ``steer`` a claude run goes through the stream-json input of :mod:`workers.providers.claude_warm`
+(whether or not the process is kept afterwards). While it runs, the run's watch (:mod:`workers.liveness`)
+claims any message of the same chat that arrives — marked as started in this run, so a crash costs it an
+interrupted run exactly as it costs the run's own messages, and the re-run answers them together as under
+``collect`` — and offers it to the run's :class:`SteerInbox`. A feeder writes it to the CLI's stdin at once,
+as one more user message. The CLI takes it at its next step:
 
 - during a tool step, into the turn going on ("the user sent a new message while you were working"): that
   turn's one ``result`` answers both;

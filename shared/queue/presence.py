@@ -34,7 +34,7 @@ def announce(
     db: Database, worker: str, pid: int, agents: Sequence[str], warm: Mapping[str, object] | None = None
 ) -> None:
     """Record (or refresh) that ``worker`` runs, with what its warm pool keeps (``warm``:
-    :meth:`workers.warm_sessions.WarmPool.snapshot`); forget rows of processors long gone."""
+    :meth:`workers.providers.claude_warm.WarmPool.snapshot`); forget rows of processors long gone."""
     now = now_ms()
     data: dict[str, object] = {"pid": pid, "agents": list(agents)}
     if warm is not None:

@@ -218,8 +218,8 @@ def test_postgres_two_processors_killed_in_turn_during_runs_lose_and_kill_nothin
 def test_sqlite_warm_sessions_killed_during_runs_lose_nothing_and_leave_no_cli(
     tmp_path: Path, api: LabelledApi
 ) -> None:
-    """The same with warm claude sessions on (workers/warm_sessions.py): each kill also takes the idle warm
-    processes of other chats; a turn written to a warm process counts as a started run."""
+    """The same with warm claude sessions on (workers/providers/claude_warm.py): each kill also takes the
+    idle warm processes of other chats; a turn written to a warm process counts as a started run."""
     result, log, _ = _crash_scenario(
         tmp_path,
         api,

@@ -255,7 +255,7 @@ def test_the_claude_cli_answers_resumes_reads_uploads_and_attaches_inside_the_sa
     service_tmp: Path, service: str, warm: int
 ) -> None:
     """``warm``: ``[processor] session_idle_seconds``; with 60 the chat's messages after the first are written
-    to one kept CLI process (workers/warm_sessions.py), which must be confined the same way."""
+    to one kept CLI process (workers/providers/claude_warm.py), which must be confined the same way."""
     _need_bwrap()
     try:
         claude_binary()

@@ -79,7 +79,7 @@ from workers.drive import Drive
 from workers.liveness import RunInfo
 from workers.pauses import RateLimitPauses
 from workers.processor_config import ProcessorStats
-from workers.providers import RunResult, RunUsage
+from workers.providers.base import RunResult, RunUsage
 from workers.run_outcome import OutcomeWriter
 from workers.storage_steps import StorageSteps
 from workers.teams import origin_of

@@ -15,8 +15,8 @@ import pytest
 
 from tests.fixtures import cli_installed  # noqa: F401  (fixture)
 from workers.errors import diagnose
-from workers.provider_clis import ClaudeProvider
-from workers.providers import StreamState
+from workers.providers.base import StreamState
+from workers.providers.claude import ClaudeProvider
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 

@@ -13,7 +13,7 @@ from shared.settings.model import AgentLimits, SettingsError, load_settings
 from tests.homes import write_settings
 from workers.errors import diagnose
 from workers.limits import Hold, LimitHit, size_words
-from workers.providers import RunResult
+from workers.providers.base import RunResult
 
 pytestmark = pytest.mark.unit
 

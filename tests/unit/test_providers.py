@@ -13,7 +13,7 @@ from shared.cli.doctor import check_security
 from shared.settings.model import AgentSettings, load_settings
 from workers.agent_env import child_env
 from workers.doctor import checks
-from workers.provider_clis import read_access
+from workers.providers.claude import read_access
 
 pytestmark = pytest.mark.unit
 

@@ -9,9 +9,15 @@ import pytest
 
 from shared.settings.model import AgentSettings, load_settings
 from workers.doctor import checks
-from workers.provider_clis import ClaudeProvider
-from workers.providers import RunRequest
-from workers.warm_sessions import available_memory, fingerprint, memory_cap, session_ref, split_session_ref
+from workers.providers.base import RunRequest
+from workers.providers.claude import ClaudeProvider
+from workers.providers.claude_warm import (
+    available_memory,
+    fingerprint,
+    memory_cap,
+    session_ref,
+    split_session_ref,
+)
 
 pytestmark = pytest.mark.unit
 

@@ -1,7 +1,7 @@
 """Agent providers: how one agent CLI is started, what its output means, and when a run has failed.
 
 One small interface, :class:`AgentProvider`, the subprocess runner they share (:class:`CliProvider`), and
-three implementations (in :mod:`workers.provider_clis`):
+three implementations (in :mod:`workers.providers.claude`):
 
 - ``claude``: ``claude -p --output-format stream-json --verbose [-c | --resume ID] [--model M]
   [--fallback-model F] [--append-system-prompt S] [--permission-mode P]`` in the agent's workspace. The
@@ -64,8 +64,8 @@ NoticeFn = Callable[[str], None]
 #: Called with the whole text of the assistant message being streamed, each time it grew (a live preview).
 PartialFn = Callable[[str], None]
 
-_LAUNCHER = Path(__file__).with_name("launch.py")
-_REPO_ROOT = Path(__file__).resolve().parents[1]
+_LAUNCHER = Path(__file__).parents[1] / "launch.py"  # workers/launch.py, next to this package
+_REPO_ROOT = Path(__file__).resolve().parents[2]
 _STDERR_KEEP = 8_000
 _CANNOT_EXEC = 127  # the exit code of workers/launch.py when the CLI cannot be executed
 
@@ -102,7 +102,7 @@ class RunRequest:
     on_partial: PartialFn | None = None
     # Where the CLI runs confined (workers/sandbox.py); None runs it with the processor's own rights.
     sandbox: Sandboxed | None = None
-    # A warm session to run this turn in (workers/warm_sessions.py; claude only); None: a process per run.
+    # A warm session to run this turn in (claude_warm.py; claude only); None: a process per run.
     warm: WarmTurns | None = None
     # Messages of the same chat handed to this run while it goes on (the ``steer`` busy policy,
     # workers/steer.py); only a run in a warm session's stream-json input can take them.
@@ -144,7 +144,7 @@ class RunResult:
     cannot_start: bool = False  # the CLI is missing or its command template is broken
     # The conversation to continue is not on this host (its CLI home: another host ran it, or it was removed).
     session_missing: bool = False
-    # The conversation is here, but not the point a warm turn recorded to resume at (workers/warm_sessions.py):
+    # The conversation is here, but not the point a warm turn recorded to resume at (claude_warm.py):
     # its session file lost the line, e.g. a write a full disk refused.
     resume_point_missing: bool = False
     service: str = ""  # whose AI service the CLI talks to ("Anthropic"), for messages; "" when unknown
@@ -161,7 +161,7 @@ class RunResult:
 
 
 class WarmTurns(Protocol):
-    """Where a provider that keeps its CLI running between runs sends a turn (:mod:`workers.warm_sessions`)."""
+    """Where a provider that keeps its CLI running between runs sends a turn (:mod:`.claude_warm`)."""
 
     async def turn(
         self, provider: CliProvider, request: RunRequest, argv: list[str], progress: ProgressFn
@@ -556,7 +556,7 @@ def provider_for(kind: str) -> AgentProvider:
     """A fresh provider of the given kind (providers keep per-run state, so one per run). The processor
     sees only the :class:`AgentProvider` interface; every implementation here derives from
     :class:`CliProvider`."""
-    from workers.provider_clis import ClaudeProvider, CodexProvider, CommandProvider
+    from workers.providers.claude import ClaudeProvider, CodexProvider, CommandProvider
 
     providers: dict[str, type[CliProvider]] = {
         "claude": ClaudeProvider,

@@ -1,6 +1,6 @@
 """The agent CLIs agentpost runs: Claude Code, Codex and any command (see :mod:`workers.providers` for the
 interface, the runner they share and what each one's argv looks like). Each class says how to start its CLI
-and what a line of its output means; :func:`workers.providers.provider_for` picks one per run."""
+and what a line of its output means; :func:`workers.providers.base.provider_for` picks one per run."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from typing import Any
 
 from workers.errors import api_retry_notice
 from workers.output_bounds import STRING_KEEP, LongPart
-from workers.providers import (
+from workers.providers.base import (
     CliProvider,
     ProgressFn,
     ProviderError,
@@ -24,7 +24,7 @@ from workers.providers import (
     StreamState,
     find_binary,
 )
-from workers.warm_sessions import split_session_ref
+from workers.providers.claude_warm import split_session_ref
 
 #: A retry the CLI reports is told to the chat from this retry on, or earlier when its wait is this long:
 #: a single quick retry that works (a blip) is not worth a message, a run gone quiet for minutes is.
@@ -59,7 +59,7 @@ class ClaudeProvider(CliProvider):
         if request.session_id:
             # A fork: the run writes into a new session (its id is recorded only when the run succeeds),
             # so a refused, failed or killed run leaves nothing in the conversation the next run resumes.
-            # A session a warm turn recorded (workers/warm_sessions.py) also names the point to resume at:
+            # A session a warm turn recorded (claude_warm.py) also names the point to resume at:
             # whatever a later turn of that process left in the session file is not continued.
             session, at = split_session_ref(request.session_id)
             argv += ["--resume", session, *(["--resume-session-at", at] if at else []), "--fork-session"]
@@ -80,11 +80,11 @@ class ClaudeProvider(CliProvider):
             return await super().run(request, progress)
         try:
             # The echo of each user message taken in tells a run that was handed more messages (the steer
-            # busy policy) which result answers the last of them (workers/warm_sessions.py).
+            # busy policy) which result answers the last of them (claude_warm.py).
             argv = [*self.argv(request), "--input-format", "stream-json", "--replay-user-messages"]
         except ProviderError as exc:
             return RunResult(ok=False, error=str(exc), cannot_start=True, service=self.service)
-        # One turn of a CLI kept running for this chat (workers/warm_sessions.py): the prompt becomes a
+        # One turn of a CLI kept running for this chat (claude_warm.py): the prompt becomes a
         # stream-json user message on its stdin.
         return await request.warm.turn(self, request, argv, progress)
 
@@ -142,7 +142,7 @@ class ClaudeProvider(CliProvider):
             else:
                 cut = state.cuts.pop(result, None) if isinstance(result, str) else None
                 if state.final_whole is not None:
-                    state.final_whole.close()  # an earlier turn's (workers/warm_sessions.py)
+                    state.final_whole.close()  # an earlier turn's (claude_warm.py)
                     state.final_whole = None
                 if cut is not None and cut.spool is not None:  # from a line too long to hold
                     state.final_whole = cut.spool

@@ -9,7 +9,7 @@ message is written to the same process (one turn each) as long as it fits.
 What the cold path guarantees holds, and how:
 
 - **Launch**: the same argv plus ``--input-format stream-json``, started through
-  :func:`workers.providers.launch_plan` — the same sandbox, allowlisted environment and orphan guard
+  :func:`workers.providers.base.launch_plan` — the same sandbox, allowlisted environment and orphan guard
   (:mod:`workers.launch`): a ``kill -9`` of the processor kills every warm process with it.
 - **One run at a time per agent**: a process is taken out of the pool for a turn and put back after it,
   keyed by (agent, chat or the agent's session scope); the agent lease makes sure only one run of the agent
@@ -54,7 +54,7 @@ from anyio.abc import Process
 from shared.settings.sections import ProcessorSettings
 from workers.limits import Hold, hold_limits
 from workers.output_bounds import Line, Lines, LongPart
-from workers.providers import (
+from workers.providers.base import (
     CliProvider,
     ProgressFn,
     ProviderError,
@@ -286,8 +286,8 @@ class WarmPool:
 
 @dataclass
 class WarmSlot:
-    """:class:`workers.providers.WarmTurns` for one chat: takes its kept process (or starts one), runs the
-    turn, and gives it back only when the turn succeeded."""
+    """:class:`workers.providers.base.WarmTurns` for one chat: takes its kept process (or starts one), runs
+    the turn, and gives it back only when the turn succeeded."""
 
     pool: WarmPool
     key: WarmKey

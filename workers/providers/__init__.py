@@ -1,0 +1,1 @@
+"""The agent providers (temporary: see the following commits)."""
