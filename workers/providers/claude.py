@@ -1,19 +1,14 @@
-"""The agent CLIs agentpost runs: Claude Code, Codex and any command (see :mod:`workers.providers` for the
-interface, the runner they share and what each one's argv looks like). Each class says how to start its CLI
-and what a line of its output means; :func:`workers.providers.base.provider_for` picks one per run."""
+"""Claude Code, the ``claude`` provider: how its CLI is started and what a line of its ``stream-json`` output
+means (see :mod:`workers.providers.base` for the interface, the runner every provider shares and what the
+argv looks like). Its warm mode, a CLI kept running between a chat's runs, is :mod:`.claude_warm`."""
 
 from __future__ import annotations
 
-import codecs
-import json
-import os
 import re
-import shutil
 from pathlib import Path
 from typing import Any
 
 from workers.errors import api_retry_notice
-from workers.output_bounds import STRING_KEEP, LongPart
 from workers.providers.base import (
     CliProvider,
     ProgressFn,
@@ -23,6 +18,9 @@ from workers.providers.base import (
     RunUsage,
     StreamState,
     find_binary,
+    json_line,
+    looks_overloaded,
+    looks_rate_limited,
 )
 from workers.providers.claude_warm import split_session_ref
 
@@ -30,17 +28,6 @@ from workers.providers.claude_warm import split_session_ref
 #: a single quick retry that works (a blip) is not worth a message, a run gone quiet for minutes is.
 NOTICE_FROM_RETRY = 2
 NOTICE_FROM_DELAY_MS = 3000
-
-
-def _json_line(line: str) -> dict[str, Any] | None:
-    line = line.strip()
-    if not line.startswith("{"):
-        return None
-    try:
-        value = json.loads(line)
-    except ValueError:
-        return None
-    return value if isinstance(value, dict) else None
 
 
 # -- claude --------------------------------------------------------------------------------------------
@@ -89,7 +76,7 @@ class ClaudeProvider(CliProvider):
         return await request.warm.turn(self, request, argv, progress)
 
     def parse_line(self, line: str, state: StreamState) -> list[str]:
-        event = _json_line(line)
+        event = json_line(line)
         if event is None:
             return []
         kind = event.get("type")
@@ -217,15 +204,6 @@ def read_access(folder: Path) -> list[str]:
     return ["--add-dir", path]
 
 
-_RATE_LIMIT_WORDS = (
-    "usage limit",
-    "rate limit",
-    "rate_limit",
-    "hit your limit",
-    "limit reached",
-)
-
-
 def _claude_usage(event: dict[str, Any]) -> RunUsage | None:
     """The tokens and cost of this run from a claude ``result`` line; None when it carries none.
 
@@ -271,18 +249,6 @@ def _status_in(text: str) -> int | None:
     return int(match.group(1)) if match else None
 
 
-def looks_rate_limited(text: str) -> bool:
-    """Whether an error text reports a usage or rate limit of this account (not the agent's fault)."""
-    lowered = text.lower()
-    return bool(re.search(r"\b429\b", lowered)) or any(word in lowered for word in _RATE_LIMIT_WORDS)
-
-
-def looks_overloaded(text: str) -> bool:
-    """Whether an error text reports the AI service's servers overloaded (HTTP 529): nobody's limit."""
-    lowered = text.lower()
-    return bool(re.search(r"\b529\b", lowered)) or "overloaded" in lowered
-
-
 def _tool_step(block: dict[str, Any]) -> str:
     """``Bash: npm test``: one tool call as a short step description."""
     name = str(block.get("name") or "tool")
@@ -297,122 +263,3 @@ def _tool_step(block: dict[str, Any]) -> str:
         "",
     )
     return f"{name}: {' '.join(detail.split())[:120]}" if detail else name
-
-
-# -- codex ---------------------------------------------------------------------------------------------
-class CodexProvider(CliProvider):
-    """OpenAI Codex CLI in ``exec --json`` mode (JSONL events; the last agent message is the reply)."""
-
-    name = "codex"
-    service = "OpenAI"
-    spool_keys = frozenset({"text"})  # an agent_message's text: the reply
-
-    def argv(self, request: RunRequest) -> list[str]:
-        s = request.settings
-        argv = [
-            find_binary("codex", request, "AGENTPOST_CODEX_BIN"),
-            *s.command[1:],
-            "exec",
-            "--json",
-            "--skip-git-repo-check",
-        ]
-        if s.model:
-            argv += ["--model", s.model]
-        if s.permission_mode == "bypassPermissions":
-            argv.append("--dangerously-bypass-approvals-and-sandbox")
-        elif s.permission_mode in ("acceptEdits", "dontAsk"):
-            argv.append("--full-auto")
-        else:
-            argv += ["--sandbox", "read-only"]
-        if request.session_id:
-            argv += ["resume", request.session_id]
-        argv.append("-")
-        return argv
-
-    def parse_line(self, line: str, state: StreamState) -> list[str]:
-        event = _json_line(line)
-        if event is None:
-            return []
-        kind = event.get("type")
-        if kind == "thread.started" and isinstance(event.get("thread_id"), str):
-            state.session_id = event["thread_id"]
-        elif kind == "item.completed":
-            item = event.get("item") or {}
-            if item.get("type") == "agent_message" and isinstance(item.get("text"), str):
-                cut = state.cuts.pop(item["text"], None)
-                if state.final_whole is not None:
-                    state.final_whole.close()  # an earlier message's: the last one is the reply
-                state.final_whole = cut.spool if cut is not None else None
-                state.final_text = cut.spool.text() if cut is not None and cut.spool else item["text"]
-                return [item["text"]]
-        elif kind == "turn.failed":
-            error = event.get("error") or {}
-            state.error = f"codex turn failed: {error.get('message', 'unknown error')}"
-            state.overloaded = looks_overloaded(state.error)
-            state.rate_limited = not state.overloaded and looks_rate_limited(state.error)
-        elif kind == "error":
-            state.error = f"codex error: {event.get('message', 'unknown error')}"
-            state.overloaded = looks_overloaded(state.error)
-            state.rate_limited = not state.overloaded and looks_rate_limited(state.error)
-        return []
-
-
-# -- any command ---------------------------------------------------------------------------------------
-class CommandProvider(CliProvider):
-    """Any CLI from ``agents.NAME.command``: stdout is the reply; a non-zero exit is a failure."""
-
-    name = "command"
-    _utf8: codecs.IncrementalDecoder | None = None  # of the long line being read
-
-    def argv(self, request: RunRequest) -> list[str]:
-        template = request.settings.command
-        if not template:
-            raise ProviderError(f"agents.{request.agent}.command is empty")
-        values = {
-            "prompt": request.prompt,
-            "workspace": str(request.workspace),
-            "agent": request.agent,
-            "session": request.session_id or "",
-            "model": request.settings.model,
-        }
-        argv = []
-        for part in template:
-            try:
-                argv.append(part.format_map(values))
-            except (KeyError, IndexError, ValueError) as exc:
-                raise ProviderError(
-                    f"agents.{request.agent}.command: bad placeholder in {part!r} ({exc}); "
-                    "use {prompt}, {workspace}, {agent}, {session}, {model} and {{ }} for braces"
-                ) from None
-        self.stdin_prompt = not any("{prompt}" in part for part in template)
-        first = argv[0]
-        if os.sep not in first:
-            found = shutil.which(first, path=request.env.get("PATH", os.environ.get("PATH")))
-            if found is None:
-                raise ProviderError(f"agents.{request.agent}.command[0] = {first!r} is not on PATH")
-            argv[0] = found
-        return argv
-
-    def parse_line(self, line: str, state: StreamState) -> list[str]:
-        state.text.append(line + "\n" if state.newline else line)  # the reply is the output as printed
-        return [line]
-
-    async def _long_part(
-        self, part: LongPart, state: StreamState, progress: ProgressFn, request: RunRequest
-    ) -> str | None:
-        """A line too long to hold: all of it goes to the reply as it comes, its start is the progress."""
-        if self._utf8 is None:
-            self._utf8 = codecs.getincrementaldecoder("utf-8")("replace")
-        text = self._utf8.decode(part.data, final=part.end)
-        state.text.append(text)
-        if len(state.long_start) < STRING_KEEP:
-            state.long_start += text[: STRING_KEEP - len(state.long_start)]
-        if not part.end:
-            return None
-        self._utf8 = None
-        if part.newline:
-            state.text.append("\n")
-        start, state.long_start = state.long_start, ""
-        if start.strip():
-            await progress(start)
-        return None
