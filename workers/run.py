@@ -51,8 +51,9 @@ from workers.liveness import RunInfo, RunWatch, note_target
 from workers.observe import quietly, record_events
 from workers.previews import PreviewWriter
 from workers.processor_config import ProcessorSettings, ProcessorStats
-from workers.providers.base import AgentProvider, ProviderError, RunRequest, RunResult, provider_for
+from workers.providers.base import AgentProvider, ProviderError, RunRequest, RunResult
 from workers.providers.claude_warm import WarmPool, WarmSlot
+from workers.providers.registry import provider_for
 from workers.ratelimit import fallback_until
 from workers.run_outcome import OutcomeWriter
 from workers.sandbox import Sandboxed, SandboxError, SandboxPlan, SandboxView, cli_home_for, for_agent

@@ -19,7 +19,8 @@ from shared.settings.model import AgentSettings
 from tests.liveness_support import claude_home
 from tests.processor_support import open_home
 from workers.busy import resolve_policy
-from workers.providers.base import RunRequest, provider_for
+from workers.providers.base import RunRequest
+from workers.providers.registry import provider_for
 from workers.ratelimit import parse_reset
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]

@@ -586,22 +586,3 @@ async def _drain(
                 del tail[: len(tail) - _STDERR_KEEP]
     finally:
         done.set()
-
-
-def provider_for(kind: str) -> AgentProvider:
-    """A fresh provider of the given kind (providers keep per-run state, so one per run). The processor
-    sees only the :class:`AgentProvider` interface; every implementation here derives from
-    :class:`CliProvider`."""
-    from workers.providers.claude import ClaudeProvider
-    from workers.providers.codex import CodexProvider
-    from workers.providers.command import CommandProvider
-
-    providers: dict[str, type[CliProvider]] = {
-        "claude": ClaudeProvider,
-        "codex": CodexProvider,
-        "command": CommandProvider,
-    }
-    try:
-        return providers[kind]()
-    except KeyError:
-        raise ProviderError(f"unknown provider {kind!r} (known: {', '.join(sorted(providers))})") from None
