@@ -1,1 +1,34 @@
-"""The agent providers (temporary: see the following commits)."""
+"""The agent providers: how each agent CLI is started, what its output means, and when a run has failed.
+
+What lives where:
+
+- :mod:`.base` — the interface and the runner every provider shares: :class:`~.base.AgentProvider`,
+  :class:`~.base.RunRequest`, :class:`~.base.RunResult`, :class:`~.base.RunUsage`, :class:`~.base.WarmTurns`,
+  :class:`~.base.StreamState`, :class:`~.base.CliProvider` (start, stream, time out, kill the process group,
+  judge), :func:`~.base.launch_plan`, :func:`~.base.find_binary`, :func:`~.base.kill_group`,
+  :class:`~.base.ProviderError`, and the output helpers two providers share (``json_line``,
+  ``looks_rate_limited``, ``looks_overloaded``). It imports no provider.
+- :mod:`.claude` — :class:`~.claude.ClaudeProvider` (Claude Code, ``stream-json``) and its helpers.
+- :mod:`.claude_warm` — claude's warm sessions (:class:`~.claude_warm.WarmPool`): a chat's CLI kept running
+  between its runs. Only claude has a warm mode.
+- :mod:`.codex` — :class:`~.codex.CodexProvider` (``codex exec --json``).
+- :mod:`.command` — :class:`~.command.CommandProvider` (any CLI from an argv template; stdout is the reply).
+- :mod:`.registry` — :func:`~.registry.provider_for`: the kind named in ``agents.NAME.provider`` → its class.
+  The only module that imports every provider.
+
+Imports go one way: ``registry`` → each provider → ``base`` (claude also → ``claude_warm`` → ``base``;
+claude → :mod:`workers.errors` → ``base``). This file imports none of them, so importing any one module
+here never pulls in the others; import from the module itself (``workers.providers.base``, …).
+
+Adding a provider (kind ``NAME``): write ``NAME.py`` here with a :class:`~.base.CliProvider` subclass
+(``name``, ``service``, ``argv``, ``parse_line``; ``finish`` or ``spool_keys`` when needed), importing only
+``base`` (and modules outside this package); add it to ``PROVIDERS`` in ``registry.py``; then outside this
+package: the ``provider`` literal in ``shared/settings/model.py`` (and its comment in the settings template
+there), ``PROVIDER_ENV`` in ``workers/agent_env.py`` (the variables its CLI gets), ``DEFAULT_SERVICE_HOSTS``
+and ``_BASE_URL_VARIABLES`` in ``workers/egress_policy.py`` (where a sandboxed CLI may connect),
+``_BINARIES`` in ``workers/doctor.py`` and ``provider_problems`` in ``scheduler/process_plan.py`` (is the CLI
+installed and logged in); for the TinyAGI-compatible web API, ``PROVIDERS`` in ``adapters/web/manage.py`` and
+``TINYAGI_PROVIDER`` in ``adapters/web/dialect.py``. What only claude has (warm sessions, ``steer``, the
+appended system prompt) is asked as ``provider == "claude"`` where it is used (``workers/run.py``): a new kind
+runs a process per run without them. docs/architecture.md ("Adding a provider") lists the same.
+"""
