@@ -3,7 +3,8 @@ may cost together (``queue.max_chain_runs``), so a team whose members keep handi
 cannot turn one message into dozens of runs and replies.
 
 The count lives in the ``kv`` table (scope ``chain_runs``, key = the user message's id) and is taken in the
-transaction that queues the handoffs, so two teammates finishing at once cannot both spend the last run.
+transaction that queues the handoffs, with the row locked (:func:`shared.storage.kv.get_locked`), so two
+teammates finishing at once cannot both spend the last run.
 The user message's own run is the first of the budget.
 The same record says whether the user was told that a handoff of the chain went past ``max_hops``.
 """
@@ -11,6 +12,7 @@ The same record says whether the user was told that a handoff of the chain went 
 from __future__ import annotations
 
 import json
+from typing import Any
 
 from shared.storage import kv
 from shared.storage.db import Tx
@@ -20,8 +22,7 @@ from shared.storage.kv import Scope
 def take_chain_run(tx: Tx, root: str, budget: int, now: int) -> tuple[bool, bool]:
     """Spend one run of ``root``'s budget. Returns ``(granted, first_refusal)``: whether the run may be
     queued, and whether this is the first refusal (the moment to tell the user, once)."""
-    raw = kv.get(tx, Scope.CHAIN_RUNS, root)
-    state = json.loads(raw) if raw else {"runs": 1, "told": False}
+    state = _locked_state(tx, root, now)
     granted = int(state["runs"]) < budget
     first_refusal = not granted and not state.get("told")
     if granted:
@@ -35,13 +36,22 @@ def take_chain_run(tx: Tx, root: str, budget: int, now: int) -> tuple[bool, bool
 def first_hops_refusal(tx: Tx, root: str, now: int) -> bool:
     """Record that a handoff of ``root``'s chain went past ``max_hops``; True the first time (the moment to
     tell the user, once: every branch of a chain that fans out may reach the limit)."""
-    raw = kv.get(tx, Scope.CHAIN_RUNS, root)
-    state = json.loads(raw) if raw else {"runs": 1, "told": False}
+    state = _locked_state(tx, root, now)
     if state.get("hops_told"):
         return False
     state["hops_told"] = True
     kv.put(tx, Scope.CHAIN_RUNS, root, json.dumps(state), now)
     return True
+
+
+def _locked_state(tx: Tx, root: str, now: int) -> dict[str, Any]:
+    """The chain's record, locked until ``tx`` ends: teammates finishing at once on PostgreSQL take turns,
+    so neither spends a run the other already took nor tells the user a second time."""
+    return dict(json.loads(kv.get_locked(tx, Scope.CHAIN_RUNS, root, _FRESH, now)))
+
+
+#: A chain's record before its first handoff: the user message's own run is the first of the budget.
+_FRESH = json.dumps({"runs": 1, "told": False})
 
 
 def prune_chain_budgets(tx: Tx, older_than: int) -> int:

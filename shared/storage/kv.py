@@ -127,6 +127,16 @@ def get(src: Database | Tx, scope: str, key: str) -> str | None:
     return None if not found else str(found[0]["value"])
 
 
+def get_locked(tx: Tx, scope: str, key: str, initial: str, now: int | None = None) -> str:
+    """The value under ``(scope, key)``, made ``initial`` when there is none, with the row locked until
+    ``tx`` ends: for a read-modify-write that two transactions may do at once. On PostgreSQL a plain read
+    lets both read the same value and the later write lose the earlier one; here the second waits for the
+    first to commit and reads what it wrote (SQLite's write transactions take turns anyway)."""
+    add(tx, scope, key, initial, now)
+    found = tx.rows(f"{_GET}{tx.dialect.lock_rows}", {"s": scope, "k": key})
+    return str(found[0]["value"])
+
+
 def get_record(src: Database | Tx, scope: str, key: str) -> dict[str, Any] | None:
     """The JSON object stored under ``(scope, key)``; ``None`` when there is none or it is not an object
     (a record written by a release that stored something else reads as missing)."""
