@@ -129,7 +129,15 @@ class PgOutage:
                 client.close()
                 continue
             with self._lock:
-                self._upstreams = [s for s in self._upstreams if s.fileno() != -1] + [upstream]
+                # Taken away while this session was being opened: down() did not see it, so it goes here
+                # (otherwise it would outlive the outage).
+                away = self._away
+                if not away:
+                    self._upstreams = [s for s in self._upstreams if s.fileno() != -1] + [upstream]
+            if away:
+                upstream.close()
+                threading.Thread(target=self._refuse, args=(client,), daemon=True).start()
+                continue
             for src, dst in ((client, upstream), (upstream, client)):
                 threading.Thread(target=self._pipe, args=(src, dst), daemon=True).start()
 

@@ -127,11 +127,16 @@ class _Connection:
             if self.ws.closed:
                 return
             text = json.dumps(payload, separators=(",", ":"))
-            if self.compressor is None:
-                await self.ws.send_str(text)
-            else:
-                data = self.compressor.compress(text.encode()) + self.compressor.flush(zlib.Z_SYNC_FLUSH)
-                await self.ws.send_bytes(data)
+            try:
+                if self.compressor is None:
+                    await self.ws.send_str(text)
+                else:
+                    data = self.compressor.compress(text.encode()) + self.compressor.flush(zlib.Z_SYNC_FLUSH)
+                    await self.ws.send_bytes(data)
+            except ConnectionResetError:
+                # The client went away (a kill -9) and its socket is closing: as for a closed one, the event
+                # is not sent; it stays in the session's buffer for a RESUME, as on Discord's gateway.
+                return
 
 
 @dataclass(eq=False)
