@@ -39,6 +39,7 @@ import stat
 import string
 import subprocess
 import sys
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path, PurePath
@@ -131,18 +132,27 @@ def _sandbox_user(create: bool) -> tuple[int, int] | None:
     except KeyError:
         if not create:
             return None
-        useradd = shutil.which("useradd") or "/usr/sbin/useradd"
-        made = subprocess.run(
-            [useradd, "--system", "--no-create-home", "--home-dir", "/nonexistent", "--shell",
-             "/usr/sbin/nologin", "--user-group", SANDBOX_USER],
-            capture_output=True, text=True, check=False,
-        )  # fmt: skip
-        if made.returncode != 0 and "already exists" not in made.stderr:
-            raise SandboxError(
-                f"cannot create the user {SANDBOX_USER} that agents run as: {made.stderr.strip()}"
-            ) from None
+        _add_user(SANDBOX_USER, ["--user-group"], f"the user {SANDBOX_USER} that agents run as")
         entry = pwd.getpwnam(SANDBOX_USER)
     return entry.pw_uid, entry.pw_gid
+
+
+def _add_user(name: str, options: list[str], what: str, wait: float = 10.0) -> None:
+    """Create the system account ``name`` (no home, no login). Another process creating an account at the
+    same moment (a second processor starting, the operator's own useradd) holds the account files' lock for
+    a moment: tried again for up to ``wait`` seconds rather than failing the run. An account made meanwhile
+    is fine."""
+    useradd = shutil.which("useradd") or "/usr/sbin/useradd"
+    argv = [useradd, "--system", "--no-create-home", "--home-dir", "/nonexistent", "--shell",
+            "/usr/sbin/nologin", *options, name]  # fmt: skip
+    deadline = time.monotonic() + wait
+    while True:
+        made = subprocess.run(argv, capture_output=True, text=True, check=False)
+        if made.returncode == 0 or "already exists" in made.stderr:
+            return
+        if "cannot lock" not in made.stderr or time.monotonic() > deadline:
+            raise SandboxError(f"cannot create {what}: {made.stderr.strip()}") from None
+        time.sleep(0.1)
 
 
 def agent_user_name(agent: str) -> str:
@@ -166,16 +176,7 @@ def agent_user(agent: str) -> tuple[int, int]:
     try:
         entry = pwd.getpwnam(name)
     except KeyError:
-        useradd = shutil.which("useradd") or "/usr/sbin/useradd"
-        made = subprocess.run(
-            [useradd, "--system", "--no-create-home", "--home-dir", "/nonexistent", "--shell",
-             "/usr/sbin/nologin", "--gid", str(shared[1]), name],
-            capture_output=True, text=True, check=False,
-        )  # fmt: skip
-        if made.returncode != 0 and "already exists" not in made.stderr:
-            raise SandboxError(
-                f"cannot create the user {name} that agent {agent} runs as: {made.stderr.strip()}"
-            ) from None
+        _add_user(name, ["--gid", str(shared[1])], f"the user {name} that agent {agent} runs as")
         entry = pwd.getpwnam(name)
     return entry.pw_uid, shared[1]
 
