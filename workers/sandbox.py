@@ -151,7 +151,8 @@ def _add_user(name: str, options: list[str], what: str, wait: float = 10.0) -> N
         if made.returncode == 0 or "already exists" in made.stderr:
             return
         if "cannot lock" not in made.stderr or time.monotonic() > deadline:
-            raise SandboxError(f"cannot create {what}: {made.stderr.strip()}") from None
+            said = made.stderr.strip().splitlines() or [f"useradd exited with {made.returncode}"]
+            raise SandboxError(f"cannot create {what}: {said[-1]}") from None
         time.sleep(0.1)
 
 
