@@ -42,7 +42,7 @@ from tests.probes import service_unavailable, wait_for
 from tests.processor_support import make_home, write_settings
 from workers.limits import CgroupPlace, find_place
 
-pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240), pytest.mark.serial]
 
 AGENTPOST = str(Path(sys.executable).with_name("agentpost"))
 MIB = 1 << 20

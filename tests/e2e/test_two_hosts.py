@@ -48,7 +48,7 @@ from tests.homes import build_home
 from tests.netns import Host, PgListen, TwoHosts, exclusive, restart_postgres, unavailable
 from tests.probes import service_unavailable, wait_for
 
-pytestmark = [pytest.mark.e2e, pytest.mark.postgres, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.e2e, pytest.mark.postgres, pytest.mark.timeout(300), pytest.mark.serial]
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 AGENTS = ("alpha", "beta", "gamma")

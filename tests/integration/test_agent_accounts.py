@@ -17,6 +17,7 @@ from workers.sandbox import SandboxError, _add_user
 
 pytestmark = [
     pytest.mark.integration,
+    pytest.mark.serial,
     pytest.mark.timeout(60),
     pytest.mark.skipif(os.geteuid() != 0, reason="makes system accounts (needs root)"),
 ]

@@ -13,7 +13,7 @@ import pytest
 from tests.netns import ADMIN_PG_URL, exclusive, restore_postgres
 from tests.probes import service_unavailable
 
-pytestmark = [pytest.mark.integration, pytest.mark.postgres]
+pytestmark = [pytest.mark.integration, pytest.mark.postgres, pytest.mark.serial]
 
 
 @pytest.fixture
