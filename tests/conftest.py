@@ -15,12 +15,18 @@ from pathlib import Path
 
 import psycopg
 import pytest
+from hypothesis import settings as hypothesis_settings
 
 from shared.queue.core import Directory, Queue
 from shared.settings.model import QueueSettings
 from shared.storage.db import Database, open_database
 from shared.storage.models import SCHEMA_VERSION, TABLE_NAMES
 from tests.probes import service_unavailable
+
+# Property tests have no per-example deadline: tests run side by side (make test), and an example that takes
+# longer on a loaded machine is not a failure. Per-test timeouts still bound each test.
+hypothesis_settings.register_profile("agentpost", deadline=None)
+hypothesis_settings.load_profile("agentpost")
 
 ADMIN_PG_URL = os.environ.get("AGENTPOST_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
 REDIS_URL = os.environ.get("AGENTPOST_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
