@@ -355,6 +355,35 @@ def launch_plan(
     return launch, env
 
 
+async def start_cli(
+    request: RunRequest, argv: list[str], *, stdin: int, service: str
+) -> tuple[Process, Hold] | RunResult:
+    """Start one CLI process for ``request`` (cold runs and warm sessions alike): its limits held, its
+    launch planned (sandbox, environment, :mod:`workers.launch`), the process started in a session of its
+    own. Returns the process and its limits' hold, or the result saying why it could not start (the hold
+    released)."""
+    hold = hold_limits(request.agent, request.settings.limits)
+    try:
+        launch, env = launch_plan(request, argv, hold)
+    except BaseException as exc:
+        await hold.release_async()
+        if not isinstance(exc, ProviderError):
+            raise
+        return RunResult(ok=False, error=str(exc), argv=argv, cannot_start=True, service=service)
+    try:
+        # Shielded: a cancellation (a /stop, a shutdown) landing mid-spawn would otherwise leave a started
+        # CLI nobody kills; the caller gets it at its next checkpoint, once it holds the process.
+        with anyio.CancelScope(shield=True):
+            process = await anyio.open_process(
+                launch, stdin=stdin, cwd=str(request.workspace), env=env, start_new_session=True
+            )
+    except OSError as exc:
+        await hold.release_async()
+        error = f"cannot start {argv[0]}: {exc.strerror or exc}"
+        return RunResult(ok=False, error=error, argv=argv, cannot_start=True, service=service)
+    return process, hold
+
+
 class CliProvider(abc.ABC):
     """Base of the subprocess providers: start, stream, time out, kill the group, judge the result."""
 
@@ -403,30 +432,15 @@ class CliProvider(abc.ABC):
 
     async def run(self, request: RunRequest, progress: ProgressFn) -> RunResult:
         started = time.monotonic()
-        hold = hold_limits(request.agent, request.settings.limits)
         try:
             argv = self.argv(request)
-            launch, env = launch_plan(request, argv, hold)
-        except BaseException as exc:
-            await hold.release_async()
-            if not isinstance(exc, ProviderError):
-                raise
+        except ProviderError as exc:
             return RunResult(ok=False, error=str(exc), cannot_start=True, service=self.service)
-        try:
-            # Shielded: a cancellation (a /stop, a shutdown) landing mid-spawn would otherwise leave a
-            # started CLI nobody kills; it is delivered at the next checkpoint, inside the try below.
-            with anyio.CancelScope(shield=True):
-                process = await anyio.open_process(
-                    launch,
-                    stdin=subprocess.PIPE if self.stdin_prompt else subprocess.DEVNULL,
-                    cwd=str(request.workspace),
-                    env=env,
-                    start_new_session=True,
-                )
-        except OSError as exc:
-            await hold.release_async()
-            error = f"cannot start {argv[0]}: {exc.strerror or exc}"
-            return RunResult(ok=False, error=error, argv=argv, cannot_start=True, service=self.service)
+        stdin = subprocess.PIPE if self.stdin_prompt else subprocess.DEVNULL
+        began = await start_cli(request, argv, stdin=stdin, service=self.service)
+        if isinstance(began, RunResult):
+            return began
+        process, hold = began
         if request.on_spawn is not None:
             request.on_spawn(process.pid)
         state = StreamState(last_output=time.monotonic(), spool_dir=request.spool_dir)

@@ -52,12 +52,11 @@ import anyio
 from anyio.abc import Process
 
 from shared.settings.sections import ProcessorSettings
-from workers.limits import Hold, hold_limits
+from workers.limits import Hold
 from workers.output_bounds import Line, Lines, LongPart
 from workers.providers.base import (
     CliProvider,
     ProgressFn,
-    ProviderError,
     RunRequest,
     RunResult,
     RunUsage,
@@ -66,7 +65,7 @@ from workers.providers.base import (
     _stopped_error,
     _watchdog,
     kill_group,
-    launch_plan,
+    start_cli,
 )
 from workers.steer import SteerInbox, echoed_count
 
@@ -304,31 +303,10 @@ class WarmSlot:
             await warm.close()
             warm = None
         if warm is None:
-            hold = hold_limits(request.agent, request.settings.limits)
-            try:
-                launch, env = launch_plan(request, argv, hold)
-            except BaseException as exc:
-                await hold.release_async()
-                if not isinstance(exc, ProviderError):
-                    raise
-                return RunResult(
-                    ok=False, error=str(exc), argv=argv, cannot_start=True, service=provider.service
-                )
-            try:
-                with anyio.CancelScope(shield=True):  # see CliProvider.run: never an unkilled start
-                    process = await anyio.open_process(
-                        launch,
-                        stdin=subprocess.PIPE,
-                        cwd=str(request.workspace),
-                        env=env,
-                        start_new_session=True,
-                    )
-            except OSError as exc:
-                await hold.release_async()
-                error = f"cannot start {argv[0]}: {exc.strerror or exc}"
-                return RunResult(
-                    ok=False, error=error, argv=argv, cannot_start=True, service=provider.service
-                )
+            began = await start_cli(request, argv, stdin=subprocess.PIPE, service=provider.service)
+            if isinstance(began, RunResult):
+                return began
+            process, hold = began
             warm = WarmProcess(self.key, process, wanted, hold=hold)
             self.pool.started += 1
         else:
