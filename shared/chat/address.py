@@ -2,7 +2,7 @@
 
 A chat is named by its channel and the first of *conversation*, *sender id*, *sender* that is set — a
 platform's chat id when it has one, else the user. That rule lives in :attr:`ChatAddress.chat` (and its SQL
-form :data:`CHAT_KEY_SQL`) and nowhere else: the queue groups a run's messages by it, delivery keeps a chat's
+form :data:`shared.storage.queries.common.CHAT_KEY`) and nowhere else: the queue groups a run's messages by it, delivery keeps a chat's
 replies in order by it, rate-limit notices and handoffs address the chat through it, and every row kept per
 chat (busy policy, sticky agent, the agents that answered, cursors, run status) is keyed by it
 (:attr:`ChatAddress.row_key` where one table holds every channel's chats).
@@ -15,11 +15,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any, NamedTuple
-
-#: SQL for a message row's chat: the conversation, else the sender id, else the sender (:attr:`ChatAddress.chat`).
-CHAT_KEY_SQL = (
-    "(CASE WHEN conversation <> '' THEN conversation WHEN sender_id <> '' THEN sender_id ELSE sender END)"
-)
 
 
 class ChatAddress(NamedTuple):

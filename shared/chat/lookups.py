@@ -10,8 +10,9 @@ from __future__ import annotations
 
 from collections.abc import Collection
 
-from shared.chat.address import CHAT_KEY_SQL, ChatAddress
+from shared.chat.address import ChatAddress
 from shared.storage.db import Database, Tx
+from shared.storage.queries.common import CHAT_KEY as CHAT_KEY_SQL
 from shared.storage.statuses import MessageStatus
 
 _BUSY_AGENTS = (

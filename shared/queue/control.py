@@ -9,16 +9,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from shared.chat.address import CHAT_KEY_SQL, ChatAddress
+from shared.chat.address import ChatAddress
 from shared.clock import now_ms
 from shared.events.log import PendingEvent, append_events
 from shared.storage.db import Database
-from shared.storage.statuses import MessageStatus
-
-_ENSURE_ROW = (
-    "INSERT INTO agent_leases (agent, holder, lease_until, acquired_at, paused_until, stop_requested, note) "
-    "VALUES (:agent, NULL, 0, 0, 0, '', '') ON CONFLICT (agent) DO NOTHING"
-)
+from shared.storage.queries import agent_leases as q
 
 
 class Control:
@@ -31,12 +26,8 @@ class Control:
         """Keep ``agent`` from being claimed until ``until_ms`` (a rate limit, say). Never shortens a pause."""
         now = now_ms()
         with self.db.transaction() as tx:
-            tx.execute(_ENSURE_ROW, {"agent": agent})
-            tx.execute(
-                "UPDATE agent_leases SET paused_until = :until, note = :reason WHERE agent = :agent "
-                "AND paused_until < :until",
-                {"agent": agent, "until": until_ms, "reason": reason[:500]},
-            )
+            tx.execute(q.ENSURE_ROW, {"agent": agent})
+            tx.execute(q.PAUSE, {"agent": agent, "until": until_ms, "reason": reason[:500]})
             append_events(
                 tx,
                 [
@@ -52,15 +43,13 @@ class Control:
         """End a pause now."""
         now = now_ms()
         with self.db.transaction() as tx:
-            tx.execute(
-                "UPDATE agent_leases SET paused_until = 0, note = '' WHERE agent = :agent", {"agent": agent}
-            )
+            tx.execute(q.RESUME, {"agent": agent})
             append_events(tx, [PendingEvent("agent_resumed", {"agent": agent}, topic="agents")], now)
             tx.signal("messages")
 
     def agent_state(self, agent: str) -> dict[str, Any]:
         """The agent's lease row: holder, lease_until, paused_until, stop_requested, note (zeros when none)."""
-        rows = self.db.read("SELECT * FROM agent_leases WHERE agent = :a", {"a": agent})
+        rows = self.db.read(q.ROW, {"a": agent})
         if not rows:
             return {
                 "agent": agent,
@@ -77,11 +66,8 @@ class Control:
         """Ask the processor running ``agent`` to stop the run of ``conversation`` (``*``: any run)."""
         now = now_ms()
         with self.db.transaction() as tx:
-            tx.execute(_ENSURE_ROW, {"agent": agent})
-            tx.execute(
-                "UPDATE agent_leases SET stop_requested = :c WHERE agent = :agent",
-                {"agent": agent, "c": conversation or "*"},
-            )
+            tx.execute(q.ENSURE_ROW, {"agent": agent})
+            tx.execute(q.REQUEST_STOP, {"agent": agent, "c": conversation or "*"})
             append_events(
                 tx,
                 [
@@ -98,29 +84,21 @@ class Control:
 
         The processor calls this on every tick of a run, so it first looks with a plain read: only when a
         request is there does it open a write transaction (which on SQLite takes the write lock)."""
-        probe = self.db.read_scalar(
-            "SELECT stop_requested FROM agent_leases WHERE agent = :agent AND holder = :worker",
-            {"agent": agent, "worker": worker},
-        )
+        probe = self.db.read_scalar(q.STOP_REQUEST_OF_HOLDER, {"agent": agent, "worker": worker})
         if not probe:
             return ""
         with self.db.transaction() as tx:
-            row = tx.one(
-                "SELECT stop_requested FROM agent_leases WHERE agent = :agent AND holder = :worker "
-                f"AND stop_requested <> ''{tx.dialect.lock_rows}",
-                {"agent": agent, "worker": worker},
-            )
+            row = tx.one(q.STOP_REQUEST_OF_HOLDER_LOCKED, {"agent": agent, "worker": worker})
             if row is None:
                 return ""
-            tx.execute("UPDATE agent_leases SET stop_requested = '' WHERE agent = :agent", {"agent": agent})
+            tx.execute(q.CLEAR_STOP_REQUEST, {"agent": agent})
         return str(row["stop_requested"])
 
     def chat_has_arrival(self, agent: str, chat: ChatAddress, now: int | None = None) -> bool:
         """Whether a message for ``agent`` in ``chat`` (by the chat key the queue groups by) waits, available
         by ``now``: under the ``interrupt`` busy policy it stops the chat's run. Read-only."""
         found = self.db.read_scalar(
-            f"SELECT 1 FROM messages WHERE status = '{MessageStatus.PENDING}' AND agent = :a AND channel = :c "
-            f"AND {CHAT_KEY_SQL} = :conv AND available_at <= :now LIMIT 1",
+            q.ARRIVAL_IN_CHAT,
             {"a": agent, "c": chat.channel, "conv": chat.chat, "now": now_ms() if now is None else now},
         )
         return found is not None
@@ -128,9 +106,5 @@ class Control:
     def waiting_arrivals(self, agent: str, limit: int = 200) -> list[tuple[str, ChatAddress]]:
         """Messages for ``agent`` that wait for the first time (no retry), oldest first, as (message id,
         chat): while the agent runs, they wait behind that run, and their chats are told so once. Read-only."""
-        rows = self.db.read(
-            "SELECT message_id, channel, sender, sender_id, conversation FROM messages "
-            f"WHERE status = '{MessageStatus.PENDING}' AND agent = :a AND retry_count = 0 ORDER BY id LIMIT :n",
-            {"a": agent, "n": limit},
-        )
+        rows = self.db.read(q.FIRST_WAITING, {"a": agent, "n": limit})
         return [(str(r["message_id"]), ChatAddress.of(r)) for r in rows]

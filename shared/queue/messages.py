@@ -11,7 +11,7 @@ from functools import lru_cache
 from typing import Any
 
 from shared.chain_budget import first_hops_refusal, take_chain_run
-from shared.chat.address import CHAT_KEY_SQL, ChatAddress
+from shared.chat.address import ChatAddress
 from shared.clock import now_ms
 from shared.events.log import PendingEvent, append_events
 from shared.notices import chain_budget_notice, handoff_refused_notice
@@ -36,6 +36,7 @@ from shared.queue.records import sql_in as _in
 from shared.settings.model import QueueSettings
 from shared.storage.db import Database, Row, Tx
 from shared.storage.dialect import Dialect
+from shared.storage.queries.common import CHAT_KEY as CHAT_KEY_SQL
 from shared.storage.statuses import MessageStatus, ResponseStatus
 
 #: What a completion reads of the group's first message, for the reply (the other rows give only their ids:

@@ -15,11 +15,12 @@ import json
 from datetime import UTC, datetime
 from typing import Any
 
-from shared.chat.address import CHAT_KEY_SQL, ChatAddress
+from shared.chat.address import ChatAddress
 from shared.clock import now_ms
 from shared.storage import kv
 from shared.storage.db import Database, Tx
 from shared.storage.kv import Scope
+from shared.storage.queries.common import CHAT_KEY as CHAT_KEY_SQL
 from shared.storage.statuses import MessageStatus
 
 

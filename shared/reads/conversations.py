@@ -3,7 +3,7 @@ and every reply, notes included) page by page, and each agent's state (idle, run
 last error).
 
 A chat is a channel plus its chat key (the conversation, else the sender id, else the sender: as the queue
-groups messages, see :data:`shared.chat.address.CHAT_KEY_SQL`). Every function takes the
+groups messages, see :data:`shared.storage.queries.common.CHAT_KEY`). Every function takes the
 :class:`~shared.storage.db.Database`, so the web adapter calls named operations and holds no SQL of its own.
 """
 
@@ -13,10 +13,11 @@ import json
 from collections.abc import Iterable
 from typing import Any
 
-from shared.chat.address import CHAT_KEY_SQL, ChatAddress
+from shared.chat.address import ChatAddress
 from shared.clock import now_ms
 from shared.reads.conversation_status import conversation_status, current_run
 from shared.storage.db import Database
+from shared.storage.queries.common import CHAT_KEY as CHAT_KEY_SQL
 from shared.storage.statuses import MessageStatus
 
 #: Channels whose messages are the system's own (not chats a person has with an agent).

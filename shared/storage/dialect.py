@@ -184,12 +184,36 @@ class Dialect:
         return f"SELECT {notes}; COMMIT"
 
     def sql(self, text: str) -> str:
-        """Translate ``:name`` parameters to the driver's style (cached)."""
+        """The statement as the driver takes it: the clause placeholders of a named query
+        (:data:`PLACEHOLDERS`) filled for this engine, and ``:name`` parameters in the driver's style (cached)."""
+        if "{" in text:
+            text = _filled(self, text)
         return text if self.name == "sqlite" else _to_pyformat(text)
 
     @property
     def is_sqlite(self) -> bool:
         return self.name == "sqlite"
+
+
+#: The clauses a named query (:mod:`shared.storage.queries`) writes as a placeholder because the engines
+#: differ there; :meth:`Dialect.sql` fills them in, so no caller splices dialect text into a statement.
+PLACEHOLDERS = ("{lock_rows}", "{skip_locked}", "{and_visible_events}", "{where_visible_events}")
+_PLACEHOLDER_RE = re.compile(r"\{[a-z_]+\}")
+
+
+@lru_cache(maxsize=512)
+def _filled(dialect: Dialect, text: str) -> str:
+    clauses = {
+        "{lock_rows}": dialect.lock_rows,
+        "{skip_locked}": dialect.skip_locked,
+        "{and_visible_events}": dialect.visible_events("AND"),
+        "{where_visible_events}": dialect.visible_events("WHERE"),
+    }
+    filled = _PLACEHOLDER_RE.sub(lambda m: clauses.get(m.group(0), m.group(0)), text)
+    unknown = _PLACEHOLDER_RE.search(filled)
+    if unknown is not None:  # a misspelt placeholder would otherwise reach the server as text
+        raise ValueError(f"unknown clause placeholder {unknown.group(0)} in {text[:80]!r}")
+    return filled
 
 
 SQLITE = Dialect(

@@ -19,22 +19,14 @@ pytestmark = pytest.mark.unit
 ROOT = Path(__file__).resolve().parents[2]
 PRODUCTION = ("shared", "workers", "adapters", "scheduler")
 
-#: The storage modules: the database engine (shared/storage/), the event log and the database's change signal,
-#: the queue's operations, the chat stores with tables of their own, and the read models the CLI, web API and
-#: dashboard show.
-STORAGE_MODULES = frozenset(
+#: Modules outside ``shared/storage/`` that still hold SQL text, while their statements move into
+#: :mod:`shared.storage.queries`. The list may only shrink: a module on it that holds no SQL any more fails
+#: too, so it is struck off with the move.
+NOT_MOVED_YET = frozenset(
     {
-        "shared/storage/copy_db.py",
-        "shared/storage/db.py",
-        "shared/storage/dialect.py",
-        "shared/storage/kv.py",
-        "shared/storage/models.py",
-        "shared/storage/wal_checkpoint.py",
         "shared/events/log.py",
         "shared/events/wake.py",
         "shared/queue/admin.py",
-        "shared/queue/control.py",
-        "shared/queue/core.py",
         "shared/queue/delivery.py",
         "shared/queue/enqueue.py",
         "shared/queue/failures.py",
@@ -52,6 +44,11 @@ STORAGE_MODULES = frozenset(
         "shared/reads/usage.py",
     }
 )
+
+
+def _in_storage(name: str) -> bool:
+    return name.startswith("shared/storage/") or name in NOT_MOVED_YET
+
 
 SQL = re.compile(
     r"\b(SELECT\b[\s\S]*\bFROM\b|INSERT\s+INTO\b|DELETE\s+FROM\b|UPDATE\s+[a-z_]+\s+SET\b|"
@@ -84,8 +81,14 @@ def _statements() -> list[tuple[str, int, str]]:
 
 
 def test_sql_appears_only_in_the_storage_modules() -> None:
-    outside = [f"{name}:{line}: {text}" for name, line, text in _statements() if name not in STORAGE_MODULES]
+    outside = [f"{name}:{line}: {text}" for name, line, text in _statements() if not _in_storage(name)]
     assert outside == [], "SQL outside the storage modules:\n" + "\n".join(outside)
+
+
+def test_a_module_struck_off_the_not_moved_list_holds_no_sql() -> None:
+    holding = {name for name, _line, _text in _statements()}
+    moved = sorted(NOT_MOVED_YET - holding)
+    assert moved == [], f"these hold no SQL any more; strike them off NOT_MOVED_YET: {moved}"
 
 
 def test_only_the_kv_store_writes_statements_on_kv() -> None:
@@ -103,9 +106,8 @@ def test_the_scan_finds_the_statements_it_is_meant_to_find() -> None:
     # The test above is only as good as its pattern: it must see the queue's own statements.
     found = {name for name, _line, _text in _statements()}
     assert {
-        "shared/queue/messages.py",
+        "shared/storage/queries/agent_leases.py",
         "shared/storage/kv.py",
-        "shared/events/log.py",
         "shared/storage/db.py",
     } <= found
     samples = [
