@@ -37,7 +37,7 @@ def one_run(agents: int, workdir: Path, *, n: int) -> float:
     """Fresh database with a directory of `agents` agents; returns enqueues per second."""
     from shared.queue.core import Directory, Queue
     from shared.settings.model import QueueSettings
-    from shared.storage.db import open_database
+    from shared.storage.schema import open_database
 
     folder = Path(tempfile.mkdtemp(prefix=f"agents-{agents}-", dir=workdir))
     target = str(folder / "queue.db")

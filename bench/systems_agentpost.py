@@ -35,6 +35,7 @@ from typing import Any, Literal
 from harness import Msg, msg_id_of
 
 from shared.chat.address import ChatAddress
+from shared.storage import schema
 
 #: Agents the directory knows: the harness default of 8 (agent-0 .. agent-7; run_peers --agents N > 8 needs
 #: more). How enqueue fares with a large directory is bench/enqueue_agents.py's question, not this one's.
@@ -66,7 +67,7 @@ class AgentpostSqlite:
         """A Queue over the target (imports here: the harness parent need not import agentpost)."""
         from shared.queue.core import Directory, Queue
         from shared.settings.model import QueueSettings
-        from shared.storage.db import open_database
+        from shared.storage.schema import open_database
 
         db = open_database(self.url(target), create=create)
         return Queue(db, QueueSettings(lease_seconds=self.lease_ms / 1000), Directory.single(*AGENT_NAMES))
@@ -148,7 +149,7 @@ class AgentpostPostgres(AgentpostSqlite):
         queue = self.open_queue(target, create=False)
         try:
             metadata().drop_all(queue.db.engine)
-            queue.db.create_schema()
+            schema.create_schema(queue.db)
             if self.retained:
                 fill_retained(queue.db, self.retained)
         finally:

@@ -19,6 +19,7 @@ from typing import Any
 import tomlkit
 
 from shared.settings.model import Settings
+from shared.storage import schema
 from shared.storage.copy_db import (
     begin_snapshot,
     copy_table,
@@ -76,7 +77,7 @@ def migrate(
         source.close()
         raise MigrationError(str(exc)) from None
     try:
-        missing = [t for t in TABLE_NAMES if t not in set(source.table_names())]
+        missing = [t for t in TABLE_NAMES if t not in set(schema.table_names(source))]
         if missing:
             raise MigrationError(f"the source database has no table {', '.join(missing)}; is it agentpost's?")
         holders = live_holders(source)

@@ -21,7 +21,8 @@ from typing import TYPE_CHECKING
 from shared.events.log import SqlEventLog
 from shared.queue.core import Queue
 from shared.settings.model import Settings, SettingsError, load_settings
-from shared.storage.db import Database, open_database
+from shared.storage.db import Database
+from shared.storage.schema import open_database
 
 if TYPE_CHECKING:
     from shared.events.wake import Waker

@@ -19,8 +19,9 @@ from hypothesis import settings as hypothesis_settings
 
 from shared.queue.core import Directory, Queue
 from shared.settings.model import QueueSettings
-from shared.storage.db import Database, open_database
+from shared.storage.db import Database
 from shared.storage.models import SCHEMA_VERSION, TABLE_NAMES
+from shared.storage.schema import open_database
 from tests.probes import service_unavailable
 
 # Property tests have no per-example deadline: tests run side by side (make test), and an example that takes

@@ -24,7 +24,7 @@ from typing import Any
 
 import psycopg
 
-from shared.storage.db import open_database
+from shared.storage.schema import open_database
 from tests.homes import build_home, scripted_agents
 
 ADMIN_PG_URL = "postgresql://postgres@127.0.0.1:5432/postgres"

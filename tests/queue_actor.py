@@ -20,7 +20,7 @@ from shared.chat.address import ChatAddress
 from shared.events.wake import Waker
 from shared.queue.core import Directory, Queue
 from shared.settings.model import QueueSettings
-from shared.storage.db import open_database
+from shared.storage.schema import open_database
 
 
 def producer(args: argparse.Namespace) -> int:

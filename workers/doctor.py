@@ -203,7 +203,7 @@ def _kept_now(settings: Settings) -> str:
     """How many CLIs the running processors keep now and the last reason one was closed, from their
     presence rows ("" when the database cannot tell: not made yet, or down; its own check says so)."""
     from shared.queue.presence import warm_summary
-    from shared.storage.db import open_database
+    from shared.storage.schema import open_database
 
     try:
         db = open_database(settings.database_url, create=False)
@@ -232,7 +232,7 @@ def _steer_anywhere(settings: Settings) -> bool:
 def _workspaces(settings: Settings) -> list[Check]:
     """Whether this host has the workspace of each agent its processor serves (workers/workspace.py): a
     processor here refuses an agent whose workspace another host made and this host lacks."""
-    from shared.storage.db import open_database
+    from shared.storage.schema import open_database
 
     try:
         db = open_database(settings.database_url, create=False)

@@ -118,7 +118,7 @@ def read_all(db: Database) -> list[ChannelHealth]:
 def read_from_settings(settings: Settings) -> list[ChannelHealth] | None:
     """Every channel's record from the configured database, or None when it cannot be read (the database
     checks say why)."""
-    from shared.storage.db import open_database
+    from shared.storage.schema import open_database
 
     try:
         db = open_database(settings.database_url, create=False)

@@ -18,6 +18,7 @@ from typing import Literal
 from shared.private_files import loose_modes, sqlite_files
 from shared.settings import api_token
 from shared.settings.model import AgentSettings, Settings, SettingsError, load_settings
+from shared.storage import schema
 from shared.storage.dialect import sqlite_path
 from shared.storage.statuses import PairingStatus
 
@@ -56,13 +57,13 @@ def check_settings(home: Path | None) -> tuple[Settings | None, list[Check]]:
 
 
 def check_database(settings: Settings) -> list[Check]:
-    from shared.storage.db import open_database
     from shared.storage.models import SCHEMA_VERSION
+    from shared.storage.schema import open_database
 
     try:
         db = open_database(settings.database_url, create=False)
         try:
-            version = db.recorded_schema_version()
+            version = schema.recorded_schema_version(db)
         finally:
             db.close()
     except Exception as exc:
@@ -92,7 +93,7 @@ def check_pairings(settings: Settings) -> list[Check]:
     """Senders waiting for an operator to approve their pairing code (their messages are kept meanwhile)."""
     from shared.chat.pairings import list_pairings
     from shared.clock import now_ms
-    from shared.storage.db import open_database
+    from shared.storage.schema import open_database
 
     try:
         db = open_database(settings.database_url, create=False)
@@ -123,7 +124,7 @@ def check_deliveries(settings: Settings) -> list[Check]:
     """Replies the chat platforms refused for good in the last week (their users were not reached)."""
     from shared.clock import now_ms
     from shared.queue.core import Queue
-    from shared.storage.db import open_database
+    from shared.storage.schema import open_database
 
     try:
         db = open_database(settings.database_url, create=False)
@@ -160,7 +161,7 @@ def check_budgets(settings: Settings) -> list[Check]:
     saying no one is."""
     from shared.clock import now_ms
     from shared.reads.budget_status import any_limit, over_budget_now
-    from shared.storage.db import open_database
+    from shared.storage.schema import open_database
 
     try:
         db = open_database(settings.database_url, create=False)

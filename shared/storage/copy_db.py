@@ -11,6 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 from shared.clock import now_ms
+from shared.storage import schema
 from shared.storage.db import Database, Row, Tx
 from shared.storage.models import TABLE_NAMES, metadata
 from shared.storage.statuses import MessageStatus, ResponseStatus
@@ -59,7 +60,7 @@ def live_holders(db: Database, now: int | None = None) -> list[str]:
 
 def nonempty_tables(db: Database) -> dict[str, int]:
     """agentpost tables of ``db`` that hold rows (tables that do not exist count as empty)."""
-    existing = set(db.table_names())
+    existing = set(schema.table_names(db))
     found = {}
     for table in TABLE_NAMES:
         if table in existing:

@@ -13,7 +13,7 @@ import pytest
 from shared.chat.address import ChatAddress
 from shared.queue.core import Queue
 from shared.settings.model import load_settings
-from shared.storage.db import open_database
+from shared.storage.schema import open_database
 
 pytestmark = pytest.mark.e2e
 

@@ -14,6 +14,7 @@ import pytest
 
 from shared.chat.address import ChatAddress
 from shared.runtime import open_runtime
+from shared.storage import schema
 
 pytestmark = pytest.mark.e2e
 
@@ -132,9 +133,9 @@ def test_the_quick_schema_check_knows_the_models_version(tmp_path: Path) -> None
     from shared.storage import db, models
 
     assert db.SCHEMA_VERSION == models.SCHEMA_VERSION
-    quick = db.open_database(f"sqlite:///{tmp_path / 'a.db'}", quick=True)  # a new file: full creation
+    quick = schema.open_database(f"sqlite:///{tmp_path / 'a.db'}", quick=True)  # a new file: full creation
     try:
-        assert "messages" in quick.table_names()
-        assert quick.create_schema(quick=True) == models.SCHEMA_VERSION
+        assert "messages" in schema.table_names(quick)
+        assert schema.create_schema(quick, quick=True) == models.SCHEMA_VERSION
     finally:
         quick.close()

@@ -24,7 +24,8 @@ import httpx
 import psycopg
 import pytest
 
-from shared.storage.db import Database, open_database
+from shared.storage.db import Database
+from shared.storage.schema import open_database
 from tests.channel_support import (
     HoldingTelegram,
     Proc,

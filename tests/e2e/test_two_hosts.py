@@ -38,7 +38,8 @@ from typing import Any
 
 import pytest
 
-from shared.storage.db import Database, open_database
+from shared.storage.db import Database
+from shared.storage.schema import open_database
 from tests.crash_support import LabelledApi, cli_pids, label, labels_in
 from tests.fakes.claude_env import claude_binary, claude_env
 from tests.fakes.telegram_api import FakeTelegram

@@ -15,7 +15,8 @@ import pytest
 from shared.chain_budget import first_hops_refusal, take_chain_run
 from shared.chat.address import ChatAddress
 from shared.clock import now_ms
-from shared.storage.db import Tx, open_database
+from shared.storage.db import Tx
+from shared.storage.schema import open_database
 from tests.processor_support import count, make_home, open_home, run_idle
 
 pytestmark = pytest.mark.integration

@@ -33,8 +33,9 @@ from shared.clock import now_ms
 from shared.queue.core import Directory, Queue
 from shared.queue.records import LeaseLost, NotFound
 from shared.settings.model import QueueSettings
-from shared.storage.db import Database, open_database
+from shared.storage.db import Database
 from shared.storage.dialect import libpq_url
+from shared.storage.schema import open_database
 
 pytestmark = pytest.mark.integration
 

@@ -61,7 +61,7 @@ def test_a_transaction_its_client_left_open_does_not_hold_back_every_reader(pg_u
     TCP gave up (hours). Now the server ends that transaction after 5 s (shared/storage/dialect.py,
     PG_SESSION_OPTIONS), and it does not commit afterwards."""
     from shared.events.log import PendingEvent, SqlEventLog, append_events
-    from shared.storage.db import open_database
+    from shared.storage.schema import open_database
 
     stalled, other = open_database(pg_url), open_database(pg_url)
     holding, release = threading.Event(), threading.Event()

@@ -11,7 +11,7 @@ import pytest
 from shared.chat.address import ChatAddress
 from shared.clock import now_ms
 from shared.queue.core import Queue
-from shared.storage.db import open_database
+from shared.storage.schema import open_database
 
 pytestmark = pytest.mark.integration
 

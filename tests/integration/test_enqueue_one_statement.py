@@ -10,7 +10,8 @@ import pytest
 
 from shared.chat.address import ChatAddress
 from shared.queue.core import Directory, Queue
-from shared.storage.db import Database, open_database
+from shared.storage.db import Database
+from shared.storage.schema import open_database
 
 pytestmark = [pytest.mark.integration, pytest.mark.postgres]
 

@@ -19,8 +19,10 @@ from shared.events.entries import EventEntry
 from shared.events.log import PendingEvent, SqlEventLog, append_events
 from shared.queue.core import Directory, Queue
 from shared.settings.model import QueueSettings
-from shared.storage.db import Database, Tx, open_database
+from shared.storage import schema
+from shared.storage.db import Database, Tx
 from shared.storage.dialect import EVENT_ORDINAL_BITS
+from shared.storage.schema import open_database
 from tests.web_support import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.postgres]
@@ -160,7 +162,7 @@ def test_an_older_database_is_widened_and_new_ids_start_above_every_old_one(pg_u
                 "INSERT INTO kv (scope, key, value, updated_at) VALUES ('events.pruned', '*', %s, 1)",
                 (str(removed),),
             )
-        db.create_schema()
+        schema.create_schema(db)
         log = SqlEventLog(db)
         new = int(log.append("queue", "new", {}))
         assert new > removed > 2147483000

@@ -22,7 +22,7 @@ from shared.events.entries import CursorExpired, EventEntry, EventLog, read_with
 from shared.events.log import SqlEventLog
 from shared.events.memory import MemoryEventLog
 from shared.events.redis_driver import RedisEventLog
-from shared.storage.db import open_database
+from shared.storage.schema import open_database
 from tests.probes import service_unavailable
 from tests.web_support import make_home, runtime_for, wait_until
 

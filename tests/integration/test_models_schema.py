@@ -7,16 +7,17 @@ from pathlib import Path
 import pytest
 
 from shared.queue.core import Queue
-from shared.storage.db import open_database
+from shared.storage import schema
 from shared.storage.models import SCHEMA_VERSION, TABLE_NAMES
+from shared.storage.schema import open_database
 
 pytestmark = pytest.mark.integration
 
 
 def test_schema_is_complete_idempotent_and_versioned(db_url: str) -> None:
     db = open_database(db_url)
-    assert set(TABLE_NAMES) <= set(db.table_names())
-    assert db.create_schema() == SCHEMA_VERSION
+    assert set(TABLE_NAMES) <= set(schema.table_names(db))
+    assert schema.create_schema(db) == SCHEMA_VERSION
     open_database(db_url).close()
     assert db.read_scalar("SELECT COUNT(*) FROM schema_version") == 1
     assert db.read_scalar("SELECT MAX(version) FROM schema_version") == SCHEMA_VERSION
@@ -31,7 +32,7 @@ def test_a_newer_schema_is_refused(db_url: str) -> None:
         )
     try:
         with pytest.raises(RuntimeError, match="newer than this agentpost"):
-            db.create_schema()
+            schema.create_schema(db)
     finally:
         # The PostgreSQL database is shared by the test session: leave it as the other tests expect it.
         with db.transaction() as tx:
@@ -52,7 +53,7 @@ def test_the_retired_topic_index_is_dropped_when_the_schema_is_brought_up_to_dat
         return {str(ix["name"]) for ix in inspect(db.engine).get_indexes("events")}
 
     assert "ix_events_topic" in index_names()
-    assert db.create_schema() == SCHEMA_VERSION
+    assert schema.create_schema(db) == SCHEMA_VERSION
     assert "ix_events_topic" not in index_names() and "ix_events_quiet_topics" in index_names()
     db.close()
 
@@ -115,7 +116,7 @@ def test_processes_starting_together_all_create_or_find_the_schema(tmp_path: Pat
     import sys
 
     url = f"sqlite:///{tmp_path / 'race.db'}"
-    code = "import sys; from shared.storage.db import open_database; open_database(sys.argv[1]).close()"
+    code = "import sys; from shared.storage.schema import open_database; open_database(sys.argv[1]).close()"
     for _ in range(3):  # several rounds on fresh files: the race is at the very first start
         url = f"sqlite:///{tmp_path / f'race-{_}.db'}"
         procs = [

@@ -14,7 +14,7 @@ from shared.events.log import SqlEventLog
 from shared.queue.core import Directory, LeaseLost, Queue, ResponseDraft
 from shared.queue.records import QueuedMessage
 from shared.settings.model import QueueSettings
-from shared.storage.db import open_database
+from shared.storage.schema import open_database
 
 pytestmark = [pytest.mark.integration, pytest.mark.postgres]
 

@@ -13,12 +13,12 @@ import pytest
 
 from shared.chat.address import ChatAddress
 from shared.events.wake import Waker
-from shared.storage.db import open_database
+from shared.storage.schema import open_database
 
 pytestmark = pytest.mark.integration
 
 ENQUEUE = (
-    "import sys, time; from shared.storage.db import open_database; from shared.queue.core import Queue;"
+    "import sys, time; from shared.storage.schema import open_database; from shared.queue.core import Queue;"
     "from shared.chat.address import ChatAddress; db = open_database(sys.argv[1], create=False);"
     "Queue(db).intake.enqueue_message(ChatAddress('cli', 's'), 'wake up');"
     "print(time.monotonic()); db.close()"
@@ -26,7 +26,7 @@ ENQUEUE = (
 # Measured once the waker has settled: on PostgreSQL its listener imports psycopg and connects in the
 # background right after start, a one-off cost that is not the idle cost.
 IDLE = (
-    "import resource, sys, time; from shared.storage.db import open_database; from shared.events.wake import Waker;"
+    "import resource, sys, time; from shared.storage.schema import open_database; from shared.events.wake import Waker;"
     "db = open_database(sys.argv[1], create=False); w = Waker(db).start(); time.sleep(1.0);"
     "r0 = resource.getrusage(resource.RUSAGE_SELF); t0 = time.monotonic(); time.sleep(6);"
     "r1 = resource.getrusage(resource.RUSAGE_SELF); w.stop();"

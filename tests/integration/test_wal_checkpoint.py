@@ -16,8 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from shared.storage.db import WAL_CHECKPOINT_PAGES, open_database
+from shared.storage.db import WAL_CHECKPOINT_PAGES
 from shared.storage.dialect import sqlite_path
+from shared.storage.schema import open_database
 from shared.storage.wal_checkpoint import Checkpointer, checkpoint
 
 pytestmark = pytest.mark.integration
