@@ -14,7 +14,9 @@ It fills in only the platform's half:
 
 Everything else — allowlist and pairing, dedupe, chat commands, queueing, claiming and chunking replies,
 progress notes, typing, retries, health, signals — is the one channel runner (:mod:`adapters.runner`), the
-same for every platform. The runner attaches its intake as :attr:`Platform.inbox` before :meth:`open`.
+same for every platform. The runner attaches its intake as :attr:`Platform.inbox` before :meth:`open`, and
+``agentpost run <name>`` runs the plugin's class under it (:func:`adapters.runner.run_process`, the
+``agentpost.channel_runner`` entry point): this module imports nothing of the runner.
 
 Test hook: ``AGENTPOST_TEST_PAUSE_AFTER_FETCH=SECONDS`` makes a plugin sleep after it fetched an inbound
 message and before handling it (tests kill the process in that window). Never set it in production.
@@ -27,10 +29,10 @@ import asyncio
 import logging
 import os
 import socket
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol, TypeVar
 
 from pydantic import ConfigDict, create_model
 
@@ -42,7 +44,9 @@ from shared.settings.channels import ChannelSettings
 from shared.settings.model import Settings, SettingsError
 
 if TYPE_CHECKING:
-    from adapters.intake import Intake
+    from shared.storage.db import Tx
+
+_T = TypeVar("_T")
 
 TEST_PAUSE_ENV = "AGENTPOST_TEST_PAUSE_AFTER_FETCH"
 
@@ -50,6 +54,7 @@ __all__ = [
     "ChannelSettings",
     "HandleOutcome",
     "Inbound",
+    "Inbox",
     "MissingSecret",
     "Platform",
     "SendFailure",
@@ -111,6 +116,34 @@ class Inbound:
 
 #: What became of an inbound message (:meth:`adapters.intake.Intake.handle`).
 HandleOutcome = Literal["queued", "duplicate", "command", "pairing_code", "unpaired", "ignored"]
+
+
+class Inbox(Protocol):
+    """Where a plugin hands what it receives: the channel runner's intake (:class:`adapters.intake.Intake`),
+    attached as :attr:`Platform.inbox` before :meth:`Platform.open`. Declared here so a plugin knows the
+    runner only through this."""
+
+    #: Set when the channel stops: :meth:`Platform.receive` returns then.
+    stop_event: asyncio.Event
+
+    async def handle(self, message: Inbound, *, also: Callable[[Tx], None] | None = None) -> HandleOutcome:
+        """Take ``message`` in; returns once it is committed (acknowledge the update to the platform only
+        then). ``also(tx)`` commits with it (a plugin's cursor)."""
+        ...
+
+    async def may_download(self, sender_id: str) -> bool:
+        """Whether to fetch this sender's attachments (not a stranger's)."""
+        ...
+
+    async def until_stored(self, work: Callable[[], Awaitable[_T]], what: str) -> _T:
+        """``await work()``, again while the database is away, until the channel stops."""
+        ...
+
+    def reply(
+        self, message: Inbound, text: str, *, kind: str, also: Callable[[Tx], None] | None = None
+    ) -> None:
+        """Queue a reply of the channel itself to ``message``'s chat."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -179,7 +212,7 @@ class Platform(abc.ABC):
     storage_wait_seconds: ClassVar[float | None] = None
 
     #: Where inbound messages go: the channel runner's intake, attached before :meth:`open`.
-    inbox: Intake
+    inbox: Inbox
 
     def __init__(
         self, runtime: Runtime, config: ChannelSettings | None = None, env: Mapping[str, str] | None = None
@@ -220,14 +253,6 @@ class Platform(abc.ABC):
                 f"the {self.name} adapter needs {what}: set the environment variable {variable}"
             )
         return value
-
-    @classmethod
-    def run_process(cls, home: Path | None = None) -> None:
-        """``agentpost run <name>``: this platform under the channel runner until a signal
-        (:func:`adapters.runner.run_process`)."""
-        from adapters.runner import run_process  # the runner imports plugins' types, not the other way
-
-        run_process(cls, home)
 
     # -- connecting (override) -----------------------------------------------------------------------------
     async def open(self) -> None:  # noqa: B027  (optional: a platform with nothing to connect)

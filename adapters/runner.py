@@ -9,7 +9,7 @@
 - :class:`adapters.channel_lifecycle.Lifecycle` — open with retries, health, the loops, signals.
 
 They talk to other processes only through the database. ``agentpost run <name>`` runs
-:func:`run_process` (through :meth:`adapters.platform.Platform.run_process`).
+:func:`run_process` (the ``agentpost.channel_runner`` entry point), given the plugin class.
 """
 
 from __future__ import annotations

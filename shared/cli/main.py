@@ -3,7 +3,7 @@ are found through entry points, so ``shared`` never imports ``workers``, ``adapt
 
 - ``agentpost.processes``: ``name = "module:function"``, ``function(runtime_home: Path | None) -> None``
   runs one process kind in the foreground (``agentpost run NAME``);
-- ``agentpost.channels``: channel plugin classes; ``agentpost run NAME`` calls ``cls.run_process(home)``;
+- ``agentpost.channels``: channel plugin classes; ``agentpost run NAME`` runs the class under the channel runner (``agentpost.channel_runner``);
 - ``agentpost.commands``: ``register(app: typer.Typer) -> None`` adds commands or groups.
 
 A person waits for every command, so this module imports little at start: the plugins' command modules
@@ -489,6 +489,16 @@ def _process_kinds() -> dict[str, tuple[bool, Any]]:
     return kinds
 
 
+def _channel_runner() -> Any:
+    """The function that runs a channel plugin's class until a signal (``agentpost.channel_runner``)."""
+    from importlib.metadata import entry_points
+
+    found = list(entry_points(group="agentpost.channel_runner", name="run"))
+    if not found:
+        raise fail("the channel runner is not installed (reinstall agentpost)", 1)
+    return found[0].load()
+
+
 @app.command("run")
 def run(
     kind: Annotated[str, typer.Argument(help="Which process: processor, web, scheduler or a channel.")],
@@ -507,7 +517,7 @@ def run(
         ) from None
     try:
         if is_channel:
-            target.run_process(None)
+            _channel_runner()(target, None)
         else:
             target(None)
     except SettingsError as exc:

@@ -46,9 +46,20 @@ def test_plugins_import_the_seam_not_the_runner(plugin: str) -> None:
     assert not imports & RUNNER_PARTS, f"adapters/{plugin} imports {sorted(imports & RUNNER_PARTS)}"
 
 
-def test_the_seam_loads_without_the_runner() -> None:
-    # The runner imports the seam; the seam reaches the runner only inside run_process.
-    assert not _module_level_imports(ROOT / "adapters" / "platform.py") & RUNNER_PARTS
+def test_the_seam_imports_nothing_of_the_adapters_anywhere() -> None:
+    # The runner imports the seam, never the other way: not at module level, not inside a function, not
+    # for types (an import cycle between the seam and the runner's parts was counted in bench/structure.py).
+    tree = ast.parse((ROOT / "adapters" / "platform.py").read_text())
+    found = {node.module or "" for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
+    found |= {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
+    assert not {name for name in found if name.startswith("adapters")}, sorted(found)
+
+
+def test_agentpost_run_finds_the_channel_runner_by_its_entry_point() -> None:
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    assert project["project"]["entry-points"]["agentpost.channel_runner"] == {
+        "run": "adapters.runner:run_process"
+    }
 
 
 def test_channel_entry_points_name_platform_classes() -> None:
