@@ -40,6 +40,7 @@ from shared.chat.address import ChatAddress
 from shared.clock import now_ms
 from shared.queue.core import TxWork, UnknownMention
 from shared.reads.late_messages import OFFLINE_SENT_AT
+from shared.storage import kv
 from shared.storage.db import Tx
 from shared.storage.errors import transient_problem
 
@@ -132,6 +133,32 @@ class Intake:
             if waiting:
                 self.log.info("%s: done, the database is back", what)
             return result
+
+    # -- what a plugin keeps for itself ------------------------------------------------------------------
+    @property
+    def _state_scope(self) -> str:
+        return self.platform.state_scope or f"{kv.Scope.PLATFORM_STATE}{self.name}"
+
+    async def saved(self, key: str) -> str | None:
+        """A value the plugin keeps for itself (:meth:`adapters.platform.Inbox.saved`)."""
+        return await self.until_stored(
+            lambda: call(kv.get, self.rt.db, self._state_scope, key), f"reading the kept {key}"
+        )
+
+    def saving(self, key: str, value: str) -> TxWork:
+        """The write of a kept value, committed with a message (:meth:`adapters.platform.Inbox.saving`)."""
+        scope = self._state_scope
+
+        def write(tx: Tx) -> None:
+            kv.put(tx, scope, key, value)
+
+        return write
+
+    async def save(self, key: str, value: str) -> None:
+        """Keep a value on its own (:meth:`adapters.platform.Inbox.save`)."""
+        await self.until_stored(
+            lambda: call(self.rt.db.run_transaction, self.saving(key, value)), f"keeping {key}"
+        )
 
     def handle_sync(self, message: Inbound, *, also: TxWork | None = None) -> HandleOutcome:
         """:meth:`handle` in the calling thread (blocking database work)."""

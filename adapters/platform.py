@@ -48,9 +48,13 @@ if TYPE_CHECKING:
 
 _T = TypeVar("_T")
 
+#: A write that commits with a message a plugin hands in (its own update offset, say): ``also(tx)``.
+Also = Callable[["Tx"], None]
+
 TEST_PAUSE_ENV = "AGENTPOST_TEST_PAUSE_AFTER_FETCH"
 
 __all__ = [
+    "Also",
     "ChannelSettings",
     "HandleOutcome",
     "Inbound",
@@ -126,7 +130,7 @@ class Inbox(Protocol):
     #: Set when the channel stops: :meth:`Platform.receive` returns then.
     stop_event: asyncio.Event
 
-    async def handle(self, message: Inbound, *, also: Callable[[Tx], None] | None = None) -> HandleOutcome:
+    async def handle(self, message: Inbound, *, also: Also | None = None) -> HandleOutcome:
         """Take ``message`` in; returns once it is committed (acknowledge the update to the platform only
         then). ``also(tx)`` commits with it (a plugin's cursor)."""
         ...
@@ -139,10 +143,21 @@ class Inbox(Protocol):
         """``await work()``, again while the database is away, until the channel stops."""
         ...
 
-    def reply(
-        self, message: Inbound, text: str, *, kind: str, also: Callable[[Tx], None] | None = None
-    ) -> None:
+    def reply(self, message: Inbound, text: str, *, kind: str, also: Also | None = None) -> None:
         """Queue a reply of the channel itself to ``message``'s chat."""
+        ...
+
+    async def saved(self, key: str) -> str | None:
+        """A value the plugin keeps for itself (an update offset), or None; waits out storage trouble."""
+        ...
+
+    def saving(self, key: str, value: str) -> Also:
+        """The write of a kept value, to pass as ``also`` to :meth:`handle`: it commits with what the
+        message caused, so an update is never confirmed without it."""
+        ...
+
+    async def save(self, key: str, value: str) -> None:
+        """Keep a value on its own (an update that queued nothing); waits out storage trouble."""
         ...
 
 
@@ -210,6 +225,9 @@ class Platform(abc.ABC):
     #: redelivers what was not acknowledged (a webhook answered with an error) sets a bound, so the
     #: platform is told to try again instead of being kept waiting.
     storage_wait_seconds: ClassVar[float | None] = None
+    #: Where the values a plugin keeps through :meth:`Inbox.saved` live (a ``kv`` scope); empty: one of
+    #: its own named after the channel.
+    state_scope: ClassVar[str] = ""
 
     #: Where inbound messages go: the channel runner's intake, attached before :meth:`open`.
     inbox: Inbox

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import os
 import re
 from pathlib import Path
@@ -36,15 +35,17 @@ from telegram.error import (
 )
 from telegram.ext import AIORateLimiter, Application
 
-from adapters import chat_state
 from adapters.chunking import utf16_len
-from adapters.platform import ChannelSettings, HandleOutcome, Inbound, Platform, SendFailure, safe_filename
-from shared.aio import call
-from shared.queue.core import TxWork
+from adapters.platform import (
+    Also,
+    ChannelSettings,
+    HandleOutcome,
+    Inbound,
+    Platform,
+    SendFailure,
+    safe_filename,
+)
 from shared.settings.channels import TelegramSettings
-from shared.storage import kv
-from shared.storage.db import Tx
-from shared.storage.kv import Scope
 
 DEFAULT_API = "https://api.telegram.org"
 
@@ -66,6 +67,7 @@ class TelegramChannel(Platform):
     can_edit: ClassVar[bool] = True
     platform_label: ClassVar[str] = "Telegram"
     long_reply_suffix: ClassVar[str] = ".md"
+    state_scope: ClassVar[str] = "telegram"  # where earlier releases kept the update offset
 
     config: TelegramSettings
     app: Application[Any, Any, Any, Any, Any, Any] | None = None
@@ -141,8 +143,7 @@ class TelegramChannel(Platform):
         return list(poll.result())
 
     async def receive(self) -> None:
-        db = self.rt.db
-        offset = int(await call(chat_state.kv_get, db, Scope.TELEGRAM, self.offset_key) or 0)
+        offset = int(await self.inbox.saved(self.offset_key) or 0)
         while not self.inbox.stop_event.is_set():
             try:
                 updates = await self._fetch(offset)
@@ -161,18 +162,13 @@ class TelegramChannel(Platform):
             for update in updates:
                 after = update.update_id + 1
 
-                def keep_offset(tx: Tx, after: int = after) -> None:
-                    # The offset commits with the message the update queued, or with the answer to its
-                    # command: one write, and never a confirmed update without what it caused.
-                    kv.put(tx, Scope.TELEGRAM, self.offset_key, str(after))
-
+                # The offset commits with the message the update queued, or with the answer to its
+                # command: one write, and never a confirmed update without what it caused.
+                keep_offset = self.inbox.saving(self.offset_key, str(after))
                 try:
                     outcome = await self.handle_update(update, also=keep_offset)
                     if outcome not in ("queued", "command"):  # nothing committed the offset: its own write
-                        confirm = functools.partial(
-                            call, chat_state.kv_set, db, Scope.TELEGRAM, self.offset_key, str(after)
-                        )
-                        await self.inbox.until_stored(confirm, f"confirming update {update.update_id}")
+                        await self.inbox.save(self.offset_key, str(after))
                 except Exception:
                     # Not committed: keep the offset here so the update is fetched and handled again.
                     self.log.exception(
@@ -198,7 +194,7 @@ class TelegramChannel(Platform):
             text = re.sub(re.escape(mention), "", text, flags=re.IGNORECASE).strip()
         return True, text
 
-    async def handle_update(self, update: Update, *, also: TxWork | None = None) -> HandleOutcome:
+    async def handle_update(self, update: Update, *, also: Also | None = None) -> HandleOutcome:
         """Turn one update into an :class:`Inbound` and hand it to the base (returns once committed);
         ``also`` commits with the message if one is queued or answered (see :meth:`adapters.intake.Intake.handle`)."""
         message = update.message

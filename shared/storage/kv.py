@@ -53,8 +53,12 @@ class Scope(StrEnum):
     #: key worker id → JSON of a running processor (queue.presence); refreshed every minute, deleted when it
     #: stops, a killed one's row forgotten a day later by the next processor to start.
     PROCESSORS = "processors"
-    #: key Telegram's offset key → the next update offset (adapters.telegram); overwritten in place.
+    #: key Telegram's offset key → the next update offset (adapters.telegram, through the runner's
+    #: :meth:`adapters.intake.Intake.saved`); overwritten in place.
     TELEGRAM = "telegram"
+    #: family by channel: key → a value a channel plugin keeps for itself (adapters.intake's ``saved``),
+    #: for plugins that name no scope of their own (Telegram keeps ``telegram``).
+    PLATFORM_STATE = "platform_state:"
     #: family by channel: key conversation → the agent the chat talks to (adapters.chat_state).
     CHAT_AGENT = "chat_agent:"
     #: family by channel: key conversation → platform cursor (channel_cursors); overwritten in place.

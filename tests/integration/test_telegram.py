@@ -115,3 +115,20 @@ def test_two_deliverers_never_send_the_same_response(
             r.close()
     assert sorted(fake.texts(42)) == sorted(f"reply {i}" for i in range(60))
     assert by <= {"w0", "w1"}
+
+
+def test_the_update_offset_is_kept_where_earlier_releases_kept_it(rt: Runtime, fake: HoldingTelegram) -> None:
+    # The plugin keeps its offset through the runner (Inbox.saved / saving), under its own kv scope
+    # "telegram": an offset an earlier release wrote there is read back, and a new one is written there.
+    from shared.storage import kv
+
+    key = f"offset:{fake.token.split(':', 1)[0]}"
+    ids = [fake.push_text(42, f"message {n + 1}", user_id=42)["update_id"] for n in range(6)]
+    with rt.db.transaction() as tx:  # the first four were taken in before the restart
+        kv.put(tx, "telegram", key, str(ids[4]))
+    with RunningChannel(_channel(rt, fake)):
+        wait_for(lambda: kv.get(rt.db, "telegram", key) == str(ids[5] + 1), 10, "the new offset kept")
+        fake.wait_for_offset(ids[5] + 1)
+    bodies = [r["message"] for r in rt.db.read("SELECT message FROM messages ORDER BY id")]
+    assert "\n".join(bodies).split("\n") == ["message 5", "message 6"]  # one or two rows (debounce)
+    assert kv.get(rt.db, "platform_state:telegram", key) is None
