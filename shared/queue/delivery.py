@@ -29,7 +29,6 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from functools import cached_property
 from typing import Any
 
 from shared.backoff import Backoff
@@ -50,24 +49,15 @@ from shared.settings.routing import AGENT_NAME_RE
 from shared.storage import kv
 from shared.storage.db import Database, Row, Tx
 from shared.storage.kv import Scope, scoped
+from shared.storage.queries import responses as q
+
+# shared.queue.messages writes its one-statement completion's reply with these columns.
+from shared.storage.queries.responses import RESPONSE_COLUMNS as RESPONSE_COLUMNS
 from shared.storage.statuses import ResponseStatus
 from shared.worker_identity import Holder, holder_state
 
 #: Delivery records (platform ids, notices owed) older than this are removed by :meth:`Responses.prune_delivery_records`.
 DELIVERY_RECORD_TTL_MS = 8 * 24 * 3600 * 1000
-
-_CLAIM_RESPONSES = (
-    f"UPDATE responses SET status = '{ResponseStatus.DELIVERING}', claimed_by = :worker, lease_until = :lease, updated_at = :now "
-    f"WHERE id IN (SELECT r.id FROM responses r WHERE r.status <> '{ResponseStatus.ACKED}' AND r.channel = :channel "
-    f"AND r.status IN ('{ResponseStatus.PENDING}', '{ResponseStatus.DELIVERING}') "
-    "AND (r.lease_until IS NULL OR r.lease_until <= :now{gone}) "
-    # The head of its chat: no earlier unfinished response of the same conversation (pending, waiting
-    # to retry, or being delivered by anyone). `status <> 'acked'` repeats the partial index's condition.
-    f"AND (r.conversation = '' OR NOT EXISTS (SELECT 1 FROM responses e WHERE e.status <> '{ResponseStatus.ACKED}' "
-    "AND e.channel = r.channel AND e.conversation = r.conversation AND e.id < r.id "
-    f"AND e.status IN ('{ResponseStatus.PENDING}', '{ResponseStatus.DELIVERING}'))) "
-    "ORDER BY r.id LIMIT :limit{skip_locked}) RETURNING *"
-)
 
 
 def _notice_scope(chat: ChatAddress) -> str:
@@ -96,18 +86,6 @@ class RetryOutcome:
     failed: bool
 
 
-#: The columns a new response is written with (here and in the one-statement completion).
-RESPONSE_COLUMNS = (
-    "message_id, channel, sender, sender_id, message, original_message, agent, files, metadata, status, "
-    "created_at, updated_at, conversation, delivered"
-)
-_INSERT_RESPONSE = (
-    f"INSERT INTO responses ({RESPONSE_COLUMNS}) VALUES (:message_id, :channel, "
-    f":sender, :sender_id, :message, :original_message, :agent, :files, :metadata, '{ResponseStatus.PENDING}', :now, :now, "
-    ":conversation, 0)"
-)
-
-
 class Responses:
     """The outbox, the part ``Queue.responses``: replies queued, claimed per channel, delivered chunk by
     chunk, retried, acked or failed, and the delivery records kept with them."""
@@ -116,32 +94,17 @@ class Responses:
         self.db = db
         self.config = config
 
-    @cached_property
-    def _claim_responses_sql(self) -> str:
-        return _CLAIM_RESPONSES.format(skip_locked=self.db.dialect.skip_locked, gone="")
-
-    def _claim_responses_taking_over_sql(self, holders: int) -> str:
-        # The same claim, where a response held by one of ``holders`` known-dead workers is free although
-        # its lease has not run out (still fenced by claimed_by: a holder that renewed since keeps it).
-        names = ", ".join(f":gone{i}" for i in range(holders))
-        gone = f" OR (r.status = '{ResponseStatus.DELIVERING}' AND r.claimed_by IN ({names}))"
-        return _CLAIM_RESPONSES.format(skip_locked=self.db.dialect.skip_locked, gone=gone)
-
     def _gone_response_holders(self, channel: str, now: int) -> list[str]:
         """Workers of this host that hold responses of ``channel`` under a running lease but no longer run
         (their process is gone or its pid was reused): their responses need not wait for the lease."""
-        rows = self.db.read(
-            f"SELECT DISTINCT claimed_by FROM responses WHERE status <> '{ResponseStatus.ACKED}' AND channel = :channel "
-            f"AND status = '{ResponseStatus.DELIVERING}' AND lease_until > :now AND claimed_by IS NOT NULL",
-            {"channel": channel, "now": now},
-        )
+        rows = self.db.read(q.HOLDERS_UNDER_LEASE, {"channel": channel, "now": now})
         return sorted(str(r["claimed_by"]) for r in rows if holder_state(str(r["claimed_by"])) is Holder.GONE)
 
     def insert_response(self, tx: Tx, primary: Row, draft: ResponseDraft, now: int) -> int:
         """Queue ``draft`` inside ``tx`` as the reply to ``primary`` (the message row it answers: what the
         draft leaves unset is taken from it); returns the response's row id."""
         new_id = tx.insert(
-            _INSERT_RESPONSE,
+            q.INSERT,
             {
                 "message_id": primary["message_id"],
                 "channel": draft.channel or primary["channel"],
@@ -185,11 +148,7 @@ class Responses:
         """Claim up to ``limit`` undelivered responses of a channel, at most one per chat: the oldest
         unfinished one of each chat, when it is free (pending and due, or its deliverer's lease expired)."""
         now = now_ms()
-        probe = self.db.read_scalar(
-            f"SELECT 1 FROM responses WHERE status <> '{ResponseStatus.ACKED}' AND channel = :channel "
-            f"AND status IN ('{ResponseStatus.PENDING}', '{ResponseStatus.DELIVERING}') AND (lease_until IS NULL OR lease_until <= :now) LIMIT 1",
-            {"channel": channel, "now": now},
-        )
+        probe = self.db.read_scalar(q.CLAIMABLE, {"channel": channel, "now": now})
         # A deliverer of this host that died (kill -9, a crash) left its responses under a running lease;
         # its successor takes them at once instead of waiting the lease out. Holders on other hosts, or
         # alive, are judged by the lease alone. Liveness is read here, before the write lock is taken.
@@ -204,9 +163,9 @@ class Responses:
             "channel": channel,
             "limit": max(1, limit),
         }
-        sql = self._claim_responses_sql
+        sql = q.CLAIM
         if gone:
-            sql = self._claim_responses_taking_over_sql(len(gone))
+            sql = q.claim_taking_over(len(gone))
             params.update({f"gone{i}": name for i, name in enumerate(gone)})
         with self.db.transaction() as tx:
             rows = tx.rows(sql, params)
@@ -234,9 +193,7 @@ class Responses:
         now = now_ms()
         with self.db.transaction() as tx:
             row = tx.one(
-                "UPDATE responses SET delivered = :next, lease_until = :lease, updated_at = :now WHERE id = :id "
-                f"AND claimed_by = :worker AND status = '{ResponseStatus.DELIVERING}' AND delivered = :index "
-                "RETURNING message_id, channel",
+                q.MARK_CHUNK_DELIVERED,
                 {
                     "next": chunk_index + 1,
                     "lease": now + (lease_ms or self.config.lease_ms),
@@ -268,7 +225,7 @@ class Responses:
         with self.db.transaction() as tx:
             mid = self._ack_in(tx, response_id, worker, now)
             if mid is None:
-                exists = tx.scalar("SELECT status FROM responses WHERE id = :id", {"id": response_id})
+                exists = tx.scalar(q.STATUS, {"id": response_id})
                 if exists is None:
                     raise NotFound(f"no response with id {response_id}")
                 if exists == ResponseStatus.ACKED and worker is None:
@@ -283,11 +240,8 @@ class Responses:
     def _ack_in(self, tx: Tx, response_id: int, worker: str | None, now: int) -> str | None:
         """The ack itself: the response's message id, or None when it was not acked (failed responses stay
         failed: an ack arriving late must not turn them into "delivered")."""
-        fence = " AND claimed_by = :worker" if worker is not None else ""
         row = tx.one(
-            f"UPDATE responses SET status = '{ResponseStatus.ACKED}', acked_at = :now, updated_at = :now, lease_until = NULL "
-            f"WHERE id = :id AND status <> '{ResponseStatus.ACKED}' AND status <> '{ResponseStatus.FAILED}'{fence} RETURNING message_id",
-            {"now": now, "id": response_id, "worker": worker},
+            q.ACK if worker is None else q.ACK_HELD, {"now": now, "id": response_id, "worker": worker}
         )
         if row is None:
             return None
@@ -299,8 +253,7 @@ class Responses:
         now = now_ms()
         with self.db.transaction() as tx:
             n = tx.execute(
-                "UPDATE responses SET lease_until = :lease WHERE id = :id AND claimed_by = :worker "
-                f"AND status = '{ResponseStatus.DELIVERING}'",
+                q.RENEW_LEASE,
                 {"lease": now + (lease_ms or self.config.lease_ms), "id": response_id, "worker": worker},
             ).rowcount
         return bool(n)
@@ -328,32 +281,23 @@ class Responses:
         now = now_ms()
         with self.db.transaction() as tx:
             # Locked (PostgreSQL): a takeover racing this waits, or has happened and the row is not held.
-            held = tx.one(
-                "SELECT message_id FROM responses WHERE id = :id AND claimed_by = :worker "
-                f"AND status = '{ResponseStatus.DELIVERING}'{tx.dialect.lock_rows}",
-                {"id": response_id, "worker": worker},
-            )
+            held = tx.one(q.HELD_LOCKED, {"id": response_id, "worker": worker})
             if held is None:
                 return None
             attempts = int(kv.get(tx, Scope.DELIVERY_ATTEMPTS, str(response_id)) or 0)
             if not count:
-                tx.execute(
-                    f"UPDATE responses SET status = '{ResponseStatus.PENDING}', claimed_by = NULL, lease_until = NULL, "
-                    "updated_at = :now WHERE id = :id",
-                    {"now": now, "id": response_id},
-                )
+                tx.execute(q.GIVE_BACK, {"now": now, "id": response_id})
                 tx.signal("responses")
                 return RetryOutcome(attempts, now, failed=False)
             attempts += 1
             if max_attempts is not None and attempts >= max_attempts:
                 reason = f"gave up after {attempts} attempts: {error}"
-                _fail_in_tx(tx, response_id, reason, explanation, now, "")
+                _fail_in_tx(tx, response_id, reason, explanation, now)
                 return RetryOutcome(attempts, now, failed=True)
             kv.put(tx, Scope.DELIVERY_ATTEMPTS, str(response_id), str(attempts), now)
             due = now + Backoff(base_ms / 1000, max_ms / 1000).delay_ms(attempts)
             tx.execute(
-                f"UPDATE responses SET status = '{ResponseStatus.PENDING}', claimed_by = NULL, lease_until = :due, "
-                "updated_at = :now, last_error = :error WHERE id = :id",
+                q.RETRY_LATER,
                 {"due": due, "now": now, "error": error[:1000], "id": response_id},
             )
             append_events(
@@ -391,13 +335,8 @@ class Responses:
         Returns whether the response changed to failed.
         """
         now = now_ms()
-        fence = (
-            f" AND claimed_by = :worker AND status = '{ResponseStatus.DELIVERING}'"
-            if worker is not None
-            else ""
-        )
         with self.db.transaction() as tx:
-            return _fail_in_tx(tx, response_id, reason, explanation, now, fence, worker)
+            return _fail_in_tx(tx, response_id, reason, explanation, now, worker)
 
     def response_for_platform_id(self, channel: str, platform_id: str) -> int | None:
         """The response a message this channel sent (by the platform's message id) belongs to."""
@@ -441,23 +380,12 @@ class Responses:
 
     def failed_responses(self, *, since_ms: int = 0, limit: int = 100) -> list[QueuedResponse]:
         """Responses that could not be delivered (newest first), for operators."""
-        rows = self.db.read(
-            f"SELECT * FROM responses WHERE status <> '{ResponseStatus.ACKED}' AND status = '{ResponseStatus.FAILED}' AND updated_at >= :since "
-            "ORDER BY id DESC LIMIT :limit",
-            {"since": since_ms, "limit": limit},
-        )
+        rows = self.db.read(q.FAILED, {"since": since_ms, "limit": limit})
         return [QueuedResponse.from_row(r) for r in rows]
 
     def failed_response_count(self, *, since_ms: int = 0) -> int:
         """How many responses could not be delivered (failed since ``since_ms``)."""
-        return int(
-            self.db.read_scalar(
-                f"SELECT COUNT(*) FROM responses WHERE status <> '{ResponseStatus.ACKED}' AND status = '{ResponseStatus.FAILED}' "
-                "AND updated_at >= :since",
-                {"since": since_ms},
-            )
-            or 0
-        )
+        return int(self.db.read_scalar(q.FAILED_COUNT, {"since": since_ms}) or 0)
 
     def prune_delivery_records(self, channel: str, *, older_than_ms: int = DELIVERY_RECORD_TTL_MS) -> int:
         """Forget this channel's platform-id mappings and unanswered notices older than the retention."""
@@ -536,7 +464,7 @@ class Responses:
             now,
         )
         tx.signal("responses")
-        row = tx.one("SELECT * FROM responses WHERE id = :id", {"id": rid})
+        row = tx.one(q.ROW, {"id": rid})
         assert row is not None
         return QueuedResponse.from_row(row)
 
@@ -547,13 +475,11 @@ def _fail_in_tx(
     reason: str,
     explanation: str | None,
     now: int,
-    fence: str,
     worker: str | None = None,
 ) -> bool:
+    """Fail the response inside ``tx``: with ``worker``, only while that worker delivers it."""
     row = tx.one(
-        f"UPDATE responses SET status = '{ResponseStatus.FAILED}', last_error = :reason, lease_until = NULL, "
-        f"updated_at = :now WHERE id = :id AND status <> '{ResponseStatus.FAILED}'{fence} "
-        "RETURNING message_id, channel, conversation, created_at",
+        q.FAIL if worker is None else q.FAIL_HELD,
         {"reason": reason[:1000], "now": now, "id": response_id, "worker": worker},
     )
     if row is None:
@@ -572,7 +498,7 @@ def _fail_in_tx(
     kv.delete(tx, Scope.DELIVERY_ATTEMPTS, str(response_id))
     if explanation is not None and row["conversation"]:
         # The user knows their message by when they sent it (the reply's own time if the row is gone).
-        asked = tx.scalar("SELECT created_at FROM messages WHERE message_id = :m", {"m": row["message_id"]})
+        asked = tx.scalar(q.MESSAGE_CREATED_AT, {"m": row["message_id"]})
         record = {
             "message_id": row["message_id"],
             "created_at": int(asked if asked is not None else row["created_at"]),

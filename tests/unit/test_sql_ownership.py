@@ -27,7 +27,6 @@ NOT_MOVED_YET = frozenset(
         "shared/events/log.py",
         "shared/events/wake.py",
         "shared/queue/admin.py",
-        "shared/queue/delivery.py",
         "shared/queue/enqueue.py",
         "shared/queue/failures.py",
         "shared/queue/leases.py",
