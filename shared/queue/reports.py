@@ -10,13 +10,13 @@ import json
 from dataclasses import dataclass
 
 from shared.clock import now_ms
-from shared.events.log import topic_filter
 from shared.queue import presence
 from shared.storage.db import Database
-from shared.storage.statuses import MessageStatus
+from shared.storage.queries import reports as q
 from shared.worker_identity import Holder, holder_state
 
-HOUR_MS = 3_600_000
+#: An hour in epoch ms, the unit of the hourly counts.
+HOUR_MS = q.HOUR_MS
 #: How many of the newest processor start and stop events are read to find the processors that run now
 #: (two per processor life: enough for many restarts in a row).
 PROCESSOR_EVENTS_READ = 1000
@@ -34,13 +34,7 @@ class HourCount:
 def open_message_count(db: Database, agent: str) -> int:
     """Messages of ``agent`` waiting or running (``pending`` or ``processing``): few rows, counted through
     the index of open messages."""
-    return int(
-        db.read_scalar(
-            f"SELECT COUNT(*) FROM messages WHERE agent = :a AND status IN ('{MessageStatus.PENDING}', '{MessageStatus.PROCESSING}')",
-            {"a": agent},
-        )
-        or 0
-    )
+    return int(db.read_scalar(q.OPEN_OF_AGENT_COUNT, {"a": agent}) or 0)
 
 
 def hourly_event_counts(db: Database, types: tuple[str, ...], since: int) -> list[HourCount]:
@@ -48,12 +42,7 @@ def hourly_event_counts(db: Database, types: tuple[str, ...], since: int) -> lis
     if not types:
         return []
     keys = {f"t{i}": t for i, t in enumerate(types)}
-    marks = ", ".join(":" + k for k in keys)
-    rows = db.read(
-        f"SELECT created_at / {HOUR_MS} AS h, type, COUNT(*) AS n FROM events WHERE type IN ({marks}) "
-        f"AND created_at >= :since GROUP BY created_at / {HOUR_MS}, type",
-        {"since": since, **keys},
-    )
+    rows = db.read(q.hourly_event_counts(len(keys)), {"since": since, **keys})
     return [HourCount(int(r["h"]), str(r["type"]), int(r["n"])) for r in rows]
 
 
@@ -62,11 +51,7 @@ def hourly_completed_messages(db: Database, since: int) -> dict[int, int]:
 
     A completion is reported once per group, with the ids of every message in it, so the ids are counted."""
     per_hour: dict[int, int] = {}
-    for r in db.read(
-        "SELECT created_at, payload FROM events WHERE type IN ('response_ready', 'message_completed') "
-        "AND created_at >= :since",
-        {"since": since},
-    ):
+    for r in db.read(q.COMPLETIONS_SINCE, {"since": since}):
         try:
             ids = json.loads(r["payload"]).get("message_ids") or []
         except (ValueError, AttributeError):
@@ -80,39 +65,31 @@ def hourly_completed_messages(db: Database, since: int) -> dict[int, int]:
 def busiest_second(db: Database, since: int) -> tuple[int, int] | None:
     """The second (epoch s) from ``since`` on with the most received messages and their count; the earliest
     of equals. ``None`` when nothing was received."""
-    rows = db.read(
-        "SELECT created_at / 1000 AS s, COUNT(*) AS n FROM events WHERE type = 'message_received' "
-        "AND created_at >= :since GROUP BY created_at / 1000 ORDER BY COUNT(*) DESC, created_at / 1000 LIMIT 1",
-        {"since": since},
-    )
+    rows = db.read(q.BUSIEST_SECOND, {"since": since})
     return (int(rows[0]["s"]), int(rows[0]["n"])) if rows else None
 
 
 def busiest_minute_count(db: Database, since: int) -> int:
     """Messages received in the busiest clock minute from ``since`` on (0 when none)."""
-    value = db.read_scalar(
-        "SELECT MAX(n) FROM (SELECT COUNT(*) AS n FROM events WHERE type = 'message_received' "
-        "AND created_at >= :since GROUP BY created_at / 60000) AS per_minute",
-        {"since": since},
-    )
+    value = db.read_scalar(q.BUSIEST_MINUTE_COUNT, {"since": since})
     return int(value or 0)
 
 
 def oldest_event_at(db: Database) -> int | None:
     """When the oldest event still in the log was written (epoch ms); ``None`` for an empty log."""
-    value = db.read_scalar("SELECT MIN(created_at) FROM events")
+    value = db.read_scalar(q.OLDEST_EVENT_AT)
     return None if value is None else int(value)
 
 
 def oldest_pending_at(db: Database) -> int | None:
     """When the oldest pending message was queued (epoch ms); ``None`` when none waits."""
-    value = db.read_scalar(f"SELECT MIN(created_at) FROM messages WHERE status = '{MessageStatus.PENDING}'")
+    value = db.read_scalar(q.OLDEST_PENDING_AT)
     return None if value is None else int(value)
 
 
 def message_metadata(db: Database, message_id: str) -> str | None:
     """The stored metadata (JSON text) of one message, or None when there is no such message."""
-    raw = db.read_scalar("SELECT metadata FROM messages WHERE message_id = :m", {"m": message_id})
+    raw = db.read_scalar(q.MESSAGE_METADATA, {"m": message_id})
     return None if raw is None else str(raw)
 
 
@@ -125,11 +102,7 @@ def processor_running(db: Database, now: int | None = None) -> bool:
     """
     if presence.present(db, now):
         return True
-    rows = db.read(
-        f"SELECT type, payload FROM events WHERE {topic_filter('processor')} "
-        "AND type IN ('processor_start', 'processor_stop') ORDER BY id DESC LIMIT :n",
-        {"topic": "processor", "n": PROCESSOR_EVENTS_READ},
-    )
+    rows = db.read(q.PROCESSOR_EVENTS, {"topic": "processor", "n": PROCESSOR_EVENTS_READ})
     latest: dict[str, bool] = {}  # worker -> its newest event is a start
     for row in rows:
         try:
@@ -140,9 +113,6 @@ def processor_running(db: Database, now: int | None = None) -> bool:
         if worker:
             latest.setdefault(worker, row["type"] == "processor_start")
     workers = {worker for worker, started in latest.items() if started}
-    holders = db.read(
-        "SELECT holder FROM agent_leases WHERE holder IS NOT NULL AND lease_until >= :now",
-        {"now": now_ms() if now is None else now},
-    )
+    holders = db.read(q.LIVE_LEASE_HOLDERS, {"now": now_ms() if now is None else now})
     workers.update(str(row["holder"]) for row in holders)
     return any(holder_state(worker) is not Holder.GONE for worker in workers)

@@ -31,7 +31,6 @@ NOT_MOVED_YET = frozenset(
         "shared/queue/failures.py",
         "shared/queue/leases.py",
         "shared/queue/messages.py",
-        "shared/queue/reports.py",
         "shared/queue/unserved.py",
         "shared/chat/lookups.py",
         "shared/chat/pairings.py",
