@@ -27,10 +27,9 @@ from shared.queue.records import (
     TxWork,
     told_at,
 )
-from shared.queue.records import sql_in as _in
 from shared.settings.model import QueueSettings
 from shared.storage.db import Database, Row, Tx
-from shared.storage.statuses import MessageStatus
+from shared.storage.queries import failures as q
 from shared.worker_identity import Holder, holder_state
 
 
@@ -120,8 +119,7 @@ class Failures:
             at = now + max(0, wait)
             next_at = at if next_at is None else min(next_at, at)
             tx.execute(
-                f"UPDATE messages SET status = '{MessageStatus.PENDING}', retry_count = :n, last_error = :err, updated_at = :now, "
-                "available_at = :at, lease_until = NULL, claimed_by = NULL, run_started_at = NULL WHERE id = :id",
+                q.RETRY_LATER,
                 {"n": attempts, "err": error, "now": now, "at": at, "id": row["id"]},
             )
             retried.append(row)
@@ -154,8 +152,7 @@ class Failures:
         permanent: bool,
     ) -> None:
         tx.execute(
-            f"UPDATE messages SET status = '{MessageStatus.DEAD}', retry_count = :n, interruptions = :i, last_error = :err, "
-            "updated_at = :now, lease_until = NULL, run_started_at = NULL WHERE id = :id",
+            q.BURY,
             {"n": attempts, "i": interruptions, "err": error, "now": now, "id": row["id"]},
         )
         events.append(
@@ -270,10 +267,8 @@ class Failures:
         holders are freed too.
         """
         now = now_ms() if now is None else now
-        claims = self.db.read(
-            f"SELECT message_id, claimed_by, lease_until FROM messages WHERE status = '{MessageStatus.PROCESSING}'"
-        )
-        holders = self.db.read("SELECT agent, holder, lease_until FROM agent_leases WHERE holder IS NOT NULL")
+        claims = self.db.read(q.CLAIMS)
+        holders = self.db.read(q.LEASE_HOLDERS)
         takeable = self._takeable_at(now)
         stale = [r["message_id"] for r in claims if takeable(r["claimed_by"], r["lease_until"])]
         free = [h for h in holders if takeable(h["holder"], h["lease_until"])]
@@ -285,9 +280,8 @@ class Failures:
         with self.db.transaction() as tx:
             for holder in free:
                 # Only the lease judged above: a holder that renewed it since keeps it.
-                seen = "" if holder["lease_until"] is None else " AND lease_until = :seen"
                 tx.execute(
-                    f"UPDATE agent_leases SET holder = NULL, lease_until = 0 WHERE agent = :a AND holder = :h{seen}",
+                    q.FREE_LEASE if holder["lease_until"] is None else q.FREE_LEASE_AS_SEEN,
                     {"a": holder["agent"], "h": holder["holder"], "seen": holder["lease_until"]},
                 )
             self._take_back_all(tx, self._still_stale(tx, stale, takeable), now, events, retried, dead)
@@ -297,11 +291,7 @@ class Failures:
 
     def claims_of(self, worker: str) -> dict[str, str]:
         """The messages ``worker`` holds in ``processing``, oldest first: message id → agent."""
-        rows = self.db.read(
-            f"SELECT message_id, agent FROM messages WHERE status = '{MessageStatus.PROCESSING}' AND claimed_by = :worker "
-            "ORDER BY id",
-            {"worker": worker},
-        )
+        rows = self.db.read(q.CLAIMS_OF, {"worker": worker})
         return {str(r["message_id"]): str(r["agent"]) for r in rows}
 
     def release_stranded(self, worker: str, message_ids: Sequence[str]) -> FailOutcome:
@@ -314,16 +304,12 @@ class Failures:
         if not message_ids:
             return FailOutcome([], [], None)
         now = now_ms()
-        clause, params = _in("m", list(message_ids))
+        params = {f"m{i}": m for i, m in enumerate(message_ids)}
         retried: list[str] = []
         dead: list[Row] = []
         events: list[PendingEvent] = []
         with self.db.transaction() as tx:
-            rows = tx.rows(
-                f"SELECT * FROM messages WHERE status = '{MessageStatus.PROCESSING}' AND claimed_by = :worker "
-                f"AND message_id IN {clause} ORDER BY id{tx.dialect.lock_rows}",
-                {"worker": worker, **params},
-            )
+            rows = tx.rows(q.claims_of_locked(len(params)), {"worker": worker, **params})
             self._take_back_all(tx, rows, now, events, retried, dead, why="not running")
             append_events(tx, events, now)
             if rows:
@@ -355,12 +341,8 @@ class Failures:
         # changes these rows between this read and the updates that act on it.
         if not stale:
             return []
-        clause, params = _in("m", stale)
-        rows = tx.rows(
-            f"SELECT * FROM messages WHERE status = '{MessageStatus.PROCESSING}' AND message_id IN {clause} ORDER BY id"
-            f"{tx.dialect.lock_rows}",
-            params,
-        )
+        params = {f"m{i}": m for i, m in enumerate(stale)}
+        rows = tx.rows(q.claims_locked(len(params)), params)
         return [r for r in rows if takeable(r["claimed_by"], r["lease_until"])]
 
     def _take_back_all(
@@ -399,11 +381,7 @@ class Failures:
         its release event gives."""
         worker = str(row["claimed_by"])
         if row["run_started_at"] is None:
-            tx.execute(
-                f"UPDATE messages SET status = '{MessageStatus.PENDING}', claimed_by = NULL, lease_until = NULL, "
-                "available_at = :now, updated_at = :now WHERE id = :id",
-                {"now": now, "id": row["id"]},
-            )
+            tx.execute(q.RELEASE, {"now": now, "id": row["id"]})
             events.append(
                 PendingEvent("message_released", {"worker": worker, "reason": why}, row["message_id"])
             )
@@ -414,9 +392,7 @@ class Failures:
             self._bury(tx, row, int(row["retry_count"]), interruptions, error, now, events, False)
             return False
         tx.execute(
-            f"UPDATE messages SET status = '{MessageStatus.PENDING}', interruptions = :i, last_error = :err, "
-            "claimed_by = NULL, lease_until = NULL, run_started_at = NULL, available_at = :now, "
-            "updated_at = :now WHERE id = :id",
+            q.INTERRUPTED,
             {"i": interruptions, "err": error, "now": now, "id": row["id"]},
         )
         events.append(

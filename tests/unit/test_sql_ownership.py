@@ -28,7 +28,6 @@ NOT_MOVED_YET = frozenset(
         "shared/events/wake.py",
         "shared/queue/admin.py",
         "shared/queue/enqueue.py",
-        "shared/queue/failures.py",
         "shared/queue/leases.py",
         "shared/queue/messages.py",
         "shared/queue/unserved.py",
