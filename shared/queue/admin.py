@@ -25,6 +25,7 @@ from shared.settings.model import QueueSettings
 from shared.storage import kv
 from shared.storage.db import Database, Row, Tx
 from shared.storage.kv import Scope
+from shared.storage.queries import queue_admin as q
 from shared.storage.statuses import MessageStatus, ResponseStatus
 
 
@@ -37,17 +38,18 @@ class Admin:
         self.config = config
         self.directory = directory
 
-    def _dead_where(self, ref: int | str) -> tuple[str, dict[str, Any]]:
+    def _dead_ref(self, ref: int | str) -> tuple[bool, dict[str, Any]]:
+        """Whether ``ref`` is a row id (else a message id), and the statement's parameters."""
         if isinstance(ref, int) or (isinstance(ref, str) and ref.isdigit()):
-            return "id = :ref", {"ref": int(ref)}
+            return True, {"ref": int(ref)}
         if isinstance(ref, str) and is_message_id(ref):
-            return "message_id = :ref", {"ref": ref}
+            return False, {"ref": ref}
         raise InvalidInput(f"{ref!r} is neither a row id nor a message id")
 
     def list_dead(self, limit: int = 100, offset: int = 0) -> list[QueuedMessage]:
         """Dead letters, newest first."""
         rows = self.db.read(
-            f"SELECT * FROM messages WHERE status = '{MessageStatus.DEAD}' ORDER BY updated_at DESC, id DESC LIMIT :l OFFSET :o",
+            q.LIST_DEAD,
             {"l": max(1, min(limit, 10_000)), "o": max(0, offset)},
         )
         return [QueuedMessage.from_row(r) for r in rows]
@@ -63,14 +65,11 @@ class Admin:
     def retry_dead_in(self, tx: Tx, ref: int | str) -> QueuedMessage:
         """:meth:`retry_dead` inside the caller's transaction (a chat's ``/retry`` commits its answer with
         it). Raises before writing anything, so a caller may catch the refusal and go on in ``tx``."""
-        where, params = self._dead_where(ref)
+        by_id, params = self._dead_ref(ref)
         now = now_ms()
         # Locked (PostgreSQL) so that a retry racing this one waits, then finds the row no longer dead;
         # SQLite's write transaction already excludes it.
-        row = tx.one(
-            f"SELECT * FROM messages WHERE status = '{MessageStatus.DEAD}' AND {where}{tx.dialect.lock_rows}",
-            params,
-        )
+        row = tx.one(q.DEAD_BY_ID_LOCKED if by_id else q.DEAD_BY_MESSAGE_ID_LOCKED, params)
         if row is None:
             raise NotFound(f"no dead letter {ref}")
         if int(row["manual_retries"]) >= self.config.manual_retry_budget:
@@ -78,12 +77,7 @@ class Admin:
                 f"dead letter {row['message_id']} was already retried {row['manual_retries']} times "
                 f"(budget {self.config.manual_retry_budget}); delete it or archive it"
             )
-        updated = tx.one(
-            f"UPDATE messages SET status = '{MessageStatus.PENDING}', retry_count = 0, manual_retries = manual_retries + 1, "
-            "available_at = :now, updated_at = :now, claimed_by = NULL, lease_until = NULL WHERE id = :id "
-            f"AND status = '{MessageStatus.DEAD}' RETURNING *",
-            {"now": now, "id": row["id"]},
-        )
+        updated = tx.one(q.RETRY_DEAD, {"now": now, "id": row["id"]})
         append_events(
             tx,
             [
@@ -110,8 +104,7 @@ class Admin:
             # Locked (PostgreSQL; SQLite's write transaction excludes every other writer): a hand retry or
             # delete racing this waits for it, and another scheduler passes these rows by.
             rows = tx.rows(
-                f"SELECT id, message_id FROM messages WHERE status = '{MessageStatus.DEAD}' AND updated_at < :cut "
-                f"ORDER BY updated_at, id LIMIT :l{tx.dialect.skip_locked}",
+                q.DEAD_BEFORE_LOCKED,
                 {"cut": died_before_ms, "l": max(1, min(limit, 10_000))},
             )
             done_by_id = kv.get_many(tx, Scope.DLQ_AUTO_RETRIES, [str(r["message_id"]) for r in rows])
@@ -120,11 +113,7 @@ class Admin:
                 done = int(done_by_id.get(str(row["message_id"]), "0"))
                 if done >= budget:
                     continue
-                tx.execute(
-                    f"UPDATE messages SET status = '{MessageStatus.PENDING}', retry_count = 0, available_at = :now, "
-                    f"updated_at = :now, claimed_by = NULL, lease_until = NULL WHERE id = :id AND status = '{MessageStatus.DEAD}'",
-                    {"now": now, "id": row["id"]},
-                )
+                tx.execute(q.RETRY_DEAD_AUTOMATICALLY, {"now": now, "id": row["id"]})
                 kv.put(tx, Scope.DLQ_AUTO_RETRIES, str(row["message_id"]), str(done + 1), now)
                 events.append(
                     PendingEvent(
@@ -139,9 +128,7 @@ class Admin:
 
     def dead_count(self) -> int:
         """How many dead letters the database holds."""
-        return int(
-            self.db.read_scalar(f"SELECT COUNT(*) FROM messages WHERE status = '{MessageStatus.DEAD}'") or 0
-        )
+        return int(self.db.read_scalar(q.DEAD_COUNT) or 0)
 
     def retry_last_failed(self, chat: ChatAddress) -> QueuedMessage:
         """``/retry`` in a chat: put the most recent dead letter of ``chat`` (its channel and conversation)
@@ -159,8 +146,7 @@ class Admin:
         # A chain's handoffs share the internal conversation named after the chat it started from (see
         # workers/teams.py), which a chat without a conversation id names by its sender.
         ref = tx.scalar(
-            f"SELECT message_id FROM messages WHERE status = '{MessageStatus.DEAD}' AND ((channel = :c AND conversation = :conv) "
-            "OR (channel = 'internal' AND conversation = :chain)) ORDER BY updated_at DESC, id DESC LIMIT 1",
+            q.LAST_DEAD_OF_CHAT,
             {"c": chat.channel, "conv": chat.conversation, "chain": chat.row_key},
         )
         if ref is None:
@@ -169,12 +155,10 @@ class Admin:
 
     def delete_dead(self, ref: int | str) -> QueuedMessage:
         """Delete one dead letter for good. Raises :class:`NotFound` for an unknown id."""
-        where, params = self._dead_where(ref)
+        by_id, params = self._dead_ref(ref)
         now = now_ms()
         with self.db.transaction() as tx:
-            row = tx.one(
-                f"DELETE FROM messages WHERE status = '{MessageStatus.DEAD}' AND {where} RETURNING *", params
-            )
+            row = tx.one(q.DELETE_DEAD_BY_ID if by_id else q.DELETE_DEAD_BY_MESSAGE_ID, params)
             if row is None:
                 raise NotFound(f"no dead letter {ref}")
             append_events(tx, [PendingEvent("message_deleted", {}, row["message_id"])], now)
@@ -185,14 +169,10 @@ class Admin:
         """Counts of messages per status and of undelivered responses (each count reads a partial index)."""
         db = self.db
         counts = {
-            status.value: int(db.read_scalar(f"SELECT COUNT(*) FROM messages WHERE status = '{status}'") or 0)
-            for status in MessageStatus
+            status.value: int(db.read_scalar(q.count_with_status(status)) or 0) for status in MessageStatus
         }
         responses = {"responses_pending": 0, "responses_delivering": 0, "cli_replies_unread": 0}
-        for r in db.read(
-            f"SELECT status, channel = 'cli' AS cli, COUNT(*) AS n FROM responses WHERE status <> '{ResponseStatus.ACKED}' "
-            "GROUP BY status, channel = 'cli'"
-        ):
+        for r in db.read(q.UNDELIVERED_BY_STATUS):
             # CLI replies wait for `agentpost replies` or a waiting `send`: unread, not stuck in delivery.
             key = (
                 "cli_replies_unread"
@@ -208,10 +188,7 @@ class Admin:
             a: {"agent": a, MessageStatus.PENDING.value: 0, MessageStatus.PROCESSING.value: 0}
             for a in sorted(self.directory.agents)
         }
-        for r in self.db.read(
-            f"SELECT agent, status, COUNT(*) AS n FROM messages WHERE status IN ('{MessageStatus.PENDING}', '{MessageStatus.PROCESSING}') "
-            "GROUP BY agent, status"
-        ):
+        for r in self.db.read(q.OPEN_BY_AGENT):
             depths.setdefault(
                 r["agent"],
                 {"agent": r["agent"], MessageStatus.PENDING.value: 0, MessageStatus.PROCESSING.value: 0},
@@ -221,45 +198,33 @@ class Admin:
     def waiting_messages(self, agent: str) -> list[QueuedMessage]:
         """The messages waiting for ``agent`` (pending or being processed), oldest first: the chats a pause
         of the agent keeps waiting."""
-        rows = self.db.read(
-            f"SELECT * FROM messages WHERE agent = :a AND status IN ('{MessageStatus.PENDING}', '{MessageStatus.PROCESSING}') ORDER BY id",
-            {"a": agent},
-        )
+        rows = self.db.read(q.WAITING_FOR_AGENT, {"a": agent})
         return [QueuedMessage.from_row(r) for r in rows]
 
     def list_processing(self) -> list[QueuedMessage]:
-        rows = self.db.read(f"SELECT * FROM messages WHERE status = '{MessageStatus.PROCESSING}' ORDER BY id")
+        rows = self.db.read(q.PROCESSING_MESSAGES)
         return [QueuedMessage.from_row(r) for r in rows]
 
     def list_responses(
         self, limit: int = 20, channel: str | None = None, pending_only: bool = False
     ) -> list[QueuedResponse]:
-        where = []
         params: dict[str, Any] = {"l": max(1, min(limit, 1000))}
         if channel is not None:
-            where.append("channel = :channel")
             params["channel"] = channel
-        if pending_only:
-            where.append(
-                f"status IN ('{ResponseStatus.PENDING}', '{ResponseStatus.DELIVERING}')"
-            )  # failed replies are not waiting
-        clause = ("WHERE " + " AND ".join(where)) if where else ""
-        order = "ASC" if pending_only else "DESC"
-        rows = self.db.read(f"SELECT * FROM responses {clause} ORDER BY id {order} LIMIT :l", params)
+        rows = self.db.read(q.list_responses(channel=channel is not None, pending_only=pending_only), params)
         return [QueuedResponse.from_row(r) for r in rows]
 
     def chat_responses(self, chat: ChatAddress, *, limit: int = 100) -> list[QueuedResponse]:
         """Replies waiting to be read in ``chat`` (its channel and conversation) on a channel that is read on
         demand (the CLI), oldest first."""
         rows = self.db.read(
-            f"SELECT * FROM responses WHERE status = '{ResponseStatus.PENDING}' AND channel = :c AND conversation = :v "
-            "ORDER BY id LIMIT :l",
+            q.CHAT_RESPONSES,
             {"c": chat.channel, "v": chat.conversation, "l": max(1, min(limit, 1000))},
         )
         return [QueuedResponse.from_row(r) for r in rows]
 
     def get_message(self, message_id: str) -> QueuedMessage | None:
-        rows = self.db.read("SELECT * FROM messages WHERE message_id = :m", {"m": message_id})
+        rows = self.db.read(q.MESSAGE, {"m": message_id})
         return QueuedMessage.from_row(rows[0]) if rows else None
 
     def prune(
@@ -273,25 +238,13 @@ class Admin:
         processing or dead rows. The delivery-attempt counts of the responses removed go with them."""
         now = now_ms()
         with self.db.transaction() as tx:
-            gone = tx.rows(
-                f"DELETE FROM responses WHERE status = '{ResponseStatus.ACKED}' AND acked_at < :cut RETURNING id",
-                {"cut": now - acked_older_ms},
-            )
-            # Failed deliveries stay a week for trace, doctor and the user's notice, then go; so do CLI
-            # replies nobody read (`agentpost replies` shows them until then).
-            gone += tx.rows(
-                f"DELETE FROM responses WHERE (status = '{ResponseStatus.FAILED}' OR (status = '{ResponseStatus.PENDING}' AND channel = 'cli')) "
-                "AND updated_at < :cut RETURNING id",
-                {"cut": now - failed_older_ms},
-            )
+            gone = tx.rows(q.PRUNE_ACKED_RESPONSES, {"cut": now - acked_older_ms})
+            gone += tx.rows(q.PRUNE_FAILED_RESPONSES, {"cut": now - failed_older_ms})
             responses = len(gone)
             # Acking and failing drop a response's count already; a reply settled another way (the
             # scheduler acknowledging replies on unserved channels) would otherwise leave it for ever.
             kv.delete_keys(tx, Scope.DELIVERY_ATTEMPTS, [str(r["id"]) for r in gone])
-            messages = tx.execute(
-                f"DELETE FROM messages WHERE status = '{MessageStatus.COMPLETED}' AND updated_at < :cut",
-                {"cut": now - completed_older_ms},
-            ).rowcount
+            messages = tx.execute(q.PRUNE_COMPLETED_MESSAGES, {"cut": now - completed_older_ms}).rowcount
             prune_chain_budgets(tx, now - completed_older_ms)
         return {"messages": messages, "responses": responses}
 
@@ -308,11 +261,7 @@ class DeadLetterStats:
 
 def dead_letter_stats(db: Database, died_before: int) -> DeadLetterStats:
     """Count the dead letters, and those that died before ``died_before`` (epoch ms), in one read."""
-    row = db.read(
-        "SELECT COUNT(*) AS n, MIN(updated_at) AS oldest, "
-        f"SUM(CASE WHEN updated_at < :cut THEN 1 ELSE 0 END) AS due FROM messages WHERE status = '{MessageStatus.DEAD}'",
-        {"cut": died_before},
-    )[0]
+    row = db.read(q.DEAD_LETTER_STATS, {"cut": died_before})[0]
     oldest = row["oldest"]
     return DeadLetterStats(int(row["n"] or 0), int(row["due"] or 0), None if oldest is None else int(oldest))
 
@@ -320,61 +269,33 @@ def dead_letter_stats(db: Database, died_before: int) -> DeadLetterStats:
 def dead_letter_cut_keeping(db: Database, keep: int) -> int | None:
     """When the newest dead letter beyond the newest ``keep`` died (epoch ms), or ``None`` when there are
     ``keep`` or fewer: archiving what died at or before it keeps at most ``keep``."""
-    value = db.read_scalar(
-        f"SELECT updated_at FROM messages WHERE status = '{MessageStatus.DEAD}' ORDER BY updated_at DESC, id DESC "
-        "LIMIT 1 OFFSET :n",
-        {"n": keep},
-    )
+    value = db.read_scalar(q.DEAD_LETTER_CUT_KEEPING, {"n": keep})
     return None if value is None else int(value)
 
 
 def any_dead_before(db: Database, died_before: int) -> bool:
     """Whether a dead letter died before ``died_before`` (epoch ms): a cheap read before a write lock."""
-    return (
-        db.read_scalar(
-            f"SELECT 1 FROM messages WHERE status = '{MessageStatus.DEAD}' AND updated_at < :cut LIMIT 1",
-            {"cut": died_before},
-        )
-        is not None
-    )
+    return db.read_scalar(q.ANY_DEAD_BEFORE, {"cut": died_before}) is not None
 
 
 def dead_letters_before(tx: Tx, died_before: int, limit: int) -> list[Row]:
     """Whole rows of up to ``limit`` dead letters that died before ``died_before`` (epoch ms), by row id.
     On PostgreSQL they stay locked until ``tx`` ends and rows another transaction holds are skipped, so two
     archivers never take the same row (SQLite has one writer at a time anyway)."""
-    return tx.rows(
-        f"SELECT * FROM messages WHERE status = '{MessageStatus.DEAD}' AND updated_at < :cut ORDER BY id "
-        f"LIMIT :n{tx.dialect.skip_locked}",
-        {"cut": died_before, "n": limit},
-    )
+    return tx.rows(q.DEAD_LETTERS_BEFORE_LOCKED, {"cut": died_before, "n": limit})
 
 
 def delete_dead_letters(tx: Tx, row_ids: Sequence[int]) -> int:
     """Delete the dead letters with these row ids (a row no longer dead is left alone); returns how many."""
     if not row_ids:
         return 0
-    keys = [f"i{i}" for i in range(len(row_ids))]
-    return int(
-        tx.execute(
-            f"DELETE FROM messages WHERE status = '{MessageStatus.DEAD}' AND id IN ({', '.join(':' + k for k in keys)})",
-            dict(zip(keys, row_ids, strict=True)),
-        ).rowcount
-    )
-
-
-_INSERT_RESTORED = (
-    "INSERT INTO messages (message_id, channel, sender, sender_id, message, agent, from_agent, status, "
-    "retry_count, manual_retries, last_error, created_at, updated_at, conversation, metadata, available_at, "
-    "hops, external_id) VALUES (:message_id, :channel, :sender, :sender_id, :message, :agent, :from_agent, "
-    f"'{MessageStatus.PENDING}', 0, :manual_retries, :last_error, :created_at, :now, :conversation, :metadata, :now, :hops, "
-    ":external_id) ON CONFLICT DO NOTHING RETURNING id"
-)
+    params = {f"i{i}": row_id for i, row_id in enumerate(row_ids)}
+    return int(tx.execute(q.delete_dead_letters(len(params)), params).rowcount)
 
 
 def insert_restored_message(tx: Tx, values: Mapping[str, Any]) -> int | None:
     """Queue an archived message again as ``pending``, due at ``values["now"]``, with its original message
     id (``values`` names every column of the insert). Returns the new row id, or ``None`` when a message
     with that id (or platform id) is in the queue already."""
-    new_id = tx.scalar(_INSERT_RESTORED, dict(values))
+    new_id = tx.scalar(q.INSERT_RESTORED, dict(values))
     return None if new_id is None else int(new_id)
