@@ -124,8 +124,8 @@ def _enqueue_sql_agentpost(folder: Path, n: int, warm: int) -> int:
 
     from shared.events.log import encode_payload
     from shared.ids import new_id
-    from shared.queue.enqueue import INSERT_MESSAGE
     from shared.storage.dialect import SQLITE
+    from shared.storage.queries.enqueue import INSERT_MESSAGE
 
     target = str(folder / "queue.db")
     AgentpostSqlite().setup(target)
@@ -240,9 +240,9 @@ def _drain_sql(split: bool) -> Callable[[Path, int, int], int]:
 
         from systems_agentpost import CHANNEL, AgentpostSqlite
 
-        from shared.queue.enqueue import INSERT_MESSAGE
         from shared.queue.records import CLAIM_RETURNS, sql_in
         from shared.storage.db import configure_sqlite
+        from shared.storage.queries.enqueue import INSERT_MESSAGE
 
         target = str(folder / "queue.db")
         if split:

@@ -24,7 +24,7 @@ from shared.queue.records import (
 from shared.queue.records import to_json as _json
 from shared.settings.routing import AGENT_NAME_RE
 from shared.storage.db import Database, Row, Tx
-from shared.storage.statuses import MessageStatus
+from shared.storage.queries import enqueue as q
 
 
 class UnknownMention(InvalidInput):
@@ -40,27 +40,9 @@ class UnknownMention(InvalidInput):
         super().__init__(f"@{name} is not an agent or team here ({listed})")
 
 
-_MESSAGE_COLUMNS = (
-    "message_id, channel, sender, sender_id, message, agent, from_agent, status, retry_count, "
-    "created_at, updated_at, conversation, metadata, available_at, hops, external_id"
-)
-INSERT_MESSAGE = (
-    f"INSERT INTO messages ({_MESSAGE_COLUMNS}) VALUES (:message_id, :channel, :sender, :sender_id, "
-    f":message, :agent, :from_agent, '{MessageStatus.PENDING}', 0, :now, :now, :conversation, :metadata, :available_at, "
-    ":hops, :external_id) ON CONFLICT DO NOTHING"
-)
-
-#: The same INSERT as the head of the one-statement enqueue (shared.storage.dialect.Dialect.enqueue_statement).
-INSERT_MESSAGE_RETURNING = INSERT_MESSAGE + " RETURNING id, message_id"
-
 #: How often an enqueue draws a new random id when the one drawn is already taken (41 random bits: with a
 #: million messages kept, one enqueue in 2.8 million meets an older id once; twice in a row practically never).
 _REDRAWS = 3
-_PLATFORM_ID = "SELECT 1 FROM messages WHERE channel = :c AND external_id = :e"
-#: The queued message an enqueue that inserted nothing duplicates (same message id, or same platform id).
-_DUPLICATE_OF = (
-    "SELECT id, message_id, agent FROM messages WHERE message_id = :m OR (channel = :c AND external_id = :e)"
-)
 
 
 #: Channel names an enqueue has found well-formed (a few, bounded): the next enqueue on one skips the pattern
@@ -70,18 +52,6 @@ _GOOD_CHANNELS: set[str] = set()
 
 def _duplicate_keys(params: dict[str, Any]) -> dict[str, Any]:
     return {"m": params["message_id"], "c": params["channel"], "e": params["external_id"]}
-
-
-#: enqueue_message's debounce: another message of the same chat still waiting for the same agent.
-_OTHER_WAITING = (
-    f"SELECT 1 FROM messages WHERE status = '{MessageStatus.PENDING}' AND agent = :agent AND channel = :channel "
-    "AND conversation = :conversation AND id <> :id LIMIT 1"
-)
-#: ... and the burst's sliding window: every waiting message of the chat moves to the window's end.
-_SLIDE_WAITING = (
-    f"UPDATE messages SET available_at = :at WHERE status = '{MessageStatus.PENDING}' AND agent = :agent "
-    "AND channel = :channel AND conversation = :conversation AND available_at < :at"
-)
 
 
 class Intake:
@@ -160,11 +130,11 @@ class Intake:
     ) -> int | None:
         """Insert a message row with its event in ``tx``; None when it is a duplicate (see
         :meth:`_redrawing` for ``drawn_id``)."""
-        new_row = tx.insert(INSERT_MESSAGE, params)
+        new_row = tx.insert(q.INSERT_MESSAGE, params)
         if new_row is None and drawn_id is not None:
             # Only a conflict needs the redraw (and its closure): the usual enqueue inserts at once.
             new_row = self._redrawing(
-                new_row, lambda: tx.insert(INSERT_MESSAGE, params), params, drawn_id, tx.scalar
+                new_row, lambda: tx.insert(q.INSERT_MESSAGE, params), params, drawn_id, tx.scalar
             )
         if new_row is None:
             return None
@@ -178,7 +148,7 @@ class Intake:
         """:meth:`_insert_message` as the dialect's one-statement enqueue (a transaction by itself, one round
         trip): the same rows, events and wake-ups. None when it is a duplicate."""
         events = self._enqueue_events(params, named)
-        sql = self.db.dialect.enqueue_statement(INSERT_MESSAGE_RETURNING, len(events))
+        sql = self.db.dialect.enqueue_statement(q.INSERT_MESSAGE_RETURNING, len(events))
         encoded: dict[str, Any] = {}
         for i, event in enumerate(events):
             encoded[f"ev_topic{i}"], encoded[f"ev_type{i}"] = event.topic, event.type
@@ -208,7 +178,7 @@ class Intake:
             external = params["external_id"]
             if new_row is not None or (
                 external is not None
-                and scalar(_PLATFORM_ID, {"c": params["channel"], "e": external}) is not None
+                and scalar(q.PLATFORM_ID_QUEUED, {"c": params["channel"], "e": external}) is not None
             ):
                 break
             params["message_id"] = new_id(str(drawn_id))
@@ -287,7 +257,7 @@ class Intake:
         # dialect has one (PostgreSQL: one round trip instead of three); the same rows, events and wake-ups.
         if also is None and slide_to is None and self.db.dialect.single_statement_writes:
             row_id = self._insert_in_one_statement(params, explicit, drawn_id)
-            existing = None if row_id is not None else self.db.read(_DUPLICATE_OF, _duplicate_keys(params))
+            existing = None if row_id is not None else self.db.read(q.DUPLICATE_OF, _duplicate_keys(params))
             return self._result(params, row_id, existing[0] if existing else None)
         with self.db.transaction() as tx:
             row_id = self._insert_message(tx, params, explicit, drawn_id=drawn_id)
@@ -298,9 +268,9 @@ class Intake:
                 # (this one too) wait until the window after the newest closes; each new one slides it.
                 # A lone message stays available at once: a quiet chat never waits for a debounce.
                 keys = {"agent": params["agent"], "channel": chat.channel, "conversation": chat.conversation}
-                if tx.scalar(_OTHER_WAITING, {**keys, "id": row_id}) is not None:
-                    tx.execute(_SLIDE_WAITING, {**keys, "at": slide_to})
-            found = None if row_id is not None else tx.one(_DUPLICATE_OF, _duplicate_keys(params))
+                if tx.scalar(q.OTHER_WAITING, {**keys, "id": row_id}) is not None:
+                    tx.execute(q.SLIDE_WAITING, {**keys, "at": slide_to})
+            found = None if row_id is not None else tx.one(q.DUPLICATE_OF, _duplicate_keys(params))
         return self._result(params, row_id, found)
 
     def insert_drafts(self, tx: Tx, drafts: Sequence[MessageDraft], now: int | None = None) -> list[str]:

@@ -26,7 +26,6 @@ NOT_MOVED_YET = frozenset(
     {
         "shared/events/log.py",
         "shared/events/wake.py",
-        "shared/queue/enqueue.py",
         "shared/queue/leases.py",
         "shared/queue/messages.py",
         "shared/queue/unserved.py",
