@@ -8,7 +8,7 @@ from typing import Any
 
 from shared.events.log import PendingEvent, append_events
 from shared.storage.db import Database
-from shared.storage.statuses import ResponseStatus
+from shared.storage.queries import unserved as q
 
 
 def ack_unserved_responses(db: Database, channels: list[str], *, created_before: int, now: int) -> list[int]:
@@ -19,21 +19,12 @@ def ack_unserved_responses(db: Database, channels: list[str], *, created_before:
     A read-only probe comes first, so the usual case (nothing to do) takes no write lock."""
     if not channels:
         return []
-    keys = [f"c{i}" for i in range(len(channels))]
-    clause = ", ".join(":" + k for k in keys)
-    params: dict[str, Any] = {"cut": created_before, "now": now, **dict(zip(keys, channels, strict=True))}
-    where = (
-        f"channel IN ({clause}) AND status <> '{ResponseStatus.ACKED}' AND created_at <= :cut "
-        f"AND (status = '{ResponseStatus.PENDING}' OR lease_until IS NULL OR lease_until < :now)"
-    )
-    if db.read_scalar(f"SELECT 1 FROM responses WHERE {where} LIMIT 1", params) is None:
+    params: dict[str, Any] = {"cut": created_before, "now": now}
+    params.update((f"c{i}", channel) for i, channel in enumerate(channels))
+    if db.read_scalar(q.any_unserved(len(channels)), params) is None:
         return []
     with db.transaction() as tx:
-        rows = tx.rows(
-            f"UPDATE responses SET status = '{ResponseStatus.ACKED}', acked_at = :now, updated_at = :now, lease_until = NULL, "
-            f"claimed_by = 'scheduler' WHERE {where} RETURNING id, message_id, channel, agent, message",
-            params,
-        )
+        rows = tx.rows(q.ack_unserved(len(channels)), params)
         append_events(
             tx,
             [

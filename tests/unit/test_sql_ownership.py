@@ -28,7 +28,6 @@ NOT_MOVED_YET = frozenset(
         "shared/events/wake.py",
         "shared/queue/leases.py",
         "shared/queue/messages.py",
-        "shared/queue/unserved.py",
         "shared/chat/lookups.py",
         "shared/chat/pairings.py",
         "shared/chat/sessions.py",
