@@ -240,9 +240,10 @@ def _drain_sql(split: bool) -> Callable[[Path, int, int], int]:
 
         from systems_agentpost import CHANNEL, AgentpostSqlite
 
-        from shared.queue.records import CLAIM_RETURNS, sql_in
+        from shared.queue.records import sql_in
         from shared.storage.db import configure_sqlite
         from shared.storage.queries.enqueue import INSERT_MESSAGE
+        from shared.storage.queries.messages import CLAIM_RETURNS
 
         target = str(folder / "queue.db")
         if split:
@@ -255,7 +256,8 @@ def _drain_sql(split: bool) -> Callable[[Path, int, int], int]:
             system = AgentpostSqlite()
             system.setup(target)
             queue = system.open_queue(target)
-            claim_sql = queue.messages.claim_sql  # the statement itself, as the queue runs it
+            # The statement itself, as the queue runs it (its dialect clauses filled in).
+            claim_sql = queue.db.dialect.sql(queue.messages.claim_sql)
             queue.db.close()
             conn = sqlite3.connect(target, isolation_level=None)
             configure_sqlite(conn, 5_000)

@@ -17,9 +17,8 @@ from shared.events.log import PendingEvent, append_events
 from shared.notices import chain_budget_notice, handoff_refused_notice
 from shared.queue.delivery import RESPONSE_COLUMNS, Responses
 from shared.queue.enqueue import Intake
-from shared.queue.leases import AgentLeases, take_lease_sql, take_new_lease_sql
+from shared.queue.leases import AgentLeases
 from shared.queue.records import (
-    CLAIM_RETURNS,
     INTERNAL_CHANNELS,
     AgentTurn,
     ChatPost,
@@ -36,25 +35,9 @@ from shared.queue.records import sql_in as _in
 from shared.settings.model import QueueSettings
 from shared.storage.db import Database, Row, Tx
 from shared.storage.dialect import Dialect
-from shared.storage.queries.common import CHAT_KEY as CHAT_KEY_SQL
-from shared.storage.statuses import MessageStatus, ResponseStatus
-
-#: What a completion reads of the group's first message, for the reply (the other rows give only their ids:
-#: a group of 20 then converts 40 values instead of 160).
-_PRIMARY = (
-    "SELECT id, message_id, agent, channel, sender, sender_id, message, conversation FROM messages "
-    "WHERE id = :id"
-)
-
-
-#: Whether a claim of the agent by ``:worker`` could take anything now: a message available, and the agent's
-#: lease free, expired or the worker's own, and the agent not paused (the conditions of
-#: :meth:`AgentLeases.take_in`).
-_CLAIM_PROBE = (
-    f"SELECT 1 FROM messages WHERE status = '{MessageStatus.PENDING}' AND agent = :agent AND available_at <= :now "
-    "AND NOT EXISTS (SELECT 1 FROM agent_leases WHERE agent = :agent AND (paused_until > :now OR "
-    "(holder IS NOT NULL AND holder <> :worker AND lease_until >= :now))) LIMIT 1"
-)
+from shared.storage.queries import agent_leases as lq
+from shared.storage.queries import messages as q
+from shared.storage.statuses import MessageStatus
 
 
 class Messages:
@@ -75,17 +58,11 @@ class Messages:
         self.responses = responses
         #: The claim statement of :meth:`claim_all_pending_messages` (public so the schema tests can check its
         #: plan: the statement itself, not a copy of it).
-        self.claim_sql = (
-            f"UPDATE messages SET status = '{MessageStatus.PROCESSING}', claimed_by = :worker, lease_until = :lease, "
-            f"updated_at = :now, run_started_at = NULL WHERE id IN (SELECT id FROM messages WHERE status = '{MessageStatus.PENDING}' AND agent = :agent "
-            f"AND available_at <= :now ORDER BY id{db.dialect.skip_locked}) RETURNING {CLAIM_RETURNS}"
-        )
+        self.claim_sql = q.CLAIM_PENDING
         #: The claim as one statement where the dialect has them (PostgreSQL: after the probe, BEGIN, it and
         #: COMMIT instead of five round trips).
         self.claim_statement = (
-            db.dialect.write_with_events(
-                _claim_ctes(db.dialect.skip_locked), _CLAIMED_EVENT, ["events"], _CLAIM_RESULT
-            )
+            db.dialect.write_with_events(q.CLAIM_CTES, q.CLAIMED_EVENT, ["events"], q.CLAIM_RESULT)
             if db.dialect.single_statement_writes
             else None
         )
@@ -93,17 +70,12 @@ class Messages:
     # -- claim ------------------------------------------------------------------------------------------
     def agents_with_pending(self, now: int | None = None) -> list[str]:
         """Agents with at least one message available now (read-only, takes no write lock)."""
-        rows = self.db.read(
-            f"SELECT DISTINCT agent FROM messages WHERE status = '{MessageStatus.PENDING}' AND available_at <= :now",
-            {"now": now_ms() if now is None else now},
-        )
+        rows = self.db.read(q.AGENTS_WITH_PENDING, {"now": now_ms() if now is None else now})
         return sorted(r["agent"] for r in rows)
 
     def next_available_at(self) -> int | None:
         """When the earliest pending message becomes available (for sleeping through a backoff)."""
-        value = self.db.read_scalar(
-            f"SELECT MIN(available_at) FROM messages WHERE status = '{MessageStatus.PENDING}'"
-        )
+        value = self.db.read_scalar(q.NEXT_AVAILABLE_AT)
         return None if value is None else int(value)
 
     def claim_all_pending_messages(
@@ -119,7 +91,7 @@ class Messages:
         # A read first, so that an agent with nothing available, or held by another worker (or paused), costs
         # no write: with several processors most attempts on a busy agent find it held. (On PostgreSQL the
         # claim statement would find the same, but it opens and locks every table and index a claim writes.)
-        probe = self.db.read_scalar(_CLAIM_PROBE, {"agent": agent, "worker": worker, "now": now})
+        probe = self.db.read_scalar(q.CLAIM_PROBE, {"agent": agent, "worker": worker, "now": now})
         if probe is None:
             return []
         if self.claim_statement is not None:
@@ -204,16 +176,11 @@ class Messages:
             return self._complete_in_one_statement(message_ids, worker, draft, release_when_idle, now)
         with self.db.transaction() as tx:
             rows = take_group(
-                tx,
-                message_ids,
-                worker,
-                f"status = '{MessageStatus.COMPLETED}', updated_at = :now, lease_until = NULL",
-                {"now": now},
-                "id, message_id",
+                tx, message_ids, worker, q.COMPLETE_GROUP, {"now": now}, q.COMPLETE_GROUP_RETURNS
             )
             if also is not None:
                 also(tx)  # first: the caller's events (the run's end) come before the reply's
-            primary = tx.one(_PRIMARY, {"id": rows[0]["id"]})
+            primary = tx.one(q.PRIMARY, {"id": rows[0]["id"]})
             if primary is None:  # the row was updated by this transaction a moment ago
                 raise RuntimeError(f"message {rows[0]['message_id']} vanished during its completion")
             ids = [r["message_id"] for r in rows]
@@ -340,14 +307,12 @@ class Messages:
     ) -> None:
         for post in chat_posts:
             tx.execute(
-                "INSERT INTO chat_messages (team_id, from_agent, message, created_at) "
-                "VALUES (:team, :agent, :message, :now)",
+                q.INSERT_CHAT_POST,
                 {"team": post.team_id, "agent": post.from_agent, "message": post.message, "now": now},
             )
         for turn in history:
             tx.execute(
-                "INSERT INTO agent_messages (agent_id, role, channel, sender, message_id, content, created_at) "
-                "VALUES (:agent, :role, :channel, :sender, :mid, :content, :now)",
+                q.INSERT_AGENT_TURN,
                 {
                     "agent": turn.agent_id,
                     "role": turn.role,
@@ -398,7 +363,7 @@ class Messages:
         """
         now = now_ms()
         with self.db.transaction() as tx:
-            take_group(tx, message_ids, worker, "run_started_at = :now", {"now": now}, "id")
+            take_group(tx, message_ids, worker, q.START_RUN, {"now": now}, q.START_RUN_RETURNS)
             if also is not None:
                 also(tx)
 
@@ -414,10 +379,6 @@ class Messages:
         holds the agent's lease. A read comes first, so the run's watch can ask every check for nothing.
         """
         now = now_ms()
-        where = (
-            f"status = '{MessageStatus.PENDING}' AND agent = :agent AND channel = :channel "
-            f"AND {CHAT_KEY_SQL} = :conv AND available_at <= :now"
-        )
         values: dict[str, Any] = {
             "agent": agent,
             "worker": worker,
@@ -425,23 +386,14 @@ class Messages:
             "conv": chat.chat,
             "now": now,
         }
-        if self.db.read_scalar(f"SELECT 1 FROM messages WHERE {where} LIMIT 1", values) is None:
+        if self.db.read_scalar(q.CHAT_WAITING, values) is None:
             return []
         values["lease"] = lease = now + (lease_ms or self.config.lease_ms)
         with self.db.transaction() as tx:
-            held = tx.execute(
-                "UPDATE agent_leases SET lease_until = :lease WHERE agent = :agent AND holder = :worker "
-                "AND lease_until >= :now",
-                values,
-            ).rowcount
+            held = tx.execute(lq.RENEW_LIVE, values).rowcount
             if held != 1:
                 return []
-            names, rows = tx.tuples(
-                f"UPDATE messages SET status = '{MessageStatus.PROCESSING}', claimed_by = :worker, "
-                "lease_until = :lease, updated_at = :now, run_started_at = :now WHERE id IN (SELECT id FROM "
-                f"messages WHERE {where} ORDER BY id{self.db.dialect.skip_locked}) RETURNING {CLAIM_RETURNS}",
-                values,
-            )
+            names, rows = tx.tuples(q.CLAIM_CHAT_INTO_RUN, values)
             if not rows:
                 return []
             rows.sort(key=_first)
@@ -465,50 +417,8 @@ def _first(row: Sequence[Any]) -> Any:
 def _complete_statement(dialect: Dialect, count: int) -> str:
     """The one-statement completion of a group of ``count`` message ids (``:m0`` …, as :func:`sql_in` names
     them), built once per size."""
-    clause, _ = _in("m", [None] * count)
-    ctes = _complete_ctes(clause, dialect.lock_rows)
-    return dialect.write_with_events(ctes, _COMPLETED_EVENT, ["events", "responses"], _COMPLETE_RESULT)
-
-
-def _complete_ctes(clause: str, lock_rows: str) -> str:
-    """The one-statement completion's writes: the group's rows this worker still holds, locked (in id order,
-    as recovery locks them) so that none changes hands meanwhile; all of them completed only when they are
-    every row asked for (``:wanted``); the reply to the oldest, as :meth:`Responses.insert_response` writes it;
-    and, with ``:release``, the agent's lease given up when the worker holds no other message of the agent
-    and none waits (as :meth:`AgentLeases.release_if_idle_in`; this statement still sees the group as held)."""
-    agent = "(SELECT agent FROM head)"
-    return (
-        f"held AS (SELECT id FROM messages WHERE message_id IN {clause} AND status = '{MessageStatus.PROCESSING}' "
-        f"AND claimed_by = :worker ORDER BY id{lock_rows}), "
-        f"done AS (UPDATE messages SET status = '{MessageStatus.COMPLETED}', updated_at = :now, lease_until = NULL "
-        "WHERE id IN (SELECT id FROM held) AND (SELECT COUNT(*) FROM held) = :wanted "
-        "RETURNING id, message_id, agent, channel, sender, sender_id, message, conversation), "
-        "head AS (SELECT * FROM done ORDER BY id LIMIT 1), "
-        f"reply AS (INSERT INTO responses ({RESPONSE_COLUMNS}) SELECT message_id, "
-        "COALESCE(CAST(:channel AS text), channel), COALESCE(CAST(:sender AS text), sender), "
-        "COALESCE(CAST(:sender_id AS text), sender_id), :message, message, agent, :files, :metadata, "
-        f"'{ResponseStatus.PENDING}', :now, :now, COALESCE(CAST(:conversation AS text), conversation), 0 "
-        "FROM head RETURNING id), "
-        "freed AS (UPDATE agent_leases SET holder = NULL, lease_until = 0 WHERE CAST(:release AS boolean) "
-        f"AND agent = {agent} AND holder = :worker AND NOT EXISTS (SELECT 1 FROM messages WHERE status = "
-        f"'{MessageStatus.PENDING}' AND agent = {agent} AND available_at <= :now) AND NOT EXISTS (SELECT 1 "
-        f"FROM messages WHERE status = '{MessageStatus.PROCESSING}' AND claimed_by = :worker AND agent = "
-        f"{agent} AND id NOT IN (SELECT id FROM done)) RETURNING agent)"
-    )
-
-
-#: The one-statement completion's event: ``response_ready``, as the transaction path appends it.
-_COMPLETED_EVENT = (
-    "SELECT 0, 'queue', 'response_ready', head.message_id, CAST(json_build_object('message_ids', (SELECT "
-    "json_agg(message_id ORDER BY id) FROM done), 'response_id', reply.id, 'agent', head.agent, 'channel', "
-    "COALESCE(CAST(:channel AS text), head.channel)) AS text) FROM head, reply"
-)
-#: How many of the group's rows the worker held, the response's id (NULL: nothing changed), whether the
-#: lease was given up.
-_COMPLETE_RESULT = (
-    "SELECT (SELECT COUNT(*) FROM held) AS held, (SELECT id FROM reply) AS response_id, "
-    "(SELECT COUNT(*) FROM freed) AS released"
-)
+    ctes = q.complete_ctes(count, RESPONSE_COLUMNS)
+    return dialect.write_with_events(ctes, q.COMPLETED_EVENT, ["events", "responses"], q.COMPLETE_RESULT)
 
 
 def _claimed_messages(
@@ -534,39 +444,8 @@ def _claimed_messages(
     return [QueuedMessage.from_claim(names, r, claimed) for r in rows]
 
 
-def _claim_ctes(skip_locked: str) -> str:
-    """The one-statement claim's writes: the agent's lease taken only when a message is available (so a claim
-    of an agent with nothing to take changes nothing), then every available message of the agent claimed
-    under it, oldest first, as :attr:`Messages.claim_sql` does."""
-    available = (
-        f" AND EXISTS (SELECT 1 FROM messages WHERE status = '{MessageStatus.PENDING}' AND agent = :agent "
-        "AND available_at <= :now)"
-    )
-    return (
-        f"taken AS ({take_lease_sql(skip_locked, available)} RETURNING agent), "
-        f"taken_new AS ({take_new_lease_sql(available)} RETURNING agent), "
-        f"claimed AS (UPDATE messages SET status = '{MessageStatus.PROCESSING}', claimed_by = :worker, "
-        "lease_until = :lease, updated_at = :now, run_started_at = NULL WHERE id IN (SELECT id FROM messages "
-        f"WHERE status = '{MessageStatus.PENDING}' AND agent = :agent AND available_at <= :now AND EXISTS "
-        f"(SELECT 1 FROM taken UNION ALL SELECT 1 FROM taken_new) ORDER BY id{skip_locked}) "
-        f"RETURNING {CLAIM_RETURNS})"
-    )
-
-
 #: The columns of CLAIM_RETURNS, in order (the one-statement claims read no column descriptions).
-_CLAIM_NAMES = tuple(name.strip() for name in CLAIM_RETURNS.split(","))
-
-#: The one-statement claim's event: ``message_claimed`` with the claimed ids in id order (the oldest names it).
-_CLAIMED_EVENT = (
-    "SELECT 0, 'queue', 'message_claimed', (SELECT message_id FROM claimed ORDER BY id LIMIT 1), "
-    "CAST(json_build_object('agent', CAST(:agent AS text), 'worker', CAST(:worker AS text), 'message_ids', "
-    "json_agg(message_id ORDER BY id)) AS text) FROM claimed HAVING COUNT(*) > 0"
-)
-#: Whether the lease was taken, then the claimed rows; one row of NULLs after ``leased`` when none was.
-_CLAIM_RESULT = (
-    "SELECT (SELECT COUNT(*) FROM taken) + (SELECT COUNT(*) FROM taken_new) AS leased, claimed.* "
-    "FROM (SELECT 1) AS one LEFT JOIN claimed ON TRUE"
-)
+_CLAIM_NAMES = tuple(name.strip() for name in q.CLAIM_RETURNS.split(","))
 
 
 def _user_origin(draft: MessageDraft) -> ChatAddress | None:
@@ -598,15 +477,8 @@ def take_group(
     nothing changed)."""
     if not message_ids:
         raise InvalidInput("no message ids given")
-    clause, params = _in("m", list(message_ids))
-    held = f"WHERE message_id IN {clause} AND status = '{MessageStatus.PROCESSING}' AND claimed_by = :worker"
-    sql = (
-        f"UPDATE messages SET {assignments} {held} RETURNING {columns}"
-        if assignments
-        # Locked (PostgreSQL) for the updates the caller makes next: a recovery racing them waits. In id
-        # order, as recovery locks them, so the two never wait for each other.
-        else f"SELECT {columns} FROM messages {held} ORDER BY id{tx.dialect.lock_rows}"
-    )
+    _, params = _in("m", list(message_ids))
+    sql = q.held_group(len(message_ids), assignments, columns)
     rows = tx.rows(sql, {"worker": worker, **params, **(values or {})})
     if len(rows) != len(set(message_ids)):
         raise LeaseLost(

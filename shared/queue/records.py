@@ -164,13 +164,6 @@ class QueuedMessage(_ChatRow):
 
 _MESSAGE_FIELDS = frozenset(f.name for f in fields(QueuedMessage))
 
-#: What a claim reads back of each row: every column except those the claim sets (see
-#: ``QueuedMessage.from_claim``); ``id`` first and ``message_id`` second, as the claim relies on.
-CLAIM_RETURNS = (
-    "id, message_id, channel, sender, sender_id, message, from_agent, retry_count, manual_retries, "
-    "last_error, created_at, conversation, metadata, available_at, hops, external_id, interruptions"
-)
-
 
 @dataclass(frozen=True)
 class QueuedResponse(_ChatRow):

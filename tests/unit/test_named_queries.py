@@ -30,3 +30,29 @@ def test_braces_in_a_literal_stay_and_a_misspelt_placeholder_is_refused() -> Non
     assert SQLITE.sql("UPDATE messages SET metadata = '{}' WHERE id = :id").count("{}") == 1
     with pytest.raises(ValueError, match="lock_row"):
         SQLITE.sql("SELECT 1 FROM agent_leases{lock_row}")
+
+
+def test_claims_skip_locked_rows_on_postgresql_only() -> None:
+    from shared.storage.queries import messages
+
+    for text in (messages.CLAIM_PENDING, messages.CLAIM_CHAT_INTO_RUN, messages.CLAIM_CTES):
+        assert "{skip_locked}" in text
+        assert "ORDER BY id FOR UPDATE SKIP LOCKED)" in POSTGRESQL.sql(text)
+        assert "ORDER BY id)" in SQLITE.sql(text) and "FOR UPDATE" not in SQLITE.sql(text)
+    # The claim CTEs take the lease as the transaction path does, skipping a lease row being changed.
+    assert "lease_until < :now) AND EXISTS (" in SQLITE.sql(messages.CLAIM_CTES)
+    assert agent_leases.TAKE_LEASE.endswith("lease_until < :now){skip_locked})")
+
+
+def test_a_group_is_named_by_its_message_ids_and_locked_when_read() -> None:
+    from shared.queue.records import sql_in
+    from shared.storage.queries import messages
+
+    clause, _ = sql_in("m", ["a", "b", "c"])
+    assert f"message_id IN {clause} " in messages.held_group(3)
+    assert SQLITE.sql(messages.held_group(3)).endswith("ORDER BY id")
+    assert POSTGRESQL.sql(messages.held_group(3)).endswith("ORDER BY id FOR UPDATE")
+    updated = messages.held_group(3, messages.START_RUN, messages.START_RUN_RETURNS)
+    assert updated.startswith("UPDATE messages SET run_started_at = :now WHERE") and "{" not in updated
+    assert f"message_id IN {clause}" in messages.renew_held(3)
+    assert f"message_id IN {clause} AND" in messages.complete_ctes(3, "message_id")

@@ -26,8 +26,6 @@ NOT_MOVED_YET = frozenset(
     {
         "shared/events/log.py",
         "shared/events/wake.py",
-        "shared/queue/leases.py",
-        "shared/queue/messages.py",
         "shared/chat/lookups.py",
         "shared/chat/pairings.py",
         "shared/chat/sessions.py",
