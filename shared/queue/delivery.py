@@ -52,7 +52,6 @@ from shared.storage.kv import Scope, scoped
 from shared.storage.queries import responses as q
 
 # shared.queue.messages writes its one-statement completion's reply with these columns.
-from shared.storage.queries.responses import RESPONSE_COLUMNS as RESPONSE_COLUMNS
 from shared.storage.statuses import ResponseStatus
 from shared.worker_identity import Holder, holder_state
 

@@ -15,7 +15,7 @@ from shared.chat.address import ChatAddress
 from shared.clock import now_ms
 from shared.events.log import PendingEvent, append_events
 from shared.notices import chain_budget_notice, handoff_refused_notice
-from shared.queue.delivery import RESPONSE_COLUMNS, Responses
+from shared.queue.delivery import Responses
 from shared.queue.enqueue import Intake
 from shared.queue.leases import AgentLeases
 from shared.queue.records import (
@@ -417,7 +417,7 @@ def _first(row: Sequence[Any]) -> Any:
 def _complete_statement(dialect: Dialect, count: int) -> str:
     """The one-statement completion of a group of ``count`` message ids (``:m0`` …, as :func:`sql_in` names
     them), built once per size."""
-    ctes = q.complete_ctes(count, RESPONSE_COLUMNS)
+    ctes = q.complete_ctes(count)
     return dialect.write_with_events(ctes, q.COMPLETED_EVENT, ["events", "responses"], q.COMPLETE_RESULT)
 
 

@@ -55,4 +55,4 @@ def test_a_group_is_named_by_its_message_ids_and_locked_when_read() -> None:
     updated = messages.held_group(3, messages.START_RUN, messages.START_RUN_RETURNS)
     assert updated.startswith("UPDATE messages SET run_started_at = :now WHERE") and "{" not in updated
     assert f"message_id IN {clause}" in messages.renew_held(3)
-    assert f"message_id IN {clause} AND" in messages.complete_ctes(3, "message_id")
+    assert f"message_id IN {clause} AND" in messages.complete_ctes(3)

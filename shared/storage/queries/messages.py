@@ -13,6 +13,7 @@ from functools import lru_cache
 
 from shared.storage.queries.agent_leases import take_lease, take_new_lease
 from shared.storage.queries.common import CHAT_KEY, PENDING, PROCESSING
+from shared.storage.queries.responses import RESPONSE_COLUMNS
 from shared.storage.statuses import MessageStatus, ResponseStatus
 
 _COMPLETED = f"'{MessageStatus.COMPLETED}'"
@@ -145,11 +146,11 @@ INSERT_AGENT_TURN = (
 
 
 @lru_cache(maxsize=64)
-def complete_ctes(count: int, response_columns: str) -> str:
+def complete_ctes(count: int) -> str:
     """The one-statement completion's writes for a group of ``count``: the group's rows this worker still
     holds, locked (in id order, as recovery locks them) so that none changes hands meanwhile; all of them
     completed only when they are every row asked for (``:wanted``); the reply to the oldest, as
-    ``Responses.insert_response`` writes it (``response_columns``: the columns it writes); and, with
+    ``Responses.insert_response`` writes it (:data:`~shared.storage.queries.responses.RESPONSE_COLUMNS`); and, with
     ``:release``, the agent's lease given up when the worker holds no other message of the agent and none
     waits (as :data:`~shared.storage.queries.agent_leases.RELEASE_IF_IDLE`; this statement still sees the
     group as held)."""
@@ -161,7 +162,7 @@ def complete_ctes(count: int, response_columns: str) -> str:
         "WHERE id IN (SELECT id FROM held) AND (SELECT COUNT(*) FROM held) = :wanted "
         "RETURNING id, message_id, agent, channel, sender, sender_id, message, conversation), "
         "head AS (SELECT * FROM done ORDER BY id LIMIT 1), "
-        f"reply AS (INSERT INTO responses ({response_columns}) SELECT message_id, "
+        f"reply AS (INSERT INTO responses ({RESPONSE_COLUMNS}) SELECT message_id, "
         "COALESCE(CAST(:channel AS text), channel), COALESCE(CAST(:sender AS text), sender), "
         "COALESCE(CAST(:sender_id AS text), sender_id), :message, message, agent, :files, :metadata, "
         f"'{ResponseStatus.PENDING}', :now, :now, COALESCE(CAST(:conversation AS text), conversation), 0 "
