@@ -1,6 +1,7 @@
 """One run: a work group (claimed messages of one chat) going through one agent CLI run.
 
-:meth:`Run.go` takes the group from its claim to its outcome:
+:meth:`Run.attempt` takes the group from its claim to what it came to, returned as one value
+(:mod:`workers.outcome`), and :meth:`Run.go` hands that to the drive's writer:
 
 1. checks that may end it before anything runs: the agent is configured, neither its sender nor its agent
    is over a ``[budgets]`` limit (:mod:`workers.budgets`), its workspace is not on another host
@@ -11,8 +12,10 @@
    (from then on a crash of this processor costs the messages an *interrupted run*);
 4. starts the provider with a watch beside it (:class:`workers.liveness.RunWatch`: ``/stop``, interrupting
    messages, "still working" notes);
-5. writes what it came to through the drive's :class:`workers.run_outcome.OutcomeWriter`, its end event,
-   status record removal and usage in the same transaction where the outcome allows.
+5. returns what it came to (:func:`workers.outcome.classify`), with what the run leaves to write (its end
+   event, status record, preview and usage: :class:`workers.outcome.RunEnd`); the drive's
+   :meth:`workers.run_outcome.OutcomeWriter.apply` writes it, in one transaction with the completion where
+   the run succeeded.
 
 A :class:`Run` is built by the processor for each group with what it needs passed in; it holds nothing
 after it ends.
@@ -37,7 +40,7 @@ from shared.ids import new_id
 from shared.notices import steered_note
 from shared.private_files import private_dir
 from shared.queue.core import LeaseLost, QueuedMessage, TxWork, retry_edit_key
-from shared.reads.conversation_status import clear_run, clear_run_in, record_run_in
+from shared.reads.conversation_status import clear_run, record_run_in
 from shared.runtime import Runtime
 from shared.settings.model import AgentSettings, Settings
 from shared.storage.db import Tx
@@ -49,6 +52,7 @@ from workers.drive import Drive, step_done
 from workers.egress import EgressProxy
 from workers.liveness import RunInfo, RunWatch, note_target
 from workers.observe import quietly, record_events
+from workers.outcome import CannotStart, Refused, RunEnd, RunOutcome, Superseded, classify, close
 from workers.previews import PreviewWriter
 from workers.processor_config import ProcessorSettings, ProcessorStats
 from workers.providers.base import AgentProvider, ProviderError, RunRequest, RunResult
@@ -110,20 +114,26 @@ class Run:
         self.preview: PreviewWriter | None = None
 
     async def go(self) -> None:
-        """Run the group and write its outcome (see the module docstring). Returns once the group is no
-        longer held by this run: completed, failed, released, or (interrupted) back in the drive's front."""
+        """Run the group and write its outcome: :meth:`attempt`, then the drive's writer
+        (:meth:`workers.run_outcome.OutcomeWriter.apply`). Returns once the group is no longer held by this
+        run: completed, failed, released, or (interrupted) back in the drive's front."""
+        outcome = await self.attempt()
+        try:
+            await self.outcomes.apply(self.group, outcome)
+        finally:
+            close(outcome)
+
+    async def attempt(self) -> RunOutcome:
+        """Take the group through its run (see the module docstring) and return what it came to; writes
+        only the run's start. The CLI's reply file, if any, stays open until the outcome is written."""
         agent, group, primary = self.agent, self.group, self.group.messages[0]
         config = self.settings.agents.get(agent)
         if config is None:
             error = f"agent {agent!r} is not configured"
-            await self.outcomes.failed(group, RunResult(ok=False, error=error, cannot_start=True))
-            return
+            return CannotStart(RunResult(ok=False, error=error, cannot_start=True))
         over = await call(budget_gate(self.settings).over, self.rt.db, agent, primary)
         if over is not None:
-            await self.outcomes.refused(
-                group, over.error(), explanation=over.explanation(), advice=over.advice(now_ms())
-            )
-            return
+            return Refused(over.error(), over.explanation(), over.advice(now_ms()))
         group.policy = await call(
             resolve_policy, self.rt.db, self.settings, self.config.busy_policy, group.messages[0].address
         )
@@ -132,10 +142,7 @@ class Run:
         except WorkspaceElsewhere as elsewhere:
             # Not in an empty folder: the group ends with one plain notice, the operator's line in its error.
             log.warning("agent %s: %s", agent, elsewhere.error())
-            await self.outcomes.refused(
-                group, elsewhere.error(), explanation=elsewhere.explanation(), advice=elsewhere.advice()
-            )
-            return
+            return Refused(elsewhere.error(), elsewhere.explanation(), elsewhere.advice())
         session_key = AGENT_SCOPE_KEY if config.session_scope == "agent" else group.chat
         session = await call(get_session, self.rt.db, agent, session_key)
         run_config, on_fallback = await self._model_for(config)
@@ -149,8 +156,7 @@ class Run:
             egress = await self._egress_socket(run)
             request = self._request(run, config, run_config, workspace, session, session_key, egress)
         except SandboxError as exc:  # the agent's own user cannot be created: nothing can run confined
-            await self.outcomes.failed(group, RunResult(ok=False, error=str(exc), cannot_start=True))
-            return
+            return CannotStart(RunResult(ok=False, error=str(exc), cannot_start=True))
         fallback_model = run_config.model if on_fallback else None
         started = self._run_start(run, config.provider, session is not None, fallback_model)
         try:
@@ -162,9 +168,7 @@ class Run:
                 ),
             )
         except LeaseLost:
-            self.drive.lost = True
-            self.drive.forget(group)
-            return
+            return Superseded()
         self.stats.invocations += 1
         try:
             result = await self._invoke(run, request, config.provider)
@@ -173,10 +177,13 @@ class Run:
                 await quietly(clear_run, self.rt.db, agent, run.run_id)
                 await self._clear_preview()
             raise
-        try:
-            await self._conclude(run, result, workspace, session_key, on_fallback, session)
-        finally:
-            result.close()  # the file of a reply too long to hold: attached by now, or not wanted
+        done = PendingEvent("chain_step_done", step_done(run, result), primary.message_id, topic="queue")
+        run.close_progress()
+        # What the run cost commits with its outcome, whichever it is: never counted twice, never lost.
+        end = RunEnd(run, result, done, self.preview, usage_work(agent, run.run_id, primary, result))
+        return classify(
+            end, workspace=workspace, session_key=session_key, session=session, on_fallback=on_fallback
+        )
 
     def _run_start(self, run: RunInfo, provider: str, resumed: bool, fallback_model: str | None) -> TxWork:
         """What commits with the run's start: its ``chain_step_start`` event and its status record."""
@@ -208,59 +215,6 @@ class Run:
             )
 
         return started
-
-    async def _conclude(
-        self,
-        run: RunInfo,
-        result: RunResult,
-        workspace: Path,
-        session_key: str,
-        on_fallback: bool,
-        session: str | None,
-    ) -> None:
-        """Write what the run came to. A success's end event, last progress events and the status record's
-        removal commit with its completion; any other end writes them first, then its own outcome."""
-        agent, group = run.agent, run.group
-        done = PendingEvent(
-            "chain_step_done", step_done(run, result), group.messages[0].message_id, topic="queue"
-        )
-        run.close_progress()
-
-        # What the run cost commits with its outcome, whichever it is: never counted twice, never lost.
-        spent = usage_work(agent, run.run_id, group.messages[0], result)
-
-        def ended(tx: Tx) -> None:
-            append_events(tx, [*run.pending_events, done])  # taken once the write has succeeded
-            clear_run_in(tx, agent, run.run_id)
-            if self.preview is not None:  # the partial text goes with the final: never both, never neither
-                self.preview.clear_in(tx)
-            if spent is not None:
-                spent(tx)
-
-        if not run.reason and result.ok:
-            try:
-                finished = await self.outcomes.succeeded(run, result, workspace, session_key, ended)
-            except BaseException:
-                with anyio.CancelScope(shield=True):
-                    await quietly(clear_run, self.rt.db, agent, run.run_id)
-                    await self._clear_preview()
-                raise
-            if finished:
-                run.take_events()
-                return
-        await quietly(clear_run, self.rt.db, agent, run.run_id)
-        await self._clear_preview()
-        await record_events(self.rt.events, [*run.take_events(), done])
-        if run.reason == "stop":
-            await self.outcomes.stopped(group, run.edit_key)
-        elif run.reason == "interrupt":
-            await self.outcomes.interrupted(group)
-        elif result.session_missing:
-            await self.outcomes.start_afresh(group, session_key, also=spent)
-        elif result.resume_point_missing and session is not None:
-            await self.outcomes.resume_whole_session(group, session_key, session, also=spent)
-        elif not result.ok:
-            await self.outcomes.failed(group, result, on_fallback, also=spent)
 
     def _request(
         self,

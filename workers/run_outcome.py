@@ -9,9 +9,10 @@
 - interrupted by a newer message: not completed, not failed; back in front of the waiting groups;
 - dropped by the ``max_waiting`` cap: completed with one notice listing them (kind ``dropped``).
 
-An :class:`OutcomeWriter` serves one drive (:class:`workers.drive.Drive`): a :class:`workers.run.Run` ends
-through it, and the processor uses it for the groups it settles without a run (stopped while waiting,
-dropped by the cap).
+An :class:`OutcomeWriter` serves one drive (:class:`workers.drive.Drive`): a :class:`workers.run.Run`
+returns what it came to as one value (:mod:`workers.outcome`) and :meth:`OutcomeWriter.apply` writes it; the
+processor also uses the writer for the groups it settles without a run (stopped while waiting, dropped by
+the cap).
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, ParamSpec
 
+import anyio
+
 from shared.aio import call
 from shared.chat.address import ChatAddress
 from shared.chat.agents import record_answer
@@ -29,6 +32,7 @@ from shared.chat.sessions import clear_sessions, set_session, set_session_in
 from shared.clock import now_ms
 from shared.file_access import chat_upload_dir, send_roots
 from shared.queue.core import CompleteOutcome, LeaseLost, QueuedMessage, ResponseDraft, TxWork
+from shared.reads.conversation_status import clear_run
 from shared.runtime import Runtime
 from shared.storage.db import Tx
 from workers.busy import WorkGroup, dropped_notice
@@ -36,7 +40,20 @@ from workers.drive import Drive
 from workers.errors import diagnose
 from workers.files import OutboundFiles, outbound_files
 from workers.liveness import RunInfo, note_target
-from workers.observe import quietly, record_event
+from workers.observe import quietly, record_event, record_events
+from workers.outcome import (
+    CannotStart,
+    Completed,
+    Failed,
+    Interrupted,
+    Refused,
+    ResumeWholeSession,
+    RunEnd,
+    RunOutcome,
+    StartAfresh,
+    Stopped,
+    Superseded,
+)
 from workers.output_bounds import save_long_reply
 from workers.pauses import RateLimitPauses, WaitedNote
 from workers.processor_config import ProcessorSettings, ProcessorStats
@@ -109,6 +126,59 @@ class OutcomeWriter:
                 return False
             finally:
                 drive.forget(group)
+
+    # -- what a run came to ----------------------------------------------------------------------------------
+    async def apply(self, group: WorkGroup, outcome: RunOutcome) -> None:
+        """Write what ``group``'s run came to (see :mod:`workers.outcome`). A completion carries the run's
+        end with it in one transaction; any other end of a started run first closes the run (its status
+        record, its preview's text, its events), then writes its own outcome."""
+        match outcome:
+            case CannotStart(result):
+                await self.failed(group, result)
+            case Refused(error, explanation, advice):
+                await self.refused(group, error, explanation=explanation, advice=advice)
+            case Superseded():
+                self.drive.lost = True
+                self.drive.forget(group)
+            case Completed(end, workspace, session_key):
+                try:
+                    finished = await self.succeeded(
+                        end.run, end.result, workspace, session_key, end.with_completion
+                    )
+                except BaseException:
+                    with anyio.CancelScope(shield=True):
+                        await self._forget_run(end)
+                    raise
+                if finished:
+                    end.run.take_events()
+                else:  # the lease was lost: the run still ends, with nothing else to write
+                    await self._close_run(end)
+            case Stopped(end):
+                await self._close_run(end)
+                await self.stopped(group, end.run.edit_key)
+            case Interrupted(end):
+                await self._close_run(end)
+                await self.interrupted(group)
+            case StartAfresh(end, session_key):
+                await self._close_run(end)
+                await self.start_afresh(group, session_key, also=end.spent)
+            case ResumeWholeSession(end, session_key, session):
+                await self._close_run(end)
+                await self.resume_whole_session(group, session_key, session, also=end.spent)
+            case Failed(end, on_fallback):
+                await self._close_run(end)
+                await self.failed(group, end.result, on_fallback, also=end.spent)
+
+    async def _forget_run(self, end: RunEnd) -> None:
+        """Remove the run's status record and its preview's text (a run that ended without a final reply)."""
+        await quietly(clear_run, self.rt.db, end.run.agent, end.run.run_id)
+        if end.preview is not None:
+            await end.preview.clear()
+
+    async def _close_run(self, end: RunEnd) -> None:
+        """End a run whose outcome is written on its own: :meth:`_forget_run`, then its events."""
+        await self._forget_run(end)
+        await record_events(self.rt.events, [*end.run.take_events(), end.done])
 
     # -- without a run -------------------------------------------------------------------------------------
     async def dropped(self, batch: list[QueuedMessage]) -> None:
