@@ -26,6 +26,11 @@ from shared.events.subscriptions import LocalSubscriptions
 from shared.storage import kv
 from shared.storage.db import Database, Tx
 from shared.storage.kv import Scope
+from shared.storage.queries import events as q
+
+# The term for one topic's events: where it lives now, kept importable here for the code that reads the log
+# by topic.
+from shared.storage.queries.events import topic_filter as topic_filter
 
 
 @dataclass
@@ -141,17 +146,11 @@ class SqlEventLog(LocalSubscriptions):
         limit = max(1, min(int(limit), 10_000))
         if after is not None and after_id < self.pruned_through(topic):
             raise CursorExpired(str(after_id), str(self.pruned_through(topic)))
-        visible = self.db.dialect.visible_events()
         if topic is None:
-            rows = self.db.read(
-                f"SELECT * FROM events WHERE id > :after{visible} ORDER BY id LIMIT :limit",
-                {"after": after_id, "limit": limit},
-            )
+            rows = self.db.read(q.READ_AFTER, {"after": after_id, "limit": limit})
         else:
             rows = self.db.read(
-                f"SELECT * FROM events WHERE {topic_filter(topic)} AND id > :after{visible} ORDER BY id "
-                "LIMIT :limit",
-                {"topic": topic, "after": after_id, "limit": limit},
+                q.read_topic_after(topic), {"topic": topic, "after": after_id, "limit": limit}
             )
         return [entry_from_row(r) for r in rows]
 
@@ -159,47 +158,24 @@ class SqlEventLog(LocalSubscriptions):
         value = cursor_int(cursor)
         now = now_ms()
         with self.db.transaction() as tx:
-            tx.execute(
-                "INSERT INTO event_consumers (consumer, topic, cursor, updated_at) "
-                "VALUES (:c, :t, :v, :now) ON CONFLICT (consumer, topic) DO UPDATE "
-                "SET cursor = excluded.cursor, updated_at = excluded.updated_at "
-                "WHERE event_consumers.cursor < excluded.cursor",
-                {"c": consumer, "t": topic, "v": value, "now": now},
-            )
+            tx.execute(q.ACK, {"c": consumer, "t": topic, "v": value, "now": now})
 
     def consumer_cursor(self, consumer: str, topic: str) -> str | None:
-        value = self.db.read_scalar(
-            "SELECT cursor FROM event_consumers WHERE consumer = :c AND topic = :t",
-            {"c": consumer, "t": topic},
-        )
+        value = self.db.read_scalar(q.CONSUMER_CURSOR, {"c": consumer, "t": topic})
         return None if value is None else str(value)
 
     def consumer_ack(self, consumer: str, topic: str) -> tuple[str, int] | None:
-        rows = self.db.read(
-            "SELECT cursor, updated_at FROM event_consumers WHERE consumer = :c AND topic = :t",
-            {"c": consumer, "t": topic},
-        )
+        rows = self.db.read(q.CONSUMER_ACK, {"c": consumer, "t": topic})
         return (str(rows[0]["cursor"]), int(rows[0]["updated_at"])) if rows else None
 
     def last_cursor(self) -> str:
-        # Only what a reader may see: a subscriber starting here must still get an event that commits
-        # later below a newer one (PostgreSQL).
-        visible = self.db.dialect.visible_events("WHERE")
-        return str(self.db.read_scalar(f"SELECT COALESCE(MAX(id), 0) FROM events{visible}"))
+        return str(self.db.read_scalar(q.LAST_CURSOR))
 
     def latest_cursor(self, topic: str | None) -> str | None:
-        visible = self.db.dialect.visible_events()
         if topic is None:
-            value = self.db.read_scalar(
-                f"SELECT MAX(id) FROM events{self.db.dialect.visible_events('WHERE')}"
-            )
+            value = self.db.read_scalar(q.LATEST_ID)
         else:
-            # Newest first by id, stopping at the first match: MAX() over a filter would read every row of a
-            # topic that has no index (the busy one).
-            value = self.db.read_scalar(
-                f"SELECT id FROM events WHERE {topic_filter(topic)}{visible} ORDER BY id DESC LIMIT 1",
-                {"topic": topic},
-            )
+            value = self.db.read_scalar(q.latest_id_of_topic(topic), {"topic": topic})
         return None if value is None else str(value)
 
     def subscribe(self, topic: str | None, handler: Handler, *, after: str | None = None) -> Unsubscribe:
@@ -238,35 +214,20 @@ class SqlEventLog(LocalSubscriptions):
             ttl_max = _last_id_before(tx, cutoff)
             if ttl_max is not None:
                 # TTL wins over unacked consumers: an abandoned consumer must not keep the log forever.
-                for t in tx.rows(
-                    "SELECT topic, MAX(id) AS m FROM events WHERE id <= :b GROUP BY topic", {"b": ttl_max}
-                ):
+                for t in tx.rows(q.TOPIC_MAX_THROUGH, {"b": ttl_max}):
                     _record_pruned(tx, t["topic"], int(t["m"]), now)
                 _record_pruned(tx, ALL_TOPICS, ttl_max, now)
-                removed += tx.execute("DELETE FROM events WHERE id <= :b", {"b": ttl_max}).rowcount
-            # Only events a reader may see: removing one above that bound would let an event committing
-            # later below it count as removed (PostgreSQL).
-            visible = tx.dialect.visible_events()
-            for t in tx.rows(
-                f"SELECT topic, COUNT(*) AS n FROM events{tx.dialect.visible_events('WHERE')} GROUP BY topic "
-                "HAVING COUNT(*) > :cap",
-                {"cap": max_per_topic},
-            ):
+                removed += tx.execute(q.DELETE_THROUGH, {"b": ttl_max}).rowcount
+            for t in tx.rows(q.TOPICS_OVER_CAP, {"cap": max_per_topic}):
                 topic = t["topic"]
                 excess = int(t["n"]) - max_per_topic
-                boundary = tx.scalar(
-                    f"SELECT id FROM events WHERE {topic_filter(topic)}{visible} ORDER BY id LIMIT 1 OFFSET :o",
-                    {"topic": topic, "o": excess - 1},
-                )
-                floor = tx.scalar("SELECT MIN(cursor) FROM event_consumers WHERE topic = :t", {"t": topic})
+                boundary = tx.scalar(q.topic_cap_boundary(topic), {"topic": topic, "o": excess - 1})
+                floor = tx.scalar(q.SLOWEST_CONSUMER, {"t": topic})
                 if floor is not None:
                     boundary = min(int(boundary), int(floor))
                 if boundary is None or int(boundary) <= 0:
                     continue
-                n = tx.execute(
-                    f"DELETE FROM events WHERE {topic_filter(topic)} AND id <= :b",
-                    {"topic": topic, "b": int(boundary)},
-                ).rowcount
+                n = tx.execute(q.delete_topic_through(topic), {"topic": topic, "b": int(boundary)}).rowcount
                 if n:
                     _record_pruned(tx, topic, int(boundary), now)
                     _record_pruned(tx, ALL_TOPICS, int(boundary), now)
@@ -280,20 +241,6 @@ class SqlEventLog(LocalSubscriptions):
         self._threads.clear()
 
 
-#: The topic of every enqueue, claim and completion: most of the log, so it has no topic index (see
-#: shared.storage.models.Event) and its readers go by id.
-BUSY_TOPIC = "queue"
-
-
-def topic_filter(topic: str) -> str:
-    """The WHERE term for one topic's events (parameter ``:topic``). For the quieter topics it repeats the
-    condition of their partial index, which the planners (SQLite's, and PostgreSQL's for a prepared
-    statement) use only when the query states it."""
-    if topic == BUSY_TOPIC:
-        return "topic = :topic"
-    return "topic = :topic AND topic <> 'queue'"
-
-
 def _last_id_before(tx: Tx, cutoff: int) -> int | None:
     """The newest event id created before ``cutoff``, found by binary search over the primary key.
 
@@ -301,18 +248,14 @@ def _last_id_before(tx: Tx, cutoff: int) -> int | None:
     ``created_at``: a search over ids costs a few
     primary-key lookups and spares every append the upkeep of an index on ``created_at``.
     """
-    visible = tx.dialect.visible_events()
-    bounds = f"SELECT MIN(id) AS lo, MAX(id) AS hi FROM events{tx.dialect.visible_events('WHERE')}"
-    lo, hi = tx.rows(bounds)[0].values()
+    lo, hi = tx.rows(q.ID_RANGE)[0].values()
     if lo is None:
         return None
     found: int | None = None
     lo, hi = int(lo), int(hi)
     while lo <= hi:
         mid = (lo + hi) // 2
-        row = tx.one(
-            f"SELECT id, created_at FROM events WHERE id >= :i{visible} ORDER BY id LIMIT 1", {"i": mid}
-        )
+        row = tx.one(q.FIRST_FROM, {"i": mid})
         if row is None:
             hi = mid - 1
         elif int(row["created_at"]) < cutoff:

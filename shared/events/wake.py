@@ -1,7 +1,7 @@
 """Wake-ups across processes: learn cheaply that the database changed, then run the real query.
 
 - SQLite: an inotify watch of the database's folder (:mod:`shared.events.fswatch`) blocks until another process
-  writes the write-ahead log; a dedicated read-only connection then reads ``PRAGMA data_version`` (a
+  writes the write-ahead log; a dedicated read-only connection then reads the ``data_version`` pragma (a
   shared-memory read, no disk I/O, no lock), whose value changes whenever another connection commits. The
   watch also times out every second to check it anyway (a safety net for a missed event). Where inotify is
   unavailable, the thread polls ``data_version`` every ``interval_ms`` (``queue.wake_interval_ms``) instead.
@@ -25,7 +25,8 @@ from typing import Any
 
 from shared.events.fswatch import open_watch
 from shared.storage.db import Database, configure_sqlite
-from shared.storage.dialect import NOTIFY_CHANNEL, pg_connect_args, sqlite_path
+from shared.storage.dialect import pg_connect_args, sqlite_path
+from shared.storage.queries import events as q
 
 #: With a file watch, the data_version poll is only a safety net for a missed event.
 WATCH_SAFETY_POLL_S = 1.0
@@ -139,13 +140,13 @@ class Waker:
         configure_sqlite(conn, self.db.busy_timeout_ms)
         self._conn = conn
         watch = open_watch(path.parent, {path.name + "-wal", path.name})
-        last = conn.execute("PRAGMA data_version").fetchone()[0]
+        last = conn.execute(q.DATA_VERSION).fetchone()[0]
         self._ready.set()
 
         def changed() -> bool:
             nonlocal last
             try:
-                current = conn.execute("PRAGMA data_version").fetchone()[0]
+                current = conn.execute(q.DATA_VERSION).fetchone()[0]
             except sqlite3.Error:
                 return False
             if current == last:
@@ -185,7 +186,7 @@ class Waker:
                 continue
             self._conn = conn
             try:
-                conn.execute(f"LISTEN {NOTIFY_CHANNEL}")
+                conn.execute(q.LISTEN)
                 self._ready.set()
                 # After (re)connecting we may have missed notifications: wake everyone once.
                 self.notify()
