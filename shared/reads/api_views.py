@@ -19,7 +19,7 @@ from shared.events.log import PendingEvent, append_events
 from shared.queue.core import Queue
 from shared.queue.records import MAX_MESSAGE_CHARS, InvalidInput, MessageDraft, QueuedResponse
 from shared.storage.db import Database
-from shared.storage.statuses import MessageStatus, ResponseStatus
+from shared.storage.queries import api_views as q
 
 #: The most lines :func:`tail_logs` reads from one file (it reads from the end).
 _TAIL_BYTES = 256 * 1024
@@ -27,19 +27,13 @@ _TAIL_BYTES = 256 * 1024
 
 def agent_history(db: Database, agent: str, *, limit: int = 100, since_id: int = 0) -> list[dict[str, Any]]:
     """An agent's turns (``agent_messages`` rows) with id above ``since_id``, newest first."""
-    rows = db.read(
-        "SELECT * FROM agent_messages WHERE agent_id = :a AND id > :s ORDER BY id DESC LIMIT :l",
-        {"a": agent, "s": max(0, since_id), "l": max(1, min(limit, 1000))},
-    )
+    rows = db.read(q.AGENT_TURNS, {"a": agent, "s": max(0, since_id), "l": max(1, min(limit, 1000))})
     return [dict(r) for r in rows]
 
 
 def chat_room_posts(db: Database, team: str, *, since_id: int = 0, limit: int = 100) -> list[dict[str, Any]]:
     """A team chat room's posts with id above ``since_id``: the newest ``limit`` of them, newest first."""
-    rows = db.read(
-        "SELECT * FROM chat_messages WHERE team_id = :t AND id > :s ORDER BY id DESC LIMIT :l",
-        {"t": team, "s": max(0, since_id), "l": max(1, min(limit, 1000))},
-    )
+    rows = db.read(q.CHAT_ROOM_POSTS, {"t": team, "s": max(0, since_id), "l": max(1, min(limit, 1000))})
     return [dict(r) for r in rows]
 
 
@@ -83,11 +77,7 @@ def post_to_chat_room(
                 named=True,
             )
             queued.extend(queue.intake.insert_drafts(tx, [draft], now))
-        row_id = tx.scalar(
-            "INSERT INTO chat_messages (team_id, from_agent, message, created_at) "
-            "VALUES (:t, :f, :m, :now) RETURNING id",
-            {"t": team, "f": f"user:{sender}", "m": message, "now": now},
-        )
+        row_id = tx.scalar(q.ADD_CHAT_ROOM_POST, {"t": team, "f": f"user:{sender}", "m": message, "now": now})
         append_events(tx, [PendingEvent("chatroom_post", {"team": team, "id": row_id, "queued": queued})])
     return ChatRoomPost(int(row_id), queued)
 
@@ -96,34 +86,24 @@ def pending_chat_replies(db: Database, chat: ChatAddress, limit: int = 100) -> l
     """The replies to ``chat`` still to deliver (``pending`` or ``delivering``; a ``failed``
     one waits for nobody), oldest first, at most ``limit``. Filtered in the query, however many replies other
     chats of the channel have waiting."""
-    rows = db.read(
-        # ``status <> 'acked'`` repeats ix_responses_open's condition, so SQLite uses that partial index.
-        f"SELECT * FROM responses WHERE status <> '{ResponseStatus.ACKED}' AND channel = :c AND conversation = :v "
-        f"AND status IN ('{ResponseStatus.PENDING}', '{ResponseStatus.DELIVERING}') ORDER BY id LIMIT :l",
-        {"c": chat.channel, "v": chat.chat, "l": max(1, min(limit, 1000))},
-    )
+    rows = db.read(q.PENDING_CHAT_REPLIES, {"c": chat.channel, "v": chat.chat, "l": max(1, min(limit, 1000))})
     return [QueuedResponse.from_row(r) for r in rows]
 
 
 def ping(db: Database) -> None:
     """One round trip to the database; raises what the driver raises when it cannot answer."""
-    db.read_scalar("SELECT 1")
+    db.read_scalar(q.PING)
 
 
 def active_conversations(db: Database) -> int:
     """How many chats have a message being processed now."""
-    value = db.read_scalar(
-        "SELECT COUNT(*) FROM (SELECT DISTINCT agent, channel, conversation FROM messages "
-        f"WHERE status = '{MessageStatus.PROCESSING}') AS busy"
-    )
+    value = db.read_scalar(q.ACTIVE_CONVERSATIONS)
     return int(value or 0)
 
 
 def processing_message(db: Database, row_id: int) -> dict[str, Any] | None:
     """The ``messages`` row ``row_id`` if it is being processed now."""
-    rows = db.read(
-        f"SELECT * FROM messages WHERE id = :i AND status = '{MessageStatus.PROCESSING}'", {"i": row_id}
-    )
+    rows = db.read(q.PROCESSING_MESSAGE, {"i": row_id})
     return dict(rows[0]) if rows else None
 
 
@@ -163,11 +143,7 @@ def chat_of_sender(db: Database, channel: str, sender_id: str) -> str | None:
     no such chat is known."""
     if channel in SENDER_ID_IS_CHAT:
         return sender_id
-    rows = db.read(
-        "SELECT conversation, metadata FROM messages WHERE channel = :c AND sender_id = :s "
-        "AND conversation <> '' ORDER BY id DESC LIMIT 50",
-        {"c": channel, "s": sender_id},
-    )
+    rows = db.read(q.SENDER_RECENT_CHATS, {"c": channel, "s": sender_id})
     # A private chat first (a message with no guild/group), then a private chat the adapter opened for them
     # (``dm_channel``), then wherever they last wrote.
     found = [(str(r["conversation"]), _metadata(r["metadata"])) for r in rows]
@@ -179,11 +155,7 @@ def chat_of_sender(db: Database, channel: str, sender_id: str) -> str | None:
             return str(meta["dm_channel"])
     if found:
         return found[0][0]
-    value = db.read_scalar(
-        "SELECT conversation FROM responses WHERE channel = :c AND sender_id = :s AND conversation <> '' "
-        "ORDER BY id DESC LIMIT 1",
-        {"c": channel, "s": sender_id},
-    )
+    value = db.read_scalar(q.SENDER_LAST_ANSWERED_CHAT, {"c": channel, "s": sender_id})
     return str(value) if value else None
 
 
@@ -197,7 +169,5 @@ def _metadata(raw: Any) -> dict[str, Any]:
 
 def last_heartbeats(db: Database) -> dict[str, int]:
     """When each agent's latest heartbeat message was queued (epoch ms), for the ones still stored."""
-    rows = db.read(
-        "SELECT agent, MAX(created_at) AS at FROM messages WHERE channel = 'heartbeat' GROUP BY agent"
-    )
+    rows = db.read(q.LAST_HEARTBEATS)
     return {str(r["agent"]): int(r["at"]) for r in rows}

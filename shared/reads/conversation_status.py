@@ -20,8 +20,7 @@ from shared.clock import now_ms
 from shared.storage import kv
 from shared.storage.db import Database, Tx
 from shared.storage.kv import Scope
-from shared.storage.queries.common import CHAT_KEY as CHAT_KEY_SQL
-from shared.storage.statuses import MessageStatus
+from shared.storage.queries import conversations as q
 
 
 def record_run(db: Database, agent: str, **fields: Any) -> None:
@@ -93,12 +92,7 @@ def current_run(db: Database, agent: str, now: int | None = None) -> dict[str, A
         return None
     now = now_ms() if now is None else now
     ids = [str(i) for i in record["message_ids"]]
-    marks = ", ".join(f":m{n}" for n in range(len(ids)))
-    live = db.read_scalar(
-        f"SELECT COUNT(*) FROM messages WHERE message_id IN ({marks}) AND status = '{MessageStatus.PROCESSING}' "
-        "AND lease_until >= :now",
-        {"now": now, **{f"m{n}": i for n, i in enumerate(ids)}},
-    )
+    live = db.read_scalar(q.live_in_run(len(ids)), {"now": now, **{f"m{n}": i for n, i in enumerate(ids)}})
     return record if int(live or 0) > 0 else None
 
 
@@ -113,10 +107,8 @@ def conversation_status(
     (epoch ms, 0 when not paused), ``pause_reason``, ``now``.
     """
     now = now_ms() if now is None else now
-    agent_clause = " AND agent = :agent" if agent is not None else ""
     rows = db.read(
-        "SELECT message_id, agent, status FROM messages WHERE channel = :channel AND "
-        f"{CHAT_KEY_SQL} = :conv AND status IN ('{MessageStatus.PENDING}', '{MessageStatus.PROCESSING}'){agent_clause} ORDER BY id",
+        q.open_in_chat(of_agent=agent is not None),
         {"channel": chat.channel, "conv": chat.chat, "agent": agent},
     )
     agents = {agent} if agent is not None else {str(r["agent"]) for r in rows}
@@ -131,10 +123,7 @@ def conversation_status(
     waiting = [str(r["message_id"]) for r in rows if r["message_id"] not in in_run]
     paused_until, reason = 0, ""
     for name in sorted(agents):
-        pause = db.read(
-            "SELECT paused_until, note FROM agent_leases WHERE agent = :a AND paused_until > :now",
-            {"a": name, "now": now},
-        )
+        pause = db.read(q.AGENT_PAUSE, {"a": name, "now": now})
         if pause and int(pause[0]["paused_until"]) > paused_until:
             paused_until, reason = int(pause[0]["paused_until"]), str(pause[0]["note"] or "")
     return {

@@ -17,7 +17,7 @@ from shared.chat.address import ChatAddress
 from shared.clock import now_ms
 from shared.reads.conversation_status import conversation_status, current_run
 from shared.storage.db import Database
-from shared.storage.queries.common import CHAT_KEY as CHAT_KEY_SQL
+from shared.storage.queries import conversations as q
 from shared.storage.statuses import MessageStatus
 
 #: Channels whose messages are the system's own (not chats a person has with an agent).
@@ -29,30 +29,15 @@ def list_conversations(db: Database, *, limit: int = 50) -> list[dict[str, Any]]
     message (a user's or a reply's), its time, how many messages, and what is going on (``working``,
     ``waiting``, ``failed`` when its latest message is a dead letter, else ``idle``)."""
     limit = max(1, min(limit, 500))
-    marks = ", ".join(f":h{n}" for n in range(len(HIDDEN_CHANNELS)))
     hidden = {f"h{n}": c for n, c in enumerate(HIDDEN_CHANNELS)}
-    chats = db.read(
-        f"SELECT channel, {CHAT_KEY_SQL} AS chat, MAX(id) AS last_id, COUNT(*) AS n, "
-        f"SUM(CASE WHEN status = '{MessageStatus.PROCESSING}' THEN 1 ELSE 0 END) AS busy, "
-        f"SUM(CASE WHEN status = '{MessageStatus.PENDING}' THEN 1 ELSE 0 END) AS waiting "
-        f"FROM messages WHERE channel NOT IN ({marks}) GROUP BY channel, {CHAT_KEY_SQL} "
-        "ORDER BY MAX(updated_at) DESC LIMIT :l",
-        {"l": limit, **hidden},
-    )
+    chats = db.read(q.recent_chats(len(HIDDEN_CHANNELS)), {"l": limit, **hidden})
     out: list[dict[str, Any]] = []
     for chat in chats:
-        last = db.read(
-            "SELECT sender, sender_id, agent, message, status, created_at, updated_at FROM messages WHERE id = :i",
-            {"i": chat["last_id"]},
-        )
+        last = db.read(q.LAST_MESSAGE, {"i": chat["last_id"]})
         if not last:
             continue
         row = last[0]
-        reply = db.read(
-            "SELECT message, agent, created_at FROM responses WHERE channel = :c AND conversation = :v "
-            "ORDER BY id DESC LIMIT 1",
-            {"c": chat["channel"], "v": chat["chat"]},
-        )
+        reply = db.read(q.LAST_REPLY, {"c": chat["channel"], "v": chat["chat"]})
         text, at, by = str(row["message"]), int(row["created_at"]), str(row["sender"] or row["sender_id"])
         if reply and int(reply[0]["created_at"]) >= at:
             text, at, by = str(reply[0]["message"]), int(reply[0]["created_at"]), str(reply[0]["agent"])
@@ -102,27 +87,8 @@ def conversation_history(
     cut = before if before > 0 else 2**62
     cursor = (cut, _KIND_ORDER.get(before_kind, 2), before_id if before_kind else 0)
     params = {"c": chat.channel, "v": chat.chat, "b": cut, "l": limit + 1}
-    messages = db.read(
-        "SELECT id, message_id, sender, sender_id, message, agent, status, retry_count, manual_retries, "
-        "last_error, created_at, updated_at FROM messages "
-        f"WHERE channel = :c AND {CHAT_KEY_SQL} = :v AND created_at < :b ORDER BY created_at DESC, id DESC "
-        "LIMIT :l",
-        params,
-    ) + db.read(
-        "SELECT id, message_id, sender, sender_id, message, agent, status, retry_count, manual_retries, "
-        f"last_error, created_at, updated_at FROM messages WHERE channel = :c AND {CHAT_KEY_SQL} = :v "
-        "AND created_at = :b",
-        params,
-    )
-    replies = db.read(
-        "SELECT id, message_id, message, agent, metadata, status, files, created_at FROM responses "
-        "WHERE channel = :c AND conversation = :v AND created_at < :b ORDER BY created_at DESC, id DESC LIMIT :l",
-        params,
-    ) + db.read(
-        "SELECT id, message_id, message, agent, metadata, status, files, created_at FROM responses "
-        "WHERE channel = :c AND conversation = :v AND created_at = :b",
-        params,
-    )
+    messages = db.read(q.MESSAGES_BEFORE, params) + db.read(q.MESSAGES_AT, params)
+    replies = db.read(q.REPLIES_BEFORE, params) + db.read(q.REPLIES_AT, params)
     items: list[dict[str, Any]] = [_message_item(r) for r in messages] + [_reply_item(r) for r in replies]
     items = [i for i in items if _key(i) < cursor]
     items.sort(key=_key)
@@ -188,21 +154,9 @@ def agent_overview(db: Database, agents: Iterable[str]) -> dict[str, dict[str, A
     now = now_ms()
     out: dict[str, dict[str, Any]] = {}
     for agent in agents:
-        depth = db.read(
-            f"SELECT SUM(CASE WHEN status = '{MessageStatus.PENDING}' THEN 1 ELSE 0 END) AS pending, "
-            f"SUM(CASE WHEN status = '{MessageStatus.PROCESSING}' THEN 1 ELSE 0 END) AS processing, "
-            f"SUM(CASE WHEN status = '{MessageStatus.DEAD}' THEN 1 ELSE 0 END) AS dead FROM messages WHERE agent = :a",
-            {"a": agent},
-        )[0]
-        failed = db.read(
-            "SELECT last_error, updated_at FROM messages WHERE agent = :a AND last_error IS NOT NULL "
-            "AND last_error <> '' ORDER BY updated_at DESC LIMIT 1",
-            {"a": agent},
-        )
-        pause = db.read(
-            "SELECT paused_until, note FROM agent_leases WHERE agent = :a AND paused_until > :now",
-            {"a": agent, "now": now},
-        )
+        depth = db.read(q.AGENT_DEPTH, {"a": agent})[0]
+        failed = db.read(q.AGENT_LAST_ERROR, {"a": agent})
+        pause = db.read(q.AGENT_PAUSE, {"a": agent, "now": now})
         run = current_run(db, agent, now)
         state = "running" if run else ("paused" if pause else "idle")
         out[agent] = {

@@ -17,6 +17,7 @@ from shared.events.entries import EventEntry
 from shared.events.log import entry_from_row
 from shared.reads.budget_status import OVER_BUDGET_PREFIX
 from shared.storage.db import Database
+from shared.storage.queries import trace as q
 from shared.storage.statuses import MessageStatus, ResponseStatus
 
 
@@ -41,11 +42,7 @@ class Trace:
 
 
 def _events_for(db: Database, message_id: str) -> list[EventEntry]:
-    # Group events (claims, completions) list every member in their payload; the LIKE finds those too.
-    rows = db.read(
-        "SELECT * FROM events WHERE message_id = :m OR payload LIKE :pattern ORDER BY id",
-        {"m": message_id, "pattern": f'%"{message_id}"%'},
-    )
+    rows = db.read(q.EVENTS_OF_MESSAGE, {"m": message_id, "pattern": f'%"{message_id}"%'})
     return [entry_from_row(r) for r in rows]
 
 
@@ -83,9 +80,7 @@ def _verdict(
         return "the message row is gone (pruned or archived); see the events above"
     status = message["status"]
     if status == MessageStatus.PENDING:
-        paused = db.read_scalar(
-            "SELECT paused_until FROM agent_leases WHERE agent = :a", {"a": message["agent"]}
-        )
+        paused = db.read_scalar(q.AGENT_PAUSED_UNTIL, {"a": message["agent"]})
         if paused is not None and int(paused) > now:
             return (
                 f"paused: agent {message['agent']} is rate-limited until {_when(int(paused))}; it runs then"
@@ -168,14 +163,14 @@ def _delivery_verdict(last: dict[str, Any], now: int) -> str:
 
 def trace_message(db: Database, message_id: str) -> Trace:
     """Collect the events, rows and verdict of ``message_id``."""
-    rows = db.read("SELECT * FROM messages WHERE message_id = :m", {"m": message_id})
+    rows = db.read(q.MESSAGE, {"m": message_id})
     message = rows[0] if rows else None
     if message is not None:
         message = dict(message)
         message["metadata"] = json.loads(message["metadata"] or "{}")
     responses = [
         dict(r) | {"metadata": json.loads(r["metadata"] or "{}"), "files": json.loads(r["files"] or "[]")}
-        for r in db.read("SELECT * FROM responses WHERE message_id = :m ORDER BY id", {"m": message_id})
+        for r in db.read(q.RESPONSES_OF_MESSAGE, {"m": message_id})
     ]
     events = _events_for(db, message_id)
     now = now_ms()

@@ -17,6 +17,7 @@ from typing import Any, Literal
 
 from shared.clock import now_ms
 from shared.storage.db import Database, Tx
+from shared.storage.queries import usage as q
 
 UsageBy = Literal["agent", "sender", "chat", "day"]
 USAGE_BY: tuple[str, ...] = ("agent", "sender", "chat", "day")
@@ -62,20 +63,9 @@ class UsageRow:
 def record_usage_in(tx: Tx, record: UsageRecord, *, at: int | None = None) -> None:
     """Write one run's usage inside ``tx`` (the transaction of the run's outcome)."""
     tx.execute(
-        "INSERT INTO run_usage (run_id, message_id, agent, channel, conversation, sender, sender_name, model,"
-        " ok, input_tokens, output_tokens, cache_read_tokens, cache_write_tokens, cost_usd, duration_ms,"
-        " created_at) VALUES (:run_id, :message_id, :agent, :channel, :conversation, :sender, :sender_name,"
-        " :model, :ok, :input_tokens, :output_tokens, :cache_read_tokens, :cache_write_tokens, :cost_usd,"
-        " :duration_ms, :created_at)",
+        q.RECORD,
         {**asdict(record), "ok": 1 if record.ok else 0, "created_at": now_ms() if at is None else at},
     )
-
-
-_GROUP_KEYS: dict[str, str] = {
-    "agent": "agent",
-    "sender": "sender",
-    "chat": "channel || ':' || conversation",
-}
 
 
 def usage_rows(db: Database, by: str = "agent", since_ms: int | None = None) -> list[UsageRow]:
@@ -83,14 +73,9 @@ def usage_rows(db: Database, by: str = "agent", since_ms: int | None = None) -> 
     costliest first (by day: in date order)."""
     if by not in USAGE_BY:
         raise ValueError(f"unknown grouping {by!r} (use one of: {', '.join(USAGE_BY)})")
-    key = "created_at" if by == "day" else _GROUP_KEYS[by]
+    statement = q.sums_by(by)
     try:
-        rows = db.read(
-            f"SELECT {key} AS k, COUNT(*) AS runs, SUM(input_tokens) AS i, SUM(output_tokens) AS o,"
-            " SUM(cache_read_tokens) AS cr, SUM(cache_write_tokens) AS cw, SUM(cost_usd) AS c"
-            f" FROM run_usage WHERE created_at >= :since GROUP BY {key}",
-            {"since": since_ms or 0},
-        )
+        rows = db.read(statement, {"since": since_ms or 0})
     except Exception as exc:
         # A database no processor has opened since this release: no run has been recorded yet.
         if "run_usage" not in str(exc):
@@ -114,15 +99,9 @@ def usage_rows(db: Database, by: str = "agent", since_ms: int | None = None) -> 
 def spent_usd(db: Database, *, since_ms: int, sender: str | None = None, agent: str | None = None) -> float:
     """Dollars spent since ``since_ms`` by one sender (on every agent) or by one agent (every sender)."""
     if sender is not None:
-        value = db.read_scalar(
-            "SELECT COALESCE(SUM(cost_usd), 0) FROM run_usage WHERE sender = :s AND created_at >= :t",
-            {"s": sender, "t": since_ms},
-        )
+        value = db.read_scalar(q.SPENT_BY_SENDER, {"s": sender, "t": since_ms})
     else:
-        value = db.read_scalar(
-            "SELECT COALESCE(SUM(cost_usd), 0) FROM run_usage WHERE agent = :a AND created_at >= :t",
-            {"a": agent or "", "t": since_ms},
-        )
+        value = db.read_scalar(q.SPENT_BY_AGENT, {"a": agent or "", "t": since_ms})
     return float(value or 0)
 
 

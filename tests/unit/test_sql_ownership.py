@@ -27,11 +27,6 @@ NOT_MOVED_YET = frozenset(
         "shared/chat/lookups.py",
         "shared/chat/pairings.py",
         "shared/chat/sessions.py",
-        "shared/reads/api_views.py",
-        "shared/reads/conversation_status.py",
-        "shared/reads/conversations.py",
-        "shared/reads/trace.py",
-        "shared/reads/usage.py",
     }
 )
 

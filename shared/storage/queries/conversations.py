@@ -1,0 +1,86 @@
+"""Read views of chats and agents for the dashboard and ``/status``: the chats across channels, one chat's
+history, each agent's queue depth, last error and pause, and a run's live messages
+(:mod:`shared.reads.conversations`, :mod:`shared.reads.conversation_status`)."""
+
+from __future__ import annotations
+
+from shared.storage.queries.common import CHAT_KEY, OPEN, PENDING, PROCESSING
+from shared.storage.statuses import MessageStatus
+
+_DEAD = f"'{MessageStatus.DEAD}'"
+
+
+def recent_chats(hidden: int) -> str:
+    """The most recently active chats (channel, chat key, newest message id, counts of messages, processing
+    and pending), at most ``:l``, leaving out the ``hidden`` channels ``:h0``, ``:h1``, …"""
+    marks = ", ".join(f":h{n}" for n in range(hidden))
+    return (
+        f"SELECT channel, {CHAT_KEY} AS chat, MAX(id) AS last_id, COUNT(*) AS n, "
+        f"SUM(CASE WHEN status = {PROCESSING} THEN 1 ELSE 0 END) AS busy, "
+        f"SUM(CASE WHEN status = {PENDING} THEN 1 ELSE 0 END) AS waiting "
+        f"FROM messages WHERE channel NOT IN ({marks}) GROUP BY channel, {CHAT_KEY} "
+        "ORDER BY MAX(updated_at) DESC LIMIT :l"
+    )
+
+
+LAST_MESSAGE = (
+    "SELECT sender, sender_id, agent, message, status, created_at, updated_at FROM messages WHERE id = :i"
+)
+LAST_REPLY = (
+    "SELECT message, agent, created_at FROM responses WHERE channel = :c AND conversation = :v "
+    "ORDER BY id DESC LIMIT 1"
+)
+
+# One chat's history, a page before the time ``:b``: the newest ``:l`` items before it, and every item at it.
+MESSAGES_BEFORE = (
+    "SELECT id, message_id, sender, sender_id, message, agent, status, retry_count, manual_retries, "
+    "last_error, created_at, updated_at FROM messages "
+    f"WHERE channel = :c AND {CHAT_KEY} = :v AND created_at < :b ORDER BY created_at DESC, id DESC "
+    "LIMIT :l"
+)
+MESSAGES_AT = (
+    "SELECT id, message_id, sender, sender_id, message, agent, status, retry_count, manual_retries, "
+    f"last_error, created_at, updated_at FROM messages WHERE channel = :c AND {CHAT_KEY} = :v "
+    "AND created_at = :b"
+)
+REPLIES_BEFORE = (
+    "SELECT id, message_id, message, agent, metadata, status, files, created_at FROM responses "
+    "WHERE channel = :c AND conversation = :v AND created_at < :b ORDER BY created_at DESC, id DESC LIMIT :l"
+)
+REPLIES_AT = (
+    "SELECT id, message_id, message, agent, metadata, status, files, created_at FROM responses "
+    "WHERE channel = :c AND conversation = :v AND created_at = :b"
+)
+
+#: An agent's messages pending, processing and dead.
+AGENT_DEPTH = (
+    f"SELECT SUM(CASE WHEN status = {PENDING} THEN 1 ELSE 0 END) AS pending, "
+    f"SUM(CASE WHEN status = {PROCESSING} THEN 1 ELSE 0 END) AS processing, "
+    f"SUM(CASE WHEN status = {_DEAD} THEN 1 ELSE 0 END) AS dead FROM messages WHERE agent = :a"
+)
+AGENT_LAST_ERROR = (
+    "SELECT last_error, updated_at FROM messages WHERE agent = :a AND last_error IS NOT NULL "
+    "AND last_error <> '' ORDER BY updated_at DESC LIMIT 1"
+)
+#: The agent's pause, when it lasts beyond ``:now``.
+AGENT_PAUSE = "SELECT paused_until, note FROM agent_leases WHERE agent = :a AND paused_until > :now"
+
+
+def live_in_run(count: int) -> str:
+    """How many of the messages ``:m0`` … ``:m{count-1}`` (by message id) are processing under a lease
+    unexpired at ``:now``."""
+    marks = ", ".join(f":m{n}" for n in range(count))
+    return (
+        f"SELECT COUNT(*) FROM messages WHERE message_id IN ({marks}) AND status = {PROCESSING} "
+        "AND lease_until >= :now"
+    )
+
+
+def open_in_chat(of_agent: bool) -> str:
+    """The chat's messages still to answer (``:channel``, ``:conv``), oldest first; for the agent ``:agent``
+    only when ``of_agent``."""
+    agent_clause = " AND agent = :agent" if of_agent else ""
+    return (
+        "SELECT message_id, agent, status FROM messages WHERE channel = :channel AND "
+        f"{CHAT_KEY} = :conv AND status IN {OPEN}{agent_clause} ORDER BY id"
+    )

@@ -1,0 +1,11 @@
+"""One message's story for ``agentpost trace``: its events, its row, its replies and its agent's pause
+(:mod:`shared.reads.trace`)."""
+
+from __future__ import annotations
+
+#: The events naming message ``:m``. Group events (claims, completions) list every member in their payload;
+#: the LIKE (``:pattern``, the quoted id between ``%``) finds those too.
+EVENTS_OF_MESSAGE = "SELECT * FROM events WHERE message_id = :m OR payload LIKE :pattern ORDER BY id"
+AGENT_PAUSED_UNTIL = "SELECT paused_until FROM agent_leases WHERE agent = :a"
+MESSAGE = "SELECT * FROM messages WHERE message_id = :m"
+RESPONSES_OF_MESSAGE = "SELECT * FROM responses WHERE message_id = :m ORDER BY id"
