@@ -12,29 +12,13 @@ from collections.abc import Collection
 
 from shared.chat.address import ChatAddress
 from shared.storage.db import Database, Tx
-from shared.storage.queries.common import CHAT_KEY as CHAT_KEY_SQL
-from shared.storage.statuses import MessageStatus
-
-_BUSY_AGENTS = (
-    f"SELECT agent, MAX(CASE WHEN status = '{MessageStatus.PROCESSING}' THEN 1 ELSE 0 END) AS running FROM messages "
-    f"WHERE channel = :c AND {CHAT_KEY_SQL} = :chat AND status IN ('{MessageStatus.PENDING}', '{MessageStatus.PROCESSING}') GROUP BY agent"
-)
-_BUSY_CONVERSATIONS = (
-    "SELECT DISTINCT m.conversation FROM messages m LEFT JOIN agent_leases a ON a.agent = m.agent "
-    f"WHERE m.channel = :c AND m.status IN ('{MessageStatus.PENDING}', '{MessageStatus.PROCESSING}') AND m.conversation <> '' "
-    f"AND (m.status = '{MessageStatus.PROCESSING}' OR "
-    f"(m.status = '{MessageStatus.PENDING}' AND m.available_at <= :horizon AND COALESCE(a.paused_until, 0) <= :now))"
-)
-_NEWEST_WAITING_EXTERNAL_ID = (
-    f"SELECT external_id FROM messages WHERE channel = :c AND {CHAT_KEY_SQL} = :chat "
-    f"AND status IN ('{MessageStatus.PENDING}', '{MessageStatus.PROCESSING}') AND external_id IS NOT NULL ORDER BY id DESC LIMIT 1"
-)
+from shared.storage.queries import chat_lookups as q
 
 
 def busy_agents(db: Database, chat: ChatAddress) -> list[str]:
     """Agents with a message of ``chat`` pending or processing: those with one processing first, then by name
     (the agents a ``/stop`` in that chat asks to stop)."""
-    rows = db.read(_BUSY_AGENTS, {"c": chat.channel, "chat": chat.chat})
+    rows = db.read(q.BUSY_AGENTS, {"c": chat.channel, "chat": chat.chat})
     ordered = sorted(rows, key=lambda r: (-int(r["running"]), str(r["agent"])))
     return [str(r["agent"]) for r in ordered]
 
@@ -43,14 +27,14 @@ def busy_conversations(db: Database, channel: str, now: int, horizon_ms: int) ->
     """Chats of ``channel`` where an agent is at work: a message processing, or one pending that is due
     within ``horizon_ms`` of ``now`` (epoch ms) for an agent not paused then. A chat whose next try is
     further off (a long backoff) or whose agent is paused (a rate limit) is not busy."""
-    rows = db.read(_BUSY_CONVERSATIONS, {"c": channel, "now": now, "horizon": now + horizon_ms})
+    rows = db.read(q.BUSY_CONVERSATIONS, {"c": channel, "now": now, "horizon": now + horizon_ms})
     return [str(r["conversation"]) for r in rows]
 
 
 def newest_waiting_external_id(db: Database, chat: ChatAddress) -> str | None:
     """The platform's id of the chat's newest message still pending or processing (``None``: none, or none
     with a platform id). WhatsApp shows its typing indicator on that message."""
-    value = db.read_scalar(_NEWEST_WAITING_EXTERNAL_ID, {"c": chat.channel, "chat": chat.chat})
+    value = db.read_scalar(q.NEWEST_WAITING_EXTERNAL_ID, {"c": chat.channel, "chat": chat.chat})
     return str(value) if value else None
 
 
@@ -60,8 +44,7 @@ def processing_among(src: Database | Tx, message_ids: Collection[str]) -> set[st
     for start in range(0, len(unique), 500):
         chunk = unique[start : start + 500]
         params = {f"m{i}": m for i, m in enumerate(chunk)}
-        marks = ", ".join(f":m{i}" for i in range(len(chunk)))
-        sql = f"SELECT message_id FROM messages WHERE status = '{MessageStatus.PROCESSING}' AND message_id IN ({marks})"
+        sql = q.processing_among(len(chunk))
         rows = src.rows(sql, params) if isinstance(src, Tx) else src.read(sql, params)
         found.update(str(r["message_id"]) for r in rows)
     return found

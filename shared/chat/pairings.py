@@ -13,20 +13,11 @@ from dataclasses import dataclass
 from shared.clock import now_ms
 from shared.events.log import PendingEvent, append_events
 from shared.storage.db import Database, Row, Tx
+from shared.storage.queries import pairings as q
 from shared.storage.statuses import PairingStatus
 
 #: How long a pairing code approves its sender.
 CODE_TTL_MS = 3_600_000
-
-_STATUS = "SELECT status FROM pairings WHERE channel = :c AND sender_id = :s"
-_FIND = "SELECT * FROM pairings WHERE channel = :c AND sender_id = :s"
-_PENDING_SINCE = f"SELECT COUNT(*) FROM pairings WHERE channel = :c AND status = '{PairingStatus.PENDING}' AND created_at >= :since"
-_ISSUE = (
-    "INSERT INTO pairings (channel, sender_id, sender, code, status, created_at, approved_at) "
-    f"VALUES (:c, :s, :n, :code, '{PairingStatus.PENDING}', :now, NULL) ON CONFLICT (channel, sender_id) DO UPDATE SET "
-    f"sender = excluded.sender, code = excluded.code, status = '{PairingStatus.PENDING}', created_at = excluded.created_at, "
-    "approved_at = NULL"
-)
 
 
 class PairingError(LookupError):
@@ -68,11 +59,7 @@ def approve(db: Database, code: str, *, ttl_ms: int = CODE_TTL_MS, now: int | No
     now = now_ms() if now is None else now
     wanted = code.strip().upper()
     with db.transaction() as tx:
-        row = tx.one(
-            f"SELECT * FROM pairings WHERE code = :code AND status = '{PairingStatus.PENDING}' ORDER BY created_at DESC"
-            + tx.dialect.lock_rows,
-            {"code": wanted},
-        )
+        row = tx.one(q.PENDING_BY_CODE_LOCKED, {"code": wanted})
         if row is None:
             raise PairingError(f"no pending pairing has code {wanted!r}")
         found = Pairing.from_row(row)
@@ -80,10 +67,7 @@ def approve(db: Database, code: str, *, ttl_ms: int = CODE_TTL_MS, now: int | No
             raise PairingError(
                 f"pairing code {wanted} expired; the sender gets a new one on their next message"
             )
-        tx.execute(
-            f"UPDATE pairings SET status = '{PairingStatus.APPROVED}', approved_at = :now WHERE channel = :c AND sender_id = :s",
-            {"now": now, "c": found.channel, "s": found.sender_id},
-        )
+        tx.execute(q.APPROVE, {"now": now, "c": found.channel, "s": found.sender_id})
         tx.signal("messages")  # wakes the channel, which then answers the messages kept for the sender
         append_events(
             tx,
@@ -108,10 +92,7 @@ def revoke(db: Database, channel: str, sender_id: str, *, now: int | None = None
         found = find(tx, channel, sender_id)
         if found is None or found.status == "revoked":
             raise PairingError(f"sender {sender_id!r} is not paired with channel {channel!r}")
-        tx.execute(
-            "UPDATE pairings SET status = 'revoked' WHERE channel = :c AND sender_id = :s",
-            {"c": channel, "s": sender_id},
-        )
+        tx.execute(q.REVOKE, {"c": channel, "s": sender_id})
         append_events(
             tx,
             [PendingEvent("pairing_revoked", {"channel": channel, "sender_id": sender_id}, topic="channels")],
@@ -123,36 +104,34 @@ def revoke(db: Database, channel: str, sender_id: str, *, now: int | None = None
 def list_pairings(db: Database, channel: str | None = None) -> list[Pairing]:
     """Every pairing (of one channel, or all), newest first."""
     if channel is None:
-        rows = db.read("SELECT * FROM pairings ORDER BY created_at DESC, id DESC")
+        rows = db.read(q.ALL_NEWEST_FIRST)
     else:
-        rows = db.read(
-            "SELECT * FROM pairings WHERE channel = :c ORDER BY created_at DESC, id DESC", {"c": channel}
-        )
+        rows = db.read(q.OF_CHANNEL_NEWEST_FIRST, {"c": channel})
     return [Pairing.from_row(r) for r in rows]
 
 
 def is_approved(db: Database, channel: str, sender_id: str) -> bool:
     """Whether the sender is paired with the channel now (a read without a transaction)."""
-    status = db.read_scalar(_STATUS, {"c": channel, "s": sender_id})
+    status = db.read_scalar(q.STATUS, {"c": channel, "s": sender_id})
     return bool(status == PairingStatus.APPROVED)
 
 
 def find(tx: Tx, channel: str, sender_id: str) -> Pairing | None:
     """The sender's pairing row on the channel (any status), read inside ``tx``; ``None`` when they never
     asked."""
-    row = tx.one(_FIND, {"c": channel, "s": sender_id})
+    row = tx.one(q.FIND, {"c": channel, "s": sender_id})
     return None if row is None else Pairing.from_row(row)
 
 
 def pending_since(tx: Tx, channel: str, since: int) -> int:
     """How many codes of the channel are pending and were issued at or after ``since`` (epoch ms)."""
-    return int(tx.scalar(_PENDING_SINCE, {"c": channel, "since": since}) or 0)
+    return int(tx.scalar(q.PENDING_SINCE, {"c": channel, "since": since}) or 0)
 
 
 def issue_code(tx: Tx, channel: str, sender_id: str, sender: str, code: str, now: int) -> None:
     """Give the sender a new pending ``code`` (replacing an expired code or a revoked pairing) and report
     ``pairing_requested``, inside ``tx``."""
-    tx.execute(_ISSUE, {"c": channel, "s": sender_id, "n": sender, "code": code, "now": now})
+    tx.execute(q.ISSUE, {"c": channel, "s": sender_id, "n": sender, "code": code, "now": now})
     append_events(
         tx,
         [

@@ -12,6 +12,7 @@ from __future__ import annotations
 from shared.clock import now_ms
 from shared.events.log import PendingEvent, append_events
 from shared.storage.db import Database, Tx
+from shared.storage.queries import sessions as q
 
 #: The conversation key used when one conversation spans all of an agent's chats.
 AGENT_SCOPE_KEY = ""
@@ -19,10 +20,7 @@ AGENT_SCOPE_KEY = ""
 
 def get_session(db: Database, agent: str, conversation: str = AGENT_SCOPE_KEY) -> str | None:
     """The recorded session id of ``agent`` in ``conversation``, or ``None`` when it starts fresh."""
-    value = db.read_scalar(
-        "SELECT session_id FROM sessions WHERE agent = :a AND conversation = :c",
-        {"a": agent, "c": conversation},
-    )
+    value = db.read_scalar(q.SESSION_ID, {"a": agent, "c": conversation})
     return str(value) if value else None
 
 
@@ -43,11 +41,8 @@ def set_session_in(
 ) -> bool:
     """:func:`set_session` inside the caller's transaction (the processor writes it with the completion,
     so the conversation moves forward exactly when the run's answer is stored)."""
-    guard = " WHERE sessions.updated_at <= :started" if started_at is not None else ""
     n = tx.execute(
-        "INSERT INTO sessions (agent, conversation, session_id, updated_at) VALUES (:a, :c, :s, :now) "
-        "ON CONFLICT (agent, conversation) DO UPDATE SET session_id = excluded.session_id, "
-        f"updated_at = excluded.updated_at{guard}",
+        q.record(unless_reset_since=started_at is not None),
         {"a": agent, "c": conversation, "s": session_id, "now": now_ms(), "started": started_at},
     ).rowcount
     return bool(n)
@@ -66,22 +61,11 @@ def clear_sessions(
     keys = {AGENT_SCOPE_KEY} if conversation is None else {conversation}
     with db.transaction() as tx:
         if conversation is None:
-            n = tx.execute(
-                "UPDATE sessions SET session_id = '', updated_at = :now WHERE agent = :a AND session_id <> ''",
-                {"a": agent, "now": now},
-            ).rowcount
+            n = tx.execute(q.BLANK_OF_AGENT, {"a": agent, "now": now}).rowcount
         else:
-            n = tx.execute(
-                "UPDATE sessions SET session_id = '', updated_at = :now WHERE agent = :a AND conversation = :c "
-                "AND session_id <> ''",
-                {"a": agent, "c": conversation, "now": now},
-            ).rowcount
+            n = tx.execute(q.BLANK_ONE, {"a": agent, "c": conversation, "now": now}).rowcount
         for key in keys:
-            tx.execute(
-                "INSERT INTO sessions (agent, conversation, session_id, updated_at) VALUES (:a, :c, '', :now) "
-                "ON CONFLICT (agent, conversation) DO UPDATE SET session_id = '', updated_at = excluded.updated_at",
-                {"a": agent, "c": key, "now": now},
-            )
+            tx.execute(q.ENSURE_BLANK, {"a": agent, "c": key, "now": now})
         append_events(
             tx,
             [
@@ -99,8 +83,5 @@ def clear_sessions(
 
 def list_sessions(db: Database, agent: str | None = None) -> list[dict[str, object]]:
     """Recorded sessions (for ``agentpost agent list`` and the dashboard)."""
-    if agent is None:
-        rows = db.read("SELECT * FROM sessions ORDER BY agent, conversation")
-    else:
-        rows = db.read("SELECT * FROM sessions WHERE agent = :a ORDER BY conversation", {"a": agent})
+    rows = db.read(q.ALL) if agent is None else db.read(q.OF_AGENT, {"a": agent})
     return [dict(r) for r in rows]

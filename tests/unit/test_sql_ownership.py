@@ -24,9 +24,6 @@ PRODUCTION = ("shared", "workers", "adapters", "scheduler")
 #: too, so it is struck off with the move.
 NOT_MOVED_YET = frozenset(
     {
-        "shared/chat/lookups.py",
-        "shared/chat/pairings.py",
-        "shared/chat/sessions.py",
     }
 )
 
