@@ -30,7 +30,6 @@ from shared.storage.queries import events as q
 
 # The term for one topic's events: where it lives now, kept importable here for the code that reads the log
 # by topic.
-from shared.storage.queries.events import topic_filter as topic_filter
 
 
 @dataclass

@@ -185,7 +185,7 @@ class Event(SQLModel, table=True):
         # Only a topic index, and only for the quieter topics: every index is one more page written per
         # event, and the busy "queue" topic (every enqueue, claim and completion) is most of the table, so
         # its readers go by id (the primary key) and its events write no index page. A query that wants
-        # this index repeats its condition (see shared.events.log.topic_filter). Trace and TTL cleanup find
+        # this index repeats its condition (see shared.storage.queries.events.topic_filter). Trace and TTL cleanup find
         # their rows by scanning or by id, which grows with time.
         Index(
             "ix_events_quiet_topics",

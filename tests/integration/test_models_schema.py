@@ -59,7 +59,7 @@ def test_the_retired_topic_index_is_dropped_when_the_schema_is_brought_up_to_dat
 
 
 def test_event_reads_by_topic_use_the_quiet_topics_index_or_the_ids(sqlite_url: str) -> None:
-    from shared.events.log import topic_filter
+    from shared.storage.queries.events import topic_filter
 
     db = open_database(sqlite_url)
     for topic, expected in (("agents", "ix_events_quiet_topics"), ("queue", "PRIMARY KEY")):

@@ -19,17 +19,9 @@ pytestmark = pytest.mark.unit
 ROOT = Path(__file__).resolve().parents[2]
 PRODUCTION = ("shared", "workers", "adapters", "scheduler")
 
-#: Modules outside ``shared/storage/`` that still hold SQL text, while their statements move into
-#: :mod:`shared.storage.queries`. The list may only shrink: a module on it that holds no SQL any more fails
-#: too, so it is struck off with the move.
-NOT_MOVED_YET = frozenset(
-    {
-    }
-)
-
 
 def _in_storage(name: str) -> bool:
-    return name.startswith("shared/storage/") or name in NOT_MOVED_YET
+    return name.startswith("shared/storage/")
 
 
 SQL = re.compile(
@@ -65,12 +57,6 @@ def _statements() -> list[tuple[str, int, str]]:
 def test_sql_appears_only_in_the_storage_modules() -> None:
     outside = [f"{name}:{line}: {text}" for name, line, text in _statements() if not _in_storage(name)]
     assert outside == [], "SQL outside the storage modules:\n" + "\n".join(outside)
-
-
-def test_a_module_struck_off_the_not_moved_list_holds_no_sql() -> None:
-    holding = {name for name, _line, _text in _statements()}
-    moved = sorted(NOT_MOVED_YET - holding)
-    assert moved == [], f"these hold no SQL any more; strike them off NOT_MOVED_YET: {moved}"
 
 
 def test_only_the_kv_store_writes_statements_on_kv() -> None:

@@ -4,6 +4,7 @@ is, what traffic the event log recorded, whether any processor runs."""
 from __future__ import annotations
 
 from shared.storage.queries.common import OPEN, PENDING
+from shared.storage.queries.events import topic_filter
 
 #: An hour in epoch ms: the event counts are grouped by ``created_at / HOUR_MS``.
 HOUR_MS = 3_600_000
@@ -39,10 +40,10 @@ OLDEST_EVENT_AT = "SELECT MIN(created_at) FROM events"
 OLDEST_PENDING_AT = f"SELECT MIN(created_at) FROM messages WHERE status = {PENDING}"
 MESSAGE_METADATA = "SELECT metadata FROM messages WHERE message_id = :m"
 #: The newest ``:n`` processor start and stop events (``:topic`` is ``processor``). The topic term is
-#: :func:`shared.events.log.topic_filter`'s for a quiet topic: it repeats the condition of the topic's
-#: partial index, which the planners use only when the query states it.
+#: :func:`~shared.storage.queries.events.topic_filter`'s: it repeats the condition of the topic's partial
+#: index, which the planners use only when the query states it.
 PROCESSOR_EVENTS = (
-    "SELECT type, payload FROM events WHERE topic = :topic AND topic <> 'queue' "
+    f"SELECT type, payload FROM events WHERE {topic_filter('processor')} "
     "AND type IN ('processor_start', 'processor_stop') ORDER BY id DESC LIMIT :n"
 )
 #: The holders of agent leases that have not run out by ``:now``.
