@@ -41,8 +41,10 @@ release the database refuses is kept and written again until it lands, the messa
 this processor that no drive holds (a claim committed while the connection dropped) are taken back within a
 recovery round; a chat that waited long because of it is told once why (:mod:`workers.storage_steps`).
 
-Who owns what: the :class:`Processor` is the loop — it claims, groups (:mod:`workers.busy`), keeps the
-leases (:meth:`workers.drive.Drive.keep_leases`) and schedules; each group it runs is a
+Who owns what: the :class:`Processor` is the process — it follows the settings, dispatches agents to slots,
+waits for work, keeps its presence row and the egress proxy. Each agent it dispatches is driven by the
+:class:`workers.agent_driver.AgentDriver` (steps 3, 4 and 6): it claims, groups (:mod:`workers.busy`), keeps
+the leases (:meth:`workers.drive.Drive.keep_leases`), applies stops and releases; each group it runs is a
 :class:`workers.run.Run` built with what it needs, ending through the drive's
 :class:`workers.run_outcome.OutcomeWriter`; :class:`workers.storage_steps.StorageSteps` keeps the writes the
 database refused.
@@ -56,7 +58,6 @@ this one holds the agent.
 from __future__ import annotations
 
 import contextlib
-import functools
 import logging
 import os
 import signal
@@ -68,25 +69,19 @@ from pathlib import Path
 import anyio
 
 from shared.aio import call
-from shared.chat.address import ChatAddress
 from shared.clock import now_ms
 from shared.queue import presence
-from shared.queue.core import LeaseLost, QueuedMessage
 from shared.runtime import Runtime, open_runtime
-from shared.settings.busy_policy import BusyPolicy
 from shared.settings.model import Settings, SettingsError
-from shared.storage.errors import transient_problem
 from workers import limits as run_limits
-from workers.busy import WorkGroup, apply_cap, build_prompt, merge_arrivals, resolve_policy
-from workers.drive import Drive
+from workers.agent_driver import AgentDriver, RunFacilities
+from workers.busy import build_prompt
 from workers.egress import EgressProxy
 from workers.egress_policy import EgressPolicy, policy_for
 from workers.observe import record_event
 from workers.pauses import RateLimitPauses
 from workers.processor_config import ProcessorSettings, ProcessorStats, default_worker_id
 from workers.providers.claude_warm import WarmPool
-from workers.run import Run
-from workers.run_outcome import OutcomeWriter
 from workers.sandbox import SandboxChoice, SandboxError, SandboxPlan
 from workers.storage_steps import StorageSteps
 
@@ -117,8 +112,6 @@ class Processor:
         self.config = config or runtime.settings.section("processor", ProcessorSettings)
         self.worker = worker_id or self.config.worker_id or default_worker_id()
         self.env = dict(os.environ if env is None else env)
-        self.lease_ms = runtime.queue.config.lease_ms
-        self.renew_interval = self.config.renew_interval_seconds or max(0.05, self.lease_ms / 3000)
         self.stats = ProcessorStats()
         self._active: set[str] = set()
         self._stopping = False
@@ -127,17 +120,13 @@ class Processor:
         self._last_recover = 0.0
         self._announced = 0.0  # when the presence row was last written (time.monotonic())
         self._announced_warm: dict[str, object] | None = None  # the warm pool as that row says it
-        self._cooldown: dict[str, float] = {}
         self.pauses = RateLimitPauses()
-        #: The agents driven now and what each holds: every claim of this worker that is not held here is
-        #: stranded (see StorageSteps.sweep_stranded).
-        self._drives: dict[str, Drive] = {}
         self.storage = StorageSteps(
             runtime,
             self.worker,
             config=lambda: self.config,
             stopping=lambda: self._stopping,
-            held=lambda: {agent: drive.held_ids() for agent, drive in self._drives.items()},
+            held=lambda: self.driver.held(),
             on_outage_end=self._outage_ended,
         )
         #: The sandbox agent CLIs run in, chosen once per [processor] sandbox value (workers/sandbox.py).
@@ -147,6 +136,18 @@ class Processor:
         self.warm = WarmPool(lambda: self.config)
         #: Sandboxed runs' only way out (workers/egress.py); serving while :meth:`serve` runs.
         self.egress = EgressProxy(self._egress_policy, self._egress_refused)
+        #: Each agent's run loop: claim, run, apply stops, release (workers/agent_driver.py).
+        self.driver = AgentDriver(
+            runtime,
+            self.worker,
+            config=lambda: self.config,
+            stopping=lambda: self._stopping,
+            stats=self.stats,
+            pauses=self.pauses,
+            storage=self.storage,
+            facilities=RunFacilities(self.env, self.sandbox_plan, self.egress, self.warm),
+            on_end=self._drive_ended,
+        )
 
     # -- public -----------------------------------------------------------------------------------------
     @property
@@ -266,8 +267,7 @@ class Processor:
 
     async def _egress_refused(self, agent: str, run_id: str, target: str, why: str) -> None:
         """A connection the egress proxy refused: an event naming the agent's messages, for trace."""
-        drive = self._drives.get(agent)
-        ids = drive.running.ids if drive is not None and drive.running is not None else []
+        ids = self.driver.running_ids(agent)
         payload = {"agent": agent, "run_id": run_id, "host": target, "reason": why, "message_ids": ids}
         await record_event(self.rt.events, "queue", "network_refused", payload, ids[0] if ids else None)
 
@@ -310,7 +310,8 @@ class Processor:
         started = 0
         now = time.monotonic()
         for agent in pending:
-            if agent in self._active or max(self._cooldown.get(agent, 0.0), self.pauses.until(agent)) > now:
+            rest = self.driver.rest_until.get(agent, 0.0)
+            if agent in self._active or max(rest, self.pauses.until(agent)) > now:
                 continue
             if agent not in mine and (self.config.agents or agent in self.settings.agents):
                 continue  # another processor's agent (or, unlisted, one we do not run)
@@ -320,7 +321,7 @@ class Processor:
             if holder is not None and holder != self.worker:
                 continue  # another processor runs it (and claims what is pending when its run ends)
             self._active.add(agent)
-            tg.start_soon(self._drive, agent)
+            tg.start_soon(self.driver.drive, agent)
             started += 1
         return started
 
@@ -373,168 +374,17 @@ class Processor:
         await self._wakeup.wait()
         self._wakeup = anyio.Event()
 
-    def _slot_freed(self) -> None:
+    def _drive_ended(self, agent: str) -> None:
+        """``agent``'s drive has ended: its slot is free, and the loop looks for work at once."""
+        self._active.discard(agent)
         if self._wakeup is not None:
             self._wakeup.set()
 
     def _outage_ended(self) -> None:
         """A write ended a storage outage: look for claims it stranded at the loop's next round."""
         self._last_recover = 0.0
-        self._slot_freed()
-
-    # -- one agent ---------------------------------------------------------------------------------------
-    async def _drive(self, agent: str) -> None:
-        """Claim and run ``agent``'s messages until none is left, then release the agent."""
-        drive = Drive(agent)
-        self._drives[agent] = drive
-        try:
-            async with anyio.create_task_group() as tg:
-                renew = functools.partial(self._renew, agent)
-                tg.start_soon(drive.keep_leases, renew, self.renew_interval, tg.cancel_scope)
-                first = True
-                while not self._stopping and not drive.paused:
-                    with self.storage.claiming():
-                        claimed = await self.storage.persist(
-                            f"agent {agent}: claim", functools.partial(self._claim, agent)
-                        )
-                        if claimed:
-                            drive.released = False  # the claim took the agent's lease again
-                            await self._take_in(drive, claimed)
-                    if not claimed and first:
-                        # Taken by another processor or paused between our look and our claim: do not
-                        # retry it on every wake-up for a moment.
-                        self._cooldown[agent] = time.monotonic() + 1.0
-                    first = False
-                    await self._apply_stops(drive)
-                    if not drive.groups or self._stopping:
-                        break
-                    drive.running = drive.groups.pop(0)  # no await in between: always held somewhere
-                    await self._run(drive, drive.running).go()
-                tg.cancel_scope.cancel()
-        except Exception as exc:
-            problem = transient_problem(exc, self.rt.db.url)
-            with anyio.CancelScope(shield=True):
-                if problem is not None:
-                    # The database, not the message: give back what is held, uncounted, to be claimed
-                    # again in order once the database answers.
-                    log.warning(
-                        "agent %s: %s; releasing %s",
-                        agent,
-                        problem.describe(),
-                        drive.held_ids(),
-                        exc_info=True,
-                    )
-                    await self._release(drive, f"storage trouble: {problem.kind}")
-                else:
-                    # A bug while handling a run: fail what is still held, counting the attempt, so a
-                    # message that keeps triggering it ends as a dead letter instead of looping.
-                    log.exception("agent %s: error while running %s", agent, drive.held_ids())
-                    await self._release(drive, f"processor error: {exc!r}"[:500], count_attempt=True)
-        finally:
-            with anyio.CancelScope(shield=True):
-                if drive.lost:
-                    self.stats.lease_lost += 1
-                    log.warning("agent %s: lost the lease of its messages; run stopped, nothing sent", agent)
-                    lost = {"agent": agent, "worker": self.worker, "during": "run"}
-                    await record_event(self.rt.events, "queue", "lease_lost", lost)
-                await self._release(drive, "lease lost" if drive.lost else "processor stopping")
-                if not drive.released:
-                    with contextlib.suppress(Exception):
-                        await call(self.rt.queue.leases.release_agent, agent, self.worker)
-            self._drives.pop(agent, None)
-            self._active.discard(agent)
-            self._slot_freed()
-
-    def _claim(self, agent: str) -> list[QueuedMessage]:
-        return self.rt.queue.messages.claim_all_pending_messages(agent, self.worker, lease_ms=self.lease_ms)
-
-    def _outcomes(self, drive: Drive) -> OutcomeWriter:
-        """The writer of ``drive``'s outcomes, with the [processor] settings in force now."""
-        return OutcomeWriter(
-            self.rt,
-            drive,
-            worker=self.worker,
-            config=self.config,
-            stats=self.stats,
-            pauses=self.pauses,
-            storage=self.storage,
-        )
-
-    def _run(self, drive: Drive, group: WorkGroup) -> Run:
-        """The run of ``group``, the one ``drive`` holds as running."""
-        return Run(
-            self.rt,
-            drive,
-            group,
-            outcomes=self._outcomes(drive),
-            storage=self.storage,
-            worker=self.worker,
-            config=self.config,
-            env=self.env,
-            sandbox=self.sandbox_plan,
-            egress=self.egress,
-            stats=self.stats,
-            warm=self.warm,
-        )
-
-    def _renew(self, agent: str, ids: list[str]) -> int:
-        return self.rt.queue.leases.renew_leases(self.worker, ids, agent=agent, lease_ms=self.lease_ms)
-
-    async def _take_in(self, drive: Drive, claimed: list[QueuedMessage]) -> None:
-        """Merge newly claimed messages into the waiting groups; complete what the cap drops."""
-        chats = {m.conversation_key: m.address for m in claimed}
-        policies = await call(self._policies, chats)
-        merge_arrivals(drive.groups, claimed, policies.__getitem__)
-        for batch in apply_cap(drive.groups, self.config.max_waiting):
-            await self._outcomes(drive).dropped(batch)
-
-    def _policies(self, chats: dict[tuple[str, str], ChatAddress]) -> dict[tuple[str, str], BusyPolicy]:
-        """The busy policy of each chat, by its key (read in a worker thread)."""
-        default = self.config.busy_policy
-        return {k: resolve_policy(self.rt.db, self.settings, default, chat) for k, chat in chats.items()}
-
-    async def _apply_stops(self, drive: Drive) -> None:
-        """Between runs: take a stop request and complete the waiting groups it names as stopped."""
-        try:
-            taken = await call(self.rt.queue.control.take_stop_request, drive.agent, self.worker)
-        except Exception as exc:
-            log.warning("agent %s: could not read stop requests: %s", drive.agent, exc)
-            taken = ""
-        if taken:
-            drive.stops.add(taken)
-        if not drive.stops:
-            return
-        stops, drive.stops = drive.stops, set()
-        outcomes = self._outcomes(drive)
-        for group in list(drive.groups):
-            if "*" in stops or group.chat in stops:
-                await outcomes.stopped(group, None)
-
-    async def _release(self, drive: Drive, why: str, *, count_attempt: bool = False) -> None:
-        """Give back groups still held (not started, or cancelled mid-run); by default without counting an
-        attempt and without delay."""
-        for group in drive.held():
-            try:
-                await self.storage.persist(
-                    f"agent {drive.agent}: release of {', '.join(group.ids)}",
-                    functools.partial(
-                        self.rt.queue.failures.fail_messages,
-                        group.ids,
-                        self.worker,
-                        f"released: {why}",
-                        count_attempt=count_attempt,
-                        retry_after_ms=None if count_attempt else 0,
-                    ),
-                )
-                if count_attempt:
-                    self.stats.failed += len(group.ids)
-                else:
-                    self.stats.released += len(group.ids)
-            except LeaseLost:
-                pass  # another worker has them now; they are not ours to touch
-            except Exception as exc:
-                log.warning("agent %s: could not release %s: %s", drive.agent, group.ids, exc)
-            drive.forget(group)
+        if self._wakeup is not None:
+            self._wakeup.set()
 
 
 # -- process entry point ----------------------------------------------------------------------------------

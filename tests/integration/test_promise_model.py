@@ -227,7 +227,7 @@ class PromiseMachine(RuleBasedStateMachine):
             worker.drives.pop(agent, None)
 
     def _give_back(self, worker: Worker, agent: str) -> None:
-        """A drive that lost its lease gives back every group it holds (the processor's ``_release``): a
+        """A drive that lost its lease gives back every group it holds (``AgentDriver._release``): a
         group another worker holds now is not its to touch."""
         drive = worker.drive(agent)
         for group in drive.held():
