@@ -9,9 +9,9 @@ A chat channel is a platform under the one channel runner:
   ones.
 - :mod:`adapters.runner` — :class:`~adapters.runner.ChannelRunner`, the same for every platform, composed of
   :mod:`adapters.intake` (allowlist and pairing, dedupe, enqueue), :mod:`adapters.chat_commands`,
-  :mod:`adapters.delivery` (claiming, chunking, notes, typing, retries) and :mod:`adapters.channel_lifecycle`
-  (open with retries, health, signals); helpers :mod:`adapters.chunking`, :mod:`adapters.pairing`,
-  :mod:`adapters.chat_state`.
+  :mod:`adapters.delivery` (claiming, chunking, typing, retries; with :mod:`adapters.previews` and
+  :mod:`adapters.progress_notes`) and :mod:`adapters.channel_lifecycle` (open with retries, health,
+  signals); helpers :mod:`adapters.chunking`, :mod:`adapters.pairing`, :mod:`adapters.chat_state`.
 - :mod:`adapters.web` — the REST/SSE/WebSocket API and dashboard (it queues through the same queue, not
   through the runner); :mod:`adapters.commands` and :mod:`adapters.doctor` plug into the CLI.
 

@@ -15,12 +15,10 @@
   (:mod:`adapters.intake`); a *transient* one (5xx, network, rate limit) gives the response back with a
   backoff that holds up only its own chat, and after ``delivery_attempts`` of them it is failed too. A
   failed response is never reported as delivered.
-- **Progress notes**: a response with metadata ``{"kind": "progress", "edit_key": K}`` (the processor's "still
-  working" note) is sent once and later notes with the same key *edit that message* where the platform can
-  (:attr:`adapters.platform.Platform.can_edit`); elsewhere a new note is sent at most every ``progress_min_interval_seconds``.
-  The platform's message id per key lives in the ``kv`` table (scope ``progress.<channel>``), so it survives
-  a restart. The final reply (``{"kind": "final", "edit_key": K}``, or any other reply) is always a new
-  message; afterwards the note is edited to a short "done" and later notes of that key are dropped.
+- **Progress notes**: a response with metadata ``{"kind": "progress", "edit_key": K}`` goes to
+  :class:`adapters.progress_notes.ProgressNotes`, which sends it once and edits that message with later
+  notes of the key where the platform can; the final reply of the key closes the note ("done") in the
+  transaction that records its last part.
 - **Late messages**: the final reply to a message that reached the adapter only after a restart (it was
   sent while the adapter was down, more than ``late_message_seconds`` before it was handled) starts with a
   line saying so.
@@ -33,7 +31,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import json
 import os
 import secrets
 import shutil
@@ -41,30 +38,23 @@ import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Literal
 
 from adapters.chunking import split_message
 from adapters.platform import SendFailure
 from adapters.previews import Previews
+from adapters.progress_notes import ProgressNotes
 from shared.aio import call
 from shared.chat import dedupe, lookups
 from shared.clock import now_ms
 from shared.file_access import MISSING, check_send_path, copy_for_sending, safe_name, send_roots
 from shared.queue.core import QueuedResponse, TxWork
 from shared.reads import late_messages
-from shared.storage import kv
 from shared.storage.db import Tx
-from shared.storage.kv import Scope, scoped
 
 if TYPE_CHECKING:
     from adapters.platform import Platform
 
-#: The text a progress note is edited to once the final reply has been delivered.
-DONE_TEXT = "Done — the reply is below."
-#: The same when the reply took the place of its live preview, which may be above or below the note.
-DONE_IN_PREVIEW_TEXT = "Done — the reply is in the message that showed it being written."
-#: Progress-note records older than this are removed (a run that never finished leaves one behind).
-NOTE_RECORD_TTL_MS = 7 * 24 * 3600 * 1000
 #: How often the delivery loop forgets old delivery records (platform ids, notices nobody collected).
 RECORD_PRUNE_INTERVAL_S = 3600.0
 #: Response kinds a user is not told about when they fail (a lost progress note is no loss).
@@ -102,11 +92,6 @@ def _both(first: TxWork, second: TxWork | None) -> TxWork:
     return write
 
 
-def note_key(conversation: str, edit_key: str) -> str:
-    """The ``kv`` key of one progress note: the chat and the processor's edit key (its run id)."""
-    return f"{conversation}|{edit_key}"
-
-
 class Delivery:
     """Delivers one channel's replies, progress notes and typing (a part of
     :class:`adapters.runner.ChannelRunner`).
@@ -129,6 +114,10 @@ class Delivery:
         self.stop_event = stop_event
         #: Live previews (a part of delivery: a final reply's first part becomes its run's preview).
         self.previews = Previews(platform, stop_event=stop_event, poll_interval=poll_interval)
+        #: Progress notes (a part of delivery: a final reply closes its run's note).
+        self.notes = ProgressNotes(
+            platform, worker=worker, lease_ms=self.lease_ms, send_failed=self._send_failed
+        )
 
     # -- planning --------------------------------------------------------------------------------------------
     def plan(self, response: QueuedResponse) -> list[Part]:
@@ -215,7 +204,7 @@ class Delivery:
         meta = response.metadata or {}
         edit_key = str(meta.get("edit_key") or "")
         if meta.get("kind") == "progress" and edit_key:
-            return await self._deliver_note(response, edit_key)
+            return await self.notes.deliver(response, edit_key)
         queue = self.rt.queue
         if meta.get("kind") == "final":
             response = await call(self._with_offline_preface, response)
@@ -244,9 +233,8 @@ class Delivery:
             last = index == len(parts) - 1
             # The last part, the progress note marked done and the ack are one write: until it commits this
             # reply is its chat's head, so a later note of the same run cannot be sent before it.
-            done_text = DONE_IN_PREVIEW_TEXT if in_preview else DONE_TEXT
             note = (
-                await self._note_closing(response.conversation, edit_key, done_text)
+                await self.notes.closing(response.conversation, edit_key, in_preview=in_preview)
                 if last and edit_key
                 else None
             )
@@ -270,7 +258,7 @@ class Delivery:
         if edit_key:  # every part was recorded before a restart: only the note and the ack are left
             # Before the ack: until then this reply is its chat's head, so a later note of the same run
             # cannot be claimed (and sent) before the note is marked done.
-            await self._close_note(response.conversation, edit_key)
+            await self.notes.close(response.conversation, edit_key)
         return bool(await call(queue.responses.ack_response, response.id, self.worker))
 
     async def _send_over_preview(
@@ -362,103 +350,6 @@ class Delivery:
             failure.reason,
         )
         return False
-
-    # -- progress notes --------------------------------------------------------------------------------------
-    def _note_scope(self) -> str:
-        return scoped(Scope.PROGRESS, self.name)
-
-    def note_record(self, conversation: str, edit_key: str) -> dict[str, Any] | None:
-        """The stored progress note of ``edit_key`` in a chat: ``{"id", "at", "done"}``, or None."""
-        return kv.get_record(self.rt.db, self._note_scope(), note_key(conversation, edit_key))
-
-    def _store_note(self, conversation: str, edit_key: str, record: dict[str, Any]) -> None:
-        self.rt.db.run_transaction(self._note_writer(conversation, edit_key, record))
-
-    def _note_writer(self, conversation: str, edit_key: str, record: dict[str, Any]) -> TxWork:
-        """The write of a note's record (for a transaction of the caller's)."""
-        value = json.dumps(record, separators=(",", ":"))
-
-        def write(tx: Tx) -> None:
-            scope, now = self._note_scope(), now_ms()
-            kv.put(tx, scope, note_key(conversation, edit_key), value, now)
-            kv.delete_older(tx, scope, now - NOTE_RECORD_TTL_MS)  # forget the notes of runs long over
-
-        return write
-
-    def _note_text(self, text: str) -> str:
-        text = " ".join(text.split()) or "…"
-        chunks = split_message(text, self.platform.limit, length=self.platform.measure)
-        return chunks[0] if chunks else text
-
-    async def _deliver_note(self, response: QueuedResponse, edit_key: str) -> bool:
-        """Send or edit the one progress note of ``edit_key`` (see the module docstring)."""
-        queue, conversation = self.rt.queue, response.conversation
-        if response.delivered == 0:
-            record = await call(self.note_record, conversation, edit_key)
-            text = self._note_text(response.message)
-            try:
-                done = await self._send_or_edit_note(conversation, edit_key, record, text)
-            except Exception as exc:
-                return await self._send_failed(response, 0, exc)
-            if done is not None:
-                await call(self._store_note, conversation, edit_key, done)
-            held = await call(
-                queue.responses.mark_chunk_delivered, response.id, self.worker, 0, lease_ms=self.lease_ms
-            )
-            if not held:
-                return False
-        return bool(await call(queue.responses.ack_response, response.id, self.worker))
-
-    async def _send_or_edit_note(
-        self, conversation: str, edit_key: str, record: dict[str, Any] | None, text: str
-    ) -> dict[str, Any] | None:
-        """Do the platform half of a note; returns the record to store (None: nothing changed)."""
-        now = now_ms()
-        if record is not None and record.get("done"):
-            return None  # a note that arrived after the final reply: the chat already has the answer
-        if record is not None and record.get("id") and self.platform.can_edit:
-            if await self.platform.edit_text(conversation, str(record["id"]), text):
-                return {**record, "at": now}
-            self.log.info(
-                "progress note %s in %s cannot be edited; sending a new one", edit_key, conversation
-            )
-        elif record is not None and not self.platform.can_edit:
-            quiet_ms = self.config.progress_min_interval_seconds * 1000
-            if now - int(record.get("at") or 0) < quiet_ms:
-                return None  # no editing here: at most one note per interval
-        message_id = await self.platform.send_note(conversation, text)
-        return {"id": message_id, "at": now, "done": False}
-
-    async def _close_note(self, conversation: str, edit_key: str) -> None:
-        """After the final reply: edit the note to "done" (best effort) and drop later notes of the key."""
-        write = await self._note_closing(conversation, edit_key)
-        if write is not None:
-            try:
-                await call(self.rt.db.run_transaction, write)
-            except Exception:
-                self.log.exception("closing progress note %s failed", edit_key)
-
-    async def _note_closing(
-        self, conversation: str, edit_key: str, done_text: str = DONE_TEXT
-    ) -> TxWork | None:
-        """The platform half of closing a note (edited to "done", best effort) and the write that records
-        it done, for the caller's transaction; None when there is nothing to record."""
-        try:
-            record = await call(self.note_record, conversation, edit_key)
-            if record is None:
-                # No note was sent (a short run): still remember the key so a late note is dropped.
-                record = {"id": "", "at": now_ms()}
-            elif record.get("done"):
-                return None
-            if record.get("id") and self.platform.can_edit:
-                try:
-                    await self.platform.edit_text(conversation, str(record["id"]), done_text)
-                except Exception as exc:
-                    self.log.info("could not mark progress note %s done: %s", edit_key, exc)
-            return self._note_writer(conversation, edit_key, {**record, "done": True})
-        except Exception:
-            self.log.exception("closing progress note %s failed", edit_key)
-            return None
 
     # -- the loop --------------------------------------------------------------------------------------------
     async def deliver_claimed(self, response: QueuedResponse) -> bool:

@@ -5,7 +5,8 @@
 - :class:`adapters.chat_commands.ChatCommands` — chat commands and a chat's sticky agent;
 - :class:`adapters.intake.Intake` — allowlist and pairing, dedupe, commands, enqueue (the platform's
   :attr:`~adapters.platform.Platform.inbox`);
-- :class:`adapters.delivery.Delivery` — claiming replies, chunking, progress notes, typing, send retries;
+- :class:`adapters.delivery.Delivery` — claiming replies, chunking, typing, send retries; it holds the
+  live previews (:mod:`adapters.previews`) and progress notes (:mod:`adapters.progress_notes`);
 - :class:`adapters.channel_lifecycle.Lifecycle` — open with retries, health, the loops, signals.
 
 They talk to other processes only through the database. ``agentpost run <name>`` runs

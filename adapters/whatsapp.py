@@ -23,7 +23,7 @@
   wrote; a file type the Cloud API does not take) marks the reply failed instead of retrying it. Files are
   uploaded to ``/media`` and sent as documents, text files as ``text/plain`` (a long reply goes as ``.txt``).
   WhatsApp cannot edit a sent message, so a run's progress notes are new messages, at most one every
-  ``progress_min_interval_seconds`` (see :mod:`adapters.delivery`).
+  ``progress_min_interval_seconds`` (see :mod:`adapters.progress_notes`).
 
 Meta's payloads and errors are read by :mod:`adapters.whatsapp_graph` (no I/O there).
 

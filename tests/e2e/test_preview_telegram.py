@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from adapters.delivery import DONE_IN_PREVIEW_TEXT
 from adapters.previews import INTERRUPTED_TEXT, MORE_MARK
+from adapters.progress_notes import DONE_IN_PREVIEW_TEXT
 from tests.channel_support import HoldingTelegram, Proc, open_home, telegram_env, wait_for
 from tests.fakes.anthropic_api import Chunked, FakeAnthropic
 from tests.fixtures import anthropic_api, cli_installed, telegram_fake  # noqa: F401  (fixtures)

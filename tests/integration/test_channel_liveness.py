@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from adapters.delivery import DONE_TEXT
 from adapters.discord import DiscordChannel
 from adapters.platform import Inbound
+from adapters.progress_notes import DONE_TEXT
 from adapters.runner import ChannelRunner
 from adapters.telegram import TelegramChannel
 from adapters.whatsapp import WhatsAppChannel

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from adapters.delivery import DONE_TEXT
+from adapters.progress_notes import DONE_TEXT
 from adapters.telegram import TelegramChannel
 from shared.runtime import Runtime
 from tests.channel_support import HoldingTelegram, Proc, RunningChannel, count, events, open_home, wait_for

@@ -22,6 +22,7 @@ RUNNER_PARTS = frozenset(
         "adapters.runner",
         "adapters.intake",
         "adapters.delivery",
+        "adapters.progress_notes",
         "adapters.channel_lifecycle",
         "adapters.chat_commands",
     }
