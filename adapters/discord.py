@@ -47,8 +47,10 @@ from adapters.platform import (
     Platform,
     SendFailure,
     pairing_code_text,
+    pause_for_tests_after_fetch,
     run_until_stopped,
     safe_filename,
+    upload_folder,
 )
 from shared.aio import call
 from shared.chat import cursors
@@ -214,7 +216,7 @@ class DiscordChannel(Platform):
                 turns[conversation] = (lock, users - 1)
 
     async def _take_in(self, message: discord.Message, text: str, guild: str, conversation: str) -> None:
-        await self.test_pause_after_fetch("a Discord message")
+        await pause_for_tests_after_fetch(self, "a Discord message")
         sender_id = str(message.author.id)
         files: list[Path] = []
         metadata = {"guild_id": guild, "discord_message_id": str(message.id)}
@@ -302,7 +304,7 @@ class DiscordChannel(Platform):
     async def _save_attachments(self, message: discord.Message, conversation: str) -> list[Path]:
         if not message.attachments:
             return []
-        folder = self.upload_folder(conversation)
+        folder = upload_folder(self, conversation)
         saved = []
         for attachment in message.attachments:
             path = folder / f"{message.id}-{safe_filename(attachment.filename)}"

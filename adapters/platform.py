@@ -8,9 +8,19 @@ It fills in only the platform's half:
   :class:`Inbound` and handing it to :attr:`Platform.inbox` (:meth:`adapters.intake.Intake.handle`, which
   returns once the message is committed — only then is the update acknowledged to the platform);
 - **sending**: :meth:`Platform.send_text`, :meth:`Platform.send_file`, :meth:`Platform.send_note`,
-  :meth:`Platform.edit_text`, :meth:`Platform.send_typing`, :meth:`Platform.classify_send_error`;
+  :meth:`Platform.edit_text`, :meth:`Platform.send_typing`, :meth:`Platform.classify_send_error`; live
+  previews through :meth:`Platform.edit_reply`, at most one edit per :meth:`Platform.preview_edit_seconds`;
 - **limits**: :attr:`Platform.limit` measured by :meth:`Platform.measure`, :attr:`Platform.can_edit`, the
-  long-reply file type, where a pairing code goes (:meth:`Platform.pairing_replies`).
+  long-reply file type, where a pairing code goes (:meth:`Platform.pairing_replies`);
+- **secrets**: :meth:`Platform.read_secrets` reads tokens from :attr:`Platform.env` when the plugin is built,
+  with :meth:`Platform.require_env` for each one it cannot do without.
+
+A plugin's own settings section (``[channels.<name>]``, validated against :attr:`Platform.settings_model` by
+:func:`channel_config`) is :attr:`Platform.config`; the whole settings in force are :attr:`Platform.settings`.
+Helpers a plugin calls, functions of this module rather than methods to override:
+:func:`upload_folder` (where a chat's inbound files are saved), :func:`pause_for_tests_after_fetch` (the test
+hook below), :func:`run_until_stopped` (a :meth:`Platform.receive` for a platform run by a client task),
+:func:`safe_filename` and :func:`pairing_code_text`.
 
 Everything else — allowlist and pairing, dedupe, chat commands, queueing, claiming and chunking replies,
 progress notes, typing, retries, health, signals — is the one channel runner (:mod:`adapters.runner`), the
@@ -19,7 +29,8 @@ same for every platform. The runner attaches its intake as :attr:`Platform.inbox
 ``agentpost.channel_runner`` entry point): this module imports nothing of the runner.
 
 Test hook: ``AGENTPOST_TEST_PAUSE_AFTER_FETCH=SECONDS`` makes a plugin sleep after it fetched an inbound
-message and before handling it (tests kill the process in that window). Never set it in production.
+message and before handling it (tests kill the process in that window), where the plugin calls
+:func:`pause_for_tests_after_fetch`. Never set it in production.
 """
 
 from __future__ import annotations
@@ -62,9 +73,12 @@ __all__ = [
     "MissingSecret",
     "Platform",
     "SendFailure",
+    "channel_config",
     "pairing_code_text",
+    "pause_for_tests_after_fetch",
     "run_until_stopped",
     "safe_filename",
+    "upload_folder",
 ]
 
 
@@ -236,7 +250,7 @@ class Platform(abc.ABC):
         self, runtime: Runtime, config: ChannelSettings | None = None, env: Mapping[str, str] | None = None
     ) -> None:
         self.rt = runtime
-        self.config = config if config is not None else self.load_config(runtime.settings)
+        self.config = config if config is not None else channel_config(type(self), runtime.settings)
         self.env: Mapping[str, str] = dict(os.environ if env is None else env)
         self.log = logging.getLogger(f"agentpost.channel.{self.name}")
         self.read_secrets()
@@ -247,18 +261,6 @@ class Platform(abc.ABC):
         """The settings in force now: an edited settings.toml is picked up without a restart (agents,
         teams and queue tuning; the channel's own section is read at start)."""
         return self.rt.settings
-
-    @classmethod
-    def load_config(cls, settings: Settings) -> ChannelSettings:
-        """Validate ``[channels.<name>]`` (errors name the key, e.g. ``channels.telegram.allowlist``)."""
-        wrapper = create_model(  # type: ignore[call-overload]
-            f"{cls.__name__}Section",
-            __config__=ConfigDict(extra="allow"),
-            **{cls.name: (cls.settings_model, cls.settings_model())},
-        )
-        section = settings.section("channels", wrapper)
-        config: ChannelSettings = getattr(section, cls.name)
-        return config
 
     def read_secrets(self) -> None:  # noqa: B027  (optional: a platform without secrets)
         """Read tokens and addresses from :attr:`env`; raise :class:`MissingSecret` naming a missing one."""
@@ -290,20 +292,6 @@ class Platform(abc.ABC):
         """Receive inbound messages until the channel stops (``inbox.stop_event``), handing each to
         :meth:`adapters.intake.Intake.handle` on :attr:`inbox`."""
         await self.inbox.stop_event.wait()
-
-    async def test_pause_after_fetch(self, what: str) -> None:
-        """The documented test hook (see the module docstring): sleep between fetching and handling."""
-        seconds = float(self.env.get(TEST_PAUSE_ENV) or 0)
-        if seconds > 0:
-            self.log.warning("test hook: paused %.1f s after fetching %s", seconds, what)
-            await asyncio.sleep(seconds)
-
-    def upload_folder(self, conversation: str) -> Path:
-        """Where a chat's inbound files are saved (created if missing): the chat's upload folder of
-        :func:`shared.file_access.chat_upload_dir`, so replies to that chat may attach them again."""
-        folder = chat_upload_dir(self.settings, ChatAddress(self.name, conversation=conversation))
-        folder.mkdir(parents=True, exist_ok=True)
-        return folder
 
     def pairing_replies(self, message: Inbound, code: str) -> list[tuple[ChatAddress, str, str]]:
         """Where a new sender's pairing code goes, as ``(address, text, kind)`` replies: by default in the
@@ -356,3 +344,34 @@ class Platform(abc.ABC):
         """Whether a send error is permanent (the reply can never be delivered) or worth retrying.
         Default: everything is retried; plugins name their platform's permanent refusals."""
         return SendFailure(False, f"{type(exc).__name__}: {exc}")
+
+
+# -- helpers a plugin calls (not overridden, so not methods) ------------------------------------------------
+def channel_config(platform: type[Platform], settings: Settings) -> ChannelSettings:
+    """Validate the ``[channels.<name>]`` section of ``platform`` against its :attr:`Platform.settings_model`
+    (errors name the key, e.g. ``channels.telegram.allowlist``)."""
+    wrapper = create_model(  # type: ignore[call-overload]
+        f"{platform.__name__}Section",
+        __config__=ConfigDict(extra="allow"),
+        **{platform.name: (platform.settings_model, platform.settings_model())},
+    )
+    section = settings.section("channels", wrapper)
+    config: ChannelSettings = getattr(section, platform.name)
+    return config
+
+
+def upload_folder(platform: Platform, conversation: str) -> Path:
+    """Where ``platform`` saves a chat's inbound files (created if missing): the chat's upload folder of
+    :func:`shared.file_access.chat_upload_dir`, so replies to that chat may attach them again."""
+    folder = chat_upload_dir(platform.settings, ChatAddress(platform.name, conversation=conversation))
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+async def pause_for_tests_after_fetch(platform: Platform, what: str) -> None:
+    """The documented test hook (see the module docstring): sleep between fetching ``what`` and handling
+    it, when :attr:`Platform.env` sets ``AGENTPOST_TEST_PAUSE_AFTER_FETCH``."""
+    seconds = float(platform.env.get(TEST_PAUSE_ENV) or 0)
+    if seconds > 0:
+        platform.log.warning("test hook: paused %.1f s after fetching %s", seconds, what)
+        await asyncio.sleep(seconds)

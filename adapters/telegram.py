@@ -43,7 +43,9 @@ from adapters.platform import (
     Inbound,
     Platform,
     SendFailure,
+    pause_for_tests_after_fetch,
     safe_filename,
+    upload_folder,
 )
 from shared.settings.channels import TelegramSettings
 
@@ -158,7 +160,7 @@ class TelegramChannel(Platform):
             if updates is None:
                 return
             if updates:
-                await self.test_pause_after_fetch(f"{len(updates)} Telegram update(s)")
+                await pause_for_tests_after_fetch(self, f"{len(updates)} Telegram update(s)")
             for update in updates:
                 after = update.update_id + 1
 
@@ -238,7 +240,7 @@ class TelegramChannel(Platform):
             target = (message.photo[-1].file_id, "photo.jpg")
         if target is None:
             return []
-        folder = self.upload_folder(conversation)
+        folder = upload_folder(self, conversation)
         path = folder / f"{message.message_id}-{safe_filename(target[1])}"
         if not path.exists():
             remote = await self.bot.get_file(target[0])

@@ -59,8 +59,10 @@ from adapters.platform import (
     Inbound,
     Platform,
     SendFailure,
+    pause_for_tests_after_fetch,
     run_until_stopped,
     safe_filename,
+    upload_folder,
 )
 from adapters.web.limits import BodyLimit, ConnectionLimits, server_config
 from adapters.whatsapp_graph import (
@@ -225,7 +227,7 @@ class WhatsAppChannel(Platform):
         parsed = [p for value in changes for p in parse_messages(value, self.log)]
         statuses = [s for value in changes for s in as_list(value.get("statuses")) if isinstance(s, dict)]
         if parsed:
-            await self.test_pause_after_fetch(f"{len(parsed)} WhatsApp message(s)")
+            await pause_for_tests_after_fetch(self, f"{len(parsed)} WhatsApp message(s)")
         try:
             for item in parsed:
                 await self._accept(item)
@@ -333,7 +335,7 @@ class WhatsAppChannel(Platform):
 
     async def _download(self, sender: str, wamid: str, media: dict[str, Any], kind: str) -> Path:
         assert self.http is not None
-        folder = self.upload_folder(sender)
+        folder = upload_folder(self, sender)
         extension = mimetypes.guess_extension(str(media.get("mime_type") or "")) or ".bin"
         name = str(media.get("filename") or f"{kind}{extension}")
         path = folder / f"{safe_filename(wamid)[-16:]}-{safe_filename(name)}"

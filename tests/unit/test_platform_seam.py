@@ -77,3 +77,24 @@ def test_channel_entry_points_name_platform_classes() -> None:
             for base in node.bases
         ]
         assert bases == ["Platform"], f"{name}: {target} should subclass Platform, has {bases}"
+
+
+def test_the_plugin_contract_is_named_in_the_seams_docstring() -> None:
+    # A plugin author reads the module docstring: every method a plugin overrides or calls, and every helper
+    # function it imports, is named there (a helper moved out of the class must not drop out of sight).
+    tree = ast.parse((ROOT / "adapters" / "platform.py").read_text())
+    doc = ast.get_docstring(tree) or ""
+    platform = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Platform")
+    methods = {
+        node.name
+        for node in platform.body
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and not node.name.startswith("_")
+    }
+    helpers = {
+        node.name
+        for node in tree.body
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and not node.name.startswith("_")
+    }
+    missing = {f"Platform.{name}" for name in methods} | helpers
+    missing = {name for name in missing if f"`{name}`" not in doc}
+    assert not missing, f"adapters/platform.py's docstring does not name {sorted(missing)}"

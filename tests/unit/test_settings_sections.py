@@ -69,6 +69,7 @@ def test_every_bad_section_is_named_at_once(tmp_path: Path) -> None:
 
 
 def test_process_sections_are_given_to_the_processes_validated(tmp_path: Path) -> None:
+    from adapters.platform import channel_config
     from adapters.telegram import TelegramChannel
     from scheduler.config import load_heartbeats, load_scheduler_config, load_schedules
     from workers.processor_config import ProcessorSettings
@@ -89,7 +90,7 @@ def test_process_sections_are_given_to_the_processes_validated(tmp_path: Path) -
     assert [e.message for e in load_schedules(s)] == ["standup"]
     # The adapter reads its section with the model the load checked it with (enabled = false included:
     # `agentpost up` reads it to leave the channel out).
-    assert TelegramChannel.load_config(s) == s.channels["telegram"]
+    assert channel_config(TelegramChannel, s) == s.channels["telegram"]
     assert s.channels["web"].model_dump()["busy_policy"] == "interrupt"
 
 
