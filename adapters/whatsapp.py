@@ -7,7 +7,7 @@
 - Inbound messages are queued with the wamid as ``external_id``, so Meta's redeliveries are not queued twice
   (also after the message row was pruned: :mod:`shared.chat.dedupe`). The POST is answered 200 once
   every message in it is committed — text at once; a message with media is stored as a durable job
-  (:mod:`shared.chat.inbound_jobs`) and its file fetched afterwards by a background task, so a webhook never
+  and its file fetched afterwards by a background task (:mod:`adapters.whatsapp_media`), so a webhook never
   waits on a download, and a failed download is told to the user while their message is still answered
   (passed on without the file). Only a database that cannot commit gets a 503 (Meta retries). A signed
   payload of an unexpected shape is logged and acknowledged with 200: redelivering it would not help.
@@ -78,9 +78,9 @@ from adapters.whatsapp_graph import (
     wamid_of,
     webhook_values,
 )
+from adapters.whatsapp_media import MediaJobs
 from shared.aio import call
 from shared.backoff import Backoff
-from shared.chat import dedupe, inbound_jobs
 from shared.chat.address import ChatAddress
 from shared.chat.lookups import newest_waiting_external_id
 from shared.settings.channels import WhatsAppSettings
@@ -119,6 +119,8 @@ class WhatsAppChannel(Platform):
     _typing_at: dict[str, float]
     server: _QuietServer | None = None
     server_task: asyncio.Task[None] | None = None
+    #: Messages with media, fetched after the webhook was answered (made in :meth:`open`).
+    media: MediaJobs
 
     def read_secrets(self) -> None:
         self.access_token = self.require_env("WHATSAPP_ACCESS_TOKEN", "a Cloud API access token")
@@ -154,7 +156,7 @@ class WhatsAppChannel(Platform):
         )
 
     async def open(self) -> None:
-        self.media_wake = asyncio.Event()
+        self.media = MediaJobs(self, self.config, download=self._download, taken_in=self._taken_in)
         self._receipts = set()
         self._typing_at = {}
         self.http = httpx.AsyncClient(timeout=30.0)
@@ -194,7 +196,7 @@ class WhatsAppChannel(Platform):
 
     async def receive(self) -> None:
         assert self.server_task is not None
-        media = asyncio.create_task(self.media_loop(), name="whatsapp-media")
+        media = asyncio.create_task(self.media.run(), name="whatsapp-media")
         try:
             await run_until_stopped(self.server_task, self.inbox.stop_event, "the webhook server")
         finally:
@@ -240,7 +242,7 @@ class WhatsAppChannel(Platform):
         return PlainTextResponse("ok")
 
     async def _accept(self, item: ParsedMessage) -> None:
-        """Queue a message now, or store its media job (fetched afterwards by :meth:`media_loop`)."""
+        """Queue a message now, or store its media job (fetched afterwards by :attr:`media`)."""
         inbound = item.inbound
         if item.media is None:
             self._taken_in(inbound, await self.inbox.handle(inbound))
@@ -250,90 +252,12 @@ class WhatsAppChannel(Platform):
             text = inbound.text or "(an attachment)"
             self._taken_in(inbound, await self.inbox.handle(replace(inbound, text=text)))
             return
-        job = {
-            "conversation": inbound.conversation,
-            "sender": inbound.sender,
-            "text": inbound.text,
-            "wamid": inbound.external_id,
-            "kind": inbound.metadata.get("type", ""),
-            "media": item.media,
-            "attempts": 0,
-        }
-        wamid = inbound.external_id
-        if await call(dedupe.is_seen, self.rt.db, self.name, wamid):
-            return  # a redelivery of a message already taken in
-        await call(inbound_jobs.save, self.rt.db, self.name, wamid, json.dumps(job))
-        self.media_wake.set()
+        await self.media.store(inbound, item.media)
 
-    # -- media, after the webhook was answered ---------------------------------------------------------------
-    async def media_loop(self) -> None:
-        """Fetch the files of stored media jobs and queue their messages, until stopped."""
-        while not self.inbox.stop_event.is_set():
-            self.media_wake.clear()
-            try:
-                jobs = await call(inbound_jobs.pending, self.rt.db, self.name)
-                for key, text in jobs:
-                    if self.inbox.stop_event.is_set():
-                        return
-                    await self._media_job(key, text)
-            except Exception:
-                self.log.exception("media jobs failed; retrying")
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.media_wake.wait(), self.config.media_poll_seconds)
-
-    async def _media_job(self, key: str, text: str) -> None:
-        db = self.rt.db
-        try:
-            job = json.loads(text)
-            media = as_dict(job.get("media"))
-            inbound = Inbound(
-                conversation=str(job["conversation"]),
-                sender_id=str(job["conversation"]),
-                sender=str(job.get("sender") or job["conversation"]),
-                text=str(job.get("text") or ""),
-                external_id=key,
-                metadata={"wamid": key, "type": str(job.get("kind") or "")},
-            )
-        except (ValueError, KeyError, TypeError) as exc:
-            self.log.error("dropped an unreadable media job %s: %s", key, exc)
-            await call(inbound_jobs.finish, db, self.name, key)
-            return
-        kind = str(job.get("kind") or "file")
-        try:
-            path = await asyncio.wait_for(
-                self._download(inbound.sender_id, key, media, kind), self.config.media_timeout_seconds
-            )
-        except Exception as exc:
-            attempts = int(job.get("attempts") or 0) + 1
-            reason = "it took too long" if isinstance(exc, TimeoutError) else str(exc) or type(exc).__name__
-            self.log.warning("downloading the %s of %s failed (attempt %s): %s", kind, key, attempts, reason)
-            if attempts < self.config.media_attempts:
-                job["attempts"] = attempts
-                await call(inbound_jobs.update, db, self.name, key, json.dumps(job))
-                await asyncio.sleep(min(5.0, 0.5 * 2**attempts))
-                return
-            await self._media_failed(inbound, media, kind)
-        else:
-            self._taken_in(inbound, await self.inbox.handle(replace(inbound, files=[path])))
-        await call(inbound_jobs.finish, db, self.name, key)
-
-    async def _media_failed(self, inbound: Inbound, media: dict[str, Any], kind: str) -> None:
-        """The file could not be fetched: tell the user, and still pass their message on (without it)."""
-        name = str(media.get("filename") or f"a {kind}")
-        note = f"(The user sent {name}, but it could not be downloaded.)"
-        text = f"{inbound.text}\n{note}" if inbound.text else note
-        if await call(dedupe.is_seen, self.rt.db, self.name, inbound.external_id):
-            return
-        await call(
-            self.inbox.reply,
-            inbound,
-            f"I could not fetch the file you sent ({name}). I passed your message on without it; "
-            "please send the file again if it matters.",
-            kind="media_failed",
-        )
-        self._taken_in(inbound, await self.inbox.handle(replace(inbound, text=text)))
-
+    # -- media, fetched after the webhook was answered (adapters.whatsapp_media) ---------------------------
     async def _download(self, sender: str, wamid: str, media: dict[str, Any], kind: str) -> Path:
+        """Fetch a message's media from the Graph API into the sender's upload folder (once: a file already
+        there is kept); the download of :class:`adapters.whatsapp_media.MediaJobs`."""
         assert self.http is not None
         folder = upload_folder(self, sender)
         extension = mimetypes.guess_extension(str(media.get("mime_type") or "")) or ".bin"

@@ -26,6 +26,7 @@ PLATFORMS = (
     "adapters/discord.py",
     "adapters/whatsapp.py",
     "adapters/whatsapp_graph.py",
+    "adapters/whatsapp_media.py",
 )
 PLATFORM_FORBIDDEN = ("shared.queue", "shared.storage", "shared.runtime")
 SQL = re.compile(
