@@ -8,13 +8,13 @@ version, e.g. ``https://discord.com/api/v10``) and ``DISCORD_GATEWAY_URL`` (or t
 and ``gateway_url``); the token comes from ``DISCORD_BOT_TOKEN`` (or the variable named by ``token_env``).
 
 Discord's gateway does not replay events to a new session (only a RESUME of the same session replays its
-gap), so after a fresh start the adapter catches up by itself: it keeps the newest message id it took in per
-channel (DMs included; :mod:`shared.chat.cursors`) and, once connected, reads each such channel's history
-after it (``GET /channels/{id}/messages?after=ID``), bounded by ``catch_up_window_hours`` and
-``catch_up_max_per_channel``. Those messages go through the same handling and duplicate check as live ones, so
-a message is never taken twice; a reply to one sent more than ``late_message_seconds`` earlier says it arrived
-while the bot was offline. A DM from someone the bot never talked with before cannot be found this way
-(Discord offers bots no list of DM channels).
+gap), so after a fresh start the adapter catches up by itself (:mod:`adapters.discord_catch_up`): it keeps the
+newest message id it took in per channel (DMs included; :mod:`shared.chat.cursors`) and, once connected, reads
+each such channel's history after it (``GET /channels/{id}/messages?after=ID``), bounded by
+``catch_up_window_hours`` and ``catch_up_max_per_channel``. Those messages go through the same handling and
+duplicate check as live ones, so a message is never taken twice; a reply to one sent more than
+``late_message_seconds`` earlier says it arrived while the bot was offline. A DM from someone the bot never
+talked with before cannot be found this way (Discord offers bots no list of DM channels).
 
 Order: discord.py runs each incoming message's handler as a task of its own; the messages of one chat are
 taken in one at a time, in the order they came (another chat does not wait). Replies of one chat go out in
@@ -32,7 +32,6 @@ import asyncio
 import contextlib
 import functools
 import re
-import time
 import warnings
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -41,6 +40,7 @@ from typing import Any, ClassVar
 import aiohttp
 import yarl
 
+from adapters.discord_catch_up import CatchUp
 from adapters.platform import (
     ChannelSettings,
     Inbound,
@@ -64,16 +64,6 @@ with warnings.catch_warnings():
     from discord.gateway import DiscordWebSocket
 
 _MENTION_RE = r"<@!?{}>"
-#: Discord snowflakes count milliseconds since 2015-01-01, shifted left by 22 bits.
-_DISCORD_EPOCH_MS = 1_420_070_400_000
-#: Catch-up re-reads this much before a channel's record: messages handled side by side may have been
-#: recorded out of order when the adapter died (the duplicate check drops what was taken already).
-_CATCH_UP_MARGIN_MS = 60_000
-
-
-def snowflake_at(epoch_ms: int) -> int:
-    """The smallest Discord id of a message sent at ``epoch_ms``."""
-    return max(0, epoch_ms - _DISCORD_EPOCH_MS) << 22
 
 
 def point_discord_at(api_base: str, gateway: str) -> None:
@@ -167,13 +157,15 @@ class DiscordChannel(Platform):
     async def receive(self) -> None:
         assert self.client_task is not None
         if self.config.catch_up:
-            self.catch_up_task = asyncio.create_task(self.catch_up(), name="discord-catch-up")
+            catch_up = CatchUp(self, self.config, channel_for=self._channel_for, on_message=self.on_message)
+            self.catch_up_task = asyncio.create_task(catch_up.run(), name="discord-catch-up")
         await run_until_stopped(self.client_task, self.inbox.stop_event, "the Discord client")
 
     # -- receiving -----------------------------------------------------------------------------------------
     async def on_message(self, message: discord.Message, *, guild_id: str = "") -> None:
-        """A MESSAGE_CREATE (or a message read back by :meth:`catch_up`): DMs always, guild messages only
-        when they mention the bot. ``guild_id`` stands in when the message's guild is not cached."""
+        """A MESSAGE_CREATE (or a message read back by :class:`adapters.discord_catch_up.CatchUp`): DMs
+        always, guild messages only when they mention the bot. ``guild_id`` stands in when the message's
+        guild is not cached."""
         client = self.client
         if client is None or client.user is None:
             return
@@ -273,33 +265,6 @@ class DiscordChannel(Platform):
             f"<@{message.sender_id}> I don't know you yet; I sent you a direct message about getting access."
         )
         return [(private, pairing_code_text(code), "pairing"), (here, hint, "pairing_hint")]
-
-    async def catch_up(self) -> None:
-        """Read what arrived while the adapter was down in every channel it has talked in (see the module
-        docstring), oldest first, and handle it like a live message."""
-        client = self.client
-        if client is None:
-            return
-        now = int(time.time() * 1000)
-        oldest = snowflake_at(now - int(self.config.catch_up_window_hours * 3_600_000))
-        margin = _CATCH_UP_MARGIN_MS << 22
-        taken = 0
-        for cursor in await call(cursors.cursors, self.rt.db, self.name):
-            if self.inbox.stop_event.is_set():
-                return
-            after = max(oldest, cursor.last_id - margin)
-            channel = self._channel_for(cursor.conversation, cursor.note)
-            try:
-                async for message in channel.history(
-                    limit=self.config.catch_up_max_per_channel,
-                    after=discord.Object(id=after),
-                    oldest_first=True,
-                ):
-                    await self.on_message(message, guild_id=cursor.note)
-                    taken += 1
-            except Exception as exc:  # one channel gone or forbidden must not stop the others
-                self.log.warning("catching up in channel %s failed: %s", cursor.conversation, exc)
-        self.log.info("caught up: read %s messages sent while the adapter was down (or just before)", taken)
 
     async def _save_attachments(self, message: discord.Message, conversation: str) -> list[Path]:
         if not message.attachments:

@@ -24,6 +24,7 @@ PACKAGES = ("shared", "workers", "adapters", "scheduler")
 PLATFORMS = (
     "adapters/telegram.py",
     "adapters/discord.py",
+    "adapters/discord_catch_up.py",
     "adapters/whatsapp.py",
     "adapters/whatsapp_graph.py",
     "adapters/whatsapp_media.py",

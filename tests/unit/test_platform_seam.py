@@ -15,7 +15,14 @@ import pytest
 pytestmark = pytest.mark.unit
 
 ROOT = Path(__file__).resolve().parents[2]
-PLUGINS = ("telegram.py", "discord.py", "whatsapp.py", "whatsapp_graph.py", "whatsapp_media.py")
+PLUGINS = (
+    "telegram.py",
+    "discord.py",
+    "discord_catch_up.py",
+    "whatsapp.py",
+    "whatsapp_graph.py",
+    "whatsapp_media.py",
+)
 #: The channel runner's parts: the runner builds them and hands the platform its intake as ``inbox``.
 RUNNER_PARTS = frozenset(
     {
