@@ -107,7 +107,7 @@ class Proc:
     def output(self) -> str:
         return self.log.read_text(errors="replace") if self.log.exists() else ""
 
-    def wait_output(self, needle: str, timeout: float = 20.0) -> None:
+    def wait_output(self, needle: str, timeout: float = 60.0) -> None:
         wait_for(lambda: needle in self.output() or self._died(), timeout, f"{needle!r} in {self.kind} log")
         assert needle in self.output(), f"{self.kind} exited early:\n{self.output()}"
 

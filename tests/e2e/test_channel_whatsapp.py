@@ -130,7 +130,7 @@ def test_killed_before_enqueue_then_redelivered(tmp_path: Path, fake: FakeWhatsA
         assert count(rt, "SELECT COUNT(*) FROM messages") == 0
         restarted = Proc("whatsapp", home, _env(fake, port), log)
         try:
-            restarted.wait_output("webhook listening", 20)
+            restarted.wait_output("webhook listening", 60)
             wait_for(lambda: "webhook listening" in restarted.output().split("test hook")[-1], 20, "restart")
             assert _post(port, payload).status_code == 200
             assert _post(port, payload).status_code == 200

@@ -143,6 +143,7 @@ def test_a_dm_and_a_guild_mention_sent_while_down_are_answered_once_after_a_rest
     assert OFFLINE in guild[1] and "guild while down" in guild[1]
 
 
+@pytest.mark.serial  # a latency bound: load from tests running side by side stretches it
 def test_kill_9_mid_reply_sends_the_remaining_parts_within_3_s_of_the_restart(
     tmp_path: Path, fake: HoldingDiscord
 ) -> None:

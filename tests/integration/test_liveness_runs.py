@@ -24,10 +24,11 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
 def test_streaming_run_outlives_idle_timeout_with_progress_notes_and_one_final_reply(
     tmp_path: Path, db_url: str, api: FakeAnthropic
 ) -> None:
-    # 4.5 s of streaming, a delta every 0.3 s; idle timeout 1.5 s; a note every second.
-    api.add_rule("long job", Chunked([f"part{n} " for n in range(15)], interval=0.3))
+    # 7.5 s of streaming, a delta every 0.3 s; idle timeout 4 s (not less: a loaded machine can take a few
+    # seconds to start the CLI, before its first line); a note every second.
+    api.add_rule("long job", Chunked([f"part{n} " for n in range(25)], interval=0.3))
     home = claude_home(
-        tmp_path, db_url, processor={"idle_timeout_seconds": 1.5, "progress_note_seconds": 1.0}
+        tmp_path, db_url, processor={"idle_timeout_seconds": 4.0, "progress_note_seconds": 1.0}
     )
     with open_home(home) as rt:
         sent = rt.queue.intake.enqueue_message(
@@ -40,7 +41,7 @@ def test_streaming_run_outlives_idle_timeout_with_progress_notes_and_one_final_r
         notes = of_kind(rt, "progress")
         (final,) = of_kind(rt, "final")
         assert len(notes) >= 2, notes
-        assert final["message"].startswith("part0 part1") and "part14" in final["message"]
+        assert final["message"].startswith("part0 part1") and "part24" in final["message"]
         assert {n["metadata"]["edit_key"] for n in notes} == {final["metadata"]["edit_key"]}
         assert all(n["message"].startswith("Still working — ") for n in notes)
         assert all((n["conversation"], n["sender_id"]) == ("c1", "7") for n in notes)
