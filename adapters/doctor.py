@@ -6,17 +6,14 @@ import socket
 from urllib.parse import urlparse
 
 from shared.cli.doctor import Check
+from shared.settings.channels import BUILTIN_CHANNELS
 from shared.settings.model import Settings
 
-#: Each channel's required variables and the variable that overrides its platform address.
+#: Each bundled channel's required variables and the variable that overrides its platform address (with the
+#: address itself), as its settings model declares them.
 CHANNEL_ENV: dict[str, tuple[tuple[str, ...], str, str]] = {
-    "telegram": (("TELEGRAM_BOT_TOKEN",), "TELEGRAM_API_BASE_URL", "https://api.telegram.org"),
-    "discord": (("DISCORD_BOT_TOKEN",), "DISCORD_API_BASE_URL", "https://discord.com/api/v10"),
-    "whatsapp": (
-        ("WHATSAPP_ACCESS_TOKEN", "WHATSAPP_PHONE_NUMBER_ID", "WHATSAPP_APP_SECRET", "WHATSAPP_VERIFY_TOKEN"),
-        "WHATSAPP_GRAPH_URL",
-        "https://graph.facebook.com",
-    ),
+    name: (model.required_env, model.address_env, model.default_address)
+    for name, model in BUILTIN_CHANNELS.items()
 }
 
 

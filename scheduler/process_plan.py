@@ -16,18 +16,13 @@ from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any
 
+from shared.settings.channels import BUILTIN_CHANNELS
 from shared.settings.model import Settings
 
-#: The variables each bundled channel needs; a third-party channel class may declare ``required_env``.
+#: The variables each bundled channel needs (its settings model says); a third-party channel class may
+#: declare ``required_env``.
 CHANNEL_ENV: dict[str, tuple[str, ...]] = {
-    "telegram": ("TELEGRAM_BOT_TOKEN",),
-    "discord": ("DISCORD_BOT_TOKEN",),
-    "whatsapp": (
-        "WHATSAPP_ACCESS_TOKEN",
-        "WHATSAPP_PHONE_NUMBER_ID",
-        "WHATSAPP_APP_SECRET",
-        "WHATSAPP_VERIFY_TOKEN",
-    ),
+    name: model.required_env for name, model in BUILTIN_CHANNELS.items()
 }
 #: Variables every process reads (settings overrides, TinyAGI's port alias), managed per process by `up`.
 COMMON_PREFIXES = ("AGENTPOST_", "TINYAGI_")

@@ -11,7 +11,7 @@ when the file has a section of that name. A section of a channel no plugin provi
 from __future__ import annotations
 
 import functools
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -22,9 +22,18 @@ MAX_PENDING_PAIRINGS = 3
 
 
 class ChannelSettings(BaseModel):
-    """Settings every channel has, in ``[channels.<name>]`` of settings.toml."""
+    """Settings every channel has, in ``[channels.<name>]`` of settings.toml.
+
+    A channel's model also says what its process needs from the environment, so `agentpost up` (which
+    secrets go to which process), doctor and the adapter agree without importing the adapter."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+    #: The variables the channel cannot start without (its secrets).
+    required_env: ClassVar[tuple[str, ...]] = ()
+    #: The variable that overrides the platform's address (a test fake, a proxy), and the address itself.
+    address_env: ClassVar[str] = ""
+    default_address: ClassVar[str] = ""
 
     enabled: bool = Field(default=True, description="false: `agentpost up` does not start this channel")
     allowlist: list[str] = Field(
@@ -77,6 +86,10 @@ class ChannelSettings(BaseModel):
 class TelegramSettings(ChannelSettings):
     """``[channels.telegram]``."""
 
+    required_env: ClassVar[tuple[str, ...]] = ("TELEGRAM_BOT_TOKEN",)
+    address_env: ClassVar[str] = "TELEGRAM_API_BASE_URL"
+    default_address: ClassVar[str] = "https://api.telegram.org"
+
     token_env: str = Field(default="TELEGRAM_BOT_TOKEN", description="variable holding the bot token")
     api_base_url: str = Field(default="", description="Bot API root; TELEGRAM_API_BASE_URL wins")
     parse_mode: Literal["Markdown", "MarkdownV2", "HTML", ""] = "Markdown"
@@ -86,6 +99,10 @@ class TelegramSettings(ChannelSettings):
 
 class DiscordSettings(ChannelSettings):
     """``[channels.discord]``."""
+
+    required_env: ClassVar[tuple[str, ...]] = ("DISCORD_BOT_TOKEN",)
+    address_env: ClassVar[str] = "DISCORD_API_BASE_URL"
+    default_address: ClassVar[str] = "https://discord.com/api/v10"
 
     token_env: str = Field(default="DISCORD_BOT_TOKEN", description="variable holding the bot token")
     api_base_url: str = Field(default="", description="REST root with version; DISCORD_API_BASE_URL wins")
@@ -103,6 +120,15 @@ class DiscordSettings(ChannelSettings):
 
 class WhatsAppSettings(ChannelSettings):
     """``[channels.whatsapp]``."""
+
+    required_env: ClassVar[tuple[str, ...]] = (
+        "WHATSAPP_ACCESS_TOKEN",
+        "WHATSAPP_PHONE_NUMBER_ID",
+        "WHATSAPP_APP_SECRET",
+        "WHATSAPP_VERIFY_TOKEN",
+    )
+    address_env: ClassVar[str] = "WHATSAPP_GRAPH_URL"
+    default_address: ClassVar[str] = "https://graph.facebook.com"
 
     graph_url: str = Field(default="", description="Graph API root; WHATSAPP_GRAPH_URL wins")
     api_version: str = Field(default="v21.0", pattern=r"^v\d+\.\d+$")
