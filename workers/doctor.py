@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 from shared.cli.doctor import Check, Level
+from shared.queue.workspaces import workspace_record
 from shared.settings.model import AgentSettings, Settings
 from shared.worker_identity import this_host
 from workers.agent_env import child_env
@@ -16,7 +17,7 @@ from workers.providers.base import ProviderError, RunRequest, find_binary
 from workers.providers.claude_warm import KEPT_PROCESS_BYTES, available_memory, memory_cap
 from workers.sandbox import SANDBOX_USER, SandboxError, SandboxPlan, runs_as_root
 from workers.sandbox import choose as choose_sandbox
-from workers.workspace import WorkspaceElsewhere, check_workspace, host_of, workspace_record
+from workers.workspace import WorkspaceElsewhere, check_workspace, host_of
 
 _BINARIES = {"claude": ("claude", "AGENTPOST_CLAUDE_BIN"), "codex": ("codex", "AGENTPOST_CODEX_BIN")}
 

@@ -9,8 +9,8 @@ overloaded, an API 529 (``RunResult.overloaded``: nobody's limit, and never told
    ``[processor] rate_limit_pause_seconds`` that doubles with each consecutive limit of the agent, up to
    ``rate_limit_max_pause_seconds``;
 2. if the agent has a ``fallback_model`` and the limited run did not already use it: records "use the
-   fallback until the reset" in the ``kv`` table (scope ``model_fallback``, so every processor sees it and
-   a restart keeps it) and gives the messages back at once without counting an attempt — the next runs use
+   fallback until the reset" (:mod:`shared.queue.model_fallback`, so every processor sees it and a restart
+   keeps it) and gives the messages back at once without counting an attempt — the next runs use
    ``--model <fallback_model>`` until the reset time, then the primary model again. No pause, no notice.
 3. otherwise (no fallback, or the fallback is limited too): pauses the *agent* until the reset with
    :meth:`shared.queue.control.Control.pause_agent`, gives back every message it held without counting an attempt,
@@ -28,9 +28,6 @@ from shared.backoff import Backoff
 from shared.clock import now_ms
 from shared.queue.core import Queue, group_by_conversation
 from shared.reads.conversation_status import format_duration, format_time
-from shared.storage import kv
-from shared.storage.db import Database
-from shared.storage.kv import Scope
 from workers.errors import servers
 from workers.liveness import note_target
 
@@ -110,22 +107,6 @@ def backoff_ms(strikes: int, base_seconds: float, max_seconds: float) -> int:
     """The pause after the ``strikes``-th consecutive rate limit without a stated reset."""
     # No jitter: one agent's pause, shown to its users as a time; nothing retries in a herd.
     return Backoff(base_seconds, max_seconds, jitter=0).delay_ms(strikes)
-
-
-# -- the fallback model --------------------------------------------------------------------------------
-def fallback_until(db: Database, agent: str) -> int:
-    """Until when ``agent`` runs on its fallback model (epoch ms; 0 or past: the primary model)."""
-    value = kv.get(db, Scope.MODEL_FALLBACK, agent)
-    try:
-        return int(value) if value is not None else 0
-    except ValueError:
-        return 0
-
-
-def use_fallback_until(db: Database, agent: str, until: int) -> None:
-    """Make ``agent`` run on its fallback model until ``until`` (epoch ms)."""
-    with db.transaction() as tx:
-        kv.put(tx, Scope.MODEL_FALLBACK, agent, str(until))
 
 
 # -- telling the waiting chats --------------------------------------------------------------------------

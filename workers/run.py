@@ -40,6 +40,7 @@ from shared.ids import new_id
 from shared.notices import steered_note
 from shared.private_files import private_dir
 from shared.queue.core import LeaseLost, QueuedMessage, TxWork, retry_edit_key
+from shared.queue.model_fallback import fallback_until
 from shared.reads.conversation_status import clear_run, record_run_in
 from shared.runtime import Runtime
 from shared.settings.model import AgentSettings, Settings
@@ -58,7 +59,6 @@ from workers.processor_config import ProcessorSettings, ProcessorStats
 from workers.providers.base import AgentProvider, ProviderError, RunRequest, RunResult
 from workers.providers.claude_warm import WarmPool, WarmSlot
 from workers.providers.registry import provider_for
-from workers.ratelimit import fallback_until
 from workers.run_outcome import OutcomeWriter
 from workers.sandbox import Sandboxed, SandboxError, SandboxPlan, SandboxView, cli_home_for, for_agent
 from workers.steer import SteerInbox, steered_prompt

@@ -32,6 +32,7 @@ from shared.chat.sessions import clear_sessions, set_session, set_session_in
 from shared.clock import now_ms
 from shared.file_access import chat_upload_dir, send_roots
 from shared.queue.core import CompleteOutcome, LeaseLost, QueuedMessage, ResponseDraft, TxWork
+from shared.queue.model_fallback import use_fallback_until
 from shared.reads.conversation_status import clear_run
 from shared.runtime import Runtime
 from shared.storage.db import Tx
@@ -59,7 +60,7 @@ from workers.pauses import RateLimitPauses, WaitedNote
 from workers.processor_config import ProcessorSettings, ProcessorStats
 from workers.providers.base import RunResult
 from workers.providers.claude_warm import split_session_ref
-from workers.ratelimit import backoff_ms, notify_waiting_chats, parse_reset, paused_text, use_fallback_until
+from workers.ratelimit import backoff_ms, notify_waiting_chats, parse_reset, paused_text
 from workers.storage_steps import StorageSteps
 from workers.teams import plan_reply
 

@@ -8,7 +8,7 @@ agent: they are never overwritten, so edits survive restarts.
 - ``CLAUDE.md``: imports ``AGENTS.md`` (Claude Code reads ``CLAUDE.md``, and ``@file`` includes another);
 - ``heartbeat.md``: what the agent should do on a timed heartbeat (the scheduler sends it as a message);
 - ``.agentpost-workspace`` (:data:`MARKER`): which workspace this is (a random id, the agent, the host it was
-  made on). The same id is recorded in the database (``kv`` scope ``workspace``).
+  made on). The same id is recorded in the database (:mod:`shared.queue.workspaces`).
 
 Across hosts (PostgreSQL, processors on several machines), a workspace lives on the host that made it: its
 files, and what the agent built there. A processor that takes over an agent whose workspace another host
@@ -33,11 +33,10 @@ from typing import Any
 from shared import safe_files
 from shared.clock import now_ms
 from shared.ids import new_id
+from shared.queue.workspaces import record_workspace, workspace_record
 from shared.settings.model import Settings
 from shared.settings.routing import validate_name
-from shared.storage import kv
 from shared.storage.db import Database
-from shared.storage.kv import Scope
 
 log = logging.getLogger("agentpost.processor")
 
@@ -185,16 +184,6 @@ def _read_json(folder: Path, name: str) -> dict[str, Any] | None:
     return None
 
 
-def workspace_record(db: Database, agent: str) -> dict[str, Any] | None:
-    """Where ``agent``'s workspace was made (``id``, ``host``, ``path``), as recorded in the database."""
-    text = kv.get(db, Scope.WORKSPACE, agent)
-    with contextlib.suppress(ValueError):
-        data = json.loads(text) if text else None
-        if isinstance(data, dict) and isinstance(data.get("id"), str):
-            return data
-    return None
-
-
 def workspace_marker(settings: Settings, agent: str) -> dict[str, Any] | None:
     """The marker of ``agent``'s workspace folder on this host, or None."""
     return _read_json(settings.workspace(agent), MARKER)
@@ -226,6 +215,5 @@ def prepare_workspace(db: Database, settings: Settings, agent: str, host: str) -
         _write_once(path / MARKER, json.dumps(marker) + "\n")
         marker = workspace_marker(settings, agent) or marker  # another processor's, had it been first
     if record is None or record["id"] != marker["id"]:
-        with db.transaction() as tx:
-            kv.put(tx, Scope.WORKSPACE, agent, json.dumps(marker))
+        record_workspace(db, agent, marker)
     return path

@@ -45,10 +45,11 @@ class Scope(StrEnum):
     DLQ_RESTORED = "dlq.restored"
     #: key ``*`` → newest pruned event cursor (events); one row.
     EVENTS_PRUNED = "events.pruned"
-    #: key agent → JSON of the agent's workspace (id, host it was made on, path; workers.workspace);
+    #: key agent → JSON of the agent's workspace (id, host it was made on, path; queue.workspaces);
     #: overwritten when the workspace is made again, kept when the agent is removed (its folder is kept).
     WORKSPACE = "workspace"
-    #: key agent → JSON of the fallback model in use after rate limits (workers.ratelimit).
+    #: key agent → until when the agent runs on its fallback model after a rate limit (queue.model_fallback);
+    #: overwritten by the agent's next limit.
     MODEL_FALLBACK = "model_fallback"
     #: key worker id → JSON of a running processor (queue.presence); refreshed every minute, deleted when it
     #: stops, a killed one's row forgotten a day later by the next processor to start.

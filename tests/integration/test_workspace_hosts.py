@@ -21,13 +21,14 @@ from typing import Any
 import pytest
 
 from shared.chat.address import ChatAddress
+from shared.queue.workspaces import workspace_record
 from shared.runtime import Runtime
 from shared.settings.model import load_settings
 from tests.homes import build_home, update_settings
 from tests.processor_support import agent_script, command_agent, open_home, read_invocations, run_idle
 from workers import doctor
 from workers.processor_config import ProcessorSettings
-from workers.workspace import MARKER, workspace_record
+from workers.workspace import MARKER
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
