@@ -18,6 +18,7 @@ from scheduler.config import load_scheduler_config
 from scheduler.migrate import MigrationError, migrate
 from shared.cli.main import JsonFlag, console, err_console, fail, print_json, queue_app, runtime
 from shared.cli.token import token_command
+from shared.queue.dlq_restores import restored_keys
 from shared.settings import api_token
 from shared.settings.model import SettingsError, default_home, load_settings
 
@@ -75,7 +76,7 @@ def dlq_list(
     """Archived dead letters, newest file first; corrupt lines are reported, not fatal."""
     with runtime() as rt:
         directory = dlq.dlq_dir(rt.settings)
-        restored = dlq.restored_keys(rt.db)
+        restored = restored_keys(rt.db)
         try:
             items = list(dlq.iter_entries(directory, file))
         except FileNotFoundError as exc:

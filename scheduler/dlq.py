@@ -8,7 +8,8 @@ delete leaves the rows in the database *and* in the file; the next run finds the
 (``message_id@died_at``) already in the file and deletes them without writing them again.
 
 Restoring puts an entry back into the queue as ``pending`` with its original message id; the restore is
-recorded in the ``kv`` table in the same transaction as the insert, so an entry is restored at most once.
+recorded in the same transaction as the insert (:mod:`shared.queue.dlq_restores`), so an entry is restored
+at most once.
 A corrupt line is reported and skipped; the rest of the file is still read.
 """
 
@@ -36,13 +37,10 @@ from shared.queue.admin import (
     insert_restored_message,
 )
 from shared.queue.core import Queue
+from shared.queue.dlq_restores import record_restore_in, was_restored_in
 from shared.settings.model import Settings
-from shared.storage import kv
 from shared.storage.db import Database, Row, Tx
-from shared.storage.kv import Scope
 
-#: Kept for tests/integration/test_scheduler_jobs.py, which clears the scope by this name.
-RESTORED_SCOPE = Scope.DLQ_RESTORED
 #: Test hook: seconds to wait after the archive files are fsynced and before the rows are deleted, so a
 #: crash test can kill the process exactly there. Never set in production.
 PAUSE_ENV = "AGENTPOST_DLQ_PAUSE_AFTER_WRITE"
@@ -249,13 +247,8 @@ class RestoreResult:
     rerouted: dict[str, str] = field(default_factory=dict)
 
 
-def restored_keys(db: Database) -> dict[str, dict[str, Any]]:
-    """Archive keys restored so far, with when and from which file."""
-    return {e.key: json.loads(e.value) for e in kv.entries(db, Scope.DLQ_RESTORED)}
-
-
 def _restore_one(tx: Tx, entry: ArchivedEntry, agent: str, now: int) -> str:
-    if kv.get(tx, Scope.DLQ_RESTORED, entry.key) is not None:
+    if was_restored_in(tx, entry.key):
         return "already"
     m = entry.data["message"]
     metadata = m.get("metadata", {})
@@ -283,8 +276,7 @@ def _restore_one(tx: Tx, entry: ArchivedEntry, agent: str, now: int) -> str:
     )
     if new_id is None:
         return "in_queue"
-    record = json.dumps({"file": entry.file, "line": entry.line, "restored_at": now, "row": new_id})
-    if not kv.add(tx, Scope.DLQ_RESTORED, entry.key, record, now):
+    if not record_restore_in(tx, entry.key, file=entry.file, line=entry.line, row=new_id, now=now):
         # Another restore of this entry committed since the check above: fail as the plain insert did, so
         # this transaction (and its second copy of the message) is rolled back.
         raise RuntimeError(f"archive entry {entry.key} was restored concurrently")

@@ -41,7 +41,7 @@ class Scope(StrEnum):
     DELIVERY_ATTEMPTS = "delivery_attempts"
     #: key message id → automatic dead-letter retries done (queue_admin); nothing removes these yet.
     DLQ_AUTO_RETRIES = "dlq.auto_retries"
-    #: key archive entry → restored marker (scheduler.dlq): a restore is never done twice.
+    #: key archive entry → JSON of its restore (queue.dlq_restores): a restore is never done twice.
     DLQ_RESTORED = "dlq.restored"
     #: key ``*`` → newest pruned event cursor (events); one row.
     EVENTS_PRUNED = "events.pruned"

@@ -8,6 +8,8 @@ from scheduler import dlq
 from scheduler.service import SchedulerService
 from shared.clock import now_ms
 from shared.runtime import Runtime
+from shared.storage import kv
+from shared.storage.kv import Scope
 from tests.scheduler_support import (
     count,
     events_of,
@@ -60,7 +62,7 @@ def test_restore_puts_entries_back_once_and_skips_corrupt_lines(scheduler_rt: Ru
         dlq.restore(scheduler_rt.db, scheduler_rt.settings, path, only="cli_zzzzzzzz")
     # A restored message that dies again is archived again: a new death, a new line.
     with scheduler_rt.db.transaction() as tx:
-        tx.execute("DELETE FROM kv WHERE scope = :s", {"s": dlq.RESTORED_SCOPE})
+        kv.delete_scope(tx, Scope.DLQ_RESTORED)
     dlq.restore(scheduler_rt.db, scheduler_rt.settings, path, only=ids[0])
     worker = "w2"
     claimed = q.messages.claim_all_pending_messages("assistant", worker)
