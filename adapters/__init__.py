@@ -11,7 +11,7 @@ A chat channel is a platform under the one channel runner:
   :mod:`adapters.intake` (allowlist and pairing, dedupe, enqueue), :mod:`adapters.chat_commands`,
   :mod:`adapters.delivery` (claiming, chunking, typing, retries; with :mod:`adapters.previews` and
   :mod:`adapters.progress_notes`) and :mod:`adapters.channel_lifecycle` (open with retries, health,
-  signals); helpers :mod:`adapters.chunking`, :mod:`adapters.pairing`, :mod:`adapters.chat_state`.
+  signals); helpers :mod:`adapters.chunking`, :mod:`adapters.pairing`.
 - :mod:`adapters.web` — the REST/SSE/WebSocket API and dashboard (it queues through the same queue, not
   through the runner); :mod:`adapters.commands` and :mod:`adapters.doctor` plug into the CLI.
 

@@ -1,7 +1,7 @@
 """The chat commands every channel understands, and a chat's sticky default agent.
 
 - ``/agent NAME``, ``/team NAME``: this chat's messages go to NAME by default (``@agent`` alone does the
-  same; ``@default`` goes back to normal routing). Kept in :mod:`adapters.chat_state`.
+  same; ``@default`` goes back to normal routing). Kept in :mod:`shared.chat.sticky_agents`.
 - ``@nosuch …`` (a leading mention of no agent or team) is refused by the queue
   (:class:`shared.queue.core.UnknownMention`) and answered with the agents and teams there are; nothing is queued.
 - ``/reset [@agent]``: a fresh conversation, by clearing the agent's session row.
@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Literal
 
-from adapters import chat_state
+from shared.chat import sticky_agents
 from shared.chat.address import ChatAddress
 from shared.chat.lookups import busy_agents
 from shared.chat.prefs import get_busy_policy, set_busy_policy
@@ -102,7 +102,7 @@ class ChatCommands:
 
     def sticky_for(self, chat: ChatAddress, text: str) -> str | None:
         """The chat's sticky agent for a plain message ``text`` (None: route it normally)."""
-        sticky = chat_state.sticky_agent(self.rt.db, chat)
+        sticky = sticky_agents.sticky_agent(self.rt.db, chat)
         if not sticky or not self._known(sticky):
             return None
         routes = self.rt.queue.directory.routes  # the table the queue routes with, built once
@@ -132,20 +132,20 @@ class ChatCommands:
         ``name`` is nobody we know (the text then goes to the agent like any message)."""
         db = self.rt.db
         if name == "default":
-            chat_state.clear_sticky_agent(db, message.address_on(self.name))
+            sticky_agents.clear_sticky_agent(db, message.address_on(self.name))
             return (
                 f"This chat is back to normal routing (default agent @{self.settings.queue.default_agent})."
             )
         kind = self._known(name)
         if not kind:
             return None  # not a name we know: the text goes to the agent like any message
-        chat_state.set_sticky_agent(db, message.address_on(self.name), name)
+        sticky_agents.set_sticky_agent(db, message.address_on(self.name), name)
         return f"Messages in this chat now go to {kind} @{name}. Send @default to undo."
 
     def chat_agent(self, chat: ChatAddress) -> str:
         """The agent a plain message of this chat goes to: the sticky agent (a team's leader), else the
         default agent."""
-        target = chat_state.sticky_agent(self.rt.db, chat) or ""
+        target = sticky_agents.sticky_agent(self.rt.db, chat) or ""
         if self._known(target) == "team":
             return self.settings.teams[target].leader
         if self._known(target) == "agent":
@@ -215,7 +215,7 @@ class ChatCommands:
         db = self.rt.db
         target = args.removeprefix("@").strip().lower()
         if not target:
-            current = chat_state.sticky_agent(db, message.address_on(self.name))
+            current = sticky_agents.sticky_agent(db, message.address_on(self.name))
             shown = f"@{current}" if current else f"normal routing (@{self.settings.queue.default_agent})"
             return f"This chat's default is {shown}. Known {name}s: {self._names(name)}."
         if target == "default":
@@ -224,13 +224,13 @@ class ChatCommands:
             return answer
         if self._known(target) != name:
             return f"Unknown {name} {target!r}. Known {name}s: {self._names(name)}."
-        chat_state.set_sticky_agent(db, message.address_on(self.name), target)
+        sticky_agents.set_sticky_agent(db, message.address_on(self.name), target)
         return f"Messages in this chat now go to {name} @{target}. Send @default to undo."
 
     def _cmd_reset(self, message: Inbound, args: str) -> str:
         target = args.removeprefix("@").strip().lower()
         if not target:
-            target = chat_state.sticky_agent(self.rt.db, message.address_on(self.name)) or ""
+            target = sticky_agents.sticky_agent(self.rt.db, message.address_on(self.name)) or ""
             target = target or self.settings.queue.default_agent
         kind = self._known(target)
         if not kind:

@@ -60,7 +60,7 @@ class Scope(StrEnum):
     #: family by channel: key → a value a channel plugin keeps for itself (adapters.intake's ``saved``),
     #: for plugins that name no scope of their own (Telegram keeps ``telegram``).
     PLATFORM_STATE = "platform_state:"
-    #: family by channel: key conversation → the agent the chat talks to (adapters.chat_state).
+    #: family by channel: key conversation → the chat's sticky default agent (chat.sticky_agents).
     CHAT_AGENT = "chat_agent:"
     #: family by channel: key conversation → platform cursor (channel_cursors); overwritten in place.
     CURSOR = "cursor:"

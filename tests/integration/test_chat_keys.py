@@ -9,9 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from adapters import chat_state
 from adapters.platform import Inbound
-from shared.chat import agents
+from shared.chat import agents, sticky_agents
 from shared.chat.address import ChatAddress
 from shared.chat.prefs import get_busy_policy, set_busy_policy
 from shared.storage import kv
@@ -62,20 +61,20 @@ def test_rows_written_under_the_earlier_rule_are_still_found(tmp_path: Path, sql
         assert get_busy_policy(rt.db, chat) == "followup"
         # The processor reads it too (before, only the channel's /queue did).
         assert resolve_policy(rt.db, rt.settings, "collect", chat) == "followup"
-        assert chat_state.sticky_agent(rt.db, chat) == "beta"
+        assert sticky_agents.sticky_agent(rt.db, chat) == "beta"
         assert agents.answered_by(rt.db, chat) == ["alpha"]
         group = Inbound(conversation="42", sender_id="7", sender="bob", text="", external_id="")
         telegram = group.address_on("telegram")
         assert get_busy_policy(rt.db, telegram) == "interrupt"
         assert resolve_policy(rt.db, rt.settings, "collect", telegram) == "interrupt"
-        assert chat_state.sticky_agent(rt.db, telegram) == "gamma"
+        assert sticky_agents.sticky_agent(rt.db, telegram) == "gamma"
 
         # Changing the chat's choice writes under the one rule and retires the earlier row, so the new
         # choice is what both sides read.
         assert set_busy_policy(rt.db, chat, "default") is None
         assert get_busy_policy(rt.db, chat) is None
         assert kv.get(rt.db, Scope.BUSY_POLICY, "web:") is None
-        assert chat_state.clear_sticky_agent(rt.db, chat) is True
-        assert chat_state.sticky_agent(rt.db, chat) is None
-        chat_state.set_sticky_agent(rt.db, chat, "alpha")
+        assert sticky_agents.clear_sticky_agent(rt.db, chat) is True
+        assert sticky_agents.sticky_agent(rt.db, chat) is None
+        sticky_agents.set_sticky_agent(rt.db, chat, "alpha")
         assert kv.get(rt.db, scoped(Scope.CHAT_AGENT, "web"), "u7") == "alpha"
