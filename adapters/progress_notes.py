@@ -3,10 +3,10 @@
 A response with metadata ``{"kind": "progress", "edit_key": K}`` (the processor's "still working" note) is
 sent once and later notes with the same key *edit that message* where the platform can
 (:attr:`adapters.platform.Platform.can_edit`); elsewhere a new note is sent at most every
-``progress_min_interval_seconds``. The platform's message id per key lives in the ``kv`` table (scope
-``progress.<channel>``), so it survives a restart. The final reply (``{"kind": "final", "edit_key": K}``, or
-any other reply) is always a new message; afterwards the note is edited to a short "done" and later notes
-of that key are dropped.
+``progress_min_interval_seconds``. The platform's message id per key is kept by
+:mod:`shared.chat.progress_notes`, so it survives a restart. The final reply (``{"kind": "final",
+"edit_key": K}``, or any other reply) is always a new message; afterwards the note is edited to a short
+"done" and later notes of that key are dropped.
 
 The delivery decides when (it claims the responses and sends the final reply's parts); this module keeps
 the one note per key: its stored record, sending or editing it, and closing it.
@@ -14,17 +14,15 @@ the one note per key: its stored record, sending or editing it, and closing it.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from adapters.chunking import split_message
 from shared.aio import call
+from shared.chat.progress_notes import keep_progress_note_in, progress_note
 from shared.clock import now_ms
 from shared.queue.core import QueuedResponse, TxWork
-from shared.storage import kv
 from shared.storage.db import Tx
-from shared.storage.kv import Scope, scoped
 
 if TYPE_CHECKING:
     from adapters.platform import Platform
@@ -33,17 +31,10 @@ if TYPE_CHECKING:
 DONE_TEXT = "Done — the reply is below."
 #: The same when the reply took the place of its live preview, which may be above or below the note.
 DONE_IN_PREVIEW_TEXT = "Done — the reply is in the message that showed it being written."
-#: Progress-note records older than this are removed (a run that never finished leaves one behind).
-NOTE_RECORD_TTL_MS = 7 * 24 * 3600 * 1000
 
 #: How the delivery handles a platform's refusal to send part ``index`` of a response: returns whether the
 #: response was finished by it (failed for good).
 SendFailed = Callable[[QueuedResponse, int, Exception], Awaitable[bool]]
-
-
-def note_key(conversation: str, edit_key: str) -> str:
-    """The ``kv`` key of one progress note: the chat and the processor's edit key (its run id)."""
-    return f"{conversation}|{edit_key}"
 
 
 class ProgressNotes:
@@ -61,11 +52,10 @@ class ProgressNotes:
         self.worker = worker
         self.lease_ms = lease_ms
         self.send_failed = send_failed
-        self.scope = scoped(Scope.PROGRESS, platform.name)
 
     def record(self, conversation: str, edit_key: str) -> dict[str, Any] | None:
         """The stored progress note of ``edit_key`` in a chat: ``{"id", "at", "done"}``, or None."""
-        return kv.get_record(self.rt.db, self.scope, note_key(conversation, edit_key))
+        return progress_note(self.rt.db, self.platform.name, conversation, edit_key)
 
     async def deliver(self, response: QueuedResponse, edit_key: str) -> bool:
         """Send or edit the one progress note of ``edit_key`` for a claimed note ``response``, then ack it.
@@ -123,12 +113,10 @@ class ProgressNotes:
 
     def _writer(self, conversation: str, edit_key: str, record: dict[str, Any]) -> TxWork:
         """The write of a note's record (for a transaction of the caller's)."""
-        value = json.dumps(record, separators=(",", ":"))
+        channel = self.platform.name
 
         def write(tx: Tx) -> None:
-            now = now_ms()
-            kv.put(tx, self.scope, note_key(conversation, edit_key), value, now)
-            kv.delete_older(tx, self.scope, now - NOTE_RECORD_TTL_MS)  # forget the notes of runs long over
+            keep_progress_note_in(tx, channel, conversation, edit_key, record)
 
         return write
 
