@@ -37,10 +37,10 @@ from adapters.platform import HandleOutcome, Inbound
 from shared.aio import call
 from shared.chat import dedupe, held
 from shared.chat.address import ChatAddress
+from shared.chat.kept_values import keep_value_in, kept_value
 from shared.clock import now_ms
 from shared.queue.core import TxWork, UnknownMention
 from shared.reads.late_messages import OFFLINE_SENT_AT
-from shared.storage import kv
 from shared.storage.db import Tx
 from shared.storage.errors import transient_problem
 
@@ -135,22 +135,19 @@ class Intake:
             return result
 
     # -- what a plugin keeps for itself ------------------------------------------------------------------
-    @property
-    def _state_scope(self) -> str:
-        return self.platform.state_scope or f"{kv.Scope.PLATFORM_STATE}{self.name}"
-
     async def saved(self, key: str) -> str | None:
         """A value the plugin keeps for itself (:meth:`adapters.platform.Inbox.saved`)."""
+        own = self.platform.state_scope
         return await self.until_stored(
-            lambda: call(kv.get, self.rt.db, self._state_scope, key), f"reading the kept {key}"
+            lambda: call(kept_value, self.rt.db, self.name, key, own_scope=own), f"reading the kept {key}"
         )
 
     def saving(self, key: str, value: str) -> TxWork:
         """The write of a kept value, committed with a message (:meth:`adapters.platform.Inbox.saving`)."""
-        scope = self._state_scope
+        channel, own = self.name, self.platform.state_scope
 
         def write(tx: Tx) -> None:
-            kv.put(tx, scope, key, value)
+            keep_value_in(tx, channel, key, value, own_scope=own)
 
         return write
 

@@ -55,10 +55,10 @@ class Scope(StrEnum):
     #: stops, a killed one's row forgotten a day later by the next processor to start.
     PROCESSORS = "processors"
     #: key Telegram's offset key → the next update offset (adapters.telegram, through the runner's
-    #: :meth:`adapters.intake.Intake.saved`); overwritten in place.
+    #: :meth:`adapters.intake.Intake.saved` and chat.kept_values); overwritten in place.
     TELEGRAM = "telegram"
-    #: family by channel: key → a value a channel plugin keeps for itself (adapters.intake's ``saved``),
-    #: for plugins that name no scope of their own (Telegram keeps ``telegram``).
+    #: family by channel: key → a value a channel plugin keeps for itself (chat.kept_values, through
+    #: adapters.intake's ``saved``), for plugins that name no scope of their own (Telegram keeps ``telegram``).
     PLATFORM_STATE = "platform_state:"
     #: family by channel: key conversation → the chat's sticky default agent (chat.sticky_agents).
     CHAT_AGENT = "chat_agent:"
