@@ -7,6 +7,10 @@ Every import of the production code is read with :mod:`ast` (imports inside func
   unit may import only the units :data:`ALLOWED` names for it, and the rules form layers (no cycle);
 - ``shared`` imports none of the process packages, and the process packages (``workers``, ``adapters``,
   ``scheduler``) never import each other: they meet only in the database;
+- the process packages never import ``shared.storage.kv``: what they keep in the ``kv`` table goes through a
+  small named store of ``shared/`` that owns its scope and key format (``shared/chat/``, ``shared/queue/``),
+  so a scope is written and read in one place (``shared.storage.db`` for the ``Database``/``Tx`` types stays
+  allowed);
 - a new module directly in ``shared/`` or a new folder fails until it is given a place here, which also keeps
   the number of modules directly in ``shared/`` small.
 
@@ -65,6 +69,9 @@ ALLOWED: dict[str, frozenset[str]] = {
 
 #: (importing file, imported module): the imports that cross the layers today, for the refactors to remove.
 EXCEPTIONS: dict[tuple[str, str], str] = {}
+
+#: The module the process packages may not import: the ``kv`` table is reached through the stores of shared/.
+KV_MODULE = "shared.storage.kv"
 
 
 def _sources(root: Path, package: str) -> Iterator[Path]:
@@ -174,6 +181,48 @@ def test_shared_imports_no_process_package_and_those_do_not_import_each_other() 
                 if module.split(".")[0] in others:
                     wrong.append(f"{path.relative_to(ROOT).as_posix()}:{line} imports {module}")
     assert wrong == [], "processes meet only in the database:\n" + "\n".join(wrong)
+
+
+def _kv_imports(root: Path = ROOT) -> list[tuple[str, int, str]]:
+    """(file, line, imported module) for every import of :data:`KV_MODULE` (or a name in it) in the process
+    packages, once per line (``from shared.storage.kv import Scope, scoped`` is one import)."""
+    found = (
+        (path.relative_to(root).as_posix(), line, module)
+        for package in PROCESS_PACKAGES
+        for path in _sources(root, package)
+        for line, module in _imports(root, path)
+        if module == KV_MODULE or module.startswith(KV_MODULE + ".")
+    )
+    return list(dict.fromkeys(found))
+
+
+def test_process_packages_reach_kv_only_through_the_stores_of_shared() -> None:
+    wrong = [f"{name}:{line} imports {module}" for name, line, module in _kv_imports()]
+    assert wrong == [], (
+        "keep the value through a named store of shared/ (shared/chat/ or shared/queue/) that owns its kv "
+        "scope, not shared.storage.kv:\n" + "\n".join(wrong)
+    )
+
+
+def test_a_kv_import_in_a_process_package_is_caught(tmp_path: Path) -> None:
+    """The kv rule itself, on a small tree: every spelling of an import of the kv module in each process
+    package is reported; the storage types (``db``) and a store of ``shared/chat/`` are not."""
+    for folder in ("storage", "chat"):
+        (tmp_path / "shared" / folder).mkdir(parents=True)
+        (tmp_path / "shared" / folder / "__init__.py").write_text('"""A folder."""\n', encoding="utf-8")
+    sources = {
+        "workers/run.py": "from shared.storage import kv\nfrom shared.storage.db import Database\n",
+        "adapters/intake.py": "from shared.storage import db\nfrom shared.storage.kv import Scope, scoped\n",
+        "scheduler/dlq.py": "from shared.chat import held\nimport shared.storage.kv\n",
+    }
+    for name, text in sources.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text, encoding="utf-8")
+    assert _kv_imports(tmp_path) == [
+        ("workers/run.py", 1, "shared.storage.kv"),
+        ("adapters/intake.py", 2, "shared.storage.kv"),
+        ("scheduler/dlq.py", 2, "shared.storage.kv"),
+    ]
 
 
 def test_a_wrong_import_is_caught(tmp_path: Path) -> None:
