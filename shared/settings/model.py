@@ -31,6 +31,7 @@ from pydantic import (
 
 from shared.private_files import private_dir, tighten
 from shared.settings.hosts import parse_rule
+from shared.settings.providers import PROVIDER_FACTS, ProviderKind
 from shared.settings.routing import AGENT_NAME_RE, Team
 from shared.settings.sections import (
     BudgetSettings,
@@ -201,7 +202,7 @@ class AgentSettings(_Strict):
     """One agent: which CLI runs it and how."""
 
     name: str = ""
-    provider: Literal["claude", "codex", "command"] = "claude"
+    provider: ProviderKind = "claude"
     model: str = ""
     fallback_model: str = ""
     system_prompt: str = ""
@@ -554,7 +555,9 @@ def parse_settings(home: Path, path: Path, text: str, env: Mapping[str, str]) ->
     return Settings(home=home, data=data, path=path, env=env)
 
 
-STARTER_SETTINGS = """\
+#: The commented settings.toml `agentpost init` writes (the provider kinds it lists come from the facts).
+STARTER_SETTINGS = (
+    """\
 # agentpost settings. Every key is optional; the values shown are the defaults unless noted.
 # Environment overrides: AGENTPOST_HOME, AGENTPOST_DATABASE_URL, AGENTPOST_API_PORT, AGENTPOST_API_TOKEN,
 # AGENTPOST_API_ALLOWED_ORIGINS.
@@ -594,7 +597,9 @@ max_chain_runs = 10           # agent runs one user message may set off in all (
 # One block per agent. Names: lowercase letters, digits, '-' and '_', up to 32 characters.
 [agents.assistant]
 name = "Assistant"
-provider = "claude"           # claude | codex | command
+provider = "claude"           # """
+    + " | ".join(PROVIDER_FACTS)
+    + """
 model = ""                    # empty: the CLI's default model
 permission_mode = "acceptEdits"
 session_scope = "conversation"  # one private conversation per chat; "agent": one shared by every chat
@@ -605,6 +610,7 @@ timeout_seconds = 1800
 # agents = ["assistant", "reviewer"]
 # leader = "assistant"
 """
+)
 
 
 def write_starter_settings(home: Path, *, force: bool = False) -> Path:

@@ -1,0 +1,55 @@
+"""The facts about each provider kind (:mod:`shared.settings.providers`) agree with the settings literal and
+with the tables derived from them."""
+
+from __future__ import annotations
+
+from typing import get_args
+
+import pytest
+
+from shared.settings.model import STARTER_SETTINGS, AgentSettings
+from shared.settings.providers import PROVIDER_FACTS, ProviderKind
+
+pytestmark = pytest.mark.unit
+
+
+def test_the_literal_names_every_kind_with_facts_in_order() -> None:
+    assert get_args(ProviderKind) == tuple(PROVIDER_FACTS)
+    assert get_args(AgentSettings.model_fields["provider"].annotation) == tuple(PROVIDER_FACTS)
+
+
+def test_each_kind_is_keyed_by_its_own_name() -> None:
+    assert all(name == facts.name for name, facts in PROVIDER_FACTS.items())
+
+
+def test_the_starter_settings_list_every_kind() -> None:
+    assert 'provider = "claude"           # claude | codex | command\n' in STARTER_SETTINGS
+
+
+def test_a_kind_with_a_cli_of_its_own_says_where_to_find_it() -> None:
+    for facts in PROVIDER_FACTS.values():
+        assert bool(facts.binary) == bool(facts.binary_env) == bool(facts.not_found)
+        assert bool(facts.login_env or facts.login_files) == bool(facts.login_hint)
+
+
+def test_every_kind_with_facts_has_a_provider_class_of_that_name() -> None:
+    from workers.providers.registry import PROVIDERS
+
+    assert tuple(PROVIDERS) == tuple(PROVIDER_FACTS)
+    assert all(cls.name == name for name, cls in PROVIDERS.items())
+
+
+def test_the_tables_derived_from_the_facts_hold_what_they_held_when_written_out() -> None:
+    from adapters.web.dialect import TINYAGI_PROVIDER
+    from adapters.web.manage import PROVIDERS
+    from scheduler.process_plan import PROVIDER_PREFIXES
+
+    assert TINYAGI_PROVIDER == {"claude": "anthropic", "codex": "openai"}
+    assert PROVIDERS == {
+        "anthropic": "claude",
+        "claude": "claude",
+        "openai": "codex",
+        "codex": "codex",
+        "command": "command",
+    }
+    assert sorted(PROVIDER_PREFIXES) == sorted(("ANTHROPIC_", "CLAUDE_", "OPENAI_", "CODEX_", "AWS_"))
