@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 
 from shared.settings.model import AgentSettings
+from shared.settings.providers import PROVIDER_FACTS
 
 #: What every agent CLI may see of the processor's environment: what the OS, a shell and node need.
 _BASE_ENV = frozenset(
@@ -22,60 +22,6 @@ _BASE_ENV = frozenset(
 _BASE_PREFIXES = ("LC_",)
 
 
-@dataclass(frozen=True)
-class ProviderEnv:
-    """The variables one provider's CLI documents for its own use.
-
-    ``names`` and ``prefixes`` always pass (a prefix only for a namespace the CLI owns, such as
-    ``ANTHROPIC_``); ``switched`` maps a switch variable to names that pass only while that switch is on in
-    the CLI's environment (cloud credentials matter to Claude Code only when it is told to use that cloud).
-    """
-
-    names: frozenset[str] = frozenset()
-    prefixes: tuple[str, ...] = ()
-    switched: Mapping[str, frozenset[str]] | None = None
-
-
-#: Claude Code's own variables, as its environment-variable reference names them (each checked to occur in
-#: the pinned 2.1.332 binary), besides its namespaces ``ANTHROPIC_*`` and ``CLAUDE_CODE_*``. ``BASH_*``
-#: and ``AWS_*`` are no namespace of the CLI: a shell's or a deployment's secrets live there too
-#: (``BASH_ENV``, the host's ``AWS_SECRET_ACCESS_KEY``).
-_CLAUDE_NAMES = frozenset(
-    {
-        "API_TIMEOUT_MS", "BASH_DEFAULT_TIMEOUT_MS", "BASH_MAX_OUTPUT_LENGTH", "BASH_MAX_TIMEOUT_MS",
-        "CLAUDE_CONFIG_DIR", "CLAUDE_ENV_FILE", "CLAUDE_BASH_MAINTAIN_PROJECT_WORKING_DIR",
-        "CLOUD_ML_REGION", "DISABLE_AUTOUPDATER", "DISABLE_BUG_COMMAND", "DISABLE_COST_WARNINGS",
-        "DISABLE_ERROR_REPORTING", "DISABLE_INSTALLATION_CHECKS", "DISABLE_PROMPT_CACHING",
-        "DISABLE_PROMPT_CACHING_HAIKU", "DISABLE_PROMPT_CACHING_OPUS", "DISABLE_PROMPT_CACHING_SONNET",
-        "DISABLE_TELEMETRY", "DISABLE_UPDATES", "ENABLE_TOOL_SEARCH", "IS_SANDBOX",
-        "MAX_MCP_OUTPUT_TOKENS", "MAX_THINKING_TOKENS", "MCP_TIMEOUT", "MCP_TOOL_TIMEOUT",
-        "SLASH_COMMAND_TOOL_CHAR_BUDGET", "USE_BUILTIN_RIPGREP",
-    }
-)  # fmt: skip
-
-#: Amazon Bedrock (``CLAUDE_CODE_USE_BEDROCK``): the AWS SDK's credential chain and the region Claude Code
-#: requires; passed only while the CLI is switched to Bedrock.
-_BEDROCK_NAMES = frozenset(
-    {
-        "AWS_REGION", "AWS_PROFILE", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN",
-        "AWS_BEARER_TOKEN_BEDROCK",
-    }
-)  # fmt: skip
-
-_CLAUDE_ENV = ProviderEnv(
-    names=_CLAUDE_NAMES,
-    prefixes=("ANTHROPIC_", "CLAUDE_CODE_", "VERTEX_REGION_"),
-    switched={"CLAUDE_CODE_USE_BEDROCK": _BEDROCK_NAMES},
-)
-
-#: Each provider's own variables (its credentials and switches), passed on top of the base.
-PROVIDER_ENV: Mapping[str, ProviderEnv] = {
-    "claude": _CLAUDE_ENV,
-    "codex": ProviderEnv(prefixes=("OPENAI_", "CODEX_", "AZURE_OPENAI_")),
-    "command": ProviderEnv(),
-}
-
-
 def _switched_on(value: str | None) -> bool:
     return value is not None and value.strip().lower() not in ("", "0", "false", "no", "off")
 
@@ -83,7 +29,8 @@ def _switched_on(value: str | None) -> bool:
 def passes_to_agent(name: str, provider: str, switches: Mapping[str, str] | None = None) -> bool:
     """Whether the processor's variable ``name`` reaches an agent CLI of ``provider``.
 
-    An allowlist: the base names above and the provider's own. Everything else — channel tokens, app
+    An allowlist: the base names above and the provider's own (its ``env_*`` facts in
+    :mod:`shared.settings.providers`). Everything else — channel tokens, app
     secrets, the API token, database and Redis URLs, anything an operator set for agentpost itself — stays
     with the processor, since an agent reads untrusted chat text and may be talked into printing its
     environment. An agent that needs more gets it by name in its ``env`` table. ``switches`` is where the
@@ -92,12 +39,14 @@ def passes_to_agent(name: str, provider: str, switches: Mapping[str, str] | None
     """
     if name in _BASE_ENV or name.startswith(_BASE_PREFIXES):
         return True
-    own = PROVIDER_ENV.get(provider, ProviderEnv())
-    if name in own.names or name.startswith(own.prefixes):
+    own = PROVIDER_FACTS.get(provider)
+    if own is None:
+        return False
+    if name in own.env_names or name.startswith(own.env_prefixes):
         return True
     return any(
         name in names and _switched_on((switches or {}).get(switch))
-        for switch, names in (own.switched or {}).items()
+        for switch, names in own.switched_env.items()
     )
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 from shared.cli.doctor import Check, Level
 from shared.queue.workspaces import workspace_record
 from shared.settings.model import AgentSettings, Settings
+from shared.settings.providers import CLAUDE, PROVIDER_FACTS
 from shared.worker_identity import this_host
 from workers.agent_env import child_env
 from workers.egress_policy import policy_for
@@ -19,21 +20,19 @@ from workers.sandbox import SANDBOX_USER, SandboxError, SandboxPlan, runs_as_roo
 from workers.sandbox import choose as choose_sandbox
 from workers.workspace import WorkspaceElsewhere, check_workspace, host_of
 
-_BINARIES = {"claude": ("claude", "AGENTPOST_CLAUDE_BIN"), "codex": ("codex", "AGENTPOST_CODEX_BIN")}
-
 
 def _claude_login(env: dict[str, str]) -> Check | None:
     if env.get("ANTHROPIC_API_KEY") or env.get("CLAUDE_CODE_OAUTH_TOKEN"):
         return None
     home = Path(env.get("HOME") or Path.home())
-    # ~/.claude.json appears after any run, logged in or not; only the credentials file means a login.
-    if (home / ".claude" / ".credentials.json").exists():
+    credentials = home / CLAUDE.login_files[0]
+    if credentials.exists():
         return None
     return Check(
         "agents",
         "claude login",
         "fail",
-        f"no Claude login found (no ANTHROPIC_API_KEY, no {home / '.claude' / '.credentials.json'})",
+        f"no Claude login found (no ANTHROPIC_API_KEY, no {credentials})",
         "run `claude` once and log in, or set ANTHROPIC_API_KEY for the processor",
     )
 
@@ -348,14 +347,11 @@ def checks(settings: Settings) -> list[Check]:
         request = RunRequest(
             agent=name, settings=agent, workspace=settings.workspace(name), prompt="", env=env
         )
-        if agent.provider == "command":
-            binary, env_var = agent.command[0], ""
-        else:
-            binary, env_var = _BINARIES[agent.provider]
+        facts = PROVIDER_FACTS[agent.provider]
+        # A kind without a binary of its own (command) runs the program its argv names.
+        binary = facts.binary or agent.command[0]
         try:
-            path = (
-                find_binary(binary, request, env_var) if env_var else find_binary(binary, request, "_UNUSED")
-            )
+            path = find_binary(binary, request, facts.binary_env or "_UNUSED")
         except ProviderError as exc:
             found.append(
                 Check(

@@ -6,7 +6,8 @@ and it lets through:
 
 - the agent's AI service: the host of ``ANTHROPIC_BASE_URL`` (the agent's ``env`` table, else the
   processor's environment) or, without one, Anthropic's API and login hosts; codex's likewise
-  (``OPENAI_BASE_URL``, else OpenAI's); a command agent has none;
+  (``OPENAI_BASE_URL``, else OpenAI's); a command agent has none (each kind's hosts and variables are
+  its facts in :mod:`shared.settings.providers`);
 - what the operator adds for the agent: ``network = ["github.com", "*.pypi.org", "127.0.0.1:8080"]``, or
   ``network = "open"`` for every public address.
 
@@ -25,22 +26,14 @@ from dataclasses import dataclass
 
 from shared.settings.hosts import HostRule, bracketed, normalize_host, parse_rule, rule_from_url
 from shared.settings.model import AgentSettings
+from shared.settings.providers import PROVIDER_FACTS
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 
-#: Where each provider's CLI goes when no base URL is set: its API and the hosts its login refreshes at.
-DEFAULT_SERVICE_HOSTS: Mapping[str, tuple[str, ...]] = {
-    "claude": ("api.anthropic.com", "console.anthropic.com", "platform.claude.com", "claude.ai"),
-    "codex": ("api.openai.com", "auth.openai.com", "chatgpt.com"),
-    "command": (),
-}
-
-#: The variables that name a provider's API, in the order they are looked at.
-_BASE_URL_VARIABLES: Mapping[str, tuple[str, ...]] = {
-    "claude": ("ANTHROPIC_BASE_URL", "ANTHROPIC_BEDROCK_BASE_URL", "ANTHROPIC_VERTEX_BASE_URL"),
-    "codex": ("OPENAI_BASE_URL",),
-    "command": (),
-}
+def _switch_on(value: str | None) -> bool:
+    # The reading the egress tests pin: any value but "", "0" and "false" opens the cloud's hosts.
+    # (workers/agent_env.py also reads "no" and "off" as off, for the credentials; each kept as it was.)
+    return (value or "").strip() not in ("", "0", "false")
 
 
 def ip_of(host: str) -> IPAddress | None:
@@ -101,20 +94,22 @@ class EgressPolicy:
 
 
 def service_rules(agent: AgentSettings, env: Mapping[str, str]) -> tuple[HostRule, ...]:
-    """The agent's AI service: the host its base URL names, else the provider's default hosts."""
-    for name in _BASE_URL_VARIABLES.get(agent.provider, ()):
+    """The agent's AI service: the host its base URL names, else the provider's default hosts (and a cloud's,
+    while the CLI is switched to it)."""
+    facts = PROVIDER_FACTS.get(agent.provider)
+    if facts is None:
+        return ()
+    for name in facts.base_url_variables:
         url = agent.env.get(name) or env.get(name)
         if url:
             rule = rule_from_url(url)
             if rule is not None:
                 return (rule,)
-    hosts = list(DEFAULT_SERVICE_HOSTS.get(agent.provider, ()))
-    if agent.provider == "claude":
-        switches = {**env, **agent.env}
-        if switches.get("CLAUDE_CODE_USE_BEDROCK", "").strip() not in ("", "0", "false"):
-            hosts.append("*.amazonaws.com")
-        if switches.get("CLAUDE_CODE_USE_VERTEX", "").strip() not in ("", "0", "false"):
-            hosts.append("*.googleapis.com")
+    hosts = list(facts.service_hosts)
+    switches = {**env, **agent.env}
+    for switch, cloud in facts.switched_hosts.items():
+        if _switch_on(switches.get(switch)):
+            hosts.extend(cloud)
     return tuple(HostRule(h) for h in hosts)
 
 

@@ -8,6 +8,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from shared.settings.providers import CLAUDE
 from workers.errors import api_retry_notice
 from workers.providers.base import (
     CliProvider,
@@ -34,13 +35,13 @@ NOTICE_FROM_DELAY_MS = 3000
 class ClaudeProvider(CliProvider):
     """Claude Code in print mode with ``stream-json`` output."""
 
-    name = "claude"
-    service = "Anthropic"
+    name = CLAUDE.name
+    service = CLAUDE.service
     spool_keys = frozenset({"result"})  # the reply, kept whole however long its line is
 
     def argv(self, request: RunRequest) -> list[str]:
         s = request.settings
-        argv = [find_binary("claude", request, "AGENTPOST_CLAUDE_BIN"), *s.command[1:]]
+        argv = [find_binary(CLAUDE.binary, request, CLAUDE.binary_env), *s.command[1:]]
         # Partial messages: a line per streamed delta, so a long reply shows it is alive (idle timeout).
         argv += ["-p", "--output-format", "stream-json", "--verbose", "--include-partial-messages"]
         if request.session_id:

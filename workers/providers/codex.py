@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from shared.settings.providers import CODEX
 from workers.providers.base import (
     CliProvider,
     RunRequest,
@@ -17,14 +18,14 @@ from workers.providers.base import (
 class CodexProvider(CliProvider):
     """OpenAI Codex CLI in ``exec --json`` mode (JSONL events; the last agent message is the reply)."""
 
-    name = "codex"
-    service = "OpenAI"
+    name = CODEX.name
+    service = CODEX.service
     spool_keys = frozenset({"text"})  # an agent_message's text: the reply
 
     def argv(self, request: RunRequest) -> list[str]:
         s = request.settings
         argv = [
-            find_binary("codex", request, "AGENTPOST_CODEX_BIN"),
+            find_binary(CODEX.binary, request, CODEX.binary_env),
             *s.command[1:],
             "exec",
             "--json",
