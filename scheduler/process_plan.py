@@ -18,6 +18,7 @@ from typing import Any
 
 from shared.settings.channels import BUILTIN_CHANNELS
 from shared.settings.model import Settings
+from shared.settings.providers import PROVIDER_FACTS, ProviderFacts
 
 #: The variables each bundled channel needs (its settings model says); a third-party channel class may
 #: declare ``required_env``.
@@ -26,8 +27,10 @@ CHANNEL_ENV: dict[str, tuple[str, ...]] = {
 }
 #: Variables every process reads (settings overrides, TinyAGI's port alias), managed per process by `up`.
 COMMON_PREFIXES = ("AGENTPOST_", "TINYAGI_")
-#: Variables the processor's agents read (provider logins and CLI locations).
-PROVIDER_PREFIXES = ("ANTHROPIC_", "CLAUDE_", "OPENAI_", "CODEX_", "AWS_")
+#: Variables the processor's agents read (provider logins and switches): each kind's ``up_env_prefixes``.
+PROVIDER_PREFIXES = tuple(
+    dict.fromkeys(prefix for facts in PROVIDER_FACTS.values() for prefix in facts.up_env_prefixes)
+)
 #: The order processes are listed and started in.
 CORE_ORDER = ("processor", "scheduler", "web")
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -111,16 +114,17 @@ def plan_processes(settings: Settings, env: Mapping[str, str]) -> Plan:
 
 
 # -- providers ----------------------------------------------------------------------------------------------
-def find_claude(env: Mapping[str, str]) -> str | None:
-    """The claude CLI: ``$AGENTPOST_CLAUDE_BIN``, on PATH, or in the project (``node_modules/.bin/claude``)."""
-    configured = env.get("AGENTPOST_CLAUDE_BIN")
+def find_cli(facts: ProviderFacts, env: Mapping[str, str]) -> str | None:
+    """A provider's CLI, where the processor looks for it: ``$binary_env`` (``AGENTPOST_CLAUDE_BIN``), on
+    PATH, or in the project (``node_modules/.bin/claude``)."""
+    configured = env.get(facts.binary_env)
     if configured and os.access(configured, os.X_OK):
         return configured
-    found = shutil.which("claude", path=env.get("PATH"))
+    found = shutil.which(facts.binary, path=env.get("PATH"))
     if found:
         return found
     for root in (Path.cwd(), REPO_ROOT):
-        candidate = root / "node_modules" / ".bin" / "claude"
+        candidate = root / "node_modules" / ".bin" / facts.binary
         if candidate.is_file() and os.access(candidate, os.X_OK):
             return str(candidate)
     return None
@@ -130,41 +134,36 @@ def _user_home(env: Mapping[str, str]) -> Path:
     return Path(env.get("HOME") or Path.home())
 
 
+def _logged_in(facts: ProviderFacts, env: Mapping[str, str]) -> bool:
+    if not facts.login_env and not facts.login_files:
+        return True  # nothing to log in to
+    home = _user_home(env)
+    return any(env.get(k) for k in facts.login_env) or any((home / f).is_file() for f in facts.login_files)
+
+
 def provider_problems(settings: Settings, env: Mapping[str, str]) -> list[str]:
-    """One plain sentence per agent whose CLI is missing or not logged in."""
+    """One plain sentence per agent whose CLI is missing or not logged in (what to look for is each kind's
+    facts, :mod:`shared.settings.providers`)."""
     problems = []
     for name, agent in sorted(settings.agents.items()):
         merged = {**env, **agent.env}
-        if agent.provider == "claude":
-            if agent.command:
-                pass  # the agent names its own binary; the processor reports it if that is wrong
-            elif find_claude(merged) is None:
-                problems.append(
-                    f"agent {name} (claude): the claude CLI was not found; run `make install` (it installs "
-                    "node_modules/.bin/claude) or `npm install -g @anthropic-ai/claude-code`"
-                )
-            keys = ("ANTHROPIC_API_KEY", "CLAUDE_CODE_OAUTH_TOKEN", "ANTHROPIC_AUTH_TOKEN")
-            logged_in = (
-                any(merged.get(k) for k in keys)
-                or (_user_home(merged) / ".claude" / ".credentials.json").is_file()
-            )
-            if not logged_in:
-                problems.append(
-                    f"agent {name} (claude): not logged in; run `claude` once and log in "
-                    "(~/.claude/.credentials.json) or set ANTHROPIC_API_KEY in the environment"
-                )
-        elif agent.provider == "codex":
-            if shutil.which("codex", path=merged.get("PATH")) is None:
-                problems.append(f"agent {name} (codex): the codex CLI was not found on PATH")
+        facts = PROVIDER_FACTS.get(agent.provider)
+        if facts is None:
+            continue
+        if not facts.binary:
+            # The agent's argv names the program (a command agent).
+            program = agent.command[0] if agent.command else ""
             if (
-                not merged.get("OPENAI_API_KEY")
-                and not (_user_home(merged) / ".codex" / "auth.json").is_file()
+                program
+                and shutil.which(program, path=merged.get("PATH")) is None
+                and not Path(program).is_file()
             ):
-                problems.append(
-                    f"agent {name} (codex): not logged in; run `codex login` or set OPENAI_API_KEY"
-                )
-        elif agent.provider == "command" and agent.command:
-            program = agent.command[0]
-            if shutil.which(program, path=merged.get("PATH")) is None and not Path(program).is_file():
-                problems.append(f"agent {name} (command): {program!r} was not found")
+                problems.append(f"agent {name} ({agent.provider}): {program!r} was not found")
+            continue
+        if agent.command:
+            pass  # the agent names its own binary; the processor reports it if that is wrong
+        elif find_cli(facts, merged) is None:
+            problems.append(f"agent {name} ({agent.provider}): {facts.not_found}")
+        if not _logged_in(facts, merged):
+            problems.append(f"agent {name} ({agent.provider}): not logged in; {facts.login_hint}")
     return problems

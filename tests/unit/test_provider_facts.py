@@ -3,6 +3,7 @@ with the tables derived from them."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import get_args
 
 import pytest
@@ -53,3 +54,25 @@ def test_the_tables_derived_from_the_facts_hold_what_they_held_when_written_out(
         "command": "command",
     }
     assert sorted(PROVIDER_PREFIXES) == sorted(("ANTHROPIC_", "CLAUDE_", "OPENAI_", "CODEX_", "AWS_"))
+
+
+def test_up_finds_a_cli_where_the_processor_does_and_says_what_is_missing(tmp_path: Path) -> None:
+    from scheduler.process_plan import provider_problems
+    from shared.settings.model import parse_settings
+
+    text = '[agents.assistant]\nprovider = "claude"\n[agents.b]\nprovider = "codex"\n'
+    path = tmp_path / "settings.toml"
+    path.write_text(text)
+    settings = parse_settings(tmp_path, path, text, {})
+    env = {"PATH": str(tmp_path / "nowhere"), "HOME": str(tmp_path)}
+    assert [p for p in provider_problems(settings, env) if p.startswith("agent b ")] == [
+        "agent b (codex): the codex CLI was not found on PATH",
+        "agent b (codex): not logged in; run `codex login` or set OPENAI_API_KEY",
+    ]
+    codex = tmp_path / "codex"
+    codex.write_text("#!/bin/sh\n")
+    codex.chmod(0o755)
+    (tmp_path / ".codex").mkdir()
+    (tmp_path / ".codex" / "auth.json").write_text("{}")
+    env.update(AGENTPOST_CODEX_BIN=str(codex), AGENTPOST_CLAUDE_BIN=str(codex), ANTHROPIC_AUTH_TOKEN="token")
+    assert provider_problems(settings, env) == []
