@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from shared.events.entries import EventEntry
 from shared.queue.records import QueuedMessage, QueuedResponse
 from shared.settings.model import AgentSettings, Settings, TeamSettings
+from shared.settings.providers import PROVIDER_FACTS
 
 
 class _Out(BaseModel):
@@ -419,8 +420,9 @@ class SystemStatus(_Out):
     queue: QueueStatusOut
 
 
-#: TinyAGI names a provider by whose model it runs; agentpost names the CLI that runs it.
-TINYAGI_PROVIDER = {"claude": "anthropic", "codex": "openai"}
+#: TinyAGI names a provider by whose model it runs; agentpost names the CLI that runs it (each kind's
+#: ``tinyagi_name``, for the kinds TinyAGI has).
+TINYAGI_PROVIDER = {name: facts.tinyagi_name for name, facts in PROVIDER_FACTS.items() if facts.tinyagi_name}
 #: Keys of ``GET /api/settings`` that are derived for TinyOffice, not stored: a save that sends them back
 #: (TinyOffice's settings page PUTs the whole object it read) leaves them out of settings.toml.
 DERIVED_SETTINGS_KEYS = ("models", "monitoring")

@@ -28,6 +28,7 @@ from shared.queue.core import Queue
 from shared.reads import api_views
 from shared.settings import edit as settings_edit
 from shared.settings.model import Settings, SettingsError
+from shared.settings.providers import PROVIDER_FACTS
 from shared.settings.routing import is_valid_name
 from shared.settings.workspace_owner import refuse_foreign_workspaces
 from shared.storage.db import Database
@@ -62,13 +63,9 @@ from .queue_routes import read_queue_status
 from .state import Web, WebState
 
 router = APIRouter()
-#: TinyAGI's provider names mapped onto ours.
+#: The provider names ``PUT /api/agents/{id}`` takes, TinyAGI's (``anthropic``) and ours, mapped onto ours.
 PROVIDERS = {
-    "anthropic": "claude",
-    "claude": "claude",
-    "openai": "codex",
-    "codex": "codex",
-    "command": "command",
+    alias: name for name, facts in PROVIDER_FACTS.items() for alias in (facts.tinyagi_name, name) if alias
 }
 HEARTBEAT_FILE = "heartbeat.md"
 #: The largest heartbeat prompt the scheduler reads (scheduler/heartbeats.py PROMPT_LIMIT).
