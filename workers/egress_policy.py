@@ -30,6 +30,7 @@ from shared.settings.providers import PROVIDER_FACTS
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 
+
 def _switch_on(value: str | None) -> bool:
     # The reading the egress tests pin: any value but "", "0" and "false" opens the cloud's hosts.
     # (workers/agent_env.py also reads "no" and "off" as off, for the credentials; each kept as it was.)
