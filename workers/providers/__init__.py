@@ -20,15 +20,14 @@ Imports go one way: ``registry`` → each provider → ``base`` (claude also →
 claude → :mod:`workers.errors` → ``base``). This file imports none of them, so importing any one module
 here never pulls in the others; import from the module itself (``workers.providers.base``, …).
 
-Adding a provider (kind ``NAME``): write ``NAME.py`` here with a :class:`~.base.CliProvider` subclass
-(``name``, ``service``, ``argv``, ``parse_line``; ``finish`` or ``spool_keys`` when needed), importing only
-``base`` (and modules outside this package); add it to ``PROVIDERS`` in ``registry.py``; then outside this
-package: the ``provider`` literal in ``shared/settings/model.py`` (and its comment in the settings template
-there), ``PROVIDER_ENV`` in ``workers/agent_env.py`` (the variables its CLI gets), ``DEFAULT_SERVICE_HOSTS``
-and ``_BASE_URL_VARIABLES`` in ``workers/egress_policy.py`` (where a sandboxed CLI may connect),
-``_BINARIES`` in ``workers/doctor.py`` and ``provider_problems`` in ``scheduler/process_plan.py`` (is the CLI
-installed and logged in); for the TinyAGI-compatible web API, ``PROVIDERS`` in ``adapters/web/manage.py`` and
-``TINYAGI_PROVIDER`` in ``adapters/web/dialect.py``. What only claude has (warm sessions, ``steer``, the
+Adding a provider (kind ``NAME``) touches three files: write ``NAME.py`` here with a
+:class:`~.base.CliProvider` subclass (``name``, ``service``, ``argv``, ``parse_line``; ``finish`` or
+``spool_keys`` when needed), importing only ``base`` (and modules outside this package); add it to
+``PROVIDERS`` in ``registry.py``; and declare its facts in ``shared/settings/providers.py`` (``NAME`` in the
+``ProviderKind`` literal and a ``ProviderFacts`` in ``PROVIDER_FACTS``: its binary and path variable, the
+variables its CLI gets, where a sandboxed run may connect, its login checks, its TinyAGI name). The environment
+allowlist (``workers/agent_env.py``), the egress policy (``workers/egress_policy.py``), doctor, `agentpost up`'s
+checks and the TinyAGI-compatible web API read those facts. What only claude has (warm sessions, ``steer``, the
 appended system prompt) is asked as ``provider == "claude"`` where it is used (``workers/run.py``): a new kind
 runs a process per run without them. docs/architecture.md ("Adding a provider") lists the same.
 """
