@@ -8,7 +8,7 @@ import os
 from collections.abc import Mapping, Sequence
 
 from shared.settings.model import AgentSettings
-from shared.settings.providers import PROVIDER_FACTS
+from shared.settings.providers import PROVIDER_FACTS, switch_on
 
 #: What every agent CLI may see of the processor's environment: what the OS, a shell and node need.
 _BASE_ENV = frozenset(
@@ -20,10 +20,6 @@ _BASE_ENV = frozenset(
     }
 )  # fmt: skip
 _BASE_PREFIXES = ("LC_",)
-
-
-def _switched_on(value: str | None) -> bool:
-    return value is not None and value.strip().lower() not in ("", "0", "false", "no", "off")
 
 
 def passes_to_agent(name: str, provider: str, switches: Mapping[str, str] | None = None) -> bool:
@@ -45,7 +41,7 @@ def passes_to_agent(name: str, provider: str, switches: Mapping[str, str] | None
     if name in own.env_names or name.startswith(own.env_prefixes):
         return True
     return any(
-        name in names and _switched_on((switches or {}).get(switch))
+        name in names and switch_on((switches or {}).get(switch))
         for switch, names in own.switched_env.items()
     )
 

@@ -26,15 +26,9 @@ from dataclasses import dataclass
 
 from shared.settings.hosts import HostRule, bracketed, normalize_host, parse_rule, rule_from_url
 from shared.settings.model import AgentSettings
-from shared.settings.providers import PROVIDER_FACTS
+from shared.settings.providers import PROVIDER_FACTS, switch_on
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
-
-
-def _switch_on(value: str | None) -> bool:
-    # The reading the egress tests pin: any value but "", "0" and "false" opens the cloud's hosts.
-    # (workers/agent_env.py also reads "no" and "off" as off, for the credentials; each kept as it was.)
-    return (value or "").strip() not in ("", "0", "false")
 
 
 def ip_of(host: str) -> IPAddress | None:
@@ -109,7 +103,7 @@ def service_rules(agent: AgentSettings, env: Mapping[str, str]) -> tuple[HostRul
     hosts = list(facts.service_hosts)
     switches = {**env, **agent.env}
     for switch, cloud in facts.switched_hosts.items():
-        if _switch_on(switches.get(switch)):
+        if switch_on(switches.get(switch)):
             hosts.extend(cloud)
     return tuple(HostRule(h) for h in hosts)
 

@@ -145,3 +145,10 @@ COMMAND = ProviderFacts(name="command")
 PROVIDER_FACTS: Mapping[str, ProviderFacts] = MappingProxyType(
     {facts.name: facts for facts in (CLAUDE, CODEX, COMMAND)}
 )
+
+
+def switch_on(value: str | None) -> bool:
+    """Whether a provider switch variable (``CLAUDE_CODE_USE_BEDROCK``, …) is on: set, and not ``0``,
+    ``false``, ``no`` or ``off`` in any case. One reading for both what the CLI is given and where a
+    sandboxed run may connect, so a switch the CLI does not get opens no hosts either."""
+    return value is not None and value.strip().lower() not in ("", "0", "false", "no", "off")

@@ -66,6 +66,16 @@ def test_a_claude_agent_reaches_its_base_url_and_nothing_else_by_default() -> No
         assert policy.refuse_name(host, port) is not None, (host, port)
 
 
+@pytest.mark.parametrize("value", ["1", "true", "yes"])
+def test_the_bedrock_switch_opens_amazons_hosts_only_when_the_cli_gets_it_on(value: str) -> None:
+    on = policy_for("coder", AgentSettings(), {"CLAUDE_CODE_USE_BEDROCK": value})
+    assert on.refuse_name("bedrock-runtime.us-east-1.amazonaws.com", 443) is None
+    # Read as the agent's environment reads it: a switch the CLI is not given as on opens nothing.
+    for off in ["0", "false", "FALSE", "no", "off", ""]:
+        policy = policy_for("coder", AgentSettings(), {"CLAUDE_CODE_USE_BEDROCK": off})
+        assert policy.refuse_name("bedrock-runtime.us-east-1.amazonaws.com", 443) is not None, off
+
+
 def test_without_a_base_url_claude_reaches_anthropics_hosts_on_web_ports_only() -> None:
     policy = policy_for("coder", AgentSettings(), {})
     assert policy.refuse_name("api.anthropic.com", 443) is None
