@@ -96,7 +96,14 @@ def test_burst_to_a_busy_agent_becomes_at_most_two_runs(tmp_path: Path, sqlite_u
 
 def test_timeout_kills_children_of_the_cli(tmp_path: Path, sqlite_url: str) -> None:
     script, log = agent_script(tmp_path), tmp_path / "runs.log"
-    home = make_home(tmp_path, sqlite_url, {"solo": command_agent(script, timeout_seconds=1.5)})
+    # The retry waits a minute: on a loaded machine a short backoff could end before the processor sees its
+    # queue idle, and a second run would start (and be killed the same way).
+    home = make_home(
+        tmp_path,
+        sqlite_url,
+        {"solo": command_agent(script, timeout_seconds=1.5)},
+        queue={"backoff_base_seconds": 60.0},
+    )
     with open_home(home) as rt:
         sent = rt.queue.intake.enqueue_message(ChatAddress("cli", "me"), "spawn sleep=30")
         run_idle(rt, env=_env(log))
