@@ -7,7 +7,8 @@ queueing it fetches the same update again after the restart; a redelivered updat
 ``external_id`` (``chat:message``) and is not queued twice.
 
 Private chats take every message; groups only messages that mention the bot, reply to it, or are commands.
-Replies go through the library's ``AIORateLimiter``; progress notes are edited in place
+Replies are paced within Telegram's limits, a chat told to wait waiting alone
+(:mod:`adapters.telegram_rate_limits`); progress notes are edited in place
 (``editMessageText``). The Bot API base URL comes from
 ``TELEGRAM_API_BASE_URL`` (or ``[channels.telegram] api_base_url``), the token from ``TELEGRAM_BOT_TOKEN``
 (or the variable named by ``token_env``).
@@ -33,7 +34,7 @@ from telegram.error import (
     TelegramError,
     TimedOut,
 )
-from telegram.ext import AIORateLimiter, Application
+from telegram.ext import Application
 
 from adapters.chunking import utf16_len
 from adapters.platform import (
@@ -47,6 +48,7 @@ from adapters.platform import (
     safe_filename,
     upload_folder,
 )
+from adapters.telegram_rate_limits import ChatRateLimiter
 from shared.settings.channels import TelegramSettings
 
 DEFAULT_API = "https://api.telegram.org"
@@ -97,7 +99,7 @@ class TelegramChannel(Platform):
             .token(self.token)
             .base_url(f"{self.api_base}/bot")
             .base_file_url(f"{self.api_base}/file/bot")
-            .rate_limiter(AIORateLimiter(max_retries=self.config.rate_limit_retries))
+            .rate_limiter(ChatRateLimiter(retries=self.config.rate_limit_retries))
             .updater(None)
             .build()
         )

@@ -23,6 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("shared", "workers", "adapters", "scheduler")
 PLATFORMS = (
     "adapters/telegram.py",
+    "adapters/telegram_rate_limits.py",
     "adapters/discord.py",
     "adapters/discord_catch_up.py",
     "adapters/whatsapp.py",

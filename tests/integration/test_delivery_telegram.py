@@ -35,7 +35,7 @@ def _status(rt: Runtime, response_id: int) -> str:
     return str(rt.db.read_scalar("SELECT status FROM responses WHERE id = :id", {"id": response_id}))
 
 
-@pytest.mark.serial  # a wall-clock bound (1.5 s): side by side on two cores it once took 4.1 s
+@pytest.mark.serial  # a wall-clock bound (1.5 s); its 4.1 s misses were the library pausing every chat for a 429
 def test_one_chats_retries_do_not_delay_another_chat(
     tmp_path: Path, fake: HoldingTelegram, db_url: str
 ) -> None:

@@ -17,6 +17,7 @@ pytestmark = pytest.mark.unit
 ROOT = Path(__file__).resolve().parents[2]
 PLUGINS = (
     "telegram.py",
+    "telegram_rate_limits.py",
     "discord.py",
     "discord_catch_up.py",
     "whatsapp.py",
