@@ -230,5 +230,9 @@ def refuse_unwritable(path: str) -> None:
     the file is writable again. Refused here, nothing read-only is ever opened, so the process resumes
     as soon as the file is fixed."""
     for name in (path, f"{path}-wal", f"{path}-shm"):
-        if os.path.exists(name) and not os.access(name, os.W_OK):
+        # A refusal is looked at twice more: SQLite removes the -wal and -shm files when another process's
+        # last connection closes and makes them again at the next open, so a file that vanished or appeared
+        # meanwhile is not "unwritable". (os.access, never an open: closing a descriptor of a database file
+        # would drop this process's own locks on it.)
+        if not os.access(name, os.W_OK) and os.path.exists(name) and not os.access(name, os.W_OK):
             raise DatabaseNotWritable(name)
