@@ -31,6 +31,9 @@ COMMON_PREFIXES = ("AGENTPOST_", "TINYAGI_")
 PROVIDER_PREFIXES = tuple(
     dict.fromkeys(prefix for facts in PROVIDER_FACTS.values() for prefix in facts.up_env_prefixes)
 )
+#: Variables by name that agents' CLIs read (``CLOUD_ML_REGION``, ``DISABLE_TELEMETRY``, …): each kind's
+#: ``env_names``; without them an agent's CLI under `up` would miss what it gets when run by hand.
+PROVIDER_NAMES = tuple(sorted({name for facts in PROVIDER_FACTS.values() for name in facts.env_names}))
 #: The order processes are listed and started in.
 CORE_ORDER = ("processor", "scheduler", "web")
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -86,7 +89,8 @@ def plan_processes(settings: Settings, env: Mapping[str, str]) -> Plan:
             plan.missing.append(f"{name}: not started, it is not installed or fails to import ({error})")
         else:
             prefixes = COMMON_PREFIXES + (PROVIDER_PREFIXES if name == "processor" else ())
-            plan.programs.append(Program(name, _argv(name), prefixes))
+            names = PROVIDER_NAMES if name == "processor" else ()
+            plan.programs.append(Program(name, _argv(name), prefixes, names))
     for ep in sorted(entry_points(group="agentpost.channels"), key=lambda e: e.name):
         if ep.name in kinds:
             continue

@@ -99,7 +99,7 @@ CLAUDE = ProviderFacts(
     env_names=_CLAUDE_NAMES,
     env_prefixes=("ANTHROPIC_", "CLAUDE_CODE_", "VERTEX_REGION_"),
     switched_env=MappingProxyType({"CLAUDE_CODE_USE_BEDROCK": _BEDROCK_NAMES}),
-    up_env_prefixes=("ANTHROPIC_", "CLAUDE_", "AWS_"),
+    up_env_prefixes=("ANTHROPIC_", "CLAUDE_", "AWS_", "VERTEX_REGION_"),
     service_hosts=("api.anthropic.com", "console.anthropic.com", "platform.claude.com", "claude.ai"),
     base_url_variables=("ANTHROPIC_BASE_URL", "ANTHROPIC_BEDROCK_BASE_URL", "ANTHROPIC_VERTEX_BASE_URL"),
     # Bedrock's and Vertex's endpoints are per region, so the whole cloud's API domain is let through.
@@ -126,7 +126,7 @@ CODEX = ProviderFacts(
     service="OpenAI",
     tinyagi_name="openai",
     env_prefixes=("OPENAI_", "CODEX_", "AZURE_OPENAI_"),
-    up_env_prefixes=("OPENAI_", "CODEX_"),
+    up_env_prefixes=("OPENAI_", "CODEX_", "AZURE_OPENAI_"),
     service_hosts=("api.openai.com", "auth.openai.com", "chatgpt.com"),
     base_url_variables=("OPENAI_BASE_URL",),
     binary="codex",

@@ -53,7 +53,23 @@ def test_the_tables_derived_from_the_facts_hold_what_they_held_when_written_out(
         "codex": "codex",
         "command": "command",
     }
-    assert sorted(PROVIDER_PREFIXES) == sorted(("ANTHROPIC_", "CLAUDE_", "OPENAI_", "CODEX_", "AWS_"))
+    assert sorted(PROVIDER_PREFIXES) == sorted(
+        ("ANTHROPIC_", "CLAUDE_", "OPENAI_", "CODEX_", "AWS_", "VERTEX_REGION_", "AZURE_OPENAI_")
+    )
+
+
+def test_up_hands_the_processor_every_variable_an_agents_cli_may_get() -> None:
+    # What passes_to_agent lets through must reach the processor under `up` first (Vertex's regions, Azure
+    # OpenAI's settings, Claude Code's own names such as CLOUD_ML_REGION), or an agent gets it only when
+    # the processor is started by hand.
+    from scheduler.process_plan import PROVIDER_NAMES, PROVIDER_PREFIXES
+    from workers.agent_env import passes_to_agent
+
+    for name in ["VERTEX_REGION_CLAUDE_3_7_SONNET", "CLOUD_ML_REGION", "DISABLE_TELEMETRY"]:
+        assert passes_to_agent(name, "claude")
+        assert name in PROVIDER_NAMES or name.startswith(PROVIDER_PREFIXES), name
+    assert passes_to_agent("AZURE_OPENAI_API_KEY", "codex")
+    assert "AZURE_OPENAI_API_KEY".startswith(PROVIDER_PREFIXES)
 
 
 def test_up_finds_a_cli_where_the_processor_does_and_says_what_is_missing(tmp_path: Path) -> None:
