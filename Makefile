@@ -39,11 +39,11 @@ run: install
 	@echo "  $(BIN)/agentpost send -w \"hello\"     send a message to the default agent and wait for the reply"
 	@echo "  $(BIN)/agentpost down               stop everything (make run starts it again)"
 
-# One test at a time by default. TEST_WORKERS=4 runs them side by side (each worker with its own temporary
-# folders and PostgreSQL database), then the few marked serial alone: about half the time on two cores, but
-# some tests that wait with a deadline still miss it under that load. Both parts run; the target fails if
-# either does.
-TEST_WORKERS ?= 1
+# Side by side by default: six pytest-xdist workers (each with its own temporary folders, PostgreSQL database,
+# ports and Redis prefix; the tests mostly wait on processes, so six keep two cores busy), then the few
+# tests marked serial alone (they change what every test shares, or time a latency). Both parts run; the
+# target fails if either does. TEST_WORKERS=1 runs everything one at a time, in one pytest.
+TEST_WORKERS ?= 6
 test: install
 	@if [ "$(TEST_WORKERS)" = 1 ]; then $(BIN)/python -m pytest; else \
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist worksteal -m "not serial"; side_by_side=$$?; \
