@@ -77,7 +77,12 @@ def test_files_sent_on_telegram_and_whatsapp_are_read_by_the_agent(
             # Taken in: read, with "typing…" while it waits for the agent.
             assert whatsapp.wait_for_read(lambda r: r.message_id == wamid, 10).typing == "text"
             procs.append(Proc("processor", home, cli_env(api, tmp_path), tmp_path / "processor.log"))
-            wait_for(lambda: telegram.texts(42) and telegram.texts(43), 60, "both Telegram replies")
+            # The final replies, not the first text each chat shows (a preview of the reply, a progress note).
+            wait_for(
+                lambda: all(any(t.startswith("READ OK") for t in telegram.texts(c)) for c in (42, 43)),
+                60,
+                "both Telegram replies",
+            )
             reply = whatsapp.wait_for(lambda s: s.to == ALICE and "READ" in (s.text or ""), 30).text or ""
         finally:
             for proc in procs:

@@ -172,7 +172,8 @@ def test_telegram_photo_is_read_by_the_agent(
             fake.push_photo(44, PNG, caption="what is this?")
             wait_for(lambda: count(rt, "SELECT COUNT(*) FROM messages") == 1, 15, "the photo message")
             run_idle(rt, env=cli_env(api, tmp_path))
-            wait_for(lambda: fake.texts(44), 20, "the reply")
+            # The final reply, not the first text the chat shows (a preview of it, a progress note).
+            wait_for(lambda: any(t.startswith("READ OK") for t in fake.texts(44)), 20, "the reply")
     (result,) = read_outcomes(api.main_requests())
     assert not result.get("is_error"), tool_result_text(result)
     assert [i["data"] for i in tool_images(result)] == [PNG_B64]  # the photo's bytes reached the model
