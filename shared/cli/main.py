@@ -32,7 +32,8 @@ from shared.private_files import not_dumpable, private_umask
 from shared.queue.core import QueueError
 from shared.runtime import Runtime, open_runtime
 from shared.settings import api_token
-from shared.settings.model import SettingsError, default_home, load_settings, write_starter_settings
+from shared.settings.model import SettingsError, default_home, load_settings
+from shared.settings.starter import write_starter_settings
 from shared.storage.db import lock_wait_limit
 from shared.storage.errors import StorageProblem, storage_problem
 

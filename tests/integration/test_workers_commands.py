@@ -12,7 +12,8 @@ from typer.testing import CliRunner
 
 from shared.chat.sessions import clear_sessions, get_session, set_session
 from shared.runtime import open_runtime
-from shared.settings.model import load_settings, write_starter_settings
+from shared.settings.model import load_settings
+from shared.settings.starter import write_starter_settings
 from workers.commands import register
 
 pytestmark = pytest.mark.integration

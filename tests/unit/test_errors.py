@@ -13,8 +13,9 @@ import pytest
 
 from shared.settings.model import AgentSettings
 from workers.errors import ErrorKind, api_retry_notice, diagnose
-from workers.providers.base import RunRequest, RunResult, StreamState, looks_overloaded, looks_rate_limited
+from workers.providers.base import RunRequest, RunResult, StreamState
 from workers.providers.claude import ClaudeProvider
+from workers.providers.cli_output import looks_overloaded, looks_rate_limited
 
 pytestmark = pytest.mark.unit
 

@@ -8,8 +8,9 @@ from typing import get_args
 
 import pytest
 
-from shared.settings.model import STARTER_SETTINGS, AgentSettings
+from shared.settings.model import AgentSettings
 from shared.settings.providers import PROVIDER_FACTS, ProviderKind
+from shared.settings.starter import STARTER_SETTINGS
 
 pytestmark = pytest.mark.unit
 

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from shared.settings.model import SettingsError, load_settings, write_starter_settings
+from shared.settings.model import SettingsError, load_settings
+from shared.settings.starter import write_starter_settings
 from tests.homes import write_settings
 
 pytestmark = pytest.mark.unit

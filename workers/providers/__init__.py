@@ -6,8 +6,9 @@ What lives where:
   :class:`~.base.RunRequest`, :class:`~.base.RunResult`, :class:`~.base.RunUsage`, :class:`~.base.WarmTurns`,
   :class:`~.base.StreamState`, :class:`~.base.CliProvider` (start, stream, time out, kill the process group,
   judge), :func:`~.base.launch_plan`, :func:`~.base.find_binary`, :func:`~.base.kill_group`,
-  :class:`~.base.ProviderError`, and the output helpers two providers share (``json_line``,
-  ``looks_rate_limited``, ``looks_overloaded``). It imports no provider.
+  :class:`~.base.ProviderError`. It imports no provider.
+- :mod:`.cli_output` — the output helpers the providers share (``json_line``, ``looks_rate_limited``,
+  ``looks_overloaded``).
 - :mod:`.claude` — :class:`~.claude.ClaudeProvider` (Claude Code, ``stream-json``) and its helpers.
 - :mod:`.claude_warm` — claude's warm sessions (:class:`~.claude_warm.WarmPool`): a chat's CLI kept running
   between its runs. Only claude has a warm mode.

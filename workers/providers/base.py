@@ -37,9 +37,7 @@ from __future__ import annotations
 
 import abc
 import contextlib
-import json
 import os
-import re
 import shutil
 import signal
 import subprocess
@@ -48,7 +46,7 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 import anyio
 from anyio.abc import ByteReceiveStream, Process
@@ -184,40 +182,6 @@ class AgentProvider(Protocol):
     async def run(self, request: RunRequest, progress: ProgressFn) -> RunResult:
         """Run the CLI once; stream assistant text to ``progress``; never raise for a failed run."""
         ...
-
-
-# -- reading a CLI's output (helpers the providers share) ------------------------------------------
-def json_line(line: str) -> dict[str, Any] | None:
-    """A line of JSON-lines output as an object; None for anything else (a blank or non-JSON line)."""
-    line = line.strip()
-    if not line.startswith("{"):
-        return None
-    try:
-        value = json.loads(line)
-    except ValueError:
-        return None
-    return value if isinstance(value, dict) else None
-
-
-_RATE_LIMIT_WORDS = (
-    "usage limit",
-    "rate limit",
-    "rate_limit",
-    "hit your limit",
-    "limit reached",
-)
-
-
-def looks_rate_limited(text: str) -> bool:
-    """Whether an error text reports a usage or rate limit of this account (not the agent's fault)."""
-    lowered = text.lower()
-    return bool(re.search(r"\b429\b", lowered)) or any(word in lowered for word in _RATE_LIMIT_WORDS)
-
-
-def looks_overloaded(text: str) -> bool:
-    """Whether an error text reports the AI service's servers overloaded (HTTP 529): nobody's limit."""
-    lowered = text.lower()
-    return bool(re.search(r"\b529\b", lowered)) or "overloaded" in lowered
 
 
 # -- locating binaries ---------------------------------------------------------------------------------

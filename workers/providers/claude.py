@@ -19,11 +19,9 @@ from workers.providers.base import (
     RunUsage,
     StreamState,
     find_binary,
-    json_line,
-    looks_overloaded,
-    looks_rate_limited,
 )
 from workers.providers.claude_warm import split_session_ref
+from workers.providers.cli_output import json_line, looks_overloaded, looks_rate_limited
 
 #: A retry the CLI reports is told to the chat from this retry on, or earlier when its wait is this long:
 #: a single quick retry that works (a blip) is not worth a message, a run gone quiet for minutes is.

@@ -9,10 +9,8 @@ from workers.providers.base import (
     RunRequest,
     StreamState,
     find_binary,
-    json_line,
-    looks_overloaded,
-    looks_rate_limited,
 )
+from workers.providers.cli_output import json_line, looks_overloaded, looks_rate_limited
 
 
 class CodexProvider(CliProvider):
