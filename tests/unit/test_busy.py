@@ -7,18 +7,14 @@ import pytest
 
 from shared.notices import busy_note
 from shared.queue.core import QueuedMessage
+from tests.queued import claimed_message
 from workers.busy import WorkGroup, apply_cap, build_prompt, merge_arrivals
 
 pytestmark = pytest.mark.unit
 
 
 def _msg(n: int, conversation: str, text: str = "", last_error: str | None = None) -> QueuedMessage:
-    return QueuedMessage(
-        id=n, message_id=f"m_{n:08d}", channel="telegram", sender="ann", sender_id="7", message=text or f"msg {n}",
-        agent="coder", from_agent=None, status="processing", retry_count=0, manual_retries=0,
-        last_error=last_error, created_at=0, updated_at=0, conversation=conversation, metadata={},
-        available_at=0, claimed_by="w", lease_until=0, hops=0, external_id=None,
-    )  # fmt: skip
+    return claimed_message(n, conversation=conversation, text=text, last_error=last_error)
 
 
 def test_merge_by_policy_and_cap_drops_the_oldest() -> None:

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from shared.events.log import PendingEvent
-from shared.queue.core import QueuedMessage
+from tests.queued import claimed_message
 from workers.busy import WorkGroup
 from workers.liveness import RunInfo
 from workers.outcome import (
@@ -27,13 +27,7 @@ pytestmark = pytest.mark.unit
 
 
 def _end(reason: str, result: RunResult) -> RunEnd:
-    message = QueuedMessage(
-        id=1, message_id="m_1", channel="telegram", sender="ann", sender_id="7", message="hi",
-        agent="coder", from_agent=None, status="processing", retry_count=0, manual_retries=0,
-        last_error=None, created_at=0, updated_at=0, conversation="7", metadata={},
-        available_at=0, claimed_by="w", lease_until=0, hops=0, external_id=None,
-    )  # fmt: skip
-    run = RunInfo("coder", "run_1", WorkGroup([message], "collect"))
+    run = RunInfo("coder", "run_1", WorkGroup([claimed_message(1, conversation="7", text="hi")], "collect"))
     run.reason = reason
     return RunEnd(run, result, PendingEvent("chain_step_done", {}), None, None)
 

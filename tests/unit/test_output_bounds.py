@@ -12,7 +12,7 @@ import pytest
 
 from shared.chat.previews import PREVIEW_MAX_CHARS, bounded_preview
 from shared.events.log import PendingEvent
-from shared.queue.core import QueuedMessage
+from tests.queued import claimed_message
 from workers.busy import WorkGroup
 from workers.liveness import (
     PROGRESS_MAX_CHARS,
@@ -186,13 +186,7 @@ def test_a_reply_whose_folder_exists_is_not_saved_there(tmp_path: Path) -> None:
 
 # -- progress events of a run ----------------------------------------------------------------------------
 def _run() -> RunInfo:
-    message = QueuedMessage(
-        id=1, message_id="m_00000001", channel="telegram", sender="ann", sender_id="7", message="hi",
-        agent="coder", from_agent=None, status="processing", retry_count=0, manual_retries=0,
-        last_error=None, created_at=0, updated_at=0, conversation="c", metadata={},
-        available_at=0, claimed_by="w", lease_until=0, hops=0, external_id=None,
-    )  # fmt: skip
-    return RunInfo("coder", "run_1", WorkGroup([message], "collect"))
+    return RunInfo("coder", "run_1", WorkGroup([claimed_message(1, text="hi")], "collect"))
 
 
 def _progress(run: RunInfo, text: str) -> None:

@@ -12,6 +12,7 @@ from shared.notices import busy_note, steered_note
 from shared.queue.core import QueuedMessage
 from shared.settings.busy_policy import parse_busy_policy
 from shared.settings.model import load_settings
+from tests.queued import claimed_message
 from workers.doctor import checks
 from workers.steer import SteerInbox, echoed_count, steered_prompt
 
@@ -80,12 +81,7 @@ def test_doctor_says_which_agents_cannot_take_a_message_mid_run(tmp_path: Path) 
 
 
 def _msg(n: int, sender: str, sender_id: str, text: str) -> QueuedMessage:
-    return QueuedMessage(
-        id=n, message_id=f"m_{n:08d}", channel="telegram", sender=sender, sender_id=sender_id, message=text,
-        agent="coder", from_agent=None, status="processing", retry_count=0, manual_retries=0,
-        last_error=None, created_at=0, updated_at=0, conversation="group", metadata={},
-        available_at=0, claimed_by="w", lease_until=0, hops=0, external_id=None,
-    )  # fmt: skip
+    return claimed_message(n, conversation="group", text=text, sender=sender, sender_id=sender_id)
 
 
 def test_a_steered_message_names_its_sender_only_when_someone_else_sent_it() -> None:
