@@ -23,6 +23,7 @@ after it ends.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 from collections.abc import Callable, Mapping
@@ -39,6 +40,7 @@ from shared.file_access import chat_upload_dir
 from shared.ids import new_id
 from shared.notices import steered_note
 from shared.private_files import private_dir
+from shared.queue import approvals
 from shared.queue.core import LeaseLost, QueuedMessage, TxWork, retry_edit_key
 from shared.queue.model_fallback import fallback_until
 from shared.reads.conversation_status import clear_run, record_run_in
@@ -47,6 +49,7 @@ from shared.settings.model import AgentSettings, Settings
 from shared.storage.db import Tx
 from shared.storage.dialect import sqlite_path
 from workers.agent_env import child_env
+from workers.approvals import Approver
 from workers.budgets import budget_gate, usage_work
 from workers.busy import WorkGroup, build_prompt, busy_notice_on, merge_arrivals, resolve_policy
 from workers.drive import Drive, step_done
@@ -152,13 +155,20 @@ class Run:
         if any(m.retry_count for m in group.messages):
             run.edit_key = retry_edit_key(primary.message_id)
         self.preview = PreviewWriter.for_run(self.rt.db, self.settings, primary, run.edit_key, group.ids)
+        approver = self._approver(run, config)
         try:
             egress = await self._egress_socket(run)
             request = self._request(run, config, run_config, workspace, session, session_key, egress)
+            if approver is not None:
+                request = dataclasses.replace(
+                    request, ask=approver, warm=self._warm_slot(config, session_key, ask=True)
+                )
         except SandboxError as exc:  # the agent's own user cannot be created: nothing can run confined
             return CannotStart(RunResult(ok=False, error=str(exc), cannot_start=True))
         fallback_model = run_config.model if on_fallback else None
-        started = self._run_start(run, config.provider, session is not None, fallback_model)
+        started = self._run_start(
+            run, config.provider, session is not None, fallback_model, approver is not None
+        )
         try:
             # From here a crash of this processor costs these messages an interrupted run; before, nothing.
             await self.storage.persist(
@@ -177,6 +187,8 @@ class Run:
                 await quietly(clear_run, self.rt.db, agent, run.run_id)
                 await self._clear_preview()
             raise
+        if approver is not None and result.ok and result.whole is None and approver.not_run_note():
+            result.text = f"{result.text}\n\n{approver.not_run_note()}".strip()
         done = PendingEvent("chain_step_done", step_done(run, result), primary.message_id, topic="queue")
         run.close_progress()
         # What the run cost commits with its outcome, whichever it is: never counted twice, never lost.
@@ -185,8 +197,11 @@ class Run:
             end, workspace=workspace, session_key=session_key, session=session, on_fallback=on_fallback
         )
 
-    def _run_start(self, run: RunInfo, provider: str, resumed: bool, fallback_model: str | None) -> TxWork:
-        """What commits with the run's start: its ``chain_step_start`` event and its status record."""
+    def _run_start(
+        self, run: RunInfo, provider: str, resumed: bool, fallback_model: str | None, asks: bool = False
+    ) -> TxWork:
+        """What commits with the run's start: its ``chain_step_start`` event and its status record; for an
+        agent that asks before tools run, the end of the requests an earlier attempt left waiting."""
         group, primary = run.group, run.group.messages[0]
         payload: dict[str, Any] = {
             "agent": run.agent,
@@ -202,8 +217,12 @@ class Run:
         }
         start = PendingEvent("chain_step_start", payload, primary.message_id, topic="queue")
 
+        responses = self.rt.queue.responses
+
         def started(tx: Tx) -> None:
             append_events(tx, [start])
+            if asks:
+                approvals.expire_for_messages_in(tx, responses, group.ids)
             record_run_in(
                 tx,
                 run.agent,
@@ -256,12 +275,15 @@ class Run:
             steer=run.steer,
         )
 
-    def _warm_slot(self, config: AgentSettings, session_key: str, *, steer: bool) -> WarmSlot | None:
+    def _warm_slot(
+        self, config: AgentSettings, session_key: str, *, steer: bool = False, ask: bool = False
+    ) -> WarmSlot | None:
         """Where this run's turn goes when the chat's claude process is kept between runs, or the run takes
-        steered messages (stream-json input, kept only with warm sessions on); None: cold."""
+        steered messages or answers permission prompts (stream-json input, kept only with warm sessions
+        on); None: cold."""
         if self.warm is None or config.provider != "claude":
             return None
-        if self.config.session_idle_seconds <= 0 and not steer:
+        if self.config.session_idle_seconds <= 0 and not (steer or ask):
             return None
         return self.warm.slot(self.agent, session_key)
 
@@ -295,6 +317,19 @@ class Run:
                 },
                 message_id=message.message_id,
             )
+
+    def _approver(self, run: RunInfo, config: AgentSettings) -> Approver | None:
+        """Who answers the CLI's permission prompts of an agent in ``ask`` mode (claude only): the person in
+        the chat the message came from (a teammate's run: the chat its chain started from)."""
+        if config.permission_mode != "ask" or config.provider != "claude":
+            return None
+        return Approver(
+            self.rt,
+            run,
+            note_target(run.group.messages[0]),
+            self.config.approval_timeout_seconds,
+            show=self.preview.update if self.preview is not None else None,
+        )
 
     def _plan(self) -> SandboxPlan:
         """The sandbox plan for this agent's runs (its own user, when the service runs as root)."""

@@ -205,7 +205,11 @@ class AgentSettings(_Strict):
     model: str = ""
     fallback_model: str = ""
     system_prompt: str = ""
-    permission_mode: Literal["default", "acceptEdits", "bypassPermissions", "dontAsk", "plan"] = "acceptEdits"
+    # "ask": every tool use the CLI would ask a person about is asked in the chat the message came from, and
+    # the run waits for the answer (claude agents; workers/approvals.py).
+    permission_mode: Literal["default", "acceptEdits", "bypassPermissions", "dontAsk", "plan", "ask"] = (
+        "acceptEdits"
+    )
     # One private CLI conversation per chat by default; "agent" shares one across every chat (opt-in).
     session_scope: Literal["agent", "conversation"] = "conversation"
     timeout_seconds: float = Field(default=1800.0, gt=0)

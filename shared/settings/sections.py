@@ -59,6 +59,11 @@ class ProcessorSettings(_Strict):
     idle_timeout_seconds: float = Field(
         default=600.0, gt=0, description="stop a run whose CLI printed nothing for this long"
     )
+    approval_timeout_seconds: float = Field(
+        default=600.0,
+        gt=0,
+        description='how long a permission prompt (permission_mode = "ask") waits for an answer; then: denied',
+    )
     progress_note_seconds: float = Field(
         default=180.0, ge=0, description="a 'still working' note to the chat this often (0: none)"
     )

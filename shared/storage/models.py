@@ -10,7 +10,7 @@ from __future__ import annotations
 from sqlalchemy import BigInteger, Column, Float, Index, Integer, MetaData, Text, text
 from sqlmodel import Field, SQLModel
 
-from shared.storage.statuses import MessageStatus, PairingStatus, ResponseStatus
+from shared.storage.statuses import ApprovalStatus, MessageStatus, PairingStatus, ResponseStatus
 
 SCHEMA_VERSION = 2
 
@@ -327,6 +327,52 @@ class RunUsage(SQLModel, table=True):
     created_at: int = Field(sa_column=_big())
 
 
+class Approval(SQLModel, table=True):
+    """A tool use a run asks a person about before it happens (``permission_mode = "ask"``,
+    :mod:`shared.chat.approvals`): who may answer, what exactly, until when, and what became of it."""
+
+    __tablename__ = "approvals"
+    __table_args__ = (
+        Index(
+            "ix_approvals_pending",
+            "created_at",
+            sqlite_where=text(f"status = '{ApprovalStatus.PENDING}'"),
+            postgresql_where=text(f"status = '{ApprovalStatus.PENDING}'"),
+        ),
+        Index("ix_approvals_message", "message_id"),
+    )
+
+    id: str = Field(sa_column=Column(Text, primary_key=True))
+    message_id: str = Field(sa_column=Column(Text, nullable=False))
+    run_id: str = Field(default="", sa_column=Column(Text, nullable=False, server_default=""))
+    agent: str = Field(sa_column=Column(Text, nullable=False))
+    #: The chat asked (the chat a teammate's chain started from), and the person who may answer there.
+    channel: str = Field(default="", sa_column=Column(Text, nullable=False, server_default=""))
+    conversation: str = Field(default="", sa_column=Column(Text, nullable=False, server_default=""))
+    sender_id: str = Field(default="", sa_column=Column(Text, nullable=False, server_default=""))
+    sender: str = Field(default="", sa_column=Column(Text, nullable=False, server_default=""))
+    tool: str = Field(sa_column=Column(Text, nullable=False))
+    #: What exactly, in a person's words (the command; the file and a short diff), as the chat shows it.
+    summary: str = Field(default="", sa_column=Column(Text, nullable=False, server_default=""))
+    #: The tool's input as JSON (bounded), and the pattern "Allow for this chat" remembers.
+    detail: str = Field(default="", sa_column=Column(Text, nullable=False, server_default=""))
+    pattern: str = Field(default="", sa_column=Column(Text, nullable=False, server_default=""))
+    status: str = Field(
+        default=ApprovalStatus.PENDING.value,
+        sa_column=Column(Text, nullable=False, server_default=ApprovalStatus.PENDING.value),
+    )
+    #: Who answered ("telegram:123", "operator") and how ("chat", "cli", "api", "timeout", "stop", ...).
+    decided_by: str = Field(default="", sa_column=Column(Text, nullable=False, server_default=""))
+    decided_via: str = Field(default="", sa_column=Column(Text, nullable=False, server_default=""))
+    #: "Allow for this chat": later uses of the same tool and pattern in this chat are allowed unasked.
+    for_chat: int = Field(default=0, sa_column=Column(Integer, nullable=False, server_default="0"))
+    #: The platform's id of the message that shows the question (its buttons), once sent.
+    shown_id: str = Field(default="", sa_column=Column(Text, nullable=False, server_default=""))
+    created_at: int = Field(sa_column=_big())
+    expires_at: int = Field(sa_column=_big())
+    decided_at: int = Field(default=0, sa_column=_big())
+
+
 def metadata() -> MetaData:
     """The metadata that holds every agentpost table."""
     return SQLModel.metadata
@@ -345,4 +391,5 @@ TABLE_NAMES = (
     "kv",
     "schema_version",
     "run_usage",
+    "approvals",
 )

@@ -38,3 +38,16 @@ class PairingStatus(StrEnum):
 
     PENDING = "pending"
     APPROVED = "approved"
+
+
+class ApprovalStatus(StrEnum):
+    """A question to a person before a tool runs (:mod:`shared.chat.approvals`): ``pending`` until it is
+    answered (``allowed`` / ``denied``), its time runs out (``timed_out``), the run asking it ends first
+    (``cancelled``: a ``/stop``, a finished run) or the run is started again after a crash (``expired``)."""
+
+    PENDING = "pending"
+    ALLOWED = "allowed"
+    DENIED = "denied"
+    TIMED_OUT = "timed_out"
+    CANCELLED = "cancelled"
+    EXPIRED = "expired"

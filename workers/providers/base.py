@@ -54,6 +54,7 @@ from anyio.abc import ByteReceiveStream, Process
 from shared.settings.model import AgentSettings
 from workers.limits import Hold, LimitHit, hold_limits
 from workers.output_bounds import CutString, Line, Lines, LongJsonLine, LongPart, PartialText, TextSpool
+from workers.providers.permissions import AskFn, ToolAsk
 from workers.sandbox import Sandboxed, SandboxError
 from workers.steer import SteerInbox
 
@@ -110,6 +111,9 @@ class RunRequest:
     # Where a reply too long to hold in memory is kept while the run goes on (an unnamed file: nothing is
     # left behind); None: the system's temporary folder.
     spool_dir: Path | None = None
+    # Who answers the CLI's permission prompts (``permission_mode = "ask"``, claude only, in a stream-json
+    # turn: workers/providers/permissions.py); None: nobody, the CLI decides by its permission mode.
+    ask: AskFn | None = None
 
 
 @dataclass
@@ -246,6 +250,26 @@ class StreamState:
     long: LongJsonLine | None = None  # the long line being read, if any
     long_start: str = ""  # the start of that line (the command provider's progress)
     cuts: dict[str, CutString] = field(default_factory=dict)  # strings cut from the line being parsed
+    asks: list[ToolAsk] = field(default_factory=list)  # permission prompts read, not yet handed on
+    # Permission prompts waiting for a person now, and the seconds spent so in all: a run waiting for a
+    # person is not idle, and the wait does not count against its ceiling (_watchdog).
+    waiting: int = 0
+    waited: float = 0.0
+    wait_began: float = 0.0
+
+    def begin_wait(self) -> None:
+        """A permission prompt is handed to a person."""
+        if self.waiting == 0:
+            self.wait_began = time.monotonic()
+        self.waiting += 1
+
+    def end_wait(self) -> None:
+        """A permission prompt was answered (or given up): the run's limits count again from now."""
+        self.waiting -= 1
+        if self.waiting == 0:
+            now = time.monotonic()
+            self.waited += now - self.wait_began
+            self.last_output = now
 
     def __post_init__(self) -> None:
         self.text.folder = self.spool_dir
@@ -535,10 +559,14 @@ class CliProvider(abc.ABC):
 async def _watchdog(
     request: RunRequest, state: StreamState, scope: anyio.CancelScope, started: float, why: list[str]
 ) -> None:
-    """Cancel ``scope`` at the run's ceiling, or once the CLI has been silent for ``idle_timeout``."""
-    ceiling = started + request.timeout
+    """Cancel ``scope`` at the run's ceiling, or once the CLI has been silent for ``idle_timeout``; the time
+    spent waiting for a person to answer a permission prompt counts for neither."""
     while True:
+        if state.waiting:
+            await anyio.sleep(0.5)
+            continue
         now = time.monotonic()
+        ceiling = started + request.timeout + state.waited
         idle_at = state.last_output + request.idle_timeout if request.idle_timeout else float("inf")
         if now >= ceiling or now >= idle_at:
             why.append("ceiling" if now >= ceiling else "idle")

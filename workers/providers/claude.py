@@ -22,6 +22,7 @@ from workers.providers.base import (
 )
 from workers.providers.claude_warm import split_session_ref
 from workers.providers.cli_output import json_line, looks_overloaded, looks_rate_limited
+from workers.providers.permissions import tool_ask
 
 #: A retry the CLI reports is told to the chat from this retry on, or earlier when its wait is this long:
 #: a single quick retry that works (a blip) is not worth a message, a run gone quiet for minutes is.
@@ -55,7 +56,11 @@ class ClaudeProvider(CliProvider):
             argv += ["--fallback-model", s.fallback_model]
         if request.system_prompt:
             argv += ["--append-system-prompt", request.system_prompt]
-        if s.permission_mode != "default":
+        if s.permission_mode == "ask":
+            # The CLI's prompts come to us as control requests (permissions.py); only a stream-json turn
+            # can answer them (the processor runs "ask" agents so), elsewhere closed stdin denies them.
+            argv += ["--permission-prompt-tool", "stdio", "--permission-mode", "default"]
+        elif s.permission_mode != "default":
             argv += ["--permission-mode", s.permission_mode]
         for folder in request.read_dirs:
             argv += read_access(folder)
@@ -81,6 +86,11 @@ class ClaudeProvider(CliProvider):
         kind = event.get("type")
         if isinstance(event.get("session_id"), str) and event["session_id"]:
             state.session_id = event["session_id"]
+        if kind == "control_request":
+            ask = tool_ask(event)
+            if ask is not None:
+                state.asks.append(ask)
+            return []
         if kind == "system" and event.get("subtype") == "api_retry":
             self._api_retry(event, state)
             return []

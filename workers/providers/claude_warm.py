@@ -49,7 +49,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import anyio
-from anyio.abc import Process
+from anyio.abc import Process, TaskGroup
 
 from shared.settings.sections import ProcessorSettings
 from workers.limits import Hold
@@ -67,6 +67,7 @@ from workers.providers.base import (
     kill_group,
     start_cli,
 )
+from workers.providers.permissions import ToolAsk, ToolDecision, control_response
 from workers.steer import SteerInbox, echoed_count
 
 log = logging.getLogger("agentpost.processor")
@@ -119,6 +120,8 @@ class WarmProcess:
     lines: Lines = field(default_factory=Lines)  # splits stdout, holding no line longer than it bounds
     ready: collections.deque[Line | LongPart] = field(default_factory=collections.deque)  # read, not handled
     hold: Hold | None = None  # its limits (workers/limits.py): one cgroup for the process's whole life
+    #: One line at a time on stdin: a steered message and the answer to a permission prompt never interleave.
+    write_lock: anyio.Lock = field(default_factory=anyio.Lock)
 
     @property
     def pid(self) -> int:
@@ -375,10 +378,10 @@ async def _turn_in(
             async with anyio.create_task_group() as tg:
                 tg.start_soon(_watchdog, request, state, scope, started, stopped_by)
                 tg.start_soon(_drain, process.stderr, stderr_tail, anyio.Event(), state)
-                await _write_user_message(process, request.prompt)
+                await _write_user_message(warm, request.prompt)
                 if request.steer is not None:
-                    tg.start_soon(_feed, process, request.steer)
-                await _read_until_result(provider, warm, state, progress, request, ended)
+                    tg.start_soon(_feed, warm, request.steer)
+                await _read_until_result(provider, warm, state, progress, request, ended, tg)
                 tg.cancel_scope.cancel()
         finally:
             if request.steer is not None:
@@ -402,19 +405,39 @@ async def _turn_in(
     return result, ended[0] if ended else None
 
 
-async def _write_user_message(process: Process, text: str) -> None:
+async def _write_user_message(warm: WarmProcess, text: str) -> None:
     """Write ``text`` to the CLI as one stream-json user message."""
-    assert process.stdin is not None
     message = {"type": "user", "message": {"role": "user", "content": text}}
+    await _write_line(warm, (json.dumps(message) + "\n").encode())
+
+
+async def _write_line(warm: WarmProcess, line: bytes) -> None:
+    """Write one whole line to the CLI's stdin."""
+    assert warm.process.stdin is not None
     # A process that exited cannot take it: reading then finds the end of its output.
-    with contextlib.suppress(anyio.BrokenResourceError, anyio.ClosedResourceError):
-        await process.stdin.send((json.dumps(message) + "\n").encode())
+    async with warm.write_lock:
+        with contextlib.suppress(anyio.BrokenResourceError, anyio.ClosedResourceError):
+            await warm.process.stdin.send(line)
 
 
-async def _feed(process: Process, inbox: SteerInbox) -> None:
+async def _feed(warm: WarmProcess, inbox: SteerInbox) -> None:
     """Write each message steered into the run to the CLI as it arrives (until the turn's reader ends)."""
     while True:
-        await _write_user_message(process, await inbox.take())
+        await _write_user_message(warm, await inbox.take())
+
+
+async def _answer(warm: WarmProcess, request: RunRequest, state: StreamState, ask: ToolAsk) -> None:
+    """Ask a person about one tool use (``RunRequest.ask``) and write the answer to the CLI. The run's limits
+    do not count the wait; a turn that ends first (a /stop) cancels the question."""
+    state.begin_wait()
+    try:
+        if request.ask is None:
+            decision = ToolDecision(False, "No one can be asked to allow this here, so it was not run.")
+        else:
+            decision = await request.ask(ask)
+    finally:
+        state.end_wait()
+    await _write_line(warm, control_response(ask, decision))
 
 
 async def _read_until_result(
@@ -424,8 +447,10 @@ async def _read_until_result(
     progress: ProgressFn,
     request: RunRequest,
     ended: list[str | None],
+    tg: TaskGroup,
 ) -> None:
-    """Hand each stdout line to the provider; stop after the run's last ``result`` line (noting the uuid of
+    """Hand each stdout line to the provider (a permission prompt to a task of ``tg`` that asks a person,
+    so the output goes on being read meanwhile); stop after the run's last ``result`` line (noting the uuid of
     its last assistant message in ``ended``) or at the end of output.
 
     Without steered messages that is the first ``result``. With them (``request.steer``), it is the first
@@ -448,6 +473,8 @@ async def _read_until_result(
             warm.ready.extend(warm.lines.feed(chunk))
             continue
         line = await provider.take(warm.ready.popleft(), state, progress, shown)
+        while state.asks:
+            tg.start_soon(_answer, warm, request, state, state.asks.pop(0))
         if line is None:  # a part of a long line
             continue
         kind, uuid, replay, echo = _kind(line)

@@ -1,0 +1,178 @@
+"""Asking before a tool runs (``permission_mode = "ask"``) with the real Claude Code CLI against the fake API,
+which asks for Bash: the request waits in the database, and an answer (the person who sent the message, or an
+operator) lets the command run, keeps it from running, or — nobody answering — times out as a denial."""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from shared.chat.address import ChatAddress
+from shared.queue import approvals
+from shared.runtime import Runtime
+from shared.storage.statuses import ApprovalStatus
+from tests.fakes.anthropic_api import (
+    Computed,
+    FakeAnthropic,
+    ToolUse,
+    last_user_text,
+    tool_result_text,
+    tool_results,
+)
+from tests.fixtures import cli_installed  # noqa: F401  (fixtures)
+from tests.liveness_support import claude_home, cli_env, of_kind, payloads, run_with
+from tests.processor_support import open_home
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
+
+CHAT = ChatAddress("telegram", "ann", sender_id="7", conversation="c1")
+STRANGER = ChatAddress("telegram", "bob", sender_id="99", conversation="c1")
+
+
+def model(body: dict[str, Any]) -> Any:
+    """Ask for ``echo ran > marker-N.txt`` (N from the prompt); then report what the tool gave."""
+    results = tool_results(body)
+    if not results:
+        found = re.search(r"marker-(\d+)", last_user_text(body))
+        n = found.group(1) if found else "0"
+        return ToolUse("Bash", {"command": f"echo ran > marker-{n}.txt", "description": "Write the marker"})
+    result = results[-1]
+    verdict = "TOOL FAILED" if result.get("is_error") else "TOOL RAN"
+    return f"{verdict}: {tool_result_text(result)[:160]}"
+
+
+@pytest.fixture
+def api() -> Iterator[FakeAnthropic]:
+    with FakeAnthropic() as fake:
+        fake.add_rule(None, Computed(model))
+        yield fake
+
+
+def _home(tmp_path: Path, db_url: str, **processor: Any) -> Path:
+    return claude_home(tmp_path, db_url, agent={"permission_mode": "ask"}, processor=processor)
+
+
+def _wait_for(what: str, check: Callable[[], Any], timeout: float = 30.0) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = check()
+        if found:
+            return found
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def _waiting_one(rt: Runtime) -> approvals.Approval:
+    found = _wait_for("a waiting request", lambda: approvals.waiting(rt.db))
+    assert len(found) == 1, found
+    return found[0]
+
+
+def _markers(tmp_path: Path, n: int) -> list[Path]:
+    return [p for p in tmp_path.rglob(f"marker-{n}.txt") if p.is_file()]
+
+
+def _final(rt: Runtime, message_id: str) -> str:
+    (final,) = [r for r in of_kind(rt, "final") if r["message_id"] == message_id]
+    return str(final["message"])
+
+
+def _closed_texts(rt: Runtime) -> list[str]:
+    return [str(r["message"]) for r in of_kind(rt, "approval_closed")]
+
+
+def test_an_allowed_command_runs_once_the_sender_answers(tmp_path: Path, db_url: str, api: FakeAnthropic) -> None:
+    with open_home(_home(tmp_path, db_url)) as rt:
+        mid = rt.queue.intake.enqueue_message(CHAT, "please write marker-1").message_id
+        seen: list[approvals.Approval] = []
+
+        def answer() -> None:
+            request = _waiting_one(rt)
+            seen.append(request)
+            # Someone else in the group presses Allow: nothing changes, and they are told why.
+            other = approvals.answer(rt.db, rt.queue.responses, request.id, "allow", by="bob", via="chat", asker=STRANGER)
+            assert other.outcome == "not_yours" and "ann" in other.text
+            assert approvals.get(rt.db, request.id).status == ApprovalStatus.PENDING  # type: ignore[union-attr]
+            assert not _markers(tmp_path, 1)  # the CLI waits: the command has not run
+            mine = approvals.answer(rt.db, rt.queue.responses, request.id, "allow", by="ann", via="chat", asker=CHAT)
+            assert mine.outcome == "applied"
+            again = approvals.answer(rt.db, rt.queue.responses, request.id, "deny", by="ann", via="chat", asker=CHAT)
+            assert again.outcome == "over" and "already answered" in again.text
+
+        run_with(rt, cli_env(api, tmp_path), answer)
+        (request,) = seen
+        assert request.tool == "Bash" and request.agent == "coder" and request.message_id == mid
+        assert request.as_dict()["command"] == "echo ran > marker-1.txt"
+        assert request.chat == CHAT
+        assert _markers(tmp_path, 1), "the allowed command did not run"
+        assert _final(rt, mid).startswith("TOOL RAN")
+        # The chat got the question, then saw it answered.
+        (question,) = of_kind(rt, "approval")
+        assert "coder asks to use Bash" in question["message"] and "echo ran > marker-1.txt" in question["message"]
+        assert question["metadata"]["approval_id"] == request.id
+        assert _closed_texts(rt) == ["✅ Allowed by ann — Bash: echo ran > marker-1.txt"]
+        types = [p["status"] for p in payloads(rt, "approval_answered")]
+        assert types == ["allowed"] and len(payloads(rt, "approval_requested")) == 1
+
+
+def test_a_denied_command_does_not_run_and_the_reply_says_so(tmp_path: Path, db_url: str, api: FakeAnthropic) -> None:
+    with open_home(_home(tmp_path, db_url)) as rt:
+        mid = rt.queue.intake.enqueue_message(CHAT, "please write marker-2").message_id
+
+        def deny() -> None:
+            request = _waiting_one(rt)
+            done = approvals.answer(rt.db, rt.queue.responses, request.id, "deny", by="operator", via="cli")
+            assert done.outcome == "applied"
+
+        run_with(rt, cli_env(api, tmp_path), deny)
+        assert not _markers(tmp_path, 2)
+        final = _final(rt, mid)
+        assert final.startswith("TOOL FAILED") and "denied" in final
+        assert final.endswith("Not run: Bash: echo ran > marker-2.txt (Write the marker) (denied).")
+        assert _closed_texts(rt) == ["🚫 Denied by operator — not run: Bash: echo ran > marker-2.txt"]
+
+
+def test_silence_past_the_timeout_is_a_denial_the_chat_is_told(tmp_path: Path, db_url: str, api: FakeAnthropic) -> None:
+    # An idle timeout shorter than the wait: the run waiting for a person is not taken for a stuck one.
+    home = _home(tmp_path, db_url, approval_timeout_seconds=2.5, idle_timeout_seconds=1.0)
+    with open_home(home) as rt:
+        mid = rt.queue.intake.enqueue_message(CHAT, "please write marker-3").message_id
+        started = time.monotonic()
+        run_with(rt, cli_env(api, tmp_path), lambda: None)
+        assert time.monotonic() - started >= 2.5
+        assert not _markers(tmp_path, 3)
+        (request,) = approvals.recent(rt.db)
+        assert request.status == ApprovalStatus.TIMED_OUT and request.decided_via == "timeout"
+        assert _closed_texts(rt) == ["⌛ No answer within 1 min — not run: Bash: echo ran > marker-3.txt"]
+        final = _final(rt, mid)
+        assert final.startswith("TOOL FAILED") and "(no answer within 1 min)" in final
+        late = approvals.answer(rt.db, rt.queue.responses, request.id, "allow", by="ann", via="chat", asker=CHAT)
+        assert late.outcome == "over" and late.text == "This request has expired."
+
+
+def test_allow_for_this_chat_is_not_asked_again_until_reset(tmp_path: Path, db_url: str, api: FakeAnthropic) -> None:
+    with open_home(_home(tmp_path, db_url)) as rt:
+        first = rt.queue.intake.enqueue_message(CHAT, "please write marker-4").message_id
+
+        def allow_for_chat() -> None:
+            request = _waiting_one(rt)
+            done = approvals.answer(rt.db, rt.queue.responses, request.id, "chat", by="ann", via="chat", asker=CHAT)
+            assert done.outcome == "applied" and "for the rest of this chat" in done.text
+
+        run_with(rt, cli_env(api, tmp_path), allow_for_chat)
+        assert _final(rt, first).startswith("TOOL RAN")
+        # The CLI's own suggested rule: this command with any arguments.
+        assert approvals.chat_rules(rt.db, "coder", CHAT) == [("Bash", "echo ran *")]
+        assert not approvals.allowed_by_rule([("Bash", "echo ran *")], "Bash", "rm -rf /")
+        # The same command again: allowed without a question.
+        second = rt.queue.intake.enqueue_message(CHAT, "please write marker-4 again").message_id
+        run_with(rt, cli_env(api, tmp_path), lambda: None)
+        assert _final(rt, second).startswith("TOOL RAN")
+        assert len(approvals.recent(rt.db)) == 1
+        assert approvals.forget_chat_rules(rt.db, "coder", CHAT) == 1
+        assert approvals.chat_rules(rt.db, "coder", CHAT) == []
