@@ -13,6 +13,8 @@
 - ``/usage``: what the sender's messages have cost today and this month, against their ``[budgets]``
   limits (:mod:`shared.reads.usage`); in the channel's ``operator_chat``, also each agent's spend and who is over
   a limit (:mod:`shared.reads.budget_status`).
+- ``/allow`` (``/allow chat``: for the rest of this chat), ``/deny``: answer the oldest question an agent asks
+  here before a tool runs, where the platform shows no buttons (:mod:`adapters.approval_prompts`).
 - ``/retry``: the chat's last message that could not be answered goes back to the queue (within the
   manual-retry budget an operator's ``agentpost dead retry`` shares).
 
@@ -23,12 +25,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Literal
 
+from adapters.approval_prompts import answer_in_words
 from shared.chat import sticky_agents
 from shared.chat.address import ChatAddress
 from shared.chat.lookups import busy_agents
 from shared.chat.prefs import get_busy_policy, set_busy_policy
 from shared.chat.sessions import AGENT_SCOPE_KEY, clear_sessions
 from shared.clock import now_ms
+from shared.queue import approvals
 from shared.queue.core import InvalidInput, NotFound, RetryBudgetExhausted, UnknownMention
 from shared.queue.presence import warm_state
 from shared.reads.budget_status import agents_usage_text
@@ -45,7 +49,9 @@ if TYPE_CHECKING:
     from shared.storage.db import Tx
 
 #: The commands :meth:`ChatCommands.run_command` answers (``/start`` is Telegram's greeting: the help).
-COMMANDS = frozenset({"agent", "team", "reset", "help", "start", "status", "stop", "queue", "retry", "usage"})
+COMMANDS = frozenset(
+    {"agent", "team", "reset", "help", "start", "status", "stop", "queue", "retry", "usage", "allow", "deny"}
+)
 #: Commands whose effect is written in the transaction that queues their answer (and marks the update seen),
 #: through :meth:`ChatCommands.run_command_in`: run a second time after a crash they would do something else
 #: (a second ``/retry`` finds the message no longer failed, or an older one). The others can run again.
@@ -59,6 +65,7 @@ HELP_TEXT = """Commands:
 /stop - stop the agent's current run for this chat
 /retry - try again the last message here that could not be answered
 /usage - what your messages have cost today and this month
+/allow, /allow chat, /deny - answer an agent that asks before it runs a tool
 /queue [collect|followup|interrupt|steer] - what happens to messages sent while the agent is busy
 /help - this help
 @agent alone switches this chat's default agent; @default goes back to normal routing.
@@ -161,6 +168,8 @@ class ChatCommands:
             return self._cmd_agent(message, name, args)
         if name == "status":
             return self._cmd_status(message)
+        if name in ("allow", "deny"):
+            return answer_in_words(self.rt, message.address_on(self.name), name, args)
         if name == "stop":
             return self._cmd_stop(message)
         if name == "queue":
@@ -320,4 +329,5 @@ def reset_conversation(runtime: Runtime, agent: str, chat: ChatAddress) -> int:
     config = runtime.settings.agents.get(agent)
     scope = config.session_scope if config is not None else "agent"
     key = AGENT_SCOPE_KEY if scope == "agent" else chat.row_key
+    approvals.forget_chat_rules(runtime.db, agent, chat)  # "allow for this chat" lasts until a /reset
     return clear_sessions(runtime.db, agent, key, reason=f"/reset in {chat.channel}")

@@ -19,6 +19,8 @@
   :class:`adapters.progress_notes.ProgressNotes`, which sends it once and edits that message with later
   notes of the key where the platform can; the final reply of the key closes the note ("done") in the
   transaction that records its last part.
+- **Questions**: an agent's question before a tool runs (``{"kind": "approval"}``) is sent with buttons and
+  edited to its answer (``{"kind": "approval_closed"}``) by :class:`adapters.approval_prompts.ApprovalPrompts`.
 - **Late messages**: the final reply to a message that reached the adapter only after a restart (it was
   sent while the adapter was down, more than ``late_message_seconds`` before it was handled) starts with a
   line saying so.
@@ -40,6 +42,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
+from adapters.approval_prompts import KINDS as QUESTION_KINDS
+from adapters.approval_prompts import ApprovalPrompts
 from adapters.chunking import split_message
 from adapters.platform import SendFailure
 from adapters.previews import Previews
@@ -116,6 +120,10 @@ class Delivery:
         self.previews = Previews(platform, stop_event=stop_event, poll_interval=poll_interval)
         #: Progress notes (a part of delivery: a final reply closes its run's note).
         self.notes = ProgressNotes(
+            platform, worker=worker, lease_ms=self.lease_ms, send_failed=self._send_failed
+        )
+        #: An agent's questions before a tool runs, and their answers (edited into the question).
+        self.questions = ApprovalPrompts(
             platform, worker=worker, lease_ms=self.lease_ms, send_failed=self._send_failed
         )
 
@@ -205,6 +213,8 @@ class Delivery:
         edit_key = str(meta.get("edit_key") or "")
         if meta.get("kind") == "progress" and edit_key:
             return await self.notes.deliver(response, edit_key)
+        if meta.get("kind") in QUESTION_KINDS:
+            return await self.questions.deliver(response)
         queue = self.rt.queue
         if meta.get("kind") == "final":
             response = await call(self._with_offline_preface, response)

@@ -32,8 +32,9 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, TypeVar
 
 from adapters import pairing as pairings
+from adapters.approval_prompts import answer_press
 from adapters.chat_commands import COMMANDS, IN_TRANSACTION, ChatCommands
-from adapters.platform import HandleOutcome, Inbound
+from adapters.platform import HandleOutcome, Inbound, Press
 from shared.aio import call
 from shared.chat import dedupe, held
 from shared.chat.address import ChatAddress
@@ -155,6 +156,13 @@ class Intake:
         """Keep a value on its own (:meth:`adapters.platform.Inbox.save`)."""
         await self.until_stored(
             lambda: call(self.rt.db.run_transaction, self.saving(key, value)), f"keeping {key}"
+        )
+
+    async def press(self, press: Press) -> str:
+        """A button of a question was pressed (:meth:`adapters.platform.Inbox.press`): the answer applied,
+        what to tell the one who pressed returned (:mod:`adapters.approval_prompts`)."""
+        return await self.until_stored(
+            lambda: call(answer_press, self.rt, self.name, press), f"answering request {press.data}"
         )
 
     def handle_sync(self, message: Inbound, *, also: TxWork | None = None) -> HandleOutcome:

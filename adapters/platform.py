@@ -10,6 +10,11 @@ It fills in only the platform's half:
 - **sending**: :meth:`Platform.send_text`, :meth:`Platform.send_file`, :meth:`Platform.send_note`,
   :meth:`Platform.edit_text`, :meth:`Platform.send_typing`, :meth:`Platform.classify_send_error`; live
   previews through :meth:`Platform.edit_reply`, at most one edit per :meth:`Platform.preview_edit_seconds`;
+- **asking**: an agent's question before a tool runs (``permission_mode = "ask"``) goes out through
+  :meth:`Platform.send_question` with :class:`Button` s, and is edited to its answer by
+  :meth:`Platform.close_question`; a press comes back as a :class:`Press` handed to :meth:`Inbox.press`
+  (which says what to tell the one who pressed). The defaults send the question as text with the chat
+  commands that answer it (``/allow``, ``/deny``);
 - **limits**: :attr:`Platform.limit` measured by :meth:`Platform.measure`, :attr:`Platform.can_edit`, the
   long-reply file type, where a pairing code goes (:meth:`Platform.pairing_replies`);
 - **secrets**: :meth:`Platform.read_secrets` reads tokens from :attr:`Platform.env` when the plugin is built,
@@ -66,12 +71,14 @@ TEST_PAUSE_ENV = "AGENTPOST_TEST_PAUSE_AFTER_FETCH"
 
 __all__ = [
     "Also",
+    "Button",
     "ChannelSettings",
     "HandleOutcome",
     "Inbound",
     "Inbox",
     "MissingSecret",
     "Platform",
+    "Press",
     "SendFailure",
     "channel_config",
     "pairing_code_text",
@@ -132,6 +139,29 @@ class Inbound:
         )
 
 
+@dataclass(frozen=True)
+class Button:
+    """One button under a question: its label, and the data a press of it hands back in :attr:`Press.data`
+    (at most 64 bytes of ASCII: Telegram's limit for a button's data)."""
+
+    label: str
+    data: str
+
+
+@dataclass(frozen=True)
+class Press:
+    """A person pressed a :class:`Button` (or picked a numbered answer): where, who, and the button's data."""
+
+    conversation: str
+    sender_id: str
+    sender: str
+    data: str
+
+
+#: The answer to a question without buttons, appended by the default :meth:`Platform.send_question`.
+ANSWER_IN_WORDS = "Answer with /allow, /deny, or /allow chat (allow it for the rest of this chat)."
+
+
 #: What became of an inbound message (:meth:`adapters.intake.Intake.handle`).
 HandleOutcome = Literal["queued", "duplicate", "command", "pairing_code", "unpaired", "ignored"]
 
@@ -172,6 +202,12 @@ class Inbox(Protocol):
 
     async def save(self, key: str, value: str) -> None:
         """Keep a value on its own (an update that queued nothing); waits out storage trouble."""
+        ...
+
+    async def press(self, press: Press) -> str:
+        """A button of a question was pressed: apply the answer (only the person who sent the message may
+        give it; at most once) and return what to tell the one who pressed ("Allowed", "Only Ann can answer
+        this request.", "This request has expired.")."""
         ...
 
 
@@ -335,6 +371,18 @@ class Platform(abc.ABC):
         """The least time between two edits of a live preview in ``conversation``, inside the platform's
         limits (default: one a second)."""
         return 1.0
+
+    async def send_question(self, conversation: str, text: str, buttons: Sequence[Button]) -> str | None:
+        """Send a question with ``buttons`` (an agent asking before a tool runs); returns the platform's id of
+        the message, so :meth:`close_question` can edit it to the answer. Default: the question as text, with
+        the chat commands that answer it (a platform without buttons)."""
+        return await self.send_text(conversation, f"{text}\n\n{ANSWER_IN_WORDS}")
+
+    async def close_question(self, conversation: str, message_id: str, text: str) -> bool:
+        """Replace a question sent by :meth:`send_question` with what became of it, its buttons removed.
+        Returns as :meth:`edit_text` (False: send ``text`` as a new message instead), which it is by
+        default."""
+        return await self.edit_text(conversation, message_id, text)
 
     async def send_typing(self, conversation: str) -> None:
         """Show the typing indicator in ``conversation`` (default: the platform has none)."""

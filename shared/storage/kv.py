@@ -30,7 +30,7 @@ class Scope(StrEnum):
     #: key agent → JSON of the run in progress (conversation_status); deleted when the run ends.
     AGENT_RUN = "agent_run"
     #: key ``agent|channel:chat`` → JSON list of the tool uses a person allowed "for this chat"
-    #: (queue.approvals); deleted by ``/reset`` and ``agentpost agent reset``.
+    #: (queue.approvals); deleted by the chat's ``/reset``.
     APPROVAL_RULES = "approval_rules"
     #: key ``channel:conversation`` → busy policy name (chat_prefs); deleted by ``/busy default``.
     BUSY_POLICY = "busy_policy"
