@@ -132,12 +132,12 @@ class Approver:
                 "The person you are working for denied this tool use, so it did not run. Do not try to do the "
                 "same another way; go on without it and say in your reply what you could not do.",
             )
-        minutes = max(1, round(self.timeout / 60))
-        self.not_run.append(f"{what} (no answer within {minutes} min)")
+        within = approvals.wait_words(int(self.timeout * 1000))
+        self.not_run.append(f"{what} (no answer within {within})")
         return ToolDecision(
             False,
-            f"Nobody answered the request to allow this within {minutes} minutes, so it did not run. Go on "
-            "without it and say in your reply what you could not do.",
+            f"Nobody answered the request to allow this within {within}, so it did not run. Go on without it "
+            "and say in your reply what you could not do.",
         )
 
     def not_run_note(self) -> str:

@@ -384,10 +384,23 @@ def forget_chat_rules(db: Database, agent: str, chat: ChatAddress) -> int:
 # -- words ------------------------------------------------------------------------------------------------
 def question_text(approval: Approval) -> str:
     """The question as the chat shows it: which agent, which tool, what exactly, and until when."""
-    minutes = max(1, round((approval.expires_at - approval.created_at) / 60_000))
+    within = wait_words(approval.expires_at - approval.created_at)
     return (
         f"🔐 {approval.agent} asks to use {approval.tool}:\n{approval.summary}\n\n"
-        f"Allow it? Without an answer within {minutes} min it is not run."
+        f"Allow it? Without an answer within {within} it is not run."
+    )
+
+
+def wait_words(ms: int) -> str:
+    """How long a request waits, as a person reads it: ``45 s``, ``10 min``, ``1 h 30 min``."""
+    seconds = max(1, round(ms / 1000))
+    if seconds < 60:
+        return f"{seconds} s"
+    minutes = round(seconds / 60)
+    return (
+        f"{minutes} min"
+        if minutes < 60
+        else f"{minutes // 60} h" + (f" {minutes % 60} min" if minutes % 60 else "")
     )
 
 
@@ -402,8 +415,9 @@ def decided_text(approval: Approval) -> str:
     if status == ApprovalStatus.DENIED:
         return f"🚫 Denied{who} — not run: {what}"
     if status == ApprovalStatus.TIMED_OUT:
-        minutes = max(1, round((approval.expires_at - approval.created_at) / 60_000))
-        return f"⌛ No answer within {minutes} min — not run: {what}"
+        return (
+            f"⌛ No answer within {wait_words(approval.expires_at - approval.created_at)} — not run: {what}"
+        )
     if status == ApprovalStatus.CANCELLED:
         return f"⏹ The run stopped before an answer — not run: {what}"
     if status == ApprovalStatus.EXPIRED:

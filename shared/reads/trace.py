@@ -68,7 +68,7 @@ def _verdict(
 ) -> str:
     types = [e.type for e in events]
     if message is None:
-        finals = [r for r in responses if r["metadata"].get("kind") not in ("progress", "paused")]
+        finals = [r for r in responses if r["metadata"].get("kind") not in _NOT_REPLIES]
         if finals and finals[-1]["status"] != ResponseStatus.ACKED:
             return _delivery_verdict(finals[-1], now)
         if not events:
@@ -98,9 +98,10 @@ def _verdict(
             if lease >= now
             else "its lease EXPIRED: the worker died; it will be recovered"
         )
-        return (
+        running = (
             f"running on {message['claimed_by']} since {_ago(int(message['updated_at']), now)} ago; {state}"
         )
+        return running + _waiting_approval(events)
     if status == MessageStatus.DEAD:
         told = [r for r in responses if r["metadata"].get("kind") == "dead_notice"]
         if not told:
@@ -125,7 +126,7 @@ def _verdict(
     if status == MessageStatus.COMPLETED:
         if not responses:
             return "completed without a reply to send (internal or handed off)"
-        finals = [r for r in responses if r["metadata"].get("kind") not in ("progress", "paused")]
+        finals = [r for r in responses if r["metadata"].get("kind") not in _NOT_REPLIES]
         last = finals[-1] if finals else responses[-1]
         kind = last["metadata"].get("kind")
         how = {"stopped": "stopped by /stop; ", "dropped": "dropped by the waiting-message cap; "}.get(
@@ -135,6 +136,26 @@ def _verdict(
             return f"{how}delivered on {last['channel']} at {_when(int(last['acked_at'] or 0))}"
         return how + _delivery_verdict(last, now)
     return f"status {status}"
+
+
+#: Responses that are not the message's reply: notes, and an agent's questions and their answers.
+_NOT_REPLIES = frozenset({"progress", "paused", "approval", "approval_closed"})
+
+
+def _waiting_approval(events: list[EventEntry]) -> str:
+    """``; waiting for an answer to apr_…`` when the run asked a person something nobody answered yet."""
+    asked = {e.payload.get("approval_id"): e for e in events if e.type == "approval_requested"}
+    for e in events:
+        if e.type == "approval_answered":
+            asked.pop(e.payload.get("approval_id"), None)
+    if not asked:
+        return ""
+    approval_id, entry = next(reversed(asked.items()))
+    return (
+        f"; waiting for an answer to {approval_id} ({entry.payload.get('tool')}: "
+        f"{_clip(str(entry.payload.get('summary') or ''), _DETAIL_CHARS)}): "
+        f"`agentpost approvals allow {approval_id}` or `deny {approval_id}`, or answer in the chat"
+    )
 
 
 def _delivery_verdict(last: dict[str, Any], now: int) -> str:
@@ -180,6 +201,7 @@ def trace_message(db: Database, message_id: str) -> Trace:
 _DETAIL_KEYS = (
     "agent", "worker", "channel", "attempts", "error", "exit_code", "duration_ms", "to", "hops",
     "response_id", "chunk", "retry_at", "host", "reason", "model", "text",
+    "approval_id", "tool", "summary", "status", "decided_by", "via",
 )  # fmt: skip
 
 

@@ -12,8 +12,10 @@ from typing import Any
 
 import pytest
 
+from shared.chat import previews
 from shared.chat.address import ChatAddress
 from shared.queue import approvals
+from shared.reads.trace import timeline_lines, trace_message
 from shared.runtime import Runtime
 from shared.storage.statuses import ApprovalStatus
 from tests.fakes.anthropic_api import (
@@ -163,9 +165,9 @@ def test_silence_past_the_timeout_is_a_denial_the_chat_is_told(
         assert not _markers(tmp_path, 3)
         (request,) = approvals.recent(rt.db)
         assert request.status == ApprovalStatus.TIMED_OUT and request.decided_via == "timeout"
-        assert _closed_texts(rt) == ["⌛ No answer within 1 min — not run: Bash: echo ran > marker-3.txt"]
+        assert _closed_texts(rt) == ["⌛ No answer within 6 s — not run: Bash: echo ran > marker-3.txt"]
         final = _final(rt, mid)
-        assert final.startswith("TOOL FAILED") and "(no answer within 1 min)" in final
+        assert final.startswith("TOOL FAILED") and "(no answer within 6 s)" in final
         late = approvals.answer(
             rt.db, rt.queue.responses, request.id, "allow", by="ann", via="chat", asker=CHAT
         )
@@ -197,3 +199,38 @@ def test_allow_for_this_chat_is_not_asked_again_until_reset(
         assert len(approvals.recent(rt.db)) == 1
         assert approvals.forget_chat_rules(rt.db, "coder", CHAT) == 1
         assert approvals.chat_rules(rt.db, "coder", CHAT) == []
+
+
+def test_the_preview_and_status_say_the_run_waits_and_stop_cancels_the_request(
+    tmp_path: Path, db_url: str, api: FakeAnthropic
+) -> None:
+    with open_home(_home(tmp_path, db_url)) as rt:
+        mid = rt.queue.intake.enqueue_message(CHAT, "please write marker-5").message_id
+        seen: dict[str, Any] = {}
+
+        def look_then_stop() -> None:
+            request = _waiting_one(rt)
+            seen["preview"] = _wait_for(
+                "the preview to say it waits",
+                lambda: [p.text for p in previews.partials(rt.db, "telegram") if "approval" in p.text],
+            )
+            seen["trace"] = trace_message(rt.db, mid).verdict
+            seen["request"] = request.id
+            rt.queue.control.request_stop("coder", CHAT.row_key)
+
+        run_with(rt, cli_env(api, tmp_path), look_then_stop)
+        assert seen["preview"] == [
+            "⏳ Waiting for your approval: Bash: echo ran > marker-5.txt (Write the marker)"
+        ]
+        assert f"waiting for an answer to {seen['request']} (Bash: echo ran > marker-5.txt" in seen["trace"]
+        assert not _markers(tmp_path, 5)
+        stopped = approvals.get(rt.db, seen["request"])
+        assert stopped is not None and stopped.status == ApprovalStatus.CANCELLED
+        assert _closed_texts(rt) == [
+            "⏹ The run stopped before an answer — not run: Bash: echo ran > marker-5.txt"
+        ]
+        assert rt.queue.admin.get_message(mid).status == "completed"  # type: ignore[union-attr]
+        assert of_kind(rt, "stopped"), "the chat was not told the run stopped"
+        # The trace tells the request's story.
+        timeline = "\n".join(timeline_lines(trace_message(rt.db, mid)))
+        assert "approval_requested" in timeline and "status=cancelled" in timeline
