@@ -41,7 +41,9 @@ def model(body: dict[str, Any]) -> Any:
     results = tool_results(body)
     if not results:
         found = re.search(r"marker-(\d+)", last_user_text(body))
-        n = found.group(1) if found else "0"
+        if found is None:
+            return "hello"
+        n = found.group(1)
         return ToolUse("Bash", {"command": f"echo ran > marker-{n}.txt", "description": "Write the marker"})
     result = results[-1]
     verdict = "TOOL FAILED" if result.get("is_error") else "TOOL RAN"
@@ -234,3 +236,32 @@ def test_the_preview_and_status_say_the_run_waits_and_stop_cancels_the_request(
         # The trace tells the request's story.
         timeline = "\n".join(timeline_lines(trace_message(rt.db, mid)))
         assert "approval_requested" in timeline and "status=cancelled" in timeline
+
+
+@pytest.mark.parametrize("policy", ["steer", "collect"])
+def test_a_message_sent_while_a_request_waits_is_answered_after_it(
+    tmp_path: Path, db_url: str, api: FakeAnthropic, policy: str
+) -> None:
+    home = claude_home(tmp_path, db_url, agent={"permission_mode": "ask"}, processor={"busy_policy": policy})
+    with open_home(home) as rt:
+        first = rt.queue.intake.enqueue_message(CHAT, "please write marker-6").message_id
+        later: list[str] = []
+
+        def send_then_allow() -> None:
+            request = _waiting_one(rt)
+            later.append(rt.queue.intake.enqueue_message(CHAT, "and then say hello").message_id)
+            if policy == "steer":  # taken into the waiting run
+                _wait_for(
+                    "the message steered in", lambda: payloads(rt, "message_claimed")[-1].get("steered")
+                )
+            approvals.answer(rt.db, rt.queue.responses, request.id, "allow", by="ann", via="chat", asker=CHAT)
+
+        run_with(rt, cli_env(api, tmp_path), send_then_allow)
+        assert _markers(tmp_path, 6)
+        for mid in (first, *later):
+            assert rt.queue.admin.get_message(mid).status == "completed"  # type: ignore[union-attr]
+        finals = of_kind(rt, "final")
+        assert finals[0]["message_id"] == first and "TOOL RAN" in finals[0]["message"]
+        # One final reply per run: the steered message shares the waiting run's, collect gets its own run.
+        assert len(finals) == (1 if policy == "steer" else 2), [f["message"] for f in finals]
+        assert len(approvals.recent(rt.db)) == 1
