@@ -88,7 +88,13 @@ class Approver:
             self.show(f"⏳ {waiting}")
         log.info("agent %s: run %s asks %s (%s)", self.run.agent, self.run.run_id, request.id, ask.tool)
         final = await self._wait(request.id, request.expires_at)
-        return self._decision(ask, final)
+        decision = self._decision(ask, final)
+        if self.show is not None:  # the preview no longer says it waits
+            doing = "Running" if decision.allow else "Not run"
+            self.show(
+                f"{'▶' if decision.allow else '⏭'} {doing}: {ask.tool}: {' '.join(ask.summary.split())[:120]}"
+            )
+        return decision
 
     async def _wait(self, approval_id: str, expires_at_ms: int) -> approvals.Approval:
         """Wait until the request is answered or over; end it when its time runs out or the run stops."""

@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from shared.chat.address import ChatAddress
+from shared.queue import approvals
+from shared.queue.approvals import Choice
 from shared.queue.core import QueuedMessage, QueuedResponse
 from shared.queue.reports import processor_running
 from shared.runtime import Runtime
@@ -22,6 +24,8 @@ from shared.storage.statuses import MessageStatus
 CLI_CHANNEL = "cli"
 #: Reply kinds that are an answer (or the explanation of why there is none), as opposed to a passing note.
 NOTE_KINDS = frozenset({"progress"})
+#: An agent asking before a tool runs, and what became of the question (:mod:`shared.queue.approvals`).
+QUESTION_KINDS = frozenset({"approval", "approval_closed"})
 ERROR_KINDS = frozenset({"dead_notice", "failed", "budget_notice"})
 #: A message nobody has taken up after this many seconds makes the wait ask whether a processor runs.
 NO_PROCESSOR_AFTER = 5.0
@@ -51,6 +55,10 @@ class FollowView(Protocol):
 
     def note(self, text: str) -> None:
         """A line about the wait itself (no processor is running)."""
+
+    def question(self, text: str, approval_id: str) -> Choice | None:
+        """The agent asks before a tool runs: the person's answer, or None (they answer elsewhere: the
+        view says how)."""
 
 
 @dataclass
@@ -125,7 +133,10 @@ class _Follow:
             ChatAddress(CLI_CHANNEL, conversation=conversation)
         ):
             kind = (response.metadata or {}).get("kind")
-            if self._answers(response, message):
+            if kind in QUESTION_KINDS:
+                self.flush()
+                self._question(response) if kind == "approval" else self.view.step(response.message)
+            elif self._answers(response, message):
                 if kind in NOTE_KINDS:
                     self.flush()
                     self.view.step(response.message)
@@ -137,6 +148,21 @@ class _Follow:
                 self.view.earlier(response)
                 self.outcome.earlier.append(response)
             self.rt.queue.responses.ack_response(response.id)
+
+    def _question(self, response: QueuedResponse) -> None:
+        """Show an agent's question and apply the answer typed (the terminal's user is its sender)."""
+        approval_id = str((response.metadata or {}).get("approval_id") or "")
+        request = approvals.get(self.rt.db, approval_id)
+        if request is None or not request.waiting():
+            return  # answered elsewhere or over: what became of it follows
+        choice = self.view.question(response.message, approval_id)
+        if choice is not None:
+            who = response.sender or "you"
+            answered = approvals.answer(
+                self.rt.db, self.rt.queue.responses, approval_id, choice, by=who, via="cli"
+            )
+            if answered.outcome != "applied":
+                self.view.note(answered.text)
 
     def _answers(self, response: QueuedResponse, message: QueuedMessage | None) -> bool:
         """Whether ``response`` answers the followed message: its own, or the reply of a run that merged

@@ -8,6 +8,7 @@ one line per step prefixed with ``…``, so scripts and logs stay readable.
 from __future__ import annotations
 
 import json
+import sys
 import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext, suppress
@@ -21,6 +22,7 @@ from rich.markup import escape
 from shared.chat.address import ChatAddress
 from shared.chat.sessions import AGENT_SCOPE_KEY, clear_sessions
 from shared.cli.chat import CLI_CHANNEL, ERROR_KINDS, Followed, first_line, follow_message, read_replies
+from shared.queue.approvals import Choice
 from shared.queue.core import InvalidInput, NotFound, QueuedResponse, RetryBudgetExhausted
 from shared.runtime import Runtime
 
@@ -30,6 +32,11 @@ CHAT_HELP = """Type a message and press Enter; the reply is shown when it arrive
 /retry - try again the last message here that could not be answered, and wait for its answer
 /stop - stop the agent's current run for this chat
 /help - this help;  /exit or Ctrl-D - leave"""
+#: What a person may type to answer an agent's question.
+ANSWERS: dict[str, Choice] = {
+    "y": "allow", "yes": "allow", "n": "deny", "no": "deny", "a": "chat", "always": "chat",
+}  # fmt: skip
+PROMPT = "Allow? [y]es / [n]o / [a]lways in this chat: "
 #: The exit status after Ctrl-C (128 + SIGINT, as a shell reports it).
 EXIT_INTERRUPTED = 130
 
@@ -79,6 +86,30 @@ class Printer:
         lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
         if self._status is not None and lines:
             self._status.update(f"[dim]writing: {escape(lines[-1][-100:])}[/]")
+
+    def question(self, text: str, approval_id: str) -> Choice | None:
+        """An agent asks before a tool runs: asked here when a person is at the terminal (``y``, ``n``,
+        ``a`` for the rest of this chat); otherwise printed with the commands that answer it."""
+        self.console.print(text, highlight=False, markup=False)
+        if not (self.rich and sys.stdin.isatty()):
+            self.console.print(
+                f"Answer with: agentpost approvals allow {approval_id}  (or: deny {approval_id})",
+                highlight=False,
+                markup=False,
+            )
+            return None
+        if self._status is not None:
+            self._status.stop()  # the spinner would draw over the prompt
+        try:
+            while True:
+                self.console.print(PROMPT, end="", highlight=False, markup=False)
+                typed = self.console.input().strip().lower()
+                if typed in ANSWERS:
+                    return ANSWERS[typed]
+                self.console.print("Type y, n or a.", highlight=False)
+        finally:
+            if self._status is not None:
+                self._status.start()
 
     def earlier(self, response: QueuedResponse) -> None:
         """A reply to an earlier message, read while waiting for another: labelled with what it answers."""

@@ -233,3 +233,79 @@ def test_postgres_processor_killed_while_a_request_waits_asks_again_and_answers_
 ) -> None:
     with fresh_pg_database() as url:
         _killed_while_waiting(tmp_path, api, url)
+
+
+def _pty_run(
+    home: Path, args: list[str], answer: bytes, prompt: bytes, timeout: float = 90
+) -> tuple[int, str]:
+    """Run ``agentpost ARGS`` on a terminal of its own; type ``answer`` once ``prompt`` shows. Returns the
+    exit status and everything the terminal showed."""
+    import pty
+    import select
+    import time
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AGENTPOST_")}
+    env.update(AGENTPOST_HOME=str(home), COLUMNS="120", TERM="xterm")
+    master, slave = pty.openpty()
+    proc = subprocess.Popen(
+        [AGENTPOST, *args], stdin=slave, stdout=slave, stderr=slave, env=env, start_new_session=True
+    )
+    os.close(slave)
+    seen, typed = b"", False
+    deadline = time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline:
+            ready, _, _ = select.select([master], [], [], 0.2)
+            if ready:
+                try:
+                    chunk = os.read(master, 65536)
+                except OSError:  # the other end closed: the command exited
+                    break
+                seen += chunk
+                if not typed and prompt in seen:
+                    os.write(master, answer)
+                    typed = True
+            elif proc.poll() is not None:
+                break
+        code = proc.wait(timeout=10) if proc.poll() is not None or typed else -1
+    finally:
+        os.close(master)
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=10)
+    return code, seen.decode(errors="replace")
+
+
+def test_send_wait_asks_at_the_terminal_and_prints_the_commands_when_piped(
+    tmp_path: Path, api: FakeAnthropic
+) -> None:
+    home = _home(tmp_path, f"sqlite:///{tmp_path / 'agentpost.db'}", timeout=120)
+    proc = ProcessorProcess(_env(api, tmp_path, home), tmp_path / "processor.log")
+    try:
+        # At a terminal: the question is asked there, "y" allows it, the reply follows.
+        code, shown = _pty_run(
+            home, ["send", "-w", "write marker-7"], b"y\r", b"Allow? [y]es / [n]o / [a]lways in this chat:"
+        )
+        assert code == 0, shown
+        assert "assistant asks to use Bash" in shown and "echo ran >> marker-7.txt" in shown
+        assert "Allowed by cli" in shown and "TOOL RAN" in shown, shown
+        assert _marker_lines(home, 7) == 1
+        # Piped: printed with the commands that answer it; an operator allows it from elsewhere.
+        env = {k: v for k, v in os.environ.items() if not k.startswith("AGENTPOST_")}
+        env.update(AGENTPOST_HOME=str(home), NO_COLOR="1")
+        waiting = subprocess.Popen(
+            [AGENTPOST, "send", "-w", "--timeout", "90", "write marker-8"],
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        request = _wait_for_request(home)
+        assert agentpost(home, "approvals", "allow", request["id"]).returncode == 0
+        out, err = waiting.communicate(timeout=90)
+        assert waiting.returncode == 0, err
+        assert f"Answer with: agentpost approvals allow {request['id']}" in out
+        assert "TOOL RAN" in out and _marker_lines(home, 8) == 1
+    finally:
+        proc.stop()
