@@ -334,6 +334,42 @@ def _limits(settings: Settings) -> list[Check]:
     return found
 
 
+def _asks(settings: Settings) -> list[Check]:
+    """Agents with ``permission_mode = "ask"``: claude asks the person in the chat before a tool runs
+    (tests/e2e/test_approvals_processes.py shows it); no other provider can."""
+    found: list[Check] = []
+    timeout = settings.processor.approval_timeout_seconds
+    for name, agent in sorted(settings.agents.items()):
+        if agent.permission_mode != "ask":
+            continue
+        if agent.provider == "claude":
+            found.append(
+                Check(
+                    "agents",
+                    f"agent {name} asks",
+                    "ok",
+                    "asks the person who sent the message before a tool runs that Claude Code would ask "
+                    f"about; no answer within {timeout:g} s is a denial",
+                )
+            )
+            continue
+        what = (
+            "runs codex read-only (it cannot write or run what it would ask about)"
+            if agent.provider == "codex"
+            else "runs its command without asking anyone"
+        )
+        found.append(
+            Check(
+                "agents",
+                f"agent {name} asks",
+                "fail",
+                f'permission_mode = "ask" is not available for {agent.provider} agents: {name} {what}',
+                'use a claude agent for "ask", or another permission_mode',
+            )
+        )
+    return found
+
+
 def checks(settings: Settings) -> list[Check]:
     """One finding per agent's CLI, plus the Claude login when any agent uses Claude, the sandbox and the
     limits."""
@@ -341,6 +377,7 @@ def checks(settings: Settings) -> list[Check]:
     found += _limits(settings)
     found += _workspaces(settings)
     found += _warm(settings)
+    found += _asks(settings)
     login_checked = False
     for name, agent in sorted(settings.agents.items()):
         env = child_env(dict(settings.env), agent)

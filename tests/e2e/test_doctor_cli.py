@@ -27,6 +27,8 @@ def test_doctor_reports_missing_token_cli_and_unsafe_address(tmp_path: Path) -> 
     (home / "settings.toml").write_text(
         '[api]\nhost = "0.0.0.0"\nallow_open_loopback = true\n[agents.assistant]\nprovider = "codex"\n'
         '[agents.helper]\nprovider = "command"\ncommand = ["/nonexistent/agent-cli"]\n'
+        '[agents.asker]\nprovider = "claude"\npermission_mode = "ask"\n'
+        '[agents.reader]\nprovider = "codex"\npermission_mode = "ask"\n'
     )
     proc = run(home, "doctor", "--json", PATH="/usr/bin:/bin", AGENTPOST_CODEX_BIN="")
     assert proc.returncode == 1, proc.stderr
@@ -38,6 +40,11 @@ def test_doctor_reports_missing_token_cli_and_unsafe_address(tmp_path: Path) -> 
     assert found[("security", "API token")]["level"] == "warn"
     assert "allow_open_loopback" in found[("security", "API token")]["detail"]
     assert found[("agents", "agent assistant (codex)")]["level"] == "fail"
+    # "ask" is Claude Code's permission prompts, answered in the chat; no other provider has them.
+    assert found[("agents", "agent asker asks")]["level"] == "ok"
+    assert "no answer within 600 s is a denial" in found[("agents", "agent asker asks")]["detail"]
+    reader = found[("agents", "agent reader asks")]
+    assert reader["level"] == "fail" and 'not available for codex agents' in reader["detail"]
     assert "codex" in found[("agents", "agent assistant (codex)")]["detail"]
     assert found[("agents", "agent helper (command)")]["level"] == "fail"
     assert found[("channels", "telegram")]["level"] == "warn"
