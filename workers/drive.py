@@ -77,6 +77,7 @@ def step_done(run: RunInfo, result: RunResult) -> dict[str, Any]:
         "ok": result.ok and not run.reason,
         "exit_code": result.exit_code,
         "duration_ms": result.duration_ms,
+        **({"waited_ms": result.waited_ms} if result.waited_ms else {}),
         "timed_out": result.timed_out,
         "pid": result.pid or run.pid,
         "message_ids": run.group.ids,

@@ -44,7 +44,7 @@ def test_doctor_reports_missing_token_cli_and_unsafe_address(tmp_path: Path) -> 
     assert found[("agents", "agent asker asks")]["level"] == "ok"
     assert "no answer within 600 s is a denial" in found[("agents", "agent asker asks")]["detail"]
     reader = found[("agents", "agent reader asks")]
-    assert reader["level"] == "fail" and 'not available for codex agents' in reader["detail"]
+    assert reader["level"] == "fail" and "not available for codex agents" in reader["detail"]
     assert "codex" in found[("agents", "agent assistant (codex)")]["detail"]
     assert found[("agents", "agent helper (command)")]["level"] == "fail"
     assert found[("channels", "telegram")]["level"] == "warn"

@@ -170,6 +170,11 @@ def test_silence_past_the_timeout_is_a_denial_the_chat_is_told(
         assert _closed_texts(rt) == ["⌛ No answer within 6 s — not run: Bash: echo ran > marker-3.txt"]
         final = _final(rt, mid)
         assert final.startswith("TOOL FAILED") and "(no answer within 6 s)" in final
+        # The wait is not the agent's work: the run's duration (and its usage row) leaves it out.
+        (done,) = payloads(rt, "chain_step_done")
+        assert done["waited_ms"] >= 5_500 and done["duration_ms"] < done["waited_ms"], done
+        (usage,) = rt.db.read("SELECT duration_ms FROM run_usage")
+        assert usage["duration_ms"] == done["duration_ms"]
         late = approvals.answer(
             rt.db, rt.queue.responses, request.id, "allow", by="ann", via="chat", asker=CHAT
         )

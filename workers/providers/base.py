@@ -137,7 +137,8 @@ class RunResult:
     error: str = ""
     session_id: str | None = None
     exit_code: int | None = None
-    duration_ms: int = 0
+    duration_ms: int = 0  # the run's working time: a wait for a person's answer is not counted
+    waited_ms: int = 0  # how long the run waited for people to answer its permission prompts
     timed_out: bool = False
     rate_limited: bool = False  # a usage or rate limit (429): the agent waits until it resets
     overloaded: bool = False  # the AI service's servers are overloaded (529): not a limit of this account

@@ -326,7 +326,7 @@ class WarmSlot:
         result.pid = warm.pid
         result.argv = argv
         result.service = provider.service
-        result.duration_ms = int((time.monotonic() - started) * 1000)
+        result.duration_ms = max(0, int((time.monotonic() - started) * 1000) - result.waited_ms)
         if result.ok and result.session_id and warm.alive():
             result.session_id = session_ref(result.session_id, last_uuid)
             warm.session = result.session_id
@@ -402,6 +402,7 @@ async def _turn_in(
         result = provider.finish(state, 0, stderr)
     result.session_id = state.session_id
     result.usage = state.usage
+    result.waited_ms = int(state.waited * 1000)
     return result, ended[0] if ended else None
 
 
