@@ -120,7 +120,7 @@ def write_home(
 KEPT_SECONDS = 3.0
 
 
-def processor_env(api: LabelledApi, tmp: Path, home: Path) -> dict[str, str]:
+def processor_env(api: LabelledApi | FakeAnthropic, tmp: Path, home: Path) -> dict[str, str]:
     """The environment of a processor process whose claude CLIs reach nothing but the fake."""
     user_home = tmp / "user-home"
     user_home.mkdir(exist_ok=True)

@@ -175,17 +175,7 @@ def ask(db: Database, responses: Responses, question: Question) -> Approval:
         row = tx.one(q.GET, {"id": params["id"]})
         assert row is not None
         approval = Approval.from_row(row)
-        if question.chat is not None:
-            responses.enqueue_response_in(
-                tx,
-                question.chat,
-                question_text(approval),
-                agent=question.agent,
-                metadata={"kind": "approval", "approval_id": approval.id, "agent": question.agent},
-                message_id=question.message_id,
-            )
-        append_events(tx, [_event("approval_requested", approval)])
-        tx.signal("approvals")
+        _tell(tx, responses, approval, "approval", question_text(approval), "approval_requested")
     return approval
 
 
@@ -290,18 +280,23 @@ def _decide(
             "for_chat": for_chat,
         }
     )
-    if decided.chat.channel:
+    _tell(tx, responses, decided, "approval_closed", decided_text(decided), "approval_answered")
+    return True
+
+
+def _tell(tx: Tx, responses: Responses, approval: Approval, kind: str, text: str, event: str) -> None:
+    """Queue ``text`` (a response of ``kind``) to the request's chat, when it has one, and write ``event``."""
+    if approval.chat.channel:
         responses.enqueue_response_in(
             tx,
-            decided.chat,
-            decided_text(decided),
-            agent=decided.agent,
-            metadata={"kind": "approval_closed", "approval_id": decided.id, "agent": decided.agent},
-            message_id=decided.message_id,
+            approval.chat,
+            text,
+            agent=approval.agent,
+            metadata={"kind": kind, "approval_id": approval.id, "agent": approval.agent},
+            message_id=approval.message_id,
         )
-    append_events(tx, [_event("approval_answered", decided)])
+    append_events(tx, [_event(event, approval)])
     tx.signal("approvals")
-    return True
 
 
 # -- reading ----------------------------------------------------------------------------------------------

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -25,16 +24,12 @@ import pytest
 from shared.chat.address import ChatAddress
 from shared.queue import approvals
 from shared.runtime import Runtime
-from tests.crash_support import ProcessorProcess, cli_pids
+from tests.approval_support import asking_model, command_runs
+from tests.crash_support import ProcessorProcess, cli_pids, processor_env
 from tests.fakes.anthropic_api import (
     Computed,
     FakeAnthropic,
-    ToolUse,
-    last_user_text,
-    tool_result_text,
-    tool_results,
 )
-from tests.fakes.claude_env import claude_binary, claude_env
 from tests.fault_support import fresh_pg_database
 from tests.fixtures import cli_installed  # noqa: F401  (fixtures)
 from tests.homes import build_home
@@ -48,21 +43,10 @@ AGENTPOST = str(Path(sys.executable).with_name("agentpost"))
 CHAT = ChatAddress("telegram", "ann", sender_id="7", conversation="7")
 
 
-def model(body: dict[str, Any]) -> Any:
-    """Ask to append a line to ``marker-N.txt`` (N from the prompt); then say what the tool gave."""
-    results = tool_results(body)
-    if not results:
-        found = re.search(r"marker-(\d+)", last_user_text(body))
-        n = found.group(1) if found else "0"
-        return ToolUse("Bash", {"command": f"echo ran >> marker-{n}.txt", "description": "Mark it"})
-    result = results[-1]
-    return f"{'TOOL FAILED' if result.get('is_error') else 'TOOL RAN'}: {tool_result_text(result)[:160]}"
-
-
 @pytest.fixture
 def api() -> Iterator[FakeAnthropic]:
     with FakeAnthropic() as fake:
-        fake.add_rule(None, Computed(model))
+        fake.add_rule(None, Computed(asking_model))
         yield fake
 
 
@@ -74,20 +58,6 @@ def _home(tmp: Path, db_url: str, timeout: float) -> Path:
         processor={"approval_timeout_seconds": timeout, "session_idle_seconds": 0},
         fast=False,
     )
-
-
-def _env(api: FakeAnthropic, tmp: Path, home: Path) -> dict[str, str]:
-    user_home = tmp / "user-home"
-    user_home.mkdir(exist_ok=True)
-    env = claude_env(api.base_url, user_home, max_retries=0)
-    env["PATH"] = os.environ.get("PATH", env["PATH"])
-    env.update(
-        AGENTPOST_HOME=str(home),
-        AGENTPOST_CLAUDE_BIN=str(claude_binary()),
-        AGENTPOST_LOG_LEVEL="INFO",
-        PYTHONUNBUFFERED="1",
-    )
-    return env
 
 
 def agentpost(home: Path, *args: str) -> subprocess.CompletedProcess[str]:
@@ -114,10 +84,6 @@ def _wait_for_request(home: Path, not_id: str = "") -> dict[str, Any]:
     return found[0]
 
 
-def _marker_lines(home: Path, n: int) -> int:
-    return sum(len(p.read_text().splitlines()) for p in home.rglob(f"marker-{n}.txt"))
-
-
 def _status(rt: Runtime, message_id: str) -> str:
     message = rt.queue.admin.get_message(message_id)
     return message.status if message is not None else ""
@@ -134,7 +100,7 @@ def test_an_operator_allows_and_denies_from_the_cli_and_silence_denies(
     tmp_path: Path, api: FakeAnthropic
 ) -> None:
     home = _home(tmp_path, f"sqlite:///{tmp_path / 'agentpost.db'}", timeout=20)
-    proc = ProcessorProcess(_env(api, tmp_path, home), tmp_path / "processor.log")
+    proc = ProcessorProcess(processor_env(api, tmp_path, home), tmp_path / "processor.log")
     rt = open_home(home)
     try:
         # Allowed: the command runs once the operator says so, not before.
@@ -146,11 +112,11 @@ def test_an_operator_allows_and_denies_from_the_cli_and_silence_denies(
             "echo ran >> marker-1.txt",
         )
         assert request["id"].startswith("apr_") and request["message_id"] == allowed
-        assert _marker_lines(home, 1) == 0
+        assert command_runs(home, 1) == 0
         done = agentpost(home, "approvals", "allow", request["id"])
         assert done.returncode == 0 and "Allowed by operator" in done.stdout, done
         wait_for(lambda: _status(rt, allowed) == "completed", 60, "the allowed message answered")
-        assert _marker_lines(home, 1) == 1
+        assert command_runs(home, 1) == 1
         assert _responses(rt, allowed, "final")[0].startswith("TOOL RAN")
         # A second answer to the same request changes nothing and says why.
         again = agentpost(home, "approvals", "deny", request["id"])
@@ -161,7 +127,7 @@ def test_an_operator_allows_and_denies_from_the_cli_and_silence_denies(
         request = _wait_for_request(home)
         assert agentpost(home, "approvals", "deny", request["id"]).returncode == 0
         wait_for(lambda: _status(rt, denied) == "completed", 60, "the denied message answered")
-        assert _marker_lines(home, 2) == 0
+        assert command_runs(home, 2) == 0
         (final,) = _responses(rt, denied, "final")
         assert final.startswith("TOOL FAILED") and final.endswith("(denied).")
 
@@ -169,7 +135,7 @@ def test_an_operator_allows_and_denies_from_the_cli_and_silence_denies(
         silent = rt.queue.intake.enqueue_message(CHAT, "write marker-3").message_id
         _wait_for_request(home)
         wait_for(lambda: _status(rt, silent) == "completed", 60, "the unanswered message answered")
-        assert _marker_lines(home, 3) == 0
+        assert command_runs(home, 3) == 0
         assert "(no answer within" in _responses(rt, silent, "final")[0]
         # The chat saw each question, then what became of it.
         closed = [_responses(rt, m, "approval_closed") for m in (allowed, denied, silent)]
@@ -183,7 +149,7 @@ def test_an_operator_allows_and_denies_from_the_cli_and_silence_denies(
 
 def _killed_while_waiting(tmp_path: Path, api: FakeAnthropic, db_url: str) -> None:
     home = _home(tmp_path, db_url, timeout=120)
-    env = _env(api, tmp_path, home)
+    env = processor_env(api, tmp_path, home)
     procs = [ProcessorProcess(env, tmp_path / "processor-0.log")]
     rt = open_home(home)
     try:
@@ -193,7 +159,7 @@ def _killed_while_waiting(tmp_path: Path, api: FakeAnthropic, db_url: str) -> No
         assert cli, "no claude CLI under the processor while the request waits"
         procs[0].kill9()
         wait_for(lambda: all(process_gone(pid) for pid in cli), 10, "the CLI to die with the processor")
-        assert _marker_lines(home, 4) == 0
+        assert command_runs(home, 4) == 0
         procs.append(ProcessorProcess(env, tmp_path / "processor-1.log"))
         # The message runs again and asks again; the first request is over, and says so when answered.
         second = _wait_for_request(home, not_id=first["id"])
@@ -213,10 +179,10 @@ def _killed_while_waiting(tmp_path: Path, api: FakeAnthropic, db_url: str) -> No
         rt.close()
     print(
         f"[ask kill -9 {db_url.split(':')[0]}] finals={len(finals)} questions={len(questions)} "
-        f"command runs={_marker_lines(home, 4)}"
+        f"command runs={command_runs(home, 4)}"
     )
     assert len(finals) == 1 and finals[0].startswith("TOOL RAN"), finals  # 0 lost, 0 duplicate finals
-    assert _marker_lines(home, 4) == 1  # the command ran once
+    assert command_runs(home, 4) == 1  # the command ran once
     assert len(questions) == 2  # asked again after the crash
     assert closed[0].startswith("↻") and closed[1].startswith("✅"), closed
 
@@ -280,7 +246,7 @@ def test_send_wait_asks_at_the_terminal_and_prints_the_commands_when_piped(
     tmp_path: Path, api: FakeAnthropic
 ) -> None:
     home = _home(tmp_path, f"sqlite:///{tmp_path / 'agentpost.db'}", timeout=120)
-    proc = ProcessorProcess(_env(api, tmp_path, home), tmp_path / "processor.log")
+    proc = ProcessorProcess(processor_env(api, tmp_path, home), tmp_path / "processor.log")
     try:
         # At a terminal: the question is asked there, "y" allows it, the reply follows.
         code, shown = _pty_run(
@@ -289,7 +255,7 @@ def test_send_wait_asks_at_the_terminal_and_prints_the_commands_when_piped(
         assert code == 0, shown
         assert "assistant asks to use Bash" in shown and "echo ran >> marker-7.txt" in shown
         assert "Allowed by cli" in shown and "TOOL RAN" in shown, shown
-        assert _marker_lines(home, 7) == 1
+        assert command_runs(home, 7) == 1
         # Piped: printed with the commands that answer it; an operator allows it from elsewhere.
         env = {k: v for k, v in os.environ.items() if not k.startswith("AGENTPOST_")}
         env.update(AGENTPOST_HOME=str(home), NO_COLOR="1")
@@ -306,6 +272,6 @@ def test_send_wait_asks_at_the_terminal_and_prints_the_commands_when_piped(
         out, err = waiting.communicate(timeout=90)
         assert waiting.returncode == 0, err
         assert f"Answer with: agentpost approvals allow {request['id']}" in out
-        assert "TOOL RAN" in out and _marker_lines(home, 8) == 1
+        assert "TOOL RAN" in out and command_runs(home, 8) == 1
     finally:
         proc.stop()

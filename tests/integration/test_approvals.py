@@ -4,7 +4,6 @@ operator) lets the command run, keeps it from running, or — nobody answering �
 
 from __future__ import annotations
 
-import re
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -18,13 +17,10 @@ from shared.queue import approvals
 from shared.reads.trace import timeline_lines, trace_message
 from shared.runtime import Runtime
 from shared.storage.statuses import ApprovalStatus
+from tests.approval_support import asking_model, command_runs
 from tests.fakes.anthropic_api import (
     Computed,
     FakeAnthropic,
-    ToolUse,
-    last_user_text,
-    tool_result_text,
-    tool_results,
 )
 from tests.fixtures import cli_installed  # noqa: F401  (fixtures)
 from tests.liveness_support import claude_home, cli_env, of_kind, payloads, run_with
@@ -36,24 +32,10 @@ CHAT = ChatAddress("telegram", "ann", sender_id="7", conversation="c1")
 STRANGER = ChatAddress("telegram", "bob", sender_id="99", conversation="c1")
 
 
-def model(body: dict[str, Any]) -> Any:
-    """Ask for ``echo ran > marker-N.txt`` (N from the prompt); then report what the tool gave."""
-    results = tool_results(body)
-    if not results:
-        found = re.search(r"marker-(\d+)", last_user_text(body))
-        if found is None:
-            return "hello"
-        n = found.group(1)
-        return ToolUse("Bash", {"command": f"echo ran > marker-{n}.txt", "description": "Write the marker"})
-    result = results[-1]
-    verdict = "TOOL FAILED" if result.get("is_error") else "TOOL RAN"
-    return f"{verdict}: {tool_result_text(result)[:160]}"
-
-
 @pytest.fixture
 def api() -> Iterator[FakeAnthropic]:
     with FakeAnthropic() as fake:
-        fake.add_rule(None, Computed(model))
+        fake.add_rule(None, Computed(asking_model))
         yield fake
 
 
@@ -75,10 +57,6 @@ def _waiting_one(rt: Runtime) -> approvals.Approval:
     found = _wait_for("a waiting request", lambda: approvals.waiting(rt.db))
     assert len(found) == 1, found
     return found[0]
-
-
-def _markers(tmp_path: Path, n: int) -> list[Path]:
-    return [p for p in tmp_path.rglob(f"marker-{n}.txt") if p.is_file()]
 
 
 def _final(rt: Runtime, message_id: str) -> str:
@@ -106,7 +84,7 @@ def test_an_allowed_command_runs_once_the_sender_answers(
             )
             assert other.outcome == "not_yours" and "ann" in other.text
             assert approvals.get(rt.db, request.id).status == ApprovalStatus.PENDING  # type: ignore[union-attr]
-            assert not _markers(tmp_path, 1)  # the CLI waits: the command has not run
+            assert command_runs(tmp_path, 1) == 0  # the CLI waits: the command has not run
             mine = approvals.answer(
                 rt.db, rt.queue.responses, request.id, "allow", by="ann", via="chat", asker=CHAT
             )
@@ -119,18 +97,18 @@ def test_an_allowed_command_runs_once_the_sender_answers(
         run_with(rt, cli_env(api, tmp_path), answer)
         (request,) = seen
         assert request.tool == "Bash" and request.agent == "coder" and request.message_id == mid
-        assert request.as_dict()["command"] == "echo ran > marker-1.txt"
+        assert request.as_dict()["command"] == "echo ran >> marker-1.txt"
         assert request.chat == CHAT
-        assert _markers(tmp_path, 1), "the allowed command did not run"
+        assert command_runs(tmp_path, 1) == 1
         assert _final(rt, mid).startswith("TOOL RAN")
         # The chat got the question, then saw it answered.
         (question,) = of_kind(rt, "approval")
         assert (
             "coder asks to use Bash" in question["message"]
-            and "echo ran > marker-1.txt" in question["message"]
+            and "echo ran >> marker-1.txt" in question["message"]
         )
         assert question["metadata"]["approval_id"] == request.id
-        assert _closed_texts(rt) == ["✅ Allowed by ann — Bash: echo ran > marker-1.txt"]
+        assert _closed_texts(rt) == ["✅ Allowed by ann — Bash: echo ran >> marker-1.txt"]
         types = [p["status"] for p in payloads(rt, "approval_answered")]
         assert types == ["allowed"] and len(payloads(rt, "approval_requested")) == 1
 
@@ -147,32 +125,32 @@ def test_a_denied_command_does_not_run_and_the_reply_says_so(
             assert done.outcome == "applied"
 
         run_with(rt, cli_env(api, tmp_path), deny)
-        assert not _markers(tmp_path, 2)
+        assert command_runs(tmp_path, 2) == 0
         final = _final(rt, mid)
         assert final.startswith("TOOL FAILED") and "denied" in final
-        assert final.endswith("Not run: Bash: echo ran > marker-2.txt (Write the marker) (denied).")
-        assert _closed_texts(rt) == ["🚫 Denied by operator — not run: Bash: echo ran > marker-2.txt"]
+        assert final.endswith("Not run: Bash: echo ran >> marker-2.txt (Write the marker) (denied).")
+        assert _closed_texts(rt) == ["🚫 Denied by operator — not run: Bash: echo ran >> marker-2.txt"]
 
 
 def test_silence_past_the_timeout_is_a_denial_the_chat_is_told(
     tmp_path: Path, db_url: str, api: FakeAnthropic
 ) -> None:
     # An idle timeout shorter than the wait: the run waiting for a person is not taken for a stuck one.
-    home = _home(tmp_path, db_url, approval_timeout_seconds=6, idle_timeout_seconds=3.0)
+    home = _home(tmp_path, db_url, approval_timeout_seconds=12, idle_timeout_seconds=8.0)
     with open_home(home) as rt:
         mid = rt.queue.intake.enqueue_message(CHAT, "please write marker-3").message_id
         started = time.monotonic()
         run_with(rt, cli_env(api, tmp_path), lambda: None)
-        assert time.monotonic() - started >= 6
-        assert not _markers(tmp_path, 3)
+        assert time.monotonic() - started >= 12
+        assert command_runs(tmp_path, 3) == 0
         (request,) = approvals.recent(rt.db)
         assert request.status == ApprovalStatus.TIMED_OUT and request.decided_via == "timeout"
-        assert _closed_texts(rt) == ["⌛ No answer within 6 s — not run: Bash: echo ran > marker-3.txt"]
+        assert _closed_texts(rt) == ["⌛ No answer within 12 s — not run: Bash: echo ran >> marker-3.txt"]
         final = _final(rt, mid)
-        assert final.startswith("TOOL FAILED") and "(no answer within 6 s)" in final
+        assert final.startswith("TOOL FAILED") and "(no answer within 12 s)" in final
         # The wait is not the agent's work: the run's duration (and its usage row) leaves it out.
         (done,) = payloads(rt, "chain_step_done")
-        assert done["waited_ms"] >= 5_500 and done["duration_ms"] < done["waited_ms"], done
+        assert done["waited_ms"] >= 11_500 and done["duration_ms"] < done["waited_ms"], done
         (usage,) = rt.db.read("SELECT duration_ms FROM run_usage")
         assert usage["duration_ms"] == done["duration_ms"]
         late = approvals.answer(
@@ -227,14 +205,14 @@ def test_the_preview_and_status_say_the_run_waits_and_stop_cancels_the_request(
 
         run_with(rt, cli_env(api, tmp_path), look_then_stop)
         assert seen["preview"] == [
-            "⏳ Waiting for your approval: Bash: echo ran > marker-5.txt (Write the marker)"
+            "⏳ Waiting for your approval: Bash: echo ran >> marker-5.txt (Write the marker)"
         ]
-        assert f"waiting for an answer to {seen['request']} (Bash: echo ran > marker-5.txt" in seen["trace"]
-        assert not _markers(tmp_path, 5)
+        assert f"waiting for an answer to {seen['request']} (Bash: echo ran >> marker-5.txt" in seen["trace"]
+        assert command_runs(tmp_path, 5) == 0
         stopped = approvals.get(rt.db, seen["request"])
         assert stopped is not None and stopped.status == ApprovalStatus.CANCELLED
         assert _closed_texts(rt) == [
-            "⏹ The run stopped before an answer — not run: Bash: echo ran > marker-5.txt"
+            "⏹ The run stopped before an answer — not run: Bash: echo ran >> marker-5.txt"
         ]
         assert rt.queue.admin.get_message(mid).status == "completed"  # type: ignore[union-attr]
         assert of_kind(rt, "stopped"), "the chat was not told the run stopped"
@@ -262,7 +240,7 @@ def test_a_message_sent_while_a_request_waits_is_answered_after_it(
             approvals.answer(rt.db, rt.queue.responses, request.id, "allow", by="ann", via="chat", asker=CHAT)
 
         run_with(rt, cli_env(api, tmp_path), send_then_allow)
-        assert _markers(tmp_path, 6)
+        assert command_runs(tmp_path, 6) == 1
         for mid in (first, *later):
             assert rt.queue.admin.get_message(mid).status == "completed"  # type: ignore[union-attr]
         finals = of_kind(rt, "final")
