@@ -564,6 +564,13 @@ class FakeTelegram(ThreadedHttpFake):
             self._queries[query["id"]] = {"user_id": user_id, "chat_id": chat_id, "answered": False}
             return self._add_update({"callback_query": query})
 
+    def delete_message(self, chat_id: int, message_id: int) -> None:
+        """Someone in the chat deleted a message (an admin, or the user in a private chat): editing it fails
+        from now on with Telegram's "message to edit not found"."""
+        with self._cond:
+            if self._messages.pop((chat_id, message_id), None) is None:
+                raise ValueError(f"no message {message_id} in chat {chat_id}")
+
     @property
     def callback_answers(self) -> list[JSON]:
         """The answers to callback queries, oldest first: ``{"query_id", "user_id", "chat_id", "text",

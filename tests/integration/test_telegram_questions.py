@@ -2,10 +2,13 @@
 fake Anthropic API asks for Bash; the processor and the Telegram channel run against the fake Bot API in a
 forum topic of a group. The question arrives with its three buttons; a press by someone else changes nothing
 (they get an alert), the asker's press lets the command run; the question is edited to the decision without
-its keyboard; a late press is told the request is over; ``/allow`` typed in the chat answers too."""
+its keyboard; a late press is told the request is over; ``/allow`` typed in the chat answers too. And without
+a run: a question deleted in the chat gets its answer as a new message, an edit to what it already shows is
+done."""
 
 from __future__ import annotations
 
+import asyncio
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,8 +16,10 @@ from typing import Any
 
 import pytest
 
+from adapters.approval_prompts import buttons_for
 from adapters.runner import ChannelRunner
 from adapters.telegram import TelegramChannel
+from shared.chat.address import ChatAddress
 from shared.queue import approvals
 from shared.runtime import Runtime
 from shared.storage.statuses import ApprovalStatus
@@ -211,3 +216,55 @@ def test_allow_typed_in_the_chat_answers(tmp_path: Path, api: FakeAnthropic, fak
     # Ann was told what her /allow did, in the topic she typed it in.
     told = [c for c in fake.sent if c.method == "sendMessage" and c.text == decided]
     assert len(told) == 1 and told[0].params.get("message_thread_id") == str(TOPIC)
+
+
+def test_a_deleted_question_gets_its_answer_anew_and_an_edit_changing_nothing_is_done(
+    tmp_path: Path, fake: HoldingTelegram
+) -> None:
+    chat = ChatAddress("telegram", "ann", sender_id=str(ANN), conversation=str(ANN))
+    fake.add_chat(ANN, username="ann")
+    with open_home(_home(tmp_path, _sqlite(tmp_path))) as rt:
+        with _channel(rt, fake):
+            asked = approvals.Question(
+                agent="coder",
+                tool="Bash",
+                summary="rm -rf build",
+                detail='{"command": "rm -rf build"}',
+                pattern="rm *",
+                message_id="",
+                run_id="",
+                chat=chat,
+                timeout_ms=600_000,
+            )
+            request = approvals.ask(rt.db, rt.queue.responses, asked)
+            shown = fake.wait_for(lambda c: c.chat_id == ANN and c.keyboard is not None, 20)
+            fake.delete_message(ANN, int(shown.result["message_id"]))  # Ann deleted it in her chat
+            answered = approvals.answer(
+                rt.db, rt.queue.responses, request.id, "deny", by="operator", via="cli"
+            )
+            assert answered.outcome == "applied"
+            denied = "🚫 Denied by operator — not run: Bash: rm -rf build"
+            fake.wait_for(lambda c: c.method == "sendMessage" and c.text == denied, 20)
+        assert [(m, t, b is not None) for m, _, t, b in fake.chat_log(ANN)] == [
+            ("sendMessage", approvals.question_text(request), True),
+            ("sendMessage", denied, False),
+        ], fake.transcript(ANN)
+        refused = [c for c in fake.calls if c.method == "editMessageText"]
+        assert refused and all(c.error is not None for c in refused)  # the edit was tried first
+
+        # The plugin itself: a second close (its first was done, the acknowledgement lost) is "not modified".
+        channel = TelegramChannel(rt, env=telegram_env(fake))
+
+        async def close_twice() -> list[bool]:
+            await channel.open()
+            try:
+                question = await channel.send_question(str(ANN), "Allow it?", buttons_for(request.id))
+                assert question is not None
+                return [await channel.close_question(str(ANN), question, denied) for _ in range(2)]
+            finally:
+                await channel.close()
+
+        assert asyncio.run(close_twice()) == [True, True]
+    edits = [c for c in fake.calls if c.method == "editMessageText"][len(refused) :]
+    assert [(c.ok, c.keyboard) for c in edits] == [(True, None), (False, None)]
+    assert "not modified" in str((edits[1].error or {}).get("description"))
