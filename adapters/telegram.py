@@ -7,6 +7,9 @@ queueing it fetches the same update again after the restart; a redelivered updat
 ``external_id`` (``chat:message``) and is not queued twice.
 
 Private chats take every message; groups only messages that mention the bot, reply to it, or are commands.
+An agent's question comes with an inline keyboard, and a press of one of its buttons (a ``callback_query``
+update) answers it (:mod:`adapters.telegram_questions`); its update is acknowledged, like a message's, only
+once the answer is committed.
 Replies are paced within Telegram's limits, a chat told to wait waiting alone
 (:mod:`adapters.telegram_rate_limits`); progress notes are edited in place
 (``editMessageText``). The Bot API base URL comes from
@@ -20,6 +23,7 @@ import asyncio
 import contextlib
 import os
 import re
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -39,6 +43,7 @@ from telegram.ext import Application
 from adapters.chunking import utf16_len
 from adapters.platform import (
     Also,
+    Button,
     ChannelSettings,
     HandleOutcome,
     Inbound,
@@ -48,6 +53,7 @@ from adapters.platform import (
     safe_filename,
     upload_folder,
 )
+from adapters.telegram_questions import conversation_of, inline_keyboard, take_press
 from adapters.telegram_rate_limits import ChatRateLimiter
 from shared.settings.channels import TelegramSettings
 
@@ -133,7 +139,7 @@ class TelegramChannel(Platform):
             self.bot.get_updates(
                 offset=offset or None,
                 timeout=self.config.poll_timeout_seconds,
-                allowed_updates=["message"],
+                allowed_updates=["message", "callback_query"],
             )
         )
         stop = asyncio.create_task(self.inbox.stop_event.wait())
@@ -170,7 +176,12 @@ class TelegramChannel(Platform):
                 # command: one write, and never a confirmed update without what it caused.
                 keep_offset = self.inbox.saving(self.offset_key, str(after))
                 try:
-                    outcome = await self.handle_update(update, also=keep_offset)
+                    if update.callback_query is not None:
+                        # A press of a question's button: the answer is committed when take_press returns.
+                        await take_press(self.bot, self.inbox, update.callback_query, self.log)
+                        outcome: HandleOutcome = "ignored"
+                    else:
+                        outcome = await self.handle_update(update, also=keep_offset)
                     if outcome not in ("queued", "command"):  # nothing committed the offset: its own write
                         await self.inbox.save(self.offset_key, str(after))
                 except Exception:
@@ -209,9 +220,7 @@ class TelegramChannel(Platform):
         if not addressed:
             return "ignored"
         chat_id = message.chat.id
-        conversation = str(chat_id)
-        if message.is_topic_message and message.message_thread_id:
-            conversation += f":{message.message_thread_id}"
+        conversation = conversation_of(message)
         external_id = f"{chat_id}:{message.message_id}"
         user = message.from_user
         files: list[Path] = []
@@ -288,6 +297,18 @@ class TelegramChannel(Platform):
                 return SendFailure(True, reason, "the chat could not be found")
             return SendFailure(True, reason, "Telegram refused the message")
         return SendFailure(False, reason)
+
+    async def send_question(self, conversation: str, text: str, buttons: Sequence[Button]) -> str | None:
+        # Plain text, as a note: the question quotes a command, which need not be valid Markdown.
+        chat_id, thread = split_conversation(conversation)
+        sent = await self.bot.send_message(
+            chat_id, text, message_thread_id=thread, reply_markup=inline_keyboard(buttons)
+        )
+        return str(sent.message_id)
+
+    async def close_question(self, conversation: str, message_id: str, text: str) -> bool:
+        # An edit without reply_markup takes the keyboard away: the question can no longer be pressed.
+        return await self.edit_text(conversation, message_id, text)
 
     async def send_typing(self, conversation: str) -> None:
         chat_id, thread = split_conversation(conversation)

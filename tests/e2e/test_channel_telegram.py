@@ -1,5 +1,6 @@
 """The Telegram adapter as a real process (``agentpost run telegram``) against the fake Bot API, with a real
-processor running a scripted agent: replies in the right chat, chunked, with files; crash safety both ways."""
+processor running a scripted agent: replies in the right chat, chunked, with files; crash safety both ways,
+for a press of a question's button too."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ import pytest
 
 from adapters.chunking import split_message, utf16_len
 from shared.chat.address import ChatAddress
+from shared.queue import approvals
+from shared.storage.statuses import ApprovalStatus
 from tests.channel_support import (
     HoldingTelegram,
     Proc,
@@ -111,6 +114,51 @@ def test_killed_between_fetch_and_enqueue_enqueues_after_restart(
     assert rows == [
         {"message": "do not lose me", "sender_id": "42", "conversation": "42", "external_id": "42:1"}
     ]
+
+
+def test_a_press_killed_before_it_was_applied_is_applied_after_restart(
+    tmp_path: Path, fake: HoldingTelegram
+) -> None:
+    home = channel_home(tmp_path, f"sqlite:///{tmp_path / 'a.db'}", CHANNELS)
+    chat = ChatAddress("telegram", "alice", sender_id="42", conversation="42")
+    fake.add_chat(42, username="alice")
+    log = tmp_path / "telegram.log"
+    adapter = Proc("telegram", home, telegram_env(fake, AGENTPOST_TEST_PAUSE_AFTER_FETCH="60"), log)
+    rt = open_home(home)
+    try:
+        question = approvals.Question(
+            agent="alpha",
+            tool="Bash",
+            summary="make deploy",
+            detail='{"command": "make deploy"}',
+            pattern="make *",
+            message_id="",
+            run_id="",
+            chat=chat,
+            timeout_ms=600_000,
+        )
+        request = approvals.ask(rt.db, rt.queue.responses, question)
+        shown = fake.wait_for(lambda c: c.chat_id == 42 and c.keyboard is not None, 30)
+        message_id = int(shown.result["message_id"])
+        update = fake.push_callback_query(42, message_id, f"{request.id}:allow", user_id=42)
+        adapter.wait_output("test hook: paused")
+        adapter.kill()  # fetched, not yet applied
+        assert approvals.get(rt.db, request.id).status == ApprovalStatus.PENDING  # type: ignore[union-attr]
+        assert fake.confirmed_offset <= update["update_id"]  # Telegram still holds the press
+        restarted = Proc("telegram", home, telegram_env(fake), log)
+        try:
+            fake.wait_for_offset(update["update_id"] + 1, timeout=30)
+            decided = "✅ Allowed by alice — Bash: make deploy"
+            fake.wait_for(lambda c: c.method == "editMessageText" and c.text == decided, 20)
+        finally:
+            restarted.stop()
+        final = approvals.get(rt.db, request.id)
+    finally:
+        adapter.kill()
+        rt.close()
+    assert final is not None and (final.status, final.decided_by) == (ApprovalStatus.ALLOWED, "alice")
+    assert [a["text"] for a in fake.callback_answers] == [decided]
+    assert fake.chat_log(42)[1:] == [("editMessageText", message_id, decided, None)]
 
 
 def test_missing_token_names_the_variable(tmp_path: Path) -> None:

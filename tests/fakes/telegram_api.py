@@ -12,9 +12,18 @@ Point python-telegram-bot at it with::
         .base_url(fake.base_url).base_file_url(fake.base_file_url)
 
 Tests drive it from the other side: :meth:`FakeTelegram.push_text` and :meth:`FakeTelegram.push_document`
-enqueue updates for ``getUpdates``; :attr:`FakeTelegram.sent` holds what the bot successfully did in chats,
-:attr:`FakeTelegram.calls` every request it made, and the ``wait_*`` helpers block on a condition variable
-with a deadline instead of sleeping.
+enqueue updates for ``getUpdates``, :meth:`FakeTelegram.push_callback_query` a press of an inline keyboard's
+button; :attr:`FakeTelegram.sent` holds what the bot successfully did in chats (:meth:`FakeTelegram.chat_log`
+reads it as the chat saw it, keyboards included), :attr:`FakeTelegram.calls` every request it made, and the
+``wait_*`` helpers block on a condition variable with a deadline instead of sleeping.
+
+As the real server: ``allowed_updates`` of the latest ``getUpdates`` decides which kinds of update are kept
+for the bot (a press is dropped unless ``callback_query`` is asked for); an inline keyboard (``reply_markup``)
+is checked (button data 1-64 bytes) and returned with the message; an ``editMessageText`` without
+``reply_markup`` removes the keyboard, and one changing neither text nor keyboard is refused as "not
+modified"; a callback query is answered at most once (``answerCallbackQuery``, text up to 200 characters).
+Forum topics: a message pushed with ``thread_id`` is a topic message, and a send with ``message_thread_id``
+lands in that topic.
 """
 
 from __future__ import annotations
@@ -37,7 +46,18 @@ JSON = dict[str, Any]
 
 #: Methods whose successful calls are visible to the user and so are recorded in ``sent``.
 OUTGOING_METHODS = frozenset(
-    {"sendMessage", "editMessageText", "sendDocument", "sendChatAction", "setMyCommands"}
+    {
+        "sendMessage",
+        "editMessageText",
+        "sendDocument",
+        "sendChatAction",
+        "setMyCommands",
+        "answerCallbackQuery",
+    }
+)
+#: Update kinds delivered when a bot never named its ``allowed_updates`` (or named none), as Telegram does.
+_DEFAULT_UPDATE_KINDS = frozenset(
+    {"message", "edited_message", "channel_post", "edited_channel_post", "callback_query", "inline_query"}
 )
 
 _CHAT_ACTIONS = frozenset(
@@ -168,6 +188,11 @@ class TelegramCall:
     def document(self) -> UploadedFile | None:
         """The uploaded ``document`` file part, if any."""
         return self.files.get("document")
+
+    @property
+    def keyboard(self) -> list[list[tuple[str, str]]] | None:
+        """The inline keyboard sent with the call as rows of ``(label, callback_data)``, or None."""
+        return _keyboard_rows(self.params.get("reply_markup"))
 
 
 @dataclass
@@ -347,6 +372,11 @@ class FakeTelegram(ThreadedHttpFake):
         self.send_delay = 0.0
         self._sends_started = 0
         self._chat_failures: dict[tuple[str, int], list[TelegramApiError]] = {}
+        self._allowed_updates: frozenset[str] = _DEFAULT_UPDATE_KINDS
+        self._queries: dict[str, JSON] = {}
+        self._query_numbers = itertools.count(1)
+        #: Every button data a bot message ever carried: a client still showing an old keyboard may press it.
+        self._pressable: dict[tuple[int, int], set[str]] = {}
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -416,17 +446,27 @@ class FakeTelegram(ThreadedHttpFake):
         chat_title: str | None = None,
         entities: list[JSON] | None = None,
         reply_to_message_id: int | None = None,
+        thread_id: int | None = None,
     ) -> JSON:
         """Enqueue an Update carrying a text message from a user and return it.
 
         In a private chat the user id defaults to the chat id, as in Telegram. When ``entities`` is None
         the fake derives ``mention`` (``@name``) and ``bot_command`` (``/cmd``) entities from the text with
-        UTF-16 offsets, as the real server does.
+        UTF-16 offsets, as the real server does. ``thread_id``: the message is in that forum topic (the
+        chat, a supergroup, is a forum).
         """
         message = self._user_message(
             chat_id, user_id, username, first_name, chat_type, chat_title, reply_to_message_id
         )
         message["text"] = text
+        if thread_id is not None:
+            if chat_type != "supergroup":
+                raise ValueError("forum topics exist only in supergroups")
+            with self._cond:
+                self._chats[chat_id]["is_forum"] = True
+                message["chat"] = dict(self._chats[chat_id])
+            message["message_thread_id"] = thread_id
+            message["is_topic_message"] = True
         found = _derive_entities(text) if entities is None else entities
         if found:
             message["entities"] = found
@@ -487,6 +527,71 @@ class FakeTelegram(ThreadedHttpFake):
         if caption is not None:
             message["caption"] = caption
         return self._enqueue(message)
+
+    def push_callback_query(
+        self,
+        chat_id: int,
+        message_id: int,
+        data: str,
+        *,
+        user_id: int,
+        username: str | None = "alice",
+        first_name: str = "Alice",
+    ) -> JSON:
+        """Enqueue the Update of user ``user_id`` pressing the button with ``data`` under the bot's message
+        ``message_id`` and return it (the message rides along as the chat shows it now).
+
+        The button must be one the message carries, or carried earlier (a client that had not yet seen an
+        edit may still press an old button). The update is dropped, as by Telegram, when the bot's
+        ``allowed_updates`` leave out ``callback_query``.
+        """
+        with self._cond:
+            message = self._messages.get((chat_id, message_id))
+            if message is None or message["from"]["id"] != self.bot_id:
+                raise ValueError(f"no message {message_id} of the bot in chat {chat_id}")
+            if data not in self._pressable.get((chat_id, message_id), set()):
+                raise ValueError(f"message {message_id} never had a button with data {data!r}")
+            sender: JSON = {"id": user_id, "is_bot": False, "first_name": first_name, "language_code": "en"}
+            if username:
+                sender["username"] = username
+            query: JSON = {
+                "id": f"{self.bot_id}{next(self._query_numbers):010d}",
+                "from": sender,
+                "message": dict(message),
+                "chat_instance": f"-{abs(chat_id)}77",
+                "data": data,
+            }
+            self._queries[query["id"]] = {"user_id": user_id, "chat_id": chat_id, "answered": False}
+            return self._add_update({"callback_query": query})
+
+    def delete_message(self, chat_id: int, message_id: int) -> None:
+        """Someone in the chat deleted a message (an admin, or the user in a private chat): editing it fails
+        from now on with Telegram's "message to edit not found"."""
+        with self._cond:
+            if self._messages.pop((chat_id, message_id), None) is None:
+                raise ValueError(f"no message {message_id} in chat {chat_id}")
+
+    @property
+    def callback_answers(self) -> list[JSON]:
+        """The answers to callback queries, oldest first: ``{"query_id", "user_id", "chat_id", "text",
+        "show_alert"}`` (``text`` None when the answer showed nothing)."""
+        found = []
+        for c in self.sent:
+            if c.method != "answerCallbackQuery":
+                continue
+            query_id = str(c.params.get("callback_query_id"))
+            with self._cond:
+                query = self._queries[query_id]
+            found.append(
+                {
+                    "query_id": query_id,
+                    "user_id": query["user_id"],
+                    "chat_id": query["chat_id"],
+                    "text": c.text,
+                    "show_alert": str(c.params.get("show_alert", "")).lower() == "true",
+                }
+            )
+        return found
 
     def fail_next(
         self,
@@ -577,8 +682,19 @@ class FakeTelegram(ThreadedHttpFake):
             if c.chat_id != chat_id or c.method not in ("sendMessage", "editMessageText"):
                 continue
             target = c.params.get("message_id") or (c.result or {}).get("message_id")
-            lines.append(f"+{c.at - since:6.2f}s {c.method} #{target}: {(c.text or '')!r}")
+            buttons = f" {[[label for label, _ in row] for row in c.keyboard]}" if c.keyboard else ""
+            lines.append(f"+{c.at - since:6.2f}s {c.method} #{target}: {(c.text or '')!r}{buttons}")
         return "\n".join(lines)
+
+    def chat_log(self, chat_id: int) -> list[tuple[str, int, str, list[list[tuple[str, str]]] | None]]:
+        """Every send and edit of a text the fake accepted in a chat, in order, as ``(method, message id,
+        text, keyboard)``: the keyboard as rows of ``(label, data)`` the message shows after the call (None:
+        no keyboard, as after an edit without ``reply_markup``)."""
+        return [
+            (c.method, int(c.params.get("message_id") or c.result["message_id"]), c.text or "", c.keyboard)
+            for c in self.sent
+            if c.chat_id == chat_id and c.method in ("sendMessage", "editMessageText")
+        ]
 
     def wait_for(self, predicate: Callable[[TelegramCall], bool], timeout: float = 5.0) -> TelegramCall:
         """Block until a record in :attr:`sent` matches ``predicate`` and return the first match."""
@@ -677,10 +793,16 @@ class FakeTelegram(ThreadedHttpFake):
     def _enqueue(self, message: JSON) -> JSON:
         with self._cond:
             self._messages[(message["chat"]["id"], message["message_id"])] = message
-            update = {"update_id": next(self._update_ids), "message": message}
+            return self._add_update({"message": message})
+
+    def _add_update(self, body: JSON) -> JSON:
+        """Number an update and keep it for getUpdates, unless the bot's ``allowed_updates`` leave its kind
+        out (Telegram does not keep it then). Called holding ``_cond``."""
+        update = {"update_id": next(self._update_ids), **body}
+        if set(body) & self._allowed_updates:
             self._updates.append(update)
             self._cond.notify_all()
-            return update
+        return update
 
     def _store_file(self, filename: str, mime_type: str, data: bytes) -> _StoredFile:
         with self._cond:
@@ -810,8 +932,11 @@ class FakeTelegram(ThreadedHttpFake):
         return message
 
     def _remember(self, message: JSON) -> JSON:
+        key = (message["chat"]["id"], message["message_id"])
         with self._cond:
-            self._messages[(message["chat"]["id"], message["message_id"])] = message
+            self._messages[key] = message
+            for row in _keyboard_rows(message.get("reply_markup")) or []:
+                self._pressable.setdefault(key, set()).update(data for _, data in row)
         return message
 
     def _get_me(self, call: TelegramCall) -> JSON:
@@ -828,7 +953,10 @@ class FakeTelegram(ThreadedHttpFake):
         timeout = float(call.params.get("timeout") or 0)
         limit = max(1, min(100, int(call.params.get("limit") or 100)))
         deadline = time.monotonic() + timeout
+        allowed = call.params.get("allowed_updates")
         with self._cond:
+            if isinstance(allowed, list):  # kept until a later call names others; [] is the default set
+                self._allowed_updates = frozenset(map(str, allowed)) or _DEFAULT_UPDATE_KINDS
             self._poll_generation += 1
             generation = self._poll_generation
             if offset < 0:
@@ -862,8 +990,12 @@ class FakeTelegram(ThreadedHttpFake):
         if utf16_len(text) > 4096:
             raise TelegramApiError(400, "Bad Request: message is too long")
         self._check_markup(call.parse_mode)
+        keyboard = self._inline_keyboard(call)
         message = self._bot_message(chat, self._reply_to(call, chat))
         message["text"] = text
+        self._in_topic(call, chat, message)
+        if keyboard is not None:
+            message["reply_markup"] = keyboard
         return self._remember(message)
 
     def _edit_message_text(self, call: TelegramCall) -> JSON:
@@ -876,6 +1008,7 @@ class FakeTelegram(ThreadedHttpFake):
         if utf16_len(text) > 4096:
             raise TelegramApiError(400, "Bad Request: MESSAGE_TOO_LONG")
         self._check_markup(call.parse_mode)
+        keyboard = self._inline_keyboard(call)
         message_id = int(call.params.get("message_id") or 0)
         with self._cond:
             current = self._messages.get((chat["id"], message_id))
@@ -883,15 +1016,56 @@ class FakeTelegram(ThreadedHttpFake):
                 raise TelegramApiError(400, "Bad Request: message to edit not found")
             if current["from"]["id"] != self.bot_id:
                 raise TelegramApiError(400, "Bad Request: message can't be edited")
-            if current.get("text") == text:
+            if current.get("text") == text and current.get("reply_markup") == keyboard:
                 raise TelegramApiError(
                     400,
                     "Bad Request: message is not modified: specified new message content and reply markup "
                     "are exactly the same as a current content and reply markup of the message",
                 )
-            edited = dict(current, text=text, edit_date=int(time.time()))
-            self._messages[(chat["id"], message_id)] = edited
-        return edited
+            # An edit without reply_markup leaves the message without its keyboard.
+            edited = {k: v for k, v in current.items() if k != "reply_markup"}
+            edited.update(text=text, edit_date=int(time.time()))
+            if keyboard is not None:
+                edited["reply_markup"] = keyboard
+        return self._remember(edited)
+
+    def _answer_callback_query(self, call: TelegramCall) -> bool:
+        query_id = str(call.params.get("callback_query_id") or "")
+        with self._cond:
+            query = self._queries.get(query_id)
+            if query is None or query["answered"]:
+                raise TelegramApiError(
+                    400, "Bad Request: query is too old and response timeout expired or query ID is invalid"
+                )
+            if len(call.text or "") > 200:
+                raise TelegramApiError(400, "Bad Request: MESSAGE_TOO_LONG")
+            query["answered"] = True
+        return True
+
+    def _inline_keyboard(self, call: TelegramCall) -> JSON | None:
+        """The ``reply_markup`` of a call checked as Telegram checks an inline keyboard (None: none)."""
+        markup = call.params.get("reply_markup")
+        if markup is None:
+            return None
+        rows = markup.get("inline_keyboard") if isinstance(markup, dict) else None
+        if not isinstance(rows, list) or not all(isinstance(row, list) for row in rows):
+            raise TelegramApiError(400, "Bad Request: can't parse inline keyboard button")
+        for button in (b for row in rows for b in row):
+            if not isinstance(button, dict) or not str(button.get("text", "")).strip():
+                raise TelegramApiError(400, "Bad Request: text buttons are unallowed in the inline keyboard")
+            data = button.get("callback_data")
+            if data is not None and not 1 <= len(str(data).encode()) <= 64:
+                raise TelegramApiError(400, "Bad Request: BUTTON_DATA_INVALID")
+        return {"inline_keyboard": rows}
+
+    def _in_topic(self, call: TelegramCall, chat: JSON, message: JSON) -> None:
+        thread = call.params.get("message_thread_id")
+        if thread is None:
+            return
+        if not chat.get("is_forum"):
+            raise TelegramApiError(400, "Bad Request: message thread not found")
+        message["message_thread_id"] = int(thread)
+        message["is_topic_message"] = True
 
     def _send_chat_action(self, call: TelegramCall) -> bool:
         self._chat(call)
@@ -964,6 +1138,7 @@ _HANDLERS: dict[str, tuple[str, Callable[[FakeTelegram, TelegramCall], Any]]] = 
         "setMyCommands": FakeTelegram._set_my_commands,
         "getMyCommands": FakeTelegram._get_my_commands,
         "getFile": FakeTelegram._get_file,
+        "answerCallbackQuery": FakeTelegram._answer_callback_query,
     }.items()
 }
 
@@ -990,6 +1165,17 @@ def _document_json(stored: _StoredFile) -> JSON:
         "file_unique_id": stored.file_unique_id,
         "file_size": len(stored.data),
     }
+
+
+def _keyboard_rows(markup: Any) -> list[list[tuple[str, str]]] | None:
+    """An inline keyboard as rows of ``(label, callback_data)``, or None."""
+    if not isinstance(markup, dict) or not isinstance(markup.get("inline_keyboard"), list):
+        return None
+    return [
+        [(str(b.get("text", "")), str(b.get("callback_data", ""))) for b in row if isinstance(b, dict)]
+        for row in markup["inline_keyboard"]
+        if isinstance(row, list)
+    ]
 
 
 def _without_reply(message: JSON) -> JSON:

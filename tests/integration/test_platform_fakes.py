@@ -21,7 +21,14 @@ from typing import Any
 import httpx
 import pytest
 import yarl
-from telegram import Bot, BotCommand, MessageEntity, Update
+from telegram import (
+    Bot,
+    BotCommand,
+    InlineKeyboardButton,
+    InlineKeyboardMarkup,
+    MessageEntity,
+    Update,
+)
 from telegram.error import BadRequest, RetryAfter
 from telegram.ext import AIORateLimiter, Application, ContextTypes, MessageHandler, filters
 
@@ -231,6 +238,89 @@ def test_telegram_documents_offsets_and_long_poll_timeout(telegram: FakeTelegram
     update_id = asyncio.run(scenario())
     assert telegram.confirmed_offset == update_id + 1
     assert telegram.pending_updates == []
+
+
+def _keys(*rows: tuple[str, ...]) -> InlineKeyboardMarkup:
+    return InlineKeyboardMarkup([[InlineKeyboardButton(d.title(), callback_data=d) for d in r] for r in rows])
+
+
+def test_telegram_inline_keyboard_presses_and_answers(telegram: FakeTelegram) -> None:
+    """A keyboard goes out with the message (in a forum topic) and comes back in it; a press arrives as a
+    callback query only for a bot that asks for them; it is answered at most once, within 200 characters; an
+    edit without reply_markup removes the keyboard, and one changing nothing is "not modified"."""
+    forum = -1001777
+
+    async def scenario() -> None:
+        async with _bot(telegram) as bot:
+            asked = telegram.push_text(
+                forum, "@agentpost_bot go", user_id=7, username="ann", chat_type="supergroup", thread_id=5
+            )
+            (update,) = await bot.get_updates(timeout=0, allowed_updates=["message"])
+            assert update.message is not None and update.message.message_thread_id == 5
+            assert update.message.is_topic_message and update.message.chat.is_forum
+            offset = int(asked["update_id"]) + 1
+
+            with pytest.raises(BadRequest, match=r"(?i)button_data_invalid"):
+                await bot.send_message(forum, "?", reply_markup=_keys(("x" * 65,)))
+            question = await bot.send_message(
+                forum, "Allow it?", message_thread_id=5, reply_markup=_keys(("allow", "deny"), ("chat",))
+            )
+            assert question.message_thread_id == 5 and question.is_topic_message
+            assert question.reply_markup == _keys(("allow", "deny"), ("chat",))
+
+            # Still asking for messages only: Telegram does not keep the press for this bot.
+            telegram.push_callback_query(forum, question.message_id, "deny", user_id=8, username="bob")
+            assert await bot.get_updates(offset=offset, timeout=0, allowed_updates=["message"]) == ()
+            assert telegram.pending_updates == []
+
+            kinds = ["message", "callback_query"]  # from now on (a press made before is gone)
+            assert await bot.get_updates(offset=offset, timeout=0, allowed_updates=kinds) == ()
+            telegram.push_callback_query(forum, question.message_id, "deny", user_id=8, username="bob")
+            (pressed,) = await bot.get_updates(offset=offset, timeout=0, allowed_updates=kinds)
+            query = pressed.callback_query
+            assert query is not None and query.data == "deny" and query.from_user.username == "bob"
+            assert query.message is not None and query.message.message_id == question.message_id
+            assert query.message.message_thread_id == 5 and query.message.chat.id == forum
+            assert await query.answer("Only ann can answer this request.", show_alert=True)
+            with pytest.raises(BadRequest, match=r"(?i)query is too old"):
+                await query.answer("again")  # at most once
+            offset = pressed.update_id + 1
+
+            telegram.push_callback_query(forum, question.message_id, "allow", user_id=7, username="ann")
+            (mine,) = await bot.get_updates(offset=offset, timeout=0, allowed_updates=kinds)
+            assert mine.callback_query is not None
+            with pytest.raises(BadRequest, match=r"(?i)message_too_long"):
+                await mine.callback_query.answer("x" * 201)
+            assert await mine.callback_query.answer("Allowed")
+
+            with pytest.raises(BadRequest, match=r"(?i)not modified"):
+                await bot.edit_message_text(
+                    "Allow it?",
+                    chat_id=forum,
+                    message_id=question.message_id,
+                    reply_markup=_keys(("allow", "deny"), ("chat",)),
+                )
+            edited = await bot.edit_message_text("Allow it?", chat_id=forum, message_id=question.message_id)
+            assert isinstance(edited, type(question)) and edited.reply_markup is None
+            with pytest.raises(BadRequest, match=r"(?i)not modified"):  # no keyboard, same text: no change
+                await bot.edit_message_text("Allow it?", chat_id=forum, message_id=question.message_id)
+            await bot.edit_message_text("Allowed by ann", chat_id=forum, message_id=question.message_id)
+
+    asyncio.run(scenario())
+    keyboard = [[("Allow", "allow"), ("Deny", "deny")], [("Chat", "chat")]]
+    assert telegram.chat_log(forum) == [
+        ("sendMessage", 2, "Allow it?", keyboard),
+        ("editMessageText", 2, "Allow it?", None),
+        ("editMessageText", 2, "Allowed by ann", None),
+    ]
+    shown = telegram.message(forum, 2)
+    assert shown is not None and "reply_markup" not in shown and shown["text"] == "Allowed by ann"
+    answers = [(a["user_id"], a["text"], a["show_alert"]) for a in telegram.callback_answers]
+    assert answers == [(8, "Only ann can answer this request.", True), (7, "Allowed", False)]
+    # A client that had not seen the edit yet may still press an old button; a button never shown, not.
+    telegram.push_callback_query(forum, 2, "chat", user_id=7)
+    with pytest.raises(ValueError, match="never had a button"):
+        telegram.push_callback_query(forum, 2, "maybe", user_id=7)
 
 
 # ---------------------------------------------------------------------------------------------- Discord
