@@ -279,7 +279,7 @@ class SlackChannel(Platform):
             await self._take_in(parsed)
 
     async def _on_slash(self, payload: dict[str, Any]) -> None:
-        inbound = slack_events.parse_slash(payload)
+        inbound = slack_events.parse_slash(payload, self.config.slash_command)
         if inbound is None:
             return
         async with self.turns.turn(inbound.conversation):

@@ -9,8 +9,8 @@ messages, conversation ids, the text Slack shows (mrkdwn), and which send errors
   are not (Slack's ``subtype``: only plain messages, ``file_share`` and ``thread_broadcast`` are text a
   person wrote). The external id is ``CHANNEL:TS``: Slack's retries of one event, and the ``message`` and
   ``app_mention`` events of one mention, are one message.
-- A **slash command** (``/agentpost status``, or ``/status`` where the app registered it) becomes the chat
-  command it names; ``/agentpost`` followed by anything else is a message for the agent.
+- A **slash command** becomes the chat command it names: the app's own (``/agentpost status`` →
+  ``/status``), or one the app registered under a command's name (``/queue collect``).
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from adapters.chat_commands import COMMANDS
 from adapters.platform import Inbound, SendFailure
 
 #: ``subtype`` values of message events that carry what a person wrote (None: a plain message).
@@ -120,24 +119,20 @@ def parse_event(event: Mapping[str, Any], bot_user_id: str) -> SlackMessage | No
     return SlackMessage(inbound, files)
 
 
-def slash_text(command: str, text: str) -> str:
-    """What a slash command says as a chat message: ``/agentpost status`` and ``/status`` → ``/status``;
-    ``/agentpost`` alone → ``/help``; ``/agentpost anything else`` → ``anything else`` (for the agent)."""
+def slash_text(command: str, text: str, own: str = "/agentpost") -> str:
+    """What a slash command says as a chat message. The app's own command ``own`` carries a chat command
+    in its text: ``/agentpost status`` → ``/status``, ``/agentpost`` alone → ``/help``. Any other command
+    the app registered is the chat command of its name: ``/queue collect`` → ``/queue collect``."""
     name = command.strip().lstrip("/").lower()
     text = text.strip()
-    if name in COMMANDS:
+    if name != own.strip().lstrip("/").lower():
         return f"/{name} {text}".strip()
-    if not text:
-        return "/help"
-    first = text.split(maxsplit=1)[0].lstrip("/").lower()
-    if first in COMMANDS:
-        return "/" + text.lstrip("/")
-    return text
+    return "/" + text.lstrip("/") if text else "/help"
 
 
-def parse_slash(payload: Mapping[str, Any]) -> Inbound | None:
+def parse_slash(payload: Mapping[str, Any], own: str = "/agentpost") -> Inbound | None:
     """A slash command's payload (form fields, or a Socket Mode ``slash_commands`` envelope) as a message
-    in the channel it was typed in (Slack tells no thread)."""
+    in the channel it was typed in (Slack tells no thread); ``own`` is the app's own command."""
     channel, user = str(payload.get("channel_id") or ""), str(payload.get("user_id") or "")
     if not channel or not user:
         return None
@@ -146,7 +141,7 @@ def parse_slash(payload: Mapping[str, Any]) -> Inbound | None:
         conversation=channel,
         sender_id=user,
         sender=str(payload.get("user_name") or user),
-        text=slash_text(str(payload.get("command") or ""), _text_in(str(payload.get("text") or ""))),
+        text=slash_text(str(payload.get("command") or ""), _text_in(str(payload.get("text") or "")), own),
         external_id=f"{channel}:command:{trigger}",
         metadata={"channel_type": "im" if channel.startswith("D") else "channel", "slash": True},
     )

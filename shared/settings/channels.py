@@ -178,6 +178,11 @@ class SlackSettings(ChannelSettings):
     rate_limit_retries: int = Field(
         default=2, ge=0, le=10, description="a call Slack rate-limits is sent again after its Retry-After"
     )
+    slash_command: str = Field(
+        default="/agentpost",
+        pattern=r"^/[a-z0-9_-]{1,31}$",
+        description="the app's slash command: its text is a chat command (/agentpost status)",
+    )
     download_max_bytes: int = Field(
         default=50 * 1024 * 1024, ge=0, description="inbound files larger than this are not downloaded"
     )

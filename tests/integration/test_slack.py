@@ -12,10 +12,14 @@ from pathlib import Path
 import httpx
 import pytest
 
+from adapters import doctor
 from adapters.slack import SlackChannel
+from adapters.web.console import channel_rows
 from shared.chat import previews
 from shared.chat.address import ChatAddress
+from shared.cli.doctor import Check
 from shared.runtime import Runtime
+from shared.settings.model import load_settings
 from tests.channel_support import (
     RunningChannel,
     channel_home,
@@ -89,6 +93,7 @@ def test_socket_mode_takes_in_dms_and_mentions_in_threads_and_acks_after_commit(
             "**done**: see <here>",
         )
         sent = fake.wait_sent(lambda s: s.kind == "post" and s.channel == ROOM)
+        dashboard = {row["channel"]: row for row in channel_rows(rt.db)}  # GET /api/channels/health
     assert [(r["message"], r["conversation"], r["sender"]) for r in rows] == [
         ("hello & welcome", DM, "Ann"),
         ("look at this", f"{ROOM}:{top}", "Ann"),
@@ -96,23 +101,26 @@ def test_socket_mode_takes_in_dms_and_mentions_in_threads_and_acks_after_commit(
     assert rows[1]["external_id"] == f"{ROOM}:{mention['ts']}"
     assert sent.thread_ts == top  # answered in the thread it came from
     assert sent.text == "*done*: see &lt;here&gt;"  # Slack's mrkdwn, escaped
+    assert dashboard["slack"]["state"] == "up"  # the dashboard's channel health shows it connected
 
 
 def test_slash_commands_over_socket_mode_and_http(tmp_path: Path, fake: FakeSlack) -> None:
-    with open_home(_home(tmp_path)) as rt, RunningChannel(SlackChannel(rt, env=slack_env(fake))):
-        fake.wait_connected()
-        fake.wait_ack(fake.push_slash("/agentpost", "status", channel=DM, user=ANN))
-        fake.wait_sent(lambda s: s.channel == DM)
-        assert count(rt, "SELECT COUNT(*) FROM messages") == 0  # a command, not a message for the agent
-        port = free_port()
+    home, port = _home(tmp_path), free_port()
+    with open_home(home) as rt:
+        with RunningChannel(SlackChannel(rt, env=slack_env(fake))):
+            fake.wait_connected()
+            fake.wait_ack(fake.push_slash("/agentpost", "queue followup", channel=DM, user=ANN))
+            by_socket = fake.wait_sent(lambda s: s.channel == DM)
         with RunningChannel(SlackChannel(rt, env=slack_env(fake, secret=SECRET, port=port))):
             url = f"http://127.0.0.1:{port}/slack/commands"
             wait_for(lambda: _answers(url), 10, "the events server")
-            form = slash_form("/agentpost", "write me a poem", channel=DM, user=ANN)
+            # A command the app registered under its own name.
+            form = slash_form("/queue", "collect", channel=DM, user=ANN)
             assert post_signed(url, SECRET, form, form=True).status_code == 200
-            wait_for(lambda: count(rt, "SELECT COUNT(*) FROM messages") == 1, 10, "the message")
-        message = rt.db.read_scalar("SELECT message FROM messages")
-    assert message == "write me a poem"
+            by_http = fake.wait_sent(lambda s: s.channel == DM and s is not by_socket)
+        queued = count(rt, "SELECT COUNT(*) FROM messages")
+    assert queued == 0  # commands, not messages for the agent
+    assert "followup" in by_socket.text and "collect" in by_http.text
 
 
 def _answers(url: str) -> bool:
@@ -228,3 +236,33 @@ def test_rate_limits_are_waited_out_and_refusals_fail_for_good(tmp_path: Path, f
     assert len(limited) == 1 and waited >= 1.0  # the SDK waited Retry-After, then sent it again
     assert "is_archived" in error
     assert sum(1 for c in fake.calls if c.error == "is_archived") == 1  # not retried
+
+
+def test_doctor_tries_the_token_and_names_missing_scopes(tmp_path: Path) -> None:
+    home = _home(tmp_path)
+
+    def slack_check(fake: FakeSlack, **env: str) -> Check:
+        settings = load_settings(home, env={**slack_env(fake), **env})
+        return next(c for c in doctor.checks(settings) if c.name == "slack")
+
+    with FakeSlack() as full:
+        good = slack_check(full)
+        bad_token = slack_check(full, SLACK_BOT_TOKEN="xoxb-wrong")
+        bad_app_token = slack_check(full, SLACK_APP_TOKEN="xapp-wrong")
+        no_way_in = slack_check(full, SLACK_APP_TOKEN="")
+    with FakeSlack(scopes="chat:write,im:history") as narrow:
+        narrowed = slack_check(narrow)
+    with FakeSlack(scopes="im:history") as mute:
+        muted = slack_check(mute)
+    assert good.level == "ok" and "Socket Mode" in good.detail
+    assert (
+        bad_token.level == "fail"
+        and "SLACK_BOT_TOKEN" in bad_token.detail
+        and "invalid_auth" in bad_token.detail
+    )
+    assert bad_app_token.level == "fail" and "SLACK_APP_TOKEN" in bad_app_token.detail
+    assert no_way_in.level == "fail" and "SLACK_APP_TOKEN or SLACK_SIGNING_SECRET" in no_way_in.detail
+    assert (
+        narrowed.level == "warn" and "files:write" in narrowed.detail and "chat:write" not in narrowed.detail
+    )
+    assert muted.level == "fail" and "chat:write" in muted.detail
