@@ -15,9 +15,9 @@ Receiving, one of two ways:
   ``url_verification`` is answered with its challenge. Slack's retries (``X-Slack-Retry-Num``) carry the
   same event and are duplicates.
 
-Either way the events are read by :mod:`adapters.slack_events` (a direct message always, elsewhere a
-mention of the bot; threads are conversations of their own), one chat's messages taken in one at a time
-in order (:mod:`adapters.chat_turns`). Files a known sender shares are downloaded with the bot token.
+Either way :mod:`adapters.slack_intake` takes them in, read by :mod:`adapters.slack_events` (a direct
+message always, elsewhere a mention of the bot; threads are conversations of their own), one chat's
+messages one at a time in order. Files a known sender shares are downloaded with the bot token.
 
 Sending: ``chat.postMessage`` (in the thread the message came from), live previews and progress notes edited
 with ``chat.update``, files with the SDK's ``files_upload_v2`` (``files.getUploadURLExternal``, the upload,
@@ -35,12 +35,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
-import time
-from dataclasses import replace
 from pathlib import Path
-from typing import Any, ClassVar
-from urllib.parse import parse_qs
+from typing import ClassVar
 
 import aiohttp
 import httpx
@@ -51,29 +47,19 @@ from slack_sdk.http_retry.builtin_async_handlers import (
 )
 from slack_sdk.signature import SignatureVerifier
 from slack_sdk.socket_mode.aiohttp import SocketModeClient
-from slack_sdk.socket_mode.async_client import AsyncBaseSocketModeClient
-from slack_sdk.socket_mode.request import SocketModeRequest
-from slack_sdk.socket_mode.response import SocketModeResponse
 from slack_sdk.web.async_client import AsyncWebClient
-from starlette.applications import Starlette
-from starlette.requests import Request
-from starlette.responses import JSONResponse, PlainTextResponse, Response
-from starlette.routing import Route
 
 from adapters import slack_events
-from adapters.chat_turns import ChatTurns
 from adapters.platform import (
     ChannelSettings,
     Inbound,
     MissingSecret,
     Platform,
     SendFailure,
-    pause_for_tests_after_fetch,
     run_until_stopped,
-    safe_filename,
-    upload_folder,
 )
-from adapters.slack_events import SlackMessage, ephemeral, split_conversation
+from adapters.slack_events import ephemeral, split_conversation
+from adapters.slack_intake import SlackIntake
 from adapters.web.limits import BodyLimit, ConnectionLimits, EmbeddedServer, server_config
 from shared.chat.address import ChatAddress
 from shared.settings.channels import SlackSettings
@@ -84,8 +70,6 @@ DEFAULT_API = "https://slack.com/api/"
 WEBHOOK_MAX_BODY_BYTES = 1024 * 1024
 #: How long opening the Socket Mode connection may take before the start counts as failed (and is retried).
 SOCKET_CONNECT_SECONDS = 30.0
-#: Sender names looked up (``users.info``) are kept this long.
-NAME_TTL_SECONDS = 3600.0
 
 
 class SlackChannel(Platform):
@@ -106,7 +90,8 @@ class SlackChannel(Platform):
     files_http: httpx.AsyncClient | None = None
     server: EmbeddedServer | None = None
     server_task: asyncio.Task[None] | None = None
-    bot_user_id: str = ""
+    #: The receiving half, made in :meth:`open`.
+    intake: SlackIntake
 
     def read_secrets(self) -> None:
         self.bot_token = self.require_env("SLACK_BOT_TOKEN", "a bot token (xoxb-…, OAuth & Permissions)")
@@ -124,8 +109,6 @@ class SlackChannel(Platform):
             self.port = int(port_text) if port_text else self.config.webhook_port
         except ValueError:
             raise SettingsError(f"SLACK_WEBHOOK_PORT={port_text!r} is not a port number") from None
-        self.turns = ChatTurns()
-        self._names: dict[str, tuple[str, float]] = {}
 
     @property
     def mode(self) -> str:
@@ -148,8 +131,16 @@ class SlackChannel(Platform):
             ],
         )
         me = await self.web.auth_test()
-        self.bot_user_id = str(me.get("user_id") or "")
         self.files_http = httpx.AsyncClient(timeout=60.0, follow_redirects=True)
+        self.intake = SlackIntake(
+            self,
+            self.config,
+            web=self.web,
+            files=self.files_http,
+            bot_token=self.bot_token,
+            bot_user_id=str(me.get("user_id") or ""),
+            verifier=None if self.mode == "socket" else SignatureVerifier(self.signing_secret),
+        )
         if self.mode == "socket":
             await self._open_socket()
         else:
@@ -157,17 +148,16 @@ class SlackChannel(Platform):
 
     async def _open_socket(self) -> None:
         self.socket = SocketModeClient(app_token=self.app_token, web_client=self.client)
-        self.socket.socket_mode_request_listeners.append(self._on_socket_request)
+        self.socket.socket_mode_request_listeners.append(self.intake.on_socket_request)
         # Asked here, once: a refused app token raises now instead of being retried inside connect().
         self.socket.wss_uri = await self.socket.issue_new_wss_url()
         await asyncio.wait_for(self.socket.connect(), SOCKET_CONNECT_SECONDS)  # type: ignore[no-untyped-call]
-        self.log.info("Slack Socket Mode connected as %s", self.bot_user_id)
+        self.log.info("Slack Socket Mode connected as %s", self.intake.bot_user_id)
 
     async def _open_http(self) -> None:
-        self.verifier = SignatureVerifier(self.signing_secret)
         limits = ConnectionLimits.from_settings(self.settings.api)
         config = server_config(
-            BodyLimit(self.events_app(), WEBHOOK_MAX_BODY_BYTES, limits.body_timeout),
+            BodyLimit(self.intake.events_app(), WEBHOOK_MAX_BODY_BYTES, limits.body_timeout),
             host=self.config.webhook_host,
             port=self.port,
             limits=limits,
@@ -211,133 +201,6 @@ class SlackChannel(Platform):
         else:
             # The SDK's client reconnects by itself (Slack asks it to now and then).
             await self.inbox.stop_event.wait()
-
-    # -- receiving: Socket Mode ------------------------------------------------------------------------------
-    async def _on_socket_request(self, client: AsyncBaseSocketModeClient, request: SocketModeRequest) -> None:
-        """One envelope: take its message in, then acknowledge it. An error leaves it unacknowledged, so
-        Slack delivers it again."""
-        if request.type == "events_api":
-            await self._on_event_callback(request.payload)
-        elif request.type == "slash_commands":
-            await self._on_slash(request.payload)
-        else:
-            self.log.info("ignored a Socket Mode envelope of type %s", request.type)
-        await client.send_socket_mode_response(SocketModeResponse(envelope_id=request.envelope_id))
-
-    # -- receiving: the Events API over HTTP -----------------------------------------------------------------
-    def events_app(self) -> Starlette:
-        """The ASGI app serving ``/slack/events`` (and ``/slack/commands``)."""
-        return Starlette(
-            routes=[
-                Route("/slack/events", self._http_request, methods=["POST"]),
-                Route("/slack/commands", self._http_request, methods=["POST"]),
-            ]
-        )
-
-    async def _http_request(self, request: Request) -> Response:
-        body = await request.body()
-        if not self.verifier.is_valid_request(body, dict(request.headers)):
-            self.log.warning("refused a Slack request with a bad, missing or old signature")
-            return PlainTextResponse("invalid signature", status_code=401)
-        retry = request.headers.get("x-slack-retry-num")
-        if retry:
-            self.log.info("Slack retry %s (%s)", retry, request.headers.get("x-slack-retry-reason", ""))
-        form: dict[str, str] = {}
-        payload: Any = None
-        try:
-            if request.headers.get("content-type", "").startswith("application/x-www-form-urlencoded"):
-                form = {k: v[0] for k, v in parse_qs(body.decode(), keep_blank_values=True).items()}
-            else:
-                payload = json.loads(body)
-        except ValueError as exc:
-            # Signed by Slack but not what we understand: a retry would not help, so acknowledge.
-            self.log.warning("ignored a signed Slack request of unexpected shape (%s)", exc)
-            return Response(status_code=200)
-        kind = payload.get("type") if isinstance(payload, dict) else None
-        if kind == "url_verification":
-            return JSONResponse({"challenge": str(payload.get("challenge") or "")})
-        try:
-            if "command" in form:
-                await self._on_slash(form)
-            elif kind == "event_callback":
-                await self._on_event_callback(payload)
-        except Exception:
-            # Not committed: not acknowledged, so Slack sends it again.
-            self.log.exception("could not take in a Slack event; Slack will retry it")
-            return PlainTextResponse("try again", status_code=503, headers={"Retry-After": "5"})
-        return Response(status_code=200)
-
-    # -- receiving: both -----------------------------------------------------------------------------------
-    async def _on_event_callback(self, payload: dict[str, Any]) -> None:
-        event = payload.get("event")
-        parsed = slack_events.parse_event(event, self.bot_user_id) if isinstance(event, dict) else None
-        if parsed is None:
-            return
-        # Taken before the first await: one chat's messages in the order they came.
-        async with self.turns.turn(parsed.inbound.conversation):
-            await pause_for_tests_after_fetch(self, "a Slack message")
-            await self._take_in(parsed)
-
-    async def _on_slash(self, payload: dict[str, Any]) -> None:
-        inbound = slack_events.parse_slash(payload, self.config.slash_command)
-        if inbound is None:
-            return
-        async with self.turns.turn(inbound.conversation):
-            await self.inbox.handle(inbound)
-
-    async def _take_in(self, parsed: SlackMessage) -> None:
-        inbound = parsed.inbound
-        sender = await self._name_of(inbound.sender_id)
-        text, files = inbound.text, list[Path]()
-        if parsed.files and await self.inbox.may_download(inbound.sender_id):
-            files = await self._save_files(parsed)
-        elif parsed.files and not text:
-            text = "(an attachment)"  # a stranger still gets a pairing code, but nothing is downloaded
-        await self.inbox.handle(replace(inbound, sender=sender, text=text, files=files))
-
-    async def _name_of(self, user: str) -> str:
-        """The sender's display name (``users.info``, kept a while); their id when Slack does not say."""
-        known = self._names.get(user)
-        if known is not None and time.monotonic() - known[1] < NAME_TTL_SECONDS:
-            return known[0]
-        try:
-            info = await self.client.users_info(user=user)
-        except (SlackApiError, aiohttp.ClientError, TimeoutError) as exc:
-            self.log.info("could not look up Slack user %s: %s", user, exc)
-            return user
-        person = info.get("user") or {}
-        profile = person.get("profile") or {}
-        name = str(
-            profile.get("display_name") or profile.get("real_name") or person.get("name") or user
-        ).strip()
-        if len(self._names) > 5000:
-            self._names.clear()
-        self._names[user] = (name, time.monotonic())
-        return name
-
-    async def _save_files(self, parsed: SlackMessage) -> list[Path]:
-        """Download the message's files (with the bot token) into the chat's upload folder, once each."""
-        assert self.files_http is not None
-        folder = upload_folder(self, parsed.inbound.conversation)
-        saved = []
-        for info in parsed.files:
-            url = str(info.get("url_private_download") or info.get("url_private") or "")
-            size = int(info.get("size") or 0)
-            if not url or size > self.config.download_max_bytes:
-                self.log.info("not downloading Slack file %s (%s bytes)", info.get("id"), size)
-                continue
-            name = safe_filename(str(info.get("name") or info.get("title") or "file"))
-            path = folder / f"{safe_filename(str(info.get('id') or 'file'))}-{name}"
-            if not path.exists():
-                response = await self.files_http.get(
-                    url, headers={"Authorization": f"Bearer {self.bot_token}"}
-                )
-                response.raise_for_status()
-                tmp = path.with_name(path.name + ".part")
-                tmp.write_bytes(response.content)
-                tmp.replace(path)
-            saved.append(path)
-        return saved
 
     def pairing_replies(self, message: Inbound, code: str) -> list[tuple[ChatAddress, str, str]]:
         """In a channel the code goes as a message only its sender sees (an ephemeral one)."""

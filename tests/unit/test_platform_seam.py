@@ -25,6 +25,7 @@ PLUGINS = (
     "whatsapp_media.py",
     "slack.py",
     "slack_events.py",
+    "slack_intake.py",
     "chat_turns.py",
 )
 #: The channel runner's parts: the runner builds them and hands the platform its intake as ``inbox``.
