@@ -21,7 +21,9 @@ messages one at a time in order. Files a known sender shares are downloaded with
 
 Sending: ``chat.postMessage`` (in the thread the message came from), live previews and progress notes edited
 with ``chat.update``, files with the SDK's ``files_upload_v2`` (``files.getUploadURLExternal``, the upload,
-``files.completeUploadExternal``), a pairing code in a channel as an ephemeral message only its sender sees.
+``files.completeUploadExternal``), a pairing code in a channel as an ephemeral message only its sender sees,
+an agent's question before a tool runs with Block Kit buttons (a press comes back as a ``block_actions``
+interaction; the question is edited to its answer, its buttons gone).
 A call Slack rate-limits (429) is sent again by the SDK after its ``Retry-After``
 (``rate_limit_retries``); still refused, the reply waits at least that long before its next try. A channel
 that is gone, archived or without the app, and a revoked token, fail the reply for good
@@ -35,8 +37,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Sequence
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import aiohttp
 import httpx
@@ -51,6 +54,7 @@ from slack_sdk.web.async_client import AsyncWebClient
 
 from adapters import slack_events
 from adapters.platform import (
+    Button,
     ChannelSettings,
     Inbound,
     MissingSecret,
@@ -102,6 +106,8 @@ class SlackChannel(Platform):
                 "the slack adapter needs a way to receive messages: set SLACK_APP_TOKEN (Socket Mode: an "
                 "app-level token with connections:write) or SLACK_SIGNING_SECRET (the Events API over HTTP)"
             )
+        #: How messages arrive: ``socket`` (Socket Mode) or ``http`` (the Events API).
+        self.mode = "socket" if self.app_token else "http"
         api = self.env.get("SLACK_API_URL") or self.config.api_url or DEFAULT_API
         self.api_url = api.rstrip("/") + "/"
         port_text = self.env.get("SLACK_WEBHOOK_PORT")
@@ -109,11 +115,6 @@ class SlackChannel(Platform):
             self.port = int(port_text) if port_text else self.config.webhook_port
         except ValueError:
             raise SettingsError(f"SLACK_WEBHOOK_PORT={port_text!r} is not a port number") from None
-
-    @property
-    def mode(self) -> str:
-        """How messages arrive: ``socket`` (Socket Mode) or ``http`` (the Events API)."""
-        return "socket" if self.app_token else "http"
 
     @property
     def client(self) -> AsyncWebClient:
@@ -249,17 +250,36 @@ class SlackChannel(Platform):
     async def edit_reply(self, conversation: str, message_id: str, text: str) -> bool:
         return await self._update(conversation, message_id, slack_events.to_mrkdwn(text))
 
-    async def _update(self, conversation: str, message_id: str, text: str) -> bool:
+    async def _update(
+        self, conversation: str, message_id: str, text: str, blocks: list[dict[str, Any]] | None = None
+    ) -> bool:
         channel, _, user = split_conversation(conversation)
         if user:
             return False  # an ephemeral message cannot be edited
         try:
-            await self.client.chat_update(channel=channel, ts=message_id, text=text)
+            await self.client.chat_update(channel=channel, ts=message_id, text=text, blocks=blocks)
         except SlackApiError as exc:
             if slack_events.error_code(exc)[1] in slack_events.NOT_EDITABLE:
                 return False
             raise
         return True
+
+    async def send_question(self, conversation: str, text: str, buttons: Sequence[Button]) -> str | None:
+        # Block Kit buttons; a press comes back as a block_actions interaction (adapters.slack_intake).
+        channel, thread, _ = split_conversation(conversation)
+        posted = await self.client.chat_postMessage(
+            channel=channel,
+            thread_ts=thread,
+            text=slack_events.escape(text),  # shown in notifications
+            blocks=slack_events.question_blocks(text, list(buttons)),
+        )
+        return str(posted.get("ts") or "") or None
+
+    async def close_question(self, conversation: str, message_id: str, text: str) -> bool:
+        # The buttons go with the blocks replaced by the answer's text.
+        return await self._update(
+            conversation, message_id, slack_events.escape(text), slack_events.text_blocks(text)
+        )
 
     def preview_edit_seconds(self, conversation: str) -> float:
         return self.config.preview_edit_seconds

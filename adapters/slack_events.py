@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from adapters.platform import Inbound, SendFailure
+from adapters.platform import Button, Inbound, Press, SendFailure
 
 #: ``subtype`` values of message events that carry what a person wrote (None: a plain message).
 USER_SUBTYPES = frozenset({"file_share", "thread_broadcast"})
@@ -145,6 +145,54 @@ def parse_slash(payload: Mapping[str, Any], own: str = "/agentpost") -> Inbound 
         external_id=f"{channel}:command:{trigger}",
         metadata={"channel_type": "im" if channel.startswith("D") else "channel", "slash": True},
     )
+
+
+# -- questions with buttons (Block Kit) ----------------------------------------------------------------------
+#: Slack's limits: a section's text, a button's label.
+SECTION_LIMIT, LABEL_LIMIT = 3000, 75
+
+
+def text_blocks(text: str) -> list[dict[str, Any]]:
+    """``text`` as one Block Kit section (what a question becomes once answered: no buttons left)."""
+    return [{"type": "section", "text": {"type": "mrkdwn", "text": to_mrkdwn(text)[:SECTION_LIMIT]}}]
+
+
+def question_blocks(text: str, buttons: list[Button]) -> list[dict[str, Any]]:
+    """A question as Block Kit: its text, then one button per answer carrying the answer's data as its
+    ``value`` (handed back in the ``block_actions`` payload of a press)."""
+    elements = [
+        {
+            "type": "button",
+            "text": {"type": "plain_text", "text": button.label[:LABEL_LIMIT]},
+            "action_id": f"agentpost-answer-{i}",
+            "value": button.data,
+        }
+        for i, button in enumerate(buttons)
+    ]
+    return [*text_blocks(text), {"type": "actions", "block_id": "agentpost-question", "elements": elements}]
+
+
+def parse_presses(payload: Mapping[str, Any]) -> list[Press]:
+    """The button presses in an interaction payload (``block_actions``), in the conversation of the message
+    whose button was pressed; none for other interactions."""
+    if payload.get("type") != "block_actions":
+        return []
+    user = payload.get("user") or {}
+    container = payload.get("container") or {}
+    message = payload.get("message") or {}
+    channel = str((payload.get("channel") or {}).get("id") or container.get("channel_id") or "")
+    user_id = str(user.get("id") or "")
+    if not channel or not user_id:
+        return []
+    thread = str(message.get("thread_ts") or container.get("thread_ts") or "") or None
+    if thread and thread == str(message.get("ts") or container.get("message_ts") or ""):
+        thread = None  # a top-level message with replies names itself as the thread
+    sender = str(user.get("username") or user.get("name") or user_id)
+    return [
+        Press(conversation_of(channel, thread), user_id, sender, str(action.get("value") or ""))
+        for action in payload.get("actions") or ()
+        if isinstance(action, Mapping) and action.get("value")
+    ]
 
 
 # -- text out ---------------------------------------------------------------------------------------------

@@ -73,6 +73,8 @@ class SlackIntake:
             await self._on_event_callback(request.payload)
         elif request.type == "slash_commands":
             await self._on_slash(request.payload)
+        elif request.type == "interactive":
+            await self._on_interaction(request.payload)
         else:
             self.log.info("ignored a Socket Mode envelope of type %s", request.type)
         await client.send_socket_mode_response(SocketModeResponse(envelope_id=request.envelope_id))
@@ -110,7 +112,9 @@ class SlackIntake:
         if kind == "url_verification":
             return JSONResponse({"challenge": str(payload.get("challenge") or "")})
         try:
-            if "command" in form:
+            if "payload" in form:
+                await self._on_interaction(json.loads(form["payload"]))
+            elif "command" in form:
                 await self._on_slash(form)
             elif kind == "event_callback":
                 await self._on_event_callback(payload)
@@ -137,6 +141,19 @@ class SlackIntake:
             return
         async with self.turns.turn(inbound.conversation):
             await self.platform.inbox.handle(inbound)
+
+    async def _on_interaction(self, payload: dict[str, Any]) -> None:
+        """A button pressed under a question: answered (by the runner), and the one who pressed told what it
+        did, in a message only they see."""
+        for press in slack_events.parse_presses(payload):
+            told = await self.platform.inbox.press(press)
+            channel, thread, _ = slack_events.split_conversation(press.conversation)
+            try:
+                await self.web.chat_postEphemeral(
+                    channel=channel, user=press.sender_id, text=slack_events.escape(told), thread_ts=thread
+                )
+            except (SlackApiError, aiohttp.ClientError, TimeoutError) as exc:
+                self.log.info("could not tell %s what their press did: %s", press.sender_id, exc)
 
     async def _take_in(self, parsed: SlackMessage) -> None:
         inbound = parsed.inbound

@@ -62,7 +62,14 @@ class SlackSent:
     user: str | None = None
     filename: str = ""
     data: bytes = b""
+    #: Block Kit blocks sent with it (a question's buttons are in an ``actions`` block).
+    blocks: tuple[JSON, ...] = ()
     at: float = field(default_factory=time.monotonic)
+
+    @property
+    def buttons(self) -> list[JSON]:
+        """The buttons among :attr:`blocks`."""
+        return [e for b in self.blocks if b.get("type") == "actions" for e in b.get("elements") or ()]
 
 
 @dataclass(frozen=True)
@@ -345,7 +352,7 @@ class FakeSlack(ThreadedHttpFake):
         return hold
 
     def _ts(self) -> str:
-        return f"{int(time.time())}.{next(self._ids):06d}"
+        return new_ts()  # one counter with the tests' own timestamps: never the same ts twice
 
     def _writable(self, channel: str) -> None:
         if not channel:
@@ -379,7 +386,7 @@ class FakeSlack(ThreadedHttpFake):
             raise _Refused("no_text")
         thread = str(params.get("thread_ts") or "") or None
         ts = self._ts()
-        self._record(SlackSent("post", channel, text, ts, thread))
+        self._record(SlackSent("post", channel, text, ts, thread, blocks=_blocks(params)))
         return {"channel": channel, "ts": ts, "message": {"text": text, "ts": ts, "user": self.bot_user_id}}
 
     def _m_chat_update(self, params: JSON) -> JSON:
@@ -392,7 +399,7 @@ class FakeSlack(ThreadedHttpFake):
         with self._cond:
             if ts not in self._messages.get(channel, {}):
                 raise _Refused("message_not_found")
-        self._record(SlackSent("update", channel, text, ts))
+        self._record(SlackSent("update", channel, text, ts, blocks=_blocks(params)))
         return {"channel": channel, "ts": ts, "text": text}
 
     def _m_chat_postEphemeral(self, params: JSON) -> JSON:
@@ -469,6 +476,13 @@ class FakeSlack(ThreadedHttpFake):
     def push_slash(self, command: str, text: str, *, channel: str, user: str) -> str:
         return self._push("slash_commands", slash_form(command, text, channel=channel, user=user))
 
+    def push_press(self, message: SlackSent, button: JSON, *, user: str) -> str:
+        """``user`` presses ``button`` under ``message`` (a ``block_actions`` interaction)."""
+        return self._push(
+            "interactive",
+            block_actions(message.channel, message.ts, button, user=user, thread_ts=message.thread_ts),
+        )
+
     def _push(self, kind: str, payload: JSON) -> str:
         envelope_id = str(uuid.uuid4())
         body = {
@@ -525,6 +539,13 @@ class FakeSlack(ThreadedHttpFake):
         finally:
             if self._ws_current is connection:
                 self._ws_current = None
+
+
+def _blocks(params: JSON) -> tuple[JSON, ...]:
+    blocks = params.get("blocks")
+    if isinstance(blocks, str):  # form-encoded calls send them as JSON text
+        blocks = json.loads(blocks)
+    return tuple(b for b in blocks or () if isinstance(b, dict))
 
 
 class _Refused(Exception):
@@ -600,6 +621,42 @@ def slash_form(command: str, text: str, *, channel: str, user: str) -> JSON:
         "team_id": "T0001",
         "trigger_id": uuid.uuid4().hex,
         "response_url": "http://127.0.0.1:9/commands/response",
+    }
+
+
+def block_actions(
+    channel: str, message_ts: str, button: JSON, *, user: str, thread_ts: str | None = None
+) -> JSON:
+    """The interaction payload of a press of ``button`` under the message ``message_ts``."""
+    message: JSON = {"type": "message", "ts": message_ts, "user": "UBOT"}
+    container: JSON = {
+        "type": "message",
+        "message_ts": message_ts,
+        "channel_id": channel,
+        "is_ephemeral": False,
+    }
+    if thread_ts:
+        message["thread_ts"] = container["thread_ts"] = thread_ts
+    return {
+        "type": "block_actions",
+        "user": {"id": user, "username": user.lower(), "name": user.lower(), "team_id": "T0001"},
+        "api_app_id": "A0001",
+        "container": container,
+        "trigger_id": uuid.uuid4().hex,
+        "team": {"id": "T0001"},
+        "channel": {"id": channel, "name": "chat"},
+        "message": message,
+        "response_url": "http://127.0.0.1:9/actions/response",
+        "actions": [
+            {
+                "type": "button",
+                "action_id": button.get("action_id"),
+                "block_id": "agentpost-question",
+                "text": button.get("text"),
+                "value": button.get("value"),
+                "action_ts": f"{time.time():.6f}",
+            }
+        ],
     }
 
 

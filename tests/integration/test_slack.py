@@ -5,6 +5,7 @@ commands, files both ways, previews grown by chat.update, and Slack's refusals c
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,6 +19,7 @@ from adapters.web.console import channel_rows
 from shared.chat import previews
 from shared.chat.address import ChatAddress
 from shared.cli.doctor import Check
+from shared.queue import approvals
 from shared.runtime import Runtime
 from shared.settings.model import load_settings
 from tests.channel_support import (
@@ -31,6 +33,7 @@ from tests.channel_support import (
 )
 from tests.fakes.slack_api import (
     FakeSlack,
+    block_actions,
     event_callback,
     message_event,
     new_ts,
@@ -266,3 +269,64 @@ def test_doctor_tries_the_token_and_names_missing_scopes(tmp_path: Path) -> None
         narrowed.level == "warn" and "files:write" in narrowed.detail and "chat:write" not in narrowed.detail
     )
     assert muted.level == "fail" and "chat:write" in muted.detail
+
+
+def _ask(rt: Runtime, conversation: str) -> str:
+    """An agent's question before a tool runs, asked in ``conversation`` (as the processor asks it)."""
+    question = approvals.Question(
+        agent="alpha",
+        tool="Bash",
+        summary="run `make deploy`",
+        detail="make deploy",
+        pattern="make deploy",
+        message_id="slack_question1",
+        run_id="run-1",
+        chat=ChatAddress("slack", "Ann", sender_id=ANN, conversation=conversation),
+        timeout_ms=60_000,
+    )
+    return approvals.ask(rt.db, rt.queue.responses, question).id
+
+
+def test_a_question_has_buttons_only_the_asker_can_press_and_ends_as_its_answer(
+    tmp_path: Path, fake: FakeSlack
+) -> None:
+    top = new_ts()
+    with open_home(_home(tmp_path)) as rt, RunningChannel(SlackChannel(rt, env=slack_env(fake))):
+        fake.wait_connected()
+        approval_id = _ask(rt, f"{ROOM}:{top}")
+        question = fake.wait_sent(lambda s: s.kind == "post" and bool(s.buttons))
+        labels = [b["text"]["text"] for b in question.buttons]
+        allow = next(b for b in question.buttons if b["text"]["text"] == "Allow")
+        fake.wait_ack(fake.push_press(question, allow, user=STRANGER))
+        refused = fake.wait_sent(lambda s: s.kind == "ephemeral" and s.user == STRANGER)
+        still = approvals.get(rt.db, approval_id)
+        fake.wait_ack(fake.push_press(question, allow, user=ANN))
+        told = fake.wait_sent(lambda s: s.kind == "ephemeral" and s.user == ANN)
+        closed = fake.wait_sent(lambda s: s.kind == "update" and s.ts == question.ts)
+        decided = approvals.get(rt.db, approval_id)
+    assert question.channel == ROOM and question.thread_ts == top  # asked in the thread
+    assert labels == ["Allow", "Deny", "Allow for this chat"]
+    assert still is not None and still.status == "pending" and "Ann" in refused.text
+    assert decided is not None and decided.status == "allowed" and refused.thread_ts == told.thread_ts == top
+    assert closed.buttons == [] and closed.text  # the question became its answer, buttons gone
+
+
+def test_a_press_over_http_is_signed_and_answers_once(tmp_path: Path, fake: FakeSlack) -> None:
+    port = free_port()
+    env = slack_env(fake, secret=SECRET, port=port)
+    with open_home(_home(tmp_path)) as rt, RunningChannel(SlackChannel(rt, env=env)):
+        url = f"http://127.0.0.1:{port}/slack/events"
+        wait_for(lambda: _answers(url), 10, "the events server")
+        approval_id = _ask(rt, DM)
+        question = fake.wait_sent(lambda s: s.kind == "post" and bool(s.buttons))
+        deny = next(b for b in question.buttons if b["text"]["text"] == "Deny")
+        form = {"payload": json.dumps(block_actions(DM, question.ts, deny, user=ANN))}
+        assert post_signed(url, "not-the-secret", form, form=True).status_code == 401
+        assert approvals.get(rt.db, approval_id).status == "pending"  # type: ignore[union-attr]
+        assert post_signed(url, SECRET, form, form=True).status_code == 200
+        assert post_signed(url, SECRET, form, form=True).status_code == 200  # pressed twice
+        wait_for(lambda: len([s for s in fake.sent if s.kind == "ephemeral"]) == 2, 10, "both presses told")
+        told = [s.text for s in fake.sent if s.kind == "ephemeral"]
+        decided = approvals.get(rt.db, approval_id)
+    assert decided is not None and decided.status == "denied"
+    assert told[0] != told[1]  # the second press is told the request was already answered
