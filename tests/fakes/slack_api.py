@@ -80,6 +80,7 @@ class SlackCall:
     params: JSON
     status: int
     error: str
+    at: float = field(default_factory=time.monotonic)
 
 
 @dataclass

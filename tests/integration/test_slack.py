@@ -330,3 +330,19 @@ def test_a_press_over_http_is_signed_and_answers_once(tmp_path: Path, fake: Fake
         decided = approvals.get(rt.db, approval_id)
     assert decided is not None and decided.status == "denied"
     assert told[0] != told[1]  # the second press is told the request was already answered
+
+
+def test_a_rate_limit_outlasting_the_sdks_retries_holds_the_reply_for_its_retry_after(
+    tmp_path: Path, fake: FakeSlack
+) -> None:
+    settings = {
+        "slack": {**SETTINGS["slack"], "rate_limit_retries": 0, "delivery_backoff_base_seconds": 0.05}
+    }
+    with open_home(_home(tmp_path, settings)) as rt, RunningChannel(SlackChannel(rt, env=slack_env(fake))):
+        fake.wait_connected()
+        fake.rate_limit_next("chat.postMessage", retry_after=2)
+        rt.queue.responses.enqueue_response(ChatAddress("slack", "Ann", ANN, DM), "after the wait")
+        fake.wait_sent(lambda s: s.text == "after the wait")
+    posts = [c for c in fake.calls if c.method == "chat.postMessage"]
+    assert [c.status for c in posts] == [429, 200]
+    assert posts[1].at - posts[0].at >= 2.0  # not the 0.05 s backoff: Slack's Retry-After
