@@ -477,6 +477,16 @@ class FakeSlack(ThreadedHttpFake):
     def push_slash(self, command: str, text: str, *, channel: str, user: str) -> str:
         return self._push("slash_commands", slash_form(command, text, channel=channel, user=user))
 
+    def ask_to_reconnect(self) -> None:
+        """Tell the connected client to reconnect (Slack does so every few hours: ``refresh_requested``)."""
+        assert self._ws_loop is not None
+
+        async def send() -> None:
+            if self._ws_current is not None:
+                await self._ws_current.send(json.dumps({"type": "disconnect", "reason": "refresh_requested"}))
+
+        asyncio.run_coroutine_threadsafe(send(), self._ws_loop).result(10)
+
     def push_press(self, message: SlackSent, button: JSON, *, user: str) -> str:
         """``user`` presses ``button`` under ``message`` (a ``block_actions`` interaction)."""
         return self._push(

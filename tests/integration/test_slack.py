@@ -346,3 +346,14 @@ def test_a_rate_limit_outlasting_the_sdks_retries_holds_the_reply_for_its_retry_
     posts = [c for c in fake.calls if c.method == "chat.postMessage"]
     assert [c.status for c in posts] == [429, 200]
     assert posts[1].at - posts[0].at >= 2.0  # not the 0.05 s backoff: Slack's Retry-After
+
+
+def test_socket_mode_reconnects_when_slack_asks_and_nothing_is_lost(tmp_path: Path, fake: FakeSlack) -> None:
+    with open_home(_home(tmp_path)) as rt, RunningChannel(SlackChannel(rt, env=slack_env(fake))):
+        fake.wait_connected()
+        fake.ask_to_reconnect()
+        fake.wait_connected(2)
+        fake.wait_ack(fake.push_event(message_event(DM, ANN, "after the refresh")))
+        rows = _rows(rt)
+    assert [r["message"] for r in rows] == ["after the refresh"]
+    assert [c.method for c in fake.calls].count("apps.connections.open") == 2  # a fresh URL for the new one
