@@ -201,19 +201,22 @@ def escape(text: str) -> str:
     return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
 
 
+_ITALIC_RE = re.compile(r"(?<![*\w])\*(?![\s*])([^*\n]+?)(?<![\s*])\*(?![*\w])")
 _BOLD_RE = re.compile(r"\*\*(?=\S)(.+?)(?<=\S)\*\*")
 _LINK_RE = re.compile(r"\[([^\]\n]+)\]\((https?://[^)\s]+)\)")
 _HEADING_RE = re.compile(r"^#{1,6}\s+(.+?)\s*#*$", re.MULTILINE)
 
 
 def to_mrkdwn(text: str) -> str:
-    """An agent's Markdown as Slack's mrkdwn: escaped, ``**bold**`` → ``*bold*``, ``[label](url)`` →
-    ``<url|label>``, headings bold. Code (fenced or inline) is only escaped."""
+    """An agent's Markdown as Slack's mrkdwn: escaped, ``**bold**`` → ``*bold*``, ``*italic*`` →
+    ``_italic_``, ``[label](url)`` → ``<url|label>``, headings bold. Code (fenced or inline) is only
+    escaped."""
     parts = re.split(r"(```.*?(?:```|$)|`[^`\n]+`)", text, flags=re.DOTALL)
     out = []
     for i, part in enumerate(parts):
         part = escape(part)
         if i % 2 == 0:  # outside code
+            part = _ITALIC_RE.sub(r"_\1_", part)
             part = _HEADING_RE.sub(r"*\1*", part)
             part = _BOLD_RE.sub(r"*\1*", part)
             part = _LINK_RE.sub(lambda m: f"<{m.group(2)}|{m.group(1)}>", part)

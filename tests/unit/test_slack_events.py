@@ -101,6 +101,7 @@ def test_markdown_becomes_mrkdwn_and_code_is_only_escaped() -> None:
         == "*Title*\n*bold* and <https://x.test/a|docs>"
     )
     assert to_mrkdwn("a < b & c") == "a &lt; b &amp; c"
+    assert to_mrkdwn("*italic* and **bold**\n* item\n2 * 3 * 4") == "_italic_ and *bold*\n* item\n2 * 3 * 4"
     assert to_mrkdwn("`**x**` and\n```\n**y** <z>\n```") == "`**x**` and\n```\n**y** &lt;z&gt;\n```"
 
 
