@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, ClassVar
@@ -199,9 +200,22 @@ class SlackChannel(Platform):
     async def receive(self) -> None:
         if self.server_task is not None:
             await run_until_stopped(self.server_task, self.inbox.stop_event, "the Slack events server")
-        else:
-            # The SDK's client reconnects by itself (Slack asks it to now and then).
-            await self.inbox.stop_event.wait()
+            return
+        # The SDK's client reconnects by itself (Slack asks it to every few hours). A connection that stays
+        # down ends the adapter, so its health says so and the supervisor starts it afresh.
+        assert self.socket is not None
+        limit = self.config.socket_down_seconds
+        down_since: float | None = None
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.inbox.stop_event.wait(), min(5.0, limit / 2))
+                return
+            if await self.socket.is_connected():
+                down_since = None
+                continue
+            down_since = down_since or time.monotonic()
+            if time.monotonic() - down_since >= limit:
+                raise ConnectionError(f"the Slack Socket Mode connection has been down for {limit:g} s")
 
     def pairing_replies(self, message: Inbound, code: str) -> list[tuple[ChatAddress, str, str]]:
         """In a channel the code goes as a message only its sender sees (an ephemeral one)."""

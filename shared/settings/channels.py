@@ -178,6 +178,9 @@ class SlackSettings(ChannelSettings):
     rate_limit_retries: int = Field(
         default=2, ge=0, le=10, description="a call Slack rate-limits is sent again after its Retry-After"
     )
+    socket_down_seconds: float = Field(
+        default=120.0, gt=0, description="Socket Mode down this long: the adapter stops (and is restarted)"
+    )
     slash_command: str = Field(
         default="/agentpost",
         pattern=r"^/[a-z0-9_-]{1,31}$",

@@ -477,6 +477,17 @@ class FakeSlack(ThreadedHttpFake):
     def push_slash(self, command: str, text: str, *, channel: str, user: str) -> str:
         return self._push("slash_commands", slash_form(command, text, channel=channel, user=user))
 
+    def drop_socket(self) -> None:
+        """Close the Socket Mode connection and hand out no new one (``apps.connections.open`` fails)."""
+        self.fail_next("apps.connections.open", "internal_error", times=10_000)
+        assert self._ws_loop is not None
+
+        async def close() -> None:
+            if self._ws_current is not None:
+                await self._ws_current.close()
+
+        asyncio.run_coroutine_threadsafe(close(), self._ws_loop).result(10)
+
     def ask_to_reconnect(self) -> None:
         """Tell the connected client to reconnect (Slack does so every few hours: ``refresh_requested``)."""
         assert self._ws_loop is not None

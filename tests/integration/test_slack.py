@@ -357,3 +357,22 @@ def test_socket_mode_reconnects_when_slack_asks_and_nothing_is_lost(tmp_path: Pa
         rows = _rows(rt)
     assert [r["message"] for r in rows] == ["after the refresh"]
     assert [c.method for c in fake.calls].count("apps.connections.open") == 2  # a fresh URL for the new one
+
+
+def test_a_socket_that_stays_down_stops_the_adapter_and_its_health_says_why(
+    tmp_path: Path, fake: FakeSlack
+) -> None:
+    settings = {"slack": {**SETTINGS["slack"], "socket_down_seconds": 1.0}}
+    with open_home(_home(tmp_path, settings)) as rt:
+        running = RunningChannel(SlackChannel(rt, env=slack_env(fake)))
+        try:
+            fake.wait_connected()
+            fake.ask_to_reconnect()  # a brief drop is the SDK's to mend: the adapter goes on
+            fake.wait_connected(2)
+            fake.drop_socket()
+            wait_for(lambda: channel_rows(rt.db)[0]["state"] == "stopped", 20, "the adapter to stop")
+            row = channel_rows(rt.db)[0]
+        finally:
+            with pytest.raises(ConnectionError, match="Socket Mode connection has been down"):
+                running.stop()
+    assert "Socket Mode connection has been down" in row["error"]
