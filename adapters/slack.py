@@ -41,6 +41,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, ClassVar
+from urllib.parse import urlparse
 
 import aiohttp
 import httpx
@@ -142,6 +143,8 @@ class SlackChannel(Platform):
             bot_token=self.bot_token,
             bot_user_id=str(me.get("user_id") or ""),
             verifier=None if self.mode == "socket" else SignatureVerifier(self.signing_secret),
+            # Slack's file host, and the Web API's when it is not Slack's (a proxy, a test's fake).
+            file_hosts=frozenset({"files.slack.com", urlparse(self.api_url).hostname or "files.slack.com"}),
         )
         if self.mode == "socket":
             await self._open_socket()

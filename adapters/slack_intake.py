@@ -13,7 +13,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qs
+from urllib.parse import parse_qs, urlparse
 
 import aiohttp
 import httpx
@@ -40,8 +40,8 @@ NAME_TTL_SECONDS = 3600.0
 
 class SlackIntake:
     """Takes in what Slack sends to ``platform`` (whose ``inbox`` is the runner's intake): ``web`` looks up
-    senders' names, ``files`` downloads what they share with ``bot_token``; ``verifier`` checks Events API
-    requests (None with Socket Mode)."""
+    senders' names, ``files`` downloads what they share with ``bot_token`` from ``file_hosts``;
+    ``verifier`` checks Events API requests (None with Socket Mode)."""
 
     def __init__(
         self,
@@ -53,6 +53,7 @@ class SlackIntake:
         bot_token: str,
         bot_user_id: str,
         verifier: SignatureVerifier | None = None,
+        file_hosts: frozenset[str] = frozenset({"files.slack.com"}),
     ) -> None:
         self.platform = platform
         self.config = config
@@ -61,6 +62,8 @@ class SlackIntake:
         self.bot_token = bot_token
         self.bot_user_id = bot_user_id
         self.verifier = verifier
+        #: Hosts the bot token is shown to for a download (Slack's own file host).
+        self.file_hosts = file_hosts
         self.log = platform.log
         self.turns = ChatTurns()
         self._names: dict[str, tuple[str, float]] = {}
@@ -160,7 +163,9 @@ class SlackIntake:
         sender = await self._name_of(inbound.sender_id)
         text, files = inbound.text, list[Path]()
         if parsed.files and await self.platform.inbox.may_download(inbound.sender_id):
-            files = await self._save_files(parsed)
+            files, missed = await self._save_files(parsed)
+            if missed:
+                text = f"{text}\n(could not download: {', '.join(missed)})".strip()
         elif parsed.files and not text:
             text = "(an attachment)"  # a stranger still gets a pairing code, but nothing is downloaded
         await self.platform.inbox.handle(replace(inbound, sender=sender, text=text, files=files))
@@ -185,25 +190,34 @@ class SlackIntake:
         self._names[user] = (name, time.monotonic())
         return name
 
-    async def _save_files(self, parsed: SlackMessage) -> list[Path]:
-        """Download the message's files (with the bot token) into the chat's upload folder, once each."""
+    async def _save_files(self, parsed: SlackMessage) -> tuple[list[Path], list[str]]:
+        """Download the message's files (with the bot token, and only from Slack's own file host) into the
+        chat's upload folder, once each; returns the files saved and the names of those that were not."""
         folder = upload_folder(self.platform, parsed.inbound.conversation)
-        saved = []
+        saved, missed = [], []
         for info in parsed.files:
             url = str(info.get("url_private_download") or info.get("url_private") or "")
             size = int(info.get("size") or 0)
-            if not url or size > self.config.download_max_bytes:
-                self.log.info("not downloading Slack file %s (%s bytes)", info.get("id"), size)
-                continue
             name = safe_filename(str(info.get("name") or info.get("title") or "file"))
+            if urlparse(url).hostname not in self.file_hosts or size > self.config.download_max_bytes:
+                self.log.info("not downloading Slack file %s (%s, %s bytes)", info.get("id"), url, size)
+                missed.append(name)
+                continue
             path = folder / f"{safe_filename(str(info.get('id') or 'file'))}-{name}"
             if not path.exists():
-                response = await self.files_http.get(
-                    url, headers={"Authorization": f"Bearer {self.bot_token}"}
-                )
-                response.raise_for_status()
+                try:
+                    response = await self.files_http.get(
+                        url, headers={"Authorization": f"Bearer {self.bot_token}"}
+                    )
+                    response.raise_for_status()
+                except httpx.HTTPError as exc:
+                    # The message is still taken in (and answered), without this file: a retry of the
+                    # event would fail the same way, and the message would never be taken.
+                    self.log.warning("could not download Slack file %s: %s", info.get("id"), exc)
+                    missed.append(name)
+                    continue
                 tmp = path.with_name(path.name + ".part")
                 tmp.write_bytes(response.content)
                 tmp.replace(path)
             saved.append(path)
-        return saved
+        return saved, missed

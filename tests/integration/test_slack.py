@@ -177,6 +177,20 @@ def test_files_in_are_downloaded_for_known_senders_only(tmp_path: Path, fake: Fa
     assert fake.downloads == files[:1]  # Ann's file, with the bot token; the stranger's was never fetched
 
 
+def test_a_file_that_cannot_be_fetched_leaves_the_message_taken_in_and_says_so(
+    tmp_path: Path, fake: FakeSlack
+) -> None:
+    gone = {**fake.add_file("gone.txt", b"x"), "url_private_download": f"{fake.url}/files/F99999999/gone.txt"}
+    foreign = {**fake.add_file("leak.txt", b"x"), "url_private_download": "http://127.0.0.2:9/leak.txt"}
+    with open_home(_home(tmp_path)) as rt, RunningChannel(SlackChannel(rt, env=slack_env(fake))):
+        fake.wait_connected()
+        fake.wait_ack(fake.push_event(message_event(DM, ANN, "two files", files=[gone, foreign])))
+        message = rt.db.read_scalar("SELECT message FROM messages")
+    # Acknowledged and queued, not redelivered for ever; the token never went to another host.
+    assert message == "two files\n(could not download: gone.txt, leak.txt)"
+    assert fake.downloads == []
+
+
 def test_a_stranger_in_a_channel_gets_the_code_privately(tmp_path: Path, fake: FakeSlack) -> None:
     with open_home(_home(tmp_path)) as rt, RunningChannel(SlackChannel(rt, env=slack_env(fake))):
         fake.wait_connected()
