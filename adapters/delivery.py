@@ -328,13 +328,16 @@ class Delivery:
                     explanation=explanation,
                 )
             )
+        # A wait the platform asked for (Retry-After) is the least one: backoff with jitter takes at most
+        # half off its ceiling, so a ceiling of twice the wait never retries early.
+        asked_ms = int(failure.retry_after_seconds * 2000)
         retried = await call(
             queue.responses.retry_response_later,
             response.id,
             self.worker,
             failure.reason,
-            base_ms=int(self.config.delivery_backoff_base_seconds * 1000),
-            max_ms=int(self.config.delivery_backoff_max_seconds * 1000),
+            base_ms=max(int(self.config.delivery_backoff_base_seconds * 1000), asked_ms),
+            max_ms=max(int(self.config.delivery_backoff_max_seconds * 1000), asked_ms),
             max_attempts=self.config.delivery_attempts,
             explanation=None if silent else self.failure_explanation(failure, gave_up=True),
         )

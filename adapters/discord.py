@@ -33,13 +33,13 @@ import contextlib
 import functools
 import re
 import warnings
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any, ClassVar
 
 import aiohttp
 import yarl
 
+from adapters.chat_turns import ChatTurns
 from adapters.discord_catch_up import CatchUp
 from adapters.platform import (
     ChannelSettings,
@@ -178,34 +178,14 @@ class DiscordChannel(Platform):
                 return
             text = re.sub(_MENTION_RE.format(client.user.id), "", text).strip()
         conversation = str(message.channel.id)
-        # discord.py runs each event's handler as a task of its own, so two messages of one chat would be
-        # taken in side by side and could be queued in either order (one with an attachment to download,
-        # say, is overtaken by the next). Taking the chat's turn before the first await keeps the order
-        # they came in, as Telegram's one-update-at-a-time loop does; other chats do not wait.
-        async with self._chat_turn(conversation):
+        # Handlers run as tasks of their own: take the chat's turn before the first await, so one chat's
+        # messages are taken in in the order they came (adapters.chat_turns); other chats do not wait.
+        async with self._chat_turns.turn(conversation):
             await self._take_in(message, text, guild, conversation)
 
     @functools.cached_property
-    def _turns(self) -> dict[str, tuple[asyncio.Lock, int]]:
-        """Per chat being taken in: its lock and how many handlers hold or wait for it."""
-        return {}
-
-    @contextlib.asynccontextmanager
-    async def _chat_turn(self, conversation: str) -> AsyncIterator[None]:
-        """Handle one chat's messages one at a time, in the order their handlers started (asyncio's lock
-        wakes its waiters first come, first served); the lock goes when nobody holds or waits for it."""
-        turns = self._turns
-        lock, users = turns.get(conversation, (asyncio.Lock(), 0))
-        turns[conversation] = (lock, users + 1)
-        try:
-            async with lock:
-                yield
-        finally:
-            lock, users = turns[conversation]
-            if users == 1:
-                del turns[conversation]
-            else:
-                turns[conversation] = (lock, users - 1)
+    def _chat_turns(self) -> ChatTurns:
+        return ChatTurns()
 
     async def _take_in(self, message: discord.Message, text: str, guild: str, conversation: str) -> None:
         await pause_for_tests_after_fetch(self, "a Discord message")

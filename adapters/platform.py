@@ -1,4 +1,5 @@
-"""The platform seam: what differs between chat platforms (Telegram, Discord, WhatsApp, third-party ones).
+"""The platform seam: what differs between chat platforms (Telegram, Discord, WhatsApp, Slack, third-party
+ones).
 
 A channel plugin is a subclass of :class:`Platform` (the class the ``agentpost.channels`` entry point names).
 It fills in only the platform's half:
@@ -223,6 +224,9 @@ class SendFailure:
     permanent: bool
     reason: str
     explanation: str = ""
+    #: The platform asked for this wait before the next try (a rate limit's ``Retry-After``): a transient
+    #: failure's retry comes no sooner.
+    retry_after_seconds: float = 0.0
 
 
 def pairing_code_text(code: str) -> str:

@@ -80,7 +80,7 @@ def run_process(platform_class: type[Platform], home: Path | None = None) -> Non
         level=os.environ.get("AGENTPOST_LOG_LEVEL", "INFO"),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    for noisy in ("httpx", "telegram", "discord", "uvicorn.access"):
+    for noisy in ("httpx", "telegram", "discord", "slack_sdk", "uvicorn.access"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     runtime = open_runtime(home)
     try:

@@ -40,13 +40,11 @@ import hmac
 import json
 import mimetypes
 import time
-from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, ClassVar
 
 import httpx
-import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
@@ -64,7 +62,7 @@ from adapters.platform import (
     safe_filename,
     upload_folder,
 )
-from adapters.web.limits import BodyLimit, ConnectionLimits, server_config
+from adapters.web.limits import BodyLimit, ConnectionLimits, EmbeddedServer, server_config
 from adapters.whatsapp_graph import (
     THROUGHPUT_CODES,
     GraphSendError,
@@ -91,13 +89,6 @@ DEFAULT_GRAPH = "https://graph.facebook.com"
 WEBHOOK_MAX_BODY_BYTES = 3 * 1024 * 1024
 
 
-class _QuietServer(uvicorn.Server):
-    # The adapter owns SIGTERM/SIGINT; uvicorn must not take them over inside our process.
-    @contextlib.contextmanager
-    def capture_signals(self) -> Iterator[None]:
-        yield
-
-
 class WhatsAppChannel(Platform):
     """The WhatsApp Cloud API adapter (``agentpost run whatsapp``)."""
 
@@ -117,7 +108,7 @@ class WhatsAppChannel(Platform):
     _receipts: set[asyncio.Task[None]]
     #: wamid -> time.monotonic() of the last typing indicator shown on it.
     _typing_at: dict[str, float]
-    server: _QuietServer | None = None
+    server: EmbeddedServer | None = None
     server_task: asyncio.Task[None] | None = None
     #: Messages with media, fetched after the webhook was answered (made in :meth:`open`).
     media: MediaJobs
@@ -172,7 +163,7 @@ class WhatsAppChannel(Platform):
             lifespan="off",
             access_log=False,
         )
-        self.server = _QuietServer(config)
+        self.server = EmbeddedServer(config)
         self.server_task = asyncio.create_task(self.server.serve(), name="whatsapp-webhook")
         while not self.server.started:
             if self.server_task.done():

@@ -25,6 +25,11 @@ from shared.settings.providers import PROVIDER_FACTS, ProviderFacts
 CHANNEL_ENV: dict[str, tuple[str, ...]] = {
     name: model.required_env for name, model in BUILTIN_CHANNELS.items()
 }
+#: Per bundled channel, variables of which at least one must be set too (Slack: Socket Mode's app token or
+#: the Events API's signing secret).
+CHANNEL_ONE_OF: dict[str, tuple[str, ...]] = {
+    name: model.one_of_env for name, model in BUILTIN_CHANNELS.items() if model.one_of_env
+}
 #: Variables every process reads (settings overrides, TinyAGI's port alias), managed per process by `up`.
 COMMON_PREFIXES = ("AGENTPOST_", "TINYAGI_")
 #: Variables the processor's agents read (provider logins and switches): each kind's ``up_env_prefixes``.
@@ -105,6 +110,10 @@ def plan_processes(settings: Settings, env: Mapping[str, str]) -> Plan:
         if unset:
             plan.missing.append(f"{ep.name}: not started, set {' and '.join(unset)} in the environment")
             continue
+        one_of = CHANNEL_ONE_OF.get(ep.name, ())
+        if one_of and not any(env.get(v) for v in one_of):
+            plan.missing.append(f"{ep.name}: not started, set {' or '.join(one_of)} in the environment")
+            continue
         if cls is None:
             cls, error = _loads(ep)
         if cls is None:
@@ -112,7 +121,7 @@ def plan_processes(settings: Settings, env: Mapping[str, str]) -> Plan:
             continue
         # A channel reads its own variables (TELEGRAM_API_BASE_URL as well as the token).
         prefixes = (*COMMON_PREFIXES, f"{ep.name.upper()}_")
-        plan.programs.append(Program(ep.name, _argv(ep.name), prefixes, tuple(needed)))
+        plan.programs.append(Program(ep.name, _argv(ep.name), prefixes, (*needed, *one_of)))
     plan.providers = provider_problems(settings, env)
     return plan
 

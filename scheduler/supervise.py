@@ -39,7 +39,7 @@ from typing import Any
 from supervisor.xmlrpc import SupervisorTransport  # type: ignore[import-untyped]
 
 from scheduler import launch
-from scheduler.process_plan import CHANNEL_ENV, COMMON_PREFIXES, PROVIDER_PREFIXES, Program
+from scheduler.process_plan import CHANNEL_ENV, CHANNEL_ONE_OF, COMMON_PREFIXES, PROVIDER_PREFIXES, Program
 from shared import port_owner
 from shared.settings.model import Settings
 
@@ -90,7 +90,7 @@ def withheld_from(programs: list[Program]) -> tuple[list[str], list[str]]:
     provider) reads: what :mod:`scheduler.launch` removes from a process unless they are its own."""
     prefixes = {*WITHHELD_PREFIXES, *(pre for prog in programs for pre in prog.env_prefixes)}
     names = {
-        *(n for needed in CHANNEL_ENV.values() for n in needed),
+        *(n for needed in (*CHANNEL_ENV.values(), *CHANNEL_ONE_OF.values()) for n in needed),
         *(n for g in programs for n in g.env_names),
     }
     return sorted(prefixes), sorted(names)

@@ -18,6 +18,7 @@ KNOWN_PREFIXES = frozenset(
         "discord",
         "telegram",
         "whatsapp",
+        "slack",
         "internal",
         "chat",
         "chatroom",

@@ -25,6 +25,7 @@ from adapters.runner import ChannelRunner
 from adapters.whatsapp import WhatsAppChannel
 from shared.runtime import Runtime
 from tests.fakes.discord_api import FakeDiscord
+from tests.fakes.slack_api import FakeSlack
 from tests.fakes.telegram_api import FakeTelegram, TelegramApiError
 from tests.fakes.whatsapp_api import FakeWhatsApp
 from tests.homes import build_home, open_home, scripted_agents  # noqa: F401  (open_home re-exported)
@@ -224,6 +225,18 @@ def whatsapp_env(
         "WHATSAPP_VERIFY_TOKEN": verify,
         "WHATSAPP_GRAPH_URL": fake.graph_url,
         "WHATSAPP_WEBHOOK_PORT": str(port),
+        **extra,
+    }
+
+
+def slack_env(fake: FakeSlack, *, secret: str = "", port: int = 0, **extra: str) -> dict[str, str]:
+    """The environment of a Slack adapter against ``fake``: Socket Mode (its app token), or with ``secret``
+    the Events API over HTTP on ``port``."""
+    receive = {"SLACK_SIGNING_SECRET": secret, "SLACK_WEBHOOK_PORT": str(port)} if secret else {}
+    return {
+        "SLACK_BOT_TOKEN": fake.bot_token,
+        "SLACK_API_URL": fake.api_url,
+        **(receive or {"SLACK_APP_TOKEN": fake.app_token}),
         **extra,
     }
 

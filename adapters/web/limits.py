@@ -1,4 +1,5 @@
-"""Bounded input for every HTTP server agentpost runs (the web adapter, the WhatsApp webhook): one place.
+"""Bounded input for every HTTP server agentpost runs (the web adapter, the WhatsApp and Slack webhooks): one
+place.
 
 What each limit stops, and where it lives:
 
@@ -22,8 +23,10 @@ What each limit stops, and where it lives:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
+from collections.abc import Iterator
 from contextlib import suppress
 from dataclasses import dataclass
 from typing import Any
@@ -272,3 +275,12 @@ def server_config(
         timeout_keep_alive=limits.idle_timeout,
         **options,
     )
+
+
+class EmbeddedServer(uvicorn.Server):
+    """A uvicorn server run inside a process that owns SIGTERM/SIGINT itself (a channel adapter's webhook):
+    uvicorn must not take the signals over."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield

@@ -1,5 +1,5 @@
 """The ``[channels.<name>]`` sections of settings.toml: the keys every channel has, and the built-in
-channels' own (Telegram, Discord, WhatsApp).
+channels' own (Telegram, Discord, WhatsApp, Slack).
 
 They live in `shared` so that every command checks a channel's section the way its adapter does, without
 importing the adapter (its platform library takes most of a second to load). A third-party channel's
@@ -31,6 +31,9 @@ class ChannelSettings(BaseModel):
 
     #: The variables the channel cannot start without (its secrets).
     required_env: ClassVar[tuple[str, ...]] = ()
+    #: Variables of which at least one must be set as well (two ways to receive: Slack's Socket Mode token
+    #: or its Events API signing secret); empty: none.
+    one_of_env: ClassVar[tuple[str, ...]] = ()
     #: The variable that overrides the platform's address (a test fake, a proxy), and the address itself.
     address_env: ClassVar[str] = ""
     default_address: ClassVar[str] = ""
@@ -158,10 +161,43 @@ class WhatsAppSettings(ChannelSettings):
         return value
 
 
+class SlackSettings(ChannelSettings):
+    """``[channels.slack]``."""
+
+    required_env: ClassVar[tuple[str, ...]] = ("SLACK_BOT_TOKEN",)
+    # Socket Mode (no public URL: the self-hosted default) or the Events API over HTTP.
+    one_of_env: ClassVar[tuple[str, ...]] = ("SLACK_APP_TOKEN", "SLACK_SIGNING_SECRET")
+    address_env: ClassVar[str] = "SLACK_API_URL"
+    default_address: ClassVar[str] = "https://slack.com/api/"
+
+    api_url: str = Field(default="", description="Web API root; SLACK_API_URL wins")
+    webhook_host: str = Field(
+        default="127.0.0.1", description="Events API over HTTP: put a TLS reverse proxy in front"
+    )
+    webhook_port: int = Field(default=8788, ge=1, le=65535, description="SLACK_WEBHOOK_PORT wins")
+    rate_limit_retries: int = Field(
+        default=2, ge=0, le=10, description="a call Slack rate-limits is sent again after its Retry-After"
+    )
+    socket_down_seconds: float = Field(
+        default=120.0, gt=0, description="Socket Mode down this long: the adapter stops (and is restarted)"
+    )
+    slash_command: str = Field(
+        default="/agentpost",
+        pattern=r"^/[a-z0-9_-]{1,31}$",
+        description="the app's slash command: its text is a chat command (/agentpost status)",
+    )
+    download_max_bytes: int = Field(
+        default=50 * 1024 * 1024, ge=0, description="inbound files larger than this are not downloaded"
+    )
+    # chat.update is in Slack's Tier 3 (about 50 a minute per workspace): one edit a second stays inside it.
+    preview_edit_seconds: float = Field(default=1.0, gt=0, description="least time between preview edits")
+
+
 BUILTIN_CHANNELS: dict[str, type[ChannelSettings]] = {
     "telegram": TelegramSettings,
     "discord": DiscordSettings,
     "whatsapp": WhatsAppSettings,
+    "slack": SlackSettings,
 }
 
 

@@ -23,6 +23,10 @@ PLUGINS = (
     "whatsapp.py",
     "whatsapp_graph.py",
     "whatsapp_media.py",
+    "slack.py",
+    "slack_events.py",
+    "slack_intake.py",
+    "chat_turns.py",
 )
 #: The channel runner's parts: the runner builds them and hands the platform its intake as ``inbox``.
 RUNNER_PARTS = frozenset(
@@ -74,7 +78,7 @@ def test_agentpost_run_finds_the_channel_runner_by_its_entry_point() -> None:
 def test_channel_entry_points_name_platform_classes() -> None:
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())
     channels = project["project"]["entry-points"]["agentpost.channels"]
-    assert set(channels) == {"telegram", "discord", "whatsapp"}
+    assert set(channels) == {"telegram", "discord", "whatsapp", "slack"}
     for name, target in channels.items():
         module, _, cls = target.partition(":")
         tree = ast.parse((ROOT / Path(*module.split("."))).with_suffix(".py").read_text())
