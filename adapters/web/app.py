@@ -16,6 +16,7 @@ The routes live in routers per area; this module only puts them together over on
 - ``event_routes``: ``/api/events…`` (page, ack, SSE stream, WebSocket);
 - ``manage``: TinyOffice's management calls (settings, agents, teams, schedules, pairing, status …);
 - ``console``: the dashboard's own views and chat actions;
+- ``approval_routes``: ``/api/approvals…`` (agents asking before a tool runs, and an operator's answer);
 - ``health_routes``: ``/healthz``, ``/access``, ``/metrics`` and the dashboard page.
 
 Every ``/api`` route passes :func:`~adapters.web.auth.require_access` (the WebSocket handshake the same rule,
@@ -36,6 +37,7 @@ from shared.runtime import Runtime
 from shared.settings import api_token
 
 from . import (
+    approval_routes,
     chatroom_routes,
     console,
     event_routes,
@@ -119,6 +121,7 @@ def create_app(
         schedule_routes,
         console,
         usage_routes,
+        approval_routes,
     )
     for area in areas:
         api.include_router(area.router)
