@@ -81,7 +81,9 @@ def conversation_history(
     ``more`` says whether older items exist (ask again with the first item's ``at``, ``kind`` and ``id``).
     Each item is ``{"kind": "message" | "reply", ...}``; a reply's ``note`` is ``progress`` for a "trying
     again" or "still working" note, ``dead_notice`` for the explanation of a message that will not be
-    answered, ``stopped`` for a run stopped on request, and its ``editKey`` names the note it replaces.
+    answered, ``stopped`` for a run stopped on request, ``approval`` for an agent's question before a tool runs and
+    ``approval_closed`` for what became of it (both name the request in ``approvalId``), and its ``editKey``
+    names the note it replaces.
     ``status`` is the chat's live state (:func:`shared.reads.conversation_status.conversation_status`)."""
     limit = max(1, min(limit, 200))
     cut = before if before > 0 else 2**62
@@ -133,6 +135,7 @@ def _reply_item(r: Any) -> dict[str, Any]:
         "agent": str(r["agent"] or meta.get("agent") or ""),
         "note": str(meta.get("kind") or ""),
         "editKey": str(meta.get("edit_key") or ""),
+        "approvalId": str(meta.get("approval_id") or ""),
         "files": [str(f) for f in files] if isinstance(files, list) else [],
         "status": str(r["status"]),
         "at": int(r["created_at"]),

@@ -122,7 +122,8 @@ function agentName(id) {
 }
 
 // -- views ---------------------------------------------------------------------------------------------
-// The costs view lives in usage.js (refreshUsage, refreshOverBadge).
+// The costs view lives in usage.js (refreshUsage, refreshOverBadge); agents' questions before a tool runs in
+// approvals.js (approvalsAsked, chatApprovalButtons, refreshApprovals).
 const VIEWS = ["chat", "agents", "ops", "usage"];
 function showView(view) {
   state.view = view;
@@ -267,9 +268,11 @@ function renderHistory(keepScroll) {
   // A note with an edit key is replaced by the later note with the same key ("trying again" → explanation).
   const lastOfKey = new Map();
   for (const i of state.history.items) if (i.kind === "reply" && i.editKey) lastOfKey.set(i.editKey, i.id);
+  const asked = approvalsAsked(state.history.items); // approvals.js: a question shows its answer in place
   const nodes = [];
   for (const i of state.history.items) {
     if (i.kind === "reply" && i.editKey && lastOfKey.get(i.editKey) !== i.id) continue;
+    if (i.note === "approval_closed" && asked.has(i.approvalId)) continue;
     if (i.kind === "message") {
       const body = messageBody(i);
       nodes.push(el("article", { class: "chat-msg chat-mine", "data-id": i.messageId, "aria-label": "You" },
@@ -277,14 +280,18 @@ function renderHistory(keepScroll) {
           " → @" + i.agent, " · ", timeEl(i.at), " ", messageState(i)),
         body));
     } else {
-      const note = { progress: " chat-note", dead_notice: " chat-failed", stopped: " chat-note chat-stopped" }[i.note] || "";
-      const body = messageBody(i);
+      const note = { progress: " chat-note", dead_notice: " chat-failed", stopped: " chat-note chat-stopped",
+        approval: " chat-approval", approval_closed: " chat-approval decided" }[i.note] || "";
+      const answer = i.note === "approval" ? asked.get(i.approvalId) : null;
+      const body = messageBody(answer || i);
       nodes.push(el("article", { class: "chat-msg chat-reply" + note, "data-id": String(i.id), "aria-label": agentName(i.agent) || "Reply" },
         el("div", { class: "msg-head" }, el("span", { class: "who agent-name" }, agentName(i.agent) || "agentpost"),
           i.agent && agentName(i.agent) !== i.agent ? el("span", { class: "handle" }, " @" + i.agent) : null,
           " · ", timeEl(i.at)),
         body,
+        i.note === "approval" && !answer ? chatApprovalButtons(i) : null,
         i.files && i.files.length ? el("div", { class: "files" }, "Files: " + i.files.join(", ")) : null));
+      if (answer) nodes[nodes.length - 1].classList.add("decided");
     }
   }
   nodes.push(...previewNodes());
@@ -737,7 +744,7 @@ async function refreshAll() {
   const jobs = [refreshStatus(), deliverMine()];
   if (state.view === "chat") jobs.push(refreshConversations(), refreshHistory());
   if (state.view === "agents") jobs.push(refreshAgentsView());
-  if (state.view === "ops") jobs.push(refreshPairing(), refreshDead(), refreshChannels());
+  if (state.view === "ops") jobs.push(refreshApprovals(), refreshPairing(), refreshDead(), refreshChannels());
   if (state.view === "usage") jobs.push(refreshUsage());
   else jobs.push(refreshOverBadge());
   const results = await Promise.allSettled(jobs);
@@ -759,7 +766,7 @@ const EVENT_NAMES = [
   "pairing_revoked", "stop_requested", "agent_reset", "agent_resumed", "lease_lost", "run_stopped",
   "dead_archived", "dead_notice", "delivery_retry", "rate_limit", "model_fallback", "heartbeat_silent",
   "messages_dropped", "send_file_refused", "undelivered_notice", "media_failed", "response_ready",
-  "retry_notice_queued", "dead_notice_queued",
+  "retry_notice_queued", "dead_notice_queued", "approval_requested", "approval_answered",
 ];
 function connectEvents() {
   if (state.source) state.source.close();
