@@ -23,13 +23,17 @@ function approvalsAsked(items) {
   return asked;
 }
 
+// The requests answered from this page and not yet settled: a refresh while the answer is on its way draws
+// their buttons disabled, so a second press cannot race the first.
+const answering = new Set();
+
 // The buttons answering request `id`; `done(text, ok)` follows the answer (`text`: what the server said).
 // A request asked in no chat (a scheduled run) has no "Allow for this chat".
 function approvalButtons(id, what, done, inChat = true) {
   const row = el("div", { class: "approval-actions", role: "group", "aria-label": "Answer: " + what });
   for (const [decision, label, cls] of APPROVAL_CHOICES) {
     if (decision === "allow_chat" && !inChat) continue;
-    const button = el("button", { type: "button", class: cls, "data-decision": decision }, label);
+    const button = el("button", { type: "button", class: cls, "data-decision": decision, disabled: answering.has(id) }, label);
     button.addEventListener("click", () => answerApproval(id, decision, row, done));
     row.append(button);
   }
@@ -38,6 +42,7 @@ function approvalButtons(id, what, done, inChat = true) {
 
 async function answerApproval(id, decision, row, done) {
   for (const b of row.querySelectorAll("button")) b.disabled = true;
+  answering.add(id);
   let text;
   let ok = true;
   try {
@@ -46,7 +51,7 @@ async function answerApproval(id, decision, row, done) {
     ok = false;
     text = e.message; // "This request was already answered: …", "This request has expired."
   }
-  await done(text, ok);
+  try { await done(text, ok); } finally { answering.delete(id); }
 }
 
 // In the chat: the buttons under a question that still waits. The answer shows in the question's place once
