@@ -64,6 +64,7 @@ class Lifecycle:
                 tasks.append(asyncio.create_task(self.delivery.previews.loop(), name=f"{self.name}-previews"))
             if self.config.pairing:
                 tasks.append(asyncio.create_task(self.intake.pairing_loop(), name=f"{self.name}-pairing"))
+            tasks.append(asyncio.create_task(self._heartbeat(), name=f"{self.name}-heartbeat"))
             stopper = asyncio.create_task(self.stop_event.wait())
             done, _ = await asyncio.wait([*tasks, stopper], return_when=asyncio.FIRST_COMPLETED)
             self.stop_event.set()
@@ -102,6 +103,15 @@ class Lifecycle:
             )
         except Exception as exc:
             self.log.info("could not record the %s state %s: %s", self.name, state, exc)
+
+    async def _heartbeat(self) -> None:
+        """While connected, write the ``up`` state again every :data:`shared.chat.health.REFRESH_MS` (its
+        ``since`` stays): the row's time tells ``/metrics`` the adapter is alive."""
+        while not self.stop_event.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.stop_event.wait(), health.REFRESH_MS / 1000)
+            if not self.stop_event.is_set():
+                await self._health("up")
 
     async def open_with_retries(self) -> bool:
         """:meth:`open`; while the platform is unreachable, try again with a doubling wait, recording each

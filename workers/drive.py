@@ -83,6 +83,9 @@ def step_done(run: RunInfo, result: RunResult) -> dict[str, Any]:
         "message_ids": run.group.ids,
         "run_id": run.run_id,
     }
+    if run.first_text_ms is not None:
+        # Time to first text: how long the chat waited from the run's start for the CLI's first words.
+        done["first_text_ms"] = run.first_text_ms
     if run.reason:
         done["stopped_by"] = run.reason
     elif not result.ok:

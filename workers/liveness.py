@@ -95,6 +95,8 @@ class RunInfo:
     progress_events: int = 0
     progress_chars: int = 0
     progress_omitted: int = 0
+    #: How long after the run's start the CLI printed its first text (ms; None: none yet), for the end event.
+    first_text_ms: int | None = None
 
     def __post_init__(self) -> None:
         self.edit_key = self.edit_key or self.run_id
@@ -149,6 +151,12 @@ class RunInfo:
         taken, self.pending_events = self.pending_events, []
         self.events_written = time.monotonic()
         return taken
+
+    def saw_text(self, text: str) -> None:
+        """The CLI printed ``text`` (a step, or the reply streaming in): the first that is not blank sets
+        :attr:`first_text_ms`."""
+        if self.first_text_ms is None and text.strip():
+            self.first_text_ms = max(0, now_ms() - self.started_ms)
 
     def spawned(self, pid: int) -> None:
         """``RunRequest.on_spawn``: remember the CLI's pid (for events about a run stopped mid-way)."""

@@ -266,7 +266,7 @@ class Run:
             orphan_guard=self.config.orphan_guard,
             on_spawn=run.spawned,
             on_notice=run.tell,
-            on_partial=self.preview.update if self.preview is not None else None,
+            on_partial=self._on_partial(run),
             read_dirs=(uploads,) if uploads is not None else (),
             sandbox=self._sandboxed(workspace, uploads, egress, session_key),
             # agentpost's own folder, hidden from every run (the files there have no name anyway).
@@ -274,6 +274,19 @@ class Run:
             warm=self._warm_slot(config, session_key, steer=run.steer is not None),
             steer=run.steer,
         )
+
+    def _on_partial(self, run: RunInfo) -> Callable[[str], None] | None:
+        """``RunRequest.on_partial`` when the chat shows a live preview: the text so far goes to the preview,
+        and its first words time the run's first text (None: no preview, so no partial text is asked for)."""
+        preview = self.preview
+        if preview is None:
+            return None
+
+        def partial(text: str) -> None:
+            run.saw_text(text)
+            preview.update(text)
+
+        return partial
 
     def _warm_slot(
         self, config: AgentSettings, session_key: str, *, steer: bool = False, ask: bool = False
@@ -386,6 +399,7 @@ class Run:
         ids = run.group.ids
 
         async def progress(text: str) -> None:
+            run.saw_text(text)
             run.step(text)
             if not self.config.progress_events:
                 return

@@ -31,7 +31,6 @@ from contextlib import asynccontextmanager
 from fastapi import APIRouter, Depends, FastAPI
 from fastapi.staticfiles import StaticFiles
 
-from shared.aio import call
 from shared.events.entries import EventLog
 from shared.runtime import Runtime
 from shared.settings import api_token
@@ -85,7 +84,7 @@ def create_app(
         events=event_log,
         limits=limits or StreamLimits(),
         stats=stats,
-        metrics=Metrics(runtime.queue, event_log, stats),
+        metrics=Metrics(runtime.db, lambda: runtime.settings.agents.keys(), stats),
         token=token,
         port=settings.api.port,
         lock_wait_ms=max(0, int(storage_wait_seconds * 1000)),
@@ -94,7 +93,6 @@ def create_app(
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         runtime.waker  # noqa: B018 - start the change signal before the first stream needs it
-        await call(web.metrics.start)
         yield
 
     app = FastAPI(

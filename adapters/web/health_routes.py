@@ -6,13 +6,14 @@ from __future__ import annotations
 from pathlib import Path
 
 from fastapi import APIRouter, Depends, Request
-from fastapi.responses import FileResponse, JSONResponse, PlainTextResponse
+from fastapi.responses import FileResponse, JSONResponse, Response
 
 from shared.reads import api_views
 from shared.storage.errors import storage_problem
 
 from .auth import require_metrics_token, signed_in
 from .errors import error_response
+from .metrics import CONTENT_TYPE
 from .state import Web
 
 STATIC_DIR = Path(__file__).parent / "static"
@@ -58,12 +59,13 @@ async def favicon() -> FileResponse:
 @router.get(
     "/metrics",
     summary="Prometheus metrics",
-    response_class=PlainTextResponse,
+    response_class=Response,
     dependencies=[Depends(require_metrics_token)],
 )
-async def metrics_endpoint(web: Web) -> PlainTextResponse:
-    text = await web.run(web.metrics.render)
-    return PlainTextResponse(text, media_type="text/plain; version=0.0.4; charset=utf-8")
+async def metrics_endpoint(web: Web) -> Response:
+    """Every process's figures, read from the database now (:mod:`adapters.web.metrics`)."""
+    body = await web.run(web.metrics.render)
+    return Response(body, media_type=CONTENT_TYPE)
 
 
 @router.get("/", include_in_schema=False)

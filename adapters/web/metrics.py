@@ -1,272 +1,280 @@
-"""``GET /metrics`` in the Prometheus text format (version 0.0.4), written by hand: a few gauges and counters
-need no client library.
+"""``GET /metrics``: the Prometheus text format, built with ``prometheus_client`` from collectors that read at
+scrape time.
 
-Gauges (queue depths) are read from the database at scrape time. Counters (throughput, failures, agent run
-time) are derived from the event log: each scrape reads the events appended since the previous one, so the
-counters count from this process's start, as Prometheus counters do, and every web process reports the same
-system-wide figures.
+:class:`SystemCollector` reads the database (:func:`shared.reads.metrics.read_figures`), so one scrape of any
+web process sees the whole system: the queue, the runs the processors ended, the deliveries of the channel
+adapters, cost and tokens, and every processor's and adapter's heartbeat. Figures over a recent window carry a
+``window`` label (``1h``; cost and tokens also ``24h``) and are gauges: they fall as old rows leave the
+window, so they are read as they are (``histogram_quantile`` without ``rate()``), not as counters.
+:class:`StreamCollector` reports this web process's own live-stream clients.
 """
 
 from __future__ import annotations
 
-import threading
-from collections import OrderedDict
-from collections.abc import Iterable
+import logging
+from collections.abc import Callable, Iterable, Iterator
 
-from shared.events.entries import CursorExpired, EventEntry
-from shared.queue.core import Queue
-from shared.reads.usage import usage_rows
-from shared.storage.statuses import MessageStatus, ResponseStatus
+from prometheus_client.exposition import generate_latest
+from prometheus_client.metrics_core import (
+    CounterMetricFamily,
+    GaugeHistogramMetricFamily,
+    GaugeMetricFamily,
+    Metric,
+)
+from prometheus_client.registry import Collector, CollectorRegistry
 
-from .stream import ReadableLog, StreamStats
+from shared.reads.metrics import USAGE_WINDOWS_MS, WINDOW_MS, Buckets, SystemFigures, read_figures
+from shared.storage.db import Database
 
-#: Event types counted as throughput, and the counter each feeds.
-_COUNTED = {
-    "message_received": "agentpost_messages_received_total",
-    "response_ready": "agentpost_messages_completed_total",
-    "message_completed": "agentpost_messages_completed_total",
-    "message_failed": "agentpost_messages_failed_total",
-    "message_dead": "agentpost_messages_dead_total",
-    "response_acked": "agentpost_responses_acked_total",
-    "response_failed": "agentpost_responses_failed_total",
-}
-_HELP = {
-    "agentpost_messages_received_total": "Messages accepted into the queue.",
-    "agentpost_messages_completed_total": "Claimed message groups completed (with or without a response).",
-    "agentpost_messages_failed_total": "Failed attempts that were scheduled for a retry.",
-    "agentpost_messages_dead_total": "Messages that became dead letters.",
-    "agentpost_responses_acked_total": "Responses delivered and acknowledged.",
-    "agentpost_responses_failed_total": "Responses the platform refused for good or reported failed (not delivered).",
-}
-_MAX_OPEN_RUNS = 10_000
-_MAX_EVENTS_PER_SCRAPE = 50_000
+from .stream import StreamStats
+
+log = logging.getLogger("agentpost.web")
+
+#: The content type of :meth:`Metrics.render` (the Prometheus text format, version 0.0.4).
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+#: The message statuses reported per agent at all times (zero when there are none), so a panel or an alert
+#: has a series to read before the first message.
+HELD_STATUSES = ("pending", "processing", "dead")
+
+_WINDOW = f"{WINDOW_MS // 3_600_000}h"
+_IN_WINDOW = f'in the last {WINDOW_MS // 60_000} minutes (window="{_WINDOW}")'
 
 
-def _label(value: str) -> str:
-    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+class SystemCollector(Collector):
+    """The figures of every process, read from the database at each scrape (see the module docstring).
+    ``agents`` gives the configured agents (their queue series exist even at zero)."""
 
+    def __init__(self, db: Database, agents: Callable[[], Iterable[str]]) -> None:
+        self.db = db
+        self.agents = agents
 
-def _labels(pairs: dict[str, str]) -> str:
-    if not pairs:
-        return ""
-    return "{" + ",".join(f'{k}="{_label(v)}"' for k, v in pairs.items()) + "}"
-
-
-class Metrics:
-    """Collects and renders the metrics of one web process."""
-
-    def __init__(self, queue: Queue, events: ReadableLog, stream_stats: StreamStats) -> None:
-        self.queue = queue
-        self.events = events
-        self.stream_stats = stream_stats
-        self._lock = threading.Lock()
-        self._cursor: str | None = None
-        self._counters: dict[str, int] = dict.fromkeys(_HELP, 0)
-        self._events_by_type: dict[str, int] = {}
-        # message id -> (agent, claimed at ms): runs in flight, to time them when they end.
-        self._open_runs: OrderedDict[str, tuple[str, int]] = OrderedDict()
-        self._run_sum: dict[str, float] = {}
-        self._run_count: dict[str, int] = {}
-
-    def start(self) -> None:
-        """Count from now on (events already in the log are history, not this process's throughput)."""
-        with self._lock:
-            self._cursor = self.events.last_cursor()
-
-    def _observe(self, entry: EventEntry) -> None:
-        self._events_by_type[entry.type] = self._events_by_type.get(entry.type, 0) + 1
-        counter = _COUNTED.get(entry.type)
-        if counter is not None:
-            self._counters[counter] += 1
-        if entry.type == "message_claimed":
-            agent = str(entry.payload.get("agent", ""))
-            ids = entry.payload.get("message_ids") or [entry.message_id]
-            for mid in ids:
-                if isinstance(mid, str):
-                    self._open_runs[mid] = (agent, entry.created_at)
-            while len(self._open_runs) > _MAX_OPEN_RUNS:
-                self._open_runs.popitem(last=False)
-        elif entry.type in ("response_ready", "message_completed", "message_failed", "message_dead"):
-            if entry.message_id is None:
-                return
-            started = self._open_runs.pop(entry.message_id, None)
-            if started is None:
-                return
-            agent, at = started
-            for mid in entry.payload.get("message_ids") or []:
-                if isinstance(mid, str):
-                    self._open_runs.pop(mid, None)
-            self._run_sum[agent] = self._run_sum.get(agent, 0.0) + max(0, entry.created_at - at) / 1000
-            self._run_count[agent] = self._run_count.get(agent, 0) + 1
-
-    def _catch_up(self) -> None:
-        if self._cursor is None:
-            self._cursor = self.events.last_cursor()
+    def collect(self) -> Iterator[Metric]:
+        up = GaugeMetricFamily(
+            "agentpost_database_up", "1 when this scrape could read the database, 0 when it could not."
+        )
+        try:
+            figures = read_figures(self.db)
+        except Exception as exc:  # an unreachable database is what this series reports
+            log.warning("metrics: cannot read the database: %s", exc)
+            up.add_metric([], 0)
+            yield up
             return
-        seen = 0
-        while seen < _MAX_EVENTS_PER_SCRAPE:
-            try:
-                batch = self.events.read(None, self._cursor, 1000)
-            except CursorExpired as exc:
-                self._cursor = exc.retained_after
-                continue
-            for entry in batch:
-                self._observe(entry)
-            seen += len(batch)
-            if batch:
-                self._cursor = batch[-1].cursor
-            if len(batch) < 1000:
-                break
+        up.add_metric([], 1)
+        yield up
+        yield from _queue_families(figures, sorted(self.agents()))
+        yield from _run_families(figures)
+        yield from _delivery_families(figures)
+        yield from _usage_families(figures)
+        yield from _process_families(figures)
 
-    def render(self) -> str:
-        """The exposition text (call from a worker thread: it reads the database)."""
-        with self._lock:
-            self._catch_up()
-            lines: list[str] = []
-            self._queue_families(lines)
-            self._counter_families(lines)
-            self._usage_families(lines)
-            self._stream_families(lines)
-            return "\n".join(lines) + "\n"
 
-    def _queue_families(self, lines: list[str]) -> None:
-        status = self.queue.admin.queue_status()
-        depths = self.queue.admin.agent_queue_depths()
-        _family(lines, "agentpost_up", "gauge", "1 while the web process can read the database.", [({}, 1)])
-        _family(
-            lines,
-            "agentpost_queue_messages",
-            "gauge",
-            "Messages by status.",
-            [({"status": s.value}, float(status.get(s, 0))) for s in MessageStatus],
-        )
-        _family(
-            lines,
-            "agentpost_queue_responses",
-            "gauge",
-            "Undelivered responses by status (failed: the platform refused them for good).",
-            [
-                (
-                    {"status": ResponseStatus.PENDING.value},
-                    float(status.get(f"responses_{ResponseStatus.PENDING}", 0)),
-                ),
-                (
-                    {"status": ResponseStatus.DELIVERING.value},
-                    float(status.get(f"responses_{ResponseStatus.DELIVERING}", 0)),
-                ),
-                (
-                    {"status": ResponseStatus.FAILED.value},
-                    float(status.get(f"responses_{ResponseStatus.FAILED}", 0)),
-                ),
-            ],
-        )
-        _family(
-            lines,
-            "agentpost_agent_queue_depth",
-            "gauge",
-            "Pending and processing messages per agent.",
-            [
-                ({"agent": str(d["agent"]), "status": s.value}, float(d[s]))
-                for d in depths
-                for s in (MessageStatus.PENDING, MessageStatus.PROCESSING)
-            ],
-        )
+def _queue_families(f: SystemFigures, agents: list[str]) -> Iterator[Metric]:
+    held = GaugeMetricFamily(
+        "agentpost_messages",
+        "Messages in the database now, by agent and status: pending (waiting, backoff included), processing "
+        "(claimed by a processor), dead (dead letters not archived yet).",
+        labels=["agent", "status"],
+    )
+    counts = {(a, s): 0 for a in agents for s in HELD_STATUSES}
+    counts.update(f.messages)
+    for (agent, status), n in sorted(counts.items()):
+        held.add_metric([agent, status], n)
+    yield held
+    yield _by_agent(
+        "agentpost_messages_completed", f"Messages completed {_IN_WINDOW}, by agent.", f.completed
+    )
+    yield _by_agent(
+        "agentpost_dead_letters_new",
+        f"Messages that became dead letters {_IN_WINDOW}, by agent.",
+        f.dead_lettered,
+    )
+    oldest = GaugeMetricFamily(
+        "agentpost_queue_oldest_pending_age_seconds",
+        "Per agent, how long the oldest message a processor could claim now has waited since it was enqueued "
+        "(agents with nothing to claim have no series).",
+        labels=["agent"],
+    )
+    for agent, age in sorted(f.oldest_pending_seconds.items()):
+        oldest.add_metric([agent], age)
+    yield oldest
+    yield _histogram(
+        "agentpost_queue_wait_seconds",
+        "Time from a message's enqueue to the start of the run that answered it, for messages completed "
+        f"{_IN_WINDOW}, by agent (a gauge histogram: no rate()).",
+        f.queue_wait,
+    )
 
-    def _counter_families(self, lines: list[str]) -> None:
-        for name, help_text in _HELP.items():
-            _family(
-                lines,
-                name,
-                "counter",
-                help_text + " (since this process started)",
-                [({}, self._counters[name])],
-            )
-        _family(
-            lines,
-            "agentpost_events_total",
-            "counter",
-            "Events appended to the log, by type (since this process started).",
-            [({"type": t}, float(n)) for t, n in sorted(self._events_by_type.items())],
-        )
-        lines.append("# HELP agentpost_agent_run_seconds Time from claim to completion or failure per agent.")
-        lines.append("# TYPE agentpost_agent_run_seconds summary")
-        for agent in sorted(self._run_count):
-            labels = _labels({"agent": agent})
-            lines.append(f"agentpost_agent_run_seconds_sum{labels} {self._run_sum[agent]:g}")
-            lines.append(f"agentpost_agent_run_seconds_count{labels} {self._run_count[agent]}")
 
-    def _usage_families(self, lines: list[str]) -> None:
-        # Sums of the run_usage table, whose rows are never removed: counters over agentpost's whole life,
-        # the same in every web process (not "since this process started" like the event counters).
-        rows = usage_rows(self.queue.db, "agent")
-        _family(
-            lines,
-            "agentpost_agent_cost_usd_total",
-            "counter",
-            "Cost of agent runs in US dollars, as the claude CLI reported it, per agent.",
-            [({"agent": r.key}, r.cost_usd) for r in rows],
-        )
-        _family(
-            lines,
-            "agentpost_agent_tokens_total",
-            "counter",
-            "Tokens of agent runs per agent and kind (input, output, cache_read, cache_write).",
-            [
-                ({"agent": r.key, "kind": kind}, float(value))
-                for r in rows
-                for kind, value in (
-                    ("input", r.input_tokens),
-                    ("output", r.output_tokens),
-                    ("cache_read", r.cache_read_tokens),
-                    ("cache_write", r.cache_write_tokens),
-                )
-            ],
-        )
-        _family(
-            lines,
-            "agentpost_agent_runs_recorded_total",
-            "counter",
-            "Agent runs whose usage was recorded, per agent.",
-            [({"agent": r.key}, float(r.runs)) for r in rows],
-        )
+def _run_families(f: SystemFigures) -> Iterator[Metric]:
+    runs = GaugeMetricFamily(
+        "agentpost_runs",
+        f"Agent runs that ended {_IN_WINDOW}, by agent and outcome (completed, failed, timed_out, stopped, "
+        "interrupted), from the runs' end events.",
+        labels=["agent", "outcome", "window"],
+    )
+    for (agent, outcome), n in sorted(f.runs.items()):
+        runs.add_metric([agent, outcome, _WINDOW], n)
+    yield runs
+    yield _histogram(
+        "agentpost_run_duration_seconds",
+        f"Duration of the agent runs that ended {_IN_WINDOW}, by agent (a gauge histogram: no rate()).",
+        f.run_duration,
+    )
+    yield _histogram(
+        "agentpost_run_first_text_seconds",
+        "Time from a run's start to the first text its CLI printed, for the runs that ended "
+        f"{_IN_WINDOW}, by agent (a gauge histogram: no rate()).",
+        f.first_text,
+    )
 
-    def _stream_families(self, lines: list[str]) -> None:
-        st = self.stream_stats
-        for name, kind, help_text, value in [
-            ("agentpost_stream_clients", "gauge", "Connected live-stream clients.", st.clients),
+
+def _delivery_families(f: SystemFigures) -> Iterator[Metric]:
+    outbox = GaugeMetricFamily(
+        "agentpost_responses",
+        "Replies not delivered yet, by channel and status: pending, delivering, failed (the platform refused "
+        "them for good; kept a week).",
+        labels=["channel", "status"],
+    )
+    for (channel, status), n in sorted(f.responses.items()):
+        outbox.add_metric([channel, status], n)
+    yield outbox
+    for name, text, values in (
+        (
+            "agentpost_deliveries",
+            f"Replies delivered and acknowledged {_IN_WINDOW}, by channel.",
+            f.delivered,
+        ),
+        (
+            "agentpost_delivery_failures",
+            f"Replies the platform refused for good {_IN_WINDOW}, by channel.",
+            f.delivery_failures,
+        ),
+    ):
+        family = GaugeMetricFamily(name, text, labels=["channel", "window"])
+        for channel, n in sorted(values.items()):
+            family.add_metric([channel, _WINDOW], n)
+        yield family
+
+
+def _usage_families(f: SystemFigures) -> Iterator[Metric]:
+    windows = ", ".join(USAGE_WINDOWS_MS)
+    cost = GaugeMetricFamily(
+        "agentpost_cost_usd",
+        f"Cost of agent runs in US dollars as their CLI reported it, by agent, over the last {windows} "
+        "(window label).",
+        labels=["agent", "window"],
+    )
+    tokens = GaugeMetricFamily(
+        "agentpost_tokens",
+        f"Tokens of agent runs by agent and kind (input, output, cache_read, cache_write), over the last "
+        f"{windows} (window label).",
+        labels=["agent", "kind", "window"],
+    )
+    for window, rows in f.usage.items():
+        for r in sorted(rows, key=lambda r: r.key):
+            cost.add_metric([r.key, window], r.cost_usd)
+            for kind, value in (
+                ("input", r.input_tokens),
+                ("output", r.output_tokens),
+                ("cache_read", r.cache_read_tokens),
+                ("cache_write", r.cache_write_tokens),
+            ):
+                tokens.add_metric([r.key, kind, window], value)
+    yield cost
+    yield tokens
+
+
+def _process_families(f: SystemFigures) -> Iterator[Metric]:
+    up = GaugeMetricFamily(
+        "agentpost_process_up",
+        "1 while a processor or channel adapter runs (and an adapter is connected to its platform), 0 when its "
+        "heartbeat says it stopped or went silent; kind: processor or channel, name: the processor's worker id "
+        "(host:pid:start) or the channel.",
+        labels=["kind", "name"],
+    )
+    age = GaugeMetricFamily(
+        "agentpost_process_heartbeat_age_seconds",
+        "Seconds since a processor or channel adapter last wrote its heartbeat row (about every 60 s while it "
+        "runs).",
+        labels=["kind", "name"],
+    )
+    for p in sorted(f.processes, key=lambda p: (p.kind, p.name)):
+        up.add_metric([p.kind, p.name], 1 if p.up else 0)
+        age.add_metric([p.kind, p.name], p.age_seconds)
+    yield up
+    yield age
+    if f.database_bytes is not None:
+        yield GaugeMetricFamily(
+            "agentpost_database_size_bytes",
+            "Size of the database on disk (SQLite: the file and its write-ahead log; PostgreSQL: "
+            "pg_database_size).",
+            value=f.database_bytes,
+        )
+    yield GaugeMetricFamily(
+        "agentpost_metrics_read_seconds",
+        "How long this scrape took to read the database.",
+        value=f.read_seconds,
+    )
+
+
+def _by_agent(name: str, text: str, values: dict[str, int]) -> GaugeMetricFamily:
+    family = GaugeMetricFamily(name, text, labels=["agent", "window"])
+    for agent, n in sorted(values.items()):
+        family.add_metric([agent, _WINDOW], n)
+    return family
+
+
+def _histogram(name: str, text: str, by_agent: dict[str, Buckets]) -> GaugeHistogramMetricFamily:
+    family = GaugeHistogramMetricFamily(name, text, labels=["agent", "window"])
+    for agent, buckets in sorted(by_agent.items()):
+        family.add_metric([agent, _WINDOW], buckets.cumulative(), buckets.total)
+    return family
+
+
+class StreamCollector(Collector):
+    """This web process's own live-stream clients (the one part of ``/metrics`` that is per process)."""
+
+    def __init__(self, stats: StreamStats) -> None:
+        self.stats = stats
+
+    def collect(self) -> Iterator[Metric]:
+        st = self.stats
+        yield GaugeMetricFamily(
+            "agentpost_stream_clients", "Live-stream clients connected to this web process.", value=st.clients
+        )
+        for name, text, value in (
             (
-                "agentpost_stream_connections_total",
-                "counter",
-                "Live-stream connections.",
+                "agentpost_stream_connections",
+                "Live-stream connections to this web process.",
                 st.connections_total,
             ),
             (
-                "agentpost_stream_events_sent_total",
-                "counter",
-                "Events sent to stream clients.",
+                "agentpost_stream_events_sent",
+                "Events this web process sent to stream clients.",
                 st.events_sent_total,
             ),
             (
-                "agentpost_stream_slow_disconnects_total",
-                "counter",
-                "Stream clients cut off because they accepted no data in time.",
+                "agentpost_stream_slow_disconnects",
+                "Stream clients this web process cut off because they accepted no data in time",
                 st.slow_disconnects_total,
             ),
             (
-                "agentpost_stream_resets_total",
-                "counter",
-                "Reset notices sent for expired cursors.",
+                "agentpost_stream_resets",
+                "Reset notices this web process sent for expired cursors",
                 st.resets_total,
             ),
-        ]:
-            _family(lines, name, kind, help_text, [({}, value)])
+        ):
+            yield CounterMetricFamily(name, text + " since it started.", value=value)
 
 
-def _family(
-    lines: list[str], name: str, kind: str, help_text: str, samples: Iterable[tuple[dict[str, str], float]]
-) -> None:
-    """One metric family in the exposition format: its HELP and TYPE lines, then its samples."""
-    lines.append(f"# HELP {name} {help_text}")
-    lines.append(f"# TYPE {name} {kind}")
-    for labels, value in samples:
-        lines.append(f"{name}{_labels(labels)} {value:g}")
+class Metrics:
+    """The registry ``/metrics`` renders: the system's figures and this process's streams."""
+
+    def __init__(self, db: Database, agents: Callable[[], Iterable[str]], stream_stats: StreamStats) -> None:
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(SystemCollector(db, agents))
+        self.registry.register(StreamCollector(stream_stats))
+
+    def render(self) -> bytes:
+        """The exposition text (call from a worker thread: it reads the database)."""
+        return generate_latest(self.registry)

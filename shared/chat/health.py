@@ -1,7 +1,8 @@
 """How each channel adapter's connection to its platform stands, for ``agentpost status`` and ``doctor``.
 
 An adapter records its state when it connects, while it retries an unreachable platform at start, and when
-it gives up. One row per channel in ``kv`` (scope ``channel_health``, key = the channel, value = JSON). The
+it gives up; while it is connected it writes the same state again every :data:`REFRESH_MS`, so the row's time
+is the adapter's heartbeat (``/metrics`` reports its age). One row per channel in ``kv`` (scope ``channel_health``, key = the channel, value = JSON). The
 adapter's worker id (``host:pid:start``) is kept with it, so a reader on the same host can tell a record
 left behind by an adapter that no longer runs from a live one.
 """
@@ -22,6 +23,11 @@ from shared.worker_identity import Holder, holder_state
 
 State = Literal["connecting", "retrying", "up", "stopped"]
 
+#: How often a connected adapter writes its state again (one small write a minute, whatever the load).
+REFRESH_MS = 60_000
+#: A record of another host not written for this long is an adapter that died there (three refreshes missed).
+STALE_MS = 3 * REFRESH_MS
+
 
 @dataclass(frozen=True)
 class ChannelHealth:
@@ -40,6 +46,14 @@ class ChannelHealth:
     def adapter_gone(self) -> bool:
         """The adapter that wrote this record no longer runs (known only on its own host)."""
         return holder_state(self.worker) is Holder.GONE
+
+    def running(self, now: int) -> bool:
+        """Connected to its platform, as far as this host can tell: the state is ``up``, and the adapter runs
+        (its own host knows by its worker id; another host by a refresh within :data:`STALE_MS`)."""
+        if self.state != "up":
+            return False
+        state = holder_state(self.worker)
+        return state is Holder.ALIVE or (state is Holder.UNKNOWN and now - self.updated_at < STALE_MS)
 
     def describe(self) -> str:
         """One plain line, e.g. ``retrying since 12:41:03 UTC (3 tries, next in 4 s): cannot connect ...``."""

@@ -210,7 +210,7 @@ class SqlEventLog(LocalSubscriptions):
         removed = 0
         with self.db.transaction() as tx:
             cutoff = now - ttl_ms
-            ttl_max = _last_id_before(tx, cutoff)
+            ttl_max = last_id_before(tx, cutoff)
             if ttl_max is not None:
                 # TTL wins over unacked consumers: an abandoned consumer must not keep the log forever.
                 for t in tx.rows(q.TOPIC_MAX_THROUGH, {"b": ttl_max}):
@@ -240,7 +240,7 @@ class SqlEventLog(LocalSubscriptions):
         self._threads.clear()
 
 
-def _last_id_before(tx: Tx, cutoff: int) -> int | None:
+def last_id_before(tx: Tx, cutoff: int) -> int | None:
     """The newest event id created before ``cutoff``, found by binary search over the primary key.
 
     Ids grow with the order in which transactions append and so, up to a few milliseconds, with

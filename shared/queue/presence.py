@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from shared.clock import now_ms
@@ -55,6 +56,22 @@ def present(db: Database, now: int | None = None) -> list[str]:
     """The worker ids of the processors that run, as far as this host can tell (see the module docstring)."""
     now = now_ms() if now is None else now
     return [entry.key for entry in kv.entries(db, Scope.PROCESSORS) if _alive(entry, now)]
+
+
+@dataclass(frozen=True)
+class Beat:
+    """One processor's presence row: its worker id, when it last refreshed the row, and whether it runs as
+    far as this host can tell (see the module docstring)."""
+
+    worker: str
+    updated_at: int
+    alive: bool
+
+
+def beats(db: Database, now: int | None = None) -> list[Beat]:
+    """Every presence row, the processors that stopped cleanly excepted (their rows are gone)."""
+    now = now_ms() if now is None else now
+    return [Beat(e.key, e.updated_at, _alive(e, now)) for e in kv.entries(db, Scope.PROCESSORS)]
 
 
 def _alive(entry: kv.Entry, now: int) -> bool:

@@ -97,8 +97,8 @@ def test_two_runs_of_one_sender_show_the_tokens_and_cost_the_clireported(
 
 
 def test_api_usage_groups_runs_like_the_cli_and_metrics_count_per_agent(tmp_path: Path) -> None:
-    """``GET /api/usage`` sums what is recorded, by the grouping and period asked for; ``/metrics`` counts
-    cost, tokens and runs per agent over all time."""
+    """``GET /api/usage`` sums what is recorded, by the grouping and period asked for; ``/metrics`` sums
+    cost and tokens per agent over the last hour and day."""
     with contextlib.ExitStack() as stack:
         rt: Runtime = runtime_for(web_home(tmp_path))
         stack.callback(rt.close)
@@ -143,11 +143,11 @@ def test_api_usage_groups_runs_like_the_cli_and_metrics_count_per_agent(tmp_path
         assert refused.status_code == 422 and "7d" in refused.text
         assert client.get("/api/usage", params={"by": "planet"}).status_code == 422
         metrics = client.get("/metrics").text
-        assert 'agentpost_agent_cost_usd_total{agent="coder"} 0.75' in metrics
-        assert 'agentpost_agent_cost_usd_total{agent="writer"} 1' in metrics
-        assert 'agentpost_agent_tokens_total{agent="coder",kind="input"} 20' in metrics
-        assert 'agentpost_agent_tokens_total{agent="writer",kind="cache_read"} 3' in metrics
-        assert 'agentpost_agent_runs_recorded_total{agent="coder"} 2' in metrics
+        assert 'agentpost_cost_usd{agent="coder",window="1h"} 0.75' in metrics
+        assert 'agentpost_cost_usd{agent="coder",window="24h"} 0.75' in metrics
+        assert 'agentpost_tokens{agent="coder",kind="input",window="24h"} 20.0' in metrics
+        # writer's run was three days ago: outside both windows.
+        assert 'agent="writer"' not in metrics
 
 
 def test_a_sender_over_the_daily_budget_is_told_and_not_run_while_another_sender_is(
