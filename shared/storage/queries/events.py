@@ -63,8 +63,12 @@ CONSUMER_ACK = "SELECT cursor, updated_at FROM event_consumers WHERE consumer = 
 SLOWEST_CONSUMER = "SELECT MIN(cursor) FROM event_consumers WHERE topic = :t"
 
 # -- cleanup ---------------------------------------------------------------------------------------------
-#: The lowest and highest id a reader may see, bounds of the search by time.
-ID_RANGE = "SELECT MIN(id) AS lo, MAX(id) AS hi FROM events{where_visible_events}"
+#: The lowest and highest id a reader may see, bounds of the search by time. Two subqueries: SQLite reads a
+#: lone MIN() or MAX() from the end of the primary key, but both in one SELECT scan the whole table.
+ID_RANGE = (
+    "SELECT (SELECT MIN(id) FROM events{where_visible_events}) AS lo, "
+    "(SELECT MAX(id) FROM events{where_visible_events}) AS hi"
+)
 #: The first event at or after id ``:i``: one step of the search by time.
 FIRST_FROM = "SELECT id, created_at FROM events WHERE id >= :i{and_visible_events} ORDER BY id LIMIT 1"
 #: Each topic's highest id up to ``:b`` (the marks of what a cleanup by time removes).
