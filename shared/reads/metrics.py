@@ -12,6 +12,7 @@ history (:mod:`shared.storage.queries.metrics`).
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import json
 import os
@@ -55,8 +56,7 @@ class Buckets:
 
     def observe(self, value: float) -> None:
         """Count one observation of ``value`` (seconds)."""
-        place = next((i for i, bound in enumerate(self.bounds) if value <= bound), len(self.bounds))
-        self.counts[place] += 1
+        self.counts[bisect.bisect_left(self.bounds, value)] += 1
         self.total += value
         self.count += 1
 
@@ -204,12 +204,15 @@ def _runs(tx: Tx, figures: SystemFigures, since: int) -> None:
         agent = str(payload.get("agent") or "")
         key = (agent, run_outcome(payload))
         figures.runs[key] = figures.runs.get(key, 0) + 1
-        duration = payload.get("duration_ms")
-        if isinstance(duration, int | float):
-            figures.run_duration.setdefault(agent, Buckets(RUN_BOUNDS)).observe(max(0, duration) / 1000)
-        first = payload.get("first_text_ms")
-        if isinstance(first, int | float):
-            figures.first_text.setdefault(agent, Buckets(RUN_BOUNDS)).observe(max(0, first) / 1000)
+        for field_name, histograms in (
+            ("duration_ms", figures.run_duration),
+            ("first_text_ms", figures.first_text),
+        ):
+            ms = payload.get(field_name)
+            if isinstance(ms, int | float):
+                if agent not in histograms:
+                    histograms[agent] = Buckets(RUN_BOUNDS)
+                histograms[agent].observe(max(0, ms) / 1000)
 
 
 def _deliveries(tx: Tx, figures: SystemFigures, since: int) -> None:
