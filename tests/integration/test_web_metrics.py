@@ -183,6 +183,11 @@ def test_metrics_ask_for_the_token_and_report_what_every_process_wrote(rt: Runti
         assert size > 1_000_000
 
 
+#: Partial indexes whose rows are the open ones (pending, processing, undelivered) or the dead letters: their
+#: size follows the load and the archive policy, not the history, so a scrape may read them whole.
+OPEN_ROW_INDEXES = ("ix_messages_pending", "ix_messages_processing", "ix_messages_dead", "ix_responses_open")
+
+
 def test_a_scrape_reads_growing_tables_only_through_indexes(tmp_path: Path) -> None:
     """What keeps a scrape's cost flat as history grows: no statement of :func:`read_figures` scans a table
     whose rows pile up (SQLite's plans, as in test_hot_path_plans)."""
@@ -201,7 +206,9 @@ def test_a_scrape_reads_growing_tables_only_through_indexes(tmp_path: Path) -> N
     for sql in statements:
         plan = " | ".join(str(r["detail"]) for r in db.read("EXPLAIN QUERY PLAN " + sql))
         for table in ("messages", "responses", "events", "run_usage"):
-            if f"SCAN {table}" in plan and "INDEX" not in plan.split(f"SCAN {table}", 1)[1].split("|", 1)[0]:
-                scans.append(f"{sql}\n    -> {plan}")
+            for step in plan.split(" | "):
+                # Reading a whole index is a scan too, unless the index holds only open rows or dead letters.
+                if step.startswith(f"SCAN {table}") and not any(ix in step for ix in OPEN_ROW_INDEXES):
+                    scans.append(f"{sql}\n    -> {plan}")
     db.close()
     assert scans == [], "full scans in a scrape:\n" + "\n".join(scans)
