@@ -4,7 +4,9 @@ rows the test wrote say — the figures of the other processes, read from the da
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,7 +26,7 @@ from shared.runtime import Runtime
 from shared.storage.db import Tx
 from shared.storage.schema import open_database
 from shared.worker_identity import this_host
-from tests.web_support import LiveServer, assert_refused, make_home, runtime_for
+from tests.web_support import REPO, LiveServer, assert_refused, make_home, runtime_for
 
 pytestmark = pytest.mark.integration
 
@@ -174,6 +176,12 @@ def test_metrics_ask_for_the_token_and_report_what_every_process_wrote(rt: Runti
     )
     assert value(s, "agentpost_process_up", kind="processor", name=f"{this_host()}:999999999:1") == 0
     assert value(s, "agentpost_process_up", kind="channel", name="telegram") == 1
+    # The Grafana dashboard reads only series the scrape has.
+    dashboard = json.loads((REPO / "deploy" / "grafana" / "agentpost.json").read_text(encoding="utf-8"))
+    expressions = [t["expr"] for panel in dashboard["panels"] for t in panel.get("targets", [])]
+    assert {"stat", "timeseries"} <= {panel["type"] for panel in dashboard["panels"]}
+    used = {name for e in expressions for name in re.findall(r"agentpost_[a-z_]+", e)}
+    assert len(used) >= 15 and used <= set(s), f"the dashboard reads series /metrics lacks: {used - set(s)}"
     # The database's size on disk.
     size = value(s, "agentpost_database_size_bytes")
     if rt.db.dialect.is_sqlite:
