@@ -47,6 +47,8 @@ class Lifecycle:
         self.log = platform.log
         self.worker = worker
         self.stop_event = stop_event
+        #: How often the connected adapter writes its state again: its heartbeat (``/metrics``).
+        self.heartbeat_seconds = health.REFRESH_MS / 1000
 
     # -- running ---------------------------------------------------------------------------------------------
     async def run(self) -> None:
@@ -105,11 +107,11 @@ class Lifecycle:
             self.log.info("could not record the %s state %s: %s", self.name, state, exc)
 
     async def _heartbeat(self) -> None:
-        """While connected, write the ``up`` state again every :data:`shared.chat.health.REFRESH_MS` (its
-        ``since`` stays): the row's time tells ``/metrics`` the adapter is alive."""
+        """While connected, write the ``up`` state again every :attr:`heartbeat_seconds` (its ``since``
+        stays): the row's time tells ``/metrics`` the adapter is alive."""
         while not self.stop_event.is_set():
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.stop_event.wait(), health.REFRESH_MS / 1000)
+                await asyncio.wait_for(self.stop_event.wait(), self.heartbeat_seconds)
             if not self.stop_event.is_set():
                 await self._health("up")
 

@@ -19,6 +19,7 @@ from adapters.progress_notes import DONE_TEXT
 from adapters.runner import ChannelRunner
 from adapters.telegram import TelegramChannel
 from adapters.whatsapp import WhatsAppChannel
+from shared.chat import health
 from shared.chat.address import ChatAddress
 from shared.chat.prefs import get_busy_policy
 from shared.reads.conversation_status import record_run, update_run_step
@@ -207,6 +208,27 @@ def test_typing_keeps_refreshing_during_a_long_run(rt: Runtime, fake: HoldingTel
     gaps = [b - a for a, b in itertools.pairwise(times)]
     assert max(gaps) < 0.3 + 0.5  # refreshed on schedule, not one interval late after each wake-up
     assert after <= typed + 1
+
+
+def test_a_connected_adapter_keeps_writing_its_health_row_as_a_heartbeat(
+    rt: Runtime, fake: HoldingTelegram
+) -> None:
+    runner = ChannelRunner(_telegram(rt, fake))
+    runner.lifecycle.heartbeat_seconds = 0.2
+    with RunningChannel(runner):
+        first = wait_for(
+            lambda: (h := health.read(rt.db, "telegram")) and h.state == "up" and h,
+            10,
+            "the adapter to connect",
+        )
+        later = wait_for(
+            lambda: (h := health.read(rt.db, "telegram")) and h.updated_at >= first.updated_at + 300 and h,
+            10,
+            "the heartbeat to write the row again",
+        )
+        assert later.state == "up" and later.since == first.since and later.running(later.updated_at)
+    stopped = health.read(rt.db, "telegram")
+    assert stopped is not None and stopped.state == "stopped" and not stopped.running(stopped.updated_at)
 
 
 DM = 7001
