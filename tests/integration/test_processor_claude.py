@@ -75,6 +75,10 @@ def test_reply_reaches_responses_with_events_and_history(
         assert (
             types.index("chain_step_start") < types.index("agent_progress") < types.index("chain_step_done")
         )
+        # The run's end event times the first text the real CLI streamed (/metrics' time to first text).
+        (done,) = rt.db.read("SELECT payload FROM events WHERE type = 'chain_step_done'")
+        end = json.loads(str(done["payload"]))
+        assert 0 < end["first_text_ms"] <= end["duration_ms"] + 5_000
         turns = rt.db.read("SELECT role, content FROM agent_messages WHERE agent_id = 'coder' ORDER BY id")
         assert [(t["role"], t["content"]) for t in turns] == [
             ("user", "what is 2+2"),
