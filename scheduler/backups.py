@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import re
+import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -72,20 +73,25 @@ def backup_if_due(
     suffix = "db" if db.dialect.is_sqlite else "dump"
     stamp = datetime.fromtimestamp(now / 1000, tz=UTC)
     name = f"agentpost-{stamp:%Y%m%d-%H%M%S}-{stamp.microsecond // 1000:03d}.{suffix}"
+    started = time.monotonic()
+
+    def ended() -> int:  # when the copy ended, on the clock ``now`` was read from
+        return now + int((time.monotonic() - started) * 1000)
+
     try:
         folder.mkdir(parents=True, exist_ok=True, mode=0o700)
         result = take_backup(db, folder / name)
     except (BackupError, OSError) as exc:
         error = str(exc)
         record_backup(
-            db, BackupRecord(at=now_ms(), ok=False, file=str(folder / name), error=error, scheduled=True)
+            db, BackupRecord(at=ended(), ok=False, file=str(folder / name), error=error, scheduled=True)
         )
         log.error("scheduled backup failed: %s", error)
         return ScheduledBackup(error=error)
     record_backup(
         db,
         BackupRecord(
-            at=now_ms(),
+            at=ended(),
             ok=True,
             file=str(result.path),
             size=result.size,
