@@ -43,7 +43,9 @@ def test_the_scheduled_job_takes_a_copy_when_due_and_keeps_the_newest_keep(backu
         assert done.result is not None and not done.error
         taken.append(done.result.path)
         # Not due again a minute later: the copy just taken is recorded.
-        assert backups.backup_if_due(rt.db, rt.settings, now=start + n * (HOUR + 5000) + 60_000).result is None
+        assert (
+            backups.backup_if_due(rt.db, rt.settings, now=start + n * (HOUR + 5000) + 60_000).result is None
+        )
     (folder / "notes.txt").write_text("the operator's own file")
     backups.prune_copies(folder, 2)
     kept = sorted(p.name for p in folder.iterdir())
