@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from shared.chat.address import ChatAddress
+from shared.clock import now_ms
 from shared.queue.core import Queue
 from shared.storage.backup import BackupError, Progress, database_counts, take_backup
 from shared.storage.db import SCHEMA_VERSION, Database
@@ -135,7 +136,9 @@ def test_a_backup_taken_while_messages_flow_holds_every_message_committed_before
 def _record_version(db: Database, version: int) -> None:
     with db.transaction() as tx:
         tx.execute("DELETE FROM schema_version")
-        tx.execute("INSERT INTO schema_version (version, applied_at) VALUES (:v, 1)", {"v": version})
+        tx.execute(
+            "INSERT INTO schema_version (version, applied_at) VALUES (:v, :t)", {"v": version, "t": now_ms()}
+        )
 
 
 def test_a_copy_from_a_newer_agentpost_is_refused_and_an_older_one_upgraded(
