@@ -243,3 +243,20 @@ def test_a_full_disk_is_said_plainly_and_leaves_no_half_file(queue: Queue, small
     with pytest.raises(BackupError, match=r"is full \(.* free\): no backup was written"):
         take_backup(queue.db, small_disk / f"copy.{_suffix(queue.db)}")
     assert list(small_disk.iterdir()) == []
+
+
+@pytest.mark.postgres
+def test_without_the_postgresql_client_programs_the_error_names_their_package(
+    pg_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    db = open_database(pg_url)
+    try:
+        dump = take_backup(db, tmp_path / "copy.dump").path
+        monkeypatch.setenv("PATH", str(tmp_path / "no-tools-here"))
+        with pytest.raises(BackupError, match=r"pg_dump is not on PATH: .*apt install postgresql-client"):
+            take_backup(db, tmp_path / "again.dump")
+        with pytest.raises(BackupError, match=r"pg_restore is not on PATH: .*postgresql-client"):
+            inspect_copy(dump)
+    finally:
+        db.close()
+    assert not (tmp_path / "again.dump").exists()
