@@ -28,7 +28,7 @@ from shared.storage.backup import (
 )
 from shared.storage.backup_record import BackupRecord, record_backup
 from shared.storage.copy_db import live_holders
-from shared.storage.db import Database
+from shared.storage.db import SCHEMA_VERSION, Database
 from shared.storage.restore import CopyInfo, check_fits, inspect_copy, restore_copy
 from shared.storage.schema import open_database
 
@@ -96,6 +96,16 @@ def backup_command(
     except BackupError as exc:
         raise fail(str(exc)) from None
     db = _open(settings, create=False)
+    try:
+        holds = database_counts(db)
+    except Exception as exc:
+        db.close()
+        raise fail(
+            f"cannot read the database {settings.database_url}: {' '.join(str(exc).split())}"
+        ) from None
+    if holds is None:
+        db.close()
+        raise fail(f"there is no agentpost database at {settings.database_url} yet: nothing to back up")
     line = _ProgressLine("copying")
     try:
         result = take_backup(db, file, force=force, progress=line)
@@ -171,9 +181,9 @@ def restore_command(
         try:
             current = database_counts(db)
         except Exception as exc:
-            raise fail(
-                f"cannot read the database {settings.database_url}: {' '.join(str(exc).split())}"
-            ) from None
+            said = " ".join(str(exc).split())
+            hint = "; create it first (createdb), then restore" if "does not exist" in said else ""
+            raise fail(f"cannot read the database {settings.database_url}: {said}{hint}") from None
         if current is not None and not current.empty:
             _confirm_loss(settings, current, force=force, yes=yes)
         line = _ProgressLine("restoring")
@@ -187,12 +197,6 @@ def restore_command(
     finally:
         db.close()
     _report_restore(info, after, settings)
-
-
-def _known_version() -> int:
-    from shared.storage.db import SCHEMA_VERSION
-
-    return SCHEMA_VERSION
 
 
 def _refuse_while_running(settings: Settings, db: Database) -> None:
@@ -226,7 +230,7 @@ def _report_restore(info: CopyInfo, after: Counts, settings: Settings) -> None:
     console.print(f"restored {escape(str(info.path))} into {escape(settings.database_url)}", highlight=False)
     if info.older:
         console.print(
-            f"the copy had schema version {info.schema_version}; upgraded in place to {_known_version()}",
+            f"the copy had schema version {info.schema_version}; upgraded in place to {SCHEMA_VERSION}",
             highlight=False,
         )
     console.print("the database now holds:", highlight=False)
