@@ -217,6 +217,7 @@ def take_backup(
             counts = _sqlite_copy(db, partial, report, step_pages)
         else:
             counts = _pg_dump(db, partial, report)
+        os.chmod(partial, 0o600)  # every chat's content: for agentpost's user only, wherever it is put
         _sync(partial)
         os.replace(partial, dest)
         _sync(dest.parent)

@@ -105,6 +105,7 @@ def test_a_backup_taken_while_messages_flow_holds_every_message_committed_before
     assert during and during[0] >= 100
     assert after_backup >= len(before) + 100
     assert not list(tmp_path.glob(".copy.*partial*"))
+    assert result.path.stat().st_mode & 0o777 == 0o600
 
     info = inspect_copy(result.path)
     assert info.schema_version == SCHEMA_VERSION and not info.newer
