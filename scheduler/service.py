@@ -25,7 +25,7 @@ from apscheduler.jobstores.base import JobLookupError  # type: ignore[import-unt
 from apscheduler.schedulers.background import BackgroundScheduler  # type: ignore[import-untyped]
 from apscheduler.triggers.interval import IntervalTrigger  # type: ignore[import-untyped]
 
-from scheduler import dlq, jobs
+from scheduler import backups, dlq, jobs
 from scheduler.config import (
     SchedulerConfig,
     load_heartbeats,
@@ -136,6 +136,11 @@ class SchedulerService:
             )
         return result
 
+    def backup(self, *, force: bool = False) -> backups.ScheduledBackup:
+        """``[backup]``: a copy of the database into the backup folder when one is due (see
+        :mod:`scheduler.backups`), keeping the newest ``keep``."""
+        return backups.backup_if_due(self.rt.db, self.rt.settings, force=force)
+
     def retry_dead(self) -> list[str]:
         """``[scheduler.dlq] auto_retry``: dead letters back to pending after their delay, within budget."""
         retried = dlq.retry_dead_letters(self.rt.queue, self.config.dlq)
@@ -185,6 +190,7 @@ class SchedulerService:
             ("events", self.config.events_cleanup_interval_seconds, self.clean_events),
             ("dlq-archive", self.config.dlq_archive_interval_seconds, self.archive),
             ("dlq-retry", min(60.0, self.config.dlq.retry_delay_seconds), self.retry_dead),
+            ("backup", backups.look_seconds(self.rt.settings), self.backup),
         ]
         for name, seconds, func in periodic:
             sched.add_job(

@@ -29,6 +29,7 @@ from pydantic import (
     model_validator,
 )
 
+from shared.settings.backup import BackupSettings
 from shared.settings.hosts import parse_rule
 from shared.settings.providers import ProviderKind
 from shared.settings.routing import AGENT_NAME_RE, Team
@@ -271,6 +272,7 @@ class SettingsFile(_Strict):
     heartbeats: dict[str, Any] = Field(default_factory=dict)
     schedules: list[dict[str, Any]] = Field(default_factory=list)
     budgets: dict[str, Any] = Field(default_factory=dict)
+    backup: BackupSettings = BackupSettings()
 
     @field_validator("agents", "teams")
     @classmethod

@@ -32,6 +32,9 @@ class Scope(StrEnum):
     #: key ``agent|channel:chat`` → JSON list of the tool uses a person allowed "for this chat"
     #: (queue.approvals); deleted by the chat's ``/reset``.
     APPROVAL_RULES = "approval_rules"
+    #: key ``last`` / ``last_ok`` → JSON of the latest backup taken and the latest that succeeded
+    #: (storage.backup_record); overwritten by the next backup.
+    BACKUP = "backup"
     #: key ``channel:conversation`` → busy policy name (chat_prefs); deleted by ``/busy default``.
     BUSY_POLICY = "busy_policy"
     #: key root message id → runs spent by one user message's chain (chain_budget); pruned by age.

@@ -13,6 +13,7 @@ import pytest
 from scheduler import dlq
 from shared.chat.address import ChatAddress
 from shared.runtime import open_runtime
+from shared.storage.backup_record import last_good_backup
 from tests.scheduler_support import (
     cli_env,
     count,
@@ -136,3 +137,34 @@ def test_kill_mid_archive_loses_nothing_and_archives_nothing_twice(tmp_path: Pat
     assert all(e["restored"] for e in listed["entries"])
     with open_runtime(home, env={}) as rt:
         assert count(rt.queue, "pending") == 5
+
+
+def test_scheduler_process_takes_backups_on_its_timer_and_keeps_the_newest(tmp_path: Path) -> None:
+    backups_dir = tmp_path / "copies"
+    home = write_home(
+        tmp_path / "home",
+        f"sqlite:///{tmp_path / 'a.db'}",
+        f'[backup]\nevery = "1s"\nkeep = 2\ndir = "{backups_dir}"\n',
+    )
+    with open_runtime(home, env={}) as rt:
+        rt.queue.intake.enqueue_message(ChatAddress("cli", "ann"), "kept in every copy")
+    log = tmp_path / "scheduler.log"
+    proc = start_process(home, "scheduler", log)
+    seen: set[str] = set()
+
+    def copies() -> list[str]:
+        names = sorted(p.name for p in backups_dir.glob("agentpost-*.db")) if backups_dir.exists() else []
+        seen.update(names)
+        # keep, and one more for a moment: the oldest goes only once the new copy is complete.
+        assert len(names) <= 3, names
+        return names
+
+    try:
+        wait_until(lambda: copies() is not None and len(seen) >= 4, 60, what="four scheduled copies")
+    finally:
+        assert stop_process(proc) == 0, log.read_text()
+    wait_until(lambda: len(copies()) == 2, 10, what="the newest two copies left")
+    assert "backup written" in log.read_text()
+    with open_runtime(home, env={}) as rt:
+        last = last_good_backup(rt.db)
+    assert last is not None and last.scheduled and Path(last.file).name in seen
