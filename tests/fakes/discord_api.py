@@ -412,6 +412,12 @@ class FakeDiscord(ContextFake):
         ``user`` in a DM and as ``member`` in a guild. Only a button the message has now can be pressed."""
         return self._in_loop(self._press_button(message_id, custom_id, user_id, username))
 
+    @property
+    def interactions(self) -> list[DiscordInteraction]:
+        """The presses dispatched by :meth:`press_button`, oldest first, with how each was answered (copies)."""
+        with self._cond:
+            return [DiscordInteraction(**i.__dict__) for i in self._interactions.values()]
+
     def interaction(self, interaction_id: int) -> DiscordInteraction | None:
         """A press dispatched by :meth:`press_button`, with how it was answered (a copy), or None."""
         with self._cond:
