@@ -24,6 +24,14 @@
   uploaded to ``/media`` and sent as documents, text files as ``text/plain`` (a long reply goes as ``.txt``).
   WhatsApp cannot edit a sent message, so a run's progress notes are new messages, at most one every
   ``progress_min_interval_seconds`` (see :mod:`adapters.progress_notes`).
+- Questions (an agent asking before a tool runs) are interactive messages with reply buttons (Allow, Deny,
+  Allow for this chat); a press arrives as an ``interactive`` message whose ``button_reply.id`` is the
+  button's data, is answered through the inbox (only the person asked may answer, at most once) and the
+  presser is told what came of it in the chat (a queued reply, so it follows the decision). WhatsApp cannot
+  edit a message, so the decision comes as a new message (the default
+  :meth:`~adapters.platform.Platform.close_question` says it cannot edit). A question that does not fit
+  (longer than 1,024 characters) or that Meta refuses with buttons is asked as text, answered with
+  ``/allow`` or ``/deny``.
 
 Meta's payloads and errors are read by :mod:`adapters.whatsapp_graph` (no I/O there).
 
@@ -40,6 +48,7 @@ import hmac
 import json
 import mimetypes
 import time
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, ClassVar
@@ -52,6 +61,7 @@ from starlette.routing import Route
 
 from adapters import whatsapp_graph
 from adapters.platform import (
+    Button,
     ChannelSettings,
     HandleOutcome,
     Inbound,
@@ -235,6 +245,14 @@ class WhatsAppChannel(Platform):
     async def _accept(self, item: ParsedMessage) -> None:
         """Queue a message now, or store its media job (fetched afterwards by :attr:`media`)."""
         inbound = item.inbound
+        if item.press is not None:
+            told = await self.inbox.press(item.press)
+            await self.inbox.until_stored(
+                lambda: call(self.inbox.reply, inbound, told, kind="approval_press"),
+                f"telling {inbound.sender_id} what came of their answer",
+            )
+            self._taken_in(inbound, "command")
+            return
         if item.media is None:
             self._taken_in(inbound, await self.inbox.handle(inbound))
             return
@@ -378,6 +396,20 @@ class WhatsAppChannel(Platform):
                 "text": {"body": text, "preview_url": False},
             },
         )
+        return wamid_of(sent)
+
+    async def send_question(self, conversation: str, text: str, buttons: Sequence[Button]) -> str | None:
+        body = whatsapp_graph.question_message(conversation, text, list(buttons))
+        if body is None:
+            return await super().send_question(conversation, text, buttons)
+        try:
+            sent = await self._graph_post("messages", json=body)
+        except GraphSendError as exc:
+            failure = self.classify_send_error(exc)
+            if not failure.permanent or exc.code == whatsapp_graph.REENGAGEMENT_CODE:
+                raise  # worth retrying as it is, or no message at all may be sent now
+            self.log.info("WhatsApp refused a question with buttons (%s); asking it as text", failure.reason)
+            return await super().send_question(conversation, text, buttons)
         return wamid_of(sent)
 
     #: The MIME type a file is uploaded as (:func:`adapters.whatsapp_graph.document_type`).

@@ -36,6 +36,7 @@ from tests.fakes.discord_api import FakeDiscord
 from tests.fakes.telegram_api import FakeTelegram, TelegramCall
 from tests.fakes.whatsapp_api import (
     FakeWhatsApp,
+    button_reply_payload,
     signed_webhook,
     status_payload,
     text_message_payload,
@@ -712,3 +713,44 @@ def test_whatsapp_graph_send_upload_and_errors() -> None:
     ]
     media = fake.media(media_id)
     assert media is not None and (media.filename, media.data) == ("notes.txt", b"line one\n")
+
+
+def test_whatsapp_interactive_buttons_and_button_replies() -> None:
+    """Reply-button messages are accepted within the Cloud API's limits (and refused beyond them, or when
+    the fake is told to refuse them); a press comes back as an ``interactive`` ``button_reply`` message."""
+    with FakeWhatsApp() as fake, httpx.Client(base_url=fake.graph_url, timeout=5) as http:
+        auth = {"Authorization": f"Bearer {fake.access_token}"}
+        url = f"/v21.0/{fake.phone_number_id}/messages"
+
+        def question(*titles: str, body: str = "Allow it?") -> dict[str, Any]:
+            buttons = [{"type": "reply", "reply": {"id": f"b{i}", "title": t}} for i, t in enumerate(titles)]
+            interactive = {"type": "button", "body": {"text": body}, "action": {"buttons": buttons}}
+            return {
+                "messaging_product": "whatsapp",
+                "to": "15551234567",
+                "type": "interactive",
+                "interactive": interactive,
+            }
+
+        ok = http.post(url, json=question("Allow", "Deny", "Allow for this chat"), headers=auth)
+        assert ok.status_code == 200
+        wamid = ok.json()["messages"][0]["id"]
+        for refused in (
+            question("1", "2", "3", "4"),  # at most three buttons
+            question("A title over twenty chars"),
+            question("Same", "Same"),
+            question("Allow", body="x" * 1025),
+        ):
+            answer = http.post(url, json=refused, headers=auth)
+            assert (answer.status_code, answer.json()["error"]["code"]) == (400, 131009), refused
+        fake.refuse_interactive()
+        unsupported = http.post(url, json=question("Allow"), headers=auth)
+        assert (unsupported.status_code, unsupported.json()["error"]["code"]) == (400, 131051)
+
+    (sent,) = fake.sent
+    assert (sent.wamid, sent.type, sent.text) == (wamid, "interactive", "Allow it?")
+    assert sent.buttons == [("b0", "Allow"), ("b1", "Deny"), ("b2", "Allow for this chat")]
+    payload = button_reply_payload("15551234567", "b1", "Deny", context_wamid=wamid, name="Ann")
+    message = payload["entry"][0]["changes"][0]["value"]["messages"][0]
+    assert message["type"] == "interactive" and message["context"]["id"] == wamid
+    assert message["interactive"] == {"type": "button_reply", "button_reply": {"id": "b1", "title": "Deny"}}

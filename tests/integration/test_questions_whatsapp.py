@@ -1,0 +1,117 @@
+"""An agent's question in WhatsApp (``permission_mode = "ask"``), through the real channel runner against the
+fake Graph API with signed webhooks: the question arrives as an interactive message with reply buttons; a
+press by someone else changes nothing (they are told); the asker's press decides the request, and the
+decision comes as a new message (WhatsApp cannot edit one). Where Meta refuses buttons, the question is
+asked as text, answered with /allow."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from shared.chat.address import ChatAddress
+from shared.runtime import Runtime
+from tests.channel_support import channel_home, open_home, wait_for, whatsapp_webhook
+from tests.fakes.whatsapp_api import (
+    FakeWhatsApp,
+    WhatsAppSent,
+    button_reply_payload,
+    signed_webhook,
+    text_message_payload,
+)
+from tests.question_support import COMMAND, ask_for_bash, status_of
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
+
+SECRET = "s3cret"
+ANN, BOB = "111", "222"
+
+
+def _post(url: str, payload: dict[str, Any]) -> None:
+    body, headers = signed_webhook(SECRET, payload)
+    assert httpx.post(url, content=body, headers=headers).status_code == 200
+
+
+def _chat(fake: FakeWhatsApp, number: str) -> list[tuple[str, str | None, list[tuple[str, str]]]]:
+    return [(s.type, s.text, s.buttons) for s in fake.sent if s.to == number]
+
+
+def _home(tmp_path: Path) -> Runtime:
+    channels = {"whatsapp": {"allowlist": [ANN, BOB], "typing": False, "read_receipts": False}}
+    return open_home(channel_home(tmp_path, f"sqlite:///{tmp_path / 'a.db'}", channels))
+
+
+def _asked(rt: Runtime, url: str) -> str:
+    """Ann writes; the agent asks her about the command. Returns the request's id."""
+    _post(url, text_message_payload(ANN, "clean up", name="Ann"))
+    message_id = wait_for(lambda: rt.db.read_scalar("SELECT id FROM messages"), 10, "the message queued")
+    chat = ChatAddress("whatsapp", "Ann", sender_id=ANN, conversation=ANN)
+    return ask_for_bash(rt, chat, str(message_id)).id
+
+
+def test_a_button_press_answers_the_question_only_for_its_asker(tmp_path: Path) -> None:
+    rt = _home(tmp_path)
+    try:
+        with FakeWhatsApp() as fake, whatsapp_webhook(rt, fake, SECRET) as url:
+            request = _asked(rt, url)
+            question: WhatsAppSent = fake.wait_for(lambda s: s.type == "interactive", 10)
+            _post(
+                url,
+                button_reply_payload(
+                    BOB, f"{request}:allow", "Allow", context_wamid=question.wamid, name="Bob"
+                ),
+            )
+            fake.wait_for(lambda s: s.to == BOB, 10)
+            assert status_of(rt, request) == "pending"
+            _post(
+                url,
+                button_reply_payload(
+                    ANN, f"{request}:allow", "Allow", context_wamid=question.wamid, name="Ann"
+                ),
+            )
+            wait_for(lambda: status_of(rt, request) == "allowed", 10, "the request allowed")
+            wait_for(lambda: len(_chat(fake, ANN)) == 3, 10, "the decision and the answer to the press")
+            ann, bob = _chat(fake, ANN), _chat(fake, BOB)
+    finally:
+        rt.close()
+    decided = f"✅ Allowed by Ann — Bash: {COMMAND}"
+    assert ann[0][0] == "interactive" and COMMAND in (ann[0][1] or "")
+    assert ann == [
+        (
+            "interactive",
+            ann[0][1],
+            [
+                (f"{request}:allow", "Allow"),
+                (f"{request}:deny", "Deny"),
+                (f"{request}:chat", "Allow for this chat"),
+            ],
+        ),
+        ("text", decided, []),  # the decision, as a new message: the question cannot be edited
+        ("text", decided, []),  # what Ann's press did, told to her
+    ]
+    assert bob == [("text", "Only Ann can answer this request.", [])]
+
+
+def test_a_question_refused_with_buttons_is_asked_as_text(tmp_path: Path) -> None:
+    rt = _home(tmp_path)
+    try:
+        with FakeWhatsApp() as fake, whatsapp_webhook(rt, fake, SECRET) as url:
+            fake.refuse_interactive()
+            request = _asked(rt, url)
+            asked = fake.wait_for(lambda s: s.to == ANN, 10)
+            _post(url, text_message_payload(ANN, "/allow", name="Ann"))
+            wait_for(lambda: status_of(rt, request) == "allowed", 10, "the request allowed")
+            wait_for(lambda: len(_chat(fake, ANN)) == 3, 10, "the decision and the answer to /allow")
+            ann = _chat(fake, ANN)
+            refused = [
+                c.status for c in fake.calls if c.body is not None and c.body.get("type") == "interactive"
+            ]
+    finally:
+        rt.close()
+    decided = f"✅ Allowed by Ann — Bash: {COMMAND}"
+    assert refused == [400]  # refused for good: not retried with buttons
+    assert asked.type == "text" and "/allow" in (asked.text or "") and COMMAND in (asked.text or "")
+    assert ann[1:] == [("text", decided, []), ("text", decided, [])]
