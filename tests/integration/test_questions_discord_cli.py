@@ -1,0 +1,96 @@
+"""End to end in one process: a Discord mention runs the real Claude Code CLI (against the fake Anthropic API,
+which asks for Bash) under ``permission_mode = "ask"``; the question reaches the Discord chat with buttons,
+another member's press changes nothing, the asker's press lets the command run, and the chat shows the
+question edited to the decision and then the agent's reply."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from adapters.discord import DiscordChannel
+from tests.channel_support import RunningChannel, discord_env, wait_for
+from tests.fakes.anthropic_api import Computed, FakeAnthropic, ToolUse, tool_result_text, tool_results
+from tests.fakes.discord_api import FakeDiscord
+from tests.fixtures import cli_installed  # noqa: F401  (fixtures)
+from tests.liveness_support import claude_home, cli_env, run_with
+from tests.processor_support import open_home
+from tests.question_support import status_of
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
+
+ANN, BOB = 5001, 5002
+GUILD, CHANNEL = 8001, 8101
+COMMAND = "echo ran > marker-9.txt"
+
+
+def model(body: dict[str, Any]) -> Any:
+    """Ask for Bash once; then say what the tool gave."""
+    results = tool_results(body)
+    if not results:
+        return ToolUse("Bash", {"command": COMMAND, "description": "Write the marker"})
+    result = results[-1]
+    verdict = "TOOL FAILED" if result.get("is_error") else "TOOL RAN"
+    return f"{verdict}: {tool_result_text(result)[:160]}"
+
+
+@pytest.fixture
+def api() -> Iterator[FakeAnthropic]:
+    with FakeAnthropic() as fake:
+        fake.add_rule(None, Computed(model))
+        yield fake
+
+
+def test_a_discord_press_lets_the_real_cli_run_the_command(tmp_path: Path, api: FakeAnthropic) -> None:
+    channels = {
+        "discord": {"allowlist": [str(ANN), str(BOB)], "guild_ready_timeout_seconds": 0.1, "typing": False}
+    }
+    home = claude_home(
+        tmp_path, f"sqlite:///{tmp_path / 'a.db'}", agent={"permission_mode": "ask"}, channels=channels
+    )
+    with open_home(home) as rt, FakeDiscord(heartbeat_interval_ms=5_000) as fake:
+        with RunningChannel(DiscordChannel(rt, env=discord_env(fake))):
+            wait_for(lambda: fake.identifies > 0, 20, "the adapter to identify")
+            fake.push_message(
+                CHANNEL, f"<@{fake.bot_id}> please write the marker", ANN, "ann", guild_id=GUILD
+            )
+            wait_for(lambda: rt.db.read_scalar("SELECT id FROM messages"), 10, "the message queued")
+            asked: list[str] = []
+
+            def press() -> None:
+                question = fake.wait_for(lambda s: s.kind == "message" and bool(s.buttons), 40)
+                assert question.message_id is not None
+                request = question.buttons[0][1].rpartition(":")[0]
+                asked.append(request)
+                fake.press_button(question.message_id, f"{request}:allow", BOB, "bob")
+                fake.wait_for(lambda s: s.kind == "followup", 10)
+                assert status_of(rt, request) == "pending"
+                assert not list(tmp_path.rglob("marker-9.txt"))  # the CLI waits: nothing ran yet
+                fake.press_button(question.message_id, f"{request}:allow", ANN, "ann")
+
+            run_with(rt, cli_env(api, tmp_path), press)
+            fake.wait_for(lambda s: "TOOL RAN" in (s.content or ""), 20)
+        chat = [(s.kind, s.content) for s in fake.sent if s.channel_id == CHANNEL and s.kind != "typing"]
+        (request,) = asked
+        status = status_of(rt, request)
+    assert status == "allowed" and list(tmp_path.rglob("marker-9.txt")), "the allowed command did not run"
+    decided = f"✅ Allowed by ann — Bash: {COMMAND}"
+    question_text = chat[0][1] or ""
+    assert "coder asks to use Bash" in question_text and COMMAND in question_text
+    # The run's progress note ("⏳ Waiting for your approval …") may be delivered beside the question (when
+    # the press comes after its time), and the final reply then is an edit of it; the rest of the chat is the
+    # question and its presses, in order.
+    note = [c for c in chat if (c[1] or "").startswith("⏳ Waiting for your approval: Bash")]
+    assert len(note) <= 1 and all(kind == "message" for kind, _ in note)
+    assert chat[-1] == ("edit" if note else "message", "TOOL RAN: (Bash completed with no output)")
+    asking = [c for c in chat[:-1] if c not in note]
+    assert asking[:4] == [
+        ("message", question_text),
+        ("interaction_response", None),
+        ("followup", "Only ann can answer this request."),
+        ("interaction_response", None),
+    ]
+    assert sorted(asking[4:]) == [("edit", decided), ("followup", decided)]
