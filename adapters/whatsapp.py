@@ -29,9 +29,10 @@
   button's data, is answered through the inbox (only the person asked may answer, at most once) and the
   presser is told what came of it in the chat (a queued reply, so it follows the decision). WhatsApp cannot
   edit a message, so the decision comes as a new message (the default
-  :meth:`~adapters.platform.Platform.close_question` says it cannot edit). A question that does not fit
-  (longer than 1,024 characters) or that Meta refuses with buttons is asked as text, answered with
-  ``/allow`` or ``/deny``.
+  :meth:`~adapters.platform.Platform.close_question` says it cannot edit). A question longer than a button
+  message takes (1,024 characters: an edit's diff) is sent in full as text, its last paragraph ("Allow
+  it? …") then with the buttons; one Meta refuses with buttons is asked as text, answered with ``/allow``
+  or ``/deny``.
 
 Meta's payloads and errors are read by :mod:`adapters.whatsapp_graph` (no I/O there).
 
@@ -399,9 +400,17 @@ class WhatsAppChannel(Platform):
         return wamid_of(sent)
 
     async def send_question(self, conversation: str, text: str, buttons: Sequence[Button]) -> str | None:
-        body = whatsapp_graph.question_message(conversation, text, list(buttons))
+        ask, lead = text, ""
+        body = whatsapp_graph.question_message(conversation, ask, list(buttons))
+        if body is None and "\n\n" in text:
+            # Longer than a button message takes (an edit's diff, a long command): the question in full as
+            # text, then its last paragraph ("Allow it? …") with the buttons.
+            lead, _, ask = text.rpartition("\n\n")
+            body = whatsapp_graph.question_message(conversation, ask, list(buttons))
         if body is None:
             return await super().send_question(conversation, text, buttons)
+        if lead:
+            await self.send_text(conversation, lead)
         try:
             sent = await self._graph_post("messages", json=body)
         except GraphSendError as exc:
@@ -409,7 +418,7 @@ class WhatsAppChannel(Platform):
             if not failure.permanent or exc.code == whatsapp_graph.REENGAGEMENT_CODE:
                 raise  # worth retrying as it is, or no message at all may be sent now
             self.log.info("WhatsApp refused a question with buttons (%s); asking it as text", failure.reason)
-            return await super().send_question(conversation, text, buttons)
+            return await super().send_question(conversation, ask, buttons)
         return wamid_of(sent)
 
     #: The MIME type a file is uploaded as (:func:`adapters.whatsapp_graph.document_type`).

@@ -181,7 +181,7 @@ def _parse_message(
 def question_message(to: str, text: str, buttons: list[Button]) -> dict[str, Any] | None:
     """The Graph API body of a question with reply buttons (an ``interactive`` message of type ``button``),
     or None when it does not fit one: more than three buttons, or a question longer than 1,024 characters
-    (it is then asked as text, in full — a command is never cut short where it is allowed)."""
+    (never cut short: a command or a diff is seen whole where it is allowed)."""
     if not buttons or len(buttons) > MAX_BUTTONS or len(text) > MAX_INTERACTIVE_BODY:
         return None
     if any(len(b.data) > MAX_BUTTON_ID for b in buttons):

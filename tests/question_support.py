@@ -3,6 +3,8 @@ made as a run makes it (:func:`shared.queue.approvals.ask`), for a message a cha
 
 from __future__ import annotations
 
+import json
+
 from shared.chat.address import ChatAddress
 from shared.queue import approvals
 from shared.runtime import Runtime
@@ -11,15 +13,15 @@ COMMAND = "echo ran > marker.txt"
 
 
 def ask_for_bash(
-    rt: Runtime, chat: ChatAddress, message_id: str, *, timeout_ms: int = 600_000
+    rt: Runtime, chat: ChatAddress, message_id: str, *, command: str = COMMAND, timeout_ms: int = 600_000
 ) -> approvals.Approval:
-    """The agent ``alpha`` asks ``chat`` whether it may run :data:`COMMAND` with Bash (as a run of
+    """The agent ``alpha`` asks ``chat`` whether it may run ``command`` with Bash (as a run of
     ``message_id`` would); the question is queued to the chat."""
     question = approvals.Question(
         agent="alpha",
         tool="Bash",
-        summary=COMMAND,
-        detail=f'{{"command": "{COMMAND}"}}',
+        summary=command,
+        detail=json.dumps({"command": command}),
         pattern="echo ran *",
         message_id=message_id,
         run_id="",

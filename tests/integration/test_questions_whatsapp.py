@@ -44,12 +44,12 @@ def _home(tmp_path: Path) -> Runtime:
     return open_home(channel_home(tmp_path, f"sqlite:///{tmp_path / 'a.db'}", channels))
 
 
-def _asked(rt: Runtime, url: str) -> str:
-    """Ann writes; the agent asks her about the command. Returns the request's id."""
+def _asked(rt: Runtime, url: str, command: str = COMMAND) -> str:
+    """Ann writes; the agent asks her about ``command``. Returns the request's id."""
     _post(url, text_message_payload(ANN, "clean up", name="Ann"))
     message_id = wait_for(lambda: rt.db.read_scalar("SELECT id FROM messages"), 10, "the message queued")
     chat = ChatAddress("whatsapp", "Ann", sender_id=ANN, conversation=ANN)
-    return ask_for_bash(rt, chat, str(message_id)).id
+    return ask_for_bash(rt, chat, str(message_id), command=command).id
 
 
 def test_a_button_press_answers_the_question_only_for_its_asker(tmp_path: Path) -> None:
@@ -115,3 +115,31 @@ def test_a_question_refused_with_buttons_is_asked_as_text(tmp_path: Path) -> Non
     assert refused == [400]  # refused for good: not retried with buttons
     assert asked.type == "text" and "/allow" in (asked.text or "") and COMMAND in (asked.text or "")
     assert ann[1:] == [("text", decided, []), ("text", decided, [])]
+
+
+def test_a_question_too_long_for_buttons_is_sent_whole_then_asked_with_them(tmp_path: Path) -> None:
+    # A button message holds 1,024 characters; the command is never cut short where it is allowed.
+    command = "printf '%s\\n' " + " ".join(f"line-{i:04d}" for i in range(120))
+    rt = _home(tmp_path)
+    try:
+        with FakeWhatsApp() as fake, whatsapp_webhook(rt, fake, SECRET) as url:
+            request = _asked(rt, url, command)
+            question = fake.wait_for(lambda s: s.type == "interactive", 10)
+            _post(
+                url,
+                button_reply_payload(
+                    ANN, f"{request}:deny", "Deny", context_wamid=question.wamid, name="Ann"
+                ),
+            )
+            wait_for(lambda: status_of(rt, request) == "denied", 10, "the request denied")
+            wait_for(lambda: len(_chat(fake, ANN)) == 4, 10, "the decision and the answer to the press")
+            ann = _chat(fake, ANN)
+    finally:
+        rt.close()
+    assert len(command) > 1024
+    lead, ask = ann[0], ann[1]
+    assert lead[0] == "text" and command in (lead[1] or "") and lead[2] == []
+    assert ask[0] == "interactive" and (ask[1] or "").startswith("Allow it? Without an answer within 10 min")
+    assert [title for _, title in ask[2]] == ["Allow", "Deny", "Allow for this chat"]
+    assert [kind for kind, _, _ in ann[2:]] == ["text", "text"]
+    assert all((text or "").startswith("🚫 Denied by Ann — not run: Bash: printf") for _, text, _ in ann[2:])
