@@ -61,11 +61,18 @@ async def take_press(inbox: Inbox, interaction: discord.Interaction[Any], log: l
         conversation=str(interaction.channel_id), sender_id=str(user.id), sender=user.name, data=custom_id
     )
     # Acknowledged first: answering waits on the database, and Discord drops an interaction not
-    # acknowledged within 3 s ("This interaction failed").
-    await interaction.response.defer(ephemeral=True, thinking=True)
+    # acknowledged within 3 s ("This interaction failed"). A press acknowledged too late still counts: the
+    # question is edited to its answer either way.
+    try:
+        await interaction.response.defer(ephemeral=True, thinking=True)
+    except discord.HTTPException as exc:
+        log.warning("could not acknowledge a press by %s in time (%s); answering it anyway", user.id, exc)
     try:
         told = await inbox.press(press)
     except Exception:
         log.exception("could not answer a press of %s by %s", custom_id, user.id)
         told = "That answer could not be taken just now. Please press again in a moment."
-    await interaction.followup.send(told, ephemeral=True)
+    try:
+        await interaction.followup.send(told, ephemeral=True)
+    except discord.HTTPException as exc:
+        log.info("could not tell %s what their press did (%s): %s", user.id, exc, told)

@@ -76,3 +76,30 @@ def test_a_press_answers_the_question_only_for_its_asker(tmp_path: Path, where: 
     ]
     assert styles == [(f"{request.id}:allow", 3), (f"{request.id}:deny", 4), (f"{request.id}:chat", 2)]
     assert presses == [(BOB, 5), (ANN, 5)]
+
+
+def test_a_press_acknowledged_too_late_still_answers(tmp_path: Path) -> None:
+    channels = {"discord": {"allowlist": [str(ANN)], "guild_ready_timeout_seconds": 0.1, "typing": False}}
+    rt = open_home(channel_home(tmp_path, f"sqlite:///{tmp_path / 'a.db'}", channels))
+    try:
+        with FakeDiscord(heartbeat_interval_ms=5_000) as fake:
+            fake.answer_within = 0.0  # every acknowledgement comes too late ("This interaction failed")
+            with RunningChannel(DiscordChannel(rt, env=discord_env(fake))):
+                wait_for(lambda: fake.identifies > 0, 20, "the adapter to identify")
+                fake.push_message(DM, "clean up", ANN, "ann")
+                message_id = wait_for(lambda: rt.db.read_scalar("SELECT id FROM messages"), 10, "the message")
+                chat = ChatAddress("discord", "ann", sender_id=str(ANN), conversation=str(DM))
+                request = ask_for_bash(rt, chat, str(message_id))
+                question = fake.wait_for(lambda s: s.kind == "message" and bool(s.buttons), 10)
+                assert question.message_id is not None
+                fake.press_button(question.message_id, f"{request.id}:deny", ANN, "ann")
+                wait_for(lambda: status_of(rt, request.id) == "denied", 10, "the request denied")
+                fake.wait_for(lambda s: s.kind == "edit", 10)
+            chat_log = [
+                (s.kind, s.content, s.buttons) for s in fake.sent if s.channel_id == DM and s.kind != "typing"
+            ]
+            refused = [r.status for r in fake.requests if r.path.endswith("/callback")]
+    finally:
+        rt.close()
+    assert refused == [404]
+    assert chat_log[1:] == [("edit", f"🚫 Denied by ann — not run: Bash: {COMMAND}", [])]
