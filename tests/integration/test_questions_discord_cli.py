@@ -73,20 +73,21 @@ def test_a_discord_press_lets_the_real_cli_run_the_command(tmp_path: Path, api: 
 
             run_with(rt, cli_env(api, tmp_path), press)
             fake.wait_for(lambda s: "TOOL RAN" in (s.content or ""), 20)
-        chat = [(s.kind, s.content) for s in fake.sent if s.channel_id == CHANNEL and s.kind != "typing"]
+        records = [s for s in fake.sent if s.channel_id == CHANNEL and s.kind != "typing"]
         (request,) = asked
         status = status_of(rt, request)
     assert status == "allowed" and list(tmp_path.rglob("marker-9.txt")), "the allowed command did not run"
     decided = f"✅ Allowed by ann — Bash: {COMMAND}"
-    question_text = chat[0][1] or ""
+    shown = records[0].message_id
+    # The question, the answers to the presses, and the question's edit to the decision, in order.
+    asking = [
+        (s.kind, s.content)
+        for s in records
+        if s.kind in ("interaction_response", "followup") or s.message_id == shown
+    ]
+    question_text = asking[0][1] or ""
     assert "coder asks to use Bash" in question_text and COMMAND in question_text
-    # The run's progress note ("⏳ Waiting for your approval …") may be delivered beside the question (when
-    # the press comes after its time), and the final reply then is an edit of it; the rest of the chat is the
-    # question and its presses, in order.
-    note = [c for c in chat if (c[1] or "").startswith("⏳ Waiting for your approval: Bash")]
-    assert len(note) <= 1 and all(kind == "message" for kind, _ in note)
-    assert chat[-1] == ("edit" if note else "message", "TOOL RAN: (Bash completed with no output)")
-    asking = [c for c in chat[:-1] if c not in note]
+    assert records[0].buttons and records[0].kind == "message"
     assert asking[:4] == [
         ("message", question_text),
         ("interaction_response", None),
@@ -94,3 +95,8 @@ def test_a_discord_press_lets_the_real_cli_run_the_command(tmp_path: Path, api: 
         ("interaction_response", None),
     ]
     assert sorted(asking[4:]) == [("edit", decided), ("followup", decided)]
+    # Beside them, the run's own output: a progress note or a live preview ("⏳ Waiting for your approval
+    # …", "▶ Running: Bash …", the reply as it streams) in one message, edited to the reply, or the reply.
+    run = [(s.kind, s.content) for s in records if s.kind in ("message", "edit") and s.message_id != shown]
+    assert run[0][0] == "message" and run[-1][1] == "TOOL RAN: (Bash completed with no output)", run
+    assert all(kind == "edit" for kind, _ in run[1:]), run
