@@ -11,9 +11,9 @@ import pytest
 
 from adapters.discord import DiscordChannel
 from shared.chat.address import ChatAddress
+from tests.approval_support import COMMAND, ask_for_bash, status_of
 from tests.channel_support import RunningChannel, channel_home, discord_env, open_home, wait_for
 from tests.fakes.discord_api import FakeDiscord
-from tests.question_support import COMMAND, ask_for_bash, status_of
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 

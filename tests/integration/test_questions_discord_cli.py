@@ -7,40 +7,29 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from adapters.discord import DiscordChannel
+from tests.approval_support import asking_model, command_runs, status_of
 from tests.channel_support import RunningChannel, discord_env, wait_for
-from tests.fakes.anthropic_api import Computed, FakeAnthropic, ToolUse, tool_result_text, tool_results
+from tests.fakes.anthropic_api import Computed, FakeAnthropic
 from tests.fakes.discord_api import FakeDiscord
 from tests.fixtures import cli_installed  # noqa: F401  (fixtures)
 from tests.liveness_support import claude_home, cli_env, run_with
 from tests.processor_support import open_home
-from tests.question_support import status_of
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
 
 ANN, BOB = 5001, 5002
 GUILD, CHANNEL = 8001, 8101
-COMMAND = "echo ran > marker-9.txt"
-
-
-def model(body: dict[str, Any]) -> Any:
-    """Ask for Bash once; then say what the tool gave."""
-    results = tool_results(body)
-    if not results:
-        return ToolUse("Bash", {"command": COMMAND, "description": "Write the marker"})
-    result = results[-1]
-    verdict = "TOOL FAILED" if result.get("is_error") else "TOOL RAN"
-    return f"{verdict}: {tool_result_text(result)[:160]}"
+COMMAND = "echo ran >> marker-9.txt"  # what the scripted model asks to run for "marker-9"
 
 
 @pytest.fixture
 def api() -> Iterator[FakeAnthropic]:
     with FakeAnthropic() as fake:
-        fake.add_rule(None, Computed(model))
+        fake.add_rule(None, Computed(asking_model))
         yield fake
 
 
@@ -54,9 +43,7 @@ def test_a_discord_press_lets_the_real_cli_run_the_command(tmp_path: Path, api: 
     with open_home(home) as rt, FakeDiscord(heartbeat_interval_ms=5_000) as fake:
         with RunningChannel(DiscordChannel(rt, env=discord_env(fake))):
             wait_for(lambda: fake.identifies > 0, 20, "the adapter to identify")
-            fake.push_message(
-                CHANNEL, f"<@{fake.bot_id}> please write the marker", ANN, "ann", guild_id=GUILD
-            )
+            fake.push_message(CHANNEL, f"<@{fake.bot_id}> please write marker-9", ANN, "ann", guild_id=GUILD)
             wait_for(lambda: rt.db.read_scalar("SELECT id FROM messages"), 10, "the message queued")
             asked: list[str] = []
 
@@ -68,7 +55,7 @@ def test_a_discord_press_lets_the_real_cli_run_the_command(tmp_path: Path, api: 
                 fake.press_button(question.message_id, f"{request}:allow", BOB, "bob")
                 fake.wait_for(lambda s: s.kind == "followup", 10)
                 assert status_of(rt, request) == "pending"
-                assert not list(tmp_path.rglob("marker-9.txt"))  # the CLI waits: nothing ran yet
+                assert command_runs(tmp_path, 9) == 0  # the CLI waits: nothing ran yet
                 fake.press_button(question.message_id, f"{request}:allow", ANN, "ann")
 
             run_with(rt, cli_env(api, tmp_path), press)
@@ -76,7 +63,7 @@ def test_a_discord_press_lets_the_real_cli_run_the_command(tmp_path: Path, api: 
         records = [s for s in fake.sent if s.channel_id == CHANNEL and s.kind != "typing"]
         (request,) = asked
         status = status_of(rt, request)
-    assert status == "allowed" and list(tmp_path.rglob("marker-9.txt")), "the allowed command did not run"
+    assert status == "allowed" and command_runs(tmp_path, 9) == 1, "the allowed command did not run once"
     decided = f"✅ Allowed by ann — Bash: {COMMAND}"
     shown = records[0].message_id
     # The question, the answers to the presses, and the question's edit to the decision, in order.

@@ -14,6 +14,7 @@ import pytest
 
 from shared.chat.address import ChatAddress
 from shared.runtime import Runtime
+from tests.approval_support import COMMAND, ask_for_bash, status_of
 from tests.channel_support import channel_home, open_home, wait_for, whatsapp_webhook
 from tests.fakes.whatsapp_api import (
     FakeWhatsApp,
@@ -22,7 +23,6 @@ from tests.fakes.whatsapp_api import (
     signed_webhook,
     text_message_payload,
 )
-from tests.question_support import COMMAND, ask_for_bash, status_of
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
