@@ -26,13 +26,13 @@
   ``progress_min_interval_seconds`` (see :mod:`adapters.progress_notes`).
 - Questions (an agent asking before a tool runs) are interactive messages with reply buttons (Allow, Deny,
   Allow for this chat); a press arrives as an ``interactive`` message whose ``button_reply.id`` is the
-  button's data, is answered through the inbox (only the person asked may answer, at most once) and the
-  presser is told what came of it in the chat (a queued reply, so it follows the decision). WhatsApp cannot
-  edit a message, so the decision comes as a new message (the default
-  :meth:`~adapters.platform.Platform.close_question` says it cannot edit). A question longer than a button
-  message takes (1,024 characters: an edit's diff) is sent in full as text, its last paragraph ("Allow
-  it? …") then with the buttons; one Meta refuses with buttons is asked as text, answered with ``/allow``
-  or ``/deny``.
+  button's data, and is answered through the inbox (only the person asked may answer, at most once).
+  WhatsApp cannot edit a message, so the decision comes as a new message (the default
+  :meth:`~adapters.platform.Platform.close_question` says it cannot edit), which also tells the one whose
+  press decided it; a press that changed nothing ("Only Ann can answer this request.") gets a reply of its
+  own. A question longer than a button message takes (1,024 characters: an edit's diff) is sent in full
+  as text, its last paragraph ("Allow it? …") then with the buttons; one Meta refuses with buttons is asked
+  as text, answered with ``/allow`` or ``/deny``.
 
 Meta's payloads and errors are read by :mod:`adapters.whatsapp_graph` (no I/O there).
 
@@ -62,6 +62,7 @@ from starlette.routing import Route
 
 from adapters import whatsapp_graph
 from adapters.platform import (
+    DECISION_MARKS,
     Button,
     ChannelSettings,
     HandleOutcome,
@@ -248,10 +249,13 @@ class WhatsAppChannel(Platform):
         inbound = item.inbound
         if item.press is not None:
             told = await self.inbox.press(item.press)
-            await self.inbox.until_stored(
-                lambda: call(self.inbox.reply, inbound, told, kind="approval_press"),
-                f"telling {inbound.sender_id} what came of their answer",
-            )
+            # A press that decided the request is told by the decision itself, a new message in this chat
+            # (the question cannot be edited): only a press that changed nothing needs a word of its own.
+            if not told.startswith(DECISION_MARKS):
+                await self.inbox.until_stored(
+                    lambda: call(self.inbox.reply, inbound, told, kind="approval_press"),
+                    f"telling {inbound.sender_id} what came of their answer",
+                )
             self._taken_in(inbound, "command")
             return
         if item.media is None:
