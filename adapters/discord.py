@@ -20,6 +20,10 @@ Order: discord.py runs each incoming message's handler as a task of its own; the
 taken in one at a time, in the order they came (another chat does not wait). Replies of one chat go out in
 order, one at a time, through the runner's delivery like every channel's.
 
+Questions (an agent asking before a tool runs) are sent with Allow / Deny / Allow for this chat buttons and
+edited to their answer with the buttons removed; a press arrives as a component interaction and is answered
+privately to the one who pressed (:mod:`adapters.discord_questions`).
+
 Hygiene: a pairing code for someone who mentions the bot in a guild goes to them by DM (the guild channel gets
 a short hint without the code); channels are addressed without a ``GET /channels/{id}`` per send (cached
 channels, else a partial channel by id); an unreachable API at start is retried with backoff
@@ -33,6 +37,7 @@ import contextlib
 import functools
 import re
 import warnings
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -41,7 +46,9 @@ import yarl
 
 from adapters.chat_turns import ChatTurns
 from adapters.discord_catch_up import CatchUp
+from adapters.discord_questions import question_view, take_press
 from adapters.platform import (
+    Button,
     ChannelSettings,
     Inbound,
     Platform,
@@ -84,6 +91,9 @@ class _Client(discord.Client):
 
     async def on_message(self, message: discord.Message) -> None:
         await self.adapter.on_message(message)
+
+    async def on_interaction(self, interaction: discord.Interaction[Any]) -> None:
+        await take_press(self.adapter.inbox, interaction, self.adapter.log)
 
 
 class DiscordChannel(Platform):
@@ -272,16 +282,16 @@ class DiscordChannel(Platform):
             )
         return found
 
-    async def _channel(self, conversation: str) -> Any:
-        return self._channel_for(conversation)
-
-    async def send_text(self, conversation: str, text: str) -> str | None:
-        channel = await self._channel(conversation)
+    async def send_text(self, conversation: str, text: str) -> str:
+        channel = self._channel_for(conversation)
         sent = await channel.send(text)
         return str(sent.id)
 
+    #: A progress note is a message like any other (its id kept, so it is edited in place).
+    send_note = send_text
+
     async def send_file(self, conversation: str, path: Path, caption: str) -> str | None:
-        channel = await self._channel(conversation)
+        channel = self._channel_for(conversation)
         sent = await channel.send(content=caption or None, file=discord.File(path, filename=path.name))
         return str(sent.id)
 
@@ -296,18 +306,27 @@ class DiscordChannel(Platform):
         return SendFailure(False, reason)
 
     async def send_typing(self, conversation: str) -> None:
-        channel = await self._channel(conversation)
+        channel = self._channel_for(conversation)
         await channel.typing()
 
-    async def send_note(self, conversation: str, text: str) -> str:
-        channel = await self._channel(conversation)
-        sent = await channel.send(text)
-        return str(sent.id)
-
     async def edit_text(self, conversation: str, message_id: str, text: str) -> bool:
-        channel = await self._channel(conversation)
+        channel = self._channel_for(conversation)
         try:
             await channel.get_partial_message(int(message_id)).edit(content=text)
         except (discord.NotFound, discord.Forbidden):
             return False  # deleted, or not ours to edit: send a new note
+        return True
+
+    # -- asking (adapters.discord_questions) ---------------------------------------------------------------
+    async def send_question(self, conversation: str, text: str, buttons: Sequence[Button]) -> str | None:
+        channel = self._channel_for(conversation)
+        sent = await channel.send(text, view=question_view(buttons))
+        return str(sent.id)
+
+    async def close_question(self, conversation: str, message_id: str, text: str) -> bool:
+        channel = self._channel_for(conversation)
+        try:
+            await channel.get_partial_message(int(message_id)).edit(content=text, view=None)
+        except (discord.NotFound, discord.Forbidden):
+            return False  # deleted, or not ours to edit: the answer is sent as a new message
         return True

@@ -71,6 +71,7 @@ Also = Callable[["Tx"], None]
 TEST_PAUSE_ENV = "AGENTPOST_TEST_PAUSE_AFTER_FETCH"
 
 __all__ = [
+    "DECISION_MARKS",
     "Also",
     "Button",
     "ChannelSettings",
@@ -161,6 +162,10 @@ class Press:
 
 #: The answer to a question without buttons, appended by the default :meth:`Platform.send_question`.
 ANSWER_IN_WORDS = "Answer with /allow, /deny, or /allow chat (allow it for the rest of this chat)."
+
+#: How what :meth:`Inbox.press` returns begins when the press decided the request (allowed, denied): the
+#: chat is told the same decision by the question's edit, or by a new message where it cannot be edited.
+DECISION_MARKS = ("✅", "🚫")
 
 
 #: What became of an inbound message (:meth:`adapters.intake.Intake.handle`).

@@ -26,12 +26,10 @@ from telegram import (
 from telegram.error import TelegramError
 
 from adapters.chunking import utf16_len
-from adapters.platform import Button, Inbox, Press
+from adapters.platform import DECISION_MARKS, Button, Inbox, Press
 
 #: Telegram's limit on the text of an answer to a callback query.
 ANSWER_LIMIT = 200
-#: How a press that decided the request begins (:func:`shared.queue.approvals.decided_text`): allowed, denied.
-DECISIONS = ("✅", "🚫")
 
 
 def conversation_of(message: MaybeInaccessibleMessage) -> str:
@@ -77,7 +75,7 @@ async def take_press(bot: Bot, inbox: Inbox, query: CallbackQuery, log: logging.
             data=query.data,
         )
     )
-    await _answer(bot, query, answer_text(said), alert=not said.startswith(DECISIONS), log=log)
+    await _answer(bot, query, answer_text(said), alert=not said.startswith(DECISION_MARKS), log=log)
 
 
 async def _answer(

@@ -24,6 +24,15 @@
   uploaded to ``/media`` and sent as documents, text files as ``text/plain`` (a long reply goes as ``.txt``).
   WhatsApp cannot edit a sent message, so a run's progress notes are new messages, at most one every
   ``progress_min_interval_seconds`` (see :mod:`adapters.progress_notes`).
+- Questions (an agent asking before a tool runs) are interactive messages with reply buttons (Allow, Deny,
+  Allow for this chat); a press arrives as an ``interactive`` message whose ``button_reply.id`` is the
+  button's data, and is answered through the inbox (only the person asked may answer, at most once).
+  WhatsApp cannot edit a message, so the decision comes as a new message (the default
+  :meth:`~adapters.platform.Platform.close_question` says it cannot edit), which also tells the one whose
+  press decided it; a press that changed nothing ("Only Ann can answer this request.") gets a reply of its
+  own. A question longer than a button message takes (1,024 characters: an edit's diff) is sent in full
+  as text, its last paragraph ("Allow it? …") then with the buttons; one Meta refuses with buttons is asked
+  as text, answered with ``/allow`` or ``/deny``.
 
 Meta's payloads and errors are read by :mod:`adapters.whatsapp_graph` (no I/O there).
 
@@ -40,6 +49,7 @@ import hmac
 import json
 import mimetypes
 import time
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, ClassVar
@@ -52,6 +62,8 @@ from starlette.routing import Route
 
 from adapters import whatsapp_graph
 from adapters.platform import (
+    DECISION_MARKS,
+    Button,
     ChannelSettings,
     HandleOutcome,
     Inbound,
@@ -235,6 +247,17 @@ class WhatsAppChannel(Platform):
     async def _accept(self, item: ParsedMessage) -> None:
         """Queue a message now, or store its media job (fetched afterwards by :attr:`media`)."""
         inbound = item.inbound
+        if item.press is not None:
+            told = await self.inbox.press(item.press)
+            # A press that decided the request is told by the decision itself, a new message in this chat
+            # (the question cannot be edited): only a press that changed nothing needs a word of its own.
+            if not told.startswith(DECISION_MARKS):
+                await self.inbox.until_stored(
+                    lambda: call(self.inbox.reply, inbound, told, kind="approval_press"),
+                    f"telling {inbound.sender_id} what came of their answer",
+                )
+            self._taken_in(inbound, "command")
+            return
         if item.media is None:
             self._taken_in(inbound, await self.inbox.handle(inbound))
             return
@@ -378,6 +401,28 @@ class WhatsAppChannel(Platform):
                 "text": {"body": text, "preview_url": False},
             },
         )
+        return wamid_of(sent)
+
+    async def send_question(self, conversation: str, text: str, buttons: Sequence[Button]) -> str | None:
+        ask, lead = text, ""
+        body = whatsapp_graph.question_message(conversation, ask, list(buttons))
+        if body is None and "\n\n" in text:
+            # Longer than a button message takes (an edit's diff, a long command): the question in full as
+            # text, then its last paragraph ("Allow it? …") with the buttons.
+            lead, _, ask = text.rpartition("\n\n")
+            body = whatsapp_graph.question_message(conversation, ask, list(buttons))
+        if body is None:
+            return await super().send_question(conversation, text, buttons)
+        if lead:
+            await self.send_text(conversation, lead)
+        try:
+            sent = await self._graph_post("messages", json=body)
+        except GraphSendError as exc:
+            failure = self.classify_send_error(exc)
+            if not failure.permanent or exc.code == whatsapp_graph.REENGAGEMENT_CODE:
+                raise  # worth retrying as it is, or no message at all may be sent now
+            self.log.info("WhatsApp refused a question with buttons (%s); asking it as text", failure.reason)
+            return await super().send_question(conversation, ask, buttons)
         return wamid_of(sent)
 
     #: The MIME type a file is uploaded as (:func:`adapters.whatsapp_graph.document_type`).

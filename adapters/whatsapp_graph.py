@@ -16,9 +16,16 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from adapters.platform import Inbound, SendFailure
+from adapters.platform import Button, Inbound, Press, SendFailure
 
 THROUGHPUT_CODES = frozenset({130429, 131056})
+#: The re-engagement refusal: more than 24 h since the user last wrote (only templates may be sent then).
+REENGAGEMENT_CODE = 131047
+#: Limits of an interactive reply-button message: buttons, a button's title, its id, the body text.
+MAX_BUTTONS = 3
+MAX_BUTTON_TITLE = 20
+MAX_BUTTON_ID = 256
+MAX_INTERACTIVE_BODY = 1024
 #: Errors that are about our account or Meta's side, not this reply: retried (the operator may fix them).
 RETRY_CODES = frozenset({1, 2, 4, 190, 131000, 131016, 133004})
 MEDIA_KINDS = ("document", "image", "audio", "video", "sticker")
@@ -63,10 +70,12 @@ class GraphSendError(Exception):
 
 @dataclass(frozen=True)
 class ParsedMessage:
-    """One inbound message of a webhook, checked: what to queue now, or a media job to finish later."""
+    """One inbound message of a webhook, checked: what to queue now, a media job to finish later, or a press
+    of a question's button (``inbound`` is then the press's own message, to mark read and reply to)."""
 
     inbound: Inbound
     media: dict[str, Any] | None = None
+    press: Press | None = None
 
 
 def as_int(value: Any) -> int | None:
@@ -161,8 +170,32 @@ def _parse_message(
         media = as_dict(message.get(kind))
         caption = str(media.get("caption") or "")
         return ParsedMessage(replace(inbound, text=caption), media=media)
+    reply = as_dict(as_dict(message.get("interactive")).get("button_reply"))
+    if kind == "interactive" and reply.get("id"):
+        press = Press(conversation=sender, sender_id=sender, sender=inbound.sender, data=str(reply["id"]))
+        return ParsedMessage(inbound, press=press)
     log.info("ignored a WhatsApp %s message from %s", kind, sender)
     return None
+
+
+def question_message(to: str, text: str, buttons: list[Button]) -> dict[str, Any] | None:
+    """The Graph API body of a question with reply buttons (an ``interactive`` message of type ``button``),
+    or None when it does not fit one: more than three buttons, or a question longer than 1,024 characters
+    (never cut short: a command or a diff is seen whole where it is allowed)."""
+    if not buttons or len(buttons) > MAX_BUTTONS or len(text) > MAX_INTERACTIVE_BODY:
+        return None
+    if any(len(b.data) > MAX_BUTTON_ID for b in buttons):
+        return None
+    replies = [
+        {"type": "reply", "reply": {"id": b.data, "title": b.label[:MAX_BUTTON_TITLE]}} for b in buttons
+    ]
+    return {
+        "messaging_product": "whatsapp",
+        "recipient_type": "individual",
+        "to": to,
+        "type": "interactive",
+        "interactive": {"type": "button", "body": {"text": text}, "action": {"buttons": replies}},
+    }
 
 
 def document_type(path: Path) -> str:

@@ -26,6 +26,7 @@ PLATFORMS = (
     "adapters/telegram_rate_limits.py",
     "adapters/discord.py",
     "adapters/discord_catch_up.py",
+    "adapters/discord_questions.py",
     "adapters/whatsapp.py",
     "adapters/whatsapp_graph.py",
     "adapters/whatsapp_media.py",

@@ -1,12 +1,17 @@
 """The scripted model of the approval tests (``permission_mode = "ask"``): it asks for Bash, then says what
-the tool gave; and a count of the command's runs."""
+the tool gave; a count of the command's runs; and a request made as a run makes it, for the chat tests of one
+platform (:func:`ask_for_bash`)."""
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 from typing import Any
 
+from shared.chat.address import ChatAddress
+from shared.queue import approvals
+from shared.runtime import Runtime
 from tests.fakes.anthropic_api import Reply, ToolUse, last_user_text, tool_result_text, tool_results
 
 
@@ -28,3 +33,32 @@ def asking_model(body: dict[str, Any]) -> str | Reply:
 def command_runs(root: Path, n: int) -> int:
     """How many times the command of ``marker-N`` ran anywhere under ``root`` (a line each)."""
     return sum(len(p.read_text().splitlines()) for p in root.rglob(f"marker-{n}.txt") if p.is_file())
+
+
+COMMAND = "echo ran > marker.txt"
+
+
+def ask_for_bash(
+    rt: Runtime, chat: ChatAddress, message_id: str, *, command: str = COMMAND, timeout_ms: int = 600_000
+) -> approvals.Approval:
+    """The agent ``alpha`` asks ``chat`` whether it may run ``command`` with Bash (as a run of
+    ``message_id`` would); the question is queued to the chat."""
+    question = approvals.Question(
+        agent="alpha",
+        tool="Bash",
+        summary=command,
+        detail=json.dumps({"command": command}),
+        pattern="echo ran *",
+        message_id=message_id,
+        run_id="",
+        chat=chat,
+        timeout_ms=timeout_ms,
+    )
+    return approvals.ask(rt.db, rt.queue.responses, question)
+
+
+def status_of(rt: Runtime, approval_id: str) -> str:
+    """The request's status now (``pending``, ``allowed`` …)."""
+    found = approvals.get(rt.db, approval_id)
+    assert found is not None, approval_id
+    return str(found.status)

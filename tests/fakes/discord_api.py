@@ -7,6 +7,11 @@ and serves both halves:
   in JSON or multipart form, edits, typing, DM channels, channels, channel history with ``after``/``before``/
   ``limit`` answered newest first as Discord does), with JSON replies whose
   ``Content-Type`` is exactly ``application/json`` as discord.py requires;
+* message components: action rows of buttons on message create and edit (checked as Discord checks them,
+  kept on the message, ``components: []`` removes them); :meth:`FakeDiscord.press_button` has a user press
+  one, dispatched as an ``INTERACTION_CREATE`` of type 3 (MESSAGE_COMPONENT), answered once within 3 s at
+  ``POST /interactions/{id}/{token}/callback`` and followed up at ``POST /webhooks/{application_id}/{token}``
+  (both authorised by the interaction's token, as on Discord);
 * the gateway websocket at ``/gateway``: HELLO (op 10), HEARTBEAT (op 1) → ACK (op 11), IDENTIFY (op 2)
   → READY then one GUILD_CREATE per guild, RESUME (op 6) → replay + RESUMED, REQUEST_GUILD_MEMBERS (op 8)
   → GUILD_MEMBERS_CHUNK. When the client asks for ``compress=zlib-stream`` (discord.py does by default)
@@ -58,6 +63,18 @@ PRIVILEGED_INTENTS = INTENT_GUILD_MEMBERS | INTENT_GUILD_PRESENCES | INTENT_MESS
 # Message types and channel types used here.
 MESSAGE_DEFAULT = 0
 MESSAGE_REPLY = 19
+#: Interaction types, callback types and flags used here.
+INTERACTION_MESSAGE_COMPONENT = 3
+COMPONENT_ACTION_ROW = 1
+COMPONENT_BUTTON = 2
+CALLBACK_MESSAGE = 4
+CALLBACK_DEFERRED_MESSAGE = 5
+CALLBACK_DEFERRED_UPDATE = 6
+CALLBACK_UPDATE_MESSAGE = 7
+FLAG_EPHEMERAL = 1 << 6
+#: An interaction must be answered this soon, and may be followed up this long (seconds).
+INTERACTION_ANSWER_SECONDS = 3.0
+INTERACTION_FOLLOWUP_SECONDS = 15 * 60
 CHANNEL_GUILD_TEXT = 0
 CHANNEL_DM = 1
 
@@ -77,13 +94,15 @@ class DiscordFile:
 
 @dataclass
 class DiscordSent:
-    """One user-visible thing the bot did: ``kind`` is ``"message"``, ``"edit"`` or ``"typing"``.
+    """One user-visible thing the bot did: ``kind`` is ``"message"``, ``"edit"``, ``"typing"``,
+    ``"interaction_response"`` (the answer to a press, at the callback endpoint; ``payload["type"]`` is the
+    callback type) or ``"followup"`` (a message after it, on the interaction's webhook).
 
     ``payload`` is the decoded JSON body (``payload_json`` for multipart requests); ``message`` is the
-    Message object the fake answered with (None for typing).
+    Message object the fake answered with (None for typing and most interaction responses).
     """
 
-    kind: Literal["message", "edit", "typing"]
+    kind: Literal["message", "edit", "typing", "interaction_response", "followup"]
     channel_id: int
     message_id: int | None = None
     content: str | None = None
@@ -92,6 +111,37 @@ class DiscordSent:
     payload: JSON = field(default_factory=dict)
     message: JSON | None = None
     at: float = field(default_factory=time.monotonic)
+
+    @property
+    def buttons(self) -> list[tuple[str, str, int]]:
+        """``(label, custom_id, style)`` of the buttons the message has after this send or edit."""
+        rows = (self.message or {}).get("components") or []
+        return [
+            (str(b.get("label") or ""), str(b.get("custom_id") or ""), int(b.get("style") or 0))
+            for row in rows
+            for b in row.get("components", [])
+        ]
+
+    @property
+    def ephemeral(self) -> bool:
+        """Whether only the one who pressed sees it (flag 64 on an interaction answer or followup)."""
+        data = self.payload.get("data") if self.kind == "interaction_response" else self.payload
+        return bool(int((data or {}).get("flags") or 0) & FLAG_EPHEMERAL)
+
+
+@dataclass
+class DiscordInteraction:
+    """A press the fake dispatched (:meth:`FakeDiscord.press_button`) and how the bot answered it."""
+
+    interaction_id: int
+    token: str
+    channel_id: int
+    message_id: int
+    custom_id: str
+    user_id: int
+    created: float = field(default_factory=time.monotonic)
+    #: The callback type the bot answered with (None: not answered yet).
+    answered_with: int | None = None
 
 
 @dataclass(frozen=True)
@@ -198,6 +248,7 @@ class FakeDiscord(ContextFake):
         self._sessions: dict[str, _Session] = {}
         self._connections: set[_Connection] = set()
         self._sent: list[DiscordSent] = []
+        self._interactions: dict[int, DiscordInteraction] = {}
         self._requests: list[DiscordRequest] = []
         self._rate_limits: list[float] = []
         #: (text a message's content contains, seconds its creation is held) — see :meth:`slow_message`.
@@ -210,6 +261,8 @@ class FakeDiscord(ContextFake):
         self._bucket_size: tuple[int, float] | None = None
         #: Seconds every attachment download is held (see :meth:`slow_downloads`).
         self.download_delay = 0.0
+        #: Seconds a press may wait for its answer before Discord forgets it (3 s; tests shorten it).
+        self.answer_within = INTERACTION_ANSWER_SECONDS
         self.identifies = 0
         self.resumes = 0
         self.heartbeats = 0
@@ -259,6 +312,8 @@ class FakeDiscord(ContextFake):
         app.router.add_get(f"{api}/channels/{{channel_id}}/messages/{{message_id}}", self._get_message)
         app.router.add_patch(f"{api}/channels/{{channel_id}}/messages/{{message_id}}", self._edit_message)
         app.router.add_post(f"{api}/channels/{{channel_id}}/typing", self._typing)
+        app.router.add_post(f"{api}/interactions/{{interaction_id}}/{{token}}/callback", self._callback)
+        app.router.add_post(f"{api}/webhooks/{{application_id}}/{{token}}", self._followup)
         app.router.add_get("/attachments/{channel_id}/{attachment_id}/{filename}", self._download)
         runner = web.AppRunner(app, handle_signals=False, access_log=None)
         await runner.setup()
@@ -348,6 +403,26 @@ class FakeDiscord(ContextFake):
             channel_id, content, author_id, author_name, guild_id, mentions, attachments, reply_to
         )
         return self._in_loop(coro)
+
+    def press_button(
+        self, message_id: int, custom_id: str, user_id: int, username: str
+    ) -> DiscordInteraction:
+        """Have a user press the button ``custom_id`` under the message ``message_id``: an
+        ``INTERACTION_CREATE`` (type 3, MESSAGE_COMPONENT) goes to connected clients, with the user as
+        ``user`` in a DM and as ``member`` in a guild. Only a button the message has now can be pressed."""
+        return self._in_loop(self._press_button(message_id, custom_id, user_id, username))
+
+    @property
+    def interactions(self) -> list[DiscordInteraction]:
+        """The presses dispatched by :meth:`press_button`, oldest first, with how each was answered (copies)."""
+        with self._cond:
+            return [DiscordInteraction(**i.__dict__) for i in self._interactions.values()]
+
+    def interaction(self, interaction_id: int) -> DiscordInteraction | None:
+        """A press dispatched by :meth:`press_button`, with how it was answered (a copy), or None."""
+        with self._cond:
+            found = self._interactions.get(interaction_id)
+            return None if found is None else DiscordInteraction(**found.__dict__)
 
     def request_reconnect(self) -> None:
         """Send RECONNECT (op 7) to every connected client; discord.py then reconnects and RESUMEs."""
@@ -498,6 +573,8 @@ class FakeDiscord(ContextFake):
         mentions: Sequence[int],
         attachments: list[JSON],
         reference: JSON | None,
+        *,
+        store: bool = True,
     ) -> JSON:
         message: JSON = {
             "id": str(self.snowflake()),
@@ -531,9 +608,10 @@ class FakeDiscord(ContextFake):
                 **({"guild_id": reference["guild_id"]} if "guild_id" in reference else {}),
             }
             message["referenced_message"] = {k: v for k, v in reference.items() if k != "referenced_message"}
-        with self._cond:
-            self._messages[int(message["id"])] = message
-            channel["last_message_id"] = message["id"]
+        if store:
+            with self._cond:
+                self._messages[int(message["id"])] = message
+                channel["last_message_id"] = message["id"]
         return message
 
     # ------------------------------------------------------------------ loop-side state changes
@@ -652,6 +730,56 @@ class FakeDiscord(ContextFake):
         message = self._message(channel, author, content, mentions, files, reference)
         await self._dispatch("MESSAGE_CREATE", message)
         return message
+
+    async def _press_button(
+        self, message_id: int, custom_id: str, user_id: int, username: str
+    ) -> DiscordInteraction:
+        author = self.add_user(user_id, username)
+        with self._cond:
+            message = self._messages.get(message_id)
+            channel = None if message is None else self._channels.get(int(message["channel_id"]))
+            if message is None or channel is None:
+                raise ValueError(f"unknown message {message_id}")
+            ids = [b.get("custom_id") for row in message["components"] for b in row["components"]]
+            if custom_id not in ids:
+                raise ValueError(f"message {message_id} has no button {custom_id!r} (it has {ids})")
+            snapshot = dict(message)
+        pressed = DiscordInteraction(
+            interaction_id=self.snowflake(),
+            token=f"aW50ZXJhY3Rpb24.{uuid.uuid4().hex}",
+            channel_id=int(channel["id"]),
+            message_id=message_id,
+            custom_id=custom_id,
+            user_id=user_id,
+        )
+        payload: JSON = {
+            "id": str(pressed.interaction_id),
+            "application_id": str(self.bot_id),
+            "type": INTERACTION_MESSAGE_COMPONENT,
+            "data": {"custom_id": custom_id, "component_type": COMPONENT_BUTTON},
+            "channel": dict(channel),
+            "channel_id": channel["id"],
+            "message": snapshot,
+            "token": pressed.token,
+            "version": 1,
+            "app_permissions": "2248473465835073",
+            "locale": "en-US",
+            "entitlements": [],
+            "authorizing_integration_owners": {"0": str(channel.get("guild_id") or user_id)},
+            "attachment_size_limit": 10 * 1024 * 1024,
+        }
+        if "guild_id" in channel:
+            payload["guild_id"] = channel["guild_id"]
+            payload["guild_locale"] = "en-US"
+            payload["member"] = self._member(author, _now_iso()) | {"permissions": "2248473465835073"}
+            payload["context"] = 0
+        else:
+            payload["user"] = author
+            payload["context"] = 1
+        with self._cond:
+            self._interactions[pressed.interaction_id] = pressed
+        await self._dispatch("INTERACTION_CREATE", payload)
+        return DiscordInteraction(**pressed.__dict__)
 
     async def _broadcast_op(self, op: int, data: Any) -> None:
         for connection in list(self._connections):
@@ -816,7 +944,9 @@ class FakeDiscord(ContextFake):
     ) -> web.StreamResponse:
         path = request.path
         try:
-            needs_auth = path.startswith("/api/") and path != "/api/v10/gateway"
+            # An interaction's callback and followups are authorised by its token in the path, not the bot's.
+            by_token = path.startswith(("/api/v10/interactions/", "/api/v10/webhooks/"))
+            needs_auth = path.startswith("/api/") and path != "/api/v10/gateway" and not by_token
             if needs_auth and request.headers.get("Authorization") != f"Bot {self.token}":
                 raise DiscordApiError(401, "401: Unauthorized")
             response = await handler(request)
@@ -944,6 +1074,8 @@ class FakeDiscord(ContextFake):
         raise DiscordApiError(400, "Invalid Form Body", 50035)
 
     def _validate_content(self, payload: JSON, files: list[DiscordFile]) -> None:
+        if "components" in payload:
+            _check_components(payload["components"])
         content = payload.get("content")
         if content is not None and len(str(content)) > _CONTENT_LIMIT:
             errors = {
@@ -1024,6 +1156,7 @@ class FakeDiscord(ContextFake):
         content = str(payload.get("content") or "")
         if not content and not files and not payload.get("embeds") and not payload.get("sticker_ids"):
             raise DiscordApiError(400, "Cannot send an empty message", 50006)
+        components = list(payload.get("components") or [])
         reference = None
         ref_payload = payload.get("message_reference")
         if isinstance(ref_payload, dict) and ref_payload.get("message_id") is not None:
@@ -1043,6 +1176,7 @@ class FakeDiscord(ContextFake):
         ]
         mentions = _mentioned_ids(content)
         message = self._message(channel, self.bot_user, content, mentions, attachments, reference)
+        message["components"] = components
         self._record(
             DiscordSent(
                 kind="message",
@@ -1052,7 +1186,7 @@ class FakeDiscord(ContextFake):
                 attachments=files,
                 reference_id=None if reference is None else int(reference["id"]),
                 payload=payload,
-                message=message,
+                message=dict(message),  # as sent: a later edit changes the stored one
             )
         )
         await self._dispatch("MESSAGE_CREATE", message)
@@ -1068,6 +1202,8 @@ class FakeDiscord(ContextFake):
         with self._cond:
             if "content" in payload:
                 message["content"] = str(payload["content"] or "")
+            if "components" in payload:
+                message["components"] = list(payload["components"] or [])
             if files:
                 message["attachments"] = [
                     self._attachment(int(channel["id"]), f.filename, f.data, f.content_type) for f in files
@@ -1088,6 +1224,122 @@ class FakeDiscord(ContextFake):
         await self._dispatch("MESSAGE_UPDATE", snapshot)
         return _json_response(snapshot)
 
+    def _pressed(self, request: web.Request, key: str) -> DiscordInteraction:
+        """The interaction a callback or followup names (by id or application id) with its token."""
+        token = request.match_info["token"]
+        with self._cond:
+            if key == "interaction_id":
+                found = self._interactions.get(int(request.match_info[key]))
+            else:
+                found = next((i for i in self._interactions.values() if i.token == token), None)
+                if request.match_info[key] != str(self.bot_id):
+                    found = None
+        if found is None or found.token != token:
+            if key == "interaction_id":
+                raise DiscordApiError(404, "Unknown interaction", 10062)
+            raise DiscordApiError(404, "Unknown Webhook", 10015)
+        return found
+
+    async def _callback(self, request: web.Request) -> web.Response:
+        """``POST /interactions/{id}/{token}/callback``: the one answer to a press, within 3 s."""
+        pressed = self._pressed(request, "interaction_id")
+        if time.monotonic() - pressed.created > self.answer_within:
+            raise DiscordApiError(404, "Unknown interaction", 10062)
+        payload, files = await self._read_message_body(request)
+        kind = payload.get("type")
+        if kind not in (
+            CALLBACK_MESSAGE,
+            CALLBACK_DEFERRED_MESSAGE,
+            CALLBACK_DEFERRED_UPDATE,
+            CALLBACK_UPDATE_MESSAGE,
+        ):
+            raise DiscordApiError(400, "Invalid Form Body", 50035)
+        data = payload.get("data") or {}
+        self._validate_content(data, files)
+        if kind == CALLBACK_MESSAGE and not data.get("content") and not data.get("embeds"):
+            raise DiscordApiError(400, "Cannot send an empty message", 50006)
+        with self._cond:
+            if pressed.answered_with is not None:
+                raise DiscordApiError(400, "Interaction has already been acknowledged.", 40060)
+            pressed.answered_with = int(kind)
+            channel = self._channels[pressed.channel_id]
+            target = self._messages.get(pressed.message_id)
+        resource: JSON | None = None
+        if kind == CALLBACK_UPDATE_MESSAGE and target is not None:
+            with self._cond:
+                for key in ("content", "components"):
+                    if key in data:
+                        target[key] = data[key] if key == "components" else str(data[key] or "")
+                target["edited_timestamp"] = _now_iso()
+                resource = dict(target)
+        elif kind == CALLBACK_MESSAGE:
+            resource = self._message(
+                channel, self.bot_user, str(data.get("content") or ""), [], [], None, store=False
+            )
+            resource["flags"] = int(data.get("flags") or 0)
+        self._record(
+            DiscordSent(
+                kind="interaction_response",
+                channel_id=pressed.channel_id,
+                message_id=pressed.message_id,
+                content=None if "content" not in data else str(data["content"] or ""),
+                payload=payload,
+                message=resource,
+            )
+        )
+        if kind == CALLBACK_UPDATE_MESSAGE and resource is not None:
+            await self._dispatch("MESSAGE_UPDATE", resource)
+        if request.query.get("with_response") not in ("1", "true", "True"):
+            return web.Response(status=204)
+        flags = int(data.get("flags") or 0)
+        answer: JSON = {
+            "interaction": {
+                "id": str(pressed.interaction_id),
+                "type": INTERACTION_MESSAGE_COMPONENT,
+                "response_message_loading": kind == CALLBACK_DEFERRED_MESSAGE,
+                "response_message_ephemeral": bool(flags & FLAG_EPHEMERAL),
+            }
+        }
+        if resource is not None:
+            answer["interaction"]["response_message_id"] = resource["id"]
+            answer["resource"] = {"type": kind, "message": resource}
+        return _json_response(answer)
+
+    async def _followup(self, request: web.Request) -> web.Response:
+        """``POST /webhooks/{application_id}/{token}``: a message after the answer to a press (for 15 min).
+        An ephemeral one (flag 64) is seen only by the one who pressed: not in the channel, no event."""
+        pressed = self._pressed(request, "application_id")
+        if pressed.answered_with is None or time.monotonic() - pressed.created > INTERACTION_FOLLOWUP_SECONDS:
+            raise DiscordApiError(404, "Unknown Webhook", 10015)
+        payload, files = await self._read_message_body(request)
+        self._validate_content(payload, files)
+        content = str(payload.get("content") or "")
+        if not content and not files and not payload.get("embeds"):
+            raise DiscordApiError(400, "Cannot send an empty message", 50006)
+        with self._cond:
+            channel = self._channels[pressed.channel_id]
+        flags = int(payload.get("flags") or 0)
+        ephemeral = bool(flags & FLAG_EPHEMERAL)
+        message = self._message(channel, self.bot_user, content, [], [], None, store=not ephemeral)
+        message.update(
+            flags=flags, webhook_id=str(self.bot_id), components=list(payload.get("components") or [])
+        )
+        self._record(
+            DiscordSent(
+                kind="followup",
+                channel_id=pressed.channel_id,
+                message_id=int(message["id"]),
+                content=content,
+                payload=payload,
+                message=message,
+            )
+        )
+        if not ephemeral:
+            await self._dispatch("MESSAGE_CREATE", message)
+        if request.query.get("wait") not in ("1", "true", "True"):
+            return web.Response(status=204)
+        return _json_response(message)
+
     async def _typing(self, request: web.Request) -> web.Response:
         channel = self._known_channel(request)
         self._record(DiscordSent(kind="typing", channel_id=int(channel["id"])))
@@ -1102,6 +1354,44 @@ class FakeDiscord(ContextFake):
         if self.download_delay:
             await asyncio.sleep(self.download_delay)
         return web.Response(body=data, headers={"Content-Type": content_type})
+
+
+def _check_components(rows: Any) -> None:
+    """Refuse components Discord would refuse (Invalid Form Body): at most 5 action rows of at most 5
+    buttons, each with a style; a label of at most 80 characters; a ``custom_id`` of at most 100 characters
+    on every button but links, unique in the message."""
+
+    def invalid(why: str) -> DiscordApiError:
+        errors = {"components": {"_errors": [{"code": "COMPONENT_INVALID", "message": why}]}}
+        return DiscordApiError(400, "Invalid Form Body", 50035, errors)
+
+    if not isinstance(rows, list) or len(rows) > 5:
+        raise invalid("Must be 5 or fewer in length.")
+    seen: set[str] = set()
+    for row in rows:
+        if not isinstance(row, dict) or row.get("type") != COMPONENT_ACTION_ROW:
+            raise invalid("Top-level components must be action rows.")
+        buttons = row.get("components")
+        if not isinstance(buttons, list) or not 1 <= len(buttons) <= 5:
+            raise invalid("An action row holds 1 to 5 components.")
+        for button in buttons:
+            if not isinstance(button, dict) or button.get("type") != COMPONENT_BUTTON:
+                raise invalid("Only buttons are supported by this fake.")
+            style = button.get("style")
+            if style not in (1, 2, 3, 4, 5):
+                raise invalid("Value must be one of {1, 2, 3, 4, 5}.")
+            if len(str(button.get("label") or "")) > 80:
+                raise invalid("Must be 80 or fewer in length.")
+            custom_id = button.get("custom_id")
+            if style == 5:
+                if not button.get("url") or custom_id is not None:
+                    raise invalid("A link button has a url and no custom_id.")
+                continue
+            if not isinstance(custom_id, str) or not 1 <= len(custom_id) <= 100:
+                raise invalid("A button needs a custom_id of 1 to 100 characters.")
+            if custom_id in seen:
+                raise invalid("Component custom id cannot be duplicated")
+            seen.add(custom_id)
 
 
 def _mentioned_ids(content: str) -> list[int]:

@@ -7,8 +7,12 @@ Two halves:
   checks and Graph-shaped errors (including the throughput errors 130429 and 131056, injectable), plus
   ``GET /v{N}/{media_id}`` and the media download URL it returns, for inbound media; read receipts with an
   optional typing indicator (``{"status": "read", "message_id": W}`` on ``/messages``, see :attr:`reads`);
+* interactive messages with reply buttons (``"type": "interactive"``, ``interactive.type = "button"``),
+  checked against the Cloud API's limits (1 to 3 buttons, titles of at most 20 characters, unique ids and
+  titles, a body of at most 1,024), refusable with :meth:`FakeWhatsApp.refuse_interactive`;
 * webhook builders — :func:`text_message_payload`, :func:`document_message_payload`,
-  :func:`image_message_payload`, :func:`status_payload` — and :func:`signed_webhook`, which serialises a payload the way Meta does and
+  :func:`image_message_payload`, :func:`button_reply_payload` (a press of a reply button),
+  :func:`status_payload` — and :func:`signed_webhook`, which serialises a payload the way Meta does and
   signs the raw bytes with ``X-Hub-Signature-256: sha256=<hex HMAC-SHA256(app_secret, body)>``.
 """
 
@@ -33,6 +37,19 @@ from tests.fakes.http_fake import QuietHandler, QuietServer, ThreadedHttpFake, w
 JSON = dict[str, Any]
 
 TEXT_LIMIT = 4096
+#: Limits of an interactive reply-button message.
+BUTTONS_MAX = 3
+BUTTON_TITLE_LIMIT = 20
+BUTTON_ID_LIMIT = 256
+INTERACTIVE_BODY_LIMIT = 1024
+
+#: The refusal of a message type the recipient or the account cannot take.
+UNSUPPORTED_TYPE_ERROR: JSON = {
+    "message": "(#131051) Unsupported message type",
+    "type": "OAuthException",
+    "code": 131051,
+    "error_data": {"messaging_product": "whatsapp", "details": "Message type is not currently supported."},
+}
 
 #: Graph error bodies for the two throughput limits a sender must back off on.
 THROUGHPUT_ERRORS: dict[int, JSON] = {
@@ -135,9 +152,20 @@ class WhatsAppSent:
 
     @property
     def text(self) -> str | None:
-        """``text.body`` for text messages."""
+        """``text.body`` for text messages; the body text of an interactive one."""
         text = self.body.get("text")
+        if self.type == "interactive":
+            text = self.body["interactive"].get("body")
+            return str(text["text"]) if isinstance(text, dict) and "text" in text else None
         return str(text["body"]) if isinstance(text, dict) and "body" in text else None
+
+    @property
+    def buttons(self) -> list[tuple[str, str]]:
+        """``(id, title)`` of the reply buttons of an interactive message (empty for others)."""
+        if self.type != "interactive":
+            return []
+        action = self.body["interactive"].get("action") or {}
+        return [(str(b["reply"]["id"]), str(b["reply"]["title"])) for b in action.get("buttons", [])]
 
     @property
     def document(self) -> JSON | None:
@@ -227,6 +255,7 @@ class FakeWhatsApp(ThreadedHttpFake):
         self._closed_windows: set[str] = set()
         self._recipient_failures: dict[str, list[GraphError]] = {}
         self._media_faults: dict[str, int] = {}
+        self._refuse_interactive = False
         self._reads: list[ReadReceipt] = []
         #: Inbound wamids a test announced (see :meth:`inbound`): a read receipt for any other is refused.
         self._inbound: set[str] = set()
@@ -260,6 +289,12 @@ class FakeWhatsApp(ThreadedHttpFake):
         """Refuse every later free-form message to ``to`` with error 131047 (24 h since they last wrote)."""
         with self._cond:
             self._closed_windows.add(to)
+
+    def refuse_interactive(self, refuse: bool = True) -> None:
+        """Refuse every interactive message (error 131051, unsupported message type), as for an account or
+        a recipient that cannot take them."""
+        with self._cond:
+            self._refuse_interactive = refuse
 
     def open_window(self, to: str) -> None:
         """``to`` wrote again: messages to them are accepted again."""
@@ -469,8 +504,15 @@ class FakeWhatsApp(ThreadedHttpFake):
                         "error_data": {"messaging_product": "whatsapp", "details": "Unknown media id"},
                     },
                 )
+        elif kind == "interactive":
+            _check_interactive(body.get("interactive"))
+            with self._cond:
+                if self._refuse_interactive:
+                    raise GraphError(400, UNSUPPORTED_TYPE_ERROR)
         else:
-            raise _invalid_parameter(f"Param type must be one of {{TEXT, DOCUMENT}} in this fake, got {kind}")
+            raise _invalid_parameter(
+                f"Param type must be one of {{TEXT, DOCUMENT, INTERACTIVE}} in this fake, got {kind}"
+            )
         with self._cond:
             if self._failures:
                 raise self._failures.pop(0)
@@ -509,6 +551,42 @@ class FakeWhatsApp(ThreadedHttpFake):
             self._reads.append(ReadReceipt(message_id, kind))
             self._cond.notify_all()
         return {"success": True}
+
+
+def _check_interactive(interactive: Any) -> None:
+    """Refuse an interactive reply-button message the Cloud API would refuse (error 131009, with details)."""
+
+    def invalid(details: str) -> GraphError:
+        error = {
+            "message": "(#131009) Parameter value is not valid",
+            "type": "OAuthException",
+            "code": 131009,
+            "error_data": {"messaging_product": "whatsapp", "details": details},
+        }
+        return GraphError(400, error)
+
+    if not isinstance(interactive, dict) or interactive.get("type") != "button":
+        raise invalid("interactive['type'] must be 'button' in this fake")
+    body = interactive.get("body")
+    text = str(body.get("text") or "") if isinstance(body, dict) else ""
+    if not text or len(text) > INTERACTIVE_BODY_LIMIT:
+        raise invalid(f"Body text is required and must be at most {INTERACTIVE_BODY_LIMIT} characters")
+    action = interactive.get("action")
+    buttons = action.get("buttons") if isinstance(action, dict) else None
+    if not isinstance(buttons, list) or not 1 <= len(buttons) <= BUTTONS_MAX:
+        raise invalid(f"Buttons count is invalid: must be 1 to {BUTTONS_MAX}")
+    ids, titles = set(), set()
+    for button in buttons:
+        reply = button.get("reply") if isinstance(button, dict) else None
+        if not isinstance(reply, dict) or button.get("type") != "reply":
+            raise invalid("Each button must be of type 'reply' with a 'reply' object")
+        button_id, title = str(reply.get("id") or ""), str(reply.get("title") or "")
+        if not button_id or len(button_id) > BUTTON_ID_LIMIT or button_id in ids:
+            raise invalid(f"Button id must be unique and 1 to {BUTTON_ID_LIMIT} characters")
+        if not title or len(title) > BUTTON_TITLE_LIMIT or title in titles:
+            raise invalid(f"Button title must be unique and 1 to {BUTTON_TITLE_LIMIT} characters")
+        ids.add(button_id)
+        titles.add(title)
 
 
 def _parse_multipart(
@@ -653,6 +731,31 @@ def _media_payload(
         "timestamp": str(int(time.time())),
         "type": kind,
         kind: media,
+    }
+    value = {"contacts": [{"profile": {"name": name}, "wa_id": from_number}], "messages": [message]}
+    return _envelope(phone_number_id, display_phone_number, value)
+
+
+def button_reply_payload(
+    from_number: str,
+    button_id: str,
+    title: str,
+    *,
+    context_wamid: str,
+    wamid: str | None = None,
+    name: str = "Alice",
+    phone_number_id: str = "106540352242922",
+    display_phone_number: str = "15550783881",
+) -> JSON:
+    """A webhook payload carrying a press of a reply button under the message ``context_wamid`` (an
+    ``interactive`` message of type ``button_reply``)."""
+    message = {
+        "context": {"from": display_phone_number, "id": context_wamid},
+        "from": from_number,
+        "id": wamid or _wamid(),
+        "timestamp": str(int(time.time())),
+        "type": "interactive",
+        "interactive": {"type": "button_reply", "button_reply": {"id": button_id, "title": title}},
     }
     value = {"contacts": [{"profile": {"name": name}, "wa_id": from_number}], "messages": [message]}
     return _envelope(phone_number_id, display_phone_number, value)

@@ -36,6 +36,7 @@ from tests.fakes.discord_api import FakeDiscord
 from tests.fakes.telegram_api import FakeTelegram, TelegramCall
 from tests.fakes.whatsapp_api import (
     FakeWhatsApp,
+    button_reply_payload,
     signed_webhook,
     status_payload,
     text_message_payload,
@@ -514,6 +515,117 @@ def test_discord_privileged_intent_refused(monkeypatch: pytest.MonkeyPatch) -> N
         assert fake.identifies == 0 and fake.close_codes == [4014]
 
 
+class _Presses(_Recorder):
+    """A :class:`_Recorder` that answers presses of buttons as agentpost does: defer privately, then an
+    ephemeral followup naming who pressed what."""
+
+    def __init__(self, intents: discord.Intents) -> None:
+        super().__init__(intents)
+        self.presses: asyncio.Queue[discord.Interaction] = asyncio.Queue()
+
+    async def on_interaction(self, interaction: discord.Interaction) -> None:
+        assert interaction.type is discord.InteractionType.component and interaction.data is not None
+        await interaction.response.defer(ephemeral=True, thinking=True)
+        custom_id = interaction.data.get("custom_id")
+        await interaction.followup.send(f"{interaction.user.name} pressed {custom_id}", ephemeral=True)
+        await self.presses.put(interaction)
+
+
+def _buttons() -> discord.ui.View:
+    view = discord.ui.View(timeout=None)
+    view.add_item(
+        discord.ui.Button(label="Allow", custom_id="apr_1:allow", style=discord.ButtonStyle.success)
+    )
+    view.add_item(discord.ui.Button(label="Deny", custom_id="apr_1:deny", style=discord.ButtonStyle.danger))
+    view.stop()  # not kept by discord.py: presses come through on_interaction
+    return view
+
+
+@DISCORD_WARNINGS
+@pytest.mark.parametrize("guild", [None, 9300], ids=["dm", "guild"])
+def test_discord_buttons_presses_and_their_answers(discord_fake: FakeDiscord, guild: int | None) -> None:
+    """Buttons sent with a message are kept on it; a press arrives as an INTERACTION_CREATE from the user
+    who pressed (``user`` in a DM, ``member`` in a guild); the deferred answer and its ephemeral followup
+    are recorded; an edit with ``view=None`` removes the buttons, which then cannot be pressed."""
+    fake = discord_fake
+    channel_id = 5003 if guild is None else 9301
+
+    async def scenario() -> tuple[str, int]:
+        client = _Presses(_content_intents())
+        task = asyncio.create_task(client.start(fake.token))
+        try:
+            await asyncio.wait_for(client.ready.wait(), 10)
+            text = "question" if guild is None else f"<@{fake.bot_id}> question"
+            fake.push_message(channel_id, text, author_id=81, author_name="fay", guild_id=guild)
+            incoming = await asyncio.wait_for(client.inbox.get(), 5)
+            asked = await incoming.channel.send("Allow it?", view=_buttons())
+            assert [c.custom_id for c in asked.components[0].children] == ["apr_1:allow", "apr_1:deny"]
+
+            fake.press_button(asked.id, "apr_1:deny", user_id=82, username="gus")
+            pressed = await asyncio.wait_for(client.presses.get(), 5)
+            assert (pressed.user.id, pressed.user.name, pressed.channel_id) == (82, "gus", channel_id)
+            assert isinstance(pressed.user, discord.Member) == (guild is not None)
+            assert pressed.message is not None and pressed.message.id == asked.id
+            await fake.wait_for_async(lambda s: s.kind == "followup")
+            late = pressed.token
+
+            await asked.edit(content="Denied by gus", view=None)
+            with pytest.raises(ValueError, match="no button"):
+                fake.press_button(asked.id, "apr_1:allow", user_id=81, username="fay")
+            return late, pressed.id
+        finally:
+            await client.close()
+            await asyncio.wait_for(task, 5)
+
+    token, interaction_id = asyncio.run(scenario())
+    kinds = [(s.kind, s.content, s.buttons, s.ephemeral) for s in fake.sent if s.channel_id == channel_id]
+    assert kinds == [
+        ("message", "Allow it?", [("Allow", "apr_1:allow", 3), ("Deny", "apr_1:deny", 4)], False),
+        ("interaction_response", None, [], True),
+        ("followup", "gus pressed apr_1:deny", [], True),
+        ("edit", "Denied by gus", [], False),
+    ]
+    assert fake.sent[-3].payload["type"] == 5  # deferred: "thinking…", privately
+    answered = fake.interaction(interaction_id)
+    assert answered is not None and answered.answered_with == 5 and answered.user_id == 82
+    # An interaction is answered once only, and only with its own token.
+    callback = f"{fake.api_base}/interactions/{interaction_id}/{token}/callback"
+    again = httpx.post(callback, json={"type": 4, "data": {"content": "twice"}})
+    assert (again.status_code, again.json()["code"]) == (400, 40060)
+    forged = httpx.post(callback.replace(token, "forged"), json={"type": 6})
+    assert (forged.status_code, forged.json()["code"]) == (404, 10062)
+    # The ephemeral followup is nobody else's: it is not in the channel's history.
+    history = httpx.get(
+        f"{fake.api_base}/channels/{channel_id}/messages", headers={"Authorization": f"Bot {fake.token}"}
+    ).json()
+    assert [m["content"] for m in history if m["author"]["id"] == str(fake.bot_id)] == ["Denied by gus"]
+
+
+def test_discord_presses_must_be_answered_in_time(discord_fake: FakeDiscord) -> None:
+    """An interaction not answered within the time Discord gives (3 s; shortened here) is unknown."""
+    fake = discord_fake
+    fake.answer_within = 0.2
+    fake.push_message(5004, "hi", author_id=83, author_name="hal")
+    headers = {"Authorization": f"Bot {fake.token}"}
+    rows = [{"type": 1, "components": [{"type": 2, "style": 1, "label": "Go", "custom_id": "go"}]}]
+    sent = httpx.post(
+        f"{fake.api_base}/channels/5004/messages", json={"content": "q", "components": rows}, headers=headers
+    ).json()
+    bad = httpx.post(
+        f"{fake.api_base}/channels/5004/messages",
+        json={"content": "q", "components": [{"type": 2, "style": 1, "label": "Go"}]},
+        headers=headers,
+    )
+    assert (bad.status_code, bad.json()["code"]) == (400, 50035)  # buttons go inside an action row
+    pressed = fake.press_button(int(sent["id"]), "go", user_id=83, username="hal")
+    time.sleep(0.3)
+    url = f"{fake.api_base}/interactions/{pressed.interaction_id}/{pressed.token}/callback"
+    late = httpx.post(url, json={"type": 6})
+    assert (late.status_code, late.json()["code"]) == (404, 10062)
+    followup = httpx.post(f"{fake.api_base}/webhooks/{fake.bot_id}/{pressed.token}", json={"content": "x"})
+    assert (followup.status_code, followup.json()["code"]) == (404, 10015)  # never answered
+
+
 # ---------------------------------------------------------------------------------------------- WhatsApp
 
 
@@ -601,3 +713,44 @@ def test_whatsapp_graph_send_upload_and_errors() -> None:
     ]
     media = fake.media(media_id)
     assert media is not None and (media.filename, media.data) == ("notes.txt", b"line one\n")
+
+
+def test_whatsapp_interactive_buttons_and_button_replies() -> None:
+    """Reply-button messages are accepted within the Cloud API's limits (and refused beyond them, or when
+    the fake is told to refuse them); a press comes back as an ``interactive`` ``button_reply`` message."""
+    with FakeWhatsApp() as fake, httpx.Client(base_url=fake.graph_url, timeout=5) as http:
+        auth = {"Authorization": f"Bearer {fake.access_token}"}
+        url = f"/v21.0/{fake.phone_number_id}/messages"
+
+        def question(*titles: str, body: str = "Allow it?") -> dict[str, Any]:
+            buttons = [{"type": "reply", "reply": {"id": f"b{i}", "title": t}} for i, t in enumerate(titles)]
+            interactive = {"type": "button", "body": {"text": body}, "action": {"buttons": buttons}}
+            return {
+                "messaging_product": "whatsapp",
+                "to": "15551234567",
+                "type": "interactive",
+                "interactive": interactive,
+            }
+
+        ok = http.post(url, json=question("Allow", "Deny", "Allow for this chat"), headers=auth)
+        assert ok.status_code == 200
+        wamid = ok.json()["messages"][0]["id"]
+        for refused in (
+            question("1", "2", "3", "4"),  # at most three buttons
+            question("A title over twenty chars"),
+            question("Same", "Same"),
+            question("Allow", body="x" * 1025),
+        ):
+            answer = http.post(url, json=refused, headers=auth)
+            assert (answer.status_code, answer.json()["error"]["code"]) == (400, 131009), refused
+        fake.refuse_interactive()
+        unsupported = http.post(url, json=question("Allow"), headers=auth)
+        assert (unsupported.status_code, unsupported.json()["error"]["code"]) == (400, 131051)
+
+    (sent,) = fake.sent
+    assert (sent.wamid, sent.type, sent.text) == (wamid, "interactive", "Allow it?")
+    assert sent.buttons == [("b0", "Allow"), ("b1", "Deny"), ("b2", "Allow for this chat")]
+    payload = button_reply_payload("15551234567", "b1", "Deny", context_wamid=wamid, name="Ann")
+    message = payload["entry"][0]["changes"][0]["value"]["messages"][0]
+    assert message["type"] == "interactive" and message["context"]["id"] == wamid
+    assert message["interactive"] == {"type": "button_reply", "button_reply": {"id": "b1", "title": "Deny"}}

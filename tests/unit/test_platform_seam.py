@@ -20,6 +20,7 @@ PLUGINS = (
     "telegram_rate_limits.py",
     "discord.py",
     "discord_catch_up.py",
+    "discord_questions.py",
     "whatsapp.py",
     "whatsapp_graph.py",
     "whatsapp_media.py",
