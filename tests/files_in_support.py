@@ -63,10 +63,27 @@ def all_tool_results(body: JSON, *, this_turn: bool = False) -> list[JSON]:
     return found
 
 
+def typed_texts(body: JSON) -> str:
+    """Every text block of the user's last typed message, joined: with an image the CLI adds a text block
+    of its own after the prompt's (``[Image: source: …]``), so the prompt is not always the last one."""
+    for message in reversed(body.get("messages") or []):
+        if not (isinstance(message, dict) and message.get("role") == "user"):
+            continue
+        content = message.get("content")
+        if isinstance(content, str):
+            return content
+        texts = [
+            str(b.get("text", "")) for b in content or [] if isinstance(b, dict) and b.get("type") == "text"
+        ]
+        if any(_REMINDER_RE.sub("", t).strip() for t in texts):
+            return "\n".join(_REMINDER_RE.sub("", t) for t in texts)
+    return last_user_text(body)
+
+
 def reader(body: JSON) -> str | Reply:
     """The scripted model: ``Read`` each ``[file: …]`` of the prompt in turn, then answer one line per
     file: ``READ OK <path>: <what the tool gave>`` or ``READ FAILED <path>: <the tool's error>``."""
-    paths = _FILE_RE.findall(last_user_text(body))
+    paths = _FILE_RE.findall(typed_texts(body))
     results = all_tool_results(body, this_turn=True)
     if len(results) < len(paths):
         return ToolUse("Read", {"file_path": paths[len(results)].strip()}, text="Let me look at that.")

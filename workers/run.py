@@ -59,6 +59,7 @@ from workers.observe import quietly, record_events
 from workers.outcome import CannotStart, Refused, RunEnd, RunOutcome, Superseded, classify, close
 from workers.previews import PreviewWriter
 from workers.processor_config import ProcessorSettings, ProcessorStats
+from workers.prompt_images import images_of
 from workers.providers.base import AgentProvider, ProviderError, RunRequest, RunResult
 from workers.providers.claude_warm import WarmPool, WarmSlot
 from workers.providers.registry import provider_for
@@ -250,6 +251,8 @@ class Run:
         agent, group = run.agent, run.group
         primary = group.messages[0]
         uploads = self._upload_dir()
+        # Shown to claude as image blocks, which only its stream-json input takes: such a run needs a slot.
+        images = images_of(group.messages) if config.provider == "claude" else ()
         extra_env = [("AGENTPOST_AGENT", agent), ("AGENTPOST_MESSAGE_ID", primary.message_id)]
         if uploads is not None:
             extra_env.append(("AGENTPOST_UPLOAD_DIR", str(uploads)))
@@ -271,8 +274,9 @@ class Run:
             sandbox=self._sandboxed(workspace, uploads, egress, session_key),
             # agentpost's own folder, hidden from every run (the files there have no name anyway).
             spool_dir=private_dir(self.settings.home / "tmp"),
-            warm=self._warm_slot(config, session_key, steer=run.steer is not None),
+            warm=self._warm_slot(config, session_key, steer=run.steer is not None or bool(images)),
             steer=run.steer,
+            images=images,
         )
 
     def _on_partial(self, run: RunInfo) -> Callable[[str], None] | None:

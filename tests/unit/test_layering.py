@@ -38,6 +38,7 @@ VALUES = frozenset(
         "backoff",
         "clock",
         "ids",
+        "inbound_media",
         "notices",
         "private_files",
         "port_owner",

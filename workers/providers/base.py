@@ -54,6 +54,7 @@ from anyio.abc import ByteReceiveStream, Process
 from shared.settings.model import AgentSettings
 from workers.limits import Hold, LimitHit, hold_limits
 from workers.output_bounds import CutString, Line, Lines, LongJsonLine, LongPart, PartialText, TextSpool
+from workers.prompt_images import PromptImage
 from workers.providers.permissions import AskFn, ToolAsk
 from workers.sandbox import Sandboxed, SandboxError
 from workers.steer import SteerInbox
@@ -108,6 +109,9 @@ class RunRequest:
     # Messages of the same chat handed to this run while it goes on (the ``steer`` busy policy,
     # workers/steer.py); only a run in a warm session's stream-json input can take them.
     steer: SteerInbox | None = None
+    # Images the chat sent, shown to the model beside the prompt (workers/prompt_images.py): claude only,
+    # through its stream-json input, so a run with images always has ``warm`` set.
+    images: tuple[PromptImage, ...] = ()
     # Where a reply too long to hold in memory is kept while the run goes on (an unnamed file: nothing is
     # left behind); None: the system's temporary folder.
     spool_dir: Path | None = None

@@ -47,6 +47,7 @@ import subprocess
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import anyio
 from anyio.abc import Process, TaskGroup
@@ -54,6 +55,7 @@ from anyio.abc import Process, TaskGroup
 from shared.settings.sections import ProcessorSettings
 from workers.limits import Hold
 from workers.output_bounds import Line, Lines, LongPart
+from workers.prompt_images import user_content
 from workers.providers.base import (
     CliProvider,
     ProgressFn,
@@ -378,7 +380,7 @@ async def _turn_in(
             async with anyio.create_task_group() as tg:
                 tg.start_soon(_watchdog, request, state, scope, started, stopped_by)
                 tg.start_soon(_drain, process.stderr, stderr_tail, anyio.Event(), state)
-                await _write_user_message(warm, request.prompt)
+                await _write_user_message(warm, user_content(request.prompt, request.images))
                 if request.steer is not None:
                     tg.start_soon(_feed, warm, request.steer)
                 await _read_until_result(provider, warm, state, progress, request, ended, tg)
@@ -406,9 +408,10 @@ async def _turn_in(
     return result, ended[0] if ended else None
 
 
-async def _write_user_message(warm: WarmProcess, text: str) -> None:
-    """Write ``text`` to the CLI as one stream-json user message."""
-    message = {"type": "user", "message": {"role": "user", "content": text}}
+async def _write_user_message(warm: WarmProcess, content: str | list[dict[str, Any]]) -> None:
+    """Write ``content`` (a text, or content blocks: images and text) to the CLI as one stream-json user
+    message."""
+    message = {"type": "user", "message": {"role": "user", "content": content}}
     await _write_line(warm, (json.dumps(message) + "\n").encode())
 
 
