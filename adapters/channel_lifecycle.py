@@ -59,6 +59,7 @@ class Lifecycle:
             tasks = [
                 asyncio.create_task(self.platform.receive(), name=f"{self.name}-receive"),
                 asyncio.create_task(self.delivery.loop(), name=f"{self.name}-deliver"),
+                asyncio.create_task(self.intake.voice.run(), name=f"{self.name}-voice"),
             ]
             if self.config.typing:
                 tasks.append(asyncio.create_task(self.delivery.typing_loop(), name=f"{self.name}-typing"))

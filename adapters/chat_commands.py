@@ -26,7 +26,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Literal
 
 from adapters.approval_prompts import answer_in_words
-from shared.chat import sticky_agents
+from shared.chat import sticky_agents, voice_heard
 from shared.chat.address import ChatAddress
 from shared.chat.lookups import busy_agents
 from shared.chat.prefs import get_busy_policy, set_busy_policy
@@ -36,7 +36,7 @@ from shared.queue import approvals
 from shared.queue.core import InvalidInput, NotFound, RetryBudgetExhausted, UnknownMention
 from shared.queue.presence import warm_state
 from shared.reads.budget_status import agents_usage_text
-from shared.reads.conversation_status import conversation_status, format_status
+from shared.reads.conversation_status import conversation_status, format_status, format_time
 from shared.reads.usage import sender_usage_text
 from shared.runtime import Runtime
 from shared.settings.busy_policy import BUSY_POLICIES, parse_busy_policy
@@ -257,8 +257,18 @@ class ChatCommands:
         if not status["running"] and not status["waiting"]:
             # Nothing queued: still say whether the chat's agent is paused (a rate limit, say).
             status = conversation_status(db, self.chat_agent(chat), chat)
-        warm = self._warm_line(chat)
-        return format_status(status) + (f"\n{warm}" if warm else "")
+        extra = [line for line in (self._warm_line(chat), self._heard_line(chat)) if line]
+        return "\n".join([format_status(status), *extra])
+
+    def _heard_line(self, chat: ChatAddress) -> str | None:
+        """What the chat's last voice note was heard as (adapters/voice.py), so its sender can check the
+        words the agent worked from; None when it sent none lately."""
+        heard = voice_heard.last_heard(self.rt.db, self.name, chat.conversation or "")
+        if heard is None:
+            return None
+        words, at = heard
+        shown = words if len(words) <= 1500 else words[:1500] + "…"
+        return f'Your last voice note ({format_time(at)}) was heard as: "{shown}"'
 
     def _warm_line(self, chat: ChatAddress) -> str | None:
         """Whether the chat's agent is kept running for its next message (warm sessions), and if not, why;

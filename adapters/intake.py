@@ -35,11 +35,13 @@ from adapters import pairing as pairings
 from adapters.approval_prompts import answer_press
 from adapters.chat_commands import COMMANDS, IN_TRANSACTION, ChatCommands
 from adapters.platform import HandleOutcome, Inbound, Press
+from adapters.voice import VoiceNotes
 from shared.aio import call
 from shared.chat import dedupe, held
 from shared.chat.address import ChatAddress
 from shared.chat.kept_values import keep_value_in, kept_value
 from shared.clock import now_ms
+from shared.inbound_media import IMAGES_KEY, describe_files
 from shared.queue.core import TxWork, UnknownMention
 from shared.reads.late_messages import OFFLINE_SENT_AT
 from shared.storage.db import Tx
@@ -90,6 +92,8 @@ class Intake:
         self.stop_event = stop_event
         self.log = platform.log
         self.poll_interval = poll_interval
+        #: Messages with a recording: heard by the speech-to-text service before they are queued.
+        self.voice = VoiceNotes(self, poll_seconds=poll_interval)
 
     async def handle(self, message: Inbound, *, also: TxWork | None = None) -> HandleOutcome:
         """Authorise, run commands, or queue one inbound message; returns once the outcome is committed.
@@ -100,7 +104,11 @@ class Intake:
 
         ``also(tx)`` is written in the transaction that queues the message or its answer (a plugin's
         cursor, so the update and what it caused commit together); it is not called for a message that is
-        neither queued nor answered (ignored, a duplicate, a sender waiting for pairing)."""
+        neither queued nor answered (ignored, a duplicate, a sender waiting for pairing).
+
+        A message with a recording is stored for :attr:`voice` to hear, and queued with its words."""
+        if VoiceNotes.wanted(message):
+            return await self.voice.take_in(message, also)
         return await self.until_stored(
             lambda: call(self.handle_sync, message, also=also), f"taking in message {message.external_id}"
         )
@@ -169,7 +177,8 @@ class Intake:
         """:meth:`handle` in the calling thread (blocking database work)."""
         db = self.rt.db
         text = message.text.strip()
-        refs = [f"[file: {p}]" for p in message.files]
+        # Images the model can take are shown to it too (by the processor, from the metadata).
+        refs, images = describe_files(message.files)
         if not text and not refs:
             return "ignored"
         if not self.authorised(message.sender_id):
@@ -215,6 +224,8 @@ class Intake:
         body = "\n".join([text, *refs]) if text else "\n".join(refs)
         agent = self.commands.sticky_for(message.address_on(self.name), text)
         metadata = dict(message.metadata)
+        if images:
+            metadata[IMAGES_KEY] = images
         if message.sent_at and now_ms() - message.sent_at > self.config.late_message_seconds * 1000:
             metadata[OFFLINE_SENT_AT] = message.sent_at  # the final reply will say it arrived while offline
         try:

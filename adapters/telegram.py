@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import mimetypes
 import os
 import re
 from collections.abc import Sequence
@@ -249,6 +250,12 @@ class TelegramChannel(Platform):
             target = (message.document.file_id, message.document.file_name or "document")
         elif message.photo:
             target = (message.photo[-1].file_id, "photo.jpg")
+        elif message.voice is not None:  # OGG/Opus; heard by the speech-to-text service (adapters/voice.py)
+            target = (message.voice.file_id, "voice.ogg")
+        elif message.audio is not None:
+            audio = message.audio
+            suffix = mimetypes.guess_extension(audio.mime_type or "") or ".mp3"
+            target = (audio.file_id, audio.file_name or f"audio{suffix}")
         if target is None:
             return []
         folder = upload_folder(self, conversation)

@@ -274,7 +274,9 @@ class WhatsAppChannel(Platform):
         there is kept); the download of :class:`adapters.whatsapp_media.MediaJobs`."""
         assert self.http is not None
         folder = upload_folder(self, sender)
-        extension = mimetypes.guess_extension(str(media.get("mime_type") or "")) or ".bin"
+        # "audio/ogg; codecs=opus" (a voice note) is audio/ogg: the suffix tells a recording (adapters/voice.py).
+        mime = str(media.get("mime_type") or "").split(";", 1)[0].strip()
+        extension = mimetypes.guess_extension(mime) or ".bin"
         name = str(media.get("filename") or f"{kind}{extension}")
         path = folder / f"{safe_filename(wamid)[-16:]}-{safe_filename(name)}"
         if path.exists():

@@ -9,7 +9,7 @@ JSON text the channel defines). Saving is idempotent, so a redelivered message d
 from __future__ import annotations
 
 from shared.storage import kv
-from shared.storage.db import Database
+from shared.storage.db import Database, Tx
 from shared.storage.kv import Scope, scoped
 
 
@@ -17,6 +17,11 @@ def save(db: Database, channel: str, key: str, job: str) -> bool:
     """Store a job unless one with this key exists; returns whether it was new."""
     with db.transaction() as tx:
         return kv.add(tx, scoped(Scope.INBOUND_JOBS, channel), key, job)
+
+
+def save_in(tx: Tx, channel: str, key: str, job: str) -> bool:
+    """:func:`save` inside the caller's transaction (the job commits with what acknowledges it)."""
+    return kv.add(tx, scoped(Scope.INBOUND_JOBS, channel), key, job)
 
 
 def update(db: Database, channel: str, key: str, job: str) -> None:

@@ -41,6 +41,7 @@ from shared.settings.sections import (
     ScheduleConfig,
     SchedulerConfig,
     Schedules,
+    VoiceSettings,
 )
 
 DEFAULT_API_PORT = 3777
@@ -273,6 +274,7 @@ class SettingsFile(_Strict):
     schedules: list[dict[str, Any]] = Field(default_factory=list)
     budgets: dict[str, Any] = Field(default_factory=dict)
     backup: BackupSettings = BackupSettings()
+    voice: dict[str, Any] = Field(default_factory=dict)
 
     @field_validator("agents", "teams")
     @classmethod
@@ -372,6 +374,7 @@ class Settings:
         beats = take("heartbeats", Heartbeats, data.heartbeats)
         schedules = take("schedules", Schedules, data.schedules)
         budgets = take("budgets", BudgetSettings, data.budgets)
+        voice = take("voice", VoiceSettings, data.voice)
         channels: dict[str, BaseModel] = {}
         if data.channels:
             # Only a file with channel sections pays for building the channels' models (every CLI command
@@ -409,6 +412,7 @@ class Settings:
             or beats is None
             or schedules is None
             or (budgets is None)
+            or voice is None
         ):
             raise _invalid(self.path, problems)
         self.processor: ProcessorSettings = processor
@@ -418,6 +422,8 @@ class Settings:
         #: ``[budgets]``: spending limits per sender and agent (read afresh by the processor, see
         #: :mod:`workers.budgets`).
         self.budgets: BudgetSettings = budgets
+        #: ``[voice]``: the speech-to-text service voice notes are transcribed by (:mod:`adapters.voice`).
+        self.voice: VoiceSettings = voice
         #: The ``[channels.<name>]`` sections present, each validated with its channel's model.
         self.channels: dict[str, BaseModel] = channels
 

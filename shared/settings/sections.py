@@ -294,6 +294,30 @@ class Schedules(RootModel[list[ScheduleConfig]]):
     """The ``[[schedules]]`` array."""
 
 
+class VoiceSettings(_Strict):
+    """The ``[voice]`` section: the speech-to-text service voice notes are transcribed by (any
+    OpenAI-compatible ``POST …/audio/transcriptions``). Its key is ``AGENTPOST_VOICE_API_KEY``, and
+    ``AGENTPOST_VOICE_API_URL`` wins over ``api_url``; no URL: voice notes are not transcribed (the chat is
+    told so)."""
+
+    api_url: str = Field(
+        default="",
+        description="the service's base URL, e.g. https://api.openai.com/v1 (…/audio/transcriptions is added)",
+    )
+    model: str = Field(default="whisper-1", min_length=1, description="the model field of the request")
+    timeout_seconds: float = Field(
+        default=30.0, gt=0, le=600, description="give up on one transcription after this long"
+    )
+    max_mb: float = Field(default=25.0, gt=0, description="longer recordings are not sent (OpenAI's limit)")
+
+    @field_validator("api_url")
+    @classmethod
+    def _http_url(cls, value: str) -> str:
+        if value and not value.startswith(("http://", "https://")):
+            raise ValueError("must start with http:// or https://")
+        return value.rstrip("/")
+
+
 class BudgetLimits(_Strict):
     """Spending limits in US dollars (0 or unset: no limit). Days and months are UTC."""
 

@@ -74,6 +74,9 @@ class Scope(StrEnum):
     HELD = "held:"
     #: family by channel: key job id → JSON of a media download to do (inbound_jobs); deleted when done.
     INBOUND_JOBS = "inbound_jobs:"
+    #: family by channel: key conversation → JSON of the last voice note heard there (chat.voice_heard);
+    #: overwritten by the chat's next one, pruned after 7 days.
+    VOICE_HEARD = "voice_heard:"
     #: family by channel: key sender id → when the last pairing reminder went out (held_messages).
     PAIRING_REMINDED = "pairing_reminded:"
     #: family by adapter (``progress.<channel>``, not ``:``-joined): key → a progress note's edit record.
