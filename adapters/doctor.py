@@ -139,4 +139,31 @@ def checks(settings: Settings) -> list[Check]:
             found.append(slack_check(env, url))
         else:
             found.append(Check("channels", channel, "ok", f"token set, {url} reachable"))
+    found.append(voice_check(settings))
     return found
+
+
+def voice_check(settings: Settings) -> Check:
+    """Whether voice notes are transcribed: the speech-to-text service named and reachable (adapters/voice.py)."""
+    url = (settings.env.get("AGENTPOST_VOICE_API_URL") or settings.voice.api_url).strip()
+    if not url:
+        return Check(
+            "channels",
+            "voice notes",
+            "ok",
+            "off: a chat that sends a voice note is told it cannot be heard here",
+            "set [voice] api_url (an OpenAI-compatible speech-to-text service) to transcribe them",
+        )
+    problem = _reachable(url)
+    if problem:
+        return Check(
+            "channels",
+            "voice notes",
+            "warn",
+            f"the speech-to-text service at {url}: {problem}",
+            "check [voice] api_url or AGENTPOST_VOICE_API_URL, and the network",
+        )
+    key = "with" if settings.env.get("AGENTPOST_VOICE_API_KEY") else "without"
+    return Check(
+        "channels", "voice notes", "ok", f"transcribed by {url} ({settings.voice.model}, {key} a key)"
+    )
