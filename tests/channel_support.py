@@ -192,6 +192,11 @@ class HoldingTelegram(FakeTelegram):
         """Texts successfully sent to ``chat_id``, oldest first."""
         return [c.text or "" for c in self.sent if c.method == "sendMessage" and c.chat_id == chat_id]
 
+    def shown(self, chat_id: int) -> list[str]:
+        """The texts of the bot's messages in ``chat_id`` as the chat shows them now, oldest first: a final
+        reply edited into its live preview is there, where :meth:`texts` has only what was first sent."""
+        return [str(m.get("text") or "") for m in self.bot_messages(chat_id)]
+
     def documents(self, chat_id: int) -> list[tuple[str, bytes]]:
         """(filename, data) of documents sent to ``chat_id``."""
         return [

@@ -79,7 +79,7 @@ def test_files_sent_on_telegram_and_whatsapp_are_read_by_the_agent(
             procs.append(Proc("processor", home, cli_env(api, tmp_path), tmp_path / "processor.log"))
             # The final replies, not the first text each chat shows (a preview of the reply, a progress note).
             wait_for(
-                lambda: all(any(t.startswith("READ OK") for t in telegram.texts(c)) for c in (42, 43)),
+                lambda: all(any(t.startswith("READ OK") for t in telegram.shown(c)) for c in (42, 43)),
                 60,
                 "both Telegram replies",
             )
@@ -93,6 +93,6 @@ def test_files_sent_on_telegram_and_whatsapp_are_read_by_the_agent(
     assert ["PELICAN-7" in tool_result_text(o) for o in outcomes].count(True) == 1
     images = [i for o in outcomes for i in tool_images(o)]
     assert [(i["media_type"], i["data"]) for i in images] == [("image/png", PNG_B64)] * 2
-    assert telegram.texts(42)[-1].startswith("READ OK") and "PELICAN-7" in telegram.texts(42)[-1]
-    assert telegram.texts(43)[-1].startswith("READ OK") and "image/png" in telegram.texts(43)[-1]
+    assert telegram.shown(42)[-1].startswith("READ OK") and "PELICAN-7" in telegram.shown(42)[-1]
+    assert telegram.shown(43)[-1].startswith("READ OK") and "image/png" in telegram.shown(43)[-1]
     assert reply.startswith("READ OK") and "image/png" in reply

@@ -593,6 +593,34 @@ class FakeTelegram(ThreadedHttpFake):
             )
         return found
 
+    def push_voice(
+        self,
+        chat_id: int,
+        data: bytes,
+        *,
+        duration: int = 3,
+        caption: str | None = None,
+        user_id: int | None = None,
+        username: str | None = "alice",
+        first_name: str = "Alice",
+        chat_type: Literal["private", "group", "supergroup"] = "private",
+        chat_title: str | None = None,
+    ) -> JSON:
+        """Enqueue an Update carrying a voice note (OGG/Opus, no file name, downloadable through getFile
+        as ``voice/file_N.oga``, as Telegram stores them) and return it."""
+        message = self._user_message(chat_id, user_id, username, first_name, chat_type, chat_title, None)
+        stored = self._store_file("voice.oga", "audio/ogg", data, folder="voice")
+        message["voice"] = {
+            "file_id": stored.file_id,
+            "file_unique_id": stored.file_unique_id,
+            "duration": duration,
+            "mime_type": "audio/ogg",
+            "file_size": len(data),
+        }
+        if caption is not None:
+            message["caption"] = caption
+        return self._enqueue(message)
+
     def fail_next(
         self,
         method: str,
@@ -804,14 +832,16 @@ class FakeTelegram(ThreadedHttpFake):
             self._cond.notify_all()
         return update
 
-    def _store_file(self, filename: str, mime_type: str, data: bytes) -> _StoredFile:
+    def _store_file(
+        self, filename: str, mime_type: str, data: bytes, *, folder: str = "documents"
+    ) -> _StoredFile:
         with self._cond:
             number = next(self._file_numbers)
             suffix = filename.rsplit(".", 1)[1] if "." in filename else "bin"
             stored = _StoredFile(
                 file_id=f"BQACAgQAAxkBAAI{number:06d}fake{self.bot_id}",
                 file_unique_id=f"AgAD{number:06d}",
-                file_path=f"documents/file_{number}.{suffix}",
+                file_path=f"{folder}/file_{number}.{suffix}",
                 filename=filename,
                 mime_type=mime_type,
                 data=data,

@@ -712,6 +712,25 @@ def image_message_payload(
     )
 
 
+def audio_message_payload(
+    from_number: str,
+    media_id: str,
+    *,
+    mime_type: str = "audio/ogg; codecs=opus",
+    sha256: str = "",
+    voice: bool = True,
+    wamid: str | None = None,
+    name: str = "Alice",
+    phone_number_id: str = "106540352242922",
+    display_phone_number: str = "15550783881",
+) -> JSON:
+    """A webhook payload carrying an inbound audio message (a voice note by default: OGG/Opus, ``voice``)."""
+    audio: JSON = {"mime_type": mime_type, "sha256": sha256, "id": media_id, "voice": voice}
+    return _media_payload(
+        from_number, "audio", audio, None, wamid, name, phone_number_id, display_phone_number
+    )
+
+
 def _media_payload(
     from_number: str,
     kind: str,

@@ -83,8 +83,11 @@ def test_telegram_document_and_image_are_read_by_the_agent(
             fake.push_document(43, "chart.png", PNG, mime_type="image/png", caption="what is in the picture?")
             wait_for(lambda: count(rt, "SELECT COUNT(*) FROM messages") == 2, 15, "both messages queued")
             run_idle(rt, env=cli_env(api, tmp_path))
-            wait_for(lambda: fake.texts(42) and fake.texts(43), 20, "both replies on Telegram")
-            reply_42, reply_43 = fake.texts(42)[-1], fake.texts(43)[-1]
+            # The final replies (a live preview may show first, and be edited into the final).
+            wait_for(
+                lambda: all(any("READ" in t for t in fake.shown(c)) for c in (42, 43)), 20, "both replies"
+            )
+            reply_42, reply_43 = fake.shown(42)[-1], fake.shown(43)[-1]
             _check_reads(api)
             assert "READ OK" in reply_42 and "PELICAN-7" in reply_42
             assert reply_43.startswith("READ OK") and "image/png" in reply_43
@@ -98,7 +101,7 @@ def test_telegram_document_and_image_are_read_by_the_agent(
             run_idle(rt, env=cli_env(api, tmp_path))
             (refused,) = tool_results(api.main_requests()[-1].body)  # this run's read (not the resumed ones)
             assert refused.get("is_error") and "requested permissions" in tool_result_text(refused)
-            wait_for(lambda: any("READ FAILED" in t for t in fake.texts(42)), 20, "the refusal reply")
+            wait_for(lambda: any("READ FAILED" in t for t in fake.shown(42)), 20, "the refusal reply")
 
 
 def test_whatsapp_document_and_image_are_read_by_the_agent(tmp_path: Path, api: FakeAnthropic) -> None:
@@ -173,8 +176,8 @@ def test_telegram_photo_is_read_by_the_agent(
             wait_for(lambda: count(rt, "SELECT COUNT(*) FROM messages") == 1, 15, "the photo message")
             run_idle(rt, env=cli_env(api, tmp_path))
             # The final reply, not the first text the chat shows (a preview of it, a progress note).
-            wait_for(lambda: any(t.startswith("READ OK") for t in fake.texts(44)), 20, "the reply")
+            wait_for(lambda: any(t.startswith("READ OK") for t in fake.shown(44)), 20, "the reply")
     (result,) = read_outcomes(api.main_requests())
     assert not result.get("is_error"), tool_result_text(result)
     assert [i["data"] for i in tool_images(result)] == [PNG_B64]  # the photo's bytes reached the model
-    assert fake.texts(44)[-1].startswith("READ OK")
+    assert fake.shown(44)[-1].startswith("READ OK")
