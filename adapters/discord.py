@@ -35,6 +35,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import mimetypes
 import re
 import warnings
 from collections.abc import Sequence
@@ -62,6 +63,7 @@ from adapters.platform import (
 from shared.aio import call
 from shared.chat import cursors
 from shared.chat.address import ChatAddress
+from shared.inbound_media import is_recording
 from shared.settings.channels import DiscordSettings
 
 with warnings.catch_warnings():
@@ -262,7 +264,12 @@ class DiscordChannel(Platform):
         folder = upload_folder(self, conversation)
         saved = []
         for attachment in message.attachments:
-            path = folder / f"{message.id}-{safe_filename(attachment.filename)}"
+            name = safe_filename(attachment.filename)
+            kind = (attachment.content_type or "").split(";", 1)[0].strip()
+            if kind.startswith("audio/") and not is_recording(Path(name)):
+                # A voice message is known by its name's suffix (adapters/voice.py): give it one.
+                name += mimetypes.guess_extension(kind) or ".ogg"
+            path = folder / f"{message.id}-{name}"
             if not path.exists():
                 await attachment.save(path)
             saved.append(path)
