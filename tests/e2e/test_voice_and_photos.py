@@ -161,6 +161,7 @@ def test_a_voice_note_that_cannot_be_heard_is_explained_at_once_and_later_messag
             for proc in procs:
                 proc.stop()
     text = note.text or ""
+    print(f"{service}: the chat was told {told_after:.2f} s after the voice note was sent")
     assert told_after < 5.0, f"told after {told_after:.1f} s"
     assert text.startswith("I got your voice note but could not turn it into text:"), text
     if service == "none":
