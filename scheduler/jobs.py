@@ -11,9 +11,9 @@ from scheduler.config import SchedulerConfig
 from shared.chat import previews
 from shared.clock import now_ms
 from shared.events.log import SqlEventLog
-from shared.queue import unserved
+from shared.queue import retention, unserved
 from shared.queue.core import Queue
-from shared.settings.model import EventSettings
+from shared.settings.model import Settings
 from shared.storage.db import Database
 
 log = logging.getLogger("agentpost.scheduler")
@@ -39,16 +39,12 @@ def recover_expired_leases(queue: Queue) -> dict[str, int]:
     return {"retried": len(outcome.retried), "dead": len(outcome.dead)}
 
 
-def prune_finished(queue: Queue, config: SchedulerConfig) -> dict[str, int]:
-    """Delete completed messages and acked responses older than their configured ages."""
-    result = queue.admin.prune(
-        completed_older_ms=int(config.completed_max_age_hours * 3_600_000),
-        acked_older_ms=int(config.acked_max_age_hours * 3_600_000),
-    )
-    if result["messages"] or result["responses"]:
-        log.info(
-            "pruned %d completed message(s) and %d acked response(s)", result["messages"], result["responses"]
-        )
+def prune_finished(db: Database, settings: Settings) -> dict[str, int]:
+    """Delete the finished history older than ``[retention]`` says, kind by kind, in small batches:
+    completed messages, delivered replies, team chat-room posts, agents' turns and run costs."""
+    result = retention.prune_history(db, retention.RetentionPolicy.from_settings(settings))
+    if any(result.values()):
+        log.info("pruned old history: %s", ", ".join(f"{n} {kind}" for kind, n in result.items() if n))
     return result
 
 
@@ -80,9 +76,16 @@ def ack_unserved_responses(
     return UnservedResult(len(ids), ids)
 
 
-def clean_events(events: SqlEventLog, settings: EventSettings) -> int:
-    """Drop events past their TTL or past the per-topic cap (once every durable consumer acked them)."""
-    removed = events.cleanup(ttl_ms=int(settings.ttl_hours * 3_600_000), max_per_topic=settings.max_per_topic)
+def clean_events(events: SqlEventLog, settings: Settings) -> int:
+    """Drop events past their retention or past the per-topic cap (once every durable consumer acked
+    them), in small batches."""
+    policy = retention.RetentionPolicy.from_settings(settings)
+    removed = events.cleanup(
+        ttl_ms=retention.events_ttl_ms(settings),
+        max_per_topic=settings.events.max_per_topic,
+        batch=policy.batch,
+        pause_seconds=policy.pause_seconds,
+    )
     if removed:
         log.info("cleaned %d event(s) from the event log", removed)
     return removed

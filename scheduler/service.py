@@ -109,13 +109,13 @@ class SchedulerService:
     def prune(self) -> tuple[dict[str, int], int]:
         """Acknowledge stale replies on unserved channels, then prune finished rows."""
         unserved = jobs.ack_unserved_responses(self.rt.db, self.config)
-        return jobs.prune_finished(self.rt.queue, self.config), unserved.acked
+        return jobs.prune_finished(self.rt.db, self.rt.settings), unserved.acked
 
     def prune_previews(self) -> int:
         return jobs.prune_previews(self.rt.db)
 
     def clean_events(self) -> int:
-        return jobs.clean_events(self.rt.events, self.rt.settings.events)
+        return jobs.clean_events(self.rt.events, self.rt.settings)
 
     def archive(self) -> dlq.ArchiveResult:
         if not self.config.dlq.enabled:

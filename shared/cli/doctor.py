@@ -85,6 +85,34 @@ def check_database(settings: Settings) -> list[Check]:
     return [Check("database", settings.database_url, "ok", f"reachable, schema version {version}")]
 
 
+def _size_words(n: int) -> str:
+    if n < 1000:
+        return f"{n:,} bytes"
+    value, units = float(n) / 1000, ["kB", "MB", "GB"]
+    while value >= 1000 and len(units) > 1:
+        value, units = value / 1000, units[1:]
+    return f"{value:,.1f} {units[0]}"
+
+
+def check_table_sizes(settings: Settings) -> list[Check]:
+    """Each table's rows (and bytes on PostgreSQL), so an operator sees what grows and whether
+    ``[retention]`` keeps up."""
+    from shared.reads.table_sizes import table_sizes
+    from shared.storage.schema import open_database
+
+    db = open_database(settings.database_url, create=False)
+    try:
+        sizes = table_sizes(db)
+    finally:
+        db.close()
+    parts = [
+        f"{s.table} {s.rows:,} rows" + (f" ({_size_words(s.bytes)})" if s.bytes is not None else "")
+        for s in sizes
+    ]
+    # [retention] in settings.toml sets how long each kind of history stays.
+    return [Check("database", "table sizes", "ok", "; ".join(parts))]
+
+
 #: Failed deliveries within this window are reported by :func:`check_deliveries`.
 FAILED_DELIVERY_WINDOW_MS = 7 * 24 * 3600 * 1000
 
@@ -345,6 +373,7 @@ def run_checks(home: Path | None = None) -> list[Check]:
     database = check_database(settings)
     found += database
     if all(c.level == "ok" for c in database):
+        found += check_table_sizes(settings)
         found += check_deliveries(settings)
         found += check_pairings(settings)
         found += check_budgets(settings)

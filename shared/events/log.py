@@ -205,18 +205,31 @@ class SqlEventLog(LocalSubscriptions):
 
         return unsubscribe
 
-    def cleanup(self, *, ttl_ms: int, max_per_topic: int) -> int:
+    def cleanup(
+        self, *, ttl_ms: int, max_per_topic: int, batch: int = 500, pause_seconds: float = 0.02
+    ) -> int:
+        """Drop events past ``ttl_ms`` (in batches of ``batch`` events, one short transaction each and
+        ``pause_seconds`` apart, so an append never waits long) and past ``max_per_topic``."""
         now = now_ms()
+        with self.db.transaction(write=False) as tx:
+            ttl_max = last_id_before(tx, now - ttl_ms)
         removed = 0
-        with self.db.transaction() as tx:
-            cutoff = now - ttl_ms
-            ttl_max = last_id_before(tx, cutoff)
-            if ttl_max is not None:
+        while ttl_max is not None:
+            with self.db.transaction() as tx:
                 # TTL wins over unacked consumers: an abandoned consumer must not keep the log forever.
-                for t in tx.rows(q.TOPIC_MAX_THROUGH, {"b": ttl_max}):
+                # Each batch marks what it removes in its own transaction: a reader never skips silently.
+                end = tx.scalar(q.BATCH_END, {"b": ttl_max, "n": batch})
+                if end is None:
+                    break
+                for t in tx.rows(q.TOPIC_MAX_THROUGH, {"b": int(end)}):
                     _record_pruned(tx, t["topic"], int(t["m"]), now)
-                _record_pruned(tx, ALL_TOPICS, ttl_max, now)
-                removed += tx.execute(q.DELETE_THROUGH, {"b": ttl_max}).rowcount
+                _record_pruned(tx, ALL_TOPICS, int(end), now)
+                n = int(tx.execute(q.DELETE_THROUGH, {"b": int(end)}).rowcount)
+            removed += n
+            if n < batch or int(end) >= ttl_max:
+                break
+            time.sleep(pause_seconds)
+        with self.db.transaction() as tx:
             for t in tx.rows(q.TOPICS_OVER_CAP, {"cap": max_per_topic}):
                 topic = t["topic"]
                 excess = int(t["n"]) - max_per_topic

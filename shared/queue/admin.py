@@ -8,7 +8,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from shared.chain_budget import prune_chain_budgets
 from shared.chat.address import ChatAddress
 from shared.clock import now_ms
 from shared.events.log import PendingEvent, append_events
@@ -21,6 +20,7 @@ from shared.queue.records import (
     QueuedResponse,
     RetryBudgetExhausted,
 )
+from shared.queue.retention import FAILED_REPLIES_MS, RetentionPolicy, prune_queue
 from shared.settings.model import QueueSettings
 from shared.storage import kv
 from shared.storage.db import Database, Row, Tx
@@ -232,21 +232,15 @@ class Admin:
         *,
         completed_older_ms: int = 86_400_000,
         acked_older_ms: int = 86_400_000,
-        failed_older_ms: int = 7 * 86_400_000,
+        failed_older_ms: int = FAILED_REPLIES_MS,
     ) -> dict[str, int]:
-        """Delete completed messages and acked responses older than the given ages. Never touches pending,
-        processing or dead rows. The delivery-attempt counts of the responses removed go with them."""
-        now = now_ms()
-        with self.db.transaction() as tx:
-            gone = tx.rows(q.PRUNE_ACKED_RESPONSES, {"cut": now - acked_older_ms})
-            gone += tx.rows(q.PRUNE_FAILED_RESPONSES, {"cut": now - failed_older_ms})
-            responses = len(gone)
-            # Acking and failing drop a response's count already; a reply settled another way (the
-            # scheduler acknowledging replies on unserved channels) would otherwise leave it for ever.
-            kv.delete_keys(tx, Scope.DELIVERY_ATTEMPTS, [str(r["id"]) for r in gone])
-            messages = tx.execute(q.PRUNE_COMPLETED_MESSAGES, {"cut": now - completed_older_ms}).rowcount
-            prune_chain_budgets(tx, now - completed_older_ms)
-        return {"messages": messages, "responses": responses}
+        """Delete completed messages and acked responses older than the given ages, in small batches
+        (:func:`shared.queue.retention.prune_queue`). Never touches pending, processing or dead rows. The
+        delivery-attempt counts of the responses removed go with them."""
+        policy = RetentionPolicy(
+            messages_ms=completed_older_ms, replies_ms=acked_older_ms, failed_replies_ms=failed_older_ms
+        )
+        return prune_queue(self.db, policy)
 
 
 # -- the dead-letter archive ---------------------------------------------------------------------------------

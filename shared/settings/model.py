@@ -38,6 +38,7 @@ from shared.settings.sections import (
     HeartbeatConfig,
     Heartbeats,
     ProcessorSettings,
+    RetentionSettings,
     ScheduleConfig,
     SchedulerConfig,
     Schedules,
@@ -263,6 +264,7 @@ class SettingsFile(_Strict):
     api: ApiSettings = ApiSettings()
     queue: QueueSettings = QueueSettings()
     events: EventSettings = EventSettings()
+    retention: RetentionSettings = RetentionSettings()
     agents: dict[str, AgentSettings] = Field(default_factory=dict)
     teams: dict[str, TeamSettings] = Field(default_factory=dict)
     workspace_dir: str = ""
@@ -339,6 +341,8 @@ class Settings:
             update={"redis_url": env.get("AGENTPOST_REDIS_URL") or data.events.redis_url}
         )
         self.queue = data.queue
+        #: ``[retention]``: how long each kind of finished history is kept (the scheduler prunes it).
+        self.retention: RetentionSettings = data.retention
         self.agents: dict[str, AgentSettings] = dict(data.agents) or {
             data.queue.default_agent: AgentSettings(name="Assistant")
         }
@@ -405,6 +409,14 @@ class Settings:
                     f"schedules.{i}: two schedules are the same ({entry.key!r}); give them different names"
                 )
             seen.add(entry.key)
+        kept_days = data.retention.messages_days
+        if (
+            scheduler is not None
+            and kept_days is not None
+            and scheduler.catchup_seconds >= kept_days * 86_400
+        ):
+            # A missed slot is refused a second time only while its message is still kept.
+            problems.append("retention.messages_days: must be longer than scheduler.catchup_seconds")
         if (
             problems
             or processor is None

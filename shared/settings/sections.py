@@ -222,6 +222,26 @@ class SchedulerConfig(_Strict):
         return self
 
 
+class RetentionSettings(_Strict):
+    """``[retention]``: how many days each kind of finished history stays before the scheduler prunes it, in
+    batches of ``batch_rows`` rows (a short transaction each, ``pause_seconds`` apart, so that no prune holds
+    the write lock long enough to hold up an enqueue). Unfinished rows are never pruned: pending and
+    processing messages, replies not yet delivered, dead letters (those are archived, see ``[scheduler.dlq]``).
+
+    ``messages_days``, ``replies_days`` and ``events_days`` unset keep the older settings in force
+    (``[scheduler] completed_max_age_hours`` and ``acked_max_age_hours``, ``[events] ttl_hours``)."""
+
+    messages_days: float | None = Field(default=None, gt=0, description="completed messages")
+    replies_days: float | None = Field(default=None, gt=0, description="delivered replies")
+    events_days: float | None = Field(default=None, gt=0, description="the event log (trace reads it)")
+    chat_room_days: float = Field(default=90.0, gt=0, description="team chat-room posts (chat_messages)")
+    agent_history_days: float = Field(default=90.0, gt=0, description="agents' turns (agent_messages)")
+    # Budgets add up the current UTC month, so usage must outlive the longest month.
+    usage_days: float = Field(default=730.0, ge=32, description="what each run cost (run_usage)")
+    batch_rows: int = Field(default=500, ge=1, le=100_000, description="rows deleted per transaction")
+    pause_seconds: float = Field(default=0.02, ge=0, le=10, description="between two batches")
+
+
 class HeartbeatConfig(_Strict):
     """``[heartbeats.<agent>]``: every ``interval`` seconds or on a ``cron`` expression (exactly one)."""
 

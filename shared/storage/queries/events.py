@@ -74,6 +74,8 @@ FIRST_FROM = "SELECT id, created_at FROM events WHERE id >= :i{and_visible_event
 #: Each topic's highest id up to ``:b`` (the marks of what a cleanup by time removes).
 TOPIC_MAX_THROUGH = "SELECT topic, MAX(id) AS m FROM events WHERE id <= :b GROUP BY topic"
 DELETE_THROUGH = "DELETE FROM events WHERE id <= :b"
+#: The highest id among the ``:n`` oldest events through ``:b``: where one batch of a cleanup by time ends.
+BATCH_END = "SELECT MAX(id) FROM (SELECT id FROM events WHERE id <= :b ORDER BY id LIMIT :n) AS oldest"
 #: Topics holding more than ``:cap`` events. Only events a reader may see: removing one above that bound
 #: would let an event committing later below it count as removed (PostgreSQL).
 TOPICS_OVER_CAP = (

@@ -92,20 +92,6 @@ CHAT_RESPONSES = (
 )
 MESSAGE = "SELECT * FROM messages WHERE message_id = :m"
 
-# -- pruning -------------------------------------------------------------------------------------------------
-PRUNE_ACKED_RESPONSES = (
-    f"DELETE FROM responses WHERE status = '{ResponseStatus.ACKED}' AND acked_at < :cut RETURNING id"
-)
-#: Failed deliveries stay a week for trace, doctor and the user's notice, then go; so do CLI replies nobody
-#: read (`agentpost replies` shows them until then).
-PRUNE_FAILED_RESPONSES = (
-    f"DELETE FROM responses WHERE (status = '{ResponseStatus.FAILED}' OR (status = '{ResponseStatus.PENDING}' AND channel = 'cli')) "
-    "AND updated_at < :cut RETURNING id"
-)
-PRUNE_COMPLETED_MESSAGES = (
-    f"DELETE FROM messages WHERE status = '{MessageStatus.COMPLETED}' AND updated_at < :cut"
-)
-
 # -- the dead-letter archive ---------------------------------------------------------------------------------
 #: How many dead letters, how many died before ``:cut``, and when the oldest died, in one read.
 DEAD_LETTER_STATS = (
