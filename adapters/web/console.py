@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Query, Request, Response
 from pydantic import Field
 
 from adapters.chat_commands import reset_conversation
@@ -85,9 +85,28 @@ async def send_in_web_chat(body: TypedIn, web: Web) -> dict[str, Any]:
     return {"ok": True, "messageId": result.message_id, "agent": result.agent}
 
 
-@router.get("/conversations", summary="Chats across channels, most recently active first")
-async def list_chats(web: Web, limit: Annotated[int, Query(ge=1, le=500)] = 50) -> list[dict[str, Any]]:
-    return await web.run(conversations.list_conversations, web.db, limit=limit)
+@router.get(
+    "/conversations",
+    summary="Chats across channels, most recently active first, a page at a time (the next page's address "
+    'is in the Link header, rel="next"; none on the last page)',
+)
+async def list_chats(
+    web: Web,
+    request: Request,
+    response: Response,
+    limit: Annotated[int, Query(ge=1, le=conversations.MAX_PAGE)] = 50,
+    before: Annotated[
+        str | None,
+        Query(pattern=r"^[0-9]{1,19}$", description="The cursor of the page to show (from a Link header)."),
+    ] = None,
+) -> list[dict[str, Any]]:
+    page = await web.run(
+        conversations.list_conversations, web.db, limit=limit, before=conversations.parse_cursor(before)
+    )
+    if page.next is not None:
+        after = request.url.include_query_params(limit=limit, before=page.next)
+        response.headers["Link"] = f'<{after.path}?{after.query}>; rel="next"'
+    return page.chats
 
 
 @router.get(

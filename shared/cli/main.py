@@ -300,7 +300,7 @@ def print_lines(lines: list[str]) -> None:
 
 @queue_app.command("status")
 def queue_status(as_json: JsonFlag = False) -> None:
-    """Message counts per status, and responses waiting for delivery."""
+    """Message counts per status (completed: in the last 24 hours), and responses waiting for delivery."""
     with runtime() as rt:
         status = rt.queue.admin.queue_status()
     if as_json:

@@ -28,6 +28,9 @@ from shared.storage.kv import Scope
 from shared.storage.queries import queue_admin as q
 from shared.storage.statuses import MessageStatus, ResponseStatus
 
+#: ``queue_status`` counts the messages completed within this window.
+COMPLETED_WINDOW_MS = 86_400_000
+
 
 class Admin:
     """Dead letters, views and pruning for operators: the part ``Queue.admin`` (``directory`` lists every
@@ -166,10 +169,13 @@ class Admin:
 
     # -- views -------------------------------------------------------------------------------------------
     def queue_status(self) -> dict[str, int]:
-        """Counts of messages per status and of undelivered responses (each count reads a partial index)."""
+        """Counts of messages per status (``completed``: in the last 24 hours) and of undelivered responses
+        (each count reads a partial index)."""
         db = self.db
+        since = {"since": now_ms() - COMPLETED_WINDOW_MS}
         counts = {
-            status.value: int(db.read_scalar(q.count_with_status(status)) or 0) for status in MessageStatus
+            status.value: int(db.read_scalar(q.count_with_status(status), since) or 0)
+            for status in MessageStatus
         }
         responses = {"responses_pending": 0, "responses_delivering": 0, "cli_replies_unread": 0}
         for r in db.read(q.UNDELIVERED_BY_STATUS):

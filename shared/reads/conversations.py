@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any
 
 from shared.chat.address import ChatAddress
@@ -24,26 +25,60 @@ from shared.storage.statuses import MessageStatus
 HIDDEN_CHANNELS = ("chatroom",)
 
 
-def list_conversations(db: Database, *, limit: int = 50) -> list[dict[str, Any]]:
-    """The most recently active chats, newest first: channel, chat key, who wrote, the agent, the last
-    message (a user's or a reply's), its time, how many messages, and what is going on (``working``,
-    ``waiting``, ``failed`` when its latest message is a dead letter, else ``idle``)."""
-    limit = max(1, min(limit, 500))
+#: The most chats one page of the chat list holds.
+MAX_PAGE = 500
+
+
+@dataclass(frozen=True)
+class ChatPage:
+    """One page of the chat list: the chats, most recent first, and the cursor of the next page (``None``
+    on the last page). A cursor is opaque to clients: give it back as ``before``."""
+
+    chats: list[dict[str, Any]]
+    next: str | None
+
+
+def parse_cursor(text: str | None) -> int | None:
+    """A chat-list cursor as :func:`list_conversations` takes it (``None`` for none); raises ValueError
+    for text that is not one."""
+    if text is None or text == "":
+        return None
+    if not text.isdigit() or len(text) > 19:
+        raise ValueError(f"{text!r} is not a cursor this list gave out")
+    return int(text)
+
+
+def list_conversations(db: Database, *, limit: int = 50, before: int | None = None) -> ChatPage:
+    """A page of chats, most recently active first (by their newest message), those older than the
+    cursor ``before`` when given: channel, chat key, who wrote, the agent, the last message (a user's or a
+    reply's), its time, how many messages, and what is going on (``working``, ``waiting``, ``failed`` when
+    its latest message is a dead letter, else ``idle``). Its cost follows the page, not the history."""
+    limit = max(1, min(limit, MAX_PAGE))
     hidden = {f"h{n}": c for n, c in enumerate(HIDDEN_CHANNELS)}
-    chats = db.read(q.recent_chats(len(HIDDEN_CHANNELS)), {"l": limit, **hidden})
+    heads = db.read(
+        q.recent_chats(len(HIDDEN_CHANNELS)),
+        {"l": limit + 1, "before": before if before is not None else 2**62, **hidden},
+    )
+    more = len(heads) > limit
+    heads = heads[:limit]
+    reply_ids = [int(h["reply_id"]) for h in heads if h["reply_id"] is not None]
+    replies = (
+        {
+            int(r["id"]): r
+            for r in db.read(q.replies_by_id(len(reply_ids)), {f"r{n}": i for n, i in enumerate(reply_ids)})
+        }
+        if reply_ids
+        else {}
+    )
     out: list[dict[str, Any]] = []
-    for chat in chats:
-        last = db.read(q.LAST_MESSAGE, {"i": chat["last_id"]})
-        if not last:
-            continue
-        row = last[0]
-        reply = db.read(q.LAST_REPLY, {"c": chat["channel"], "v": chat["chat"]})
+    for row in heads:
+        reply = replies.get(int(row["reply_id"])) if row["reply_id"] is not None else None
         text, at, by = str(row["message"]), int(row["created_at"]), str(row["sender"] or row["sender_id"])
-        if reply and int(reply[0]["created_at"]) >= at:
-            text, at, by = str(reply[0]["message"]), int(reply[0]["created_at"]), str(reply[0]["agent"])
-        if int(chat["busy"] or 0):
+        if reply is not None and int(reply["created_at"]) >= at:
+            text, at, by = str(reply["message"]), int(reply["created_at"]), str(reply["agent"])
+        if int(row["busy"] or 0):
             state = "working"
-        elif int(chat["waiting"] or 0):
+        elif int(row["waiting"] or 0):
             state = "waiting"
         elif row["status"] == MessageStatus.DEAD:
             state = "failed"
@@ -51,19 +86,19 @@ def list_conversations(db: Database, *, limit: int = 50) -> list[dict[str, Any]]
             state = "idle"
         out.append(
             {
-                "channel": str(chat["channel"]),
-                "conversation": str(chat["chat"]),
+                "channel": str(row["channel"]),
+                "conversation": str(row["chat"]),
                 "sender": str(row["sender"] or ""),
                 "senderId": str(row["sender_id"] or ""),
                 "agent": str(row["agent"]),
                 "lastMessage": text[:300],
                 "lastFrom": by,
                 "lastAt": at,
-                "messages": int(chat["n"]),
+                "messages": int(row["n"]),
                 "state": state,
             }
         )
-    return out
+    return ChatPage(out, str(heads[-1]["id"]) if more and heads else None)
 
 
 def conversation_history(

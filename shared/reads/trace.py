@@ -14,7 +14,7 @@ from typing import Any
 
 from shared.clock import now_ms
 from shared.events.entries import EventEntry
-from shared.events.log import entry_from_row
+from shared.events.log import entry_from_row, last_id_before
 from shared.reads.budget_status import OVER_BUDGET_PREFIX
 from shared.storage.db import Database
 from shared.storage.queries import trace as q
@@ -41,8 +41,20 @@ class Trace:
         }
 
 
-def _events_for(db: Database, message_id: str) -> list[EventEntry]:
-    rows = db.read(q.EVENTS_OF_MESSAGE, {"m": message_id, "pattern": f'%"{message_id}"%'})
+#: How long before a message's ``created_at`` its trace starts reading the event log: events are in time
+#: order only up to the clocks of the hosts that wrote them.
+CLOCK_MARGIN_MS = 3_600_000
+
+
+def _events_for(db: Database, message_id: str, created_at: int | None) -> list[EventEntry]:
+    # Without its row (archived, pruned) the message's time is unknown: the whole log is read.
+    after = None
+    if created_at is not None:
+        with db.transaction(write=False) as tx:
+            after = last_id_before(tx, created_at - CLOCK_MARGIN_MS)
+    rows = db.read(
+        q.EVENTS_OF_MESSAGE, {"m": message_id, "pattern": f'%"{message_id}"%', "after": after or -(2**62)}
+    )
     return [entry_from_row(r) for r in rows]
 
 
@@ -193,7 +205,7 @@ def trace_message(db: Database, message_id: str) -> Trace:
         dict(r) | {"metadata": json.loads(r["metadata"] or "{}"), "files": json.loads(r["files"] or "[]")}
         for r in db.read(q.RESPONSES_OF_MESSAGE, {"m": message_id})
     ]
-    events = _events_for(db, message_id)
+    events = _events_for(db, message_id, None if message is None else int(message["created_at"]))
     now = now_ms()
     return Trace(message_id, message, responses, events, _verdict(message, responses, events, now, db))
 

@@ -108,6 +108,8 @@ class Dialect:
     #: next transaction id, shifted); and one for whether readers see everything below ``:target`` now.
     event_read_after: str | None = None
     event_readable: str | None = None
+    #: The names of the indexes in this database (column ``name``): which ones a schema upgrade must add.
+    index_names: str = "SELECT name FROM sqlite_master WHERE type = 'index'"
 
     @cached_property
     def event_insert(self) -> str:
@@ -246,6 +248,7 @@ POSTGRESQL = Dialect(
         "ALTER TABLE events ALTER COLUMN id TYPE bigint",
         "ALTER SEQUENCE IF EXISTS events_id_seq AS bigint",
     ),
+    index_names="SELECT indexname AS name FROM pg_indexes WHERE schemaname = current_schema()",
 )
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 from sqlalchemy import BigInteger, Column, Float, Index, Integer, MetaData, Text, text
 from sqlmodel import Field, SQLModel
 
+from shared.storage.queries.common import CHAT_KEY
 from shared.storage.statuses import ApprovalStatus, MessageStatus, PairingStatus, ResponseStatus
 
 SCHEMA_VERSION = 2
@@ -60,6 +61,9 @@ class Message(SQLModel, table=True):
             sqlite_where=text(f"status = '{MessageStatus.DEAD}'"),
             postgresql_where=text(f"status = '{MessageStatus.DEAD}'"),
         ),
+        # One chat's messages by time: its history page by page, its newest message for the chat list.
+        # The chat is an expression (CHAT_KEY); queries that want this index repeat it verbatim.
+        Index("ix_messages_chat", "channel", text(CHAT_KEY), "created_at"),
         Index(
             "ux_messages_external",
             "channel",
@@ -120,6 +124,10 @@ class Response(SQLModel, table=True):
             sqlite_where=text(f"status = '{ResponseStatus.ACKED}'"),
             postgresql_where=text(f"status = '{ResponseStatus.ACKED}'"),
         ),
+        # One chat's replies by time: its history, its last reply for the chat list.
+        Index("ix_responses_chat", "channel", "conversation", "created_at"),
+        # A message's replies (trace, delivery notices): otherwise a scan of every reply ever kept.
+        Index("ix_responses_message", "message_id"),
     )
 
     id: int | None = Field(default=None, sa_column=Column(Integer, primary_key=True, autoincrement=True))

@@ -67,6 +67,7 @@ def create_schema(db: Database, *, quick: bool = False) -> int:
                 raise
             time.sleep(_SCHEMA_RACE_BACKOFF.delay(attempt + 1))
     _add_missing_columns(db)
+    _add_missing_indexes(db)
     _drop_retired_indexes(db)
     _event_ids_ahead(db)
     if db.dialect.is_sqlite:
@@ -129,6 +130,19 @@ def _add_missing_columns(db: Database) -> None:
                 except Exception as exc:  # another process added it between our look and our ALTER
                     if "duplicate" not in str(exc).lower() and "already exists" not in str(exc):
                         raise
+
+
+def _add_missing_indexes(db: Database) -> None:
+    """Indexes added by a newer schema to tables an older one created (``create_all`` makes indexes only
+    with new tables). Looked up by name first, so a current database takes no write lock here; building
+    one on a large table takes a while, once, at the first start after the upgrade."""
+    from shared.storage.models import metadata
+
+    present = {str(r["name"]) for r in db.read(db.dialect.index_names)}
+    for table in metadata().sorted_tables:
+        for index in table.indexes:
+            if index.name not in present:
+                index.create(db.engine, checkfirst=True)
 
 
 def _event_ids_ahead(db: Database) -> None:

@@ -21,6 +21,7 @@ const state = {
   teams: {},
   info: { manualRetryBudget: 3, maxRetries: 5, defaultAgent: "" },
   history: { items: [], more: false, status: null, before: 0 },
+  chats: { rows: [], next: null, loading: false }, // the chat list: the pages loaded, the next page's address
   source: null,
   refreshTimer: null,
   acking: new Set(),
@@ -70,7 +71,8 @@ function el(tag, attrs, ...children) {
 
 class ApiError extends Error {}
 
-async function api(method, path, body) {
+// The answer and the response itself (for its headers).
+async function request(method, path, body) {
   const headers = { Accept: "application/json" };
   if (state.token) headers.Authorization = "Bearer " + state.token;
   if (body !== undefined) headers["Content-Type"] = "application/json";
@@ -82,7 +84,18 @@ async function api(method, path, body) {
     throw new ApiError("an API token is required");
   }
   if (!res.ok) throw new ApiError((data && data.error) || res.status + " " + res.statusText);
-  return data;
+  return { data, res };
+}
+
+async function api(method, path, body) {
+  return (await request(method, path, body)).data;
+}
+
+// The address of the next page a list answered with (its Link header, rel="next"), or null on the last page.
+function nextPage(res) {
+  const link = res.headers.get("Link") || "";
+  const m = /<([^>]+)>\s*;\s*rel="next"/.exec(link);
+  return m ? m[1] : null;
 }
 
 function showTokenForm(problem) {
@@ -169,11 +182,45 @@ function plain(text) {
 }
 const STATE_WORDS = { working: "working", waiting: "waiting", failed: "failed", idle: "" };
 
+// The chat list comes a page at a time, most recent first; scrolling to its end loads the next page. A
+// refresh reloads as many chats as are shown, so a list scrolled down stays as long.
+const CHAT_PAGE = 50;
+const chatKey = (c) => c.channel + "\u0000" + c.conversation;
+
 async function refreshConversations() {
-  const rows = await api("GET", "/api/conversations?limit=50");
+  const limit = Math.min(500, Math.max(CHAT_PAGE, state.chats.rows.length));
+  const { data, res } = await request("GET", `/api/conversations?limit=${limit}`);
+  state.chats.rows = data;
+  state.chats.next = nextPage(res);
+  renderConversations();
+}
+
+async function loadMoreChats() {
+  const next = state.chats.next;
+  if (!next || state.chats.loading) return;
+  state.chats.loading = true;
+  try {
+    const { data, res } = await request("GET", next);
+    if (state.chats.next !== next) return; // a refresh came in between: it holds the newer list
+    const known = new Set(state.chats.rows.map(chatKey));
+    state.chats.rows = state.chats.rows.concat(data.filter((c) => !known.has(chatKey(c))));
+    state.chats.next = nextPage(res);
+    renderConversations();
+  } finally {
+    state.chats.loading = false;
+  }
+}
+
+function nearListEnd() {
+  const list = $("#conv-list");
+  if (list.scrollTop + list.clientHeight >= list.scrollHeight - 80) loadMoreChats().catch(() => {});
+}
+
+function renderConversations() {
+  const rows = state.chats.rows.slice();
   const mine = rows.some((c) => c.channel === "web" && c.conversation === state.myChat);
   if (!mine) rows.unshift({ channel: "web", conversation: state.myChat, agent: "", lastMessage: "", lastAt: 0, state: "idle" });
-  $("#conv-list").replaceChildren(...rows.map((c) => {
+  const items = rows.map((c) => {
     const current = state.chat.channel === c.channel && state.chat.conversation === c.conversation;
     const unread = c.channel === "web" && !current ? (state.unread.get(c.conversation) || new Set()).size : 0;
     const badge = unread ? el("span", { class: "badge new" }, `${unread} new`)
@@ -187,7 +234,14 @@ async function refreshConversations() {
     el("span", { class: "conv-last" }, c.lastMessage ? (c.lastFrom && c.lastFrom === c.agent ? agentName(c.agent) + ": " : "") + plain(c.lastMessage) : "No messages yet"));
     button.addEventListener("click", () => openChat(c.channel, c.conversation, chatLabel(c)));
     return el("li", {}, button);
-  }));
+  });
+  if (state.chats.next) {
+    // Scrolling loads more by itself; the button is for a list too short to scroll, and for keyboards.
+    const more = el("button", { type: "button", class: "conv-more" }, "Older chats");
+    more.addEventListener("click", () => loadMoreChats().catch((e) => showError("#chat-error", e)));
+    items.push(el("li", {}, more));
+  }
+  $("#conv-list").replaceChildren(...items);
 }
 
 function openChat(channel, conversation, label) {
@@ -808,6 +862,7 @@ function connectEvents() {
 function wire() {
   for (const tab of document.querySelectorAll(".tab")) tab.addEventListener("click", () => showView(tab.dataset.view));
   $("#chat-form").addEventListener("submit", sendChat);
+  $("#conv-list").addEventListener("scroll", nearListEnd, { passive: true });
   $("#chat-input").addEventListener("keydown", (ev) => {
     if (ev.key === "Enter" && !ev.shiftKey && !ev.isComposing) { ev.preventDefault(); $("#chat-form").requestSubmit(); }
   });

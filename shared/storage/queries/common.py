@@ -10,6 +10,16 @@ CHAT_KEY = (
     "(CASE WHEN conversation <> '' THEN conversation WHEN sender_id <> '' THEN sender_id ELSE sender END)"
 )
 
+
+def chat_key_of(alias: str) -> str:
+    """:data:`CHAT_KEY` of the row named ``alias`` (in a query over ``messages`` twice)."""
+    a = alias
+    return (
+        f"(CASE WHEN {a}.conversation <> '' THEN {a}.conversation WHEN {a}.sender_id <> '' THEN {a}.sender_id "
+        f"ELSE {a}.sender END)"
+    )
+
+
 PENDING = f"'{MessageStatus.PENDING}'"
 PROCESSING = f"'{MessageStatus.PROCESSING}'"
 #: ``status IN (...)`` of a message still to be answered.

@@ -4,32 +4,43 @@ history, each agent's queue depth, last error and pause, and a run's live messag
 
 from __future__ import annotations
 
-from shared.storage.queries.common import CHAT_KEY, OPEN, PENDING, PROCESSING
+from shared.storage.queries.common import CHAT_KEY, OPEN, PENDING, PROCESSING, chat_key_of
 from shared.storage.statuses import MessageStatus
 
 _DEAD = f"'{MessageStatus.DEAD}'"
 
 
 def recent_chats(hidden: int) -> str:
-    """The most recently active chats (channel, chat key, newest message id, counts of messages, processing
-    and pending), at most ``:l``, leaving out the ``hidden`` channels ``:h0``, ``:h1``, …"""
+    """A page of chats, most recent first: each chat's newest message (the chat list shows it) whose row id
+    is below ``:before``, at most ``:l``, leaving out the ``hidden`` channels ``:h0``, ``:h1``, …; with the
+    chat's counts of messages (``n``), processing (``busy``) and pending (``waiting``), and the id of its
+    newest reply (``reply_id``).
+
+    A chat's place is the id of its newest message, so a page is a walk down the primary key that keeps
+    the rows which are their chat's newest (one lookup in ``ix_messages_chat`` each): it reads about as
+    many rows as the page shows, however long the history, and the id of its last chat is the cursor of
+    the next page (no chat is on two pages, none is skipped). The counts read the chat's own rows only,
+    and only for the chats on the page."""
     marks = ", ".join(f":h{n}" for n in range(hidden))
+    mine = f"channel = m.channel AND {CHAT_KEY} = {chat_key_of('m')}"
     return (
-        f"SELECT channel, {CHAT_KEY} AS chat, MAX(id) AS last_id, COUNT(*) AS n, "
-        f"SUM(CASE WHEN status = {PROCESSING} THEN 1 ELSE 0 END) AS busy, "
-        f"SUM(CASE WHEN status = {PENDING} THEN 1 ELSE 0 END) AS waiting "
-        f"FROM messages WHERE channel NOT IN ({marks}) GROUP BY channel, {CHAT_KEY} "
-        "ORDER BY MAX(updated_at) DESC LIMIT :l"
+        f"SELECT m.id, m.channel, {chat_key_of('m')} AS chat, m.sender, m.sender_id, m.agent, m.message, "
+        f"m.status, m.created_at, (SELECT COUNT(*) FROM messages WHERE {mine}) AS n, "
+        f"(SELECT COUNT(*) FROM messages WHERE {mine} AND status = {PROCESSING}) AS busy, "
+        f"(SELECT COUNT(*) FROM messages WHERE {mine} AND status = {PENDING}) AS waiting, "
+        f"(SELECT r.id FROM responses AS r WHERE r.channel = m.channel AND r.conversation = {chat_key_of('m')} "
+        "ORDER BY r.created_at DESC, r.id DESC LIMIT 1) AS reply_id "
+        f"FROM messages AS m WHERE m.id < :before AND m.channel NOT IN ({marks}) "
+        f"AND m.id = (SELECT id FROM messages WHERE {mine} ORDER BY created_at DESC, id DESC LIMIT 1) "
+        "ORDER BY m.id DESC LIMIT :l"
     )
 
 
-LAST_MESSAGE = (
-    "SELECT sender, sender_id, agent, message, status, created_at, updated_at FROM messages WHERE id = :i"
-)
-LAST_REPLY = (
-    "SELECT message, agent, created_at FROM responses WHERE channel = :c AND conversation = :v "
-    "ORDER BY id DESC LIMIT 1"
-)
+def replies_by_id(count: int) -> str:
+    """The replies ``:r0`` … ``:r{count-1}`` (by row id): the text, agent and time of each."""
+    marks = ", ".join(f":r{n}" for n in range(count))
+    return f"SELECT id, message, agent, created_at FROM responses WHERE id IN ({marks})"
+
 
 # One chat's history, a page before the time ``:b``: the newest ``:l`` items before it, and every item at it.
 MESSAGES_BEFORE = (

@@ -52,8 +52,10 @@ DELETE_DEAD_BY_MESSAGE_ID = f"DELETE FROM messages WHERE status = {_DEAD} AND me
 # -- views ---------------------------------------------------------------------------------------------------
 def count_with_status(status: MessageStatus) -> str:
     """How many messages are in ``status`` (each count reads a partial index, which the planner matches only
-    against the same literal)."""
-    return f"SELECT COUNT(*) FROM messages WHERE status = '{status}'"
+    against the same literal); completed ones only since ``:since`` (they are history: counting all of
+    them would cost as much as the history is long)."""
+    since = " AND updated_at >= :since" if status == MessageStatus.COMPLETED else ""
+    return f"SELECT COUNT(*) FROM messages WHERE status = '{status}'{since}"
 
 
 #: Undelivered responses per status, CLI replies apart.
