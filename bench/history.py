@@ -58,7 +58,7 @@ def fill(db: Database, *, messages: int, chats: int, batch: int = 50_000) -> flo
     now = int(time.time() * 1000)
     oldest, newest = now - 90 * DAY_MS, now - 8 * DAY_MS
     step = max(1, (newest - oldest) // max(1, messages))
-    for table, sql in statements(db.dialect.is_sqlite).items():
+    for sql in statements(db.dialect.is_sqlite).values():
         for lo in range(0, messages, batch):
             with db.transaction() as tx:
                 tx.execute(

@@ -106,7 +106,8 @@ def check_table_sizes(settings: Settings) -> list[Check]:
     finally:
         db.close()
     parts = [
-        f"{s.table} {s.rows:,} rows" + (f" ({_size_words(s.bytes)})" if s.bytes is not None else "")
+        f"{s.table} {s.rows:,} row{'' if s.rows == 1 else 's'}"
+        + (f" ({_size_words(s.bytes)})" if s.bytes is not None else "")
         for s in sizes
     ]
     # [retention] in settings.toml sets how long each kind of history stays.

@@ -10,15 +10,18 @@ from pathlib import Path
 import pytest
 
 from shared.chat.address import ChatAddress
+from shared.cli.doctor import run_checks
 from shared.clock import now_ms
 from shared.events.entries import CursorExpired
 from shared.events.log import SqlEventLog
 from shared.queue.core import Directory, Queue, ResponseDraft
 from shared.queue.retention import RetentionPolicy, prune_history
+from shared.reads.table_sizes import table_sizes
 from shared.settings.model import QueueSettings
 from shared.storage.db import Database
 from shared.storage.schema import open_database
 from tests.scheduler_support import make_dead
+from tests.web_support import make_home, runtime_for
 
 pytestmark = pytest.mark.integration
 
@@ -113,11 +116,17 @@ def test_each_kind_loses_its_old_rows_and_keeps_young_and_unfinished_ones(queue:
         "agent_messages": 5,
         "run_usage": 5,
     }
-    kept = {str(r["message_id"]): str(r["status"]) for r in db.read("SELECT message_id, status FROM messages")}
+    kept = {
+        str(r["message_id"]): str(r["status"]) for r in db.read("SELECT message_id, status FROM messages")
+    }
     assert kept == {young: "completed", waiting: "pending", working.message_id: "processing", dead[0]: "dead"}
     replies = {str(r["t"]) for r in db.read("SELECT message_id AS t FROM responses")}
     assert replies == {young, undelivered}
-    for table, column in (("chat_messages", "message"), ("agent_messages", "content"), ("run_usage", "run_id")):
+    for table, column in (
+        ("chat_messages", "message"),
+        ("agent_messages", "content"),
+        ("run_usage", "run_id"),
+    ):
         assert texts(db, f"SELECT {column} AS t FROM {table}") == {"young"}, table
     assert prune_history(db, POLICY) == dict.fromkeys(pruned, 0)  # nothing more: idempotent
 
@@ -187,3 +196,24 @@ def test_pruning_50000_rows_never_holds_up_an_enqueue_for_a_second(tmp_path: Pat
     finally:
         pruner_db.close()
         writer_db.close()
+
+
+def test_table_sizes_count_rows_and_on_postgresql_bytes(queue: Queue) -> None:
+    answered(queue, "one")
+    sizes = {s.table: s for s in table_sizes(queue.db)}
+    assert (sizes["messages"].rows, sizes["responses"].rows, sizes["chat_messages"].rows) == (1, 1, 0)
+    if queue.db.dialect.is_sqlite:
+        assert all(s.bytes is None for s in sizes.values())
+    else:
+        assert all(s.bytes is not None and s.bytes > 0 for s in sizes.values())
+
+
+def test_doctor_shows_each_tables_size(tmp_path: Path) -> None:
+    home = make_home(tmp_path)
+    rt = runtime_for(home)
+    try:
+        rt.queue.intake.enqueue_message(ChatAddress("cli", "ann"), "hello")
+    finally:
+        rt.close()
+    [check] = [c for c in run_checks(home) if c.name == "table sizes"]
+    assert check.level == "ok" and "messages 1 row;" in check.detail and "run_usage 0 rows" in check.detail

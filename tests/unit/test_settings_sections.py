@@ -41,6 +41,13 @@ pytestmark = pytest.mark.unit
             '[[schedules]]\nagent = "assistant"\nmessage = "x"\ncron = "0 9 * * *"\n' * 2,
             "schedules.1: two schedules are the same",
         ),
+        ("[retention]\nusage_days = 7\n", "retention.usage_days"),
+        ("[retention]\nkeep_days = 7\n", "retention.keep_days: unknown key"),
+        ("[retention]\nbatch_rows = 0\n", "retention.batch_rows"),
+        (
+            "[retention]\nmessages_days = 0.001\n",
+            "retention.messages_days: must be longer than scheduler.catchup_seconds",
+        ),
     ],
 )
 def test_a_process_section_is_refused_when_loaded(tmp_path: Path, text: str, key: str) -> None:
@@ -99,3 +106,14 @@ def test_the_example_settings_file_passes_every_section_check(tmp_path: Path) ->
     write_settings(tmp_path, example.read_text(encoding="utf-8"))
     s = load_settings(tmp_path, env={})
     assert s.heartbeats and s.schedules  # the sections the scheduler reads were checked, not skipped
+
+
+def test_retention_falls_back_to_the_older_settings_it_leaves_unset(tmp_path: Path) -> None:
+    from shared.queue.retention import DAY_MS, RetentionPolicy, events_ttl_ms
+
+    write_settings(tmp_path, "[scheduler]\ncompleted_max_age_hours = 48\n[retention]\nreplies_days = 3\n")
+    settings = load_settings(tmp_path, env={})
+    policy = RetentionPolicy.from_settings(settings)
+    assert (policy.messages_ms, policy.replies_ms) == (2 * DAY_MS, 3 * DAY_MS)
+    assert (policy.chat_room_ms, policy.usage_ms, policy.batch) == (90 * DAY_MS, 730 * DAY_MS, 500)
+    assert events_ttl_ms(settings) == 3 * DAY_MS  # [events] ttl_hours = 72
