@@ -70,15 +70,18 @@ def list_conversations(db: Database, *, limit: int = 50, before: int | None = No
         if reply_ids
         else {}
     )
+    # Open messages are few whatever the history (finished ones leave the index they are read from).
+    open_chats = {(str(r["channel"]), str(r["chat"])): r for r in db.read(q.OPEN_CHATS)} if heads else {}
     out: list[dict[str, Any]] = []
     for row in heads:
         reply = replies.get(int(row["reply_id"])) if row["reply_id"] is not None else None
+        live = open_chats.get((str(row["channel"]), str(row["chat"])))
         text, at, by = str(row["message"]), int(row["created_at"]), str(row["sender"] or row["sender_id"])
         if reply is not None and int(reply["created_at"]) >= at:
             text, at, by = str(reply["message"]), int(reply["created_at"]), str(reply["agent"])
-        if int(row["busy"] or 0):
+        if live is not None and int(live["busy"] or 0):
             state = "working"
-        elif int(row["waiting"] or 0):
+        elif live is not None and int(live["waiting"] or 0):
             state = "waiting"
         elif row["status"] == MessageStatus.DEAD:
             state = "failed"

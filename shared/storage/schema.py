@@ -141,8 +141,13 @@ def _add_missing_indexes(db: Database) -> None:
     present = {str(r["name"]) for r in db.read(db.dialect.index_names)}
     for table in metadata().sorted_tables:
         for index in table.indexes:
-            if index.name not in present:
+            if index.name in present:
+                continue
+            try:
                 index.create(db.engine, checkfirst=True)
+            except Exception as exc:  # another process starting at the same time made it first
+                if "already exists" not in str(exc):
+                    raise
 
 
 def _event_ids_ahead(db: Database) -> None:

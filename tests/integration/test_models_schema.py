@@ -58,6 +58,24 @@ def test_the_retired_topic_index_is_dropped_when_the_schema_is_brought_up_to_dat
     db.close()
 
 
+def test_indexes_a_newer_schema_added_reach_an_older_database(db_url: str) -> None:
+    # create_all makes indexes only with new tables: an older database gets the chat indexes (the chat list,
+    # a chat's history, a message's replies) when the schema is brought up to date.
+    db = open_database(db_url)
+    added = ("ix_messages_chat", "ix_responses_chat", "ix_responses_message")
+    with db.transaction() as tx:
+        for name in added:
+            tx.execute(f"DROP INDEX {name}")
+
+    def index_names() -> set[str]:
+        return {str(r["name"]) for r in db.read(db.dialect.index_names)}
+
+    assert not set(added) & index_names()
+    assert schema.create_schema(db) == SCHEMA_VERSION
+    assert set(added) <= index_names()
+    db.close()
+
+
 def test_event_reads_by_topic_use_the_quiet_topics_index_or_the_ids(sqlite_url: str) -> None:
     from shared.storage.queries.events import topic_filter
 
