@@ -131,8 +131,9 @@ def prune_queue(db: Database, policy: RetentionPolicy, *, now: int | None = None
 
 def prune_history(db: Database, policy: RetentionPolicy, *, now: int | None = None) -> dict[str, int]:
     """Everything :func:`prune_queue` prunes, then team chat-room posts, agents' turns and run costs past
-    their ages. Returns how many rows went, by kind (``messages``, ``responses``, ``chat_messages``,
-    ``agent_messages``, ``run_usage``)."""
+    their ages, and settled questions to a person (approvals) as old as pruned messages. Returns how many
+    rows went, by kind (``messages``, ``responses``, ``chat_messages``, ``agent_messages``, ``run_usage``,
+    ``approvals``)."""
     now = now_ms() if now is None else now
     result = prune_queue(db, policy, now=now)
     ages: dict[q.HistoryTable, int] = {
@@ -148,4 +149,12 @@ def prune_history(db: Database, policy: RetentionPolicy, *, now: int | None = No
             batch=policy.batch,
             pause_seconds=policy.pause_seconds,
         )
+    # A settled question to a person belongs to its message's story (trace): kept as long as messages.
+    result["approvals"] = delete_in_batches(
+        db,
+        q.PRUNE_SETTLED_APPROVALS,
+        {"cut": now - policy.messages_ms},
+        batch=policy.batch,
+        pause_seconds=policy.pause_seconds,
+    )
     return result

@@ -84,6 +84,12 @@ def add_history(db: Database, at: int, tag: str) -> None:
         tx.execute(
             "INSERT INTO run_usage (run_id, agent, created_at) VALUES (:t, 'alpha', :a)", {"t": tag, "a": at}
         )
+        for status in ("allowed", "pending"):  # a settled question to a person, and one still waiting
+            tx.execute(
+                "INSERT INTO approvals (id, message_id, agent, tool, status, created_at, expires_at) "
+                "VALUES (:i, :t, 'alpha', 'Bash', :s, :a, :a)",
+                {"i": f"{tag} {status}", "t": tag, "s": status, "a": at},
+            )
 
 
 def texts(db: Database, sql: str) -> set[str]:
@@ -115,6 +121,7 @@ def test_each_kind_loses_its_old_rows_and_keeps_young_and_unfinished_ones(queue:
         "chat_messages": 5,
         "agent_messages": 5,
         "run_usage": 5,
+        "approvals": 5,  # the old settled ones: a question still waiting for its answer stays
     }
     kept = {
         str(r["message_id"]): str(r["status"]) for r in db.read("SELECT message_id, status FROM messages")
@@ -128,6 +135,12 @@ def test_each_kind_loses_its_old_rows_and_keeps_young_and_unfinished_ones(queue:
         ("run_usage", "run_id"),
     ):
         assert texts(db, f"SELECT {column} AS t FROM {table}") == {"young"}, table
+    waiting_questions = {f"old {n} pending" for n in range(5)}
+    assert texts(db, "SELECT id AS t FROM approvals") == {
+        "young allowed",
+        "young pending",
+        *waiting_questions,
+    }
     assert prune_history(db, POLICY) == dict.fromkeys(pruned, 0)  # nothing more: idempotent
 
 

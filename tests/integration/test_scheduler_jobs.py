@@ -66,7 +66,7 @@ def test_prune_job_deletes_only_old_finished_rows(scheduler_rt: Runtime) -> None
         )
         tx.execute("UPDATE messages SET updated_at = updated_at - :d WHERE status = 'dead'", {"d": 3 * day})
     pruned, unserved = SchedulerService(scheduler_rt).prune()
-    kept = {"chat_messages": 0, "agent_messages": 0, "run_usage": 0}
+    kept = {"chat_messages": 0, "agent_messages": 0, "run_usage": 0, "approvals": 0}
     assert pruned == {"messages": 1, "responses": 1, **kept} and unserved == 0
     assert q.admin.get_message(old) is None
     assert q.admin.get_message(fresh).status == "completed"  # type: ignore[union-attr]

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from shared.storage.statuses import MessageStatus, ResponseStatus
+from shared.storage.statuses import ApprovalStatus, MessageStatus, ResponseStatus
 
 _ACKED = f"'{ResponseStatus.ACKED}'"
 
@@ -42,3 +42,12 @@ def prune_oldest(table: HistoryTable) -> str:
     return (
         f"DELETE FROM {table} WHERE id IN (SELECT id FROM {table} ORDER BY id LIMIT :n) AND created_at < :cut"
     )
+
+
+#: Questions to a person settled (answered, timed out, cancelled) before ``:cut``; a pending one never
+#: goes. Their ids are text, so no walk from the oldest id: the table holds only ``permission_mode = "ask"``
+#: questions, few enough to read whole.
+PRUNE_SETTLED_APPROVALS = (
+    "DELETE FROM approvals WHERE id IN (SELECT id FROM approvals "
+    f"WHERE status <> '{ApprovalStatus.PENDING}' AND created_at < :cut LIMIT :n)"
+)
