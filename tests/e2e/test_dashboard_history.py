@@ -75,3 +75,35 @@ def test_long_history_is_paged_and_markdown_is_inert(rt: Runtime) -> None:
             assert errors == []
         finally:
             browser.close()
+
+
+def test_the_chat_list_loads_older_chats_as_it_is_scrolled(rt: Runtime) -> None:
+    _need_chromium()
+    from playwright.sync_api import expect, sync_playwright
+
+    for n in range(120):  # more than two pages of 50
+        rt.queue.intake.enqueue_message(
+            ChatAddress("telegram", f"person {n}", conversation=f"tg-{n}"), f"hello {n}"
+        )
+
+    with LiveServer(rt) as live, sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        try:
+            page = browser.new_page(viewport={"width": 1280, "height": 900})
+            errors: list[str] = []
+            page.on("pageerror", lambda exc: errors.append(str(exc)))
+            sign_in(page, live.url)
+            chats = page.locator("#conv-list .conv[data-channel='telegram']")
+            expect(chats).to_have_count(50)  # the first page, newest first
+            expect(chats.first).to_have_attribute("data-conversation", "tg-119")
+            page.locator("#conv-list").evaluate("list => { list.scrollTop = list.scrollHeight; }")
+            expect(chats).to_have_count(100)  # scrolled to its end: the next page, after the first
+            expect(chats.nth(50)).to_have_attribute("data-conversation", "tg-69")
+            page.locator("#conv-list .conv-more").click()  # the button does the same
+            expect(chats).to_have_count(120)
+            expect(chats.last).to_have_attribute("data-conversation", "tg-0")
+            expect(page.locator("#conv-list .conv-more")).to_have_count(0)  # the last page: nothing more
+            assert len({chats.nth(i).get_attribute("data-conversation") for i in range(120)}) == 120
+            assert not errors, errors
+        finally:
+            browser.close()
