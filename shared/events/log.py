@@ -229,7 +229,8 @@ class SqlEventLog(LocalSubscriptions):
             if n < batch or int(end) >= ttl_max:
                 break
             time.sleep(pause_seconds)
-        with self.db.transaction() as tx:
+        over_cap: list[tuple[str, int]] = []
+        with self.db.transaction(write=False) as tx:
             for t in tx.rows(q.TOPICS_OVER_CAP, {"cap": max_per_topic}):
                 topic = t["topic"]
                 excess = int(t["n"]) - max_per_topic
@@ -237,13 +238,10 @@ class SqlEventLog(LocalSubscriptions):
                 floor = tx.scalar(q.SLOWEST_CONSUMER, {"t": topic})
                 if floor is not None:
                     boundary = min(int(boundary), int(floor))
-                if boundary is None or int(boundary) <= 0:
-                    continue
-                n = tx.execute(q.delete_topic_through(topic), {"topic": topic, "b": int(boundary)}).rowcount
-                if n:
-                    _record_pruned(tx, topic, int(boundary), now)
-                    _record_pruned(tx, ALL_TOPICS, int(boundary), now)
-                    removed += n
+                if boundary is not None and int(boundary) > 0:
+                    over_cap.append((str(topic), int(boundary)))
+        for topic, boundary in over_cap:
+            removed += _delete_topic_through(self.db, topic, boundary, now, batch, pause_seconds)
         return removed
 
     def close(self) -> None:
@@ -276,6 +274,25 @@ def last_id_before(tx: Tx, cutoff: int) -> int | None:
         else:
             hi = mid - 1
     return found
+
+
+def _delete_topic_through(db: Database, topic: str, boundary: int, now: int, batch: int, pause: float) -> int:
+    """Remove ``topic``'s events through id ``boundary``, ``batch`` at a time, each batch a transaction of its
+    own that marks what it removed; returns how many went."""
+    removed = 0
+    while True:
+        with db.transaction() as tx:
+            end = tx.scalar(q.topic_batch_end(topic), {"topic": topic, "b": boundary, "n": batch})
+            if end is None:
+                return removed
+            n = int(tx.execute(q.delete_topic_through(topic), {"topic": topic, "b": int(end)}).rowcount)
+            if n:
+                _record_pruned(tx, topic, int(end), now)
+                _record_pruned(tx, ALL_TOPICS, int(end), now)
+        removed += n
+        if n < batch or int(end) >= boundary:
+            return removed
+        time.sleep(pause)
 
 
 def _record_pruned(tx: Tx, topic: str, cursor: int, now: int) -> None:

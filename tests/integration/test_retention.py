@@ -230,3 +230,19 @@ def test_doctor_shows_each_tables_size(tmp_path: Path) -> None:
         rt.close()
     [check] = [c for c in run_checks(home) if c.name == "table sizes"]
     assert check.level == "ok" and "messages 1 row;" in check.detail and "run_usage 0 rows" in check.detail
+
+
+def test_a_topic_over_its_cap_loses_its_oldest_events_in_batches(db: Database) -> None:
+    events = SqlEventLog(db)
+    try:
+        for n in range(20):
+            events.append("agents", "agent_progress", {"n": n})
+        first = events.read("agents", after=None, limit=1)[0].cursor
+
+        assert events.cleanup(ttl_ms=10 * DAY, max_per_topic=5, batch=4, pause_seconds=0) == 15
+
+        assert [e.payload["n"] for e in events.read("agents", after=None, limit=100)] == list(range(15, 20))
+        with pytest.raises(CursorExpired):
+            events.read("agents", after=first, limit=10)
+    finally:
+        events.close()

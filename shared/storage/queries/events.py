@@ -88,6 +88,15 @@ def topic_cap_boundary(topic: str) -> str:
     return f"SELECT id FROM events WHERE {topic_filter(topic)}{{and_visible_events}} ORDER BY id LIMIT 1 OFFSET :o"
 
 
+def topic_batch_end(topic: str) -> str:
+    """The highest id among ``topic``'s ``:n`` oldest events through ``:b``: where one batch of a cleanup by
+    the per-topic cap ends."""
+    return (
+        f"SELECT MAX(id) FROM (SELECT id FROM events WHERE {topic_filter(topic)} AND id <= :b "
+        "ORDER BY id LIMIT :n) AS oldest"
+    )
+
+
 def delete_topic_through(topic: str) -> str:
     """Remove ``topic``'s events up to id ``:b``."""
     return f"DELETE FROM events WHERE {topic_filter(topic)} AND id <= :b"
