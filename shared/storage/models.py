@@ -62,8 +62,10 @@ class Message(SQLModel, table=True):
             postgresql_where=text(f"status = '{MessageStatus.DEAD}'"),
         ),
         # One chat's messages by time: its history page by page, its newest message for the chat list.
-        # The chat is an expression (CHAT_KEY); queries that want this index repeat it verbatim.
-        Index("ix_messages_chat", "channel", text(CHAT_KEY), "created_at"),
+        # The chat is an expression (CHAT_KEY); queries that want this index repeat it verbatim. The chat
+        # before the channel: an index led by the channel would tempt SQLite to walk all of it for any
+        # GROUP BY channel (to spare a sort), reading every message ever kept.
+        Index("ix_messages_chat", text(CHAT_KEY), "channel", "created_at"),
         Index(
             "ux_messages_external",
             "channel",
@@ -124,8 +126,9 @@ class Response(SQLModel, table=True):
             sqlite_where=text(f"status = '{ResponseStatus.ACKED}'"),
             postgresql_where=text(f"status = '{ResponseStatus.ACKED}'"),
         ),
-        # One chat's replies by time: its history, its last reply for the chat list.
-        Index("ix_responses_chat", "channel", "conversation", "created_at"),
+        # One chat's replies by time: its history, its last reply for the chat list (the conversation
+        # first, as for ix_messages_chat: not an index a GROUP BY channel would walk whole).
+        Index("ix_responses_chat", "conversation", "channel", "created_at"),
         # A message's replies (trace, delivery notices): otherwise a scan of every reply ever kept.
         Index("ix_responses_message", "message_id"),
     )
