@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from sqlalchemy import Integer
+
 from shared.clock import now_ms
 from shared.storage import schema
 from shared.storage.db import Database, Row, Tx
@@ -99,7 +101,13 @@ def reset_sequences(dst: Tx) -> None:
     their ids, which does not advance a sequence)."""
     for table in TABLE_NAMES:
         col = metadata().tables[table].columns.get("id")
-        if col is None or not col.autoincrement or not col.primary_key:
+        # Only integer ids have a sequence (an approval's id is text; its column's autoincrement reads "auto").
+        if (
+            col is None
+            or not col.primary_key
+            or not isinstance(col.type, Integer)
+            or col.autoincrement is False
+        ):
             continue
         dst.execute(
             f"SELECT setval(pg_get_serial_sequence('{table}', 'id'), COALESCE(MAX(id), 1), MAX(id) IS NOT NULL) "

@@ -12,6 +12,7 @@ from scheduler.migrate import MigrationError, migrate
 from shared.chat.address import ChatAddress
 from shared.clock import now_ms
 from shared.events.log import SqlEventLog
+from shared.queue import approvals
 from shared.queue.core import AgentTurn, ChatPost, ResponseDraft
 from shared.reads.usage import UsageRecord, record_usage_in
 from shared.runtime import open_runtime
@@ -60,6 +61,16 @@ def populate(home: Path) -> None:
         q.messages.claim_all_pending_messages("coder", "w2", lease_ms=1)
         q.intake.enqueue_message(ChatAddress("cli", "bob"), "waiting", agent="coder")
         SqlEventLog(rt.db).ack("dashboard", "queue", SqlEventLog(rt.db).last_cursor())
+        # approvals: a question an agent asked before a tool ran, still waiting for its answer
+        approvals.ask(
+            rt.db,
+            q.responses,
+            approvals.Question(
+                agent="assistant", tool="Bash", summary="make deploy", detail='{"command": "make deploy"}',
+                pattern="make *", message_id=done[0], run_id="run_1",
+                chat=ChatAddress("telegram", "ann", "42", "c1"), timeout_ms=600_000,
+            ),
+        )  # fmt: skip
         now = now_ms()
         with rt.db.transaction() as tx:
             record_usage_in(
