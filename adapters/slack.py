@@ -66,7 +66,7 @@ from adapters.platform import (
 )
 from adapters.slack_events import ephemeral, split_conversation
 from adapters.slack_intake import SlackIntake
-from adapters.web.limits import BodyLimit, ConnectionLimits, EmbeddedServer, server_config
+from adapters.web.limits import EmbeddedServer, start_webhook_server
 from shared.chat.address import ChatAddress
 from shared.settings.channels import SlackSettings
 from shared.settings.model import SettingsError
@@ -160,23 +160,14 @@ class SlackChannel(Platform):
         self.log.info("Slack Socket Mode connected as %s", self.intake.bot_user_id)
 
     async def _open_http(self) -> None:
-        limits = ConnectionLimits.from_settings(self.settings.api)
-        config = server_config(
-            BodyLimit(self.intake.events_app(), WEBHOOK_MAX_BODY_BYTES, limits.body_timeout),
+        self.server, self.server_task = await start_webhook_server(
+            self.intake.events_app(),
+            self.settings.api,
             host=self.config.webhook_host,
             port=self.port,
-            limits=limits,
-            log_level="warning",
-            lifespan="off",
-            access_log=False,
+            max_body=WEBHOOK_MAX_BODY_BYTES,
+            name="slack-events",
         )
-        self.server = EmbeddedServer(config)
-        self.server_task = asyncio.create_task(self.server.serve(), name="slack-events")
-        while not self.server.started:
-            if self.server_task.done():
-                self.server_task.result()
-                raise RuntimeError(f"the Slack events server did not start on port {self.port}")
-            await asyncio.sleep(0.02)
         self.log.info("Slack events listening on %s:%s/slack/events", self.config.webhook_host, self.port)
 
     async def close(self) -> None:

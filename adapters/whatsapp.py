@@ -74,7 +74,7 @@ from adapters.platform import (
     safe_filename,
     upload_folder,
 )
-from adapters.web.limits import BodyLimit, ConnectionLimits, EmbeddedServer, server_config
+from adapters.web.limits import EmbeddedServer, start_webhook_server
 from adapters.whatsapp_graph import (
     THROUGHPUT_CODES,
     GraphSendError,
@@ -163,25 +163,15 @@ class WhatsAppChannel(Platform):
         self._receipts = set()
         self._typing_at = {}
         self.http = httpx.AsyncClient(timeout=30.0)
-        # The web adapter's connection limits (api.* settings); the body is capped while it is read, so an
-        # oversized POST gets 413 before its signature is checked and is never held in memory.
-        limits = ConnectionLimits.from_settings(self.settings.api)
-        config = server_config(
-            BodyLimit(self.webhook_app(), WEBHOOK_MAX_BODY_BYTES, limits.body_timeout),
+        # Under the web adapter's connection limits; an oversized POST gets 413 before its signature is checked.
+        self.server, self.server_task = await start_webhook_server(
+            self.webhook_app(),
+            self.settings.api,
             host=self.config.webhook_host,
             port=self.port,
-            limits=limits,
-            log_level="warning",
-            lifespan="off",
-            access_log=False,
+            max_body=WEBHOOK_MAX_BODY_BYTES,
+            name="whatsapp-webhook",
         )
-        self.server = EmbeddedServer(config)
-        self.server_task = asyncio.create_task(self.server.serve(), name="whatsapp-webhook")
-        while not self.server.started:
-            if self.server_task.done():
-                self.server_task.result()
-                raise RuntimeError(f"the webhook server did not start on port {self.port}")
-            await asyncio.sleep(0.02)
         self.log.info("WhatsApp webhook listening on %s:%s/webhook", self.config.webhook_host, self.port)
 
     async def close(self) -> None:

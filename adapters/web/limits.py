@@ -284,3 +284,30 @@ class EmbeddedServer(uvicorn.Server):
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
         yield
+
+
+async def start_webhook_server(
+    app: ASGIApp, api: ApiSettings, *, host: str, port: int, max_body: int, name: str
+) -> tuple[EmbeddedServer, asyncio.Task[None]]:
+    """Serve a channel adapter's webhook ``app`` on ``host:port`` inside the adapter's process, under the web
+    API's connection limits (``api``): the body capped at ``max_body`` bytes while it is read, so an oversized
+    POST gets 413 before its signature is checked and is never held in memory. Returns once it listens;
+    raises what stopped it from starting."""
+    limits = ConnectionLimits.from_settings(api)
+    config = server_config(
+        BodyLimit(app, max_body, limits.body_timeout),
+        host=host,
+        port=port,
+        limits=limits,
+        log_level="warning",
+        lifespan="off",
+        access_log=False,
+    )
+    server = EmbeddedServer(config)
+    task = asyncio.create_task(server.serve(), name=name)
+    while not server.started:
+        if task.done():
+            task.result()
+            raise RuntimeError(f"the {name} server did not start on port {port}")
+        await asyncio.sleep(0.02)
+    return server, task
