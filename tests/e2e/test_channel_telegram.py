@@ -140,6 +140,13 @@ def test_a_press_killed_before_it_was_applied_is_applied_after_restart(
         request = approvals.ask(rt.db, rt.queue.responses, question)
         shown = fake.wait_for(lambda c: c.chat_id == 42 and c.keyboard is not None, 30)
         message_id = int(shown.result["message_id"])
+        # The question's delivery is recorded before the kill below (else the restart sends it again, which
+        # is the delivery's "at most the part in flight", not what this test is about).
+        wait_for(
+            lambda: approvals.get(rt.db, request.id).shown_id == str(message_id),  # type: ignore[union-attr]
+            30,
+            "the question's delivery recorded",
+        )
         update = fake.push_callback_query(42, message_id, f"{request.id}:allow", user_id=42)
         adapter.wait_output("test hook: paused")
         adapter.kill()  # fetched, not yet applied
