@@ -211,7 +211,8 @@ def web_process(home: Path, port: int, **env: str) -> Iterator[subprocess.Popen[
             except httpx.HTTPError:
                 return False
 
-        wait_until(healthy, 20, "the web process to answer /healthz")
+        # A start, not a latency bound: on two cores busy with six tests a Python process may take long to start.
+        wait_until(healthy, 60, "the web process to answer /healthz")
         # Found as the web process found it: the environment, the settings, else the file it wrote.
         _TOKENS[port] = resolve(load_settings(home, full)).value
         yield proc
