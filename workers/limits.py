@@ -487,7 +487,11 @@ def sweep() -> int:
             pid, start = int(match.group(1)), match.group(2)
             if _start_ticks(pid) == start:
                 continue  # its processor is alive: its runs are its own to clean up
-            for run in [p for p in folder.iterdir() if p.is_dir()]:
+            try:
+                runs = [p for p in folder.iterdir() if p.is_dir()]
+            except FileNotFoundError:
+                continue  # another processor starting on this host swept it first
+            for run in runs:
                 removed += _remove(run)
             _remove(folder)
     if removed:

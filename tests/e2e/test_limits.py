@@ -16,6 +16,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import tomllib
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -40,7 +41,7 @@ from tests.fakes.claude_env import claude_binary, claude_env
 from tests.homes import open_home
 from tests.probes import service_unavailable, wait_for
 from tests.processor_support import make_home, write_settings
-from workers.limits import CgroupPlace, find_place
+from workers.limits import CgroupPlace, find_place, sweep
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240), pytest.mark.serial]
 
@@ -278,6 +279,38 @@ def test_a_killed_processors_cgroups_are_removed_by_the_next_one(tmp_path: Path)
             wait_for(lambda: not any(f.exists() for f in left), 60, "the next processor to remove them")
             assert not any(f.parent.exists() for f in left)
             assert second.poll() is None
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the root service, which may make cgroups")
+def test_processors_starting_together_sweep_the_same_leftovers_without_tripping() -> None:
+    """Processors that start at once on one host (a restart of several, parallel tests) sweep the same dead
+    processors' cgroups: a folder another sweep removed between the listing and the look inside is fine."""
+    place = _place()
+    gone = subprocess.Popen(["/bin/true"])
+    gone.wait()
+    left: list[Path] = []
+    for n in range(60):
+        for base in {place.memory, place.pids}:
+            folder = base / f"agentpost-{gone.pid}-{990000 + n}"
+            (folder / "run-1").mkdir(parents=True)
+            left.append(folder)
+    barrier = threading.Barrier(8)
+    errors: list[BaseException] = []
+
+    def start_a_processor() -> None:
+        barrier.wait()
+        try:
+            sweep()
+        except BaseException as exc:  # any failure of any sweep is the test's to report
+            errors.append(exc)
+
+    sweepers = [threading.Thread(target=start_a_processor) for _ in range(8)]
+    for sweeper in sweepers:
+        sweeper.start()
+    for sweeper in sweepers:
+        sweeper.join(timeout=60)
+    assert errors == []
+    assert [f for f in left if f.exists()] == []
 
 
 # -- the real claude CLI under the default limits ----------------------------------------------------------
