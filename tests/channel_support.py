@@ -127,11 +127,48 @@ class Proc:
             try:
                 self.popen.wait(timeout)
             except subprocess.TimeoutExpired:
+                children = descendants(self.popen.pid)
+                self.popen.send_signal(signal.SIGUSR1)  # its threads' stacks into the log: where it hangs
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    self.popen.wait(2)
                 self.popen.kill()
                 self.popen.wait(5)
-                raise AssertionError(f"{self.kind} did not stop on SIGTERM:\n{self.output()}") from None
+                self._out.close()
+                raise AssertionError(
+                    f"{self.kind} did not stop on SIGTERM; its processes then:\n{children}\n{self.output()}"
+                ) from None
         self._out.close()
         return int(self.popen.returncode)
+
+
+def descendants(pid: int) -> str:
+    """``ps`` lines of ``pid`` and every process under it (what a process that will not stop waits for)."""
+    table = subprocess.run(
+        ["ps", "-eo", "pid=,ppid=,stat=,etime=,args="], capture_output=True, text=True, check=False
+    ).stdout.splitlines()
+    parents = {int(line.split()[0]): int(line.split()[1]) for line in table}
+
+    def under(p: int) -> bool:
+        while p > 1:
+            if p == pid:
+                return True
+            p = parents.get(p, 0)
+        return False
+
+    return "\n".join(line for line in table if under(int(line.split()[0])))
+
+
+def stop_all(*procs: Proc) -> None:
+    """Stop every one of ``procs`` (SIGTERM), even when one of them does not stop; then report the first
+    that did not (a process left running would fail a later test with its warning)."""
+    failures: list[AssertionError] = []
+    for proc in procs:
+        try:
+            proc.stop()
+        except AssertionError as exc:
+            failures.append(exc)
+    if failures:
+        raise failures[0]
 
 
 def run_cli(home: Path, *args: str, env: Mapping[str, str] | None = None) -> subprocess.CompletedProcess[str]:

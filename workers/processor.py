@@ -248,6 +248,12 @@ class Processor:
                         timeout = 1.0
                     await self._wait(generation, timeout)
                 if self._active:
+                    running = {a: self.driver.running_ids(a) for a in sorted(self._active)}
+                    log.info(
+                        "waiting up to %.0f s for the runs going on: %s",
+                        self.config.shutdown_grace_seconds,
+                        "; ".join(f"{a} ({', '.join(ids) or 'starting'})" for a, ids in running.items()),
+                    )
                     with anyio.move_on_after(self.config.shutdown_grace_seconds):
                         while self._active:
                             await self._wait_slot()

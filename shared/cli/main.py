@@ -14,8 +14,10 @@ schema is current (see ``bench/cli_startup.py``).
 
 from __future__ import annotations
 
+import faulthandler
 import json
 import os
+import signal
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -510,6 +512,8 @@ def run(
         known = ", ".join(sorted(kinds)) or "none installed"
         raise fail(f"unknown process kind {kind!r} (available: {known})", 2)
     is_channel, ep = kinds[kind]
+    # `kill -USR1 PID` writes every thread's stack to the log: what a process that will not stop is doing.
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     try:
         target = ep.load()
     except (ImportError, AttributeError) as exc:

@@ -17,7 +17,16 @@ import httpx
 import pytest
 import tomlkit
 
-from tests.channel_support import HoldingTelegram, Proc, count, free_port, open_home, telegram_env, wait_for
+from tests.channel_support import (
+    HoldingTelegram,
+    Proc,
+    count,
+    free_port,
+    open_home,
+    stop_all,
+    telegram_env,
+    wait_for,
+)
 from tests.fixtures import telegram_fake  # noqa: F401  (fixtures)
 from tests.web_support import CHROMIUM, CHROMIUM_ARGS, home_token, need_chromium, sign_in
 
@@ -63,7 +72,8 @@ def _home(tmp: Path, db_url: str = "") -> Path:
             "alpha": {"name": "Alpha Helper", "provider": "command", "command": command},
             "beta": {"name": "Beta", "provider": "command", "command": command},
         },
-        "processor": {"recover_interval_seconds": 0.5},
+        # A run still going when the test ends is cut short after 5 s (the default 20 s is past Proc.stop's).
+        "processor": {"recover_interval_seconds": 0.5, "shutdown_grace_seconds": 5},
         "channels": {"telegram": {"poll_timeout_seconds": 1, "typing": False}},
     }
     (home / "settings.toml").write_text(tomlkit.dumps(data), encoding="utf-8")
@@ -321,8 +331,7 @@ def test_dashboard_as_a_user(tmp_path: Path, db_url: str, fake: HoldingTelegram)
             finally:
                 browser.close()
     finally:
-        for proc in (telegram, processor, web):
-            proc.stop()
+        stop_all(telegram, processor, web)
         rt.close()
 
 
