@@ -28,7 +28,6 @@ from typing import TYPE_CHECKING, Literal
 from adapters.approval_prompts import answer_in_words
 from shared.chat import sticky_agents, voice_heard
 from shared.chat.address import ChatAddress
-from shared.chat.lookups import busy_agents
 from shared.chat.prefs import get_busy_policy, set_busy_policy
 from shared.chat.sessions import AGENT_SCOPE_KEY, clear_sessions
 from shared.clock import now_ms
@@ -289,13 +288,8 @@ class ChatCommands:
         return None
 
     def _cmd_stop(self, message: Inbound) -> str:
-        chat = message.address_on(self.name)
-        agents = busy_agents(self.rt.db, chat)
-        if not agents:
-            # A request left behind would stop this chat's *next* run, so none is written.
+        if not self.rt.queue.control.stop_chat(message.address_on(self.name)):
             return "Nothing is running for this chat."
-        for agent in agents:
-            self.rt.queue.control.request_stop(agent, chat.label)  # the chat as the processor's run names it
         return "Stopping…"
 
     def _default_policy(self) -> str:

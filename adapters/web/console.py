@@ -133,20 +133,10 @@ async def chat_history(
     )
 
 
-def stop_running_chat(db: Database, queue: Queue, chat: ChatAddress) -> list[str]:
-    """Ask the processor to stop the run working for one chat; the agents asked (none: nothing runs)."""
-    status = conversations.conversation_history(db, chat, limit=1)["status"]
-    if not status["running"]:
-        return []
-    agent = str(status["agent"])
-    queue.control.request_stop(agent, chat.label)
-    return [agent]
-
-
 @router.post("/conversations/{channel}/stop", summary="Stop the runs working for one chat")
 async def stop_chat(channel: Name, body: ChatIn, web: Web) -> dict[str, Any]:
     chat = ChatAddress(channel, conversation=body.conversation)
-    stopped = await web.run(stop_running_chat, web.db, web.queue, chat)
+    stopped = await web.run(web.queue.control.stop_chat, chat)
     return {"ok": True, "stopping": stopped}
 
 

@@ -236,8 +236,9 @@ def _chat_command(rt: Runtime, line: str, chat: ChatAddress, agent: str | None) 
         clear_sessions(rt.db, target, key, reason="/reset in cli")
         return f"Started a fresh conversation with @{target}.", None
     if name == "stop":
-        rt.queue.control.request_stop(target, chat.label)
-        return "Stopping…", None
+        return (
+            "Stopping…" if rt.queue.control.stop_chat(chat) else "Nothing is running for this chat."
+        ), None
     if name == "retry":
         try:
             retried = rt.queue.admin.retry_last_failed(chat)

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from shared.chat.address import ChatAddress
+from shared.chat.lookups import busy_agents
 from shared.clock import now_ms
 from shared.events.log import PendingEvent, append_events
 from shared.storage.db import Database
@@ -78,6 +79,16 @@ class Control:
                 now,
             )
             tx.signal("control")
+
+    def stop_chat(self, chat: ChatAddress) -> list[str]:
+        """``/stop`` in ``chat`` (a chat command, the dashboard's Stop button, ``agentpost chat``): a stop
+        request for every agent with a message of the chat pending or processing, which stops its run for
+        the chat or, not started yet, the chat's waiting messages. Returns the agents asked (none: nothing
+        was written, since a request left behind would stop the chat's *next* run)."""
+        agents = busy_agents(self.db, chat)
+        for agent in agents:
+            self.request_stop(agent, chat.label)  # the chat as the processor's run names it
+        return agents
 
     def take_stop_request(self, agent: str, worker: str) -> str:
         """Read and clear a stop request for the worker holding ``agent``; ``""`` when there is none.

@@ -288,6 +288,8 @@ def test_chat_status_and_stop_name_the_chat_the_agent_works_for(
     start_processor(home, processors)
     idle = _cli(home, "chat", stdin="/status\n/exit\n")
     assert "Nothing is running or waiting for this chat." in idle.stdout, idle.stdout + idle.stderr
+    # /stop with nothing to stop says so and leaves no request behind (the run below would meet it).
+    assert "Nothing is running for this chat." in _cli(home, "chat", stdin="/stop\n/exit\n").stdout
 
     busy = _cli(home, "send", "sleep=30 busy job").stdout.strip()
     with open_home(home) as rt:

@@ -4,6 +4,7 @@ the agent's session of that chat."""
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,6 +16,7 @@ from shared.chat.address import ChatAddress
 from shared.chat.sessions import get_session, set_session
 from shared.reads.conversation_status import record_run
 from shared.runtime import Runtime
+from tests.processor_support import run_idle
 from tests.web_support import LiveServer, home_runtime
 
 pytestmark = pytest.mark.integration
@@ -52,6 +54,29 @@ def test_stop_asks_only_the_run_of_that_chat(client: httpx.Client, rt: Runtime) 
     other = client.post("/api/conversations/telegram/stop", json={"conversation": "43"})
     assert other.json() == {"ok": True, "stopping": []}
     assert rt.queue.control.agent_state("alpha")["stop_requested"] == ""
+    r = client.post("/api/conversations/telegram/stop", json={"conversation": "42"})
+    assert r.json() == {"ok": True, "stopping": ["alpha"]}
+    assert rt.queue.control.agent_state("alpha")["stop_requested"] == "telegram:42"
+
+
+def test_stop_reaches_a_message_whose_run_has_not_started(client: httpx.Client, rt: Runtime) -> None:
+    """Stop pressed before the processor took the message, or after it claimed it but before the run's
+    record exists (the CLI starting on a busy machine): the request is written all the same, and the message
+    ends stopped without its CLI ever running."""
+    chat = ChatAddress("telegram", "ann", sender_id="42", conversation="42")
+    waiting = rt.queue.intake.enqueue_message(chat, "not yet taken").message_id
+    r = client.post("/api/conversations/telegram/stop", json={"conversation": "42"})
+    assert r.json() == {"ok": True, "stopping": ["alpha"]}
+    assert rt.queue.control.agent_state("alpha")["stop_requested"] == "telegram:42"
+    stats = run_idle(rt)
+    assert stats.invocations == 0
+    status = rt.db.read_scalar("SELECT status FROM messages WHERE message_id = :m", {"m": waiting})
+    assert status == "completed"
+    told = rt.db.read("SELECT metadata FROM responses WHERE message_id = :m", {"m": waiting})
+    assert [json.loads(row["metadata"])["kind"] for row in told] == ["stopped"]
+
+    rt.queue.intake.enqueue_message(chat, "claimed, run starting")
+    assert rt.queue.messages.claim_all_pending_messages("alpha", "proc-1")
     r = client.post("/api/conversations/telegram/stop", json={"conversation": "42"})
     assert r.json() == {"ok": True, "stopping": ["alpha"]}
     assert rt.queue.control.agent_state("alpha")["stop_requested"] == "telegram:42"
