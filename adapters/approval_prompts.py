@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from adapters.platform import Button, Press
+from adapters.platform import Button, Press, PressOutcome
 from shared.aio import call
 from shared.chat.address import ChatAddress
 from shared.queue import approvals
@@ -105,11 +105,11 @@ class ApprovalPrompts:
         await self.platform.send_text(conversation, text)
 
 
-def answer_press(rt: Runtime, channel: str, press: Press) -> str:
-    """Apply a button press to its request; what to tell the one who pressed."""
+def answer_press(rt: Runtime, channel: str, press: Press) -> PressOutcome:
+    """Apply a button press to its request; what it did."""
     parsed = parse_press(press.data)
     if parsed is None:
-        return "This button no longer does anything."
+        return PressOutcome("This button no longer does anything.", decided=False)
     approval_id, choice = parsed
     asker = ChatAddress(channel, press.sender, press.sender_id, press.conversation)
     answered = approvals.answer(
@@ -121,7 +121,7 @@ def answer_press(rt: Runtime, channel: str, press: Press) -> str:
         via="chat",
         asker=asker,
     )
-    return answered.text
+    return PressOutcome(answered.text, decided=answered.outcome == "applied")
 
 
 def answer_in_words(rt: Runtime, chat: ChatAddress, command: str, args: str) -> str:

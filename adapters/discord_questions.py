@@ -68,7 +68,7 @@ async def take_press(inbox: Inbox, interaction: discord.Interaction[Any], log: l
     except discord.HTTPException as exc:
         log.warning("could not acknowledge a press by %s in time (%s); answering it anyway", user.id, exc)
     try:
-        told = await inbox.press(press)
+        told = (await inbox.press(press)).text
     except Exception:
         log.exception("could not answer a press of %s by %s", custom_id, user.id)
         told = "That answer could not be taken just now. Please press again in a moment."

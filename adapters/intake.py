@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, TypeVar
 from adapters import pairing as pairings
 from adapters.approval_prompts import answer_press
 from adapters.chat_commands import COMMANDS, IN_TRANSACTION, ChatCommands
-from adapters.platform import HandleOutcome, Inbound, Press
+from adapters.platform import HandleOutcome, Inbound, Press, PressOutcome
 from adapters.voice import VoiceNotes
 from shared.aio import call
 from shared.chat import dedupe, held
@@ -166,9 +166,9 @@ class Intake:
             lambda: call(self.rt.db.run_transaction, self.saving(key, value)), f"keeping {key}"
         )
 
-    async def press(self, press: Press) -> str:
-        """A button of a question was pressed (:meth:`adapters.platform.Inbox.press`): the answer applied,
-        what to tell the one who pressed returned (:mod:`adapters.approval_prompts`)."""
+    async def press(self, press: Press) -> PressOutcome:
+        """A button of a question was pressed (:meth:`adapters.platform.Inbox.press`): the answer applied
+        (:mod:`adapters.approval_prompts`), what it did returned."""
         return await self.until_stored(
             lambda: call(answer_press, self.rt, self.name, press), f"answering request {press.data}"
         )

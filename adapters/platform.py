@@ -71,7 +71,6 @@ Also = Callable[["Tx"], None]
 TEST_PAUSE_ENV = "AGENTPOST_TEST_PAUSE_AFTER_FETCH"
 
 __all__ = [
-    "DECISION_MARKS",
     "Also",
     "Button",
     "ChannelSettings",
@@ -81,6 +80,7 @@ __all__ = [
     "MissingSecret",
     "Platform",
     "Press",
+    "PressOutcome",
     "SendFailure",
     "channel_config",
     "pairing_code_text",
@@ -163,9 +163,16 @@ class Press:
 #: The answer to a question without buttons, appended by the default :meth:`Platform.send_question`.
 ANSWER_IN_WORDS = "Answer with /allow, /deny, or /allow chat (allow it for the rest of this chat)."
 
-#: How what :meth:`Inbox.press` returns begins when the press decided the request (allowed, denied): the
-#: chat is told the same decision by the question's edit, or by a new message where it cannot be edited.
-DECISION_MARKS = ("✅", "🚫")
+
+@dataclass(frozen=True)
+class PressOutcome:
+    """What a press of a question's button did (:meth:`Inbox.press`)."""
+
+    #: What to tell the one who pressed ("✅ Allowed", "Only Ann can answer this request.").
+    text: str
+    #: The press decided the request (allowed, denied): the chat is told the same decision by the question's
+    #: edit, or by a new message where it cannot be edited, so the presser needs no word of their own.
+    decided: bool
 
 
 #: What became of an inbound message (:meth:`adapters.intake.Intake.handle`).
@@ -210,10 +217,9 @@ class Inbox(Protocol):
         """Keep a value on its own (an update that queued nothing); waits out storage trouble."""
         ...
 
-    async def press(self, press: Press) -> str:
+    async def press(self, press: Press) -> PressOutcome:
         """A button of a question was pressed: apply the answer (only the person who sent the message may
-        give it; at most once) and return what to tell the one who pressed ("Allowed", "Only Ann can answer
-        this request.", "This request has expired.")."""
+        give it; at most once) and return what it did."""
         ...
 
 

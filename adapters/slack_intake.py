@@ -149,7 +149,7 @@ class SlackIntake:
         """A button pressed under a question: answered (by the runner), and the one who pressed told what it
         did, in a message only they see."""
         for press in slack_events.parse_presses(payload):
-            told = await self.platform.inbox.press(press)
+            told = (await self.platform.inbox.press(press)).text
             channel, thread, _ = slack_events.split_conversation(press.conversation)
             try:
                 await self.web.chat_postEphemeral(

@@ -26,7 +26,7 @@ from telegram import (
 from telegram.error import TelegramError
 
 from adapters.chunking import utf16_len
-from adapters.platform import DECISION_MARKS, Button, Inbox, Press
+from adapters.platform import Button, Inbox, Press
 
 #: Telegram's limit on the text of an answer to a callback query.
 ANSWER_LIMIT = 200
@@ -75,7 +75,7 @@ async def take_press(bot: Bot, inbox: Inbox, query: CallbackQuery, log: logging.
             data=query.data,
         )
     )
-    await _answer(bot, query, answer_text(said), alert=not said.startswith(DECISION_MARKS), log=log)
+    await _answer(bot, query, answer_text(said.text), alert=not said.decided, log=log)
 
 
 async def _answer(

@@ -62,7 +62,6 @@ from starlette.routing import Route
 
 from adapters import whatsapp_graph
 from adapters.platform import (
-    DECISION_MARKS,
     Button,
     ChannelSettings,
     HandleOutcome,
@@ -241,9 +240,9 @@ class WhatsAppChannel(Platform):
             told = await self.inbox.press(item.press)
             # A press that decided the request is told by the decision itself, a new message in this chat
             # (the question cannot be edited): only a press that changed nothing needs a word of its own.
-            if not told.startswith(DECISION_MARKS):
+            if not told.decided:
                 await self.inbox.until_stored(
-                    lambda: call(self.inbox.reply, inbound, told, kind="approval_press"),
+                    lambda: call(self.inbox.reply, inbound, told.text, kind="approval_press"),
                     f"telling {inbound.sender_id} what came of their answer",
                 )
             self._taken_in(inbound, "command")
