@@ -18,11 +18,13 @@ from __future__ import annotations
 
 import contextlib
 import secrets
+import subprocess
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import psycopg
+import pytest
 
 from shared.storage.schema import open_database
 from tests.homes import build_home, scripted_agents
@@ -147,3 +149,19 @@ def fault_home(
 def started_runs(tmp: Path, message_id: str) -> list[Path]:
     """The start markers :data:`FAULT_AGENT` left for runs of ``message_id``."""
     return sorted(tmp.glob(f"started-{message_id}-*"))
+
+
+@contextlib.contextmanager
+def mounted_tmpfs(mount: Path, size: str) -> Iterator[Path]:
+    """A disk of ``size`` (``"4m"``) to fill: a tmpfs mounted at ``mount`` (made here) for the block, then
+    unmounted. Mounting needs root: the test is skipped elsewhere."""
+    mount.mkdir()
+    made = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mount)], capture_output=True, text=True
+    )
+    if made.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {made.stderr.strip()}")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)

@@ -14,7 +14,6 @@ import errno
 import json
 import os
 import sqlite3
-import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -25,7 +24,7 @@ import pytest
 from shared.chat.address import ChatAddress
 from shared.runtime import Runtime
 from tests.channel_support import Proc
-from tests.fault_support import FAULT_AGENT, started_runs
+from tests.fault_support import FAULT_AGENT, mounted_tmpfs, started_runs
 from tests.homes import build_home, open_home, scripted_agents
 from tests.probes import wait_for
 
@@ -40,17 +39,8 @@ OUTAGE_SECONDS = 6.0
 @pytest.fixture
 def small_disk(tmp_path: Path) -> Iterator[Path]:
     """A 24 MiB tmpfs mounted for this test (root only; skipped elsewhere)."""
-    mount = tmp_path / "disk"
-    mount.mkdir()
-    made = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=24m", "tmpfs", str(mount)], capture_output=True, text=True
-    )
-    if made.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {made.stderr.strip()}")
-    try:
+    with mounted_tmpfs(tmp_path / "disk", "24m") as mount:
         yield mount
-    finally:
-        subprocess.run(["umount", "-l", str(mount)], check=False)
 
 
 class FullDisk:

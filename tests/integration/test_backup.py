@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import secrets
 import sqlite3
-import subprocess
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,6 +20,7 @@ from shared.storage.backup import BackupError, Progress, database_counts, take_b
 from shared.storage.db import SCHEMA_VERSION, Database
 from shared.storage.restore import check_fits, inspect_copy, restore_copy
 from shared.storage.schema import open_database
+from tests.fault_support import mounted_tmpfs
 from tests.probes import wait_for
 from tests.scheduler_support import fresh_pg_database
 
@@ -224,17 +224,8 @@ def test_the_destination_is_refused_with_what_to_do(tmp_path: Path, sqlite_url: 
 @pytest.fixture
 def small_disk(tmp_path: Path) -> Iterator[Path]:
     """A 1 MiB tmpfs mounted for this test (root only; skipped elsewhere)."""
-    mount = tmp_path / "disk"
-    mount.mkdir()
-    made = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount)], capture_output=True, text=True
-    )
-    if made.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {made.stderr.strip()}")
-    try:
+    with mounted_tmpfs(tmp_path / "disk", "1m") as mount:
         yield mount
-    finally:
-        subprocess.run(["umount", "-l", str(mount)], check=False)
 
 
 def test_a_full_disk_is_said_plainly_and_leaves_no_half_file(queue: Queue, small_disk: Path) -> None:

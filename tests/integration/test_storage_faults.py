@@ -40,6 +40,7 @@ from websockets.sync.client import connect
 from adapters.web.stream import StreamLimits
 from shared.chat.address import ChatAddress
 from shared.storage.errors import storage_problem
+from tests.fault_support import mounted_tmpfs
 from tests.probes import free_port
 from tests.web_support import (
     AGENTPOST,
@@ -163,17 +164,8 @@ def test_cli_under_a_held_lock_prints_one_line_naming_the_file(tmp_path: Path) -
 @pytest.fixture
 def small_disk(tmp_path: Path) -> Iterator[Path]:
     """A 4 MiB tmpfs mounted for this test (needs root; skipped elsewhere)."""
-    mount = tmp_path / "disk"
-    mount.mkdir()
-    made = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mount)], capture_output=True, text=True
-    )
-    if made.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {made.stderr.strip()}")
-    try:
+    with mounted_tmpfs(tmp_path / "disk", "4m") as mount:
         yield mount
-    finally:
-        subprocess.run(["umount", "-l", str(mount)], check=False)
 
 
 def fill(disk: Path) -> Path:
