@@ -31,6 +31,34 @@ class QuietHandler(BaseHTTPRequestHandler):
         return
 
 
+class RoutedHandler(QuietHandler):
+    """Hands every GET and POST to the fake's ``answer(verb, target, headers, body)`` (``target`` as asked,
+    query included; header names in lower case) and sends back the ``(status, body, headers)`` it returns."""
+
+    server: QuietServer
+
+    def _serve(self, verb: str) -> None:
+        length = int(self.headers.get("Content-Length") or 0)
+        body = self.rfile.read(length) if length else b""
+        headers = {k.lower(): v for k, v in self.headers.items()}
+        status, data, extra = self.server.fake.answer(verb, self.path, headers, body)
+        try:
+            self.send_response(status)
+            for name, value in extra.items():
+                self.send_header(name, value)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+        except (BrokenPipeError, ConnectionResetError):
+            self.close_connection = True
+
+    def do_GET(self) -> None:
+        self._serve("GET")
+
+    def do_POST(self) -> None:
+        self._serve("POST")
+
+
 class ContextFake:
     """``with fake:`` for a fake with ``start()`` (returning itself) and ``close()``."""
 

@@ -41,7 +41,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit
 import httpx
 from websockets.asyncio.server import Server, ServerConnection, serve
 
-from tests.fakes.http_fake import QuietHandler, QuietServer, ThreadedHttpFake, wait_for_record
+from tests.fakes.http_fake import RoutedHandler, ThreadedHttpFake, wait_for_record
 
 JSON = dict[str, Any]
 
@@ -90,41 +90,10 @@ class _Envelope:
     deliveries: int = 0
 
 
-class _Server(QuietServer):
-    fake: FakeSlack
-
-
-class _Handler(QuietHandler):
-    server: _Server
-
-    def _serve(self, verb: str) -> None:
-        length = int(self.headers.get("Content-Length") or 0)
-        body = self.rfile.read(length) if length else b""
-        status, data, headers = self.server.fake._handle(
-            verb, self.path, {k.lower(): v for k, v in self.headers.items()}, body
-        )
-        try:
-            self.send_response(status)
-            for name, value in headers.items():
-                self.send_header(name, value)
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-        except (BrokenPipeError, ConnectionResetError):
-            self.close_connection = True
-
-    def do_GET(self) -> None:
-        self._serve("GET")
-
-    def do_POST(self) -> None:
-        self._serve("POST")
-
-
 class FakeSlack(ThreadedHttpFake):
     """The fake Slack (see the module docstring). ``with FakeSlack() as slack:`` starts both servers."""
 
-    server_class = _Server
-    handler_class = _Handler
+    handler_class = RoutedHandler
     thread_name = "fake-slack"
 
     def __init__(
@@ -284,7 +253,7 @@ class FakeSlack(ThreadedHttpFake):
                 raise TimeoutError(f"{self.connections} Socket Mode connections, waited for {connections}")
 
     # -- the Web API ------------------------------------------------------------------------------------------
-    def _handle(
+    def answer(
         self, verb: str, target: str, headers: dict[str, str], body: bytes
     ) -> tuple[int, bytes, dict[str, str]]:
         url = urlsplit(target)

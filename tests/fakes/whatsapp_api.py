@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 from urllib.parse import unquote, urlsplit
 
-from tests.fakes.http_fake import QuietHandler, QuietServer, ThreadedHttpFake, wait_for_record
+from tests.fakes.http_fake import RoutedHandler, ThreadedHttpFake, wait_for_record
 
 JSON = dict[str, Any]
 
@@ -200,35 +200,6 @@ class GraphCall:
     body: JSON | None
 
 
-class _Server(QuietServer):
-    fake: FakeWhatsApp
-
-
-class _Handler(QuietHandler):
-    server: _Server
-
-    def _serve(self, verb: str) -> None:
-        length = int(self.headers.get("Content-Length") or 0)
-        body = self.rfile.read(length) if length else b""
-        status, data, content_type = self.server.fake._handle(
-            verb, urlsplit(self.path).path, dict(self.headers.items()), body
-        )
-        try:
-            self.send_response(status)
-            self.send_header("Content-Type", content_type)
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-        except (BrokenPipeError, ConnectionResetError):
-            self.close_connection = True
-
-    def do_GET(self) -> None:
-        self._serve("GET")
-
-    def do_POST(self) -> None:
-        self._serve("POST")
-
-
 class FakeWhatsApp(ThreadedHttpFake):
     """A fake Graph API for the WhatsApp Cloud API, running in a background thread on ``127.0.0.1``.
 
@@ -236,8 +207,7 @@ class FakeWhatsApp(ThreadedHttpFake):
     ``Authorization: Bearer <access_token>`` and target ``phone_number_id``.
     """
 
-    server_class = _Server
-    handler_class = _Handler
+    handler_class = RoutedHandler
     thread_name = "fake-whatsapp"
 
     def __init__(
@@ -376,6 +346,13 @@ class FakeWhatsApp(ThreadedHttpFake):
             stored = WhatsAppMedia(media_id=media_id, filename=filename, mime_type=mime_type, data=data)
             self._media[media_id] = stored
             return stored
+
+    def answer(
+        self, verb: str, target: str, headers: dict[str, str], body: bytes
+    ) -> tuple[int, bytes, dict[str, str]]:
+        """One request to the fake Graph API (:class:`tests.fakes.http_fake.RoutedHandler`)."""
+        status, data, content_type = self._handle(verb, urlsplit(target).path, headers, body)
+        return status, data, {"Content-Type": content_type}
 
     def _handle(self, verb: str, path: str, headers: dict[str, str], body: bytes) -> tuple[int, bytes, str]:
         decoded: JSON | None = None
