@@ -39,18 +39,28 @@ COMMAND = "echo ran > marker.txt"
 
 
 def ask_for_bash(
-    rt: Runtime, chat: ChatAddress, message_id: str, *, command: str = COMMAND, timeout_ms: int = 600_000
+    rt: Runtime,
+    chat: ChatAddress | None,
+    message_id: str,
+    *,
+    command: str = COMMAND,
+    agent: str = "alpha",
+    description: str = "",
+    run_id: str = "",
+    timeout_ms: int = 600_000,
 ) -> approvals.Approval:
-    """The agent ``alpha`` asks ``chat`` whether it may run ``command`` with Bash (as a run of
-    ``message_id`` would); the question is queued to the chat."""
+    """``agent`` asks ``chat`` whether it may run ``command`` with Bash (as a run of ``message_id`` in
+    ``ask`` mode would; "allow for this chat" remembers the command's first word); the question is queued to
+    the chat."""
+    tool_input = {"command": command, **({"description": description} if description else {})}
     question = approvals.Question(
-        agent="alpha",
+        agent=agent,
         tool="Bash",
         summary=command,
-        detail=json.dumps({"command": command}),
-        pattern="echo ran *",
+        detail=json.dumps(tool_input),
+        pattern=command.split()[0] + " *",
         message_id=message_id,
-        run_id="",
+        run_id=run_id,
         chat=chat,
         timeout_ms=timeout_ms,
     )

@@ -12,6 +12,7 @@ from adapters.chunking import split_message, utf16_len
 from shared.chat.address import ChatAddress
 from shared.queue import approvals
 from shared.storage.statuses import ApprovalStatus
+from tests.approval_support import ask_for_bash
 from tests.channel_support import (
     HoldingTelegram,
     Proc,
@@ -126,18 +127,7 @@ def test_a_press_killed_before_it_was_applied_is_applied_after_restart(
     adapter = Proc("telegram", home, telegram_env(fake, AGENTPOST_TEST_PAUSE_AFTER_FETCH="60"), log)
     rt = open_home(home)
     try:
-        question = approvals.Question(
-            agent="alpha",
-            tool="Bash",
-            summary="make deploy",
-            detail='{"command": "make deploy"}',
-            pattern="make *",
-            message_id="",
-            run_id="",
-            chat=chat,
-            timeout_ms=600_000,
-        )
-        request = approvals.ask(rt.db, rt.queue.responses, question)
+        request = ask_for_bash(rt, chat, "", command="make deploy")
         shown = fake.wait_for(lambda c: c.chat_id == 42 and c.keyboard is not None, 30)
         message_id = int(shown.result["message_id"])
         # The question's delivery is recorded before the kill below (else the restart sends it again, which

@@ -15,7 +15,6 @@ docs/screenshots/ holds approval-desktop.png, approval-phone.png and approvals-o
 
 from __future__ import annotations
 
-import json
 import os
 import tomllib
 from collections.abc import Iterator
@@ -28,6 +27,7 @@ from shared.chat.address import ChatAddress
 from shared.queue import approvals
 from shared.runtime import Runtime
 from shared.storage.statuses import ApprovalStatus
+from tests.approval_support import ask_for_bash
 from tests.e2e.test_dashboard_console import _axe, _need_chromium, _no_sideways_scroll
 from tests.web_support import (
     CHROMIUM,
@@ -92,18 +92,7 @@ def open_page(browser: Any, url: str, fragment: str = "", width: int = 1280) -> 
 
 def ask(rt: Runtime, chat: ChatAddress | None, command: str, message_id: str, minutes: int = 10) -> str:
     """Write a request of alpha for ``command`` as a run asking before Bash does; its id."""
-    question = approvals.Question(
-        agent="alpha",
-        tool="Bash",
-        summary=command,
-        detail=json.dumps({"command": command}),
-        pattern=command.split()[0] + " *",
-        message_id=message_id,
-        run_id="run-1",
-        chat=chat,
-        timeout_ms=minutes * 60_000,
-    )
-    return approvals.ask(rt.db, rt.queue.responses, question).id
+    return ask_for_bash(rt, chat, message_id, command=command, run_id="run-1", timeout_ms=minutes * 60_000).id
 
 
 def status_of(rt: Runtime, approval_id: str) -> str:

@@ -12,13 +12,13 @@ from scheduler.migrate import MigrationError, migrate
 from shared.chat.address import ChatAddress
 from shared.clock import now_ms
 from shared.events.log import SqlEventLog
-from shared.queue import approvals
 from shared.queue.core import AgentTurn, ChatPost, ResponseDraft
 from shared.reads.usage import UsageRecord, record_usage_in
 from shared.runtime import open_runtime
 from shared.settings.model import load_settings
 from shared.storage.copy_db import table_counts
 from shared.storage.models import TABLE_NAMES
+from tests.approval_support import ask_for_bash
 from tests.scheduler_support import fresh_pg_database, make_dead, write_home
 
 pytestmark = [pytest.mark.integration, pytest.mark.postgres]
@@ -62,15 +62,8 @@ def populate(home: Path) -> None:
         q.intake.enqueue_message(ChatAddress("cli", "bob"), "waiting", agent="coder")
         SqlEventLog(rt.db).ack("dashboard", "queue", SqlEventLog(rt.db).last_cursor())
         # approvals: a question an agent asked before a tool ran, still waiting for its answer
-        approvals.ask(
-            rt.db,
-            q.responses,
-            approvals.Question(
-                agent="assistant", tool="Bash", summary="make deploy", detail='{"command": "make deploy"}',
-                pattern="make *", message_id=done[0], run_id="run_1",
-                chat=ChatAddress("telegram", "ann", "42", "c1"), timeout_ms=600_000,
-            ),
-        )  # fmt: skip
+        chat = ChatAddress("telegram", "ann", "42", "c1")
+        ask_for_bash(rt, chat, done[0], command="make deploy", agent="assistant", run_id="run_1")
         now = now_ms()
         with rt.db.transaction() as tx:
             record_usage_in(

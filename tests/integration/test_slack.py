@@ -22,6 +22,7 @@ from shared.cli.doctor import Check
 from shared.queue import approvals
 from shared.runtime import Runtime
 from shared.settings.model import load_settings
+from tests.approval_support import ask_for_bash
 from tests.channel_support import (
     RunningChannel,
     channel_home,
@@ -287,18 +288,10 @@ def test_doctor_tries_the_token_and_names_missing_scopes(tmp_path: Path) -> None
 
 def _ask(rt: Runtime, conversation: str) -> str:
     """An agent's question before a tool runs, asked in ``conversation`` (as the processor asks it)."""
-    question = approvals.Question(
-        agent="alpha",
-        tool="Bash",
-        summary="run `make deploy`",
-        detail="make deploy",
-        pattern="make deploy",
-        message_id="slack_question1",
-        run_id="run-1",
-        chat=ChatAddress("slack", "Ann", sender_id=ANN, conversation=conversation),
-        timeout_ms=60_000,
-    )
-    return approvals.ask(rt.db, rt.queue.responses, question).id
+    chat = ChatAddress("slack", "Ann", sender_id=ANN, conversation=conversation)
+    return ask_for_bash(
+        rt, chat, "slack_question1", command="make deploy", run_id="run-1", timeout_ms=60_000
+    ).id
 
 
 def test_a_question_has_buttons_only_the_asker_can_press_and_ends_as_its_answer(

@@ -23,6 +23,7 @@ from shared.chat.address import ChatAddress
 from shared.queue import approvals
 from shared.runtime import Runtime
 from shared.storage.statuses import ApprovalStatus
+from tests.approval_support import ask_for_bash
 from tests.channel_support import HoldingTelegram, RunningChannel, telegram_env, wait_for
 from tests.fakes.anthropic_api import (
     Computed,
@@ -225,18 +226,7 @@ def test_a_deleted_question_gets_its_answer_anew_and_an_edit_changing_nothing_is
     fake.add_chat(ANN, username="ann")
     with open_home(_home(tmp_path, _sqlite(tmp_path))) as rt:
         with _channel(rt, fake):
-            asked = approvals.Question(
-                agent="coder",
-                tool="Bash",
-                summary="rm -rf build",
-                detail='{"command": "rm -rf build"}',
-                pattern="rm *",
-                message_id="",
-                run_id="",
-                chat=chat,
-                timeout_ms=600_000,
-            )
-            request = approvals.ask(rt.db, rt.queue.responses, asked)
+            request = ask_for_bash(rt, chat, "", command="rm -rf build", agent="coder")
             shown = fake.wait_for(lambda c: c.chat_id == ANN and c.keyboard is not None, 20)
             fake.delete_message(ANN, int(shown.result["message_id"]))  # Ann deleted it in her chat
             answered = approvals.answer(

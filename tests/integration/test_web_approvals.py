@@ -15,6 +15,7 @@ from shared.chat.address import ChatAddress
 from shared.queue import approvals
 from shared.runtime import Runtime
 from shared.storage.statuses import ApprovalStatus
+from tests.approval_support import ask_for_bash
 from tests.web_support import LiveServer, assert_refused, make_home, runtime_for
 
 pytestmark = pytest.mark.integration
@@ -46,18 +47,15 @@ def client(live: LiveServer) -> Iterator[httpx.Client]:
 def ask(rt: Runtime, command: str, *, chat: ChatAddress | None = CHAT, timeout_ms: int = 600_000) -> str:
     """A request as a run of alpha in ``ask`` mode writes it, for the message ``chat`` sent."""
     message = rt.queue.intake.enqueue_message(chat or CHAT, f"please run {command}")
-    question = approvals.Question(
-        agent="alpha",
-        tool="Bash",
-        summary=command,
-        detail=json.dumps({"command": command, "description": "run it"}),
-        pattern=command.split()[0] + " *",
-        message_id=message.message_id,
+    return ask_for_bash(
+        rt,
+        chat,
+        message.message_id,
+        command=command,
+        description="run it",
         run_id="run-1",
-        chat=chat,
         timeout_ms=timeout_ms,
-    )
-    return approvals.ask(rt.db, rt.queue.responses, question).id
+    ).id
 
 
 def closing_texts(rt: Runtime, approval_id: str) -> list[str]:
