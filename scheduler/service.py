@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import signal
 import sys
 import threading
@@ -36,8 +37,10 @@ from scheduler.config import (
 from scheduler.heartbeats import heartbeat_jobs
 from scheduler.schedules import schedule_jobs
 from scheduler.timed import Fired, TimedJob
+from shared.queue import presence
 from shared.runtime import Runtime, open_runtime
 from shared.settings.model import SettingsError
+from shared.worker_identity import new_worker_id
 
 log = logging.getLogger("agentpost.scheduler")
 
@@ -68,6 +71,8 @@ class SchedulerService:
         self.timed: list[TimedJob] = self._timed_jobs(self.config, start or datetime.now(UTC))
         self.dlq_dir = dlq.dlq_dir(rt.settings)
         self._generation = rt.settings_generation
+        #: This process's name in its presence row (``host:pid:start``), which /metrics reads.
+        self.worker = new_worker_id()
 
     def _timed_jobs(self, config: SchedulerConfig, start: datetime) -> list[TimedJob]:
         settings = self.rt.settings
@@ -191,6 +196,7 @@ class SchedulerService:
             ("dlq-archive", self.config.dlq_archive_interval_seconds, self.archive),
             ("dlq-retry", min(60.0, self.config.dlq.retry_delay_seconds), self.retry_dead),
             ("backup", backups.look_seconds(self.rt.settings), self.backup),
+            ("presence", presence.REFRESH_MS / 1000, self.announce),
         ]
         for name, seconds, func in periodic:
             sched.add_job(
@@ -219,6 +225,10 @@ class SchedulerService:
             name=job.name,
         )
 
+    def announce(self) -> None:
+        """Write (or refresh) this scheduler's presence row: /metrics shows it up while it is fresh."""
+        presence.announce_scheduler(self.rt.db, self.worker, os.getpid())
+
     def serve(self, stop: threading.Event) -> None:
         """Run until ``stop`` is set: catch up missed slots, then let APScheduler run the jobs."""
         self.rt.events.append(
@@ -234,6 +244,8 @@ class SchedulerService:
             stop.wait()
         finally:
             sched.shutdown(wait=True)
+            with contextlib.suppress(Exception):  # left behind, it is known gone by this pid
+                presence.withdraw(self.rt.db, self.worker, "scheduler")
             log.info("scheduler stopped")
 
 

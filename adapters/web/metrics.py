@@ -187,15 +187,15 @@ def _usage_families(f: SystemFigures) -> Iterator[Metric]:
 def _process_families(f: SystemFigures) -> Iterator[Metric]:
     up = GaugeMetricFamily(
         "agentpost_process_up",
-        "1 while a processor or channel adapter runs (and an adapter is connected to its platform), 0 when its "
-        "heartbeat says it stopped or went silent; kind: processor or channel, name: the processor's worker id "
-        "(host:pid:start) or the channel.",
+        "1 while a processor, scheduler or channel adapter runs (and an adapter is connected to its platform), 0 "
+        "when its heartbeat says it stopped or went silent; kind: processor, scheduler or channel, name: the "
+        "process's worker id (host:pid:start) or the channel.",
         labels=["kind", "name"],
     )
     age = GaugeMetricFamily(
         "agentpost_process_heartbeat_age_seconds",
-        "Seconds since a processor or channel adapter last wrote its heartbeat row (about every 60 s while it "
-        "runs).",
+        "Seconds since a processor, scheduler or channel adapter last wrote its heartbeat row (about every 60 s "
+        "while it runs).",
         labels=["kind", "name"],
     )
     for p in sorted(f.processes, key=lambda p: (p.kind, p.name)):

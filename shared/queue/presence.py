@@ -1,4 +1,5 @@
-"""Which processors are up, for ``agentpost send --wait`` (:func:`shared.queue.reports.processor_running`).
+"""Which processors are up, for ``agentpost send --wait`` (:func:`shared.queue.reports.processor_running`),
+and which scheduler processes (for /metrics: their jobs stop when they are gone).
 
 A processor keeps one row in ``kv`` (scope ``processors``, key = its worker id ``host:pid:start``, value =
 JSON of its pid, agents and warm pool: which chats' CLIs it keeps and why recent ones were closed) for as long
@@ -7,6 +8,7 @@ as it runs: written when it starts, its time refreshed every
 ``processor_start`` event does (``events.ttl_hours``, 72 h by default), and it is in the database whichever
 event driver is in use. A processor killed with ``kill -9`` leaves its row behind: on its own host the worker
 id tells that its process is gone; from another host a row not refreshed for :data:`STALE_MS` counts as gone.
+A scheduler keeps a row the same way in scope ``schedulers`` (value: its pid).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from shared.clock import now_ms
 from shared.storage import kv
@@ -40,16 +42,29 @@ def announce(
     data: dict[str, object] = {"pid": pid, "agents": list(agents)}
     if warm is not None:
         data["warm"] = dict(warm)
-    value = json.dumps(data, separators=(",", ":"))
+    _write(db, Scope.PROCESSORS, worker, json.dumps(data, separators=(",", ":")), now)
+
+
+def announce_scheduler(db: Database, worker: str, pid: int) -> None:
+    """Record (or refresh) that the scheduler process ``worker`` runs; forget rows of schedulers long gone."""
+    _write(db, Scope.SCHEDULERS, worker, json.dumps({"pid": pid}), now_ms())
+
+
+def _write(db: Database, scope: Scope, worker: str, value: str, now: int) -> None:
     with db.transaction() as tx:
-        kv.put(tx, Scope.PROCESSORS, worker, value, now)
-        kv.delete_older(tx, Scope.PROCESSORS, now - FORGET_AFTER_MS)
+        kv.put(tx, scope, worker, value, now)
+        kv.delete_older(tx, scope, now - FORGET_AFTER_MS)
 
 
-def withdraw(db: Database, worker: str) -> None:
+#: The process kinds that keep a presence row, and the scope of their rows.
+Kind = Literal["processor", "scheduler"]
+_SCOPES: dict[Kind, Scope] = {"processor": Scope.PROCESSORS, "scheduler": Scope.SCHEDULERS}
+
+
+def withdraw(db: Database, worker: str, kind: Kind = "processor") -> None:
     """``worker`` stops: its row goes."""
     with db.transaction() as tx:
-        kv.delete(tx, Scope.PROCESSORS, worker)
+        kv.delete(tx, _SCOPES[kind], worker)
 
 
 def present(db: Database, now: int | None = None) -> list[str]:
@@ -68,10 +83,10 @@ class Beat:
     alive: bool
 
 
-def beats(db: Database, now: int | None = None) -> list[Beat]:
-    """Every presence row, the processors that stopped cleanly excepted (their rows are gone)."""
+def beats(db: Database, now: int | None = None, kind: Kind = "processor") -> list[Beat]:
+    """Every presence row of ``kind``, the processes that stopped cleanly excepted (their rows are gone)."""
     now = now_ms() if now is None else now
-    return [Beat(e.key, e.updated_at, _alive(e, now)) for e in kv.entries(db, Scope.PROCESSORS)]
+    return [Beat(e.key, e.updated_at, _alive(e, now)) for e in kv.entries(db, _SCOPES[kind])]
 
 
 def _alive(entry: kv.Entry, now: int) -> bool:

@@ -77,7 +77,7 @@ def _le(bound: float) -> str:
 
 @dataclass(frozen=True)
 class Liveness:
-    """One process's heartbeat: its kind (``processor``, ``channel``), its name (a processor's worker id, a
+    """One process's heartbeat: its kind (``processor``, ``scheduler``, ``channel``), its name (a worker id, a
     channel's name), the age of its last heartbeat and whether it runs as far as this host can tell."""
 
     kind: str
@@ -229,6 +229,10 @@ def _liveness(db: Database, now: int) -> list[Liveness]:
         Liveness("processor", beat.worker, max(0, now - beat.updated_at) / 1000, beat.alive)
         for beat in presence.beats(db, now)
     ]
+    found.extend(
+        Liveness("scheduler", beat.worker, max(0, now - beat.updated_at) / 1000, beat.alive)
+        for beat in presence.beats(db, now, "scheduler")
+    )
     found.extend(
         Liveness("channel", h.channel, max(0, now - h.updated_at) / 1000, h.running(now))
         for h in health.read_all(db)

@@ -60,6 +60,9 @@ class Scope(StrEnum):
     #: key worker id → JSON of a running processor (queue.presence); refreshed every minute, deleted when it
     #: stops, a killed one's row forgotten a day later by the next processor to start.
     PROCESSORS = "processors"
+    #: key worker id → JSON of a running scheduler process (queue.presence): like ``processors``, for the
+    #: process whose jobs (recovery, retention, backups, heartbeats, schedules) stop when it is gone.
+    SCHEDULERS = "schedulers"
     #: key Telegram's offset key → the next update offset (adapters.telegram, through the runner's
     #: :meth:`adapters.intake.Intake.saved` and chat.kept_values); overwritten in place.
     TELEGRAM = "telegram"

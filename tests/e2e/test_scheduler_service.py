@@ -12,6 +12,7 @@ import pytest
 
 from scheduler import dlq
 from shared.chat.address import ChatAddress
+from shared.reads.metrics import read_figures
 from shared.runtime import open_runtime
 from shared.storage.backup_record import last_good_backup
 from tests.scheduler_support import (
@@ -95,6 +96,32 @@ def test_two_scheduler_processes_fire_each_heartbeat_slot_once(tmp_path: Path) -
     refused = sum(t.count("already fired by another scheduler") for t in texts)
     assert fired == len(beats)  # every message was fired by exactly one of the two
     assert refused >= len(beats) - 2  # and the other one tried the same slot (both ran the whole time)
+
+
+def _schedulers(home: Path) -> list[tuple[str, bool]]:
+    """The scheduler processes /metrics reports (``agentpost_process_up{kind="scheduler"}``): name, up."""
+    with open_runtime(home, env={}) as rt:
+        return [(p.name, p.up) for p in read_figures(rt.db).processes if p.kind == "scheduler"]
+
+
+def test_metrics_show_a_scheduler_up_until_it_is_killed_and_forget_one_that_stopped(tmp_path: Path) -> None:
+    home = write_home(tmp_path / "home", f"sqlite:///{tmp_path / 'a.db'}", FAST)
+    killed = start_process(home, "scheduler", tmp_path / "killed.log")
+    try:
+        seen = wait_until(lambda: _schedulers(home), 30, what="the scheduler's heartbeat row")
+    finally:
+        killed.send_signal(signal.SIGKILL)
+        killed.wait(timeout=15)
+    assert [(name.split(":")[1], up) for name, up in seen] == [(str(killed.pid), True)]
+    # Killed: its row stays (nothing withdrew it), and on this host its pid tells it is gone.
+    assert _schedulers(home) == [(seen[0][0], False)]
+    stopped = start_process(home, "scheduler", tmp_path / "stopped.log")
+    try:
+        wait_until(lambda: len(_schedulers(home)) == 2, 30, what="the second scheduler's row")
+        assert sorted(up for _, up in _schedulers(home)) == [False, True]
+    finally:
+        assert stop_process(stopped) == 0
+    assert _schedulers(home) == [(seen[0][0], False)]  # a scheduler that stopped takes its row with it
 
 
 def test_kill_mid_archive_loses_nothing_and_archives_nothing_twice(tmp_path: Path) -> None:

@@ -129,6 +129,7 @@ def test_metrics_ask_for_the_token_and_report_what_every_process_wrote(rt: Runti
         # Heartbeats: a processor on another host, one of this host that is gone, a connected adapter.
         presence.announce(rt.db, "otherhost:4242:17", 4242, ["alpha"])
         presence.announce(rt.db, f"{this_host()}:999999999:1", 999999999, ["beta"])
+        presence.announce_scheduler(rt.db, "otherhost:5151:3", 5151)
         health.report(rt.db, "telegram", "up", worker="otherhost:77:1")
 
         waiting = q.intake.enqueue_message(address, "still waiting", agent="alpha")
@@ -176,6 +177,7 @@ def test_metrics_ask_for_the_token_and_report_what_every_process_wrote(rt: Runti
     )
     assert value(s, "agentpost_process_up", kind="processor", name=f"{this_host()}:999999999:1") == 0
     assert value(s, "agentpost_process_up", kind="channel", name="telegram") == 1
+    assert value(s, "agentpost_process_up", kind="scheduler", name="otherhost:5151:3") == 1
     # The Grafana dashboard reads only series the scrape has.
     dashboard = json.loads((REPO / "deploy" / "grafana" / "agentpost.json").read_text(encoding="utf-8"))
     expressions = [t["expr"] for panel in dashboard["panels"] for t in panel.get("targets", [])]
