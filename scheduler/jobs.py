@@ -11,7 +11,7 @@ from scheduler.config import SchedulerConfig
 from shared.chat import previews
 from shared.clock import now_ms
 from shared.events.log import SqlEventLog
-from shared.queue import retention, unserved
+from shared.queue import approvals, retention, unserved
 from shared.queue.core import Queue
 from shared.settings.model import Settings
 from shared.storage.db import Database
@@ -37,6 +37,15 @@ def recover_expired_leases(queue: Queue) -> dict[str, int]:
             len(outcome.dead),
         )
     return {"retried": len(outcome.retried), "dead": len(outcome.dead)}
+
+
+def end_overdue_approvals(queue: Queue) -> int:
+    """Close the approval requests a processor that is gone left waiting past their time (the chat is told
+    no answer came in time and the tool did not run)."""
+    ended = approvals.end_overdue(queue.db, queue.responses)
+    if ended:
+        log.info("ended %d approval request(s) left waiting past their time", ended)
+    return ended
 
 
 def prune_finished(db: Database, settings: Settings) -> dict[str, int]:

@@ -109,7 +109,8 @@ class SchedulerService:
 
     # -- the jobs, each callable directly ------------------------------------------------------------------
     def recover(self) -> dict[str, int]:
-        return jobs.recover_expired_leases(self.rt.queue)
+        recovered = jobs.recover_expired_leases(self.rt.queue)
+        return {**recovered, "approvals_timed_out": jobs.end_overdue_approvals(self.rt.queue)}
 
     def prune(self) -> tuple[dict[str, int], int]:
         """Acknowledge stale replies on unserved channels, then prune finished rows."""

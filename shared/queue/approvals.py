@@ -191,6 +191,26 @@ def expire_for_messages_in(tx: Tx, responses: Responses, message_ids: Sequence[s
     return expired
 
 
+#: How long past its time a request may still wait before the scheduler ends it. The processor that asked
+#: ends its own at its time; one still waiting a minute later was left by a processor that is gone (killed
+#: while it waited), and its question would otherwise keep its buttons in the chat.
+OVERDUE_GRACE_MS = 60_000
+
+
+def end_overdue(db: Database, responses: Responses, now: int | None = None, limit: int = 500) -> int:
+    """End the requests still waiting :data:`OVERDUE_GRACE_MS` past their time as ``timed_out`` (their
+    questions in the chat say so: "No answer within … — not run"); returns how many. A processor still
+    waiting on one reads the same outcome as its own timeout."""
+    now = now_ms() if now is None else now
+    ended = 0
+    with db.transaction() as tx:
+        for row in tx.rows(q.OVERDUE, {"before": now - OVERDUE_GRACE_MS, "limit": limit}):
+            approval = Approval.from_row(row)
+            if _decide(tx, responses, approval, ApprovalStatus.TIMED_OUT, by="", via="overdue", now=now):
+                ended += 1
+    return ended
+
+
 def end_waiting(
     db: Database, responses: Responses, approval_id: str, status: ApprovalStatus, via: str
 ) -> bool:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from datetime import timedelta
 from pathlib import Path
 
@@ -11,10 +12,12 @@ from scheduler.service import SchedulerService
 from shared.chat import previews
 from shared.chat.address import ChatAddress
 from shared.clock import now_ms
+from shared.queue import approvals
 from shared.queue.core import ResponseDraft
 from shared.runtime import Runtime, open_runtime
 from shared.settings.model import SettingsError
 from shared.storage.db import Tx
+from tests.approval_support import ask_for_bash
 from tests.scheduler_support import (
     T0,
     count,
@@ -36,10 +39,42 @@ def test_recover_job_returns_messages_of_a_dead_worker(scheduler_rt: Runtime) ->
     wait_until(lambda: now_ms() > (q.admin.get_message(mid).lease_until or 0) + 1, what="the lease to expire")  # type: ignore[union-attr]
     service = SchedulerService(scheduler_rt)
     # An interrupted run is charged to the message (its own budget), not a retry meant for errors.
-    assert service.recover() == {"retried": 1, "dead": 0}
+    assert service.recover() == {"retried": 1, "dead": 0, "approvals_timed_out": 0}
     back = q.admin.get_message(mid)
     assert back is not None and back.status == "pending" and back.interruptions == 1 and back.retry_count == 0
-    assert service.recover() == {"retried": 0, "dead": 0}  # idempotent: nothing left to recover
+    assert service.recover() == {"retried": 0, "dead": 0, "approvals_timed_out": 0}  # nothing left to recover
+
+
+def test_recover_job_closes_the_approval_requests_a_gone_processor_left_waiting(
+    scheduler_rt: Runtime,
+) -> None:
+    """A processor killed while a request waited never ends it: a minute past its time the recover job does,
+    and the chat's question says no answer came in time and the tool did not run."""
+    chat = ChatAddress("telegram", "ann", sender_id="7", conversation="c1")
+    rt = scheduler_rt
+    left = ask_for_bash(rt, chat, "m-left", command="make deploy", agent="assistant")
+    late = ask_for_bash(rt, chat, "m-late", command="make test", agent="assistant")
+    fresh = ask_for_bash(rt, chat, "m-fresh", command="make lint", agent="assistant")
+    now = now_ms()
+    # Asked ten minutes ago: one 61 s past its time, one 30 s past (its processor may still be ending it).
+    for approval, past in ((left, 61_000), (late, 30_000)):
+        with rt.db.transaction() as tx:
+            tx.execute(
+                "UPDATE approvals SET expires_at = :t WHERE id = :id", {"t": now - past, "id": approval.id}
+            )
+    service = SchedulerService(rt)
+    assert service.recover()["approvals_timed_out"] == 1
+    status = {a.id: approvals.get(rt.db, a.id).status for a in (left, late, fresh)}  # type: ignore[union-attr]
+    assert status == {left.id: "timed_out", late.id: "pending", fresh.id: "pending"}
+    closed = rt.db.read(
+        "SELECT message, metadata FROM responses WHERE message_id = 'm-left' ORDER BY id",
+    )
+    kinds = [json.loads(str(r["metadata"]))["kind"] for r in closed]
+    assert kinds == ["approval", "approval_closed"]
+    assert closed[-1]["message"].startswith("⌛ No answer within") and "not run: Bash: make deploy" in str(
+        closed[-1]["message"]
+    )
+    assert service.recover()["approvals_timed_out"] == 0  # at most once
 
 
 def test_prune_job_deletes_only_old_finished_rows(scheduler_rt: Runtime) -> None:

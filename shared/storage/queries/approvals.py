@@ -23,6 +23,11 @@ DECIDE = (
 PENDING_OF_MESSAGE = (
     f"SELECT * FROM approvals WHERE message_id = :message_id AND status = {_PENDING}{{lock_rows}}"
 )
+#: Requests still waiting past ``:before`` (their time plus a grace), the earliest due first.
+OVERDUE = (
+    f"SELECT * FROM approvals WHERE status = {_PENDING} AND expires_at < :before ORDER BY expires_at, id "
+    "LIMIT :limit{lock_rows}"
+)
 #: Every request that waits, oldest first (the partial index of pending rows).
 PENDING_OLDEST_FIRST = f"SELECT * FROM approvals WHERE status = {_PENDING} ORDER BY created_at, id"
 #: The requests of one chat that wait for ``:sender_id``, oldest first (``/allow`` and ``/deny``).
