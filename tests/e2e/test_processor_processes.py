@@ -147,8 +147,15 @@ def test_sigterm_past_the_grace_period_releases_without_counting_an_attempt(
         sent = rt.queue.intake.enqueue_message(ChatAddress("cli", "me"), "job sleep=30")
         proc = procs.start(home, log, "p")
         (run,) = wait_for(lambda: read_invocations(log), 20, "the run to start")
+        # `kill -USR1` (README) writes every thread's stacks to the log, and the processor goes on.
+        proc.send_signal(signal.SIGUSR1)
+        wait_for(lambda: "most recent call first" in procs.output("p"), 20, "the stacks in the log")
+        assert proc.poll() is None and "run_processor" in procs.output("p")
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=20) == 0, procs.output("p")
+        # Its log says which run the shutdown waited for before cutting it short.
+        waited = [line for line in procs.output("p").splitlines() if "for the runs going on:" in line]
+        assert len(waited) == 1 and sent.message_id in waited[0], procs.output("p")
         msg = rt.queue.admin.get_message(sent.message_id)
         assert msg is not None and msg.status == "pending" and msg.retry_count == 0
         assert msg.available_at <= int(time.time() * 1000)
