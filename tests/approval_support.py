@@ -10,9 +10,11 @@ from pathlib import Path
 from typing import Any
 
 from shared.chat.address import ChatAddress
+from shared.clock import now_ms
 from shared.queue import approvals
 from shared.runtime import Runtime
 from tests.fakes.anthropic_api import Reply, ToolUse, last_user_text, tool_result_text, tool_results
+from tests.probes import wait_for
 
 
 def asking_model(body: dict[str, Any]) -> str | Reply:
@@ -64,7 +66,13 @@ def ask_for_bash(
         chat=chat,
         timeout_ms=timeout_ms,
     )
-    return approvals.ask(rt.db, rt.queue.responses, question)
+    asked = approvals.ask(rt.db, rt.queue.responses, question)
+    # Requests list oldest first (created_at, then a random id): the next one asked must not share the
+    # millisecond, or two asked one after the other could list the other way round.
+    wait_for(
+        lambda: now_ms() > asked.created_at, 5, "the clock to pass the request's millisecond", interval=0.001
+    )
+    return asked
 
 
 def status_of(rt: Runtime, approval_id: str) -> str:
